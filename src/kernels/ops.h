@@ -1,0 +1,80 @@
+// Memory-bound and small fused kernels of the transformer, float32, forward/backward side by side.
+// Dimension letters: B batch, T sequence, C channels (d_model), NH heads, hs = C / NH head size,
+// V vocab, N = B*T rows, n a flat element count.
+// Backward conventions: parameter grads are accumulated (+=) so micro-batches add up; activation
+// grads are overwritten (=) unless stated otherwise (the residual stream uses +=).
+// Threaded with parallel_for over rows/heads; results do not depend on the thread count.
+// The scalar, double-accumulating oracle for every kernel here is kernels/ref/ops_ref.h.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace bagualu::kernels {
+
+// ---- linear: out = inp @ weight^T + bias ----
+// out: (N, OC). inp: (N, IC). weight: (OC, IC). bias: (OC) or nullptr.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC);
+// dinp: (N, IC), overwritten (=); skipped when nullptr. dweight: (OC, IC) +=. dbias: (OC) +=,
+// skipped when nullptr.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int IC, int OC);
+
+// ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] ----
+// out: (B, T, C). tokens: (B, T). wte: (V, C). wpe: (maxT, C) with maxT >= T.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C);
+// dwte: (V, C) +=. dwpe: (maxT, C) +=. Deterministic (no atomics; fixed summation order).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C);
+
+// ---- layernorm over the last dimension, eps = 1e-5 ----
+// out, inp: (N, C). weight, bias: (C). mean, rstd: (N), saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+// dinp: (N, C), accumulated (+=): layernorm inputs are the residual stream.
+// dweight, dbias: (C) +=.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
+
+// ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
+void gelu_forward(float* out, const float* inp, size_t n);
+// dinp: (n), overwritten (=). dinp may alias dout.
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// ---- residual: out = a + b (out may alias a or b) ----
+void add_forward(float* out, const float* a, const float* b, size_t n);
+
+// ---- causal multi-head self-attention ----
+// qkv: (B, T, 3C), per row [q | k | v], head h owns columns h*hs .. (h+1)*hs of each.
+// out: (B, T, C). lse: (B, NH, T), the log-sum-exp of each query's scaled scores, saved for
+// backward. Scores are scaled by 1/sqrt(hs). The (T, T) score matrix is never materialised.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// dqkv: (B, T, 3C), overwritten (=). Recomputes probabilities from qkv and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
+
+// ---- softmax cross-entropy over logits ----
+// losses: (N), losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]].
+// logits: (N, V). targets: (N), each in [0, V).
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V);
+// dlogits: (N, V), overwritten (=): (softmax(logits[i]) - onehot(targets[i])) * dlosses[i].
+// dlogits may alias logits.
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V);
+
+// ---- AdamW (decoupled weight decay), one flat block of parameters ----
+// step is 1-based (bias correction uses beta^step). Updates param, m, v in place:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   param -= lr * ( m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param )
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
+
+// Sum of squares of x, accumulated in double (for global-norm clipping).
+double sum_squares(const float* x, size_t n);
+// x *= s
+void scale_inplace(float* x, float s, size_t n);
+
+}  // namespace bagualu::kernels
