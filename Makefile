@@ -29,7 +29,7 @@ prepare: build
 	$(BUILD_DIR)/bagualu prepare --config $(CONFIG)
 
 train: prepare
-	$(BUILD_DIR)/bagualu train --config $(CONFIG)
+	$(BUILD_DIR)/bagualu train --config $(CONFIG) --force
 
 # The whole suite except tests labelled `slow`.
 test: build

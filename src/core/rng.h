@@ -35,7 +35,8 @@ class Rng {
     double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
     // Uniform integer in [0, n), n > 0 (Lemire's multiply-shift; bias < 2^-64 * n, negligible).
     uint64_t below(uint64_t n) {
-        return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64);
+        __extension__ typedef unsigned __int128 u128;
+        return static_cast<uint64_t>((static_cast<u128>(next_u64()) * n) >> 64);
     }
     // Standard normal by Box-Muller (one value per call; the pair's second value is dropped
     // so the sequence does not depend on call parity).

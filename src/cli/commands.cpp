@@ -1,0 +1,156 @@
+#include "cli/commands.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "model/gpt.h"
+#include "model/model_io.h"
+#include "report/metrics.h"
+#include "train/evaluate.h"
+#include "train/samples.h"
+#include "train/trainer.h"
+
+namespace bagualu::cli {
+
+namespace fs = std::filesystem;
+
+static TrainConfig resolve_config(const CommonArgs& a) {
+    return a.config.empty() ? default_config(a.overrides) : load_config(a.config, a.overrides);
+}
+
+// True when meta.json beside the val split says it was made from the same corpus and settings.
+static bool prepared_data_current(const TrainConfig& cfg) {
+    const fs::path meta = fs::path(cfg.data.val).parent_path() / "meta.json";
+    if (!fs::exists(meta) || !fs::exists(cfg.data.train) || !fs::exists(cfg.data.val) ||
+        !fs::exists(cfg.data.tokenizer)) {
+        return false;
+    }
+    try {
+        std::ifstream  f(meta);
+        nlohmann::json j = nlohmann::json::parse(f);
+        return j.value("vocab_size", -1) == cfg.model.vocab_size &&
+               j.value("corpus", std::vector<std::string>{}) == cfg.data.corpus &&
+               j.value("val_fraction", -1.0) == cfg.data.val_fraction &&
+               j.value("seed", uint64_t{0}) == cfg.train.seed;
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+int cmd_prepare(const CommonArgs& a, bool force) {
+    const TrainConfig cfg = resolve_config(a);
+    if (!force && prepared_data_current(cfg)) {
+        log::info("prepare: {} and {} are up to date (--force rebuilds them)", cfg.data.train,
+                  cfg.data.val);
+        return 0;
+    }
+    data::PrepareOptions o;
+    o.corpus         = cfg.data.corpus;
+    o.train_path     = cfg.data.train;
+    o.val_path       = cfg.data.val;
+    o.tokenizer_path = cfg.data.tokenizer;
+    o.vocab_size     = cfg.model.vocab_size;
+    o.val_fraction   = cfg.data.val_fraction;
+    o.seed           = cfg.train.seed;
+    log::info("prepare: training a {}-piece BPE tokenizer on {} ...", o.vocab_size,
+              fmt::join(o.corpus, ", "));
+    const data::PrepareResult r = data::prepare_corpus(o);
+    log::info("prepare: {} entries -> {} train / {} val; {} train tokens, {} val tokens",
+              r.n_entries, r.n_train_entries, r.n_val_entries, r.train_tokens, r.val_tokens);
+    log::info("prepare: val unigram entropy {:.4f} nats/token (the best a context-blind model "
+              "can do)",
+              r.val_unigram_entropy);
+    log::info("prepare: wrote {}, {}, {}", o.train_path, o.val_path, o.tokenizer_path);
+    return 0;
+}
+
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force) {
+    TrainConfig cfg = resolve_config(a);
+    if (!run_dir.empty()) cfg.train.run_dir = run_dir;
+    train::TrainOptions opt;
+    opt.force = force;
+    train::run_training(cfg, opt);
+    return 0;
+}
+
+// A run directory holds model/; a model directory holds config.json.
+static std::string model_dir_of(const std::string& dir) {
+    if (fs::exists(fs::path(dir) / "config.json")) return dir;
+    if (fs::exists(fs::path(dir) / "model" / "config.json")) return (fs::path(dir) / "model").string();
+    input_error("{}: neither an exported model (config.json) nor a run directory (model/)", dir);
+}
+
+int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::string& val_path) {
+    const std::string  model_dir = model_dir_of(model_dir_arg);
+    model::LoadedModel lm        = model::load_model(model_dir);
+    // Evaluation settings: --config if given, else the run's own config.toml beside model/.
+    CommonArgs ca = a;
+    const fs::path run_cfg = fs::path(model_dir).parent_path() / "config.toml";
+    if (ca.config.empty() && fs::exists(run_cfg)) ca.config = run_cfg.string();
+    TrainConfig cfg = resolve_config(ca);
+    cfg.model       = lm.config;
+    if (!val_path.empty()) cfg.data.val = val_path;
+    set_compute_threads(cfg.train.threads);
+    const std::vector<int32_t> val = data::read_token_file(cfg.data.val, cfg.model.vocab_size).tokens;
+    if (static_cast<int64_t>(val.size()) < cfg.model.seq_len + 1) {
+        input_error("{}: {} tokens, fewer than seq_len + 1 = {}", cfg.data.val, val.size(),
+                    cfg.model.seq_len + 1);
+    }
+    const int  MB = static_cast<int>(cfg.micro_batch());
+    model::GPT gpt(cfg.model, MB);
+    std::copy(lm.params.data(), lm.params.data() + lm.params.size(), gpt.params());
+    const train::EvalResult r = train::evaluate(gpt, val, MB, cfg.train.eval_batches);
+    fmt::print("val_loss {:.6f}  perplexity {:.3f}  tokens {}  ({})\n", r.loss, std::exp(r.loss),
+               r.tokens, cfg.data.val);
+    return 0;
+}
+
+int cmd_sample(const SampleArgs& a) {
+    const std::string  model_dir = model_dir_of(a.model_dir);
+    model::LoadedModel lm        = model::load_model(model_dir);
+    const std::string  tok       = (fs::path(model_dir) / "tokenizer.model").string();
+    if (!fs::exists(tok)) input_error("{}: not found (sampling needs the tokenizer)", tok);
+    data::check_tokenizer_vocab(tok, lm.config.vocab_size);
+    SampleSection s;
+    if (!a.prompts.empty()) s.prompts = a.prompts;
+    if (a.n >= 0) s.n_samples = a.n;
+    if (a.max_new_tokens > 0) s.max_new_tokens = a.max_new_tokens;
+    if (a.top_k >= 0) s.top_k = a.top_k;
+    if (a.temperature >= 0) s.temperature = a.temperature;
+    if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
+    train::print_samples(lm.config, lm.params.data(), tok, s);
+    return 0;
+}
+
+int cmd_export(const std::string& from, const std::string& out, const std::string& dtype) {
+    if (dtype != "f32" && dtype != "bf16") input_error("--dtype {}: expected f32 or bf16", dtype);
+    const std::string  model_dir = model_dir_of(from);
+    model::LoadedModel lm        = model::load_model(model_dir);
+    if (fs::exists(out) && !fs::is_empty(out)) {
+        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)", out);
+    }
+    model::save_model(out, lm.config, lm.params.data(), dtype == "bf16",
+                      (fs::path(model_dir) / "tokenizer.model").string(),
+                      {{"exported_from", model_dir}});
+    log::info("export: wrote {}/model.safetensors ({}), config.json, tokenizer.model", out, dtype);
+    return 0;
+}
+
+int cmd_report(const std::string& run_dir) {
+    report::write_loss_chart(run_dir);
+    log::info("report: wrote {}/loss.svg", run_dir);
+    return 0;
+}
+
+}  // namespace bagualu::cli

@@ -1,0 +1,28 @@
+// The subcommands of `bagualu`, one function each, called by main.cpp after parsing.
+// Each returns the process exit status; errors are thrown (InputError -> 2).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace bagualu::cli {
+
+struct CommonArgs {
+    std::string              config;     // --config FILE ("" = defaults)
+    std::vector<std::string> overrides;  // --set section.key=value
+};
+
+int cmd_prepare(const CommonArgs& a, bool force);
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force);
+int cmd_eval(const CommonArgs& a, const std::string& model_dir, const std::string& val_path);
+struct SampleArgs {
+    std::string              model_dir;
+    std::vector<std::string> prompts;
+    int                      n = -1, max_new_tokens = -1, top_k = -1;
+    double                   temperature = -1;
+    long long                seed        = -1;
+};
+int cmd_sample(const SampleArgs& a);
+int cmd_export(const std::string& from, const std::string& out, const std::string& dtype);
+int cmd_report(const std::string& run_dir);
+
+}  // namespace bagualu::cli

@@ -1,0 +1,298 @@
+// TOML parsing, --set overrides, validation and TOML output of TrainConfig.
+// Every key is declared once in visit_fields(); parsing, overriding and printing all use it,
+// so a key cannot be readable but not printable, or settable but not checked for type.
+#include "config/config.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace bagualu {
+namespace {
+
+// Calls v(section, key, field) for every configuration key.
+template <typename Cfg, typename V>
+void visit_fields(Cfg& c, V&& v) {
+    v("model", "vocab_size", c.model.vocab_size);
+    v("model", "d_model", c.model.d_model);
+    v("model", "n_layer", c.model.n_layer);
+    v("model", "n_head", c.model.n_head);
+    v("model", "seq_len", c.model.seq_len);
+    v("model", "d_ff", c.model.d_ff);
+    v("model", "n_experts", c.model.n_experts);
+    v("model", "top_k", c.model.top_k);
+    v("model", "moe_every", c.model.moe_every);
+    v("model", "aux_loss_coef", c.model.aux_loss_coef);
+    v("model", "gate", c.model.gate);
+    v("model", "init_std", c.model.init_std);
+
+    v("train", "batch_size", c.train.batch_size);
+    v("train", "micro_batch_size", c.train.micro_batch_size);
+    v("train", "steps", c.train.steps);
+    v("train", "lr", c.train.lr);
+    v("train", "min_lr", c.train.min_lr);
+    v("train", "warmup_steps", c.train.warmup_steps);
+    v("train", "weight_decay", c.train.weight_decay);
+    v("train", "beta1", c.train.beta1);
+    v("train", "beta2", c.train.beta2);
+    v("train", "eps", c.train.eps);
+    v("train", "grad_clip", c.train.grad_clip);
+    v("train", "seed", c.train.seed);
+    v("train", "eval_every", c.train.eval_every);
+    v("train", "eval_batches", c.train.eval_batches);
+    v("train", "log_every", c.train.log_every);
+    v("train", "threads", c.train.threads);
+    v("train", "run_dir", c.train.run_dir);
+
+    v("data", "train", c.data.train);
+    v("data", "val", c.data.val);
+    v("data", "tokenizer", c.data.tokenizer);
+    v("data", "corpus", c.data.corpus);
+    v("data", "val_fraction", c.data.val_fraction);
+
+    v("sample", "n_samples", c.sample.n_samples);
+    v("sample", "max_new_tokens", c.sample.max_new_tokens);
+    v("sample", "temperature", c.sample.temperature);
+    v("sample", "top_k", c.sample.top_k);
+    v("sample", "seed", c.sample.seed);
+    v("sample", "prompts", c.sample.prompts);
+}
+
+template <typename T>
+constexpr const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "a boolean";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else return "an array of strings";
+}
+
+// Reads one TOML node into a typed field; throws with `where` (file and key) on a type mismatch.
+template <typename T>
+void read_node(const toml::node& node, T& out, const std::string& where) {
+    auto mismatch = [&] {
+        std::ostringstream got;
+        node.visit([&](const auto& n) { got << n; });
+        input_error("{}: expected {}, got {}", where, type_name<T>(), got.str());
+    };
+    if constexpr (std::is_same_v<T, bool>) {
+        auto v = node.value_exact<bool>();
+        if (!v) mismatch();
+        out = *v;
+    } else if constexpr (std::is_integral_v<T>) {
+        auto v = node.value_exact<int64_t>();
+        if (!v) mismatch();
+        if constexpr (std::is_unsigned_v<T>) {
+            if (*v < 0) input_error("{}: expected a non-negative integer, got {}", where, *v);
+        }
+        if (*v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+            static_cast<uint64_t>(*v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+            input_error("{}: {} is out of range", where, *v);
+        out = static_cast<T>(*v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+        if (node.is_integer()) {
+            out = static_cast<T>(*node.value_exact<int64_t>());
+        } else if (node.is_floating_point()) {
+            out = static_cast<T>(*node.value_exact<double>());
+        } else {
+            mismatch();
+        }
+    } else if constexpr (std::is_same_v<T, std::string>) {
+        auto v = node.value_exact<std::string>();
+        if (!v) mismatch();
+        out = *v;
+    } else {
+        const toml::array* arr = node.as_array();
+        if (!arr) mismatch();
+        std::vector<std::string> values;
+        for (const toml::node& el : *arr) {
+            auto s = el.value_exact<std::string>();
+            if (!s) mismatch();
+            values.push_back(*s);
+        }
+        out = std::move(values);
+    }
+}
+
+void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& source) {
+    std::set<std::string> known_sections;
+    std::set<std::string> known_keys;
+    visit_fields(cfg, [&](const char* sec, const char* key, auto&) {
+        known_sections.insert(sec);
+        known_keys.insert(std::string(sec) + "." + key);
+    });
+    for (const auto& [sec_key, sec_node] : root) {
+        const std::string sec(sec_key.str());
+        if (!known_sections.count(sec)) {
+            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample)",
+                        source, sec);
+        }
+        const toml::table* tbl = sec_node.as_table();
+        if (!tbl) input_error("{}: '{}' must be a table [{}]", source, sec, sec);
+        for (const auto& [key, node] : *tbl) {
+            const std::string full = sec + "." + std::string(key.str());
+            if (!known_keys.count(full)) input_error("{}: unknown key {}", source, full);
+        }
+    }
+    visit_fields(cfg, [&](const char* sec, const char* key, auto& field) {
+        const toml::node* node = root[sec][key].node();
+        if (node) read_node(*node, field, fmt::format("{}: {}", source, std::string(sec) + "." + key));
+    });
+}
+
+// Parses "section.key=value" into root, the value as TOML when it parses, else as a string.
+void apply_override(toml::table& root, const std::string& item) {
+    const size_t eq  = item.find('=');
+    const size_t dot = item.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 ||
+        dot + 1 == eq) {
+        input_error("--set {}: expected section.key=value", item);
+    }
+    const std::string sec   = item.substr(0, dot);
+    const std::string key   = item.substr(dot + 1, eq - dot - 1);
+    const std::string value = item.substr(eq + 1);
+    toml::table       parsed;
+    try {
+        parsed = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+        parsed.insert_or_assign("v", value);  // a bare word: take it as a string
+    }
+    if (!root.contains(sec)) root.insert(sec, toml::table{});
+    toml::table* tbl = root[sec].as_table();
+    if (!tbl) input_error("--set {}: '{}' is not a section", item, sec);
+    tbl->insert_or_assign(key, *parsed["v"].node());
+}
+
+TrainConfig from_table(toml::table root, const std::string& source, const std::string& name,
+                       const std::vector<std::string>& overrides) {
+    for (const auto& o : overrides) apply_override(root, o);
+    TrainConfig cfg;
+    cfg.source = source;
+    cfg.name   = name;
+    apply_table(cfg, root, source);
+    if (cfg.train.run_dir.empty()) cfg.train.run_dir = "runs/" + name;
+    validate(cfg);
+    return cfg;
+}
+
+}  // namespace
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    if (!std::filesystem::exists(path)) input_error("{}: config file not found", path);
+    toml::table root;
+    try {
+        root = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+        input_error("{}:{}:{}: invalid TOML: {}", path, e.source().begin.line,
+                    e.source().begin.column, e.description());
+    }
+    return from_table(std::move(root), path, std::filesystem::path(path).stem().string(),
+                      overrides);
+}
+
+TrainConfig default_config(const std::vector<std::string>& overrides) {
+    return from_table(toml::table{}, "<defaults>", "default", overrides);
+}
+
+void validate(const TrainConfig& c) {
+    const std::string& src = c.source;
+    auto positive = [&](const char* key, int64_t v) {
+        if (v <= 0) input_error("{}: {} = {}: must be > 0", src, key, v);
+    };
+    auto non_negative = [&](const char* key, double v) {
+        if (!(v >= 0)) input_error("{}: {} = {}: must be >= 0", src, key, v);
+    };
+    const ModelConfig& m = c.model;
+    positive("model.vocab_size", m.vocab_size);
+    positive("model.d_model", m.d_model);
+    positive("model.n_layer", m.n_layer);
+    positive("model.n_head", m.n_head);
+    positive("model.seq_len", m.seq_len);
+    positive("model.d_ff", m.d_ff);
+    if (m.d_model % m.n_head != 0) {
+        input_error("{}: model.d_model = {} must be divisible by model.n_head = {}", src,
+                    m.d_model, m.n_head);
+    }
+    if (m.moe_every < 0) input_error("{}: model.moe_every = {}: must be >= 0", src, m.moe_every);
+    if (m.moe_every > 0) {
+        positive("model.n_experts", m.n_experts);
+        positive("model.top_k", m.top_k);
+        if (m.top_k > m.n_experts) {
+            input_error("{}: model.top_k = {} must be <= model.n_experts = {}", src, m.top_k,
+                        m.n_experts);
+        }
+    }
+    non_negative("model.aux_loss_coef", m.aux_loss_coef);
+    if (m.gate != "topk") {
+        input_error("{}: model.gate = \"{}\": expected \"topk\"", src, m.gate);
+    }
+    if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
+
+    const TrainSection& t = c.train;
+    positive("train.batch_size", t.batch_size);
+    if (t.micro_batch_size < 0) {
+        input_error("{}: train.micro_batch_size = {}: must be >= 0 (0 = batch_size)", src,
+                    t.micro_batch_size);
+    }
+    if (t.batch_size % c.micro_batch() != 0) {
+        input_error("{}: train.batch_size = {} must be a multiple of train.micro_batch_size = {}",
+                    src, t.batch_size, c.micro_batch());
+    }
+    positive("train.steps", t.steps);
+    if (!(t.lr > 0)) input_error("{}: train.lr = {}: must be > 0", src, t.lr);
+    non_negative("train.min_lr", t.min_lr);
+    if (t.min_lr > t.lr) input_error("{}: train.min_lr = {} must be <= train.lr = {}", src, t.min_lr, t.lr);
+    non_negative("train.warmup_steps", static_cast<double>(t.warmup_steps));
+    non_negative("train.weight_decay", t.weight_decay);
+    if (!(t.beta1 >= 0 && t.beta1 < 1)) input_error("{}: train.beta1 = {}: must be in [0, 1)", src, t.beta1);
+    if (!(t.beta2 >= 0 && t.beta2 < 1)) input_error("{}: train.beta2 = {}: must be in [0, 1)", src, t.beta2);
+    if (!(t.eps > 0)) input_error("{}: train.eps = {}: must be > 0", src, t.eps);
+    non_negative("train.grad_clip", t.grad_clip);
+    non_negative("train.eval_every", static_cast<double>(t.eval_every));
+    positive("train.eval_batches", t.eval_batches);
+    positive("train.log_every", t.log_every);
+    if (t.threads < 0) input_error("{}: train.threads = {}: must be >= 0 (0 = all cores)", src, t.threads);
+
+    const DataSection& d = c.data;
+    if (d.train.empty()) input_error("{}: data.train must not be empty", src);
+    if (d.val.empty()) input_error("{}: data.val must not be empty", src);
+    if (!(d.val_fraction > 0 && d.val_fraction < 1)) {
+        input_error("{}: data.val_fraction = {}: must be in (0, 1)", src, d.val_fraction);
+    }
+
+    const SampleSection& s = c.sample;
+    non_negative("sample.n_samples", s.n_samples);
+    positive("sample.max_new_tokens", s.max_new_tokens);
+    non_negative("sample.temperature", s.temperature);
+    non_negative("sample.top_k", s.top_k);
+}
+
+std::string to_toml(const TrainConfig& cfg) {
+    toml::table root;
+    visit_fields(cfg, [&](const char* sec, const char* key, const auto& field) {
+        if (!root.contains(sec)) root.insert(sec, toml::table{});
+        toml::table& tbl = *root[sec].as_table();
+        using T          = std::decay_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            toml::array arr;
+            for (const auto& s : field) arr.push_back(s);
+            tbl.insert(key, std::move(arr));
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+            tbl.insert(key, static_cast<int64_t>(field));
+        } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+            tbl.insert(key, static_cast<int64_t>(field));
+        } else {
+            tbl.insert(key, field);
+        }
+    });
+    std::ostringstream out;
+    out << root << "\n";
+    return out.str();
+}
+
+}  // namespace bagualu

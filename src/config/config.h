@@ -1,0 +1,91 @@
+// The one typed configuration of a run. Parsed from TOML (config.cpp), overridden with
+// `--set section.key=value`, validated once by validate(). Nothing outside src/cli and
+// src/config reads configuration by string key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bagualu {
+
+struct ModelConfig {
+    int         vocab_size    = 8192;
+    int         d_model       = 256;   // C
+    int         n_layer       = 4;     // L
+    int         n_head        = 4;     // NH
+    int         seq_len       = 128;   // T (also the number of learned positions)
+    int         d_ff          = 768;   // H: hidden width of dense MLPs and of each expert
+    int         n_experts     = 8;     // E
+    int         top_k         = 2;     // K
+    int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
+    double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
+    std::string gate          = "topk";
+    double      init_std      = 0.02;
+
+    bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
+    int  head_size() const { return d_model / n_head; }
+};
+
+struct TrainSection {
+    int64_t     batch_size       = 32;  // global, in sequences
+    int64_t     micro_batch_size = 0;   // sequences per forward/backward; 0 = batch_size
+    int64_t     steps            = 1000;
+    double      lr               = 1e-3;
+    double      min_lr           = 1e-4;  // cosine decays from lr to min_lr
+    int64_t     warmup_steps     = 50;
+    double      weight_decay     = 0.1;
+    double      beta1            = 0.9;
+    double      beta2            = 0.95;
+    double      eps              = 1e-8;
+    double      grad_clip        = 1.0;  // global-norm clip; 0 disables
+    uint64_t    seed             = 1337;
+    int64_t     eval_every       = 100;  // steps; 0 = only at the end
+    int64_t     eval_batches     = 8;    // batches of micro_batch_size sequences from val
+    int64_t     log_every        = 10;
+    int         threads          = 0;  // compute workers; 0 = one per core in the affinity mask
+    std::string run_dir          = "";  // "" = runs/<config file stem>
+};
+
+struct DataSection {
+    std::string              train     = "data/fortunes/train.bin";
+    std::string              val       = "data/fortunes/val.bin";
+    std::string              tokenizer = "data/fortunes/tokenizer.model";
+    std::vector<std::string> corpus    = {"/usr/share/games/fortunes"};
+    double                   val_fraction = 0.01;
+};
+
+struct SampleSection {
+    int                      n_samples      = 3;
+    int                      max_new_tokens = 64;
+    double                   temperature    = 0.8;
+    int                      top_k          = 40;
+    uint64_t                 seed           = 42;
+    std::vector<std::string> prompts        = {"", "The ", "人生"};
+};
+
+struct TrainConfig {
+    ModelConfig   model;
+    TrainSection  train;
+    DataSection   data;
+    SampleSection sample;
+
+    std::string source = "<defaults>";  // file the config came from, for error messages
+    std::string name   = "default";     // stem of the config file
+
+    int64_t micro_batch() const {
+        return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size;
+    }
+    int64_t grad_accum_steps() const { return train.batch_size / micro_batch(); }
+};
+
+// Loads a TOML file, applies overrides ("section.key=value", value in TOML syntax or a bare
+// string), validates. Throws InputError naming the file, key and value on any problem.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, starting from the defaults with no file.
+TrainConfig default_config(const std::vector<std::string>& overrides = {});
+// Throws InputError when a value is out of range or values disagree.
+void validate(const TrainConfig& cfg);
+// The resolved configuration as TOML text (every key, including defaults).
+std::string to_toml(const TrainConfig& cfg);
+
+}  // namespace bagualu

@@ -1,0 +1,132 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace bagualu::model {
+
+using namespace kernels;
+
+Generator::Generator(const ModelConfig& cfg, const float* params)
+    : cfg_(cfg), layout_(make_layout(cfg)), w_(resolve<const float>(layout_, cfg_, params)) {
+    const size_t C = static_cast<size_t>(cfg.d_model), T = static_cast<size_t>(cfg.seq_len),
+                 L = static_cast<size_t>(cfg.n_layer), F = static_cast<size_t>(cfg.d_ff);
+    kcache_      = Buffer<float>(L * T * C);
+    vcache_      = Buffer<float>(L * T * C);
+    x_           = Buffer<float>(C);
+    ln_          = Buffer<float>(C);
+    qkv_         = Buffer<float>(3 * C);
+    atty_        = Buffer<float>(C);
+    tmp_         = Buffer<float>(C);
+    h_           = Buffer<float>(F);
+    h2_          = Buffer<float>(F);
+    logits_      = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
+    scores_      = Buffer<float>(T);
+    gate_logits_ = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+    order_.resize(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+}
+
+const float* Generator::step(int32_t token) {
+    BGL_CHECK(pos_ < cfg_.seq_len, "context full ({} tokens)", cfg_.seq_len);
+    BGL_CHECK(token >= 0 && token < cfg_.vocab_size, "token {} outside the vocabulary", token);
+    const int C = cfg_.d_model, F = cfg_.d_ff, NH = cfg_.n_head, hs = C / NH, T = cfg_.seq_len;
+    const int p = pos_;
+    float     mean, rstd;
+    for (int c = 0; c < C; ++c) x_[c] = w_.wte[static_cast<int64_t>(token) * C + c] + w_.wpe[p * C + c];
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        const auto& w  = w_.blocks[static_cast<size_t>(l)];
+        float*      kc = kcache_.data() + static_cast<int64_t>(l) * T * C;
+        float*      vc = vcache_.data() + static_cast<int64_t>(l) * T * C;
+        layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln1_w, w.ln1_b, 1, C);
+        linear_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, 1, C, 3 * C);
+        std::copy(qkv_.data() + C, qkv_.data() + 2 * C, kc + static_cast<int64_t>(p) * C);
+        std::copy(qkv_.data() + 2 * C, qkv_.data() + 3 * C, vc + static_cast<int64_t>(p) * C);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+        for (int h = 0; h < NH; ++h) {
+            const float* q  = qkv_.data() + h * hs;
+            double       mx = -INFINITY;
+            for (int j = 0; j <= p; ++j) {
+                const float* k = kc + static_cast<int64_t>(j) * C + h * hs;
+                double       s = 0;
+                for (int i = 0; i < hs; ++i) s += static_cast<double>(q[i]) * k[i];
+                scores_[j] = static_cast<float>(s * scale);
+                mx         = std::max(mx, static_cast<double>(scores_[j]));
+            }
+            double sum = 0;
+            for (int j = 0; j <= p; ++j) sum += std::exp(scores_[j] - mx);
+            float* o = atty_.data() + h * hs;
+            for (int i = 0; i < hs; ++i) {
+                double acc = 0;
+                for (int j = 0; j <= p; ++j) {
+                    acc += std::exp(scores_[j] - mx) / sum * vc[static_cast<int64_t>(j) * C + h * hs + i];
+                }
+                o[i] = static_cast<float>(acc);
+            }
+        }
+        linear_forward(tmp_.data(), atty_.data(), w.proj_w, w.proj_b, 1, C, C);
+        add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
+        layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln2_w, w.ln2_b, 1, C);
+        if (cfg_.is_moe_block(l)) {
+            const int E = cfg_.n_experts, K = cfg_.top_k;
+            linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
+            const float* gl = gate_logits_.data();
+            std::iota(order_.begin(), order_.end(), 0);
+            std::partial_sort(order_.begin(), order_.begin() + K, order_.end(), [gl](int a, int b) {
+                return gl[a] > gl[b] || (gl[a] == gl[b] && a < b);
+            });
+            double s = 0;
+            for (int k = 0; k < K; ++k) s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
+            std::fill(atty_.data(), atty_.data() + C, 0.0f);
+            const auto& ex = w.experts;
+            for (int k = 0; k < K; ++k) {
+                const int   e  = order_[static_cast<size_t>(k)];
+                const float pk = static_cast<float>(std::exp(gl[e] - gl[order_[0]]) / s);
+                linear_forward(h_.data(), ln_.data(), ex.fc_w + e * ex.fc_w_stride, ex.fc_b + e * ex.fc_b_stride, 1, C, F);
+                gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(F));
+                linear_forward(tmp_.data(), h2_.data(), ex.proj_w + e * ex.proj_w_stride, ex.proj_b + e * ex.proj_b_stride, 1, F, C);
+                for (int c = 0; c < C; ++c) atty_[c] += pk * tmp_[c];
+            }
+            add_forward(x_.data(), x_.data(), atty_.data(), static_cast<size_t>(C));
+        } else {
+            linear_forward(h_.data(), ln_.data(), w.fc_w, w.fc_b, 1, C, F);
+            gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(F));
+            linear_forward(tmp_.data(), h2_.data(), w.fcproj_w, w.fcproj_b, 1, F, C);
+            add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
+        }
+    }
+    layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w_.lnf_w, w_.lnf_b, 1, C);
+    linear_forward(logits_.data(), ln_.data(), w_.wte, nullptr, 1, C, cfg_.vocab_size);
+    ++pos_;
+    return logits_.data();
+}
+
+int32_t sample_token(const float* logits, int V, const SampleOptions& opt, Rng& rng) {
+    if (opt.temperature <= 0) {
+        return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+    }
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    int k = (opt.top_k > 0 && opt.top_k < V) ? opt.top_k : V;
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [logits](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    std::vector<double> p(static_cast<size_t>(k));
+    const double        mx  = logits[idx[0]];
+    double              sum = 0;
+    for (int i = 0; i < k; ++i) {
+        p[static_cast<size_t>(i)] = std::exp((logits[idx[static_cast<size_t>(i)]] - mx) / opt.temperature);
+        sum += p[static_cast<size_t>(i)];
+    }
+    double u = rng.uniform() * sum;
+    for (int i = 0; i < k; ++i) {
+        u -= p[static_cast<size_t>(i)];
+        if (u <= 0) return idx[static_cast<size_t>(i)];
+    }
+    return idx[static_cast<size_t>(k - 1)];
+}
+
+}  // namespace bagualu::model

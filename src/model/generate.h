@@ -1,0 +1,42 @@
+// Autoregressive inference with a key/value cache: one token at a time, each step costs
+// O(position) attention instead of re-running the whole prefix. Computes the same logits as
+// GPT::forward on the prefix (tests check this). Single sequence, float32.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "core/rng.h"
+#include "model/gpt.h"
+
+namespace bagualu::model {
+
+class Generator {
+   public:
+    // params: a flat array in make_layout(cfg) order; must outlive the generator.
+    Generator(const ModelConfig& cfg, const float* params);
+    // Feeds the token at position pos (= number of tokens fed before); returns logits (V).
+    const float* step(int32_t token);
+    int          position() const { return pos_; }
+    void         reset() { pos_ = 0; }
+
+   private:
+    ModelConfig               cfg_;
+    ParamLayout               layout_;
+    ModelTensors<const float> w_;
+    Buffer<float>             kcache_, vcache_;  // (L, seq_len, C) each
+    Buffer<float>             x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
+    Buffer<float>             gate_logits_;
+    std::vector<int32_t>      order_;
+    int                       pos_ = 0;
+};
+
+struct SampleOptions {
+    double   temperature = 0.8;  // 0 = greedy
+    int      top_k       = 40;   // 0 = whole vocabulary
+};
+// Draws a token from logits (V).
+int32_t sample_token(const float* logits, int V, const SampleOptions& opt, Rng& rng);
+
+}  // namespace bagualu::model

@@ -1,0 +1,298 @@
+#include "model/gpt.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+
+namespace bagualu::model {
+
+using namespace kernels;
+
+// ---- parameter layout ----
+
+ParamLayout make_layout(const ModelConfig& m) {
+    const int64_t V = m.vocab_size, C = m.d_model, F = m.d_ff, E = m.n_experts, T = m.seq_len;
+    ParamLayout   L;
+    L.add("wte", {V, C}, true);
+    L.add("wpe", {T, C}, true);
+    for (int l = 0; l < m.n_layer; ++l) {
+        const std::string p = fmt::format("h.{}.", l);
+        L.add(p + "ln_1.weight", {C}, false);
+        L.add(p + "ln_1.bias", {C}, false);
+        L.add(p + "attn.c_attn.weight", {3 * C, C}, true);
+        L.add(p + "attn.c_attn.bias", {3 * C}, false);
+        L.add(p + "attn.c_proj.weight", {C, C}, true);
+        L.add(p + "attn.c_proj.bias", {C}, false);
+        L.add(p + "ln_2.weight", {C}, false);
+        L.add(p + "ln_2.bias", {C}, false);
+        if (m.is_moe_block(l)) {
+            L.add(p + "moe.gate.weight", {E, C}, true);
+            // one kind of tensor for all experts after the other, so expert e is base + e*stride
+            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
+            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.bias", p, e), {F}, false, true);
+            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.weight", p, e), {C, F}, true, true);
+            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.bias", p, e), {C}, false, true);
+        } else {
+            L.add(p + "mlp.c_fc.weight", {F, C}, true);
+            L.add(p + "mlp.c_fc.bias", {F}, false);
+            L.add(p + "mlp.c_proj.weight", {C, F}, true);
+            L.add(p + "mlp.c_proj.bias", {C}, false);
+        }
+    }
+    L.add("ln_f.weight", {C}, false);
+    L.add("ln_f.bias", {C}, false);
+    return L;
+}
+
+template <typename P>
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base) {
+    auto at = [&](const std::string& name) -> P* {
+        const ParamSpec* s = layout.find(name);
+        BGL_CHECK(s != nullptr, "no parameter {}", name);
+        return base + s->offset;
+    };
+    auto stride = [&](const std::string& a, const std::string& b) -> size_t {
+        return m.n_experts > 1 ? layout.find(b)->offset - layout.find(a)->offset : 0;
+    };
+    ModelTensors<P> t;
+    t.wte = at("wte");
+    t.wpe = at("wpe");
+    for (int l = 0; l < m.n_layer; ++l) {
+        const std::string p = fmt::format("h.{}.", l);
+        BlockTensors<P>   b;
+        b.ln1_w  = at(p + "ln_1.weight");
+        b.ln1_b  = at(p + "ln_1.bias");
+        b.qkv_w  = at(p + "attn.c_attn.weight");
+        b.qkv_b  = at(p + "attn.c_attn.bias");
+        b.proj_w = at(p + "attn.c_proj.weight");
+        b.proj_b = at(p + "attn.c_proj.bias");
+        b.ln2_w  = at(p + "ln_2.weight");
+        b.ln2_b  = at(p + "ln_2.bias");
+        if (m.is_moe_block(l)) {
+            b.gate_w = at(p + "moe.gate.weight");
+            auto ex  = [&](int e, const char* what) { return fmt::format("{}moe.experts.{}.{}", p, e, what); };
+            b.experts.fc_w          = at(ex(0, "c_fc.weight"));
+            b.experts.fc_b          = at(ex(0, "c_fc.bias"));
+            b.experts.proj_w        = at(ex(0, "c_proj.weight"));
+            b.experts.proj_b        = at(ex(0, "c_proj.bias"));
+            b.experts.fc_w_stride   = stride(ex(0, "c_fc.weight"), ex(1, "c_fc.weight"));
+            b.experts.fc_b_stride   = stride(ex(0, "c_fc.bias"), ex(1, "c_fc.bias"));
+            b.experts.proj_w_stride = stride(ex(0, "c_proj.weight"), ex(1, "c_proj.weight"));
+            b.experts.proj_b_stride = stride(ex(0, "c_proj.bias"), ex(1, "c_proj.bias"));
+        } else {
+            b.fc_w     = at(p + "mlp.c_fc.weight");
+            b.fc_b     = at(p + "mlp.c_fc.bias");
+            b.fcproj_w = at(p + "mlp.c_proj.weight");
+            b.fcproj_b = at(p + "mlp.c_proj.bias");
+        }
+        t.blocks.push_back(b);
+    }
+    t.lnf_w = at("ln_f.weight");
+    t.lnf_b = at("ln_f.bias");
+    return t;
+}
+template ModelTensors<float>       resolve(const ParamLayout&, const ModelConfig&, float*);
+template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*);
+
+static bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void init_params(float* params, const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
+    const double resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
+    for (size_t i = 0; i < layout.specs().size(); ++i) {
+        const ParamSpec& s = layout.spec(i);
+        float*           p = params + s.offset;
+        if (ends_with(s.name, ".bias")) {
+            for (size_t j = 0; j < s.numel; ++j) p[j] = 0.0f;
+        } else if (s.name.rfind("ln_", 0) == 0 || s.name.find(".ln_") != std::string::npos) {
+            for (size_t j = 0; j < s.numel; ++j) p[j] = 1.0f;
+        } else {
+            const double std = ends_with(s.name, "c_proj.weight") ? resid_std : m.init_std;
+            Rng          rng(seed, i + 1);
+            for (size_t j = 0; j < s.numel; ++j) p[j] = static_cast<float>(rng.normal() * std);
+        }
+    }
+}
+
+// ---- activations ----
+
+struct GPT::Acts {
+    struct Block {
+        float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res1, *ln2, *ln2_mean, *ln2_rstd;
+        float *fch = nullptr, *fcg = nullptr;  // dense MLP only: pre- and post-GELU (N, F)
+    };
+    FloatArena             arena;
+    std::vector<float*>    resid;  // [L+1] (N, C)
+    std::vector<Block>     blocks;
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dlosses;
+    float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch
+    Buffer<int32_t> tokens, targets;
+};
+
+GPT::GPT(const ModelConfig& cfg, int max_batch)
+    : cfg_(cfg), max_batch_(max_batch), layout_(make_layout(cfg)) {
+    params_ = Buffer<float>(layout_.total_floats());
+    grads_  = Buffer<float>(layout_.total_floats());
+    w_      = resolve<const float>(layout_, cfg_, params_.data());
+    g_      = resolve<float>(layout_, cfg_, grads_.data());
+
+    const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
+    const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
+                 V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
+    a_          = std::make_unique<Acts>();
+    FloatArena& A = a_->arena;
+    // plan offsets, then allocate once, then resolve
+    std::vector<size_t> resid_off;
+    for (int l = 0; l <= cfg.n_layer; ++l) resid_off.push_back(A.reserve(N * C));
+    struct BlockOff { size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch, fcg; };
+    std::vector<BlockOff> boff;
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        BlockOff o{};
+        o.ln1 = A.reserve(N * C); o.m1 = A.reserve(N); o.r1 = A.reserve(N);
+        o.qkv = A.reserve(N * 3 * C); o.atty = A.reserve(N * C); o.lse = A.reserve(N * NH);
+        o.res1 = A.reserve(N * C); o.ln2 = A.reserve(N * C); o.m2 = A.reserve(N); o.r2 = A.reserve(N);
+        if (!cfg.is_moe_block(l)) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
+        boff.push_back(o);
+    }
+    const size_t lnf = A.reserve(N * C), lnfm = A.reserve(N), lnfr = A.reserve(N),
+                 logits = A.reserve(N * V), losses = A.reserve(N), dlosses = A.reserve(N),
+                 dresid = A.reserve(N * C), dc = A.reserve(N * C), dc2 = A.reserve(N * C),
+                 dqkv = A.reserve(N * 3 * C), df = A.reserve(N * F);
+    A.allocate();
+    for (size_t off : resid_off) a_->resid.push_back(A.at(off));
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        const BlockOff& o = boff[static_cast<size_t>(l)];
+        Acts::Block     b{A.at(o.ln1), A.at(o.m1),  A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
+                      A.at(o.lse), A.at(o.res1), A.at(o.ln2), A.at(o.m2),  A.at(o.r2)};
+        if (!cfg.is_moe_block(l)) { b.fch = A.at(o.fch); b.fcg = A.at(o.fcg); }
+        a_->blocks.push_back(b);
+    }
+    a_->lnf = A.at(lnf); a_->lnf_mean = A.at(lnfm); a_->lnf_rstd = A.at(lnfr);
+    a_->logits = A.at(logits); a_->losses = A.at(losses); a_->dlosses = A.at(dlosses);
+    a_->dresid = A.at(dresid); a_->dc = A.at(dc); a_->dc2 = A.at(dc2); a_->dqkv = A.at(dqkv);
+    a_->df = A.at(df);
+    a_->tokens  = Buffer<int32_t>(N);
+    a_->targets = Buffer<int32_t>(N);
+
+    const moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        if (cfg.is_moe_block(l)) {
+            moe_index_.push_back(static_cast<int>(moe_.size()));
+            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N)));
+        } else {
+            moe_index_.push_back(-1);
+        }
+    }
+}
+
+GPT::~GPT() = default;
+
+const float* GPT::logits() const { return a_->logits; }
+
+static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
+    return moe::MoEWeights{b.gate_w, b.experts};
+}
+
+double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+    BGL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= cfg_.seq_len,
+              "forward({}, {}) outside the planned {} x {}", B, T, max_batch_, cfg_.seq_len);
+    B_ = B;
+    T_ = T;
+    const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size, NH = cfg_.n_head;
+    Acts&     a = *a_;
+    std::copy(tokens, tokens + N, a.tokens.data());
+    std::copy(targets, targets + N, a.targets.data());
+
+    embedding_forward(a.resid[0], a.tokens.data(), w_.wte, w_.wpe, B, T, C);
+    aux_loss_ = 0;
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        const auto& w  = w_.blocks[static_cast<size_t>(l)];
+        auto&       b  = a.blocks[static_cast<size_t>(l)];
+        const float* x = a.resid[static_cast<size_t>(l)];
+        float*       y = a.resid[static_cast<size_t>(l) + 1];
+        layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
+        linear_forward(b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+        attention_forward(b.atty, b.lse, b.qkv, B, T, C, NH);
+        linear_forward(b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+        add_forward(b.res1, b.res1, x, static_cast<size_t>(N) * C);
+        layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
+        const int mi = moe_index_[static_cast<size_t>(l)];
+        if (mi >= 0) {
+            aux_loss_ += moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
+        } else {
+            linear_forward(b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
+            gelu_forward(b.fcg, b.fch, static_cast<size_t>(N) * F);
+            linear_forward(y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+        }
+        add_forward(y, y, b.res1, static_cast<size_t>(N) * C);
+    }
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
+    linear_forward(a.logits, a.lnf, w_.wte, nullptr, N, C, V);
+    crossentropy_forward(a.losses, a.logits, a.targets.data(), N, V);
+    double sum = 0;
+    for (int i = 0; i < N; ++i) sum += a.losses[i];
+    return sum / N;
+}
+
+void GPT::backward(float loss_scale) {
+    const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size,
+              NH = cfg_.n_head;
+    BGL_CHECK(N > 0, "backward without forward");
+    Acts& a = *a_;
+    for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
+    crossentropy_backward(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
+    linear_backward(a.dc, g_.wte, nullptr, a.logits, a.lnf, w_.wte, N, C, V);
+    std::fill(a.dresid, a.dresid + static_cast<size_t>(N) * C, 0.0f);
+    layernorm_backward(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean,
+                       a.lnf_rstd, N, C);
+    for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+        const auto&  w = w_.blocks[static_cast<size_t>(l)];
+        auto&        g = g_.blocks[static_cast<size_t>(l)];
+        auto&        b = a.blocks[static_cast<size_t>(l)];
+        const float* x = a.resid[static_cast<size_t>(l)];
+        // feed-forward: dresid holds d x_{l+1} = d ffn_out, and flows on to d res1
+        const int mi = moe_index_[static_cast<size_t>(l)];
+        if (mi >= 0) {
+            moe::MoEGrads mg{g.gate_w, g.experts};
+            moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
+                                                    loss_scale);
+        } else {
+            linear_backward(a.df, g.fcproj_w, g.fcproj_b, a.dresid, b.fcg, w.fcproj_w, N, F, C);
+            gelu_backward(a.df, b.fch, a.df, static_cast<size_t>(N) * F);
+            linear_backward(a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+        }
+        layernorm_backward(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean,
+                           b.ln2_rstd, N, C);
+        // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
+        linear_backward(a.dc, g.proj_w, g.proj_b, a.dresid, b.atty, w.proj_w, N, C, C);
+        attention_backward(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+        linear_backward(a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+        layernorm_backward(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd,
+                           N, C);
+    }
+    embedding_backward(g_.wte, g_.wpe, a.dresid, a.tokens.data(), B, T, C);
+}
+
+double GPT::flops_per_token(int T) const {
+    const double C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size, K = cfg_.top_k,
+                 E = cfg_.n_experts;
+    double f = 0;
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+        f += 2 * C * 3 * C + 2 * C * C;  // qkv, proj
+        f += 2 * 2 * C * T / 2.0 * 1.0;  // causal attention: scores and weighted sum, T/2 keys on average
+        if (cfg_.is_moe_block(l)) {
+            f += 2 * C * E + K * 2 * (2 * C * F);  // gate, K experts
+        } else {
+            f += 2 * (2 * C * F);
+        }
+    }
+    f += 2 * C * V;  // LM head
+    return f;
+}
+
+}  // namespace bagualu::model

@@ -1,0 +1,100 @@
+// GPT-2-style decoder with MoE feed-forward blocks: explicit forward and backward, no autograd.
+//   x_0     = wte[tokens] + wpe[0..T)
+//   block l: a = x_l + attn(ln_1(x_l));  x_{l+1} = a + ffn(ln_2(a))  (ffn = MLP or MoE)
+//   logits  = ln_f(x_L) @ wte^T;  loss = mean_t CE(logits_t, target_t) (+ MoE aux losses)
+// docs/model.md states the math, names, shapes and initialisation exactly.
+// Dimension letters: B batch, T sequence, C d_model, F d_ff, V vocab, NH heads, N = B*T.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "model/param_layout.h"
+#include "moe/moe_layer.h"
+
+namespace bagualu::model {
+
+// Pointers to one block's tensors inside a flat parameter (or gradient) array.
+template <typename P>
+struct BlockTensors {
+    P* ln1_w = nullptr;  // (C)
+    P* ln1_b = nullptr;  // (C)
+    P* qkv_w = nullptr;  // (3C, C)
+    P* qkv_b = nullptr;  // (3C)
+    P* proj_w = nullptr; // (C, C)
+    P* proj_b = nullptr; // (C)
+    P* ln2_w = nullptr;  // (C)
+    P* ln2_b = nullptr;  // (C)
+    // dense MLP blocks
+    P* fc_w = nullptr;      // (F, C)
+    P* fc_b = nullptr;      // (F)
+    P* fcproj_w = nullptr;  // (C, F)
+    P* fcproj_b = nullptr;  // (C)
+    // MoE blocks
+    P*                        gate_w = nullptr;  // (E, C)
+    moe::ExpertTensors<P>     experts;
+};
+
+template <typename P>
+struct ModelTensors {
+    P*                           wte = nullptr;  // (V, C), also the LM head
+    P*                           wpe = nullptr;  // (seq_len, C)
+    std::vector<BlockTensors<P>> blocks;         // [n_layer]
+    P*                           lnf_w = nullptr;
+    P*                           lnf_b = nullptr;
+};
+
+// The parameter names, shapes and order of a model (docs/model.md lists them).
+ParamLayout make_layout(const ModelConfig& cfg);
+// Resolves the layout's offsets into pointers into `base`.
+template <typename P>
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base);
+// GPT-2 initialisation: weights N(0, init_std), residual projections N(0, init_std/sqrt(2L)),
+// biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, index).
+void init_params(float* params, const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed);
+
+class GPT {
+   public:
+    // max_batch: the most sequences one forward will see.
+    GPT(const ModelConfig& cfg, int max_batch);
+    ~GPT();
+
+    const ModelConfig& config() const { return cfg_; }
+    const ParamLayout& layout() const { return layout_; }
+    float*             params() { return params_.data(); }
+    const float*       params() const { return params_.data(); }
+    float*             grads() { return grads_.data(); }
+    size_t             n_floats() const { return layout_.total_floats(); }
+    void               zero_grad() { grads_.zero(); }
+
+    // tokens, targets: (B, T), T <= seq_len. Saves activations. Returns mean cross-entropy.
+    double forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+    // Sum of the MoE layers' aux losses of the last forward.
+    double aux_loss() const { return aux_loss_; }
+    // Backward of the last forward: grads += d(loss_scale * (CE + aux)) / d params.
+    void backward(float loss_scale);
+    // (B*T, V) logits of the last forward (overwritten by backward).
+    const float* logits() const;
+    // MoE layers in block order, for routing statistics.
+    const std::vector<std::unique_ptr<moe::MoELayer>>& moe_layers() const { return moe_; }
+    // Forward FLOPs per token of the dense matrix products (for MFU: training = 3x).
+    double flops_per_token(int T) const;
+
+   private:
+    struct Acts;
+    ModelConfig                              cfg_;
+    int                                      max_batch_;
+    ParamLayout                              layout_;
+    Buffer<float>                            params_, grads_;
+    ModelTensors<const float>                w_;
+    ModelTensors<float>                      g_;
+    std::unique_ptr<Acts>                    a_;
+    std::vector<std::unique_ptr<moe::MoELayer>> moe_;  // [n_moe_blocks]
+    std::vector<int>                         moe_index_;  // [n_layer] -> index into moe_ or -1
+    int                                      B_ = 0, T_ = 0;
+    double                                   aux_loss_ = 0;
+};
+
+}  // namespace bagualu::model

@@ -1,0 +1,82 @@
+#include "moe/dispatch.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace bagualu::moe {
+
+void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offsets,
+                   const int32_t* expert_idx, const int32_t* tokens_per_expert, int N, int E,
+                   int K) {
+    expert_offsets[0] = 0;
+    for (int e = 0; e < E; ++e) expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e];
+    std::vector<int32_t> next(expert_offsets, expert_offsets + E);
+    for (int t = 0; t < N; ++t) {
+        for (int k = 0; k < K; ++k) {
+            const int32_t r = next[static_cast<size_t>(expert_idx[t * K + k])]++;
+            row_of[t * K + k] = r;
+            token_of_row[r]   = t;
+        }
+    }
+}
+
+void permute_forward(float* x_perm, const float* x, const int32_t* token_of_row, int rows, int C) {
+    parallel_for(rows, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            std::memcpy(x_perm + r * C, x + static_cast<int64_t>(token_of_row[r]) * C,
+                        sizeof(float) * static_cast<size_t>(C));
+        }
+    });
+}
+
+void unpermute_forward(float* out, const float* y_perm, const float* probs, const int32_t* row_of,
+                       int N, int K, int C) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float* o = out + t * C;
+            for (int c = 0; c < C; ++c) o[c] = 0.0f;
+            for (int k = 0; k < K; ++k) {
+                const float  w = probs[t * K + k];
+                const float* y = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
+                for (int c = 0; c < C; ++c) o[c] += w * y[c];
+            }
+        }
+    });
+}
+
+void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
+                        const float* probs, const int32_t* row_of, int N, int K, int C) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* d = dout + t * C;
+            for (int k = 0; k < K; ++k) {
+                const int64_t r  = row_of[t * K + k];
+                const float   w  = probs[t * K + k];
+                const float*  y  = y_perm + r * C;
+                float*        dy = dy_perm + r * C;
+                double        dot = 0;
+                for (int c = 0; c < C; ++c) {
+                    dot += static_cast<double>(d[c]) * y[c];
+                    dy[c] = w * d[c];
+                }
+                dprobs[t * K + k] = static_cast<float>(dot);
+            }
+        }
+    });
+}
+
+void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float* o = dx + t * C;
+            for (int k = 0; k < K; ++k) {
+                const float* s = dx_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
+                for (int c = 0; c < C; ++c) o[c] += s[c];
+            }
+        }
+    });
+}
+
+}  // namespace bagualu::moe

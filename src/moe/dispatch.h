@@ -1,0 +1,30 @@
+// Local token dispatch of an MoE layer: the steps that move rows, with no communication.
+//   routing:   (expert_idx, tokens_per_expert) -> row_of[t*K+k], the row of slot (t, k) in the
+//              expert-major permuted buffer, and token_of_row[r]. Within an expert, rows keep
+//              token order.
+//   permute:   x_perm[r] = x[token_of_row[r]]
+//   unpermute: out[t] = sum_k probs[t,k] * y_perm[row_of[t*K+k]]   (the combine step)
+// Shapes: x, out (N, C); x_perm, y_perm (N*K, C); probs (N, K).
+#pragma once
+#include <cstdint>
+
+namespace bagualu::moe {
+
+// row_of: (N*K). token_of_row: (N*K). expert_offsets: (E+1), prefix sums of tokens_per_expert.
+void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offsets,
+                   const int32_t* expert_idx, const int32_t* tokens_per_expert, int N, int E,
+                   int K);
+
+void permute_forward(float* x_perm, const float* x, const int32_t* token_of_row, int rows, int C);
+
+// out: (N, C), overwritten.
+void unpermute_forward(float* out, const float* y_perm, const float* probs, const int32_t* row_of,
+                       int N, int K, int C);
+// dy_perm: (N*K, C), overwritten: dy_perm[row_of[t,k]] = probs[t,k] * dout[t].
+// dprobs: (N, K), overwritten: dprobs[t,k] = dot(dout[t], y_perm[row_of[t,k]]).
+void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
+                        const float* probs, const int32_t* row_of, int N, int K, int C);
+// dx: (N, C), accumulated (+=): dx[t] += sum_k dx_perm[row_of[t,k]].
+void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C);
+
+}  // namespace bagualu::moe

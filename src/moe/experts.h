@@ -1,0 +1,31 @@
+// The local experts of an MoE layer: expert e is an MLP  y = W2_e gelu(W1_e x + b1_e) + b2_e,
+// applied to its contiguous block of rows [offsets[e], offsets[e+1]) of the permuted buffer.
+// Experts with zero rows are skipped. C = d_model, F = d_ff, E = number of local experts.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace bagualu::moe {
+
+// Expert e's tensors are at base + e * stride (strides in floats).
+template <typename P>
+struct ExpertTensors {
+    P*     fc_w   = nullptr;  // (E, F, C)
+    P*     fc_b   = nullptr;  // (E, F)
+    P*     proj_w = nullptr;  // (E, C, F)
+    P*     proj_b = nullptr;  // (E, C)
+    size_t fc_w_stride = 0, fc_b_stride = 0, proj_w_stride = 0, proj_b_stride = 0;
+};
+using ExpertWeights = ExpertTensors<const float>;
+using ExpertGrads   = ExpertTensors<float>;
+
+// y: (rows, C). h: (rows, F) pre-activation and g: (rows, F) = gelu(h), saved for backward.
+void experts_forward(float* y, float* h, float* g, const float* x, const ExpertWeights& w,
+                     const int32_t* offsets, int E, int C, int F);
+
+// dx: (rows, C), overwritten. dh: (rows, F) scratch. Parameter grads +=.
+void experts_backward(float* dx, float* dh, ExpertGrads& dw, const float* dy, const float* x,
+                      const float* h, const float* g, const ExpertWeights& w,
+                      const int32_t* offsets, int E, int C, int F);
+
+}  // namespace bagualu::moe

@@ -1,0 +1,88 @@
+#include "moe/gate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace bagualu::moe {
+
+double topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
+                         int32_t* tokens_per_expert, const float* logits, int N, int E, int K,
+                         double aux_coef) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        std::vector<int32_t> order(static_cast<size_t>(E));
+        for (int64_t t = begin; t < end; ++t) {
+            const float* l = logits + t * E;
+            // full softmax (for the aux loss), in double
+            double mx = l[0];
+            for (int e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
+            double sum = 0;
+            for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+            for (int e = 0; e < E; ++e) {
+                softmax_full[t * E + e] = static_cast<float>(std::exp(l[e] - mx) / sum);
+            }
+            // top-k, ties broken by the lower expert id
+            for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+            std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                              [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+            const double top = l[order[0]];
+            double       s   = 0;
+            for (int k = 0; k < K; ++k) s += std::exp(l[order[static_cast<size_t>(k)]] - top);
+            for (int k = 0; k < K; ++k) {
+                const int32_t e     = order[static_cast<size_t>(k)];
+                expert_idx[t * K + k] = e;
+                probs[t * K + k]      = static_cast<float>(std::exp(l[e] - top) / s);
+            }
+        }
+    });
+    std::fill(tokens_per_expert, tokens_per_expert + E, 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(N) * K; ++i) ++tokens_per_expert[expert_idx[i]];
+    if (aux_coef == 0 || N == 0) return 0.0;
+    double aux = 0;
+    for (int e = 0; e < E; ++e) {
+        double p = 0;
+        for (int t = 0; t < N; ++t) p += softmax_full[static_cast<int64_t>(t) * E + e];
+        const double f = static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(N) * K);
+        aux += f * (p / N);
+    }
+    return aux_coef * E * aux;
+}
+
+void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
+                        const int32_t* expert_idx, const float* softmax_full,
+                        const int32_t* tokens_per_expert, int N, int E, int K, double aux_coef,
+                        double daux) {
+    // aux part: d aux / d logits[t, j] = coef E / N * s_tj (f_j - sum_e s_te f_e)
+    std::vector<double> f(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        f[static_cast<size_t>(e)] = static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(N) * K);
+    }
+    const double aux_scale = (N > 0) ? daux * aux_coef * E / N : 0.0;
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float*       dl = dlogits + t * E;
+            const float* s  = softmax_full + t * E;
+            if (aux_scale != 0) {
+                double sf = 0;
+                for (int e = 0; e < E; ++e) sf += s[e] * f[static_cast<size_t>(e)];
+                for (int e = 0; e < E; ++e) {
+                    dl[e] = static_cast<float>(aux_scale * s[e] * (f[static_cast<size_t>(e)] - sf));
+                }
+            } else {
+                std::fill(dl, dl + E, 0.0f);
+            }
+            // softmax over the selected logits: dl_k = p_k (dp_k - sum_j p_j dp_j)
+            const float* p  = probs + t * K;
+            const float* dp = dprobs + t * K;
+            double       pd = 0;
+            for (int k = 0; k < K; ++k) pd += static_cast<double>(p[k]) * dp[k];
+            for (int k = 0; k < K; ++k) {
+                dl[expert_idx[t * K + k]] += static_cast<float>(p[k] * (dp[k] - pd));
+            }
+        }
+    });
+}
+
+}  // namespace bagualu::moe

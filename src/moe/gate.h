@@ -1,0 +1,27 @@
+// Top-k gate: from router logits to the experts each token goes to and their weights.
+//   probs[t, :]   = softmax over the k largest logits of token t (ties: lower expert id first)
+//   expert_idx[t] = those k experts, in descending logit order
+// Load-balancing loss (Switch/GShard, generalised to top-k), with every symbol defined:
+//   f_e  = (number of (token, slot) pairs routed to e) / (N K)
+//   P_e  = (1/N) sum_t softmax(logits[t, :])_e
+//   aux  = coef * E * sum_e f_e P_e        (f is a constant: only P carries gradient)
+// Softmax and sums are computed in double. N tokens, E experts, K = top_k.
+#pragma once
+#include <cstdint>
+
+namespace bagualu::moe {
+
+// probs: (N, K). expert_idx: (N, K). softmax_full: (N, E), saved for the aux loss backward.
+// tokens_per_expert: (E), overwritten. Returns aux (0 when coef == 0).
+double topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
+                         int32_t* tokens_per_expert, const float* logits, int N, int E, int K,
+                         double aux_coef);
+
+// dlogits: (N, E), overwritten (=). dprobs: (N, K), the loss gradient w.r.t. probs.
+// daux: gradient of the total loss w.r.t. the aux value returned by forward.
+void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
+                        const int32_t* expert_idx, const float* softmax_full,
+                        const int32_t* tokens_per_expert, int N, int E, int K, double aux_coef,
+                        double daux);
+
+}  // namespace bagualu::moe

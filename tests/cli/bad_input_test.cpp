@@ -1,0 +1,138 @@
+// Bad input of every kind gives one line naming the file, key or value and what is expected,
+// and exit status 2: configs, command lines, token shards and vocabularies.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "../common/run_command.h"
+#include "data/token_file.h"
+
+namespace bagualu::testing {
+namespace {
+
+// A tiny valid setup: token shards written directly (no tokenizer) and a config pointing at them.
+class BadInputTest : public ::testing::Test {
+   protected:
+    void SetUp() override {
+        std::vector<int32_t> tokens(2000);
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
+        data::write_token_file(dir / "train.bin", tokens, 128);
+        data::write_token_file(dir / "val.bin", tokens, 128);
+        base = "train --config configs/tiny.toml --run-dir " + (dir / "run") +
+               " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
+               " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" +
+               (dir / "none.model") + " --set train.steps=2";
+    }
+    // Runs and checks: status 2, a single line of output, containing every `needle`.
+    void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
+        const CommandResult r = bagualu(args);
+        EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+        std::string line = r.output;
+        while (!line.empty() && line.back() == '\n') line.pop_back();
+        EXPECT_EQ(line.find('\n'), std::string::npos) << "expected one line, got:\n" << r.output;
+        for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+    }
+    TempDir     dir;
+    std::string base;
+};
+
+TEST_F(BadInputTest, ValidSetupTrains) {
+    const CommandResult r = bagualu(base);
+    EXPECT_EQ(r.status, 0) << r.output;
+}
+
+TEST_F(BadInputTest, MissingConfigFile) {
+    expect_error("train --config " + (dir / "nope.toml"), {"nope.toml"});
+}
+
+TEST_F(BadInputTest, MalformedToml) {
+    write_file(dir / "bad.toml", "[model]\nd_model = = 3\n");
+    expect_error("train --config " + (dir / "bad.toml"), {"bad.toml", "invalid TOML"});
+}
+
+TEST_F(BadInputTest, UnknownKeyInFile) {
+    write_file(dir / "u.toml", "[model]\nd_modle = 64\n");
+    expect_error("train --config " + (dir / "u.toml"), {"u.toml", "unknown key model.d_modle"});
+}
+
+TEST_F(BadInputTest, UnknownSection) {
+    write_file(dir / "s.toml", "[modle]\nd_model = 64\n");
+    expect_error("train --config " + (dir / "s.toml"), {"s.toml", "unknown section [modle]"});
+}
+
+TEST_F(BadInputTest, UnknownKeyInOverride) {
+    expect_error(base + " --set train.stepz=3", {"unknown key train.stepz"});
+}
+
+TEST_F(BadInputTest, WrongType) {
+    expect_error(base + " --set model.d_model=\\\"wide\\\"", {"model.d_model", "expected an integer"});
+    write_file(dir / "t.toml", "[train]\nlr = \"fast\"\n");
+    expect_error("train --config " + (dir / "t.toml"), {"t.toml", "train.lr", "expected a number"});
+}
+
+TEST_F(BadInputTest, MalformedOverride) {
+    expect_error(base + " --set steps", {"--set steps", "section.key=value"});
+}
+
+TEST_F(BadInputTest, DModelNotDivisibleByHeads) {
+    expect_error(base + " --set model.n_head=3", {"model.d_model = 64", "model.n_head = 3"});
+}
+
+TEST_F(BadInputTest, TopKAboveExperts) {
+    expect_error(base + " --set model.top_k=5", {"model.top_k = 5", "model.n_experts = 4"});
+}
+
+TEST_F(BadInputTest, ZeroAndNegativeSizes) {
+    expect_error(base + " --set model.d_model=0", {"model.d_model = 0", "> 0"});
+    expect_error(base + " --set model.n_layer=-1", {"model.n_layer = -1", "> 0"});
+    expect_error(base + " --set train.batch_size=0", {"train.batch_size = 0"});
+    expect_error(base + " --set model.seq_len=-5", {"model.seq_len = -5"});
+}
+
+TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
+    expect_error(base + " --set train.batch_size=6", {"train.batch_size = 6", "micro_batch_size = 4"});
+}
+
+TEST_F(BadInputTest, MissingShard) {
+    expect_error(base + " --set data.train=" + (dir / "missing.bin"), {"missing.bin"});
+}
+
+TEST_F(BadInputTest, TruncatedShard) {
+    std::string bytes = read_file(dir / "train.bin");
+    write_file(dir / "trunc.bin", bytes.substr(0, bytes.size() - 100));
+    expect_error(base + " --set data.train=" + (dir / "trunc.bin"), {"trunc.bin", "truncated"});
+}
+
+TEST_F(BadInputTest, WrongMagic) {
+    std::string bytes = read_file(dir / "train.bin");
+    bytes[0]          = 'X';
+    write_file(dir / "magic.bin", bytes);
+    expect_error(base + " --set data.train=" + (dir / "magic.bin"), {"magic.bin", "magic"});
+}
+
+TEST_F(BadInputTest, TokenIdAboveVocab) {
+    std::vector<int32_t> tokens(500, 3);
+    tokens[321] = 200;
+    data::write_token_file(dir / "big.bin", tokens, 256);
+    expect_error(base + " --set data.val=" + (dir / "big.bin"), {"big.bin", "200", "321", "128"});
+}
+
+TEST_F(BadInputTest, ShardTooShortForOneWindow) {
+    data::write_token_file(dir / "short.bin", std::vector<int32_t>(10, 1), 128);
+    expect_error(base + " --set data.val=" + (dir / "short.bin"), {"short.bin", "seq_len"});
+}
+
+TEST_F(BadInputTest, UnknownCommandLineOption) {
+    expect_error("train --frobnicate", {"frobnicate"});
+}
+
+TEST_F(BadInputTest, RunDirectoryIsNotOverwritten) {
+    ASSERT_EQ(bagualu(base).status, 0);
+    const std::string before = read_file(dir / "run/metrics.jsonl");
+    expect_error(base, {"already holds a run", "--force"});
+    EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), before);
+}
+
+}  // namespace
+}  // namespace bagualu::testing

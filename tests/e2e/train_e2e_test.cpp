@@ -1,0 +1,118 @@
+// End to end through the binary: prepare a small corpus, train configs/tiny.toml, and check the
+// run directory, determinism, export -> eval, sampling, report and the tokenizer-vocab check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../common/run_command.h"
+
+namespace bagualu::testing {
+namespace {
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::istringstream          in(read_file(path));
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+    }
+    return out;
+}
+
+class TrainE2ETest : public ::testing::Test {
+   protected:
+    static void SetUpTestSuite() {
+        dir_ = new TempDir();
+        data_ = " --set data.train=" + (*dir_ / "data/train.bin") + " --set data.val=" +
+                (*dir_ / "data/val.bin") + " --set data.tokenizer=" + (*dir_ / "data/tok.model");
+        const CommandResult r = bagualu("prepare --config configs/tiny.toml" + data_);
+        ASSERT_EQ(r.status, 0) << r.output;
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        dir_ = nullptr;
+    }
+    static CommandResult train(const std::string& run, const std::string& extra = "") {
+        return bagualu("train --config configs/tiny.toml" + data_ + " --run-dir " + (*dir_ / run) + extra);
+    }
+    static TempDir*    dir_;
+    static std::string data_;
+};
+TempDir*    TrainE2ETest::dir_ = nullptr;
+std::string TrainE2ETest::data_;
+
+TEST_F(TrainE2ETest, PrepareIsSkippedWhenUpToDate) {
+    const CommandResult r = bagualu("prepare --config configs/tiny.toml" + data_);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("up to date"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {
+    const CommandResult a = train("run_a");
+    ASSERT_EQ(a.status, 0) << a.output;
+    const CommandResult b = train("run_b");
+    ASSERT_EQ(b.status, 0) << b.output;
+    for (const char* f : {"config.toml", "metrics.jsonl", "loss.svg", "model/model.safetensors",
+                          "model/config.json", "model/tokenizer.model"}) {
+        EXPECT_TRUE(std::filesystem::exists(*dir_ / (std::string("run_a/") + f))) << f;
+    }
+    const auto ma = read_metrics(*dir_ / "run_a/metrics.jsonl");
+    const auto mb = read_metrics(*dir_ / "run_b/metrics.jsonl");
+    ASSERT_EQ(ma.size(), mb.size());
+    double first_loss = -1, last_val = -1;
+    for (size_t i = 0; i < ma.size(); ++i) {
+        for (const char* key : {"loss", "val_loss", "grad_norm", "lr"}) {
+            if (ma[i].contains(key)) {
+                // same seed, same config: bit-identical numbers
+                EXPECT_EQ(ma[i][key].get<double>(), mb[i][key].get<double>()) << key << " line " << i;
+            }
+        }
+        if (ma[i].contains("loss") && first_loss < 0) first_loss = ma[i]["loss"];
+        if (ma[i].contains("val_loss")) last_val = ma[i]["val_loss"];
+        if (ma[i].contains("loss")) {
+            for (const char* key : {"step", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s"}) {
+                EXPECT_TRUE(ma[i].contains(key)) << key;
+            }
+        }
+    }
+    ASSERT_GT(last_val, 0);
+    EXPECT_LT(last_val, first_loss - 0.5) << "training should lower the loss";
+
+    const CommandResult ex = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
+    ASSERT_EQ(ex.status, 0) << ex.output;
+    const CommandResult ev = bagualu("eval --model " + (*dir_ / "exported") + " --config configs/tiny.toml" + data_);
+    ASSERT_EQ(ev.status, 0) << ev.output;
+    double val = -1;
+    ASSERT_EQ(std::sscanf(ev.output.c_str(), "val_loss %lf", &val), 1) << ev.output;
+    EXPECT_NEAR(val, last_val, 1e-5 * last_val);
+
+    // export never overwrites
+    const CommandResult again = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
+    EXPECT_EQ(again.status, 2) << again.output;
+
+    const CommandResult bf = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported_bf16") + " --dtype bf16");
+    ASSERT_EQ(bf.status, 0) << bf.output;
+    EXPECT_LT(std::filesystem::file_size(*dir_ / "exported_bf16/model.safetensors"),
+              std::filesystem::file_size(*dir_ / "exported/model.safetensors") * 6 / 10);
+
+    const CommandResult s = bagualu("sample --model " + (*dir_ / "exported") + " -n 2 --max-new-tokens 8 --prompt Hello");
+    ASSERT_EQ(s.status, 0) << s.output;
+    EXPECT_NE(s.output.find("--- sample 2 ---"), std::string::npos) << s.output;
+
+    std::filesystem::remove(*dir_ / "run_a/loss.svg");
+    const CommandResult rep = bagualu("report " + (*dir_ / "run_a"));
+    ASSERT_EQ(rep.status, 0) << rep.output;
+    EXPECT_TRUE(std::filesystem::exists(*dir_ / "run_a/loss.svg"));
+}
+
+TEST_F(TrainE2ETest, TokenizerVocabMismatchIsAnError) {
+    const CommandResult r = train("run_vocab", " --set model.vocab_size=1024");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("tok.model"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("model.vocab_size = 1024"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace bagualu::testing
