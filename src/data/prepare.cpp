@@ -1,0 +1,176 @@
+// Corpus preparation (see prepare.h). Holds all entries and both token streams in memory: the
+// fortunes corpus is ~5 MB of text and ~1.4 M tokens. A much larger corpus would want
+// streaming, several shards per split.
+#include "data/prepare.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "data/file_io.h"
+#include "data/fortunes.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+
+namespace bagualu::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+uint64_t entry_hash(std::string_view entry, uint64_t seed) {
+    return XXH64(entry.data(), entry.size(), seed);
+}
+
+// Hash in [0, 1): the top 53 bits of the xxhash64 as a double.
+double unit_hash(std::string_view entry, uint64_t seed) {
+    return static_cast<double>(entry_hash(entry, seed) >> 11) * 0x1.0p-53;
+}
+
+void validate(const PrepareOptions& opts) {
+    if (opts.corpus.empty()) input_error("corpus: no files or folders given");
+    if (opts.train_path.empty() || opts.val_path.empty() || opts.tokenizer_path.empty()) {
+        input_error("train, val and tokenizer paths must all be set (got '{}', '{}', '{}')",
+                    opts.train_path, opts.val_path, opts.tokenizer_path);
+    }
+    validate_vocab_size(opts.vocab_size);
+    if (!(opts.val_fraction > 0.0 && opts.val_fraction < 1.0)) {
+        input_error("val_fraction {} must be in (0, 1)", opts.val_fraction);
+    }
+}
+
+// Sorts by (hash, text) so the order depends on neither file order nor hash ties.
+void sort_by_hash(std::vector<std::string>& entries, uint64_t seed) {
+    std::vector<std::pair<uint64_t, std::string>> keyed;
+    keyed.reserve(entries.size());
+    for (std::string& e : entries) keyed.emplace_back(entry_hash(e, seed), std::move(e));
+    std::sort(keyed.begin(), keyed.end());
+    for (size_t i = 0; i < keyed.size(); ++i) entries[i] = std::move(keyed[i].second);
+}
+
+// Each entry's tokens followed by eos, the document separator.
+std::vector<int32_t> encode_entries(const Tokenizer& tok, const std::vector<std::string>& entries) {
+    std::vector<int32_t> tokens;
+    for (const std::string& e : entries) {
+        const std::vector<int32_t> ids = tok.encode(e);
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+        tokens.push_back(tok.eos_id());
+    }
+    return tokens;
+}
+
+}  // namespace
+
+bool is_val_entry(std::string_view entry, double val_fraction, uint64_t seed) {
+    return unit_hash(entry, seed) < val_fraction;
+}
+
+double unigram_entropy(std::span<const int32_t> tokens) {
+    if (tokens.empty()) return 0.0;
+    std::unordered_map<int32_t, int64_t> counts;
+    for (int32_t t : tokens) ++counts[t];
+    // Sum in id order so the result does not depend on hash-map iteration order.
+    std::vector<std::pair<int32_t, int64_t>> sorted(counts.begin(), counts.end());
+    std::sort(sorted.begin(), sorted.end());
+    const double n = static_cast<double>(tokens.size());
+    double h       = 0.0;
+    for (const auto& [id, c] : sorted) {
+        const double p = static_cast<double>(c) / n;
+        h -= p * std::log(p);
+    }
+    return h;
+}
+
+std::string meta_path_for(const std::string& val_path) {
+    return (fs::path(val_path).parent_path() / "meta.json").string();
+}
+
+std::optional<double> read_val_unigram_entropy(const std::string& val_path) {
+    const std::string meta_path = meta_path_for(val_path);
+    if (!fs::exists(meta_path)) return std::nullopt;
+    const std::string text = read_file_bytes(meta_path, "meta.json");
+    const auto meta        = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (meta.is_discarded() || !meta.is_object()) {
+        input_error("{}: not valid JSON (expected the meta.json written by prepare)", meta_path);
+    }
+    if (meta.contains("val") && meta["val"].is_string() &&
+        fs::path(meta["val"].get<std::string>()).filename() != fs::path(val_path).filename()) {
+        return std::nullopt;
+    }
+    if (!meta.contains("val_unigram_entropy") || !meta["val_unigram_entropy"].is_number()) {
+        input_error("{}: missing number 'val_unigram_entropy'", meta_path);
+    }
+    return meta["val_unigram_entropy"].get<double>();
+}
+
+PrepareResult prepare_corpus(const PrepareOptions& opts) {
+    validate(opts);
+    std::vector<std::string> entries = read_fortune_entries(opts.corpus);
+    if (entries.empty()) {
+        input_error("corpus: no text entries found in {}", fmt::join(opts.corpus, ", "));
+    }
+
+    std::vector<std::string> train, val;
+    for (std::string& e : entries) {
+        (is_val_entry(e, opts.val_fraction, opts.seed) ? val : train).push_back(std::move(e));
+    }
+    if (val.empty()) {
+        input_error(
+            "val split is empty: none of the {} entries hashed into val at val_fraction "
+            "{} (seed {}); raise val_fraction or add entries",
+            train.size(), opts.val_fraction, opts.seed);
+    }
+    if (train.empty()) {
+        input_error(
+            "train split is empty: all {} entries hashed into val at val_fraction {} "
+            "(seed {}); lower val_fraction or add entries",
+            val.size(), opts.val_fraction, opts.seed);
+    }
+    sort_by_hash(train, opts.seed);
+    sort_by_hash(val, opts.seed);
+
+    for (const std::string* p : {&opts.train_path, &opts.val_path, &opts.tokenizer_path}) {
+        create_parent_dirs(*p);
+    }
+    write_file_atomic(opts.tokenizer_path,
+                      train_tokenizer_model(train, opts.vocab_size, opts.seed));
+    const Tokenizer tok                     = Tokenizer::load(opts.tokenizer_path);
+    const std::vector<int32_t> train_tokens = encode_entries(tok, train);
+    const std::vector<int32_t> val_tokens   = encode_entries(tok, val);
+    write_token_file(opts.train_path, train_tokens, tok.vocab_size());
+    write_token_file(opts.val_path, val_tokens, tok.vocab_size());
+
+    PrepareResult r;
+    r.n_train_entries     = static_cast<int64_t>(train.size());
+    r.n_val_entries       = static_cast<int64_t>(val.size());
+    r.n_entries           = r.n_train_entries + r.n_val_entries;
+    r.train_tokens        = static_cast<int64_t>(train_tokens.size());
+    r.val_tokens          = static_cast<int64_t>(val_tokens.size());
+    r.val_unigram_entropy = unigram_entropy(val_tokens);
+
+    const nlohmann::json meta = {
+        {"vocab_size", tok.vocab_size()},
+        {"n_entries", r.n_entries},
+        {"n_train_entries", r.n_train_entries},
+        {"n_val_entries", r.n_val_entries},
+        {"train_tokens", r.train_tokens},
+        {"val_tokens", r.val_tokens},
+        {"val_unigram_entropy", r.val_unigram_entropy},
+        {"tokenizer", opts.tokenizer_path},
+        {"train", opts.train_path},
+        {"val", opts.val_path},
+        {"corpus", opts.corpus},
+        {"val_fraction", opts.val_fraction},
+        {"seed", opts.seed},
+    };
+    write_file_atomic(meta_path_for(opts.val_path), meta.dump(2) + "\n");
+    return r;
+}
+
+}  // namespace bagualu::data

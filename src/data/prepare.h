@@ -1,0 +1,45 @@
+// Corpus preparation: text entries -> trained tokenizer + train/val token shards + meta.json.
+// 1. read entries (fortunes.h); 2. split into val/train by a seeded xxhash64 of each entry's
+// text (independent of file order; duplicates land on the same side), and order each split by
+// that hash (a deterministic shuffle); 3. train the tokenizer on train entries only; 4. encode
+// each entry followed by eos, write the shards (token_file.h) and meta.json beside val_path.
+// Model training is elsewhere.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace bagualu::data {
+
+struct PrepareOptions {
+    std::vector<std::string> corpus;  // fortune files or folders
+    std::string train_path, val_path, tokenizer_path;
+    int vocab_size      = 8192;
+    double val_fraction = 0.01;  // in (0, 1)
+    uint64_t seed       = 1337;
+};
+
+struct PrepareResult {
+    int64_t n_entries, n_train_entries, n_val_entries, train_tokens, val_tokens;
+    double val_unigram_entropy;  // nats/token
+};
+
+PrepareResult prepare_corpus(const PrepareOptions& opts);
+
+// Entropy (nats) of the empirical token distribution of `tokens`: the lowest cross-entropy a
+// model that ignores context can reach on them. 0 for an empty span.
+double unigram_entropy(std::span<const int32_t> tokens);
+
+// val_unigram_entropy from the meta.json beside `val_path`; nullopt if there is no meta.json or
+// it describes a different val file. A meta.json that does not parse is an InputError.
+std::optional<double> read_val_unigram_entropy(const std::string& val_path);
+
+// Path of the meta.json that prepare_corpus writes for `val_path`.
+std::string meta_path_for(const std::string& val_path);
+
+// True if the entry goes to the val split for this seed and fraction.
+bool is_val_entry(std::string_view entry, double val_fraction, uint64_t seed);
+
+}  // namespace bagualu::data

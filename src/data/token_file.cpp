@@ -1,0 +1,119 @@
+// llm.c token shard reader/writer (see token_file.h). The header and tokens are stored
+// little-endian; the code assumes a little-endian host and says so at compile time.
+// Files are read whole into memory; streaming belongs to the data loader.
+#include "data/token_file.h"
+
+#include <bit>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "data/file_io.h"
+
+namespace bagualu::data {
+
+static_assert(std::endian::native == std::endian::little, "token shards are little-endian");
+
+namespace {
+
+template <typename T>
+void append_tokens(std::string& bytes, std::span<const int32_t> tokens) {
+    const size_t offset = bytes.size();
+    bytes.resize(offset + tokens.size() * sizeof(T));
+    char* out = bytes.data() + offset;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const T t = static_cast<T>(tokens[i]);
+        std::memcpy(out + i * sizeof(T), &t, sizeof(T));
+    }
+}
+
+template <typename T>
+void decode_tokens(std::vector<int32_t>& out, const char* in, int64_t count) {
+    out.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+        T t;
+        std::memcpy(&t, in + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+        out[static_cast<size_t>(i)] = static_cast<int32_t>(t);
+    }
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, std::span<const int32_t> tokens, int vocab_size) {
+    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
+    if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        input_error("{}: {} tokens exceed the shard format's limit of {} per file", path,
+                    tokens.size(), std::numeric_limits<int32_t>::max());
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        BGL_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size,
+                  "{}: token {} at position {} outside [0, {})", path, tokens[i], i, vocab_size);
+    }
+    const int version                    = vocab_size <= 65536 ? 1 : 2;
+    int32_t header[kTokenFileHeaderInts] = {};
+    header[0]                            = kTokenFileMagic;
+    header[1]                            = version;
+    header[2]                            = static_cast<int32_t>(tokens.size());
+
+    std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
+    if (version == 1) {
+        append_tokens<uint16_t>(bytes, tokens);
+    } else {
+        append_tokens<uint32_t>(bytes, tokens);
+    }
+    write_file_atomic(path, bytes);
+}
+
+TokenFile read_token_file(const std::string& path, int vocab_size) {
+    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
+    const std::string bytes = read_file_bytes(path, "token file");
+    const auto size         = static_cast<int64_t>(bytes.size());
+    if (size < kTokenFileHeaderBytes) {
+        input_error("{}: file has {} bytes, less than the {}-byte header: not a token shard", path,
+                    size, kTokenFileHeaderBytes);
+    }
+    int32_t header[kTokenFileHeaderInts];
+    std::memcpy(header, bytes.data(), sizeof(header));
+    if (header[0] != kTokenFileMagic) {
+        input_error("{}: bad magic {} (expected {}): not a token shard", path, header[0],
+                    kTokenFileMagic);
+    }
+    const int version = header[1];
+    if (version != 1 && version != 2) {
+        input_error("{}: unsupported version {} (expected 1 = uint16 tokens or 2 = uint32 tokens)",
+                    path, version);
+    }
+    const int64_t count = header[2];
+    if (count < 0) input_error("{}: bad token count {} in header", path, count);
+    const int64_t width    = version == 1 ? 2 : 4;
+    const int64_t expected = kTokenFileHeaderBytes + count * width;
+    if (size < expected) {
+        input_error("{}: truncated: header says {} tokens ({} bytes) but file has {} bytes", path,
+                    count, expected, size);
+    }
+    if (size > expected) {
+        input_error("{}: header says {} tokens ({} bytes) but file has {} bytes (trailing data)",
+                    path, count, expected, size);
+    }
+
+    TokenFile out;
+    out.version      = version;
+    const char* body = bytes.data() + kTokenFileHeaderBytes;
+    if (version == 1) {
+        decode_tokens<uint16_t>(out.tokens, body, count);
+    } else {
+        decode_tokens<uint32_t>(out.tokens, body, count);
+    }
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+        // A uint32 id above INT32_MAX reads back negative; compare as unsigned.
+        if (static_cast<uint32_t>(out.tokens[i]) >= static_cast<uint32_t>(vocab_size)) {
+            input_error(
+                "{}: token {} at position {} is >= vocab_size {} (data and model vocab "
+                "disagree)",
+                path, static_cast<uint32_t>(out.tokens[i]), i, vocab_size);
+        }
+    }
+    return out;
+}
+
+}  // namespace bagualu::data

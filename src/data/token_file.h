@@ -1,0 +1,30 @@
+// Token shards in the llm.c / nanoGPT format: a header of 256 little-endian int32
+//   [0] magic 20240520, [1] version (1: uint16 tokens, 2: uint32 tokens), [2] token count, rest 0
+// followed by the tokens. Reading validates everything a corrupt or mismatched shard can get
+// wrong (magic, version, size, token ids vs the model's vocab) and reports it as an InputError.
+// Streaming readers and per-rank offsets live in the data loader, not here.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace bagualu::data {
+
+inline constexpr int32_t kTokenFileMagic       = 20240520;
+inline constexpr int kTokenFileHeaderInts      = 256;
+inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
+
+// Writes `tokens` (each in [0, vocab_size)) to `path` through `path + ".tmp"` and a rename.
+// Version 1 (uint16) when vocab_size <= 65536, else version 2 (uint32).
+void write_token_file(const std::string& path, std::span<const int32_t> tokens, int vocab_size);
+
+struct TokenFile {
+    std::vector<int32_t> tokens;
+    int version;
+};
+
+// Reads and validates a shard; every token must be < vocab_size.
+TokenFile read_token_file(const std::string& path, int vocab_size);
+
+}  // namespace bagualu::data

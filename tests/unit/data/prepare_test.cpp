@@ -1,0 +1,190 @@
+// prepare_corpus on a small temporary corpus: shards decode back to the entries, the split is
+// hash-based and stable (also under file reordering), meta.json matches, and bad options fail.
+#include "data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "small_corpus.h"
+#include "test_util.h"
+
+namespace bagualu::data {
+namespace {
+
+using testing::expect_input_error;
+using testing::read_all;
+using testing::TempDir;
+
+// Writes the small corpus as two fortune files and returns options pointing into `dir/out`.
+PrepareOptions make_corpus(const TempDir& dir, const std::vector<std::string>& entries) {
+    std::string first, second;
+    for (size_t i = 0; i < entries.size(); ++i) (i % 2 ? second : first) += entries[i] + "\n%\n";
+    PrepareOptions opts;
+    opts.corpus         = {dir.write("corpus/one", first), dir.write("corpus/two", second)};
+    opts.train_path     = dir.path("out/train.bin");
+    opts.val_path       = dir.path("out/val.bin");
+    opts.tokenizer_path = dir.path("out/tok/tokenizer.spm");
+    opts.vocab_size     = 400;
+    opts.val_fraction   = 0.1;
+    opts.seed           = 99;
+    return opts;
+}
+
+// Splits a shard at eos and decodes each document.
+std::vector<std::string> decode_documents(const Tokenizer& tok,
+                                          const std::vector<int32_t>& tokens) {
+    std::vector<std::string> docs;
+    std::vector<int32_t> doc;
+    for (int32_t t : tokens) {
+        if (t == tok.eos_id()) {
+            docs.push_back(tok.decode(doc));
+            doc.clear();
+        } else {
+            doc.push_back(t);
+        }
+    }
+    EXPECT_TRUE(doc.empty()) << "shard does not end with eos";
+    return docs;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+}
+
+TEST(Prepare, ShardsReproduceEntries) {
+    TempDir dir;
+    const std::vector<std::string> entries = testing::small_corpus(300);
+    const PrepareOptions opts              = make_corpus(dir, entries);
+    const PrepareResult r                  = prepare_corpus(opts);
+
+    EXPECT_EQ(r.n_entries, 300);
+    EXPECT_EQ(r.n_train_entries + r.n_val_entries, 300);
+    EXPECT_GT(r.n_val_entries, 10);
+    EXPECT_LT(r.n_val_entries, 60);
+
+    const Tokenizer tok = Tokenizer::load(opts.tokenizer_path);
+    EXPECT_EQ(tok.vocab_size(), 400);
+    const TokenFile train = read_token_file(opts.train_path, tok.vocab_size());
+    const TokenFile val   = read_token_file(opts.val_path, tok.vocab_size());
+    EXPECT_EQ(train.version, 1);
+    EXPECT_EQ(static_cast<int64_t>(train.tokens.size()), r.train_tokens);
+    EXPECT_EQ(static_cast<int64_t>(val.tokens.size()), r.val_tokens);
+
+    const std::vector<std::string> train_docs = decode_documents(tok, train.tokens);
+    const std::vector<std::string> val_docs   = decode_documents(tok, val.tokens);
+    EXPECT_EQ(static_cast<int64_t>(val_docs.size()), r.n_val_entries);
+    for (const std::string& d : val_docs)
+        EXPECT_TRUE(is_val_entry(d, opts.val_fraction, opts.seed));
+    for (const std::string& d : train_docs)
+        EXPECT_FALSE(is_val_entry(d, opts.val_fraction, opts.seed));
+    std::vector<std::string> all = train_docs;
+    all.insert(all.end(), val_docs.begin(), val_docs.end());
+    EXPECT_EQ(sorted(all), sorted(entries));
+
+    // Only the requested files are left behind.
+    EXPECT_TRUE(std::filesystem::is_regular_file(opts.tokenizer_path));
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path("out"))) {
+        names.push_back(std::filesystem::relative(e.path(), dir.path("out")).string());
+    }
+    EXPECT_EQ(sorted(names), (std::vector<std::string>{"meta.json", "tok", "tok/tokenizer.spm",
+                                                       "train.bin", "val.bin"}));
+}
+
+TEST(Prepare, MetaJson) {
+    TempDir dir;
+    const PrepareOptions opts = make_corpus(dir, testing::small_corpus(200));
+    const PrepareResult r     = prepare_corpus(opts);
+
+    const auto meta = nlohmann::json::parse(read_all(dir.path("out/meta.json")));
+    EXPECT_EQ(meta["vocab_size"], 400);
+    EXPECT_EQ(meta["n_entries"], r.n_entries);
+    EXPECT_EQ(meta["train_tokens"], r.train_tokens);
+    EXPECT_EQ(meta["val_tokens"], r.val_tokens);
+    EXPECT_EQ(meta["tokenizer"], opts.tokenizer_path);
+    EXPECT_EQ(meta["train"], opts.train_path);
+    EXPECT_EQ(meta["val"], opts.val_path);
+    EXPECT_EQ(meta["corpus"], opts.corpus);
+
+    const TokenFile val  = read_token_file(opts.val_path, 400);
+    const double entropy = unigram_entropy(val.tokens);
+    EXPECT_GT(entropy, 1.0);
+    EXPECT_EQ(r.val_unigram_entropy, entropy);
+    EXPECT_EQ(meta["val_unigram_entropy"].get<double>(), entropy);
+    EXPECT_EQ(read_val_unigram_entropy(opts.val_path), entropy);
+}
+
+TEST(Prepare, StableAcrossRunsAndFileOrder) {
+    TempDir dir;
+    PrepareOptions opts       = make_corpus(dir, testing::small_corpus(200));
+    const PrepareResult a     = prepare_corpus(opts);
+    const std::string train_a = read_all(opts.train_path);
+    const std::string val_a   = read_all(opts.val_path);
+    const std::string tok_a   = read_all(opts.tokenizer_path);
+
+    std::reverse(opts.corpus.begin(), opts.corpus.end());
+    const PrepareResult b = prepare_corpus(opts);
+    EXPECT_EQ(a.n_val_entries, b.n_val_entries);
+    EXPECT_TRUE(read_all(opts.train_path) == train_a);
+    EXPECT_TRUE(read_all(opts.val_path) == val_a);
+    EXPECT_TRUE(read_all(opts.tokenizer_path) == tok_a);
+}
+
+TEST(Prepare, SeedChangesSplit) {
+    const std::vector<std::string> entries = testing::small_corpus(200);
+    int differ                             = 0;
+    for (const std::string& e : entries)
+        differ += is_val_entry(e, 0.5, 1) != is_val_entry(e, 0.5, 2);
+    EXPECT_GT(differ, 50);
+}
+
+TEST(Prepare, EmptyValSplit) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, {"only one entry", "and another"});
+    opts.val_fraction   = 1e-9;
+    expect_input_error([&] { prepare_corpus(opts); }, {"val split is empty", "val_fraction"});
+}
+
+TEST(Prepare, BadOptions) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, testing::small_corpus(20));
+    opts.vocab_size     = 256;
+    expect_input_error([&] { prepare_corpus(opts); }, {"vocab_size 256", "byte"});
+    opts.vocab_size   = 400;
+    opts.val_fraction = 1.5;
+    expect_input_error([&] { prepare_corpus(opts); }, {"val_fraction 1.5"});
+    opts.val_fraction = 0.1;
+    opts.corpus       = {dir.path("missing")};
+    expect_input_error([&] { prepare_corpus(opts); }, {dir.path("missing")});
+}
+
+TEST(Prepare, UnigramEntropy) {
+    EXPECT_EQ(unigram_entropy({}), 0.0);
+    EXPECT_EQ(unigram_entropy(std::vector<int32_t>{7, 7, 7}), 0.0);
+    EXPECT_NEAR(unigram_entropy(std::vector<int32_t>{0, 1, 2, 3, 3, 2, 1, 0}), std::log(4.0),
+                1e-12);
+    const double p = 0.25;
+    EXPECT_NEAR(unigram_entropy(std::vector<int32_t>{5, 9, 9, 9}),
+                -(p * std::log(p) + (1 - p) * std::log(1 - p)), 1e-12);
+}
+
+TEST(Prepare, ReadValUnigramEntropy) {
+    TempDir dir;
+    EXPECT_EQ(read_val_unigram_entropy(dir.path("val.bin")), std::nullopt);
+    dir.write("meta.json", R"({"val": "elsewhere/val.bin", "val_unigram_entropy": 4.5})");
+    EXPECT_EQ(read_val_unigram_entropy(dir.path("val.bin")), 4.5);
+    EXPECT_EQ(read_val_unigram_entropy(dir.path("other.bin")), std::nullopt);
+    dir.write("meta.json", "{not json");
+    expect_input_error([&] { read_val_unigram_entropy(dir.path("val.bin")); },
+                       {dir.path("meta.json"), "not valid JSON"});
+}
+
+}  // namespace
+}  // namespace bagualu::data
