@@ -1,0 +1,532 @@
+// Fast float32 kernels declared in kernels/ops.h. Work is threaded with parallel_for over rows,
+// (batch, head) pairs or column blocks; inner loops are contiguous so the compiler vectorises
+// them (portable x86-64, no intrinsics). Every reduction has a fixed order, independent of the
+// thread count. Matrix products go through gemm_f32. The only allocation is grow-only
+// per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+
+namespace bagualu::kernels {
+
+namespace {
+
+// Below this many elements of work a kernel stays on the calling thread: waking the pool
+// costs more than it saves.
+constexpr int64_t kMinParallelWork = int64_t{1} << 14;
+// Column-parallel reductions split the columns in blocks of this many (one cache line).
+constexpr int64_t kColBlock = 16;
+
+// f(begin, end) over [0, n), threaded when n * work_per_item is large enough.
+template <typename F>
+void parallel_rows(int64_t n, int64_t work_per_item, F&& f) {
+    if (n <= 0) return;
+    if (n * work_per_item < kMinParallelWork) {
+        f(int64_t{0}, n);
+        return;
+    }
+    parallel_for(n, f);
+}
+
+// f(c0, c1) over column ranges of [0, C) that are whole kColBlocks (the last one ragged); each
+// call sweeps all `rows` rows in order, so column sums do not depend on the split.
+template <typename F>
+void parallel_cols(int64_t C, int64_t rows, F&& f) {
+    const int64_t nblk = (C + kColBlock - 1) / kColBlock;
+    parallel_rows(nblk, rows * kColBlock,
+                  [&](int64_t b0, int64_t b1) { f(b0 * kColBlock, std::min(b1 * kColBlock, C)); });
+}
+
+// Grow-only scratch: returns buf.data() with at least n elements.
+template <typename T>
+T* grow(std::vector<T>& buf, size_t n) {
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
+
+// Sum of term(i), i in [0, n), in double with 4 independent lanes (vectorisable without
+// reassociation), lanes combined pairwise.
+template <typename F>
+inline double sum_f64(int64_t n, F term) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i     = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int l = 0; l < 4; ++l) acc[l] += term(i + l);
+    }
+    for (; i < n; ++i) acc[i - (n & ~int64_t{3})] += term(i);
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// Float dot product with 8 independent lanes combined pairwise: each lane sums n/8 terms, so
+// the rounding error stays small for head-size vectors.
+inline float dot_f32(const float* __restrict a, const float* __restrict b, int n) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    int i        = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    }
+    for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// y += a * x
+inline void axpy(float* __restrict y, float a, const float* __restrict x, int n) {
+    for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// exp(x) in float, written so loops over it vectorise: x = n ln2 + r with |r| <= ln2 / 2
+// (Cody-Waite, two-part ln2), e^r by the Cephes expf polynomial, then scaled by 2^n built in
+// the exponent bits; < 1 ulp. Returns 0 below x = -87.3 (and for -inf), NaN for NaN, and
+// saturates at e^88 above x = 88 (the kernels call it with x <= ~0). Range tests and selects
+// are integer masks on the bit pattern: a float compare-and-select would stay a branch under
+// the default -ftrapping-math and block vectorisation.
+inline float exp_f32(float x) {
+    constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+    constexpr int32_t kLo  = std::bit_cast<int32_t>(-87.3f);
+    constexpr int32_t kHi  = std::bit_cast<int32_t>(88.f);
+    const int32_t xb       = std::bit_cast<int32_t>(x);
+    const int32_t below    = -int32_t(uint32_t(xb) > uint32_t(kLo));  // x < -87.3, -inf, -NaN
+    const int32_t above    = -int32_t(xb > kHi);                      // x > 88, +inf, +NaN
+    const int32_t nan      = -int32_t((xb & 0x7fffffff) > 0x7f800000);
+    const float xc = std::bit_cast<float>((xb & ~(below | above)) | (kLo & below) | (kHi & above));
+    const float t  = xc * 1.44269504088896341f + kMagic;
+    const float n  = t - kMagic;
+    const float r  = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p        = 1.9875691500e-4f;
+    p              = p * r + 1.3981999507e-3f;
+    p              = p * r + 8.3334519073e-3f;
+    p              = p * r + 4.1665795894e-2f;
+    p              = p * r + 1.6666665459e-1f;
+    p              = p * r + 5.0000001201e-1f;
+    p              = p * (r * r) + r + 1.f;
+    const int32_t ni  = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kMagic);
+    const float two_n = std::bit_cast<float>(int32_t(uint32_t(ni + 127) << 23));
+    const int32_t yb  = std::bit_cast<int32_t>(p * two_n);
+    return std::bit_cast<float>((xb & nan) | (yb & ~(nan | below)));
+}
+
+inline float row_max(const float* x, int n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+// log(sum_j exp(x_j)) of one row, the sum of exponentials in double.
+inline double row_logsumexp(const float* x, int n) {
+    const float m    = row_max(x, n);
+    const double sum = sum_f64(n, [&](int64_t j) { return double(exp_f32(x[j] - m)); });
+    return double(m) + std::log(sum);
+}
+
+}  // namespace
+
+// ---- linear ----
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC) {
+    gemm_f32(Trans::N, Trans::T, N, OC, IC, 1.f, inp, IC, weight, IC, 0.f, out, OC);
+    if (!bias) return;
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            float* __restrict o = out + i * OC;
+            for (int c = 0; c < OC; ++c) o[c] += bias[c];
+        }
+    });
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC) {
+    if (dinp) gemm_f32(Trans::N, Trans::N, N, IC, OC, 1.f, dout, OC, weight, IC, 0.f, dinp, IC);
+    if (N > 0) {
+        gemm_f32(Trans::T, Trans::N, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, dweight, IC);
+    }
+    if (!dbias) return;
+    parallel_cols(OC, N, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<double> buf;
+        const int64_t w = c1 - c0;
+        double* acc     = grow(buf, size_t(w));
+        std::fill(acc, acc + w, 0.0);
+        for (int64_t i = 0; i < N; ++i) {
+            const float* __restrict d = dout + i * OC + c0;
+            for (int64_t c = 0; c < w; ++c) acc[c] += double(d[c]);
+        }
+        for (int64_t c = 0; c < w; ++c) dbias[c0 + c] = float(double(dbias[c0 + c]) + acc[c]);
+    });
+}
+
+// ---- embedding ----
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) {
+    parallel_rows(int64_t{B} * T, C, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* __restrict e = wte + int64_t{tokens[i]} * C;
+            const float* __restrict p = wpe + (i % T) * C;
+            float* __restrict o       = out + i * C;
+            for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+        }
+    });
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) {
+    const int64_t N = int64_t{B} * T;
+    parallel_cols(C, N, [&](int64_t c0, int64_t c1) {
+        for (int64_t i = 0; i < N; ++i) {
+            float* __restrict e       = dwte + int64_t{tokens[i]} * C;
+            float* __restrict p       = dwpe + (i % T) * C;
+            const float* __restrict d = dout + i * C;
+            for (int64_t c = c0; c < c1; ++c) {
+                e[c] += d[c];
+                p[c] += d[c];
+            }
+        }
+    });
+}
+
+// ---- layernorm ----
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* __restrict x = inp + i * C;
+            float* __restrict o       = out + i * C;
+            const double m            = sum_f64(C, [&](int64_t c) { return double(x[c]); }) / C;
+            auto sq_dev               = [&](int64_t c) {
+                const double d = double(x[c]) - m;
+                return d * d;
+            };
+            const double var = sum_f64(C, sq_dev) / C;
+            const double s   = 1.0 / std::sqrt(var + 1e-5);
+            const float mf   = float(m);
+            const float sf   = float(s);
+            for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * sf * weight[c] + bias[c];
+            mean[i] = mf;
+            rstd[i] = sf;
+        }
+    });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+    // Rows: dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd,
+    // with norm = (x - mean) * rstd and dnorm = weight * dout.
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* __restrict x  = inp + i * C;
+            const float* __restrict dy = dout + i * C;
+            float* __restrict dx       = dinp + i * C;
+            const float m              = mean[i];
+            const float s              = rstd[i];
+            auto dnorm              = [&](int64_t c) { return double(weight[c]) * double(dy[c]); };
+            auto dnorm_norm         = [&](int64_t c) { return dnorm(c) * double((x[c] - m) * s); };
+            const double dnorm_mean = sum_f64(C, dnorm) / C;
+            const double dnorm_norm_mean = sum_f64(C, dnorm_norm) / C;
+            const float a                = float(dnorm_mean);
+            const float b                = float(dnorm_norm_mean);
+            for (int c = 0; c < C; ++c) {
+                const float norm = (x[c] - m) * s;
+                dx[c] += (weight[c] * dy[c] - a - norm * b) * s;
+            }
+        }
+    });
+    // Columns: dweight += sum_i norm * dout, dbias += sum_i dout, rows in order.
+    parallel_cols(C, N, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<double> buf;
+        const int64_t w = c1 - c0;
+        double* aw      = grow(buf, size_t(2 * w));
+        double* ab      = aw + w;
+        std::fill(aw, aw + 2 * w, 0.0);
+        for (int64_t i = 0; i < N; ++i) {
+            const float* __restrict x  = inp + i * C + c0;
+            const float* __restrict dy = dout + i * C + c0;
+            const float m              = mean[i];
+            const float s              = rstd[i];
+            for (int64_t c = 0; c < w; ++c) {
+                aw[c] += double((x[c] - m) * s) * double(dy[c]);
+                ab[c] += double(dy[c]);
+            }
+        }
+        for (int64_t c = 0; c < w; ++c) {
+            dweight[c0 + c] = float(double(dweight[c0 + c]) + aw[c]);
+            dbias[c0 + c]   = float(double(dbias[c0 + c]) + ab[c]);
+        }
+    });
+}
+
+// ---- GELU ----
+// 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x sg with sg = 1 / (1 + e), e = exp(-2u), and
+// gelu'(x) = sg + 2 x sg (1 - sg) du/dx, with sg (1 - sg) = sg^2 e. No cancellation anywhere,
+// and exp_f32 vectorises where tanhf does not.
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float x = inp[i];
+            const float e = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
+            out[i]        = x / (1.f + e);
+        }
+    });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    // No __restrict: dinp may alias dout.
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float x     = inp[i];
+            const float e     = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
+            const float sg    = 1.f / (1.f + e);
+            const float du_dx = kGeluK * (1.f + 3.f * kGeluA * x * x);
+            dinp[i]           = (sg + 2.f * x * (sg * sg * e) * du_dx) * dout[i];
+        }
+    });
+}
+
+// ---- residual ----
+
+void add_forward(float* out, const float* a, const float* b, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+    });
+}
+
+// ---- attention ----
+// Queries are processed in blocks of kQBlock rows against keys 0 .. (last row of the block), so
+// each key/value row is loaded once per block rather than once per query. Scratch per thread
+// is (T, kQBlock) scores, key-major: s[k * kQBlock + r] for query t0 + r; masked entries
+// (key after query) hold -inf in the forward and probability 0 in the backward.
+
+namespace {
+constexpr int64_t kQBlock = 16;
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    const int hs      = C / NH;
+    const int64_t C3  = int64_t{3} * C;
+    const float scale = 1.f / std::sqrt(float(hs));
+    const int64_t nqb = (T + kQBlock - 1) / kQBlock;
+    // One item per (b, h, query block). Within a head the blocks are taken in the order
+    // 0, last, 1, last-1, ... so contiguous chunks of items get similar causal work.
+    parallel_rows(int64_t{B} * NH * nqb, kQBlock * T * hs, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> sbuf;
+        thread_local std::vector<double> dbuf;
+        float* s    = grow(sbuf, size_t(T * kQBlock));
+        double* sum = grow(dbuf, size_t(kQBlock));
+        float m[kQBlock];
+        for (int64_t idx = begin; idx < end; ++idx) {
+            const int64_t bh = idx / nqb;
+            const int64_t j  = idx % nqb;
+            const int64_t qb = (j % 2 == 0) ? j / 2 : nqb - 1 - j / 2;
+            const int64_t b = bh / NH, h = bh % NH;
+            const int64_t t0 = qb * kQBlock, t1 = std::min<int64_t>(t0 + kQBlock, T);
+            const int64_t nr = t1 - t0;
+
+            const float* qbase = qkv + b * T * C3 + h * hs;
+            const float* kbase = qbase + C;
+            const float* vbase = qbase + 2 * C;
+            float* obase       = out + b * T * C + h * hs;
+            // Scores, key-major.
+            for (int64_t k = 0; k < t1; ++k) {
+                float* sk = s + k * kQBlock;
+                for (int64_t r = 0; r < nr; ++r) {
+                    sk[r] = t0 + r >= k ? dot_f32(qbase + (t0 + r) * C3, kbase + k * C3, hs) * scale
+                                        : -std::numeric_limits<float>::infinity();
+                }
+            }
+            // Row max, exponentials and their sums (in double, keys in order).
+            std::fill(m, m + nr, -std::numeric_limits<float>::infinity());
+            for (int64_t k = 0; k < t1; ++k) {
+                const float* sk = s + k * kQBlock;
+                for (int64_t r = 0; r < nr; ++r) m[r] = sk[r] > m[r] ? sk[r] : m[r];
+            }
+            std::fill(sum, sum + nr, 0.0);
+            for (int64_t k = 0; k < t1; ++k) {
+                float* sk = s + k * kQBlock;
+                for (int64_t r = 0; r < nr; ++r) {
+                    sk[r] = exp_f32(sk[r] - m[r]);
+                    sum[r] += double(sk[r]);
+                }
+            }
+            // out_t = sum_k p_tk v_k / sum_t.
+            for (int64_t r = 0; r < nr; ++r)
+                std::fill(obase + (t0 + r) * C, obase + (t0 + r) * C + hs, 0.f);
+            for (int64_t k = 0; k < t1; ++k) {
+                const float* sk = s + k * kQBlock;
+                const float* v  = vbase + k * C3;
+                for (int64_t r = std::max<int64_t>(k - t0, 0); r < nr; ++r) {
+                    axpy(obase + (t0 + r) * C, sk[r], v, hs);
+                }
+            }
+            for (int64_t r = 0; r < nr; ++r) {
+                float* o        = obase + (t0 + r) * C;
+                const float inv = float(1.0 / sum[r]);
+                for (int e = 0; e < hs; ++e) o[e] *= inv;
+                lse[bh * T + t0 + r] = float(double(m[r]) + std::log(sum[r]));
+            }
+        }
+    });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    const int hs      = C / NH;
+    const int64_t C3  = int64_t{3} * C;
+    const float scale = 1.f / std::sqrt(float(hs));
+    // One item per (b, h): all writes to that head's dk, dv stay on one thread, and the query
+    // blocks are visited in order, so every gradient is summed in a fixed order.
+    parallel_rows(int64_t{B} * NH, int64_t{T} * T * hs, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> sbuf;
+        float* p  = grow(sbuf, size_t(2 * T * kQBlock));  // probabilities, key-major
+        float* ds = p + T * kQBlock;                      // scale * dL/dscore, key-major
+        float l[kQBlock], D[kQBlock];
+        for (int64_t bh = begin; bh < end; ++bh) {
+            const int64_t b = bh / NH, h = bh % NH;
+            const float* qbase  = qkv + b * T * C3 + h * hs;
+            const float* kbase  = qbase + C;
+            const float* vbase  = qbase + 2 * C;
+            float* dqbase       = dqkv + b * T * C3 + h * hs;
+            float* dkbase       = dqbase + C;
+            float* dvbase       = dqbase + 2 * C;
+            const float* dybase = dout + b * T * C + h * hs;
+            const float* ybase  = out + b * T * C + h * hs;
+            for (int64_t t = 0; t < T; ++t) {
+                std::fill(dqbase + t * C3, dqbase + t * C3 + hs, 0.f);
+                std::fill(dkbase + t * C3, dkbase + t * C3 + hs, 0.f);
+                std::fill(dvbase + t * C3, dvbase + t * C3 + hs, 0.f);
+            }
+            for (int64_t t0 = 0; t0 < T; t0 += kQBlock) {
+                const int64_t t1 = std::min<int64_t>(t0 + kQBlock, T);
+                const int64_t nr = t1 - t0;
+                for (int64_t r = 0; r < nr; ++r) {
+                    l[r] = lse[bh * T + t0 + r];
+                    D[r] = dot_f32(dybase + (t0 + r) * C, ybase + (t0 + r) * C, hs);
+                }
+                // p = exp(s - lse), ds = p (dout . v - D) * scale.
+                for (int64_t k = 0; k < t1; ++k) {
+                    float* pk  = p + k * kQBlock;
+                    float* dsk = ds + k * kQBlock;
+                    for (int64_t r = 0; r < nr; ++r) {
+                        const bool live = t0 + r >= k;
+                        pk[r] =
+                            live ? dot_f32(qbase + (t0 + r) * C3, kbase + k * C3, hs) * scale - l[r]
+                                 : -std::numeric_limits<float>::infinity();
+                        dsk[r] = live ? dot_f32(dybase + (t0 + r) * C, vbase + k * C3, hs) : 0.f;
+                    }
+                    for (int64_t r = 0; r < nr; ++r) {
+                        pk[r]  = exp_f32(pk[r]);
+                        dsk[r] = pk[r] * (dsk[r] - D[r]) * scale;
+                    }
+                }
+                // dq_t += ds_tk k_k; dk_k += ds_tk q_t; dv_k += p_tk dout_t.
+                for (int64_t k = 0; k < t1; ++k) {
+                    const float* pk  = p + k * kQBlock;
+                    const float* dsk = ds + k * kQBlock;
+                    for (int64_t r = std::max<int64_t>(k - t0, 0); r < nr; ++r) {
+                        const int64_t t = t0 + r;
+                        axpy(dqbase + t * C3, dsk[r], kbase + k * C3, hs);
+                        axpy(dkbase + k * C3, dsk[r], qbase + t * C3, hs);
+                        axpy(dvbase + k * C3, pk[r], dybase + t * C, hs);
+                    }
+                }
+            }
+        }
+    });
+}
+
+// ---- cross-entropy ----
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x = logits + i * V;
+            losses[i]      = float(row_logsumexp(x, V) - double(x[targets[i]]));
+        }
+    });
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V) {
+    // No __restrict: dlogits may alias logits. Each element is read before it is written.
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x    = logits + i * V;
+            float* d          = dlogits + i * V;
+            const float l     = float(row_logsumexp(x, V));
+            const float dl    = dlosses[i];
+            const int tgt     = targets[i];
+            const float p_tgt = exp_f32(x[tgt] - l);
+            for (int j = 0; j < V; ++j) d[j] = exp_f32(x[j] - l) * dl;
+            d[tgt] = (p_tgt - 1.f) * dl;
+        }
+    });
+}
+
+// ---- AdamW ----
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step) {
+    const float c1 = float(1.0 - std::pow(double(beta1), step));
+    const float c2 = float(1.0 - std::pow(double(beta2), step));
+    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
+        float* __restrict pp       = param;
+        const float* __restrict gp = grad;
+        float* __restrict mp       = m;
+        float* __restrict vp       = v;
+        for (int64_t i = begin; i < end; ++i) {
+            const float g  = gp[i];
+            const float mi = beta1 * mp[i] + (1.f - beta1) * g;
+            const float vi = beta2 * vp[i] + (1.f - beta2) * g * g;
+            mp[i]          = mi;
+            vp[i]          = vi;
+            pp[i] -= lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + weight_decay * pp[i]);
+        }
+    });
+}
+
+// ---- norms and scaling ----
+
+double sum_squares(const float* x, size_t n) {
+    // Fixed blocks (a function of n only), summed in order: the result is independent of the
+    // thread count.
+    constexpr int64_t kBlocks = 64;
+    const int64_t nn          = int64_t(n);
+    const int64_t nblk        = nn < kMinParallelWork ? 1 : kBlocks;
+    double partial[kBlocks];
+    parallel_rows(nblk, nn / nblk, [&](int64_t begin, int64_t end) {
+        for (int64_t blk = begin; blk < end; ++blk) {
+            const int64_t lo = nn * blk / nblk;
+            const int64_t hi = nn * (blk + 1) / nblk;
+            const float* xb  = x + lo;
+            partial[blk]     = sum_f64(hi - lo, [&](int64_t i) { return double(xb[i]) * xb[i]; });
+        }
+    });
+    double total = 0.0;
+    for (int64_t blk = 0; blk < nblk; ++blk) total += partial[blk];
+    return total;
+}
+
+void scale_inplace(float* x, float s, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) x[i] *= s;
+    });
+}
+
+}  // namespace bagualu::kernels

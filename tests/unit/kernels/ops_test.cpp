@@ -1,0 +1,650 @@
+// Tests for kernels/ops.h: every fast kernel against the scalar oracle kernels/ref/ops_ref.h on
+// ragged shapes; every ref backward (in double) against central finite differences; the += / =
+// conventions of each backward; AdamW against a hand computation; and bitwise independence of
+// the thread count. Does not benchmark.
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+// core/rng.h uses unsigned __int128, which -Wpedantic flags in ISO C++ mode.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#include "core/rng.h"
+#pragma GCC diagnostic pop
+#include "core/thread_pool.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace bagualu::kernels {
+namespace {
+
+// ---- helpers ----
+
+template <typename T = float>
+std::vector<T> randn(Rng& rng, size_t n, double scale = 1.0, double shift = 0.0) {
+    std::vector<T> x(n);
+    for (auto& v : x) v = T(shift + scale * rng.normal());
+    return x;
+}
+
+std::vector<int32_t> rand_ints(Rng& rng, size_t n, int below) {
+    std::vector<int32_t> x(n);
+    for (auto& v : x) v = int32_t(rng.below(uint64_t(below)));
+    return x;
+}
+
+std::vector<float> nans(size_t n) {
+    return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// max_i |got_i - want_i| / (1 + |want_i|): an absolute error for values below 1, a relative
+// one above. NaN counts as infinitely wrong.
+template <typename T>
+double max_err(const std::vector<T>& got, const std::vector<T>& want) {
+    EXPECT_EQ(got.size(), want.size());
+    double m = 0.0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+        const double e = std::fabs(double(got[i]) - double(want[i])) / (1.0 + std::fabs(want[i]));
+        if (!(e <= m)) m = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+    }
+    return m;
+}
+
+#define EXPECT_CLOSE(got, want, tol) EXPECT_LE(max_err(got, want), tol) << #got " vs " #want
+
+std::string shape(std::initializer_list<int> dims) {
+    std::string s;
+    for (int d : dims) s += std::to_string(d) + " ";
+    return s;
+}
+
+const int kRows[] = {1, 7, 64, 129};
+const int kCols[] = {1, 15, 16, 257};
+
+// ---- 1. fast kernels vs ref<float> ----
+
+TEST(OpsVsRef, Linear) {
+    // gemm sums K = IC (forward), OC (dinp) or N (dweight) <= 257 products of O(1) values in
+    // float: a random-walk error ~ sqrt(K) eps on partial sums of size ~ sqrt(K), i.e. ~K eps =
+    // 1.5e-5, on outputs that can cancel to ~0 (seen: 1.2e-5). 5e-5 on |d| / (1 + |ref|); a
+    // wrong index, transpose or missing term is off by O(1).
+    constexpr double kTol = 5e-5;
+    Rng rng(1);
+    for (int N : kRows) {
+        for (int IC : kCols) {
+            for (int OC : kCols) {
+                SCOPED_TRACE(shape({N, IC, OC}));
+                const bool with_bias = (N + IC + OC) % 2 == 0;
+                auto inp = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC);
+                auto bias = randn(rng, size_t(OC)), dout = randn(rng, size_t(N) * OC);
+                const float* b = with_bias ? bias.data() : nullptr;
+
+                auto out = nans(size_t(N) * OC), out_ref = out;
+                linear_forward(out.data(), inp.data(), w.data(), b, N, IC, OC);
+                ref::linear_forward(out_ref.data(), inp.data(), w.data(), b, N, IC, OC);
+                EXPECT_CLOSE(out, out_ref, kTol);
+
+                auto dinp = nans(size_t(N) * IC), dinp_ref = dinp;
+                auto dw = randn(rng, size_t(OC) * IC), dw_ref = dw;  // += onto existing values
+                auto db = randn(rng, size_t(OC)), db_ref = db;
+                linear_backward(with_bias ? dinp.data() : nullptr, dw.data(),
+                                with_bias ? db.data() : nullptr, dout.data(), inp.data(), w.data(),
+                                N, IC, OC);
+                ref::linear_backward(with_bias ? dinp_ref.data() : nullptr, dw_ref.data(),
+                                     with_bias ? db_ref.data() : nullptr, dout.data(), inp.data(),
+                                     w.data(), N, IC, OC);
+                if (with_bias) {
+                    EXPECT_CLOSE(dinp, dinp_ref, kTol);
+                }
+                EXPECT_CLOSE(dw, dw_ref, kTol);
+                EXPECT_CLOSE(db, db_ref, kTol);
+            }
+        }
+    }
+}
+
+TEST(OpsVsRef, Embedding) {
+    // Exact: each output element is one float addition, or a sequence of float additions in the
+    // same row order, and rounding a double sum of two floats to float equals the float sum.
+    Rng rng(2);
+    const int V                     = 37;
+    const std::pair<int, int> kBT[] = {{1, 1}, {2, 7}, {3, 64}};
+    for (auto [B, T] : kBT) {
+        for (int C : kCols) {
+            SCOPED_TRACE(shape({B, T, C}));
+            const int maxT = T + 3;
+            auto tokens    = rand_ints(rng, size_t(B) * T, V);
+            auto wte = randn(rng, size_t(V) * C), wpe = randn(rng, size_t(maxT) * C);
+            auto out = nans(size_t(B) * T * C), out_ref = out;
+            embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+            ref::embedding_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+            EXPECT_EQ(out, out_ref);
+
+            auto dout = randn(rng, out.size());
+            auto dwte = randn(rng, wte.size()), dwte_ref = dwte;
+            auto dwpe = randn(rng, wpe.size()), dwpe_ref = dwpe;
+            embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+            ref::embedding_backward(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B,
+                                    T, C);
+            EXPECT_EQ(dwte, dwte_ref);
+            EXPECT_EQ(dwpe, dwpe_ref);
+        }
+    }
+}
+
+TEST(OpsVsRef, Layernorm) {
+    // Row statistics are summed in double in both; the float part is a handful of operations
+    // per element on values of size |x - mean| * rstd * w ~ O(3), plus double column sums over
+    // N <= 129 rows: a few ulp, 1e-5 leaves a wide margin.
+    constexpr double kTol = 1e-5;
+    Rng rng(3);
+    for (int N : kRows) {
+        for (int C : kCols) {
+            SCOPED_TRACE(shape({N, C}));
+            auto inp = randn(rng, size_t(N) * C, 2.0, 0.5);
+            auto w = randn(rng, size_t(C), 1.0, 1.0), b = randn(rng, size_t(C));
+            auto out = nans(inp.size()), out_ref = out;
+            auto mean = nans(size_t(N)), mean_ref = mean, rstd = mean, rstd_ref = mean;
+            layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                              N, C);
+            ref::layernorm_forward(out_ref.data(), mean_ref.data(), rstd_ref.data(), inp.data(),
+                                   w.data(), b.data(), N, C);
+            EXPECT_CLOSE(out, out_ref, kTol);
+            EXPECT_CLOSE(mean, mean_ref, kTol);
+            EXPECT_CLOSE(rstd, rstd_ref, kTol);
+
+            // Both backwards get the same saved statistics, so only the backward differs.
+            auto dout = randn(rng, inp.size());
+            auto dinp = randn(rng, inp.size()), dinp_ref = dinp;  // += onto existing values
+            auto dw = randn(rng, size_t(C)), dw_ref = dw, db = randn(rng, size_t(C)), db_ref = db;
+            layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                               mean_ref.data(), rstd_ref.data(), N, C);
+            ref::layernorm_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(),
+                                    inp.data(), w.data(), mean_ref.data(), rstd_ref.data(), N, C);
+            EXPECT_CLOSE(dinp, dinp_ref, kTol);
+            EXPECT_CLOSE(dw, dw_ref, kTol);
+            EXPECT_CLOSE(db, db_ref, kTol);
+        }
+    }
+}
+
+TEST(OpsVsRef, GeluAndAdd) {
+    // GELU in float: exp within 1 ulp and a handful of float operations on values of
+    // O(|x|) <= 15: ~1e-7 on |d| / (1 + |ref|) (seen: 1.5e-7), 1e-6 leaves a 6x margin.
+    // add: one float addition, exact against the double sum rounded to float.
+    constexpr double kTol = 1e-6;
+    Rng rng(4);
+    for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(40000)}) {
+        SCOPED_TRACE(n);
+        auto x = randn(rng, n, 3.0), dout = randn(rng, n);
+        auto out = nans(n), out_ref = out;
+        gelu_forward(out.data(), x.data(), n);
+        ref::gelu_forward(out_ref.data(), x.data(), n);
+        EXPECT_CLOSE(out, out_ref, kTol);
+
+        auto dinp = nans(n), dinp_ref = dinp;
+        gelu_backward(dinp.data(), x.data(), dout.data(), n);
+        ref::gelu_backward(dinp_ref.data(), x.data(), dout.data(), n);
+        EXPECT_CLOSE(dinp, dinp_ref, kTol);
+        auto inplace = dout;  // dinp aliasing dout
+        gelu_backward(inplace.data(), x.data(), inplace.data(), n);
+        EXPECT_EQ(inplace, dinp);
+
+        auto sum = nans(n), sum_ref = sum;
+        add_forward(sum.data(), x.data(), dout.data(), n);
+        ref::add_forward(sum_ref.data(), x.data(), dout.data(), n);
+        EXPECT_EQ(sum, sum_ref);
+        add_forward(x.data(), x.data(), dout.data(), n);  // out aliasing a
+        EXPECT_EQ(x, sum);
+    }
+}
+
+TEST(OpsVsRef, Attention) {
+    // Scores are float dots over hs <= 16 terms of O(1) values (8 lanes), probabilities use
+    // expf, out/dq/dk/dv are float sums over <= 130 key or query rows of O(1) terms: errors are
+    // ~1e-6 of O(1) values (seen: 8e-7); 5e-6 on |d| / (1 + |ref|). A wrong mask, scale or
+    // sign is off by O(0.1) or more.
+    constexpr double kTol = 5e-6;
+    Rng rng(5);
+    const int B = 2;
+    for (int T : {1, 5, 64, 130}) {
+        for (int NH : {1, 2, 4}) {
+            for (int hs : {3, 16}) {
+                const int C = NH * hs;
+                SCOPED_TRACE(shape({B, T, C, NH}));
+                auto qkv = randn(rng, size_t(B) * T * 3 * C);
+                auto out = nans(size_t(B) * T * C), out_ref = out;
+                auto lse = nans(size_t(B) * NH * T), lse_ref = lse;
+                attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+                ref::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), B, T, C, NH);
+                EXPECT_CLOSE(out, out_ref, kTol);
+                EXPECT_CLOSE(lse, lse_ref, kTol);
+
+                auto dout = randn(rng, out.size());
+                auto dqkv = nans(qkv.size()), dqkv_ref = dqkv;
+                attention_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(),
+                                   lse_ref.data(), B, T, C, NH);
+                ref::attention_backward(dqkv_ref.data(), dout.data(), qkv.data(), out_ref.data(),
+                                        lse_ref.data(), B, T, C, NH);
+                EXPECT_CLOSE(dqkv, dqkv_ref, kTol);
+            }
+        }
+    }
+}
+
+TEST(OpsVsRef, Crossentropy) {
+    // The exponential sums are in double in both; the loss is off by the final rounding of
+    // lse ~ 10 (1e-6), probabilities by expf of an argument rounded at |lse| (~1e-6 relative).
+    constexpr double kTol = 2e-6;
+    Rng rng(6);
+    for (int N : kRows) {
+        for (int V : {1, 2, 15, 16, 1000}) {
+            SCOPED_TRACE(shape({N, V}));
+            auto logits  = randn(rng, size_t(N) * V, 3.0);
+            auto targets = rand_ints(rng, size_t(N), V);
+            auto dlosses = randn(rng, size_t(N));
+            auto losses = nans(size_t(N)), losses_ref = losses;
+            crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+            ref::crossentropy_forward(losses_ref.data(), logits.data(), targets.data(), N, V);
+            EXPECT_CLOSE(losses, losses_ref, kTol);
+
+            auto dlogits = nans(logits.size()), dlogits_ref = dlogits;
+            crossentropy_backward(dlogits.data(), logits.data(), targets.data(), dlosses.data(), N,
+                                  V);
+            ref::crossentropy_backward(dlogits_ref.data(), logits.data(), targets.data(),
+                                       dlosses.data(), N, V);
+            EXPECT_CLOSE(dlogits, dlogits_ref, kTol);
+            crossentropy_backward(logits.data(), logits.data(), targets.data(), dlosses.data(), N,
+                                  V);  // in place
+            EXPECT_EQ(logits, dlogits);
+        }
+    }
+}
+
+TEST(OpsVsRef, AdamwNormsScale) {
+    // AdamW: a few float operations per element, 1e-6 relative. sum_squares: both in double,
+    // only the summation order differs: 1e-12 relative. scale: one float multiplication, exact.
+    Rng rng(7);
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(100003)}) {
+        SCOPED_TRACE(n);
+        auto p = randn(rng, n), m = randn(rng, n, 0.1), v = randn(rng, n, 0.0, 0.01);
+        auto p_ref = p, m_ref = m, v_ref = v;
+        for (int step = 1; step <= 3; ++step) {
+            auto g = randn(rng, n);
+            adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                         step);
+            ref::adamw_update<float>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, 1e-2f,
+                                     0.9f, 0.95f, 1e-8f, 0.1f, step);
+        }
+        EXPECT_CLOSE(p, p_ref, 1e-6);
+        EXPECT_CLOSE(m, m_ref, 1e-6);
+        EXPECT_CLOSE(v, v_ref, 1e-6);
+
+        const double ss = sum_squares(p.data(), n), ss_ref = ref::sum_squares(p.data(), n);
+        EXPECT_NEAR(ss, ss_ref, 1e-12 * ss_ref);
+        auto s = p, s_ref = p;
+        scale_inplace(s.data(), 0.37f, n);
+        ref::scale_inplace<float>(s_ref.data(), 0.37f, n);
+        EXPECT_EQ(s, s_ref);
+    }
+}
+
+// ---- 2. ref backward (double) vs central finite differences ----
+
+using Vec = std::vector<double>;
+
+// Central differences of loss() with respect to every element of x, compared to grad.
+// Returns max_i |fd_i - grad_i| / max(|grad_i|, 1e-2 * max_j |grad_j|, 1e-12): relative per
+// element, with a floor so elements that are ~0 are judged on 1% of the tensor's scale.
+double fd_error(Vec& x, const Vec& grad, const std::function<double()>& loss) {
+    constexpr double kEps = 1e-5;
+    double gmax           = 0.0;
+    for (double g : grad) gmax = std::max(gmax, std::fabs(g));
+    double worst = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i];
+        x[i]            = x0 + kEps;
+        const double lp = loss();
+        x[i]            = x0 - kEps;
+        const double lm = loss();
+        x[i]            = x0;
+        const double fd = (lp - lm) / (2 * kEps);
+        const double e =
+            std::fabs(fd - grad[i]) / std::max({std::fabs(grad[i]), 1e-2 * gmax, 1e-12});
+        worst = std::max(worst, e);
+    }
+    return worst;
+}
+
+double dot(const Vec& a, const Vec& b) {
+    double s = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+}
+
+// Central differences in double. eps = 1e-5 balances truncation (~eps^2 |f'''| / 6 ~ 1e-11)
+// against rounding (~1e-16 |L| / eps ~ 1e-11); with eps = 1e-6 rounding alone reaches 1e-7
+// relative on small elements. Seen: <= 1e-8 relative; any real mistake is >= 1e-3 relative.
+constexpr double kFdTol = 1e-7;
+
+TEST(OpsRefGrad, FdCheckerCatchesAWrongGradient) {
+    Vec x     = {0.3, -1.2, 2.0};
+    auto loss = [&] { return x[0] * x[1] + std::sin(x[2]); };
+    Vec g     = {x[1], x[0], std::cos(x[2])};
+    EXPECT_LE(fd_error(x, g, loss), kFdTol);
+    g[2] *= 1.0 + 1e-5;  // a gradient 1e-5 off is caught
+    EXPECT_GT(fd_error(x, g, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Linear) {
+    Rng rng(11);
+    const int N = 3, IC = 4, OC = 5;
+    Vec inp = randn<double>(rng, N * IC), w = randn<double>(rng, OC * IC);
+    Vec bias = randn<double>(rng, OC), r = randn<double>(rng, N * OC), out(N * OC);
+    auto loss = [&] {
+        ref::linear_forward(out.data(), inp.data(), w.data(), bias.data(), N, IC, OC);
+        return dot(r, out);
+    };
+    Vec dinp(inp.size()), dw(w.size(), 0.0), db(bias.size(), 0.0);
+    ref::linear_backward(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), N, IC,
+                         OC);
+    EXPECT_LE(fd_error(inp, dinp, loss), kFdTol);
+    EXPECT_LE(fd_error(w, dw, loss), kFdTol);
+    EXPECT_LE(fd_error(bias, db, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Embedding) {
+    Rng rng(12);
+    const int B = 2, T = 3, C = 4, V = 5, maxT = 4;
+    auto tokens = rand_ints(rng, B * T, V);
+    Vec wte = randn<double>(rng, V * C), wpe = randn<double>(rng, maxT * C);
+    Vec r     = randn<double>(rng, B * T * C), out(B * T * C);
+    auto loss = [&] {
+        ref::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+        return dot(r, out);
+    };
+    Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+    ref::embedding_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+    EXPECT_LE(fd_error(wte, dwte, loss), kFdTol);
+    EXPECT_LE(fd_error(wpe, dwpe, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Layernorm) {
+    Rng rng(13);
+    const int N = 3, C = 6;
+    Vec inp = randn<double>(rng, N * C, 1.5, 0.3), w = randn<double>(rng, C, 1.0, 1.0);
+    Vec b = randn<double>(rng, C), r = randn<double>(rng, N * C);
+    Vec out(N * C), mean(N), rstd(N);
+    auto loss = [&] {
+        ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                               N, C);
+        return dot(r, out);
+    };
+    loss();
+    const Vec mean0 = mean, rstd0 = rstd;
+    Vec dinp(inp.size(), 0.0), dw(C, 0.0), db(C, 0.0);
+    ref::layernorm_backward(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(),
+                            mean0.data(), rstd0.data(), N, C);
+    EXPECT_LE(fd_error(inp, dinp, loss), kFdTol);
+    EXPECT_LE(fd_error(w, dw, loss), kFdTol);
+    EXPECT_LE(fd_error(b, db, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Gelu) {
+    Rng rng(14);
+    const size_t n = 20;
+    Vec x = randn<double>(rng, n, 2.0), r = randn<double>(rng, n), out(n);
+    auto loss = [&] {
+        ref::gelu_forward(out.data(), x.data(), n);
+        return dot(r, out);
+    };
+    Vec dx(n);
+    ref::gelu_backward(dx.data(), x.data(), r.data(), n);
+    EXPECT_LE(fd_error(x, dx, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Attention) {
+    Rng rng(15);
+    const int B = 2, T = 4, C = 6, NH = 2;
+    Vec qkv = randn<double>(rng, B * T * 3 * C), r = randn<double>(rng, B * T * C);
+    Vec out(B * T * C), lse(B * NH * T);
+    auto loss = [&] {
+        ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        return dot(r, out);
+    };
+    loss();
+    const Vec out0 = out, lse0 = lse;
+    Vec dqkv(qkv.size());
+    ref::attention_backward(dqkv.data(), r.data(), qkv.data(), out0.data(), lse0.data(), B, T, C,
+                            NH);
+    EXPECT_LE(fd_error(qkv, dqkv, loss), kFdTol);
+}
+
+TEST(OpsRefGrad, Crossentropy) {
+    Rng rng(16);
+    const int N = 3, V = 7;
+    Vec logits = randn<double>(rng, N * V, 2.0), r = randn<double>(rng, N), losses(N);
+    auto targets = rand_ints(rng, N, V);
+    auto loss    = [&] {
+        ref::crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+        return dot(r, losses);
+    };
+    Vec dlogits(logits.size());
+    ref::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), r.data(), N, V);
+    EXPECT_LE(fd_error(logits, dlogits, loss), kFdTol);
+}
+
+// ---- 3. += and = conventions: a second backward call doubles += outputs only ----
+
+// x + x is exact, but the second call adds a freshly rounded sum to the first: 1e-6 relative.
+constexpr double kTwiceTol = 1e-6;
+
+std::vector<float> doubled(std::vector<float> x) {
+    for (auto& v : x) v *= 2.f;
+    return x;
+}
+
+TEST(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
+    Rng rng(21);
+    const int N = 7, IC = 15, OC = 16;
+    auto inp = randn(rng, N * IC), w = randn(rng, OC * IC), dout = randn(rng, N * OC);
+    std::vector<float> dinp(N * IC), dw(OC * IC, 0.f), db(OC, 0.f);
+    linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, IC,
+                    OC);
+    const auto dinp1 = dinp, dw1 = dw, db1 = db;
+    linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, IC,
+                    OC);
+    EXPECT_EQ(dinp, dinp1);
+    EXPECT_CLOSE(dw, doubled(dw1), kTwiceTol);
+    EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
+}
+
+TEST(OpsAccumulate, LayernormAllAccumulate) {
+    Rng rng(22);
+    const int N = 7, C = 15;
+    auto inp = randn(rng, N * C), w = randn(rng, C), b = randn(rng, C), dout = randn(rng, N * C);
+    std::vector<float> out(N * C), mean(N), rstd(N), dinp(N * C, 0.f), dw(C, 0.f), db(C, 0.f);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    auto bwd = [&] {
+        layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                           mean.data(), rstd.data(), N, C);
+    };
+    bwd();
+    const auto dinp1 = dinp, dw1 = dw, db1 = db;
+    bwd();
+    EXPECT_CLOSE(dinp, doubled(dinp1), kTwiceTol);
+    EXPECT_CLOSE(dw, doubled(dw1), kTwiceTol);
+    EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
+}
+
+TEST(OpsAccumulate, EmbeddingAccumulates) {
+    Rng rng(23);
+    const int B = 2, T = 7, C = 16, V = 5;
+    auto tokens = rand_ints(rng, B * T, V);
+    auto dout   = randn(rng, B * T * C);
+    std::vector<float> dwte(V * C, 0.f), dwpe(T * C, 0.f);
+    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    const auto dwte1 = dwte, dwpe1 = dwpe;
+    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    EXPECT_CLOSE(dwte, doubled(dwte1), kTwiceTol);
+    EXPECT_CLOSE(dwpe, doubled(dwpe1), kTwiceTol);
+}
+
+TEST(OpsAccumulate, ActivationGradsOverwrite) {
+    Rng rng(24);
+    const int B = 2, T = 5, C = 8, NH = 2, V = 11;
+    auto qkv = randn(rng, B * T * 3 * C), dout = randn(rng, B * T * C);
+    std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(qkv.size());
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    auto dqkv1 = dqkv;
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    EXPECT_EQ(dqkv, dqkv1);
+
+    auto logits = randn(rng, B * T * V), dl = randn(rng, B * T);
+    auto targets = rand_ints(rng, B * T, V);
+    std::vector<float> dlogits(logits.size());
+    crossentropy_backward(dlogits.data(), logits.data(), targets.data(), dl.data(), B * T, V);
+    auto dlogits1 = dlogits;
+    crossentropy_backward(dlogits.data(), logits.data(), targets.data(), dl.data(), B * T, V);
+    EXPECT_EQ(dlogits, dlogits1);
+
+    std::vector<float> dx(out.size());
+    gelu_backward(dx.data(), out.data(), dout.data(), out.size());
+    auto dx1 = dx;
+    gelu_backward(dx.data(), out.data(), dout.data(), out.size());
+    EXPECT_EQ(dx, dx1);
+}
+
+TEST(OpsAccumulate, RefParamsAccumulate) {
+    Rng rng(25);
+    const int N = 3, IC = 4, OC = 5;
+    Vec inp = randn<double>(rng, N * IC), w = randn<double>(rng, OC * IC);
+    Vec dout = randn<double>(rng, N * OC), dinp(N * IC), dw(OC * IC, 0.0), db(OC, 0.0);
+    ref::linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                         IC, OC);
+    const Vec dinp1 = dinp, dw1 = dw, db1 = db;
+    ref::linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                         IC, OC);
+    EXPECT_EQ(dinp, dinp1);
+    for (size_t i = 0; i < dw.size(); ++i) EXPECT_DOUBLE_EQ(dw[i], 2 * dw1[i]);
+    for (size_t i = 0; i < db.size(); ++i) EXPECT_DOUBLE_EQ(db[i], 2 * db1[i]);
+}
+
+// ---- 4. AdamW by hand ----
+
+TEST(OpsAdamw, MatchesHandComputation) {
+    // lr = 0.1, wd = 0.01, eps = 1e-8, and betas that are short binary fractions, b1 = 7/8 and
+    // b2 = 127/128, so every moment and bias correction below is exact in float.
+    // With a constant gradient g: m_k = g (1 - b1^k), v_k = g^2 (1 - b2^k), so the corrected
+    // moments are exactly g and g^2 and each step is p <- p - lr (sign(g) + wd p) (eps is below
+    // half an ulp of |g|). With g = 0 the moments stay 0 and p <- p (1 - lr wd).
+    std::vector<float> p = {1.f, -1.f, 2.f}, g = {0.5f, -2.f, 0.f};
+    std::vector<float> m(3, 0.f), v(3, 0.f);
+    const float want[3][3] = {{0.899f, -0.899f, 1.998f},
+                              {0.798101f, -0.798101f, 1.996002f},
+                              {0.697302899f, -0.697302899f, 1.994005998f}};
+    for (int step = 1; step <= 3; ++step) {
+        adamw_update(p.data(), g.data(), m.data(), v.data(), 3, 0.1f, 0.875f, 0.9921875f, 1e-8f,
+                     0.01f, step);
+        // p changes by ~0.1 per step in float arithmetic: a few ulp of 1, 1e-6.
+        for (int i = 0; i < 3; ++i) EXPECT_NEAR(p[i], want[step - 1][i], 1e-6) << step << " " << i;
+    }
+    // 1 - (7/8)^3 = 169/512, 1 - (127/128)^3 = 48769/2^21.
+    EXPECT_EQ(m[0], 0.5f * 169.f / 512.f);
+    EXPECT_EQ(m[1], -2.f * 169.f / 512.f);
+    EXPECT_EQ(v[0], 0.25f * 48769.f / 2097152.f);
+    EXPECT_EQ(v[1], 4.f * 48769.f / 2097152.f);
+    EXPECT_EQ(m[2], 0.f);
+    EXPECT_EQ(v[2], 0.f);
+}
+
+// ---- 5. results do not depend on the thread count ----
+
+// Runs every fast kernel on shapes large enough to be threaded and returns all outputs.
+std::vector<std::vector<float>> run_all_kernels() {
+    Rng rng(31);
+    const int N = 129, IC = 257, OC = 257, B = 3, T = 43, C = 257, V = 1000;
+    std::vector<std::vector<float>> res;
+    auto keep = [&](std::vector<float> x) { res.push_back(std::move(x)); };
+
+    auto inp = randn(rng, N * IC), w = randn(rng, OC * IC), bias = randn(rng, OC);
+    auto dout = randn(rng, N * OC);
+    std::vector<float> out(N * OC), dinp(N * IC), dw(OC * IC, 0.f), db(OC, 0.f);
+    linear_forward(out.data(), inp.data(), w.data(), bias.data(), N, IC, OC);
+    linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, IC,
+                    OC);
+    keep(out), keep(dinp), keep(dw), keep(db);
+
+    auto tokens = rand_ints(rng, B * T, 50);
+    auto wte = randn(rng, 50 * C), wpe = randn(rng, T * C), eout = randn(rng, B * T * C);
+    std::vector<float> emb(B * T * C), dwte(50 * C, 0.f), dwpe(T * C, 0.f);
+    embedding_forward(emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    embedding_backward(dwte.data(), dwpe.data(), eout.data(), tokens.data(), B, T, C);
+    keep(emb), keep(dwte), keep(dwpe);
+
+    auto lw = randn(rng, IC), lb = randn(rng, IC), ldout = randn(rng, N * IC);
+    std::vector<float> ln(N * IC), mean(N), rstd(N), ldinp(N * IC, 0.f), ldw(IC, 0.f), ldb(IC, 0.f);
+    layernorm_forward(ln.data(), mean.data(), rstd.data(), inp.data(), lw.data(), lb.data(), N, IC);
+    layernorm_backward(ldinp.data(), ldw.data(), ldb.data(), ldout.data(), inp.data(), lw.data(),
+                       mean.data(), rstd.data(), N, IC);
+    keep(ln), keep(mean), keep(rstd), keep(ldinp), keep(ldw), keep(ldb);
+
+    std::vector<float> g(inp.size()), dg(inp.size()), sum(inp.size());
+    gelu_forward(g.data(), inp.data(), inp.size());
+    gelu_backward(dg.data(), inp.data(), ldout.data(), inp.size());
+    add_forward(sum.data(), inp.data(), ldout.data(), inp.size());
+    keep(g), keep(dg), keep(sum);
+
+    const int AB = 2, AT = 130, AC = 64, NH = 4;
+    auto qkv = randn(rng, AB * AT * 3 * AC), adout = randn(rng, AB * AT * AC);
+    std::vector<float> aout(AB * AT * AC), lse(AB * NH * AT), dqkv(qkv.size());
+    attention_forward(aout.data(), lse.data(), qkv.data(), AB, AT, AC, NH);
+    attention_backward(dqkv.data(), adout.data(), qkv.data(), aout.data(), lse.data(), AB, AT, AC,
+                       NH);
+    keep(aout), keep(lse), keep(dqkv);
+
+    auto logits = randn(rng, N * V, 3.0), dl = randn(rng, N);
+    auto targets = rand_ints(rng, N, V);
+    std::vector<float> losses(N), dlogits(logits.size());
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+    crossentropy_backward(dlogits.data(), logits.data(), targets.data(), dl.data(), N, V);
+    keep(losses), keep(dlogits);
+
+    std::vector<float> m(logits.size(), 0.f), v(logits.size(), 0.f), p = logits;
+    adamw_update(p.data(), dlogits.data(), m.data(), v.data(), p.size(), 1e-3f, 0.9f, 0.95f, 1e-8f,
+                 0.1f, 1);
+    scale_inplace(p.data(), 0.5f, p.size());
+    keep(p), keep(m), keep(v);
+    const double ss = sum_squares(logits.data(), logits.size());
+    std::vector<float> ss_bits(2);
+    std::memcpy(ss_bits.data(), &ss, sizeof(ss));
+    keep(ss_bits);
+    return res;
+}
+
+TEST(OpsThreads, ResultsIndependentOfThreadCount) {
+    set_compute_threads(1);
+    const auto one = run_all_kernels();
+    set_compute_threads(2);
+    const auto two = run_all_kernels();
+    set_compute_threads(0);  // back to the default, one thread per allowed CPU
+    ASSERT_EQ(one.size(), two.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+        ASSERT_EQ(one[i].size(), two[i].size()) << "output " << i;
+        EXPECT_EQ(std::memcmp(one[i].data(), two[i].data(), one[i].size() * sizeof(float)), 0)
+            << "output " << i << " differs between 1 and 2 threads";
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::kernels
