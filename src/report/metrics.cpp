@@ -1,0 +1,115 @@
+// JSON Lines reading and the loss chart of a run directory. The chart file is written to a temp
+// name and renamed, so a viewer refreshing loss.svg never sees half a file.
+#include "report/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "core/error.h"
+#include "report/svg_plot.h"
+
+namespace bagualu::report {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Record {
+    std::size_t line_no;
+    nlohmann::json value;
+};
+
+std::vector<Record> read_jsonl_records(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) input_error("{}: cannot open: {}", path, std::strerror(errno));
+    std::vector<Record> records;
+    std::string line;
+    for (std::size_t line_no = 1; std::getline(in, line); ++line_no) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        try {
+            records.push_back({line_no, nlohmann::json::parse(line)});
+        } catch (const nlohmann::json::exception& e) {
+            input_error("{}:{}: invalid JSON: {}", path, line_no, e.what());
+        }
+    }
+    if (in.bad()) input_error("{}: read failed: {}", path, std::strerror(errno));
+    return records;
+}
+
+// The number at `key` of a record, NaN for null; InputError for anything else.
+double number_at(const nlohmann::json& record, const char* key, const std::string& path,
+                 std::size_t line_no) {
+    const nlohmann::json& v = record.at(key);
+    if (v.is_null()) return std::numeric_limits<double>::quiet_NaN();
+    if (!v.is_number()) {
+        input_error("{}:{}: \"{}\" must be a number, got {}", path, line_no, key, v.dump());
+    }
+    return v.get<double>();
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+    const fs::path tmp = path.string() + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.close();
+        if (!out) {
+            std::error_code ec;
+            fs::remove(tmp, ec);
+            input_error("{}: cannot write: {}", path.string(), std::strerror(errno));
+        }
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+        input_error("{}: cannot write: {}", path.string(), ec.message());
+    }
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+    std::vector<nlohmann::json> values;
+    for (Record& r : read_jsonl_records(path)) values.push_back(std::move(r.value));
+    return values;
+}
+
+void write_loss_chart(const std::string& run_dir) {
+    const fs::path dir        = run_dir;
+    const std::string metrics = (dir / "metrics.jsonl").string();
+    if (!fs::exists(metrics))
+        input_error("{}: no such file (expected the run's metrics log)", metrics);
+    const std::vector<Record> records = read_jsonl_records(metrics);
+
+    Series train{"train loss", "#1f77b4", {}, {}};
+    Series val{"val loss", "#d62728", {}, {}};
+    for (const auto& [line_no, r] : records) {
+        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
+        const bool has_loss = r.contains("loss"), has_val = r.contains("val_loss");
+        if (!has_loss && !has_val) continue;
+        if (!r.contains("step") || !r["step"].is_number()) {
+            input_error("{}:{}: has a loss but no numeric \"step\"", metrics, line_no);
+        }
+        const double step = r["step"].get<double>();
+        if (has_loss) {
+            train.x.push_back(step);
+            train.y.push_back(number_at(r, "loss", metrics, line_no));
+        }
+        if (has_val) {
+            val.x.push_back(step);
+            val.y.push_back(number_at(r, "val_loss", metrics, line_no));
+        }
+    }
+    std::vector<Series> series = {train};
+    if (!val.x.empty()) series.push_back(val);
+    const std::string run_name =
+        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+    write_text_file(dir / "loss.svg",
+                    line_chart_svg(fmt::format("Loss: {}", run_name), "step", "loss", series));
+}
+
+}  // namespace bagualu::report

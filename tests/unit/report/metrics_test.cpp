@@ -1,0 +1,110 @@
+// Tests for the metrics log reader and the loss chart: parsing, blank lines, the errors a broken
+// or missing log must produce, and a chart with both curves written into the run directory.
+#include "report/metrics.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace bagualu::report {
+namespace {
+
+namespace fs = std::filesystem;
+
+class MetricsTest : public ::testing::Test {
+   protected:
+    void SetUp() override {
+        const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+        dir_ =
+            fs::temp_directory_path() / fmt::format("bgl_metrics_{}_{}", ::getpid(), test->name());
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+    std::string write(const std::string& name, const std::string& text) const {
+        const std::string p = (dir_ / name).string();
+        std::ofstream(p) << text;
+        return p;
+    }
+    std::string read(const std::string& name) const {
+        std::ifstream in(dir_ / name);
+        return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    }
+
+    fs::path dir_;
+};
+
+std::string error_of(const std::function<void()>& fn) {
+    try {
+        fn();
+    } catch (const InputError& e) {
+        return e.what();
+    }
+    return "no InputError";
+}
+
+TEST_F(MetricsTest, ReadsEveryNonBlankLine) {
+    const std::string p = write("m.jsonl", "{\"a\":1}\n\n  \n[1,2]\r\n\"s\"");
+    const auto records  = read_jsonl(p);
+    ASSERT_EQ(records.size(), 3u);
+    EXPECT_EQ(records[0]["a"], 1);
+    EXPECT_EQ(records[1], (nlohmann::json{1, 2}));
+    EXPECT_EQ(records[2], "s");
+    EXPECT_TRUE(read_jsonl(write("empty.jsonl", "")).empty());
+}
+
+TEST_F(MetricsTest, InvalidLinesAndMissingFilesNameFileAndLine) {
+    const std::string p = write("bad.jsonl", "{\"a\":1}\n\n{\"a\": }\n");
+    EXPECT_NE(error_of([&] { read_jsonl(p); }).find(p + ":3: invalid JSON"), std::string::npos);
+    const std::string missing = (dir_ / "nope.jsonl").string();
+    EXPECT_NE(error_of([&] { read_jsonl(missing); }).find(missing + ": cannot open"),
+              std::string::npos);
+}
+
+TEST_F(MetricsTest, LossChartHasTrainAndValidationCurves) {
+    std::string log;
+    for (int step = 0; step <= 200; step += 10) {
+        log +=
+            fmt::format("{{\"step\": {}, \"loss\": {}, \"lr\": 0.001}}\n", step, 5.0 - step / 50.0);
+        if (step % 50 == 0)
+            log += fmt::format("{{\"step\": {}, \"val_loss\": {}}}\n", step, 5.2 - step / 60.0);
+    }
+    log += "{\"step\": 210, \"loss\": null}\n{\"event\": \"checkpoint\"}\n";
+    write("metrics.jsonl", log);
+    write_loss_chart(dir_.string() + "/");
+    const std::string svg = read("loss.svg");
+    EXPECT_TRUE(svg.starts_with("<svg"));
+    EXPECT_TRUE(svg.ends_with("</svg>\n"));
+    EXPECT_NE(svg.find(">train loss<"), std::string::npos);
+    EXPECT_NE(svg.find(">val loss<"), std::string::npos);
+    EXPECT_NE(svg.find(">Loss: " + dir_.filename().string() + "<"), std::string::npos);
+    EXPECT_NE(svg.find(">200<"), std::string::npos);  // an x tick
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
+}
+
+TEST_F(MetricsTest, LossChartErrorsNameTheLog) {
+    const std::string log = (dir_ / "metrics.jsonl").string();
+    EXPECT_NE(error_of([&] { write_loss_chart(dir_.string()); }).find(log + ": no such file"),
+              std::string::npos);
+    write("metrics.jsonl", "{\"step\": 1, \"loss\": 2}\n[1]\n");
+    EXPECT_NE(
+        error_of([&] { write_loss_chart(dir_.string()); }).find(log + ":2: expected a JSON object"),
+        std::string::npos);
+    write("metrics.jsonl", "{\"loss\": 2}\n");
+    EXPECT_NE(
+        error_of([&] { write_loss_chart(dir_.string()); }).find(log + ":1: has a loss but no"),
+        std::string::npos);
+    write("metrics.jsonl", "\n{\"step\": 1, \"val_loss\": \"high\"}\n");
+    EXPECT_NE(error_of([&] {
+                  write_loss_chart(dir_.string());
+              }).find(log + ":2: \"val_loss\" must be a number"),
+              std::string::npos);
+    EXPECT_FALSE(fs::exists(dir_ / "loss.svg"));
+}
+
+}  // namespace
+}  // namespace bagualu::report
