@@ -89,10 +89,11 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         if (!v) mismatch();
         if constexpr (std::is_unsigned_v<T>) {
             if (*v < 0) input_error("{}: expected a non-negative integer, got {}", where, *v);
+        } else if constexpr (sizeof(T) < sizeof(int64_t)) {
+            if (*v < std::numeric_limits<T>::min() || *v > std::numeric_limits<T>::max()) {
+                input_error("{}: {} is out of range for a {}-bit integer", where, *v, 8 * sizeof(T));
+            }
         }
-        if (*v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-            static_cast<uint64_t>(*v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
-            input_error("{}: {} is out of range", where, *v);
         out = static_cast<T>(*v);
     } else if constexpr (std::is_floating_point_v<T>) {
         if (node.is_integer()) {

@@ -27,9 +27,9 @@ class TrainE2ETest : public ::testing::Test {
         dir_ = new TempDir();
         data_ = " --set data.train=" + (*dir_ / "data/train.bin") + " --set data.val=" +
                 (*dir_ / "data/val.bin") + " --set data.tokenizer=" + (*dir_ / "data/tok.model");
-        const CommandResult r = bagualu("prepare --config configs/tiny.toml" + data_);
-        ASSERT_EQ(r.status, 0) << r.output;
+        prepare_ = bagualu("prepare --config configs/tiny.toml" + data_);
     }
+    void SetUp() override { ASSERT_EQ(prepare_.status, 0) << prepare_.output; }
     static void TearDownTestSuite() {
         delete dir_;
         dir_ = nullptr;
@@ -37,9 +37,11 @@ class TrainE2ETest : public ::testing::Test {
     static CommandResult train(const std::string& run, const std::string& extra = "") {
         return bagualu("train --config configs/tiny.toml" + data_ + " --run-dir " + (*dir_ / run) + extra);
     }
-    static TempDir*    dir_;
-    static std::string data_;
+    static TempDir*      dir_;
+    static std::string   data_;
+    static CommandResult prepare_;
 };
+CommandResult TrainE2ETest::prepare_;
 TempDir*    TrainE2ETest::dir_ = nullptr;
 std::string TrainE2ETest::data_;
 
