@@ -61,6 +61,9 @@ void visit_fields(Cfg& c, V&& v) {
     v("sample", "top_k", c.sample.top_k);
     v("sample", "seed", c.sample.seed);
     v("sample", "prompts", c.sample.prompts);
+
+    v("parallel", "expert_parallel", c.parallel.expert_parallel);
+    v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
 }
 
 template <typename T>
@@ -130,7 +133,7 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
-            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample)",
+            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel)",
                         source, sec);
         }
         const toml::table* tbl = sec_node.as_table();
@@ -266,11 +269,34 @@ void validate(const TrainConfig& c) {
         input_error("{}: data.val_fraction = {}: must be in (0, 1)", src, d.val_fraction);
     }
 
+    if (c.parallel.expert_parallel < 1) {
+        input_error("{}: parallel.expert_parallel = {}: must be >= 1", src, c.parallel.expert_parallel);
+    }
+    if (m.moe_every > 0 && m.n_experts % c.parallel.expert_parallel != 0) {
+        input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel = {}",
+                    src, m.n_experts, c.parallel.expert_parallel);
+    }
+
     const SampleSection& s = c.sample;
     non_negative("sample.n_samples", s.n_samples);
     positive("sample.max_new_tokens", s.max_new_tokens);
     non_negative("sample.temperature", s.temperature);
     non_negative("sample.top_k", s.top_k);
+}
+
+void validate_layout(const TrainConfig& c, int ranks) {
+    const std::string& src = c.source;
+    const int          ep  = c.parallel.expert_parallel;
+    if (ranks % ep != 0) {
+        input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
+                    ranks);
+    }
+    const int64_t mb = c.micro_batch(ranks);
+    if (mb < 1 || c.train.batch_size % (static_cast<int64_t>(ranks) * mb) != 0) {
+        input_error("{}: train.batch_size = {} must be a multiple of ranks ({}) x "
+                    "train.micro_batch_size ({})",
+                    src, c.train.batch_size, ranks, mb);
+    }
 }
 
 std::string to_toml(const TrainConfig& cfg) {

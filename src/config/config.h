@@ -63,19 +63,29 @@ struct SampleSection {
     std::vector<std::string> prompts        = {"", "The ", "人生"};
 };
 
+struct ParallelSection {
+    int  expert_parallel  = 1;      // EP: ranks each MoE layer's experts are spread over
+    bool hierarchical_a2a = false;  // all-to-all via one leader per node (multi-node runs)
+};
+
 struct TrainConfig {
-    ModelConfig   model;
-    TrainSection  train;
-    DataSection   data;
-    SampleSection sample;
+    ModelConfig     model;
+    TrainSection    train;
+    DataSection     data;
+    SampleSection   sample;
+    ParallelSection parallel;
 
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file
 
-    int64_t micro_batch() const {
-        return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size;
+    // Sequences per rank per forward pass, for a run over `ranks` processes.
+    int64_t micro_batch(int ranks = 1) const {
+        return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / ranks;
     }
-    int64_t grad_accum_steps() const { return train.batch_size / micro_batch(); }
+    // Micro-batches per optimizer step.
+    int64_t grad_accum_steps(int ranks = 1) const {
+        return train.batch_size / (ranks * micro_batch(ranks));
+    }
 };
 
 // Loads a TOML file, applies overrides ("section.key=value", value in TOML syntax or a bare
@@ -85,6 +95,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 TrainConfig default_config(const std::vector<std::string>& overrides = {});
 // Throws InputError when a value is out of range or values disagree.
 void validate(const TrainConfig& cfg);
+// The checks that depend on the number of ranks: batch and expert divisibility.
+void validate_layout(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 
