@@ -44,8 +44,9 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what) {
         std::string parts;
         for (const auto& [h, ranks] : by_hash) {
             if (h == all[0]) continue;
-            parts += fmt::format("{} {} has {:016x}; ", ranks.size() == 1 ? "rank" : "ranks",
-                                 rank_list(ranks), h);
+            const bool one = ranks.size() == 1;
+            parts += fmt::format("{} {} {} {:016x}; ", one ? "rank" : "ranks", rank_list(ranks),
+                                 one ? "has" : "have", h);
         }
         print_line(fmt::format("error: {} differs across ranks: {}rank 0 has {:016x}", what,
                                parts, all[0]));

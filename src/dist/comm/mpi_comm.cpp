@@ -3,6 +3,9 @@
 // every call goes through BGL_MPI_CHECK, which throws InternalError naming the expression, the
 // world rank and MPI's error string. Element counts above INT_MAX are split into several calls
 // (allreduce, broadcast, point-to-point) or routed to alltoallv_pairwise (alltoallv).
+// The C API only: without these, OpenMPI/MPICH drag in the deprecated C++ bindings (libmpi_cxx).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <algorithm>
