@@ -1,0 +1,203 @@
+// Pairwise and hierarchical all-to-all(v); see alltoallv.h. The hierarchical version moves
+// bytes (elem_bytes folded into the counts) through three Comm::alltoallv_bytes calls: members ->
+// leader, leader -> leader, leader -> members. Only leaders hold the whole node's traffic.
+#include "dist/comm/alltoallv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace bagualu::dist {
+
+namespace {
+
+void check_counts(const Comm& comm, std::span<const int64_t> a, std::span<const int64_t> b,
+                  std::span<const int64_t> c, std::span<const int64_t> d) {
+    const auto p = static_cast<size_t>(comm.size());
+    BGL_CHECK(a.size() == p && b.size() == p && c.size() == p && d.size() == p,
+              "alltoallv needs counts and displacements for each of {} ranks", p);
+}
+
+void copy_bytes(std::byte* dst, const std::byte* src, int64_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+
+int64_t sum(std::span<const int64_t> v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+}  // namespace
+
+void alltoallv_pairwise(Comm& comm, const void* send, std::span<const int64_t> send_counts,
+                        std::span<const int64_t> send_displs, void* recv,
+                        std::span<const int64_t> recv_counts,
+                        std::span<const int64_t> recv_displs, size_t elem_bytes) {
+    check_counts(comm, send_counts, send_displs, recv_counts, recv_displs);
+    const int P   = comm.size();
+    const int r   = comm.rank();
+    const auto eb = static_cast<int64_t>(elem_bytes);
+    const auto* s = static_cast<const std::byte*>(send);
+    auto* d       = static_cast<std::byte*>(recv);
+    BGL_CHECK(send_counts[r] == recv_counts[r], "alltoallv: rank {} sends {} to itself, expects {}",
+              r, send_counts[r], recv_counts[r]);
+    copy_bytes(d + recv_displs[r] * eb, s + send_displs[r] * eb, send_counts[r] * eb);
+    for (int k = 1; k < P; ++k) {
+        const int dest = (r + k) % P;
+        const int src  = (r - k + P) % P;
+        comm.sendrecv(s + send_displs[dest] * eb, static_cast<size_t>(send_counts[dest] * eb),
+                      dest, d + recv_displs[src] * eb, static_cast<size_t>(recv_counts[src] * eb),
+                      src);
+    }
+}
+
+NodeGroups make_node_groups(Comm& comm, std::unique_ptr<Comm> node) {
+    NodeGroups g;
+    g.node          = node ? std::move(node) : comm.split_shared();
+    const bool lead = g.node->rank() == 0;
+    g.leaders       = comm.split(lead ? 0 : -1, comm.rank());
+    int info[2]     = {lead ? g.leaders->rank() : 0, g.node->rank()};
+    g.node->broadcast(&info[0], sizeof(int), 0);
+    const int P = comm.size();
+    std::vector<int> all(2 * static_cast<size_t>(P));
+    comm.allgather(info, sizeof(info), all.data());
+    g.node_of.resize(static_cast<size_t>(P));
+    g.node_rank_of.resize(static_cast<size_t>(P));
+    int num_nodes = 0;
+    for (int q = 0; q < P; ++q) {
+        g.node_of[q]      = all[2 * static_cast<size_t>(q)];
+        g.node_rank_of[q] = all[2 * static_cast<size_t>(q) + 1];
+        num_nodes         = std::max(num_nodes, g.node_of[q] + 1);
+    }
+    g.members.resize(static_cast<size_t>(num_nodes));
+    for (int q = 0; q < P; ++q) {
+        auto& m        = g.members[g.node_of[q]];
+        const auto idx = static_cast<size_t>(g.node_rank_of[q]);
+        if (m.size() <= idx) m.resize(idx + 1, -1);
+        m[idx] = q;
+    }
+    for (const auto& m : g.members) {
+        BGL_CHECK(std::find(m.begin(), m.end(), -1) == m.end(), "node layout has a hole");
+    }
+    BGL_CHECK(g.members[g.node_of[comm.rank()]].size() == static_cast<size_t>(g.node->size()),
+              "node comm and node layout disagree");
+    return g;
+}
+
+void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
+                            std::span<const int64_t> send_counts,
+                            std::span<const int64_t> send_displs, void* recv,
+                            std::span<const int64_t> recv_counts,
+                            std::span<const int64_t> recv_displs, size_t elem_bytes) {
+    check_counts(comm, send_counts, send_displs, recv_counts, recv_displs);
+    const int P        = comm.size();
+    const auto up      = static_cast<size_t>(P);
+    const auto eb      = static_cast<int64_t>(elem_bytes);
+    Comm& node         = *groups.node;
+    const auto L       = static_cast<size_t>(node.size());
+    const bool leader  = node.rank() == 0;
+    const auto* sbytes = static_cast<const std::byte*>(send);
+    auto* rbytes       = static_cast<std::byte*>(recv);
+
+    // 1. Pack this rank's send data by destination rank; share every member's counts.
+    std::vector<std::byte> packed(static_cast<size_t>(sum(send_counts) * eb));
+    for (int64_t q = 0, off = 0; q < P; off += send_counts[q] * eb, ++q) {
+        copy_bytes(packed.data() + off, sbytes + send_displs[q] * eb, send_counts[q] * eb);
+    }
+    std::vector<int64_t> all_sc(L * up), all_rc(L * up);  // [node rank][rank], elements
+    node.allgather(send_counts.data(), up * sizeof(int64_t), all_sc.data());
+    node.allgather(recv_counts.data(), up * sizeof(int64_t), all_rc.data());
+    const auto sc = [&](size_t m, int q) { return all_sc[m * up + static_cast<size_t>(q)] * eb; };
+    const auto rc = [&](size_t m, int q) { return all_rc[m * up + static_cast<size_t>(q)] * eb; };
+
+    // 2. Gather to the leader: member m's packed data lands at gathered[gd[m]].
+    std::vector<int64_t> zeros(L, 0), gsc(L, 0), grc(L, 0), gd(L, 0);
+    gsc[0] = static_cast<int64_t>(packed.size());
+    int64_t gathered_bytes = 0;
+    if (leader) {
+        for (size_t m = 0; m < L; ++m) {
+            gd[m] = gathered_bytes;
+            for (int q = 0; q < P; ++q) grc[m] += sc(m, q);
+            gathered_bytes += grc[m];
+        }
+    }
+    std::vector<std::byte> gathered(static_cast<size_t>(gathered_bytes));
+    node.alltoallv_bytes(packed.data(), gsc, zeros, gathered.data(), grc, gd, 1);
+
+    // 3. Leaders exchange: to node B, blocks (m -> n) for m in this node, n in B, in that order.
+    std::vector<std::byte> to_members;
+    std::vector<int64_t> msc(L, 0), msd(L, 0);
+    if (leader) {
+        Comm& leaders        = *groups.leaders;
+        const auto num_nodes = static_cast<size_t>(leaders.size());
+        const auto& mine     = groups.members[groups.node_of[comm.rank()]];
+        std::vector<int64_t> block_off(L * up);  // [m][dest rank] offset in gathered
+        for (size_t m = 0; m < L; ++m) {
+            int64_t off = gd[m];
+            for (int q = 0; q < P; ++q) {
+                block_off[m * up + static_cast<size_t>(q)] = off;
+                off += sc(m, q);
+            }
+        }
+        std::vector<int64_t> lsc(num_nodes, 0), lsd(num_nodes, 0), lrc(num_nodes, 0),
+            lrd(num_nodes, 0);
+        std::vector<std::byte> lsend(gathered.size());
+        int64_t off = 0;
+        for (size_t b = 0; b < num_nodes; ++b) {
+            lsd[b] = off;
+            for (size_t m = 0; m < L; ++m) {
+                for (int q : groups.members[b]) {
+                    copy_bytes(lsend.data() + off,
+                               gathered.data() + block_off[m * up + static_cast<size_t>(q)],
+                               sc(m, q));
+                    off += sc(m, q);
+                }
+            }
+            lsc[b] = off - lsd[b];
+        }
+        int64_t lrecv_bytes = 0;
+        for (size_t a = 0; a < num_nodes; ++a) {
+            lrd[a] = lrecv_bytes;
+            for (int q : groups.members[a]) {
+                for (size_t n = 0; n < L; ++n) lrc[a] += rc(n, q);
+            }
+            lrecv_bytes += lrc[a];
+        }
+        std::vector<std::byte> from_nodes(static_cast<size_t>(lrecv_bytes));
+        leaders.alltoallv_bytes(lsend.data(), lsc, lsd, from_nodes.data(), lrc, lrd, 1);
+
+        // 4. Re-order for the scatter: member n gets its blocks ordered by source rank.
+        std::vector<int64_t> pos(up * L);  // [source rank][n] offset in from_nodes
+        for (size_t a = 0; a < num_nodes; ++a) {
+            int64_t cur = lrd[a];
+            for (int q : groups.members[a]) {
+                for (size_t n = 0; n < L; ++n) {
+                    pos[static_cast<size_t>(q) * L + n] = cur;
+                    cur += rc(n, q);
+                }
+            }
+        }
+        to_members.resize(from_nodes.size());
+        int64_t moff = 0;
+        for (size_t n = 0; n < L; ++n) {
+            msd[n] = moff;
+            for (int q = 0; q < P; ++q) {
+                copy_bytes(to_members.data() + moff,
+                           from_nodes.data() + pos[static_cast<size_t>(q) * L + n], rc(n, q));
+                moff += rc(n, q);
+            }
+            msc[n] = moff - msd[n];
+        }
+        BGL_CHECK(mine.size() == L, "leader's node has {} members, node comm {}", mine.size(), L);
+    }
+
+    // 5. Scatter within the node, then place each source's block at its displacement.
+    std::vector<std::byte> unpacked(static_cast<size_t>(sum(recv_counts) * eb));
+    std::vector<int64_t> urc(L, 0);
+    urc[0] = static_cast<int64_t>(unpacked.size());
+    node.alltoallv_bytes(to_members.data(), msc, msd, unpacked.data(), urc, zeros, 1);
+    for (int64_t q = 0, off = 0; q < P; off += recv_counts[q] * eb, ++q) {
+        copy_bytes(rbytes + recv_displs[q] * eb, unpacked.data() + off, recv_counts[q] * eb);
+    }
+}
+
+}  // namespace bagualu::dist

@@ -1,0 +1,23 @@
+// Start-up consistency checks that end every rank together instead of letting some ranks hang in
+// a collective that others never reach. Both are collective over `comm` (use the world) and on
+// failure print exactly one line to stderr and exit every process with status 2.
+// A rank that dies on its own (crash, exit without MPI_Finalize) is handled by the launcher:
+// OpenMPI's mpirun kills the remaining ranks and returns non-zero (tested in tests/mpi).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "dist/comm/comm.h"
+
+namespace bagualu::dist {
+
+// Every rank passes a hash of something that must agree (resolved config, data files, build).
+// On mismatch rank 0 prints "error: <what> differs across ranks: ..." naming the ranks whose hash
+// differs from rank 0's.
+void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what);
+
+// Every rank passes whether its own input checks passed. If any failed, the lowest failing rank
+// prints "error: <its error>" and every rank exits with status 2.
+void check_all_ok(Comm& comm, bool ok, const std::string& error);
+
+}  // namespace bagualu::dist

@@ -1,0 +1,61 @@
+// Our own reduce-scatter / all-gather, built on Comm::sendrecv, for flat arrays of any length n
+// (n need not divide by P): rank r's shard is [n*r/P, n*(r+1)/P). The reduce-scatter computes
+// the MEAN by online averaging: each hop folds `mean += (x - mean) * w` with w = (contributions
+// in x) / (contributions so far), in float32 even for bf16/fp16 payloads, so the partial result
+// never exceeds max|x| and cannot overflow where a sum would (1024 fp16 values near 60000).
+// Payloads travel in their own dtype (bf16/fp16 halve the bytes); each hop rounds once.
+// Does not do: gradient bucketing, overlap with compute, or sums (use Comm::allreduce_sum).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "dist/comm/comm.h"
+
+namespace bagualu::dist {
+
+struct ShardInfo {
+    size_t offset;
+    size_t size;
+};
+
+// Elements [offset, offset + size) of an n-element array belong to `rank` of P.
+ShardInfo shard_of(size_t n, int rank, int P);
+
+// ring:             P-1 steps to the neighbour, any P; bandwidth-optimal, latency P-1 hops.
+// halving_doubling: recursive halving (reduce-scatter) / doubling (all-gather), log2(P) steps
+//                   between partners r ^ d; power-of-two P only, same bytes as the ring.
+// automatic:        halving_doubling when P is a power of two and the whole array is at most
+//                   kSmallMessageBytes, else ring (latency dominates small messages).
+enum class CollAlgo { automatic, ring, halving_doubling };
+constexpr size_t kSmallMessageBytes = size_t{256} << 10;
+
+// in: (n) on every rank. out: (shard_of(n, rank, P).size), the mean over ranks of that shard.
+// out may alias in's own shard (in-place use); it may not overlap the rest of in.
+void reduce_scatter_mean(Comm& comm, std::span<const float> in, std::span<float> out,
+                         CollAlgo algo = CollAlgo::automatic);
+void reduce_scatter_mean_bf16(Comm& comm, std::span<const uint16_t> in, std::span<uint16_t> out,
+                              CollAlgo algo = CollAlgo::automatic);
+void reduce_scatter_mean_fp16(Comm& comm, std::span<const uint16_t> in, std::span<uint16_t> out,
+                              CollAlgo algo = CollAlgo::automatic);
+
+// shard: this rank's (shard_of(n, rank, P).size) elements. out: (n), every rank's shard in place.
+// shard may already sit at its place inside out.
+void all_gather(Comm& comm, std::span<const float> shard, std::span<float> out,
+                CollAlgo algo = CollAlgo::automatic);
+void all_gather(Comm& comm, std::span<const uint16_t> shard, std::span<uint16_t> out,
+                CollAlgo algo = CollAlgo::automatic);
+
+// In place: data (n) becomes the mean over ranks, identical bits on every rank.
+// = reduce_scatter_mean into this rank's shard of data, then all_gather.
+void allreduce_mean(Comm& comm, std::span<float> data, CollAlgo algo = CollAlgo::automatic);
+void allreduce_mean_bf16(Comm& comm, std::span<uint16_t> data, CollAlgo algo = CollAlgo::automatic);
+void allreduce_mean_fp16(Comm& comm, std::span<uint16_t> data, CollAlgo algo = CollAlgo::automatic);
+
+// The online-averaging fold on one buffer: out[i] = mean[i] + (x[i] - mean[i]) * w, computed in
+// float32 (w = contributions in x / total contributions). out may alias mean or x elementwise.
+void fold_mean(float* out, const float* mean, const float* x, size_t n, float w);
+void fold_mean_bf16(uint16_t* out, const uint16_t* mean, const uint16_t* x, size_t n, float w);
+void fold_mean_fp16(uint16_t* out, const uint16_t* mean, const uint16_t* x, size_t n, float w);
+
+}  // namespace bagualu::dist

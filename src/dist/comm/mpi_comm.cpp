@@ -1,0 +1,257 @@
+// MpiComm: Comm over an MPI communicator, plus world creation (init_world / finalize_world).
+// The only file in the project that includes <mpi.h>. Communicators use MPI_ERRORS_RETURN, and
+// every call goes through BGL_MPI_CHECK, which throws InternalError naming the expression, the
+// world rank and MPI's error string. Element counts above INT_MAX are split into several calls
+// (allreduce, broadcast, point-to-point) or routed to alltoallv_pairwise (alltoallv).
+// The C API only: without these, OpenMPI/MPICH drag in the deprecated C++ bindings (libmpi_cxx).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/comm/alltoallv.h"
+#include "dist/comm/comm.h"
+
+namespace bagualu::dist {
+
+namespace {
+
+bool g_mpi_started_here = false;
+
+int world_rank_or_minus_one() {
+    int initialized = 0;
+    int finalized   = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return -1;
+    int r = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+void mpi_check(int rc, const char* expr, const char* file, int line) {
+    if (rc == MPI_SUCCESS) [[likely]] {
+        return;
+    }
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int len                         = 0;
+    MPI_Error_string(rc, text, &len);
+    throw InternalError(fmt::format("{}:{}: MPI call failed on rank {}: {}: {}", file, line,
+                                    world_rank_or_minus_one(), expr, std::string(text, len)));
+}
+
+#define BGL_MPI_CHECK(expr) mpi_check((expr), #expr, __FILE__, __LINE__)
+
+// Largest element count passed to one MPI call; bigger requests are split.
+constexpr int64_t kMaxCallCount = int64_t{1} << 30;
+constexpr int kTagP2p           = 4711;
+
+bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+class MpiComm final : public Comm {
+   public:
+    MpiComm(MPI_Comm comm, bool owned, bool is_world, bool serialized)
+        : comm_(comm), owned_(owned), is_world_(is_world), serialized_(serialized) {
+        BGL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+        BGL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        BGL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    }
+    ~MpiComm() override {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (owned_ && !finalized) MPI_Comm_free(&comm_);
+    }
+    MpiComm(const MpiComm&)            = delete;
+    MpiComm& operator=(const MpiComm&) = delete;
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    bool threads_serialized() const override { return serialized_; }
+
+    void barrier() override { BGL_MPI_CHECK(MPI_Barrier(comm_)); }
+
+    void broadcast(void* data, size_t bytes, int root) override {
+        auto* p = static_cast<char*>(data);
+        for (size_t off = 0; off < bytes; off += kMaxCallCount) {
+            const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, bytes - off));
+            BGL_MPI_CHECK(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_));
+        }
+    }
+
+    void allreduce_sum(std::span<float> d) override { allreduce(d, MPI_FLOAT, MPI_SUM); }
+    void allreduce_sum(std::span<double> d) override { allreduce(d, MPI_DOUBLE, MPI_SUM); }
+    void allreduce_sum(std::span<int64_t> d) override { allreduce(d, MPI_INT64_T, MPI_SUM); }
+    void allreduce_max(std::span<double> d) override { allreduce(d, MPI_DOUBLE, MPI_MAX); }
+    void allreduce_max(std::span<int64_t> d) override { allreduce(d, MPI_INT64_T, MPI_MAX); }
+
+    void allgather(const void* send, size_t bytes_per_rank, void* recv) override {
+        BGL_CHECK(fits_int(static_cast<int64_t>(bytes_per_rank)),
+                  "allgather of {} bytes per rank exceeds INT_MAX", bytes_per_rank);
+        BGL_MPI_CHECK(MPI_Allgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv,
+                                    static_cast<int>(bytes_per_rank), MPI_BYTE, comm_));
+    }
+
+    void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) override {
+        BGL_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
+                      recv_counts.size() == static_cast<size_t>(size_),
+                  "alltoall needs one count per rank ({}), got {} and {}", size_,
+                  send_counts.size(), recv_counts.size());
+        BGL_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
+                                   MPI_INT64_T, comm_));
+    }
+
+    void alltoallv_bytes(const void* send, std::span<const int64_t> send_counts,
+                         std::span<const int64_t> send_displs, void* recv,
+                         std::span<const int64_t> recv_counts,
+                         std::span<const int64_t> recv_displs, size_t elem_bytes) override {
+        const auto p = static_cast<size_t>(size_);
+        BGL_CHECK(send_counts.size() == p && send_displs.size() == p && recv_counts.size() == p &&
+                      recv_displs.size() == p,
+                  "alltoallv needs counts and displacements for each of {} ranks", size_);
+        BGL_CHECK(elem_bytes > 0 && elem_bytes <= INT_MAX, "bad element size {}", elem_bytes);
+        const auto all_fit = [](std::span<const int64_t> v) {
+            return std::all_of(v.begin(), v.end(), fits_int);
+        };
+        if (!all_fit(send_counts) || !all_fit(send_displs) || !all_fit(recv_counts) ||
+            !all_fit(recv_displs)) {
+            alltoallv_pairwise(*this, send, send_counts, send_displs, recv, recv_counts,
+                               recv_displs, elem_bytes);
+            return;
+        }
+        std::vector<int> sc(p), sd(p), rc(p), rd(p);
+        for (size_t i = 0; i < p; ++i) {
+            sc[i] = static_cast<int>(send_counts[i]);
+            sd[i] = static_cast<int>(send_displs[i]);
+            rc[i] = static_cast<int>(recv_counts[i]);
+            rd[i] = static_cast<int>(recv_displs[i]);
+        }
+        MPI_Datatype elem = MPI_BYTE;
+        if (elem_bytes > 1) {
+            BGL_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(elem_bytes), MPI_BYTE, &elem));
+            BGL_MPI_CHECK(MPI_Type_commit(&elem));
+        }
+        const int rc_call = MPI_Alltoallv(send, sc.data(), sd.data(), elem, recv, rc.data(),
+                                          rd.data(), elem, comm_);
+        if (elem_bytes > 1) MPI_Type_free(&elem);
+        BGL_MPI_CHECK(rc_call);
+    }
+
+    void reduce_scatter_sum_native(std::span<const float> in, std::span<float> out) override {
+        BGL_CHECK(in.size() == out.size() * static_cast<size_t>(size_),
+                  "reduce_scatter_sum_native: in has {} elements, expected {} x {}", in.size(),
+                  size_, out.size());
+        BGL_CHECK(fits_int(static_cast<int64_t>(out.size())), "block of {} exceeds INT_MAX",
+                  out.size());
+        BGL_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(),
+                                               static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM,
+                                               comm_));
+    }
+
+    void sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                  int src) override {
+        std::vector<MPI_Request> reqs;
+        reqs.reserve(2 + (send_bytes + recv_bytes) / kMaxCallCount);
+        auto* r = static_cast<char*>(recv);
+        for (size_t off = 0; off < recv_bytes; off += kMaxCallCount) {
+            const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, recv_bytes - off));
+            BGL_MPI_CHECK(MPI_Irecv(r + off, n, MPI_BYTE, src, kTagP2p, comm_, &reqs.emplace_back()));
+        }
+        const auto* s = static_cast<const char*>(send);
+        for (size_t off = 0; off < send_bytes; off += kMaxCallCount) {
+            const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, send_bytes - off));
+            BGL_MPI_CHECK(
+                MPI_Isend(s + off, n, MPI_BYTE, dest, kTagP2p, comm_, &reqs.emplace_back()));
+        }
+        BGL_MPI_CHECK(
+            MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    }
+
+    std::unique_ptr<Comm> split(int color, int key) override {
+        MPI_Comm out = MPI_COMM_NULL;
+        BGL_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
+        if (out == MPI_COMM_NULL) return nullptr;
+        return std::make_unique<MpiComm>(out, true, false, serialized_);
+    }
+
+    std::unique_ptr<Comm> split_shared() override {
+        MPI_Comm out = MPI_COMM_NULL;
+        BGL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out));
+        return std::make_unique<MpiComm>(out, true, false, serialized_);
+    }
+
+    [[noreturn]] void abort(int code, const std::string& msg) override {
+        std::fflush(stdout);
+        std::fprintf(stderr, "%s\n", msg.c_str());
+        std::fflush(stderr);
+        MPI_Abort(comm_, code);
+        std::_Exit(code);
+    }
+
+    [[noreturn]] void exit_all(int code) override {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        if (!is_world_) {
+            MPI_Abort(comm_, code);
+            std::_Exit(code);
+        }
+        MPI_Finalize();
+        std::exit(code);
+    }
+
+   private:
+    template <typename T>
+    void allreduce(std::span<T> d, MPI_Datatype type, MPI_Op op) {
+        for (size_t off = 0; off < d.size(); off += kMaxCallCount) {
+            const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, d.size() - off));
+            BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
+        }
+    }
+
+    MPI_Comm comm_;
+    bool owned_;       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
+    bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
+    bool serialized_;  // MPI_THREAD_SERIALIZED or better was provided
+    int rank_ = 0;
+    int size_ = 1;
+};
+
+}  // namespace
+
+bool launched_by_mpi() {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+           std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
+}
+
+std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
+    if (!launched_by_mpi()) return make_local_comm();
+    int initialized = 0;
+    BGL_MPI_CHECK(MPI_Initialized(&initialized));
+    BGL_CHECK(!initialized, "init_world called with MPI already initialised");
+    int provided = MPI_THREAD_SINGLE;
+    BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    g_mpi_started_here = true;
+    BGL_CHECK(provided >= MPI_THREAD_FUNNELED,
+              "MPI provides thread level {}, at least MPI_THREAD_FUNNELED ({}) is needed",
+              provided, MPI_THREAD_FUNNELED);
+    auto world = std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true,
+                                           provided >= MPI_THREAD_SERIALIZED);
+    if (world->size() > 1) log::g_rank = world->rank();
+    return world;
+}
+
+void finalize_world() {
+    if (!g_mpi_started_here) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) BGL_MPI_CHECK(MPI_Finalize());
+    g_mpi_started_here = false;
+}
+
+}  // namespace bagualu::dist

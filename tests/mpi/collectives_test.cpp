@@ -1,0 +1,171 @@
+// Our collectives under mpirun: reduce_scatter_mean + all_gather == MPI_Allreduce / P for sizes
+// not divisible by P (ring and halving/doubling), bf16/fp16 payloads against a float reference,
+// and hierarchical all-to-all == flat all-to-all on real and faked node layouts.
+#include "dist/comm/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "dist/comm/alltoallv.h"
+#include "dist/comm/half.h"
+#include "mpi_world.h"
+
+namespace bagualu::dist {
+namespace {
+
+std::vector<CollAlgo> algos_for(int P) {
+    std::vector<CollAlgo> a{CollAlgo::automatic, CollAlgo::ring};
+    if (std::has_single_bit(static_cast<unsigned>(P))) a.push_back(CollAlgo::halving_doubling);
+    return a;
+}
+
+std::vector<size_t> sizes_for(int P) {
+    const auto p = static_cast<size_t>(P);
+    return {0, 1, p - 1, p + 1, 7 * p + 3, 1001, 65537, 300007};
+}
+
+// Every rank's result equals rank 0's, bit for bit.
+bool same_on_every_rank(Comm& w, const void* data, size_t bytes) {
+    std::vector<char> mine(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    std::vector<char> root = mine;
+    w.broadcast(root.data(), bytes, 0);
+    int64_t differs = root != mine;
+    w.allreduce_max(std::span<int64_t>(&differs, 1));
+    return differs == 0;
+}
+
+TEST(Collectives, ReduceScatterAllGatherEqualsMpiAllreduce) {
+    Comm& w     = test_world();
+    const int P = w.size();
+    const int r = w.rank();
+    for (CollAlgo algo : algos_for(P)) {
+        for (size_t n : sizes_for(P)) {
+            Rng rng(1234 + n, static_cast<uint64_t>(r));
+            std::vector<float> x(n);
+            for (auto& v : x) v = static_cast<float>(0.5 + rng.uniform());
+            std::vector<float> ref = x;
+            w.allreduce_sum(std::span<float>(ref));
+            for (auto& v : ref) v /= static_cast<float>(P);
+
+            const ShardInfo s = shard_of(n, r, P);
+            std::vector<float> shard(s.size);
+            reduce_scatter_mean(w, x, shard, algo);
+            std::vector<float> full(n);
+            all_gather(w, shard, full, algo);
+            std::vector<float> in_place = x;
+            allreduce_mean(w, in_place, algo);
+
+            size_t bad = 0;
+            for (size_t i = 0; i < n; ++i) {
+                bad += std::abs(full[i] - ref[i]) > 1e-6f * std::abs(ref[i]);
+                bad += in_place[i] != full[i];
+            }
+            EXPECT_EQ(bad, 0u) << "n=" << n << " algo=" << static_cast<int>(algo);
+            EXPECT_TRUE(same_on_every_rank(w, full.data(), n * sizeof(float)));
+        }
+    }
+}
+
+// Payload variants: inputs are bf16/fp16 values; the reference is their exact mean. Each of the
+// at most P roundings (P-1 hops, then the result) errs by at most u * max|x| (u = 2^-8 bf16,
+// 2^-11 fp16), since a partial mean never exceeds max|x|; earlier errors shrink with each fold.
+TEST(Collectives, HalfPayloadsMatchFloatReference) {
+    Comm& w     = test_world();
+    const int P = w.size();
+    const int r = w.rank();
+    struct Kind {
+        const char* name;
+        uint16_t (*to)(float);
+        float (*from)(uint16_t);
+        void (*allreduce)(Comm&, std::span<uint16_t>, CollAlgo);
+        double u;
+        double center;  // values are center + spread * normal
+        double spread;
+    };
+    const Kind kinds[] = {
+        {"bf16", detail::bf16_from_float, detail::float_from_bf16, allreduce_mean_bf16, 0x1p-8,
+         0.0, 3.0},
+        {"fp16", detail::fp16_from_float, detail::float_from_fp16, allreduce_mean_fp16, 0x1p-11,
+         0.0, 3.0},
+        {"fp16 near 60000", detail::fp16_from_float, detail::float_from_fp16,
+         allreduce_mean_fp16, 0x1p-11, 60000.0, 500.0},
+    };
+    for (const Kind& k : kinds) {
+        for (CollAlgo algo : algos_for(P)) {
+            for (size_t n : {size_t{1000}, size_t{65537}}) {
+                Rng rng(99 + n, static_cast<uint64_t>(r));
+                std::vector<uint16_t> x(n);
+                std::vector<double> ref(n);
+                double maxabs = 0;
+                for (size_t i = 0; i < n; ++i) {
+                    const double v = std::min(k.center + k.spread * rng.normal(), 65000.0);
+                    x[i]           = k.to(static_cast<float>(v));
+                    ref[i]         = k.from(x[i]);
+                    maxabs         = std::max(maxabs, std::abs(ref[i]));
+                }
+                w.allreduce_sum(std::span<double>(ref));
+                w.allreduce_max(std::span<double>(&maxabs, 1));
+                std::vector<uint16_t> got = x;
+                k.allreduce(w, got, algo);
+                double worst = 0;
+                for (size_t i = 0; i < n; ++i) {
+                    const double g = k.from(got[i]);
+                    worst = std::max(worst, std::isfinite(g) ? std::abs(g - ref[i] / P) : 1e30);
+                }
+                EXPECT_LE(worst, P * k.u * maxabs)
+                    << k.name << " n=" << n << " algo=" << static_cast<int>(algo);
+                EXPECT_TRUE(same_on_every_rank(w, got.data(), n * sizeof(uint16_t)));
+            }
+        }
+    }
+}
+
+// Random counts (some zero), send blocks in shuffled order with gaps, receive with gaps.
+void hierarchical_equals_flat(Comm& w, NodeGroups& groups, uint64_t seed) {
+    const int P   = w.size();
+    const int r   = w.rank();
+    const auto up = static_cast<size_t>(P);
+    std::vector<int64_t> sc(up), sd(up), rc(up), rd(up);
+    Rng rng(seed, static_cast<uint64_t>(r));
+    for (auto& c : sc) c = rng.below(4) == 0 ? 0 : static_cast<int64_t>(rng.below(50));
+    int64_t off = 3;
+    for (int q = P - 1; q >= 0; --q) {
+        sd[q] = off;
+        off += sc[q] + static_cast<int64_t>(rng.below(3));
+    }
+    std::vector<float> send(static_cast<size_t>(off));
+    for (auto& v : send) v = static_cast<float>(rng.uniform());
+    w.alltoall(sc, rc);
+    int64_t roff = 0;
+    for (int q = 0; q < P; ++q) {
+        rd[q] = roff;
+        roff += rc[q] + 1;
+    }
+    std::vector<float> flat(static_cast<size_t>(roff), -1.0f), hier(flat.size(), -1.0f);
+    w.alltoallv<float>(send, sc, sd, flat, rc, rd);
+    alltoallv_hierarchical(w, groups, send.data(), sc, sd, hier.data(), rc, rd, sizeof(float));
+    EXPECT_EQ(hier, flat) << "seed " << seed;
+}
+
+TEST(Collectives, HierarchicalAlltoallvEqualsFlat) {
+    Comm& w     = test_world();
+    const int r = w.rank();
+    auto real   = make_node_groups(w);
+    EXPECT_EQ(real.members.size(), 1u);
+    for (uint64_t seed = 0; seed < 3; ++seed) hierarchical_equals_flat(w, real, seed);
+    for (int per_node : {1, 2, 3}) {
+        // Fake nodes of per_node consecutive ranks; key reversed to exercise the rank mapping.
+        auto groups = make_node_groups(w, w.split(r / per_node, -r));
+        EXPECT_EQ(groups.members.size(),
+                  static_cast<size_t>((w.size() + per_node - 1) / per_node));
+        for (uint64_t seed = 10; seed < 13; ++seed) hierarchical_equals_flat(w, groups, seed);
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::dist
