@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -14,7 +15,7 @@ using namespace kernels;
 
 // ---- parameter layout ----
 
-ParamLayout make_layout(const ModelConfig& m) {
+ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
     const int64_t V = m.vocab_size, C = m.d_model, F = m.d_ff, E = m.n_experts, T = m.seq_len;
     ParamLayout   L;
     L.add("wte", {V, C}, true);
@@ -32,10 +33,11 @@ ParamLayout make_layout(const ModelConfig& m) {
         if (m.is_moe_block(l)) {
             L.add(p + "moe.gate.weight", {E, C}, true);
             // one kind of tensor for all experts after the other, so expert e is base + e*stride
-            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
-            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.bias", p, e), {F}, false, true);
-            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.weight", p, e), {C, F}, true, true);
-            for (int e = 0; e < E; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.bias", p, e), {C}, false, true);
+            const int64_t e0 = E / ep_size * ep_rank, e1 = E / ep_size * (ep_rank + 1);
+            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
+            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.bias", p, e), {F}, false, true);
+            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.weight", p, e), {C, F}, true, true);
+            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.bias", p, e), {C}, false, true);
         } else {
             L.add(p + "mlp.c_fc.weight", {F, C}, true);
             L.add(p + "mlp.c_fc.bias", {F}, false);
@@ -49,14 +51,16 @@ ParamLayout make_layout(const ModelConfig& m) {
 }
 
 template <typename P>
-ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base) {
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base, int ep_size,
+                        int ep_rank) {
     auto at = [&](const std::string& name) -> P* {
         const ParamSpec* s = layout.find(name);
         BGL_CHECK(s != nullptr, "no parameter {}", name);
         return base + s->offset;
     };
+    const int El = m.n_experts / ep_size, e0 = El * ep_rank;
     auto stride = [&](const std::string& a, const std::string& b) -> size_t {
-        return m.n_experts > 1 ? layout.find(b)->offset - layout.find(a)->offset : 0;
+        return El > 1 ? layout.find(b)->offset - layout.find(a)->offset : 0;
     };
     ModelTensors<P> t;
     t.wte = at("wte");
@@ -75,14 +79,14 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
         if (m.is_moe_block(l)) {
             b.gate_w = at(p + "moe.gate.weight");
             auto ex  = [&](int e, const char* what) { return fmt::format("{}moe.experts.{}.{}", p, e, what); };
-            b.experts.fc_w          = at(ex(0, "c_fc.weight"));
-            b.experts.fc_b          = at(ex(0, "c_fc.bias"));
-            b.experts.proj_w        = at(ex(0, "c_proj.weight"));
-            b.experts.proj_b        = at(ex(0, "c_proj.bias"));
-            b.experts.fc_w_stride   = stride(ex(0, "c_fc.weight"), ex(1, "c_fc.weight"));
-            b.experts.fc_b_stride   = stride(ex(0, "c_fc.bias"), ex(1, "c_fc.bias"));
-            b.experts.proj_w_stride = stride(ex(0, "c_proj.weight"), ex(1, "c_proj.weight"));
-            b.experts.proj_b_stride = stride(ex(0, "c_proj.bias"), ex(1, "c_proj.bias"));
+            b.experts.fc_w          = at(ex(e0, "c_fc.weight"));
+            b.experts.fc_b          = at(ex(e0, "c_fc.bias"));
+            b.experts.proj_w        = at(ex(e0, "c_proj.weight"));
+            b.experts.proj_b        = at(ex(e0, "c_proj.bias"));
+            b.experts.fc_w_stride   = stride(ex(e0, "c_fc.weight"), ex(e0 + 1, "c_fc.weight"));
+            b.experts.fc_b_stride   = stride(ex(e0, "c_fc.bias"), ex(e0 + 1, "c_fc.bias"));
+            b.experts.proj_w_stride = stride(ex(e0, "c_proj.weight"), ex(e0 + 1, "c_proj.weight"));
+            b.experts.proj_b_stride = stride(ex(e0, "c_proj.bias"), ex(e0 + 1, "c_proj.bias"));
         } else {
             b.fc_w     = at(p + "mlp.c_fc.weight");
             b.fc_b     = at(p + "mlp.c_fc.bias");
@@ -95,17 +99,20 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
     t.lnf_b = at("ln_f.bias");
     return t;
 }
-template ModelTensors<float>       resolve(const ParamLayout&, const ModelConfig&, float*);
-template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*);
+template ModelTensors<float>       resolve(const ParamLayout&, const ModelConfig&, float*, int, int);
+template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*, int, int);
 
 static bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
-    const double resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
-    for (size_t i = 0; i < layout.specs().size(); ++i) {
-        const ParamSpec& s = layout.spec(i);
+    const double      resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
+    const ParamLayout full      = make_layout(m);
+    std::unordered_map<std::string, size_t> index;  // name -> position in the full layout
+    for (size_t i = 0; i < full.specs().size(); ++i) index.emplace(full.spec(i).name, i);
+    for (const ParamSpec& s : layout.specs()) {
+        const size_t i = index.at(s.name);
         float*           p = params + s.offset;
         if (ends_with(s.name, ".bias")) {
             for (size_t j = 0; j < s.numel; ++j) p[j] = 0.0f;
@@ -134,12 +141,15 @@ struct GPT::Acts {
     Buffer<int32_t> tokens, targets;
 };
 
-GPT::GPT(const ModelConfig& cfg, int max_batch)
-    : cfg_(cfg), max_batch_(max_batch), layout_(make_layout(cfg)) {
+GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par)
+    : cfg_(cfg),
+      max_batch_(max_batch),
+      layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)) {
+    const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
     params_ = Buffer<float>(layout_.total_floats());
     grads_  = Buffer<float>(layout_.total_floats());
-    w_      = resolve<const float>(layout_, cfg_, params_.data());
-    g_      = resolve<float>(layout_, cfg_, grads_.data());
+    w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
+    g_      = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
 
     const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
@@ -183,7 +193,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch)
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             moe_index_.push_back(static_cast<int>(moe_.size()));
-            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N)));
+            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par));
         } else {
             moe_index_.push_back(-1);
         }

@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "model/param_layout.h"
+#include "dist/parallel.h"
 #include "moe/moe_layer.h"
 
 namespace bagualu::model {
@@ -46,19 +47,23 @@ struct ModelTensors {
     P*                           lnf_b = nullptr;
 };
 
-// The parameter names, shapes and order of a model (docs/model.md lists them).
-ParamLayout make_layout(const ModelConfig& cfg);
+// The parameter names, shapes and order of a model (docs/model.md lists them). With expert
+// parallelism a rank holds only experts [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of each
+// MoE layer; they keep their global expert ids in their names.
+ParamLayout make_layout(const ModelConfig& cfg, int ep_size = 1, int ep_rank = 0);
 // Resolves the layout's offsets into pointers into `base`.
 template <typename P>
-ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base);
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base,
+                        int ep_size = 1, int ep_rank = 0);
 // GPT-2 initialisation: weights N(0, init_std), residual projections N(0, init_std/sqrt(2L)),
-// biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, index).
+// biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, i + 1), i its
+// index in the full (single-process) layout, so every layout initialises identically.
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed);
 
 class GPT {
    public:
-    // max_batch: the most sequences one forward will see.
-    GPT(const ModelConfig& cfg, int max_batch);
+    // max_batch: the most sequences one forward will see. par: nullptr for one process.
+    GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }

@@ -8,9 +8,8 @@
 
 namespace bagualu::moe {
 
-double topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
-                         int32_t* tokens_per_expert, const float* logits, int N, int E, int K,
-                         double aux_coef) {
+void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
+                       int32_t* tokens_per_expert, const float* logits, int N, int E, int K) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         std::vector<int32_t> order(static_cast<size_t>(E));
         for (int64_t t = begin; t < end; ++t) {
@@ -31,7 +30,7 @@ double topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
             double       s   = 0;
             for (int k = 0; k < K; ++k) s += std::exp(l[order[static_cast<size_t>(k)]] - top);
             for (int k = 0; k < K; ++k) {
-                const int32_t e     = order[static_cast<size_t>(k)];
+                const int32_t e       = order[static_cast<size_t>(k)];
                 expert_idx[t * K + k] = e;
                 probs[t * K + k]      = static_cast<float>(std::exp(l[e] - top) / s);
             }
@@ -39,37 +38,38 @@ double topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
     });
     std::fill(tokens_per_expert, tokens_per_expert + E, 0);
     for (int64_t i = 0; i < static_cast<int64_t>(N) * K; ++i) ++tokens_per_expert[expert_idx[i]];
-    if (aux_coef == 0 || N == 0) return 0.0;
+}
+
+void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E) {
+    std::fill(prob_sum, prob_sum + E, 0.0);
+    for (int64_t t = 0; t < N; ++t) {
+        for (int e = 0; e < E; ++e) prob_sum[e] += softmax_full[t * E + e];
+    }
+}
+
+double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_sum,
+                int64_t n_total, int E, int K, double aux_coef) {
     double aux = 0;
     for (int e = 0; e < E; ++e) {
-        double p = 0;
-        for (int t = 0; t < N; ++t) p += softmax_full[static_cast<int64_t>(t) * E + e];
-        const double f = static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(N) * K);
-        aux += f * (p / N);
+        f[e] = n_total > 0 ? static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(n_total) * K) : 0.0;
+        aux += f[e] * (n_total > 0 ? prob_sum[e] / static_cast<double>(n_total) : 0.0);
     }
     return aux_coef * E * aux;
 }
 
 void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
-                        const int32_t* expert_idx, const float* softmax_full,
-                        const int32_t* tokens_per_expert, int N, int E, int K, double aux_coef,
-                        double daux) {
-    // aux part: d aux / d logits[t, j] = coef E / N * s_tj (f_j - sum_e s_te f_e)
-    std::vector<double> f(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-        f[static_cast<size_t>(e)] = static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(N) * K);
-    }
-    const double aux_scale = (N > 0) ? daux * aux_coef * E / N : 0.0;
+                        const int32_t* expert_idx, const float* softmax_full, const double* f,
+                        int64_t n_total, int N, int E, int K, double aux_coef, double daux) {
+    // aux part: d aux / d logits[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te f_e)
+    const double aux_scale = n_total > 0 ? daux * aux_coef * E / static_cast<double>(n_total) : 0.0;
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             float*       dl = dlogits + t * E;
             const float* s  = softmax_full + t * E;
             if (aux_scale != 0) {
                 double sf = 0;
-                for (int e = 0; e < E; ++e) sf += s[e] * f[static_cast<size_t>(e)];
-                for (int e = 0; e < E; ++e) {
-                    dl[e] = static_cast<float>(aux_scale * s[e] * (f[static_cast<size_t>(e)] - sf));
-                }
+                for (int e = 0; e < E; ++e) sf += s[e] * f[e];
+                for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(aux_scale * s[e] * (f[e] - sf));
             } else {
                 std::fill(dl, dl + E, 0.0f);
             }

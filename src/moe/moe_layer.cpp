@@ -7,10 +7,19 @@
 
 namespace bagualu::moe {
 
-MoELayer::MoELayer(const MoEShape& s, int max_tokens) : s_(s), max_tokens_(max_tokens) {
+MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
+    : s_(s), max_tokens_(max_tokens), El_(s.E), par_(par) {
+    const int ep = par ? par->ep_size() : 1;
+    BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
+    El_ = s.E / ep;
     const size_t N = static_cast<size_t>(max_tokens), E = static_cast<size_t>(s.E),
                  K = static_cast<size_t>(s.K), C = static_cast<size_t>(s.C),
                  F = static_cast<size_t>(s.F);
+    size_t R = N * K;  // rows this rank's experts may receive
+    if (ep > 1) {
+        dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K));
+        R           = static_cast<size_t>(dispatcher_->max_local_rows());
+    }
     logits_            = Buffer<float>(N * E);
     softmax_full_      = Buffer<float>(N * E);
     probs_             = Buffer<float>(N * K);
@@ -19,15 +28,24 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens) : s_(s), max_tokens_(max_t
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);
     offsets_           = Buffer<int32_t>(E + 1);
-    x_perm_            = Buffer<float>(N * K * C);
-    h_                 = Buffer<float>(N * K * F);
-    g_                 = Buffer<float>(N * K * F);
-    y_perm_            = Buffer<float>(N * K * C);
-    dy_perm_           = Buffer<float>(N * K * C);
-    dh_                = Buffer<float>(N * K * F);
-    dx_perm_           = Buffer<float>(N * K * C);
-    dprobs_            = Buffer<float>(N * K);
-    dlogits_           = Buffer<float>(N * E);
+    global_tpe_.resize(E);
+    prob_sum_.resize(E);
+    f_.resize(E);
+    x_perm_   = Buffer<float>(N * K * C);
+    y_perm_   = Buffer<float>(N * K * C);
+    h_        = Buffer<float>(R * F);
+    g_        = Buffer<float>(R * F);
+    dh_       = Buffer<float>(R * F);
+    dy_perm_  = Buffer<float>(N * K * C);
+    dx_perm_  = Buffer<float>(N * K * C);
+    dprobs_   = Buffer<float>(N * K);
+    dlogits_  = Buffer<float>(N * E);
+    if (dispatcher_) {
+        x_local_  = Buffer<float>(R * C);
+        y_local_  = Buffer<float>(R * C);
+        dy_local_ = Buffer<float>(R * C);
+        dx_local_ = Buffer<float>(R * C);
+    }
 }
 
 double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int N) {
@@ -35,14 +53,34 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     n_ = N;
     const int C = s_.C, E = s_.E, K = s_.K;
     kernels::linear_forward(logits_.data(), inp, w.gate_w, nullptr, N, C, E);
-    const double aux =
-        topk_gate_forward(probs_.data(), expert_idx_.data(), softmax_full_.data(),
-                          tokens_per_expert_.data(), logits_.data(), N, E, K, s_.aux_coef);
+    topk_gate_forward(probs_.data(), expert_idx_.data(), softmax_full_.data(),
+                      tokens_per_expert_.data(), logits_.data(), N, E, K);
+    // aux-loss statistics over all ranks' tokens of this micro-step
+    for (int e = 0; e < E; ++e) global_tpe_[static_cast<size_t>(e)] = tokens_per_expert_[e];
+    gate_prob_sums(prob_sum_.data(), softmax_full_.data(), N, E);
+    n_total_ = N;
+    if (par_ && par_->size() > 1) {
+        par_->world().allreduce_sum(std::span<int64_t>(global_tpe_));
+        par_->world().allreduce_sum(std::span<double>(prob_sum_));
+        n_total_ *= par_->size();  // every rank runs the same number of tokens
+    }
+    const double aux = s_.aux_coef > 0
+                           ? aux_loss(f_.data(), global_tpe_.data(), prob_sum_.data(), n_total_, E, K, s_.aux_coef)
+                           : 0.0;
+
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), expert_idx_.data(),
                   tokens_per_expert_.data(), N, E, K);
     permute_forward(x_perm_.data(), inp, token_of_row_.data(), N * K, C);
-    experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
-                    offsets_.data(), E, C, s_.F);
+    if (dispatcher_) {
+        dispatcher_->dispatch_preprocess(tokens_per_expert_.data());
+        dispatcher_->dispatch(x_local_.data(), x_perm_.data());
+        experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
+                        dispatcher_->local_offsets(), El_, C, s_.F);
+        dispatcher_->combine(y_perm_.data(), y_local_.data());
+    } else {
+        experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
+                        offsets_.data(), El_, C, s_.F);
+    }
     unpermute_forward(out, y_perm_.data(), probs_.data(), row_of_.data(), N, K, C);
     return aux;
 }
@@ -52,11 +90,19 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     const int N = n_, C = s_.C, E = s_.E, K = s_.K;
     unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), probs_.data(),
                        row_of_.data(), N, K, C);
-    experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
-                     h_.data(), g_.data(), w.experts, offsets_.data(), E, C, s_.F);
+    if (dispatcher_) {
+        // the adjoint of combine is dispatch, and of dispatch is combine
+        dispatcher_->dispatch(dy_local_.data(), dy_perm_.data());
+        experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(), x_local_.data(),
+                         h_.data(), g_.data(), w.experts, dispatcher_->local_offsets(), El_, C, s_.F);
+        dispatcher_->combine(dx_perm_.data(), dx_local_.data());
+    } else {
+        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
+                         h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F);
+    }
     topk_gate_backward(dlogits_.data(), dprobs_.data(), probs_.data(), expert_idx_.data(),
-                       softmax_full_.data(), tokens_per_expert_.data(), N, E, K, s_.aux_coef,
-                       daux);
+                       softmax_full_.data(), f_.data(), n_total_, N, E, K,
+                       s_.aux_coef > 0 ? s_.aux_coef : 0.0, daux);
     kernels::linear_backward(dinp, dw.gate_w, nullptr, dlogits_.data(), inp, w.gate_w, N, C, E);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
 }

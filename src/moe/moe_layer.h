@@ -1,20 +1,26 @@
-// One MoE feed-forward layer on one process:
-//   forward:  gate logits -> top-k gate -> routing -> permute -> experts -> unpermute (combine)
+// One MoE feed-forward layer:
+//   forward:  gate logits -> top-k gate -> routing -> permute -> [dispatch] -> experts
+//             -> [combine] -> unpermute (weighted sum)
 //   backward: the same steps in reverse order.
+// With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
+// the all-to-all moves of TokenDispatcher. The aux loss uses counts and router probabilities
+// summed over all ranks, so it is the same number on every rank and for any layout.
 // Owns the state saved between forward and backward, sized once for max_tokens.
-// Distributed dispatch (all-to-all) slots in between permute and experts; see docs/model.md.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/buffer.h"
+#include "dist/parallel.h"
 #include "moe/experts.h"
+#include "moe/token_dispatcher.h"
 
 namespace bagualu::moe {
 
 struct MoEWeights {
     const float*  gate_w = nullptr;  // (E, C), no bias
-    ExpertWeights experts;
+    ExpertWeights experts;           // the local experts
 };
 struct MoEGrads {
     float*      gate_w = nullptr;
@@ -28,7 +34,8 @@ struct MoEShape {
 
 class MoELayer {
    public:
-    MoELayer(const MoEShape& shape, int max_tokens);
+    // par: nullptr for a single process.
+    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr);
 
     // out: (N, C), overwritten. inp: (N, C). Returns the aux loss (already times aux_coef).
     double forward(float* out, const float* inp, const MoEWeights& w, int N);
@@ -36,23 +43,33 @@ class MoELayer {
     void backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                   const MoEWeights& w, double daux);
 
-    // After forward: (E) tokens routed to each expert, counting every (token, slot) pair.
+    // After forward, this rank's tokens: (E) rows routed to each global expert.
     const int32_t* tokens_per_expert() const { return tokens_per_expert_.data(); }
+    // After forward: (E) rows routed to each expert summed over all ranks.
+    const int64_t* global_tokens_per_expert() const { return global_tpe_.data(); }
     // After forward: (N, K) expert ids and gate weights.
     const int32_t* expert_idx() const { return expert_idx_.data(); }
     const float*   probs() const { return probs_.data(); }
+    int            n_local_experts() const { return El_; }
 
    private:
-    MoEShape s_;
-    int      max_tokens_;
-    int      n_ = 0;  // tokens of the last forward
+    MoEShape                         s_;
+    int                              max_tokens_;
+    int                              El_;  // local experts
+    dist::ParallelContext*           par_;
+    std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
+    int                              n_ = 0;       // tokens of the last forward
+    int64_t                          n_total_ = 0; // tokens of the last forward on all ranks
     // saved for backward
-    Buffer<float>   logits_, softmax_full_, probs_;       // (N,E) (N,E) (N,K)
-    Buffer<int32_t> expert_idx_, tokens_per_expert_;      // (N,K) (E)
-    Buffer<int32_t> row_of_, token_of_row_, offsets_;     // (N*K) (N*K) (E+1)
-    Buffer<float>   x_perm_, h_, g_, y_perm_;             // (N*K,C) (N*K,F) (N*K,F) (N*K,C)
+    Buffer<float>        logits_, softmax_full_, probs_;    // (N,E) (N,E) (N,K)
+    Buffer<int32_t>      expert_idx_, tokens_per_expert_;   // (N,K) (E)
+    Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
+    std::vector<int64_t> global_tpe_;                       // [E]
+    std::vector<double>  prob_sum_, f_;                     // [E]
+    Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
+    Buffer<float>        x_local_, h_, g_, y_local_;        // (R, C) (R, F) (R, F) (R, C), R local rows
     // backward scratch
-    Buffer<float> dy_perm_, dh_, dx_perm_, dprobs_, dlogits_;
+    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_, dlogits_;
 };
 
 }  // namespace bagualu::moe

@@ -8,22 +8,26 @@
 namespace bagualu::train {
 
 EvalResult evaluate(model::GPT& gpt, std::span<const int32_t> val_tokens, int micro_batch,
-                    int64_t max_batches) {
-    const int     T         = gpt.config().seq_len;
-    const int64_t n_windows = (static_cast<int64_t>(val_tokens.size()) - 1) / T;
+                    int64_t max_batches, dist::ParallelContext* par) {
+    const int     T      = gpt.config().seq_len;
+    const int     P      = par ? par->size() : 1;
+    const int     rank   = par ? par->rank() : 0;
+    const int64_t W      = std::min<int64_t>((static_cast<int64_t>(val_tokens.size()) - 1) / T,
+                                             max_batches * micro_batch * P) / P * P;
+    const int64_t per    = W / P;  // windows of this rank, the same on every rank
+    const int64_t first0 = per * rank;
     std::vector<int32_t> inputs(static_cast<size_t>(micro_batch) * T), targets(inputs.size());
-    double        sum    = 0;
-    int64_t       tokens = 0;
-    for (int64_t b = 0; b < max_batches; ++b) {
-        const int64_t first = b * micro_batch;
-        if (first >= n_windows) break;
-        const int B = static_cast<int>(std::min<int64_t>(micro_batch, n_windows - first));
-        data::sequential_batch(val_tokens, T, first, B, inputs.data(), targets.data());
+    double  sum[2] = {0, 0};  // loss x tokens, tokens
+    for (int64_t done = 0; done < per; done += micro_batch) {
+        const int B = static_cast<int>(std::min<int64_t>(micro_batch, per - done));
+        data::sequential_batch(val_tokens, T, first0 + done, B, inputs.data(), targets.data());
         const double loss = gpt.forward(inputs.data(), targets.data(), B, T);
-        sum += loss * B * T;
-        tokens += static_cast<int64_t>(B) * T;
+        sum[0] += loss * B * T;
+        sum[1] += static_cast<double>(B) * T;
     }
-    return EvalResult{tokens > 0 ? sum / static_cast<double>(tokens) : 0.0, tokens};
+    if (P > 1) par->world().allreduce_sum(std::span<double>(sum, 2));
+    const auto tokens = static_cast<int64_t>(sum[1]);
+    return EvalResult{tokens > 0 ? sum[0] / sum[1] : 0.0, tokens};
 }
 
 }  // namespace bagualu::train

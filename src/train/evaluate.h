@@ -1,6 +1,7 @@
-// Validation loss: mean cross-entropy over the first max_batches batches of micro_batch
-// windows of the val split, in file order. Used by training and by `bagualu eval`, so both
-// compute exactly the same number for the same weights.
+// Validation loss: mean cross-entropy over the first W windows of the val split, in file order,
+// W = min(windows in the file, max_batches * micro_batch * P) rounded down to a multiple of P;
+// rank r evaluates windows [r W/P, (r+1) W/P) in batches of micro_batch, and the sums are
+// added over ranks. Used by training and by `bagualu eval`, so both compute the same number.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -14,7 +15,8 @@ struct EvalResult {
     int64_t tokens = 0;
 };
 
+// par: nullptr for one process.
 EvalResult evaluate(model::GPT& gpt, std::span<const int32_t> val_tokens, int micro_batch,
-                    int64_t max_batches);
+                    int64_t max_batches, dist::ParallelContext* par = nullptr);
 
 }  // namespace bagualu::train

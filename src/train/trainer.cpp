@@ -1,6 +1,6 @@
 #include "train/trainer.h"
 
-#include <unistd.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "dist/comm/checks.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/peak.h"
@@ -20,6 +21,8 @@
 #include "model/model_io.h"
 #include "report/metrics.h"
 #include "train/evaluate.h"
+#include "train/full_params.h"
+#include "train/grad_sync.h"
 #include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/samples.h"
@@ -45,54 +48,114 @@ static void prepare_run_dir(const std::string& dir, bool force) {
     if (ec) input_error("{}: cannot create run directory: {}", dir, ec.message());
 }
 
-TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt) {
-    const auto t_start = Clock::now();
-    set_compute_threads(cfg.train.threads);
-    const ModelConfig& m  = cfg.model;
-    const int          T  = m.seq_len;
-    const int          MB = static_cast<int>(cfg.micro_batch());
-    const int64_t      accum = cfg.grad_accum_steps();
+// A hash of this executable, so ranks can check they run the same build.
+static uint64_t binary_hash() {
+    std::ifstream     f("/proc/self/exe", std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    return XXH64(bytes.data(), bytes.size(), 0);
+}
 
-    data::Dataset ds = data::load_dataset(cfg);
-    prepare_run_dir(cfg.train.run_dir, opt.force);
+// Per-expert load of one MoE layer: max over mean of the rows each expert received (all ranks).
+static double load_max_over_mean(const int64_t* tpe, int E) {
+    double mx = 0, total = 0;
+    for (int e = 0; e < E; ++e) {
+        mx = std::max(mx, static_cast<double>(tpe[e]));
+        total += static_cast<double>(tpe[e]);
+    }
+    return total > 0 ? mx / (total / E) : 0.0;
+}
+
+TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
+                          dist::ParallelContext* par_in) {
+    const auto t_start = Clock::now();
+    std::unique_ptr<dist::ParallelContext> single;
+    dist::ParallelContext* par = par_in;
+    if (!par) {
+        single = dist::ParallelContext::single();
+        par    = single.get();
+    }
+    const int  P    = par->size();
+    const bool root = par->rank() == 0;
+    set_compute_threads(cfg.train.threads);
+    const ModelConfig& m = cfg.model;
+    const int          T = m.seq_len;
+
+    // ---- set-up: every input check before the first collective of the model ----
+    data::Dataset ds;
     {
+        std::string error;
+        try {
+            validate_layout(cfg, P);
+            ds = data::load_dataset(cfg);
+            if (root) prepare_run_dir(cfg.train.run_dir, opt.force);
+        } catch (const InputError& e) {
+            error = e.what();
+        }
+        if (P > 1) {
+            dist::check_all_ok(par->world(), error.empty(), error);
+            const std::string toml = to_toml(cfg);
+            dist::check_same_everywhere(par->world(), XXH64(toml.data(), toml.size(), 0),
+                                        "the resolved config");
+            dist::check_same_everywhere(par->world(), binary_hash(), "the bagualu binary");
+        } else if (!error.empty()) {
+            throw InputError(error);
+        }
+    }
+    const int     MB    = static_cast<int>(cfg.micro_batch(P));
+    const int64_t accum = cfg.grad_accum_steps(P);
+    if (root) {
         std::ofstream f(cfg.train.run_dir + "/config.toml");
         f << to_toml(cfg);
     }
 
-    model::GPT gpt(m, MB);
+    model::GPT gpt(m, MB, par);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
-    const size_t  n_floats = gpt.n_floats();
-    Buffer<float> adam_m(n_floats), adam_v(n_floats);
+    const size_t               n_floats = gpt.n_floats();
+    Buffer<float>              adam_m(n_floats), adam_v(n_floats);
+    const std::vector<Segment> segs = make_segments(gpt.layout());
 
+    // Every rank walks the same global order; rank r trains on its slice of each micro-step.
     data::SequenceSampler sampler(ds.train, T, cfg.train.seed);
-    std::vector<int32_t>  inputs(static_cast<size_t>(MB) * T), targets(inputs.size());
+    const size_t          slice = static_cast<size_t>(MB) * T;
+    std::vector<int32_t>  g_inputs(slice * static_cast<size_t>(P)), g_targets(g_inputs.size());
+    const int32_t*        inputs  = g_inputs.data() + slice * static_cast<size_t>(par->rank());
+    const int32_t*        targets = g_targets.data() + slice * static_cast<size_t>(par->rank());
 
-    const double peak_gflops     = kernels::measure_peak_gflops_f32(0.2);
-    const double flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
-    const int64_t tokens_per_step = cfg.train.batch_size * T;
+    const double  peak_gflops     = kernels::measure_peak_gflops_f32(0.2);
+    const double  flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
+    const int64_t tokens_per_step = cfg.train.batch_size * T;       // all ranks
 
-    log::info0("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
-               gpt.layout().num_params(), m.n_layer,
-               m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
-    log::info0("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} tokens, "
-               "{} micro-batch(es) of {}",
-               ds.train.size(), sampler.num_windows(), T + 1, ds.val.size(), cfg.train.batch_size,
-               T, accum, MB);
-    log::info0("compute: {} threads, gemm {}, measured peak {:.1f} GFLOP/s fp32",
-               compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
+    if (root) {
+        log::info("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
+                  model::make_layout(m).num_params(), m.n_layer,
+                  m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
+        log::info("layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
+                  "per MoE layer",
+                  P, par->ep_size(), par->edp_size(), m.n_experts / par->ep_size());
+        log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
+                  "tokens = {} micro-batch(es) of {} per rank",
+                  ds.train.size(), sampler.num_windows(), T + 1, ds.val.size(),
+                  cfg.train.batch_size, T, accum, MB);
+        log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
+                  compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
+    }
 
-    std::ofstream metrics(cfg.train.run_dir + "/metrics.jsonl", std::ios::trunc);
-    if (!metrics) input_error("{}/metrics.jsonl: cannot write", cfg.train.run_dir);
-    auto emit = [&](const nlohmann::json& j) { metrics << j.dump() << "\n" << std::flush; };
+    std::ofstream metrics;
+    if (root) {
+        metrics.open(cfg.train.run_dir + "/metrics.jsonl", std::ios::trunc);
+        if (!metrics) throw InputError(cfg.train.run_dir + "/metrics.jsonl: cannot write");
+    }
+    auto emit = [&](const nlohmann::json& j) {
+        if (root) metrics << j.dump() << "\n" << std::flush;
+    };
 
-    Progress     progress(opt.quiet ? Progress::Mode::Quiet : Progress::Mode::Auto);
+    Progress     progress(opt.quiet || !root ? Progress::Mode::Quiet : Progress::Mode::Auto);
     TrainSummary sum;
     sum.run_dir             = cfg.train.run_dir;
     sum.val_unigram_entropy = ds.val_unigram_entropy;
 
     auto run_eval = [&](int64_t step) {
-        const EvalResult r = evaluate(gpt, ds.val, MB, cfg.train.eval_batches);
+        const EvalResult r = evaluate(gpt, ds.val, MB, cfg.train.eval_batches, par);
         emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
               {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start)}});
         progress.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,
@@ -100,26 +163,31 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt) {
         return r.loss;
     };
 
-    const auto t_train = Clock::now();
-    double     window_time = 0;
+    const auto t_train      = Clock::now();
+    double     window_time  = 0;
     int64_t    window_steps = 0;
     for (int64_t step = 0; step < cfg.train.steps; ++step) {
         const auto t0 = Clock::now();
         gpt.zero_grad();
         double loss = 0, aux = 0;
         for (int64_t micro = 0; micro < accum; ++micro) {
-            sampler.next_batch(inputs.data(), targets.data(), MB);
-            loss += gpt.forward(inputs.data(), targets.data(), MB, T) / static_cast<double>(accum);
+            sampler.next_batch(g_inputs.data(), g_targets.data(), MB * P);
+            loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
             gpt.backward(1.0f / static_cast<float>(accum));
+        }
+        if (P > 1) {
+            par->world().allreduce_sum(std::span<double>(&loss, 1));
+            loss /= P;
         }
         if (!std::isfinite(loss)) {
             throw InternalError(fmt::format(
                 "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
                 step + 1, loss));
         }
-        float*       grads = gpt.grads();
-        const double norm  = std::sqrt(kernels::sum_squares(grads, n_floats));
+        float* grads = gpt.grads();
+        reduce_gradients(grads, segs, *par);
+        const double norm = global_grad_norm(grads, segs, par);
         if (cfg.train.grad_clip > 0 && norm > cfg.train.grad_clip) {
             kernels::scale_inplace(grads, static_cast<float>(cfg.train.grad_clip / norm), n_floats);
         }
@@ -141,22 +209,16 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt) {
 
         const bool last = step + 1 == cfg.train.steps;
         if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
-            const double tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
-            const double mfu = peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0;
-            nlohmann::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                                {"tokens_per_s", tps}, {"mfu", mfu},
-                                {"elapsed_s", seconds_since(t_start)}};
+            const double   tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
+            const double   mfu = peak_gflops > 0 ? tps * flops_per_token / (P * peak_gflops * 1e9) : 0;
+            nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
+                                  {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
+                                  {"elapsed_s", seconds_since(t_start)}};
             if (!gpt.moe_layers().empty()) {
-                j["aux_loss"] = aux;
-                nlohmann::json loads = nlohmann::json::array();
+                j["aux_loss"]          = aux;
+                nlohmann::json loads   = nlohmann::json::array();
                 for (const auto& layer : gpt.moe_layers()) {
-                    const int32_t* tpe = layer->tokens_per_expert();
-                    double         mx = 0, total = 0;
-                    for (int e = 0; e < m.n_experts; ++e) {
-                        mx = std::max(mx, static_cast<double>(tpe[e]));
-                        total += tpe[e];
-                    }
-                    loads.push_back(total > 0 ? mx / (total / m.n_experts) : 0.0);
+                    loads.push_back(load_max_over_mean(layer->global_tokens_per_expert(), m.n_experts));
                 }
                 j["expert_load_max_over_mean"] = loads;
             }
@@ -175,23 +237,27 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt) {
     sum.steps          = cfg.train.steps;
     sum.final_val_loss = run_eval(cfg.train.steps);
 
-    sum.model_dir = cfg.train.run_dir + "/model";
-    model::save_model(sum.model_dir, m, gpt.params(), false,
-                      ds.has_tokenizer ? cfg.data.tokenizer : std::string(),
-                      {{"step", std::to_string(cfg.train.steps)},
-                       {"val_loss", fmt::format("{:.9g}", sum.final_val_loss)}});
-    report::write_loss_chart(cfg.train.run_dir);
-    progress.finish();
-
-    log::info0("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s", sum.final_val_loss,
-               std::exp(sum.final_val_loss), sum.steps, seconds_since(t_start));
-    if (sum.val_unigram_entropy >= 0) {
-        log::info0("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
-                   sum.val_unigram_entropy, sum.val_unigram_entropy - sum.final_val_loss);
-    }
-    log::info0("run directory {}: config.toml metrics.jsonl loss.svg model/", cfg.train.run_dir);
-    if (!opt.quiet && ds.has_tokenizer && cfg.sample.n_samples > 0) {
-        print_samples(m, gpt.params(), cfg.data.tokenizer, cfg.sample);
+    const Buffer<float> full = gather_full_params(gpt, par);
+    sum.model_dir            = cfg.train.run_dir + "/model";
+    if (root) {
+        model::save_model(sum.model_dir, m, full.data(), false,
+                          ds.has_tokenizer ? cfg.data.tokenizer : std::string(),
+                          {{"step", std::to_string(cfg.train.steps)},
+                           {"val_loss", fmt::format("{:.9g}", sum.final_val_loss)}});
+        metrics.close();
+        report::write_loss_chart(cfg.train.run_dir);
+        progress.finish();
+        log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
+                  sum.final_val_loss, std::exp(sum.final_val_loss), sum.steps,
+                  seconds_since(t_start));
+        if (sum.val_unigram_entropy >= 0) {
+            log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
+                      sum.val_unigram_entropy, sum.val_unigram_entropy - sum.final_val_loss);
+        }
+        log::info("run directory {}: config.toml metrics.jsonl loss.svg model/", cfg.train.run_dir);
+        if (!opt.quiet && ds.has_tokenizer && cfg.sample.n_samples > 0) {
+            print_samples(m, full.data(), cfg.data.tokenizer, cfg.sample);
+        }
     }
     return sum;
 }

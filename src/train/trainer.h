@@ -1,11 +1,14 @@
-// The training loop of one process: data, model, AdamW, schedule, clipping, gradient
-// accumulation, periodic validation, metrics.jsonl, progress line, and the exported model and
-// loss chart at the end. Deterministic for a given config (seed included).
+// The training loop: data, model, AdamW, schedule, clipping, gradient accumulation, periodic
+// validation, metrics.jsonl, progress line, and the exported model and loss chart at the end.
+// Runs on one process or on P ranks in the MoDa layout (dist/parallel.h): each rank trains on
+// its slice of every global batch; dense gradients are averaged over all ranks, expert
+// gradients over their expert-data-parallel group. Deterministic for a given config.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "config/config.h"
+#include "dist/parallel.h"
 
 namespace bagualu::train {
 
@@ -24,6 +27,9 @@ struct TrainSummary {
     std::string model_dir;
 };
 
-TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt = {});
+// par: the process layout (nullptr: one process). Collective over par->world().
+// Input problems found before the first step end every rank with one message (exit 2).
+TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt = {},
+                          dist::ParallelContext* par = nullptr);
 
 }  // namespace bagualu::train

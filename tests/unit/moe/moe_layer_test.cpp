@@ -133,7 +133,11 @@ TEST(TopKGateTest, AuxLossMatchesDefinition) {
     std::vector<float> logits(N * E), probs(N * K), sm(N * E);
     for (auto& v : logits) v = static_cast<float>(rng.normal());
     std::vector<int32_t> idx(N * K), tpe(E);
-    const double aux = topk_gate_forward(probs.data(), idx.data(), sm.data(), tpe.data(), logits.data(), N, E, K, 0.5);
+    topk_gate_forward(probs.data(), idx.data(), sm.data(), tpe.data(), logits.data(), N, E, K);
+    std::vector<double>  psum(E), f(E);
+    std::vector<int64_t> tpe64(tpe.begin(), tpe.end());
+    gate_prob_sums(psum.data(), sm.data(), N, E);
+    const double aux = aux_loss(f.data(), tpe64.data(), psum.data(), N, E, K, 0.5);
     double       expect = 0;
     for (int e = 0; e < E; ++e) {
         double P = 0;

@@ -1,0 +1,49 @@
+// The MoDa process layout: P ranks; each MoE layer's experts are spread over EP consecutive
+// ranks (an expert-parallel group, `ep`), and the P/EP groups are data-parallel replicas of each
+// other: ranks holding the same experts form an expert-data-parallel group (`edp`).
+// Dense parameters are replicated on all P ranks (data parallel over `world`).
+//   ep_rank  = rank % EP     edp_rank = rank / EP
+//   rank r holds global experts [ep_rank * E/EP, (ep_rank + 1) * E/EP) of every MoE layer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "dist/comm/alltoallv.h"
+#include "dist/comm/comm.h"
+
+namespace bagualu::dist {
+
+class ParallelContext {
+   public:
+    // Collective over world. ep_size must divide world.size().
+    ParallelContext(Comm& world, int ep_size, bool hierarchical_a2a);
+    // A single process: every group is the process itself.
+    static std::unique_ptr<ParallelContext> single();
+
+    Comm& world() { return *world_; }
+    Comm& ep() { return *ep_; }
+    Comm& edp() { return *edp_; }
+    int   rank() const { return rank_; }
+    int   size() const { return size_; }
+    int   ep_size() const { return ep_size_; }
+    int   ep_rank() const { return ep_rank_; }
+    int   edp_size() const { return size_ / ep_size_; }
+    int   edp_rank() const { return rank_ / ep_size_; }
+
+    // All-to-all(v) over the expert-parallel group, flat or hierarchical per the config.
+    void ep_alltoallv(const void* send, std::span<const int64_t> send_counts,
+                      std::span<const int64_t> send_displs, void* recv,
+                      std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                      size_t elem_bytes);
+
+   private:
+    ParallelContext() = default;
+    Comm*                       world_ = nullptr;  // [not null]
+    std::unique_ptr<Comm>       owned_world_;      // only for single()
+    std::unique_ptr<Comm>       ep_, edp_;         // [not null]
+    std::unique_ptr<NodeGroups> ep_nodes_;         // [not null iff hierarchical]
+    int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;
+};
+
+}  // namespace bagualu::dist

@@ -1,0 +1,90 @@
+#include "moe/token_dispatcher.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace bagualu::moe {
+
+TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows)
+    : par_(par),
+      E_(E),
+      El_(E / par.ep_size()),
+      C_(C),
+      max_rows_(max_rows),
+      ep_size_(par.ep_size()),
+      ep_rank_(par.ep_rank()),
+      counts_(static_cast<size_t>(par.ep_size() * E)),
+      send_counts_(static_cast<size_t>(par.ep_size())),
+      send_displs_(static_cast<size_t>(par.ep_size())),
+      recv_counts_(static_cast<size_t>(par.ep_size())),
+      recv_displs_(static_cast<size_t>(par.ep_size())),
+      local_offsets_(static_cast<size_t>(E / par.ep_size() + 1)),
+      staging_(static_cast<size_t>(par.ep_size()) * static_cast<size_t>(max_rows) * static_cast<size_t>(C)) {}
+
+void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
+    std::vector<int64_t> mine(tokens_per_expert, tokens_per_expert + E_);
+    par_.ep().allgather(mine.data(), sizeof(int64_t) * static_cast<size_t>(E_), counts_.data());
+    int64_t off = 0;
+    for (int q = 0; q < ep_size_; ++q) {
+        int64_t rows = 0;
+        for (int e = q * El_; e < (q + 1) * El_; ++e) rows += tokens_per_expert[e];
+        send_counts_[static_cast<size_t>(q)] = rows * C_;
+        send_displs_[static_cast<size_t>(q)] = off * C_;
+        off += rows;
+    }
+    off = 0;
+    for (int s = 0; s < ep_size_; ++s) {
+        int64_t rows = 0;
+        for (int e = 0; e < El_; ++e) rows += counts_[static_cast<size_t>(s * E_ + ep_rank_ * El_ + e)];
+        recv_counts_[static_cast<size_t>(s)] = rows * C_;
+        recv_displs_[static_cast<size_t>(s)] = off * C_;
+        off += rows;
+    }
+    BGL_CHECK(off <= static_cast<int64_t>(ep_size_) * max_rows_, "{} rows exceed the planned {}", off,
+              static_cast<int64_t>(ep_size_) * max_rows_);
+    local_offsets_[0] = 0;
+    for (int e = 0; e < El_; ++e) {
+        int64_t rows = 0;
+        for (int s = 0; s < ep_size_; ++s) rows += counts_[static_cast<size_t>(s * E_ + ep_rank_ * El_ + e)];
+        local_offsets_[static_cast<size_t>(e) + 1] = local_offsets_[static_cast<size_t>(e)] + static_cast<int32_t>(rows);
+    }
+}
+
+// Copies between the [source][local expert] staging layout and [local expert][source]:
+// kToLocal: staging -> local; otherwise local -> staging.
+template <bool kToLocal>
+static void reorder(const float* from, float* to, const std::vector<int64_t>& counts,
+                    const std::vector<int64_t>& recv_displs, int ep_size, int E, int El, int ep_rank,
+                    int C) {
+    int64_t dst = 0;
+    for (int e = 0; e < El; ++e) {
+        for (int s = 0; s < ep_size; ++s) {
+            int64_t src = recv_displs[static_cast<size_t>(s)] / C;
+            for (int e2 = 0; e2 < e; ++e2) src += counts[static_cast<size_t>(s * E + ep_rank * El + e2)];
+            const int64_t rows  = counts[static_cast<size_t>(s * E + ep_rank * El + e)];
+            const size_t  bytes = sizeof(float) * static_cast<size_t>(rows * C);
+            if (bytes == 0) continue;
+            if constexpr (kToLocal) {
+                std::memcpy(to + dst * C, from + src * C, bytes);
+            } else {
+                std::memcpy(to + src * C, from + dst * C, bytes);
+            }
+            dst += rows;
+        }
+    }
+}
+
+void TokenDispatcher::dispatch(float* x_local, const float* x_perm) {
+    par_.ep_alltoallv(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
+                      sizeof(float));
+    reorder<true>(staging_.data(), x_local, counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
+}
+
+void TokenDispatcher::combine(float* y_perm, const float* y_local) {
+    reorder<false>(y_local, staging_.data(), counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
+    par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_, send_displs_,
+                      sizeof(float));
+}
+
+}  // namespace bagualu::moe

@@ -1,0 +1,48 @@
+// Moves routed token rows between the ranks of an expert-parallel group (EP > 1), in the
+// Megatron stages, local steps apart from the communication:
+//   dispatch_preprocess  exchange per-expert counts (allgather in the EP group), derive
+//                        send/recv counts and the local experts' row offsets
+//   token_dispatch       all-to-all: rows for global experts of peer q go to q
+//   dispatch_postprocess reorder received rows from [source][local expert] to
+//                        [local expert][source], so each local expert's rows are contiguous
+//   combine_preprocess / token_combine: the exact reverse, bringing expert outputs home.
+// Row order inside a (source, expert) chunk is preserved, so combine(dispatch(x)) == x.
+// Backward uses the same two moves on gradients: d(dispatch) = combine and vice versa.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/buffer.h"
+#include "dist/parallel.h"
+
+namespace bagualu::moe {
+
+class TokenDispatcher {
+   public:
+    // E global experts, C floats per row, max_rows rows this rank sends at most (N*K).
+    TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows);
+
+    // tokens_per_expert: (E) this rank's rows per global expert, in the permuted order.
+    void dispatch_preprocess(const int32_t* tokens_per_expert);
+    // Rows received for the local experts, and their offsets (E_local + 1).
+    int            local_rows() const { return local_offsets_.back(); }
+    const int32_t* local_offsets() const { return local_offsets_.data(); }
+    // Most rows that can arrive: EP * max_rows.
+    int max_local_rows() const { return ep_size_ * max_rows_; }
+
+    // x_perm: (sum tokens_per_expert, C) expert-major over global experts.
+    // x_local: (local_rows, C) expert-major over local experts.
+    void dispatch(float* x_local, const float* x_perm);
+    // The reverse: y_local (local_rows, C) -> y_perm (sum tokens_per_expert, C).
+    void combine(float* y_perm, const float* y_local);
+
+   private:
+    dist::ParallelContext& par_;
+    int                    E_, El_, C_, max_rows_, ep_size_, ep_rank_;
+    std::vector<int64_t>   counts_;           // [ep_size * E] rows from rank s to global expert e
+    std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
+    std::vector<int32_t>   local_offsets_;    // [El + 1]
+    Buffer<float>          staging_;          // (EP * max_rows, C), [source][local expert] order
+};
+
+}  // namespace bagualu::moe

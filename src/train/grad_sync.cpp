@@ -1,0 +1,47 @@
+#include "train/grad_sync.h"
+
+#include <cmath>
+#include <span>
+
+#include "kernels/ops.h"
+
+namespace bagualu::train {
+
+std::vector<Segment> make_segments(const model::ParamLayout& layout) {
+    std::vector<Segment> segs;
+    for (const model::ParamSpec& s : layout.specs()) {
+        const size_t end = s.offset + (s.numel + 15) / 16 * 16;
+        if (!segs.empty() && segs.back().expert == s.expert && segs.back().end == s.offset) {
+            segs.back().end = end;
+        } else {
+            segs.push_back(Segment{s.offset, end, s.expert});
+        }
+    }
+    return segs;
+}
+
+void reduce_gradients(float* grads, const std::vector<Segment>& segs, dist::ParallelContext& par) {
+    if (par.size() == 1) return;
+    const float inv_p = 1.0f / static_cast<float>(par.size());
+    for (const Segment& s : segs) {
+        std::span<float> g(grads + s.begin, s.end - s.begin);
+        if (s.expert) {
+            if (par.edp_size() > 1) par.edp().allreduce_sum(g);
+        } else {
+            par.world().allreduce_sum(g);
+        }
+        kernels::scale_inplace(g.data(), inv_p, g.size());
+    }
+}
+
+double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
+                        dist::ParallelContext* par) {
+    double dense = 0, expert = 0;
+    for (const Segment& s : segs) {
+        (s.expert ? expert : dense) += kernels::sum_squares(grads + s.begin, s.end - s.begin);
+    }
+    if (par && par->ep_size() > 1) par->ep().allreduce_sum(std::span<double>(&expert, 1));
+    return std::sqrt(dense + expert);
+}
+
+}  // namespace bagualu::train
