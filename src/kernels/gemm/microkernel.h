@@ -29,7 +29,11 @@ void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[i][v] = Ops::zero();
     }
-    for (int i = 0; i < (m < MR ? m : MR); ++i) __builtin_prefetch(c + size_t(i) * size_t(ldc));
+    // The C rows are read or written after the k loop: fetch both cache lines a row may span.
+    for (int i = 0; i < (m < MR ? m : MR); ++i) {
+        __builtin_prefetch(c + size_t(i) * size_t(ldc));
+        __builtin_prefetch(c + size_t(i) * size_t(ldc) + (n < NR ? n : NR) - 1);
+    }
 
 #pragma GCC unroll 2
     for (int k = 0; k < kcp; k += KS) {
