@@ -1,7 +1,8 @@
 // GEMM, row-major. The only matrix-multiply entry points the rest of the code uses.
 //   C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C
 // op(X) is X or X^T. lda/ldb/ldc are row strides (elements) of A, B and C as stored.
-// When beta == 0, C is not read (it may hold NaN). Results do not depend on the thread count.
+// When beta == 0, C is not read (it may hold NaN). Runs on the compute pool, so call it from
+// outside pool jobs (not inside parallel_for); results do not depend on the thread count.
 // The implementation is chosen once at run time from the CPU, or forced with the environment
 // variable BGL_GEMM=ref|generic|avx2|avx512|openblas (see gemm_backend_name()).
 #pragma once
