@@ -1,6 +1,7 @@
 // AVX2 + FMA GEMM kernels: a 6 x 16 float tile (12 ymm accumulators, 2 B loads and 6
 // broadcasts per k), with the packers of avx2/pack.h. bf16 inputs are widened to float while
-// packing and use the same float kernel (AVX2 has no bf16 arithmetic).
+// packing and use the same float kernel (AVX2 has no bf16 arithmetic). Blocks for 32 KiB L1 and
+// 512 KiB L2 (Zen 3): a 256 x 16 B micro-panel (16 KiB) stays in L1, a 144 x 256 A block in L2.
 #include <immintrin.h>
 
 #include "kernels/gemm/avx2/pack.h"
@@ -37,9 +38,9 @@ void pack(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
-constexpr KernelSpec kF32{kMR,          kNR,           1, 4, 288, 256, 4096,
+constexpr KernelSpec kF32{kMR,          kNR,           1, 4, 144, 256, 4096,
                           pack<kMR, float>, pack<kNR, float>, micro_tile<OpsF32, kMR, kNV>};
-constexpr KernelSpec kBf16{kMR,         kNR,          1, 4, 288, 256, 4096,
+constexpr KernelSpec kBf16{kMR,         kNR,          1, 4, 144, 256, 4096,
                            pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<OpsF32, kMR, kNV>};
 
 }  // namespace
