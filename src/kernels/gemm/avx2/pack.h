@@ -12,7 +12,7 @@
 #include "core/dtype.h"
 #include "kernels/gemm/driver.h"
 
-namespace bagualu::kernels::gemm {
+namespace bagualu::kernels::gemm::avx2 {
 namespace {
 
 // Longest k block the transposing packer accepts (it reads missing rows from a zero row).
@@ -109,4 +109,4 @@ void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
 }
 
 }  // namespace
-}  // namespace bagualu::kernels::gemm
+}  // namespace bagualu::kernels::gemm::avx2

@@ -55,7 +55,7 @@ constexpr int kNR = kNV * OpsF32::width;
 
 template <int R, typename Src>
 void pack_f32(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
-    pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
+    avx2::pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
 template <int R>
