@@ -1,10 +1,14 @@
-// GEMM for float32, row-major. The only matrix-multiply entry point the rest of the code uses.
+// GEMM, row-major. The only matrix-multiply entry points the rest of the code uses.
 //   C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C
 // op(X) is X or X^T. lda/ldb/ldc are row strides (elements) of A, B and C as stored.
-// When beta == 0, C is not read (it may hold NaN).
-// The implementation is chosen once at run time (see gemm_backend_name()).
+// When beta == 0, C is not read (it may hold NaN). Runs on the compute pool, so call it from
+// outside pool jobs (not inside parallel_for); results do not depend on the thread count.
+// The implementation is chosen once at run time from the CPU, or forced with the environment
+// variable BGL_GEMM=ref|generic|avx2|avx512|openblas (see gemm_backend_name()).
 #pragma once
 #include <string>
+
+#include "core/dtype.h"
 
 namespace bagualu::kernels {
 
@@ -13,7 +17,12 @@ enum class Trans { N, T };
 void gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
               const float* B, int ldb, float beta, float* C, int ldc);
 
-// Name of the implementation gemm_f32 dispatches to ("openblas", "avx512", ...).
+// A and B in bf16, C in float; products are accumulated in float32.
+void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+               const bf16* B, int ldb, float beta, float* C, int ldc);
+
+// Name of the implementation gemm_f32/gemm_bf16 dispatch to ("avx512", "avx2", "generic",
+// "ref" or "openblas").
 std::string gemm_backend_name();
 
 }  // namespace bagualu::kernels

@@ -1,0 +1,228 @@
+// Kernel benchmark: peak, then GEMM GFLOP/s (2 M N K flops per call) of ours vs oneDNN
+// (dnnl_sgemm; bf16 through a matmul primitive, skipped when oneDNN only has its reference
+// implementation for this CPU) and OpenBLAS (cblas_sgemm; this OpenBLAS has no bf16 GEMM).
+// Each library gets the compute pool's thread count; libraries are timed one after another with
+// a pause between, so one's spinning workers do not steal the next one's cores.
+#include "bench/kernels_bench.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <dnnl.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/peak.h"
+
+namespace bagualu::bench {
+
+namespace {
+
+using kernels::Trans;
+using clock = std::chrono::steady_clock;
+
+struct Shape {
+    int   m, n, k;
+    Trans ta, tb;
+};
+
+struct Row {
+    Shape                 s;
+    const char*           dtype;
+    double                ours = 0.0;
+    std::optional<double> onednn, openblas;
+};
+
+const char* trans_name(const Shape& s) {
+    static const char* names[] = {"NN", "NT", "TN", "TT"};
+    return names[(s.ta == Trans::T ? 2 : 0) + (s.tb == Trans::T ? 1 : 0)];
+}
+
+// oneDNN here is built with OpenMP; libgomp is loaded with it, so look the setter up there
+// rather than linking OpenMP ourselves.
+void set_openmp_threads(int n) {
+    using Fn = void (*)(int);
+    if (auto f = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) f(n);
+}
+
+// Median GFLOP/s of `repeats` runs, each calling fn as often as fits in ~50 ms (at least once).
+double time_gflops(const Shape& s, int repeats, const std::function<void()>& fn) {
+    const double flops = 2.0 * s.m * s.n * s.k;
+    fn();
+    const auto t0 = clock::now();
+    fn();
+    const double once  = std::chrono::duration<double>(clock::now() - t0).count();
+    const int    calls = std::max(1, static_cast<int>(0.05 / std::max(once, 1e-6)));
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = clock::now();
+        for (int c = 0; c < calls; ++c) fn();
+        const double dt = std::chrono::duration<double>(clock::now() - start).count();
+        rates.push_back(flops * calls / dt * 1e-9);
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
+}
+
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+struct Operands {
+    int                lda, ldb, ldc;
+    std::vector<float> A, B, C;
+    std::vector<bf16>  A16, B16;
+};
+
+Operands make_operands(const Shape& s) {
+    Operands o;
+    o.lda = s.ta == Trans::N ? s.k : s.m;
+    o.ldb = s.tb == Trans::N ? s.n : s.k;
+    o.ldc = s.n;
+    Rng rng(1);
+    o.A.resize(size_t(s.m) * size_t(s.k));
+    o.B.resize(size_t(s.k) * size_t(s.n));
+    o.C.assign(size_t(s.m) * size_t(s.n), 0.0f);
+    for (float& x : o.A) x = float(rng.uniform() - 0.5);
+    for (float& x : o.B) x = float(rng.uniform() - 0.5);
+    for (float x : o.A) o.A16.push_back(bf16_from_float(x));
+    for (float x : o.B) o.B16.push_back(bf16_from_float(x));
+    return o;
+}
+
+// oneDNN bf16 x bf16 -> f32 matmul with the strides of our row-major operands; nullopt when
+// oneDNN cannot run it natively on this CPU.
+std::optional<double> onednn_bf16(const Shape& s, Operands& o, int repeats) {
+    try {
+        using dt = dnnl::memory::data_type;
+        dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+        dnnl::stream strm(eng);
+        const dnnl::memory::dims a_strides =
+            s.ta == Trans::N ? dnnl::memory::dims{o.lda, 1} : dnnl::memory::dims{1, o.lda};
+        const dnnl::memory::dims b_strides =
+            s.tb == Trans::N ? dnnl::memory::dims{o.ldb, 1} : dnnl::memory::dims{1, o.ldb};
+        const dnnl::memory::desc a_md({s.m, s.k}, dt::bf16, a_strides);
+        const dnnl::memory::desc b_md({s.k, s.n}, dt::bf16, b_strides);
+        const dnnl::memory::desc c_md({s.m, s.n}, dt::f32, dnnl::memory::dims{o.ldc, 1});
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+        if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) return std::nullopt;
+        dnnl::matmul      mm(pd);
+        dnnl::memory      a(a_md, eng, o.A16.data()), b(b_md, eng, o.B16.data());
+        dnnl::memory      c(c_md, eng, o.C.data());
+        return time_gflops(s, repeats, [&] {
+            mm.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+            strm.wait();
+        });
+    } catch (const dnnl::error&) {
+        return std::nullopt;
+    }
+}
+
+std::vector<Row> run_shape(const Shape& s, int repeats) {
+    Operands   o = make_operands(s);
+    const char ta = s.ta == Trans::N ? 'N' : 'T', tb = s.tb == Trans::N ? 'N' : 'T';
+    const auto cta = s.ta == Trans::N ? CblasNoTrans : CblasTrans;
+    const auto ctb = s.tb == Trans::N ? CblasNoTrans : CblasTrans;
+
+    Row f32{s, "f32", 0.0, std::nullopt, std::nullopt};
+    f32.ours = time_gflops(s, repeats, [&] {
+        kernels::gemm_f32(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb,
+                          0.0f, o.C.data(), o.ldc);
+    });
+    settle();
+    f32.onednn = time_gflops(s, repeats, [&] {
+        dnnl_sgemm(ta, tb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb, 0.0f,
+                   o.C.data(), o.ldc);
+    });
+    settle();
+    f32.openblas = time_gflops(s, repeats, [&] {
+        cblas_sgemm(CblasRowMajor, cta, ctb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(),
+                    o.ldb, 0.0f, o.C.data(), o.ldc);
+    });
+    settle();
+
+    Row b16{s, "bf16", 0.0, std::nullopt, std::nullopt};
+    b16.ours = time_gflops(s, repeats, [&] {
+        kernels::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A16.data(), o.lda, o.B16.data(),
+                           o.ldb, 0.0f, o.C.data(), o.ldc);
+    });
+    settle();
+    b16.onednn = onednn_bf16(s, o, repeats);
+    settle();
+    return {f32, b16};
+}
+
+std::string cell(const std::optional<double>& v) {
+    return v ? fmt::format("{:8.1f}", *v) : fmt::format("{:>8}", "-");
+}
+
+std::string ratio(double ours, const std::optional<double>& other) {
+    return other && *other > 0 ? fmt::format("{:6.2f}", ours / *other) : fmt::format("{:>6}", "-");
+}
+
+nlohmann::json to_json(const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+int run_kernels_bench(const KernelsBenchOptions& opts) {
+    const int threads = compute_pool().size();
+    set_openmp_threads(threads);
+    openblas_set_num_threads(threads);
+    const int repeats = std::max(1, opts.repeats);
+
+    const double peak_f32  = kernels::measure_peak_gflops_f32(1.0);
+    const double peak_bf16 = kernels::measure_peak_gflops_bf16(1.0);
+
+    std::vector<Shape> shapes;
+    for (int n : {512, 1024, 2048}) shapes.push_back({n, n, n, Trans::N, Trans::N});
+    for (const auto& m : opts.model_shapes) shapes.push_back({m[0], m[1], m[2], Trans::N, Trans::T});
+    std::vector<Row> rows;
+    for (const Shape& s : shapes) {
+        for (const Row& r : run_shape(s, repeats)) rows.push_back(r);
+    }
+
+    if (opts.json) {
+        nlohmann::json out;
+        out["backend"]          = kernels::gemm_backend_name();
+        out["threads"]          = threads;
+        out["peak_fp32_gflops"] = peak_f32;
+        out["peak_bf16_gflops"] = peak_bf16;
+        out["gemm"]             = nlohmann::json::array();
+        for (const Row& r : rows) {
+            out["gemm"].push_back({{"m", r.s.m},
+                                   {"n", r.s.n},
+                                   {"k", r.s.k},
+                                   {"trans", trans_name(r.s)},
+                                   {"dtype", r.dtype},
+                                   {"ours_gflops", r.ours},
+                                   {"onednn_gflops", to_json(r.onednn)},
+                                   {"openblas_gflops", to_json(r.openblas)}});
+        }
+        fmt::print("{}\n", out.dump(2));
+        return 0;
+    }
+    fmt::print("gemm backend {}, {} threads, median of {}\n", kernels::gemm_backend_name(),
+               threads, repeats);
+    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s\n", peak_f32, peak_bf16);
+    fmt::print("{:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>6} {:>6}\n", "m", "n", "k",
+               "op", "dtype", "ours", "onednn", "openblas", "/peak", "/dnnl");
+    for (const Row& r : rows) {
+        const double peak = r.dtype == std::string("f32") ? peak_f32 : peak_bf16;
+        fmt::print("{:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {:6.2f} {}\n", r.s.m, r.s.n, r.s.k,
+                   trans_name(r.s), r.dtype, r.ours, cell(r.onednn), cell(r.openblas),
+                   r.ours / peak, ratio(r.ours, r.onednn));
+    }
+    return 0;
+}
+
+}  // namespace bagualu::bench

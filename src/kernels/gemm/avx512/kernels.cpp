@@ -1,0 +1,82 @@
+// AVX-512 GEMM kernels: a 12 x 32 float tile (24 zmm accumulators) with FMA, and the same tile
+// for bf16 with AVX512_BF16 vdpbf16ps, which multiplies pairs of k at once: packed panels hold
+// (k, k + 1) pairs side by side and an odd K is padded with a zero. Without AVX512_BF16, bf16
+// inputs are widened to float while packing and use the float tile.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/avx2/pack.h"
+#include "kernels/gemm/kernels.h"
+#include "kernels/gemm/microkernel.h"
+#include "kernels/gemm/pack.h"
+
+namespace bagualu::kernels::gemm::avx512 {
+
+namespace {
+
+struct OpsF32 {
+    using reg                    = __m512;
+    using packed_t               = float;
+    static constexpr int width   = 16;
+    static constexpr int kstep   = 1;
+    static reg   zero() { return _mm512_setzero_ps(); }
+    static reg   load_b(const float* p) { return _mm512_load_ps(p); }
+    static reg   bcast_a(const float* p) { return _mm512_set1_ps(*p); }
+    static reg   madd(reg acc, reg a, reg b) { return _mm512_fmadd_ps(a, b, acc); }
+    static reg   set1(float x) { return _mm512_set1_ps(x); }
+    static reg   mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+    static reg   loadu(const float* p) { return _mm512_loadu_ps(p); }
+    static void  storeu(float* p, reg x) { _mm512_storeu_ps(p, x); }
+    static reg   fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+    static float fmadd_scalar(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+};
+
+// One 32-bit lane holds a (k, k + 1) pair of bf16; vdpbf16ps adds both products to the float
+// accumulator lane.
+struct OpsBf16Dot : OpsF32 {
+    using packed_t             = bf16;
+    static constexpr int kstep = 2;
+    static reg load_b(const bf16* p) { return _mm512_load_ps(p); }
+    static reg bcast_a(const bf16* p) {
+        int32_t pair;
+        __builtin_memcpy(&pair, p, sizeof pair);
+        return _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+    }
+    static reg madd(reg acc, reg a, reg b) {
+        return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(a),
+                                (__m512bh)_mm512_castps_si512(b));
+    }
+};
+
+constexpr int kMR = 12;
+constexpr int kNV = 2;
+constexpr int kNR = kNV * OpsF32::width;
+
+template <int R, typename Src>
+void pack_f32(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
+    avx2::pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
+}
+
+template <int R>
+void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
+    pack_panels<R, 2, bf16, bf16>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
+}
+
+constexpr KernelSpec kF32{kMR,              kNR,              1, 4, 240, 192, 4096,
+                          pack_f32<kMR, float>, pack_f32<kNR, float>,
+                          micro_tile<OpsF32, kMR, kNV>};
+constexpr KernelSpec kBf16{kMR,             kNR,             1, 4, 240, 192, 4096,
+                           pack_f32<kMR, bf16>, pack_f32<kNR, bf16>,
+                           micro_tile<OpsF32, kMR, kNV>};
+constexpr KernelSpec kBf16Dot{kMR,          kNR,          2, 2, 240, 384, 4096,
+                              pack_pairs<kMR>, pack_pairs<kNR>,
+                              micro_tile<OpsBf16Dot, kMR, kNV>};
+
+}  // namespace
+
+const KernelSpec& f32_kernel() { return kF32; }
+const KernelSpec& bf16_kernel() { return kBf16; }
+const KernelSpec& bf16_dot_kernel() { return kBf16Dot; }
+
+}  // namespace bagualu::kernels::gemm::avx512

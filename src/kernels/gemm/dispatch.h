@@ -1,0 +1,18 @@
+// Which GEMM implementation gemm_f32/gemm_bf16 use. Chosen once at first use: BGL_GEMM=
+// ref|generic|avx2|avx512|openblas if set (an unknown or unsupported name is an error),
+// otherwise the best of ours this CPU supports. Tests and benchmarks may switch it.
+#pragma once
+
+namespace bagualu::kernels::gemm {
+
+enum class Path { ref, generic, avx2, avx512, openblas };
+
+const char* path_name(Path p);
+bool        path_supported(Path p);
+// The fastest of ours (never openblas or ref) the CPU supports.
+Path best_path();
+Path active_path();
+// Throws InternalError when p is not supported on this CPU.
+void set_active_path(Path p);
+
+}  // namespace bagualu::kernels::gemm

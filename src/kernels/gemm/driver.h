@@ -1,0 +1,44 @@
+// Packed, cache-blocked GEMM driver (Goto/BLIS loop nest) shared by every packed implementation.
+// An implementation is a KernelSpec: register tile, cache blocks and three functions (pack A,
+// pack B, micro-kernel) compiled for one ISA. The driver itself holds no ISA code: it splits C
+// into one rectangle per thread (over M and N, never K), walks the NC/KC/MC blocks and calls
+// the spec's functions. Every element of C is summed in the same order for any thread count.
+#pragma once
+#include "kernels/gemm.h"
+
+namespace bagualu::kernels::gemm {
+
+// A packing source: element (r, k) of op(X) is X[r * ld + k] when k_contiguous, else
+// X[k * ld + r]. data points to float or bf16, as the spec expects.
+struct PackSrc {
+    const void* data;
+    int         ld;
+    bool        k_contiguous;
+};
+
+struct KernelSpec {
+    int mr, nr;      // register tile (rows of A, columns of B)
+    int kstep;       // k values interleaved per packed group: 1 (fp32) or 2 (bf16 pairs)
+    int elem_bytes;  // size of one packed element
+    int mc, kc, nc;  // cache blocks: mc % mr == 0, nc % nr == 0, kc % kstep == 0
+    // Pack rows [r0, r0 + rn) x k in [p0, p0 + kc) of op(X) into ceil(rn / R) panels, each
+    // (kcp / kstep, R, kstep) with kcp = kc rounded up to kstep, zero-padded; R is mr for A and
+    // nr for B. May write up to kPackSlack bytes past the last panel.
+    void (*pack_a)(PackSrc src, int r0, int rn, int p0, int kc, void* dst);
+    void (*pack_b)(PackSrc src, int r0, int rn, int p0, int kc, void* dst);
+    // C tile (m, n) = alpha * a-panel @ b-panel + beta * C, with m <= mr, n <= nr, kcp the padded
+    // depth. beta == 0: C is not read.
+    void (*micro)(int kcp, const void* a, const void* b, float* c, int ldc, float alpha,
+                  float beta, int m, int n);
+};
+
+inline constexpr int kPackSlack = 256;
+
+// C = alpha * op(A) @ op(B) + beta * C with A and B of the element type spec's packers read.
+void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
+                 const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc);
+
+// C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
+void scale_c(int M, int N, float beta, float* C, int ldc);
+
+}  // namespace bagualu::kernels::gemm

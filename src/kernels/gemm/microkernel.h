@@ -1,0 +1,90 @@
+// The register-blocked micro-kernel, written once over a small vector-ops interface (Ops) and
+// compiled per ISA by including this header: an MR x (NV * Ops::width) tile of C is held in
+// registers while the packed panels stream through, Ops::kstep k values per step.
+// Internal linkage, like pack.h, so each ISA's copy stays with its own flags.
+#pragma once
+#include <cstddef>
+
+namespace bagualu::kernels::gemm {
+namespace {
+
+// Ops provides: reg, packed_t, width, kstep, zero(), load_b(const packed_t*) (width * kstep
+// packed values), bcast_a(const packed_t*) (kstep values to every lane), madd(acc, a, b),
+// set1(float), mul(reg, reg), loadu/storeu(float*), fmadd(a, b, c) = a * b + c and its scalar
+// twin fmadd_scalar, rounding exactly as one lane of fmadd does.
+template <typename Ops, int MR, int NV>
+void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc,
+                float alpha, float beta, int m, int n) {
+    // B is prefetched this many k steps ahead; past the panel's end that is the next panel,
+    // which the next tile of the jr loop starts on (measured: +2-5% over none on Zen 3).
+    constexpr int kPrefetchK = 32;
+    using reg        = typename Ops::reg;
+    using packed_t   = typename Ops::packed_t;
+    constexpr int W  = Ops::width;
+    constexpr int KS = Ops::kstep;
+    constexpr int NR = NV * W;
+    const auto*   a  = static_cast<const packed_t*>(a_panel);
+    const auto*   b  = static_cast<const packed_t*>(b_panel);
+
+    reg acc[MR][NV];
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[i][v] = Ops::zero();
+    }
+    // The C rows are read or written after the k loop: fetch both cache lines a row may span.
+    for (int i = 0; i < (m < MR ? m : MR); ++i) {
+        __builtin_prefetch(c + size_t(i) * size_t(ldc));
+        __builtin_prefetch(c + size_t(i) * size_t(ldc) + (n < NR ? n : NR) - 1);
+    }
+
+#pragma GCC unroll 2
+    for (int k = 0; k < kcp; k += KS) {
+        reg bv[NV];
+        const char* pb = reinterpret_cast<const char*>(b + NR * KS * kPrefetchK);
+#pragma GCC unroll 4
+        for (size_t off = 0; off < NR * KS * sizeof(packed_t); off += 64) __builtin_prefetch(pb + off);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) bv[v] = Ops::load_b(b + v * W * KS);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) {
+            const reg av = Ops::bcast_a(a + i * KS);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) acc[i][v] = Ops::madd(acc[i][v], av, bv[v]);
+        }
+        a += MR * KS;
+        b += NR * KS;
+    }
+
+    const reg va = Ops::set1(alpha);
+    if (m == MR && n == NR) {
+        const reg vb = Ops::set1(beta);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) {
+            float* ci = c + size_t(i) * size_t(ldc);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) {
+                reg t = Ops::mul(acc[i][v], va);
+                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
+                Ops::storeu(ci + v * W, t);
+            }
+        }
+        return;
+    }
+    alignas(64) float tile[MR * NR];
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) Ops::storeu(tile + i * NR + v * W, Ops::mul(acc[i][v], va));
+    }
+    for (int i = 0; i < m; ++i) {
+        float* ci = c + size_t(i) * size_t(ldc);
+        for (int j = 0; j < n; ++j) {
+            const float t = tile[i * NR + j];
+            ci[j]         = beta == 0.0f ? t : Ops::fmadd_scalar(beta, ci[j], t);
+        }
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::kernels::gemm

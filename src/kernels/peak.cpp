@@ -1,0 +1,84 @@
+// Peak measurement: every compute-pool worker runs the chosen loop for the same wall time after a
+// short warm-up (clocks ramp up), and the per-worker rates are added.
+#include "kernels/peak.h"
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
+#include "kernels/peak_loops.h"
+
+namespace bagualu::kernels {
+
+namespace {
+
+struct PeakLoop {
+    void (*run)(uint64_t iters, float* sink);
+    int flops_per_iter;
+};
+
+// Baseline x86-64 has no FMA: 8 independent 4-float chains of multiply then add (2 flops a lane).
+void mul_add_loop_f32(uint64_t iters, float* sink) {
+    constexpr int kAcc = 8, kW = 4;
+    float         acc[kAcc][kW];
+    for (int i = 0; i < kAcc; ++i) {
+        for (int l = 0; l < kW; ++l) acc[i][l] = float(i * kW + l) * 1e-3f;
+    }
+    for (uint64_t it = 0; it < iters; ++it) {
+        for (int i = 0; i < kAcc; ++i) {
+            for (int l = 0; l < kW; ++l) acc[i][l] = acc[i][l] * 0.999999f + 1e-6f;
+        }
+    }
+    float s = 0.0f;
+    for (int i = 0; i < kAcc; ++i) {
+        for (int l = 0; l < kW; ++l) s += acc[i][l];
+    }
+    *sink = s;
+}
+
+PeakLoop f32_loop() {
+    if (cpu_features().avx512) return {avx512::fma_loop_f32, avx512::kFmaLoopF32Flops};
+    if (cpu_features().avx2_fma) return {avx2::fma_loop_f32, avx2::kFmaLoopF32Flops};
+    return {mul_add_loop_f32, 8 * 4 * 2};
+}
+
+double measure(PeakLoop loop, double seconds) {
+    using clock            = std::chrono::steady_clock;
+    constexpr uint64_t kIters = 1 << 14;
+    ThreadPool&         pool = compute_pool();
+    std::vector<double> gflops(static_cast<size_t>(pool.size()), 0.0);
+    pool.run([&](int tid) {
+        float      sink = 0.0f;
+        const auto run_for = [&](double s) {
+            const auto t0    = clock::now();
+            uint64_t   calls = 0;
+            double     dt    = 0.0;
+            do {
+                loop.run(kIters, &sink);
+                ++calls;
+                dt = std::chrono::duration<double>(clock::now() - t0).count();
+            } while (dt < s);
+            return double(calls) * kIters * loop.flops_per_iter / dt * 1e-9;
+        };
+        run_for(seconds * 0.2);
+        gflops[static_cast<size_t>(tid)] = run_for(seconds) + 0.0f * sink;
+    });
+    double total = 0.0;
+    for (double g : gflops) total += g;
+    return total;
+}
+
+}  // namespace
+
+double measure_peak_gflops_f32(double seconds) { return measure(f32_loop(), seconds); }
+
+double measure_peak_gflops_bf16(double seconds) {
+    if (cpu_features().avx512_bf16) {
+        return measure({avx512::dot_loop_bf16, avx512::kDotLoopBf16Flops}, seconds);
+    }
+    return measure(f32_loop(), seconds);
+}
+
+}  // namespace bagualu::kernels

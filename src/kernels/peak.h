@@ -1,0 +1,16 @@
+// Measured compute peak of this machine: register-only multiply-add loops with enough
+// independent accumulators to keep every FMA pipe busy, run on all compute-pool workers at once.
+// The yardstick for GEMM efficiency (ours / peak) in benchmarks and training-speed reports.
+#pragma once
+
+namespace bagualu::kernels {
+
+// Total GFLOP/s over the compute pool, 2 flops per FMA lane, with the widest float FMA the CPU
+// has (AVX-512, AVX2 or, failing both, separate multiply and add).
+double measure_peak_gflops_f32(double seconds);
+
+// Same for bf16 inputs: vdpbf16ps (4 flops per float lane: two bf16 products added) where the
+// CPU has AVX512_BF16. Elsewhere bf16 GEMM runs on float FMAs, so this returns the f32 peak.
+double measure_peak_gflops_bf16(double seconds);
+
+}  // namespace bagualu::kernels

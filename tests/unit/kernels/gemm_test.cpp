@@ -1,0 +1,261 @@
+// gemm_f32 / gemm_bf16 on every implementation this CPU supports, forced in turn, against the
+// double-accumulating reference: random ragged shapes (1..300, edge tiles), all four transposes,
+// alpha/beta (beta = 0 over a NaN-filled C), padded leading dimensions, degenerate sizes, and
+// bit-identical results for 1, 2 and 3 threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/ref/gemm_ref.h"
+
+namespace bagualu::kernels {
+namespace {
+
+using gemm::Path;
+
+constexpr float kSentinel = -12345.0f;  // fills C beyond N: must never be written
+
+std::vector<Path> supported_paths() {
+    std::vector<Path> out;
+    for (Path p : {Path::ref, Path::generic, Path::avx2, Path::avx512, Path::openblas}) {
+        if (gemm::path_supported(p)) out.push_back(p);
+    }
+    return out;
+}
+
+class PathGuard {
+   public:
+    PathGuard() : saved_(gemm::active_path()) {}
+    ~PathGuard() { gemm::set_active_path(saved_); }
+
+   private:
+    Path saved_;
+};
+
+struct Case {
+    Trans ta, tb;
+    int   M, N, K;
+    float alpha, beta;
+    int   pad_a, pad_b, pad_c;  // leading dimension minus the stored row width
+};
+
+struct Problem {
+    Case               c;
+    int                lda, ldb, ldc;
+    std::vector<float> A, B, C0;  // C0 is all NaN inside (M, N) when beta == 0
+    std::vector<bf16>  A16, B16;
+    std::vector<float> A_rounded, B_rounded;  // the bf16 inputs, widened back to float
+};
+
+std::vector<float> random_matrix(Rng& rng, int rows, int ld) {
+    std::vector<float> m(size_t(rows) * size_t(ld));
+    for (float& x : m) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+    return m;
+}
+
+Problem make_problem(const Case& c, uint64_t seed) {
+    Rng     rng(seed);
+    Problem p{c, 0, 0, 0, {}, {}, {}, {}, {}, {}, {}};
+    const int a_rows = c.ta == Trans::N ? c.M : c.K, a_cols = c.ta == Trans::N ? c.K : c.M;
+    const int b_rows = c.tb == Trans::N ? c.K : c.N, b_cols = c.tb == Trans::N ? c.N : c.K;
+    p.lda = std::max(a_cols, 1) + c.pad_a;
+    p.ldb = std::max(b_cols, 1) + c.pad_b;
+    p.ldc = std::max(c.N, 1) + c.pad_c;
+    p.A   = random_matrix(rng, a_rows, p.lda);
+    p.B   = random_matrix(rng, b_rows, p.ldb);
+    p.C0  = random_matrix(rng, c.M, p.ldc);
+    for (int i = 0; i < c.M; ++i) {
+        for (int j = 0; j < p.ldc; ++j) {
+            float& x = p.C0[size_t(i) * size_t(p.ldc) + size_t(j)];
+            if (j >= c.N) x = kSentinel;
+            else if (c.beta == 0.0f) x = std::numeric_limits<float>::quiet_NaN();
+        }
+    }
+    for (float x : p.A) p.A16.push_back(bf16_from_float(x));
+    for (float x : p.B) p.B16.push_back(bf16_from_float(x));
+    for (bf16 x : p.A16) p.A_rounded.push_back(bf16_to_float(x));
+    for (bf16 x : p.B16) p.B_rounded.push_back(bf16_to_float(x));
+    return p;
+}
+
+std::vector<float> abs_of(std::vector<float> v) {
+    for (float& x : v) x = std::isnan(x) ? 0.0f : std::fabs(x);
+    return v;
+}
+
+// Checks C against the reference on inputs A, B (float or bf16-rounded). Tolerance: the
+// classical worst-case bound for a float dot product of length K plus the alpha/beta update,
+// |err| <= (K + 4) u * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|), u = 2^-24; the magnitudes come
+// from the same reference run on absolute values. It never fails for a correct kernel, whatever
+// its summation order or FMA use, while a wrong or missing term costs ~1/K of the magnitude.
+void expect_matches(const Problem& p, const std::vector<float>& A, const std::vector<float>& B,
+                    const std::vector<float>& C, const char* what) {
+    const Case&        c   = p.c;
+    std::vector<float> ref = p.C0;
+    ref::gemm_f32(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), p.lda, B.data(), p.ldb, c.beta,
+                  ref.data(), p.ldc);
+    std::vector<float> mag = abs_of(p.C0);
+    ref::gemm_f32(c.ta, c.tb, c.M, c.N, c.K, std::fabs(c.alpha), abs_of(A).data(), p.lda,
+                  abs_of(B).data(), p.ldb, std::fabs(c.beta), mag.data(), p.ldc);
+    const double u   = std::ldexp(1.0, -24);
+    int          bad = 0;
+    for (int i = 0; i < c.M && bad < 5; ++i) {
+        for (int j = 0; j < p.ldc && bad < 5; ++j) {
+            const size_t k   = size_t(i) * size_t(p.ldc) + size_t(j);
+            const double tol = (c.K + 4) * u * mag[k] + 1e-30;
+            const bool   ok  = j >= c.N ? C[k] == kSentinel
+                                        : std::fabs(double(C[k]) - double(ref[k])) <= tol;
+            if (!ok) {
+                ++bad;
+                ADD_FAILURE() << what << " ta=" << int(c.ta) << " tb=" << int(c.tb) << " M=" << c.M
+                              << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
+                              << " beta=" << c.beta << " at (" << i << "," << j << "): got "
+                              << C[k] << " want " << ref[k] << " tol " << tol;
+            }
+        }
+    }
+}
+
+void run_f32(const Problem& p, std::vector<float>& C) {
+    const Case& c = p.c;
+    C             = p.C0;
+    gemm_f32(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A.data(), p.lda, p.B.data(), p.ldb, c.beta,
+             C.data(), p.ldc);
+}
+
+void run_bf16(const Problem& p, std::vector<float>& C) {
+    const Case& c = p.c;
+    C             = p.C0;
+    gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A16.data(), p.lda, p.B16.data(), p.ldb,
+              c.beta, C.data(), p.ldc);
+}
+
+void check_all_paths(const Case& c, uint64_t seed) {
+    const Problem      p = make_problem(c, seed);
+    PathGuard          guard;
+    std::vector<float> C;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        run_f32(p, C);
+        expect_matches(p, p.A, p.B, C, (std::string("f32 ") + gemm::path_name(path)).c_str());
+        run_bf16(p, C);
+        expect_matches(p, p.A_rounded, p.B_rounded, C,
+                       (std::string("bf16 ") + gemm::path_name(path)).c_str());
+    }
+}
+
+int random_dim(Rng& rng) {
+    return rng.uniform() < 0.5 ? 1 + int(rng.below(40)) : 1 + int(rng.below(300));
+}
+
+TEST(Gemm, RandomShapesAllTransposesAllPaths) {
+    Rng rng(2024);
+    for (int t = 0; t < 48; ++t) {
+        Case c;
+        c.ta    = (t & 1) ? Trans::T : Trans::N;
+        c.tb    = (t & 2) ? Trans::T : Trans::N;
+        c.M     = random_dim(rng);
+        c.N     = random_dim(rng);
+        c.K     = random_dim(rng);
+        const float alphas[] = {1.0f, -0.5f, 2.0f};
+        const float betas[]  = {0.0f, 1.0f, 0.75f};
+        c.alpha = alphas[rng.below(3)];
+        c.beta  = betas[rng.below(3)];
+        c.pad_a = int(rng.below(3)) * 7;
+        c.pad_b = int(rng.below(3)) * 5;
+        c.pad_c = int(rng.below(3)) * 3;
+        check_all_paths(c, 100 + uint64_t(t));
+    }
+}
+
+TEST(Gemm, EdgeTilesAroundRegisterAndCacheBlocks) {
+    // Sizes one off the tile widths (4/6/12 rows, 8/16/32 columns) and the k blocks (192/256/384).
+    const int dims[][3] = {{5, 15, 255},  {7, 17, 257},   {11, 31, 193}, {13, 33, 385},
+                           {25, 47, 129}, {289, 65, 513}, {1, 300, 3},   {300, 1, 2}};
+    int       seed      = 0;
+    for (const auto& d : dims) {
+        for (int t = 0; t < 4; ++t) {
+            const Case c{(t & 1) ? Trans::T : Trans::N, (t & 2) ? Trans::T : Trans::N,
+                         d[0], d[1], d[2], 1.5f, 0.5f, 3, 0, 1};
+            check_all_paths(c, 500 + uint64_t(seed++));
+        }
+    }
+}
+
+TEST(Gemm, DegenerateSizesAndScalars) {
+    const Case cases[] = {
+        {Trans::N, Trans::N, 1, 1, 1, 1.0f, 0.0f, 0, 0, 0},
+        {Trans::T, Trans::T, 1, 1, 1, -2.0f, 3.0f, 2, 2, 2},
+        {Trans::N, Trans::T, 1, 37, 1, 1.0f, 1.0f, 0, 0, 0},
+        {Trans::T, Trans::N, 37, 1, 19, 1.0f, 0.0f, 0, 4, 4},
+        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.0f, 1, 1, 1},   // K = 0, beta = 0: C = 0
+        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.5f, 1, 1, 1},   // K = 0: C = beta C
+        {Trans::T, Trans::N, 33, 17, 40, 0.0f, 2.0f, 0, 0, 0},  // alpha = 0: C = beta C
+    };
+    int seed = 0;
+    for (const Case& c : cases) check_all_paths(c, 900 + uint64_t(seed++));
+}
+
+TEST(Gemm, ZeroRowsOrColumnsTouchNothing) {
+    PathGuard guard;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        std::vector<float> A(64, 1.0f), B(64, 1.0f), C(64, kSentinel);
+        std::vector<bf16>  A16(64, bf16_from_float(1.0f)), B16 = A16;
+        gemm_f32(Trans::N, Trans::N, 0, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);
+        gemm_f32(Trans::N, Trans::N, 8, 0, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);
+        gemm_bf16(Trans::N, Trans::N, 0, 8, 8, 1.0f, A16.data(), 8, B16.data(), 8, 0.0f, C.data(),
+                  8);
+        for (float x : C) EXPECT_EQ(x, kSentinel) << gemm::path_name(path);
+    }
+}
+
+// Work is split over M and N only, so each element is summed in the same order whatever the
+// thread count: results must be bitwise equal.
+TEST(Gemm, BitIdenticalForAnyThreadCount) {
+    PathGuard   guard;
+    const Case  cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
+                           {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
+                           {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0}};
+    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        for (const Case& c : cases) {
+            const Problem      p = make_problem(c, 77);
+            std::vector<float> f32[3], b16[3];
+            for (int t = 1; t <= 3; ++t) {
+                set_compute_threads(t);
+                run_f32(p, f32[t - 1]);
+                run_bf16(p, b16[t - 1]);
+            }
+            for (int t = 1; t < 3; ++t) {
+                EXPECT_EQ(0, std::memcmp(f32[0].data(), f32[t].data(), f32[0].size() * 4))
+                    << gemm::path_name(path) << " f32, " << t + 1 << " threads, M=" << c.M;
+                EXPECT_EQ(0, std::memcmp(b16[0].data(), b16[t].data(), b16[0].size() * 4))
+                    << gemm::path_name(path) << " bf16, " << t + 1 << " threads, M=" << c.M;
+            }
+        }
+    }
+    set_compute_threads(0);
+}
+
+TEST(Gemm, SetActivePathRejectsUnsupported) {
+    PathGuard guard;
+    for (Path p : {Path::avx2, Path::avx512}) {
+        if (!gemm::path_supported(p)) {
+            EXPECT_ANY_THROW(gemm::set_active_path(p));
+        }
+    }
+    EXPECT_EQ(gemm_backend_name(), gemm::path_name(gemm::active_path()));
+}
+
+}  // namespace
+}  // namespace bagualu::kernels
