@@ -23,7 +23,7 @@ class Comm {
     // better), as needed to run communication on a background thread. LocalComm: always true.
     virtual bool threads_serialized() const = 0;
 
-    virtual void barrier() = 0;
+    virtual void barrier()                                     = 0;
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
 
     // In place, over all ranks.
