@@ -88,12 +88,12 @@ TEST(Collectives, HalfPayloadsMatchFloatReference) {
         double spread;
     };
     const Kind kinds[] = {
-        {"bf16", detail::bf16_from_float, detail::float_from_bf16, allreduce_mean_bf16, 0x1p-8,
-         0.0, 3.0},
+        {"bf16", detail::bf16_from_float, detail::float_from_bf16, allreduce_mean_bf16, 0x1p-8, 0.0,
+         3.0},
         {"fp16", detail::fp16_from_float, detail::float_from_fp16, allreduce_mean_fp16, 0x1p-11,
          0.0, 3.0},
-        {"fp16 near 60000", detail::fp16_from_float, detail::float_from_fp16,
-         allreduce_mean_fp16, 0x1p-11, 60000.0, 500.0},
+        {"fp16 near 60000", detail::fp16_from_float, detail::float_from_fp16, allreduce_mean_fp16,
+         0x1p-11, 60000.0, 500.0},
     };
     for (const Kind& k : kinds) {
         for (CollAlgo algo : algos_for(P)) {
@@ -161,8 +161,7 @@ TEST(Collectives, HierarchicalAlltoallvEqualsFlat) {
     for (int per_node : {1, 2, 3}) {
         // Fake nodes of per_node consecutive ranks; key reversed to exercise the rank mapping.
         auto groups = make_node_groups(w, w.split(r / per_node, -r));
-        EXPECT_EQ(groups.members.size(),
-                  static_cast<size_t>((w.size() + per_node - 1) / per_node));
+        EXPECT_EQ(groups.members.size(), static_cast<size_t>((w.size() + per_node - 1) / per_node));
         for (uint64_t seed = 10; seed < 13; ++seed) hierarchical_equals_flat(w, groups, seed);
     }
 }

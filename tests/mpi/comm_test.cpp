@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "bench/comm_bench.h"
 #include "core/error.h"
 #include "dist/comm/alltoallv.h"
 #include "mpi_world.h"
@@ -55,9 +56,9 @@ int64_t count(int r, int q) { return (r * 7 + q * 3) % 5 + (r == q ? 0 : 1); }
 int64_t tag(int r, int q, int64_t k) { return (int64_t{r} << 40) | (int64_t{q} << 20) | k; }
 
 TEST(Comm, AlltoallvRoundTrip) {
-    Comm& w     = test_world();
-    const int P = w.size();
-    const int r = w.rank();
+    Comm& w       = test_world();
+    const int P   = w.size();
+    const int r   = w.rank();
     const auto up = static_cast<size_t>(P);
     std::vector<int64_t> sc(up), sd(up), rc(up), rd(up);
     int64_t off = 0;
@@ -144,6 +145,17 @@ TEST(Comm, MpiErrorsComeBackAsExceptions) {
         EXPECT_NE(msg.find("on rank " + std::to_string(w.rank())), std::string::npos) << msg;
     }
     w.barrier();
+}
+
+// The benchmark runs under MPI too (small sizes; the numbers are not checked).
+TEST(Comm, BenchRuns) {
+    bench::CommBenchOptions o;
+    o.max_bytes = 16 << 10;
+    o.repeats   = 2;
+    testing::internal::CaptureStdout();
+    EXPECT_EQ(bench::run_comm_bench(test_world(), o), 0);
+    const std::string out = testing::internal::GetCapturedStdout();
+    EXPECT_EQ(out.find("comm bench") != std::string::npos, test_world().rank() == 0) << out;
 }
 
 }  // namespace

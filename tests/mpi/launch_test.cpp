@@ -17,7 +17,7 @@ namespace bagualu::dist {
 namespace {
 
 struct Launch {
-    int status = -1;  // exit status of `timeout mpirun ...` (124: it hung)
+    int status     = -1;  // exit status of `timeout mpirun ...` (124: it hung)
     double seconds = 0;
     std::string output;  // stdout and stderr of every rank and of mpirun
 };
@@ -26,8 +26,10 @@ Launch launch(const std::string& mode, int np) {
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     const std::string cmd  = "BGL_MPI_TEST_MODE=" + mode +
                             " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-                            " timeout 60 " BGL_MPIEXEC " --oversubscribe -x BGL_MPI_TEST_MODE"
-                            " -np " + std::to_string(np) + " " + self + " 2>&1";
+                            " timeout 60 " BGL_MPIEXEC
+                            " --oversubscribe -x BGL_MPI_TEST_MODE"
+                            " -np " +
+                            std::to_string(np) + " " + self + " 2>&1";
     Launch out;
     const auto t0 = std::chrono::steady_clock::now();
     FILE* pipe    = popen(cmd.c_str(), "r");

@@ -24,29 +24,33 @@ void copy_bytes(std::byte* dst, const std::byte* src, int64_t bytes) {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
 }
 
+std::vector<size_t> ranks_of(const std::vector<int>& members) {
+    return {members.begin(), members.end()};
+}
+
 int64_t sum(std::span<const int64_t> v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 }  // namespace
 
 void alltoallv_pairwise(Comm& comm, const void* send, std::span<const int64_t> send_counts,
                         std::span<const int64_t> send_displs, void* recv,
-                        std::span<const int64_t> recv_counts,
-                        std::span<const int64_t> recv_displs, size_t elem_bytes) {
+                        std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                        size_t elem_bytes) {
     check_counts(comm, send_counts, send_displs, recv_counts, recv_displs);
-    const int P   = comm.size();
-    const int r   = comm.rank();
+    const auto P  = static_cast<size_t>(comm.size());
+    const auto r  = static_cast<size_t>(comm.rank());
     const auto eb = static_cast<int64_t>(elem_bytes);
     const auto* s = static_cast<const std::byte*>(send);
     auto* d       = static_cast<std::byte*>(recv);
     BGL_CHECK(send_counts[r] == recv_counts[r], "alltoallv: rank {} sends {} to itself, expects {}",
               r, send_counts[r], recv_counts[r]);
     copy_bytes(d + recv_displs[r] * eb, s + send_displs[r] * eb, send_counts[r] * eb);
-    for (int k = 1; k < P; ++k) {
-        const int dest = (r + k) % P;
-        const int src  = (r - k + P) % P;
+    for (size_t k = 1; k < P; ++k) {
+        const size_t dest = (r + k) % P;
+        const size_t src  = (r + P - k) % P;
         comm.sendrecv(s + send_displs[dest] * eb, static_cast<size_t>(send_counts[dest] * eb),
-                      dest, d + recv_displs[src] * eb, static_cast<size_t>(recv_counts[src] * eb),
-                      src);
+                      static_cast<int>(dest), d + recv_displs[src] * eb,
+                      static_cast<size_t>(recv_counts[src] * eb), static_cast<int>(src));
     }
 }
 
@@ -57,28 +61,29 @@ NodeGroups make_node_groups(Comm& comm, std::unique_ptr<Comm> node) {
     g.leaders       = comm.split(lead ? 0 : -1, comm.rank());
     int info[2]     = {lead ? g.leaders->rank() : 0, g.node->rank()};
     g.node->broadcast(&info[0], sizeof(int), 0);
-    const int P = comm.size();
-    std::vector<int> all(2 * static_cast<size_t>(P));
+    const auto P = static_cast<size_t>(comm.size());
+    std::vector<int> all(2 * P);
     comm.allgather(info, sizeof(info), all.data());
-    g.node_of.resize(static_cast<size_t>(P));
-    g.node_rank_of.resize(static_cast<size_t>(P));
+    g.node_of.resize(P);
+    g.node_rank_of.resize(P);
     int num_nodes = 0;
-    for (int q = 0; q < P; ++q) {
-        g.node_of[q]      = all[2 * static_cast<size_t>(q)];
-        g.node_rank_of[q] = all[2 * static_cast<size_t>(q) + 1];
+    for (size_t q = 0; q < P; ++q) {
+        g.node_of[q]      = all[2 * q];
+        g.node_rank_of[q] = all[2 * q + 1];
         num_nodes         = std::max(num_nodes, g.node_of[q] + 1);
     }
     g.members.resize(static_cast<size_t>(num_nodes));
-    for (int q = 0; q < P; ++q) {
-        auto& m        = g.members[g.node_of[q]];
+    for (size_t q = 0; q < P; ++q) {
+        auto& m        = g.members[static_cast<size_t>(g.node_of[q])];
         const auto idx = static_cast<size_t>(g.node_rank_of[q]);
         if (m.size() <= idx) m.resize(idx + 1, -1);
-        m[idx] = q;
+        m[idx] = static_cast<int>(q);
     }
     for (const auto& m : g.members) {
         BGL_CHECK(std::find(m.begin(), m.end(), -1) == m.end(), "node layout has a hole");
     }
-    BGL_CHECK(g.members[g.node_of[comm.rank()]].size() == static_cast<size_t>(g.node->size()),
+    const auto my_node = static_cast<size_t>(g.node_of[static_cast<size_t>(comm.rank())]);
+    BGL_CHECK(g.members[my_node].size() == static_cast<size_t>(g.node->size()),
               "node comm and node layout disagree");
     return g;
 }
@@ -89,8 +94,7 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
                             std::span<const int64_t> recv_counts,
                             std::span<const int64_t> recv_displs, size_t elem_bytes) {
     check_counts(comm, send_counts, send_displs, recv_counts, recv_displs);
-    const int P        = comm.size();
-    const auto up      = static_cast<size_t>(P);
+    const auto up      = static_cast<size_t>(comm.size());
     const auto eb      = static_cast<int64_t>(elem_bytes);
     Comm& node         = *groups.node;
     const auto L       = static_cast<size_t>(node.size());
@@ -100,23 +104,23 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
 
     // 1. Pack this rank's send data by destination rank; share every member's counts.
     std::vector<std::byte> packed(static_cast<size_t>(sum(send_counts) * eb));
-    for (int64_t q = 0, off = 0; q < P; off += send_counts[q] * eb, ++q) {
+    for (size_t q = 0, off = 0; q < up; off += static_cast<size_t>(send_counts[q] * eb), ++q) {
         copy_bytes(packed.data() + off, sbytes + send_displs[q] * eb, send_counts[q] * eb);
     }
     std::vector<int64_t> all_sc(L * up), all_rc(L * up);  // [node rank][rank], elements
     node.allgather(send_counts.data(), up * sizeof(int64_t), all_sc.data());
     node.allgather(recv_counts.data(), up * sizeof(int64_t), all_rc.data());
-    const auto sc = [&](size_t m, int q) { return all_sc[m * up + static_cast<size_t>(q)] * eb; };
-    const auto rc = [&](size_t m, int q) { return all_rc[m * up + static_cast<size_t>(q)] * eb; };
+    const auto sc = [&](size_t m, size_t q) { return all_sc[m * up + q] * eb; };
+    const auto rc = [&](size_t m, size_t q) { return all_rc[m * up + q] * eb; };
 
     // 2. Gather to the leader: member m's packed data lands at gathered[gd[m]].
     std::vector<int64_t> zeros(L, 0), gsc(L, 0), grc(L, 0), gd(L, 0);
-    gsc[0] = static_cast<int64_t>(packed.size());
+    gsc[0]                 = static_cast<int64_t>(packed.size());
     int64_t gathered_bytes = 0;
     if (leader) {
         for (size_t m = 0; m < L; ++m) {
             gd[m] = gathered_bytes;
-            for (int q = 0; q < P; ++q) grc[m] += sc(m, q);
+            for (size_t q = 0; q < up; ++q) grc[m] += sc(m, q);
             gathered_bytes += grc[m];
         }
     }
@@ -129,12 +133,13 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
     if (leader) {
         Comm& leaders        = *groups.leaders;
         const auto num_nodes = static_cast<size_t>(leaders.size());
-        const auto& mine     = groups.members[groups.node_of[comm.rank()]];
+        const auto& mine =
+            groups.members[static_cast<size_t>(groups.node_of[static_cast<size_t>(comm.rank())])];
         std::vector<int64_t> block_off(L * up);  // [m][dest rank] offset in gathered
         for (size_t m = 0; m < L; ++m) {
             int64_t off = gd[m];
-            for (int q = 0; q < P; ++q) {
-                block_off[m * up + static_cast<size_t>(q)] = off;
+            for (size_t q = 0; q < up; ++q) {
+                block_off[m * up + q] = off;
                 off += sc(m, q);
             }
         }
@@ -145,9 +150,8 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
         for (size_t b = 0; b < num_nodes; ++b) {
             lsd[b] = off;
             for (size_t m = 0; m < L; ++m) {
-                for (int q : groups.members[b]) {
-                    copy_bytes(lsend.data() + off,
-                               gathered.data() + block_off[m * up + static_cast<size_t>(q)],
+                for (const size_t q : ranks_of(groups.members[b])) {
+                    copy_bytes(lsend.data() + off, gathered.data() + block_off[m * up + q],
                                sc(m, q));
                     off += sc(m, q);
                 }
@@ -157,7 +161,7 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
         int64_t lrecv_bytes = 0;
         for (size_t a = 0; a < num_nodes; ++a) {
             lrd[a] = lrecv_bytes;
-            for (int q : groups.members[a]) {
+            for (const size_t q : ranks_of(groups.members[a])) {
                 for (size_t n = 0; n < L; ++n) lrc[a] += rc(n, q);
             }
             lrecv_bytes += lrc[a];
@@ -169,9 +173,9 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
         std::vector<int64_t> pos(up * L);  // [source rank][n] offset in from_nodes
         for (size_t a = 0; a < num_nodes; ++a) {
             int64_t cur = lrd[a];
-            for (int q : groups.members[a]) {
+            for (const size_t q : ranks_of(groups.members[a])) {
                 for (size_t n = 0; n < L; ++n) {
-                    pos[static_cast<size_t>(q) * L + n] = cur;
+                    pos[q * L + n] = cur;
                     cur += rc(n, q);
                 }
             }
@@ -180,9 +184,8 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
         int64_t moff = 0;
         for (size_t n = 0; n < L; ++n) {
             msd[n] = moff;
-            for (int q = 0; q < P; ++q) {
-                copy_bytes(to_members.data() + moff,
-                           from_nodes.data() + pos[static_cast<size_t>(q) * L + n], rc(n, q));
+            for (size_t q = 0; q < up; ++q) {
+                copy_bytes(to_members.data() + moff, from_nodes.data() + pos[q * L + n], rc(n, q));
                 moff += rc(n, q);
             }
             msc[n] = moff - msd[n];
@@ -195,7 +198,7 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
     std::vector<int64_t> urc(L, 0);
     urc[0] = static_cast<int64_t>(unpacked.size());
     node.alltoallv_bytes(to_members.data(), msc, msd, unpacked.data(), urc, zeros, 1);
-    for (int64_t q = 0, off = 0; q < P; off += recv_counts[q] * eb, ++q) {
+    for (size_t q = 0, off = 0; q < up; off += static_cast<size_t>(recv_counts[q] * eb), ++q) {
         copy_bytes(rbytes + recv_displs[q] * eb, unpacked.data() + off, recv_counts[q] * eb);
     }
 }

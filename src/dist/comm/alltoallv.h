@@ -17,16 +17,16 @@ namespace bagualu::dist {
 
 void alltoallv_pairwise(Comm& comm, const void* send, std::span<const int64_t> send_counts,
                         std::span<const int64_t> send_displs, void* recv,
-                        std::span<const int64_t> recv_counts,
-                        std::span<const int64_t> recv_displs, size_t elem_bytes);
+                        std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                        size_t elem_bytes);
 
 // Node layout of one comm, built once (collective) and reused by every hierarchical call.
 struct NodeGroups {
-    std::unique_ptr<Comm> node;              // [not null] ranks of this node, node rank 0 leads
-    std::unique_ptr<Comm> leaders;           // [not null on leaders only] one rank per node
-    std::vector<int> node_of;                // [rank] -> node index (its leader's leaders rank)
-    std::vector<int> node_rank_of;           // [rank] -> rank within its node
-    std::vector<std::vector<int>> members;   // [node][node rank] -> rank
+    std::unique_ptr<Comm> node;             // [not null] ranks of this node, node rank 0 leads
+    std::unique_ptr<Comm> leaders;          // [not null on leaders only] one rank per node
+    std::vector<int> node_of;               // [rank] -> node index (its leader's leaders rank)
+    std::vector<int> node_rank_of;          // [rank] -> rank within its node
+    std::vector<std::vector<int>> members;  // [node][node rank] -> rank
 };
 
 // node: the ranks to treat as one node; nullptr means comm.split_shared() (real nodes). Tests

@@ -48,8 +48,8 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what) {
             parts += fmt::format("{} {} {} {:016x}; ", one ? "rank" : "ranks", rank_list(ranks),
                                  one ? "has" : "have", h);
         }
-        print_line(fmt::format("error: {} differs across ranks: {}rank 0 has {:016x}", what,
-                               parts, all[0]));
+        print_line(fmt::format("error: {} differs across ranks: {}rank 0 has {:016x}", what, parts,
+                               all[0]));
     }
     comm.exit_all(2);
 }

@@ -56,8 +56,7 @@ CollAlgo resolve(CollAlgo algo, int P, size_t bytes) {
         return algo;
     }
     if (algo == CollAlgo::ring) return algo;
-    return is_pow2(P) && bytes <= kSmallMessageBytes ? CollAlgo::halving_doubling
-                                                      : CollAlgo::ring;
+    return is_pow2(P) && bytes <= kSmallMessageBytes ? CollAlgo::halving_doubling : CollAlgo::ring;
 }
 
 // Per-thread scratch, grown on demand; slot selects one of a few independent buffers.
@@ -70,8 +69,7 @@ T* scratch(int slot, size_t n) {
 }
 
 template <typename T>
-void exchange(Comm& comm, const T* send, size_t send_n, int dest, T* recv, size_t recv_n,
-              int src) {
+void exchange(Comm& comm, const T* send, size_t send_n, int dest, T* recv, size_t recv_n, int src) {
     comm.sendrecv(send, send_n * sizeof(T), dest, recv, recv_n * sizeof(T), src);
 }
 
@@ -81,11 +79,11 @@ void exchange(Comm& comm, const T* send, size_t send_n, int dest, T* recv, size_
 // s+1 contributions; folding the local value makes s+2. After P-1 steps chunk r holds all P.
 template <typename D>
 void reduce_scatter_ring(Comm& comm, const typename D::T* in, size_t n, typename D::T* out) {
-    using T      = typename D::T;
-    const int P  = comm.size();
-    const int r  = comm.rank();
-    const int rt = (r + 1) % P;
-    const int lt = (r - 1 + P) % P;
+    using T                = typename D::T;
+    const int P            = comm.size();
+    const int r            = comm.rank();
+    const int rt           = (r + 1) % P;
+    const int lt           = (r - 1 + P) % P;
     const size_t max_chunk = n / static_cast<size_t>(P) + 1;
     T* recv                = scratch<T>(0, max_chunk);
     T* acc                 = scratch<T>(1, max_chunk);
@@ -109,11 +107,11 @@ void reduce_scatter_ring(Comm& comm, const typename D::T* in, size_t n, typename
 // to r ^ d, fold the partner's half (same count of contributions) with weight 1/2.
 template <typename D>
 void reduce_scatter_halving(Comm& comm, const typename D::T* in, size_t n, typename D::T* out) {
-    using T     = typename D::T;
-    const int P = comm.size();
-    const int r = comm.rank();
-    T* work[2]  = {scratch<T>(0, n / 2 + 1), scratch<T>(1, n / 2 + 1)};
-    T* recv     = scratch<T>(2, n / 2 + 1);
+    using T       = typename D::T;
+    const int P   = comm.size();
+    const int r   = comm.rank();
+    T* work[2]    = {scratch<T>(0, n / 2 + 1), scratch<T>(1, n / 2 + 1)};
+    T* recv       = scratch<T>(2, n / 2 + 1);
     const T* cur  = in;  // holds elements [bound(g), bound(g + m)) at offset 0
     size_t cur_lo = 0;
     int g         = 0;
@@ -181,8 +179,8 @@ void all_gather_impl(Comm& comm, std::span<const T> shard, std::span<T> out, Col
             const int cr    = ((r - st - 1) % P + P) % P;
             const size_t so = bound(n, cs, P);
             const size_t ro = bound(n, cr, P);
-            exchange(comm, o + so, bound(n, cs + 1, P) - so, rt, o + ro,
-                     bound(n, cr + 1, P) - ro, lt);
+            exchange(comm, o + so, bound(n, cs + 1, P) - so, rt, o + ro, bound(n, cr + 1, P) - ro,
+                     lt);
         }
         return;
     }

@@ -23,7 +23,7 @@ class Comm {
     // better), as needed to run communication on a background thread. LocalComm: always true.
     virtual bool threads_serialized() const = 0;
 
-    virtual void barrier() = 0;
+    virtual void barrier()                                     = 0;
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
 
     // In place, over all ranks.
@@ -80,9 +80,10 @@ class Comm {
 std::unique_ptr<Comm> make_local_comm();
 
 // MPI when this process was started by a launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in
-// the environment), else LocalComm without touching MPI. MPI is initialised with
-// MPI_Init_thread(MPI_THREAD_SERIALIZED); MPI_THREAD_FUNNELED is the least accepted, and
-// Comm::threads_serialized() says whether a background communication thread is allowed.
+// the environment), else LocalComm without touching MPI. Thread level: communication is meant to
+// run on a background thread (overlapping compute), one MPI call at a time, which is
+// MPI_THREAD_SERIALIZED (FUNNELED would allow the main thread only). We request SERIALIZED and
+// accept FUNNELED as the least; Comm::threads_serialized() says which one we got.
 // Sets log::g_rank when the world has more than one rank. Call once.
 std::unique_ptr<Comm> init_world(int* argc, char*** argv);
 // MPI_Finalize when init_world initialised MPI; a no-op otherwise. All comms must be destroyed.

@@ -40,8 +40,8 @@ class LocalComm final : public Comm {
 
     void alltoallv_bytes(const void* send, std::span<const int64_t> send_counts,
                          std::span<const int64_t> send_displs, void* recv,
-                         std::span<const int64_t> recv_counts,
-                         std::span<const int64_t> recv_displs, size_t elem_bytes) override {
+                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                         size_t elem_bytes) override {
         BGL_CHECK(send_counts.size() == 1 && send_displs.size() == 1 && recv_counts.size() == 1 &&
                       recv_displs.size() == 1,
                   "alltoallv needs counts and displacements for each of 1 ranks");

@@ -44,7 +44,8 @@ void mpi_check(int rc, const char* expr, const char* file, int line) {
     int len                         = 0;
     MPI_Error_string(rc, text, &len);
     throw InternalError(fmt::format("{}:{}: MPI call failed on rank {}: {}: {}", file, line,
-                                    world_rank_or_minus_one(), expr, std::string(text, len)));
+                                    world_rank_or_minus_one(), expr,
+                                    std::string(text, static_cast<size_t>(len))));
 }
 
 #define BGL_MPI_CHECK(expr) mpi_check((expr), #expr, __FILE__, __LINE__)
@@ -109,8 +110,8 @@ class MpiComm final : public Comm {
 
     void alltoallv_bytes(const void* send, std::span<const int64_t> send_counts,
                          std::span<const int64_t> send_displs, void* recv,
-                         std::span<const int64_t> recv_counts,
-                         std::span<const int64_t> recv_displs, size_t elem_bytes) override {
+                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                         size_t elem_bytes) override {
         const auto p = static_cast<size_t>(size_);
         BGL_CHECK(send_counts.size() == p && send_displs.size() == p && recv_counts.size() == p &&
                       recv_displs.size() == p,
@@ -149,9 +150,8 @@ class MpiComm final : public Comm {
                   size_, out.size());
         BGL_CHECK(fits_int(static_cast<int64_t>(out.size())), "block of {} exceeds INT_MAX",
                   out.size());
-        BGL_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(),
-                                               static_cast<int>(out.size()), MPI_FLOAT, MPI_SUM,
-                                               comm_));
+        BGL_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(out.size()),
+                                               MPI_FLOAT, MPI_SUM, comm_));
     }
 
     void sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
@@ -161,7 +161,8 @@ class MpiComm final : public Comm {
         auto* r = static_cast<char*>(recv);
         for (size_t off = 0; off < recv_bytes; off += kMaxCallCount) {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, recv_bytes - off));
-            BGL_MPI_CHECK(MPI_Irecv(r + off, n, MPI_BYTE, src, kTagP2p, comm_, &reqs.emplace_back()));
+            BGL_MPI_CHECK(
+                MPI_Irecv(r + off, n, MPI_BYTE, src, kTagP2p, comm_, &reqs.emplace_back()));
         }
         const auto* s = static_cast<const char*>(send);
         for (size_t off = 0; off < send_bytes; off += kMaxCallCount) {
@@ -169,8 +170,7 @@ class MpiComm final : public Comm {
             BGL_MPI_CHECK(
                 MPI_Isend(s + off, n, MPI_BYTE, dest, kTagP2p, comm_, &reqs.emplace_back()));
         }
-        BGL_MPI_CHECK(
-            MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+        BGL_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     }
 
     std::unique_ptr<Comm> split(int color, int key) override {
@@ -225,8 +225,8 @@ class MpiComm final : public Comm {
 }  // namespace
 
 bool launched_by_mpi() {
-    return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
-           std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
+    return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+           std::getenv("PMI_RANK") != nullptr;
 }
 
 std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
@@ -238,10 +238,10 @@ std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
     BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     g_mpi_started_here = true;
     BGL_CHECK(provided >= MPI_THREAD_FUNNELED,
-              "MPI provides thread level {}, at least MPI_THREAD_FUNNELED ({}) is needed",
-              provided, MPI_THREAD_FUNNELED);
-    auto world = std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true,
-                                           provided >= MPI_THREAD_SERIALIZED);
+              "MPI provides thread level {}, at least MPI_THREAD_FUNNELED ({}) is needed", provided,
+              MPI_THREAD_FUNNELED);
+    auto world =
+        std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true, provided >= MPI_THREAD_SERIALIZED);
     if (world->size() > 1) log::g_rank = world->rank();
     return world;
 }

@@ -1,5 +1,5 @@
 // Single-process parts of collectives.h: shard boundaries, the online-averaging fold (including
-// why it exists: fp16 sums overflow where the running mean does not), and the bf16/fp16 helpers.
+// why it exists: fp16 sums overflow where the running mean does not), and the bf16/fp16 conversions.
 #include "dist/comm/collectives.h"
 
 #include <gtest/gtest.h>
@@ -87,8 +87,8 @@ TEST(FoldMean, Fp16MeanOfLargeValuesDoesNotOverflow) {
 
     float mean = float_from_fp16(values[0]);  // online averaging, float32 accumulator
     for (int i = 1; i < kCount; ++i) {
-        mean += (float_from_fp16(values[static_cast<size_t>(i)]) - mean) /
-                static_cast<float>(i + 1);
+        mean +=
+            (float_from_fp16(values[static_cast<size_t>(i)]) - mean) / static_cast<float>(i + 1);
     }
     const uint16_t online = fp16_from_float(mean);
     EXPECT_EQ(online, fp16_from_float(static_cast<float>(exact)));

@@ -42,7 +42,7 @@ TEST(LocalComm, ReductionsAreIdentities) {
 }
 
 TEST(LocalComm, GathersAndAllToAllsCopy) {
-    auto c = make_local_comm();
+    auto c      = make_local_comm();
     const int v = 17;
     int out     = 0;
     c->allgather(&v, sizeof(v), &out);
@@ -70,7 +70,7 @@ TEST(LocalComm, GathersAndAllToAllsCopy) {
 }
 
 TEST(LocalComm, SendrecvToItselfAndSplit) {
-    auto c = make_local_comm();
+    auto c         = make_local_comm();
     const double a = 2.5;
     double b       = 0;
     c->sendrecv(&a, sizeof(a), 0, &b, sizeof(b), 0);

@@ -1,0 +1,116 @@
+// See comm_bench.h. Bus bandwidth follows the nccl-tests convention so numbers compare across P:
+// all-to-all moves bytes * (P-1)/P per rank, reduce-scatter + all-gather 2 * bytes * (P-1)/P.
+#include "bench/comm_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/comm/collectives.h"
+
+namespace bagualu::bench {
+
+namespace {
+
+// Median over repeats of the slowest rank's time, in seconds.
+template <typename Op>
+double time_median(dist::Comm& comm, const CommBenchOptions& o, Op&& op) {
+    for (int i = 0; i < o.warmup; ++i) op();
+    std::vector<double> t;
+    for (int i = 0; i < o.repeats; ++i) {
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        op();
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        comm.allreduce_max(std::span<double>(&dt, 1));
+        t.push_back(dt);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+struct Row {
+    size_t bytes;
+    double a2a_s, mpi_s, ours_s;
+};
+
+double gbs(double bytes, double s) { return s > 0 ? bytes / s * 1e-9 : 0.0; }
+
+}  // namespace
+
+int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
+    if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.repeats < 1 || o.warmup < 0) {
+        input_error("comm bench: need 0 < min_bytes <= max_bytes, repeats >= 1, warmup >= 0");
+    }
+    const int P         = comm.size();
+    const auto up       = static_cast<size_t>(P);
+    const double factor = static_cast<double>(P - 1) / P;
+    std::vector<Row> rows;
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+        // All-to-all: bytes/P to every peer (the own block is a local copy).
+        const size_t per_peer = bytes / up;
+        std::vector<std::byte> send(per_peer * up, std::byte{1}), recv(per_peer * up);
+        std::vector<int64_t> counts(up, static_cast<int64_t>(per_peer)), displs(up);
+        for (size_t q = 0; q < up; ++q) displs[q] = static_cast<int64_t>(q * per_peer);
+        const double a2a = time_median(comm, o, [&] {
+            comm.alltoallv_bytes(send.data(), counts, displs, recv.data(), counts, displs, 1);
+        });
+
+        // Reduce-scatter + all-gather of n floats (n a multiple of P for the MPI version).
+        const size_t n     = std::max(bytes / sizeof(float) / up, size_t{1}) * up;
+        const size_t block = n / up;
+        std::vector<float> x(n, 1.0f + static_cast<float>(comm.rank())), full(n), shard(block);
+        const double mpi  = time_median(comm, o, [&] {
+            comm.reduce_scatter_sum_native(x, shard);
+            comm.allgather(shard.data(), block * sizeof(float), full.data());
+        });
+        const double ours = time_median(comm, o, [&] {
+            dist::reduce_scatter_mean(comm, x, shard);
+            dist::all_gather(comm, shard, full);
+        });
+        rows.push_back({bytes, a2a, mpi, ours});
+    }
+    if (comm.rank() != 0) return 0;
+
+    if (o.json) {
+        nlohmann::json j;
+        j["ranks"]   = P;
+        j["repeats"] = o.repeats;
+        j["rows"]    = nlohmann::json::array();
+        for (const Row& r : rows) {
+            const auto b = static_cast<double>(r.bytes);
+            j["rows"].push_back({{"bytes", r.bytes},
+                                 {"alltoall_ms", r.a2a_s * 1e3},
+                                 {"alltoall_busbw_gbs", gbs(b * factor, r.a2a_s)},
+                                 {"mpi_rs_ag_ms", r.mpi_s * 1e3},
+                                 {"mpi_rs_ag_busbw_gbs", gbs(2 * b * factor, r.mpi_s)},
+                                 {"ours_rs_ag_ms", r.ours_s * 1e3},
+                                 {"ours_rs_ag_busbw_gbs", gbs(2 * b * factor, r.ours_s)},
+                                 {"ours_over_mpi", r.mpi_s > 0 ? r.ours_s / r.mpi_s : 0.0}});
+        }
+        fmt::print("{}\n", j.dump());
+        std::fflush(stdout);
+        return 0;
+    }
+    fmt::print("comm bench: {} ranks, median of {} (slowest rank), bus bandwidth in GB/s\n", P,
+               o.repeats);
+    fmt::print("{:>10}  {:>9} {:>7}  {:>12} {:>7}  {:>13} {:>7}  {:>8}\n", "bytes", "a2a ms",
+               "GB/s", "mpi rs+ag ms", "GB/s", "ours rs+ag ms", "GB/s", "ours/mpi");
+    for (const Row& r : rows) {
+        const auto b = static_cast<double>(r.bytes);
+        fmt::print("{:>10}  {:>9.3f} {:>7.2f}  {:>12.3f} {:>7.2f}  {:>13.3f} {:>7.2f}  {:>8.2f}\n",
+                   r.bytes, r.a2a_s * 1e3, gbs(b * factor, r.a2a_s), r.mpi_s * 1e3,
+                   gbs(2 * b * factor, r.mpi_s), r.ours_s * 1e3, gbs(2 * b * factor, r.ours_s),
+                   r.mpi_s > 0 ? r.ours_s / r.mpi_s : 0.0);
+    }
+    std::fflush(stdout);
+    return 0;
+}
+
+}  // namespace bagualu::bench

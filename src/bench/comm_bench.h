@@ -1,0 +1,24 @@
+// Communication benchmark: for message sizes min_bytes..max_bytes (x4 steps), times all-to-all(v)
+// and reduce-scatter + all-gather two ways: the MPI library's (MPI_Reduce_scatter_block, sum, +
+// MPI_Allgather) and ours (reduce_scatter_mean + all_gather, collectives.h). Reports medians over
+// repeats (each repeat: the slowest rank) and bus bandwidth; rank 0 prints a table or one JSON
+// object. Collective over `comm`. The CLI (`bagualu bench comm`) parses the options.
+#pragma once
+#include <cstddef>
+
+#include "dist/comm/comm.h"
+
+namespace bagualu::bench {
+
+struct CommBenchOptions {
+    size_t min_bytes = size_t{4} << 10;   // per-rank message size, first row
+    size_t max_bytes = size_t{64} << 20;  // last row (sizes grow x4)
+    int repeats      = 10;                // timed runs per size and operation
+    int warmup       = 2;                 // untimed runs first
+    bool json        = false;             // one JSON object instead of the table
+};
+
+// Returns 0; prints on rank 0 only.
+int run_comm_bench(dist::Comm& comm, const CommBenchOptions& options);
+
+}  // namespace bagualu::bench
