@@ -14,6 +14,8 @@
 #include "data/dataset.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "dist/comm/checks.h"
+#include "dist/parallel.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
 #include "report/metrics.h"
@@ -75,12 +77,25 @@ int cmd_prepare(const CommonArgs& a, bool force) {
     return 0;
 }
 
-int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force) {
-    TrainConfig cfg = resolve_config(a);
-    if (!run_dir.empty()) cfg.train.run_dir = run_dir;
-    train::TrainOptions opt;
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world) {
+    TrainConfig cfg;
+    std::string error;
+    try {
+        cfg = resolve_config(a);
+        if (!run_dir.empty()) cfg.train.run_dir = run_dir;
+        validate_layout(cfg, world.size());
+    } catch (const InputError& e) {
+        error = e.what();
+    }
+    if (world.size() > 1) {
+        dist::check_all_ok(world, error.empty(), error);  // ends every rank on any rank's error
+    } else if (!error.empty()) {
+        throw InputError(error);
+    }
+    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    train::TrainOptions   opt;
     opt.force = force;
-    train::run_training(cfg, opt);
+    train::run_training(cfg, opt, &par);
     return 0;
 }
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm/comm.h"
+
 namespace bagualu::cli {
 
 struct CommonArgs {
@@ -12,7 +14,8 @@ struct CommonArgs {
 };
 
 int cmd_prepare(const CommonArgs& a, bool force);
-int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force);
+// Collective over world: every rank of an mpirun job calls it.
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world);
 int cmd_eval(const CommonArgs& a, const std::string& model_dir, const std::string& val_path);
 struct SampleArgs {
     std::string              model_dir;

@@ -3,10 +3,13 @@
 // line), 1 for internal failures.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fmt/format.h>
+#include <memory>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/comm/comm.h"
 
 using namespace bagualu;
 
@@ -72,21 +75,35 @@ int main(int argc, char** argv) {
         return 2;
     }
 
+    // Only `train` runs on several ranks; the world exists for it alone.
+    std::unique_ptr<dist::Comm> world;
+    auto fail = [&](int code, const std::string& msg) {
+        std::fflush(stdout);
+        if (world && world->size() > 1) world->abort(code, msg);  // ends every rank
+        fmt::print(stderr, "{}\n", msg);
+        return code;
+    };
     try {
+        if (*train) {
+            world      = dist::init_world(&argc, &argv);
+            const int rc = cli::cmd_train(common, run_dir, force, *world);
+            world.reset();
+            dist::finalize_world();
+            return rc;
+        }
+        if (dist::launched_by_mpi() && std::getenv("OMPI_COMM_WORLD_SIZE") &&
+            std::string(std::getenv("OMPI_COMM_WORLD_SIZE")) != "1") {
+            throw InputError("only `bagualu train` runs on several ranks; run this command without mpirun");
+        }
         if (*prepare) return cli::cmd_prepare(common, force);
-        if (*train) return cli::cmd_train(common, run_dir, force);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
         if (*sample) return cli::cmd_sample(sa);
         if (*exp) return cli::cmd_export(from, out, dtype);
         if (*report) return cli::cmd_report(report_dir);
     } catch (const InputError& e) {
-        std::fflush(stdout);
-        fmt::print(stderr, "bagualu: error: {}\n", e.what());
-        return 2;
+        return fail(2, fmt::format("bagualu: error: {}", e.what()));
     } catch (const std::exception& e) {
-        std::fflush(stdout);
-        fmt::print(stderr, "bagualu: internal error: {}\n", e.what());
-        return 1;
+        return fail(1, fmt::format("bagualu: internal error: {}", e.what()));
     }
     return 0;
 }

@@ -100,9 +100,13 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
                          h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F);
     }
+    // aux is one number over all ranks' tokens; each rank differentiates it w.r.t. its own
+    // tokens only. Dense gradients are then averaged over the P ranks, so the partial
+    // gradients are scaled by P here to make that average their sum.
+    const double daux_local = daux * (par_ ? par_->size() : 1);
     topk_gate_backward(dlogits_.data(), dprobs_.data(), probs_.data(), expert_idx_.data(),
                        softmax_full_.data(), f_.data(), n_total_, N, E, K,
-                       s_.aux_coef > 0 ? s_.aux_coef : 0.0, daux);
+                       s_.aux_coef > 0 ? s_.aux_coef : 0.0, daux_local);
     kernels::linear_backward(dinp, dw.gate_w, nullptr, dlogits_.data(), inp, w.gate_w, N, C, E);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
 }

@@ -48,7 +48,7 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what) {
             parts += fmt::format("{} {} {} {:016x}; ", one ? "rank" : "ranks", rank_list(ranks),
                                  one ? "has" : "have", h);
         }
-        print_line(fmt::format("error: {} differs across ranks: {}rank 0 has {:016x}", what, parts,
+        print_line(fmt::format("bagualu: error: {} differs across ranks: {}rank 0 has {:016x}", what, parts,
                                all[0]));
     }
     comm.exit_all(2);
@@ -62,8 +62,8 @@ void check_all_ok(Comm& comm, bool ok, const std::string& error) {
     if (flag < 0) return;
     const int lowest = P - 1 - static_cast<int>(flag);
     if (comm.rank() == lowest) {
-        print_line(P > 1 ? fmt::format("error: {} (rank {})", error, lowest)
-                         : fmt::format("error: {}", error));
+        print_line(P > 1 ? fmt::format("bagualu: error: {} (rank {})", error, lowest)
+                         : fmt::format("bagualu: error: {}", error));
     }
     comm.exit_all(2);
 }
