@@ -9,7 +9,7 @@ DEB_PACKAGES := build-essential cmake pkg-config git \
 	nlohmann-json3-dev libfmt-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	libdnnl-dev libopenblas-dev libhwloc-dev fortunes fortunes-zh
 
-.PHONY: deps build train test test-all prepare clean format
+.PHONY: deps configure build build-bin train test test-all prepare clean format
 
 # Installs only what is missing, so a second run is quiet and fast.
 deps:
@@ -21,11 +21,18 @@ deps:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-build: deps
+configure: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
+
+# Everything, tests included.
+build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-prepare: build
+# The bagualu binary alone (what `make train` needs).
+build-bin: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target bagualu
+
+prepare: build-bin
 	$(BUILD_DIR)/bagualu prepare --config $(CONFIG)
 
 train: prepare
