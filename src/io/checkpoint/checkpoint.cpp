@@ -1,0 +1,302 @@
+#include "io/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace bagualu::io::ckpt {
+
+namespace fs = std::filesystem;
+
+static std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+uint64_t file_xxh64(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) input_error("{}: cannot open", path);
+    XXH64_state_t* st = XXH64_createState();
+    XXH64_reset(st, 0);
+    std::vector<char> buf(1 << 20);
+    for (;;) {
+        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0) {
+            ::close(fd);
+            XXH64_freeState(st);
+            input_error("{}: read failed", path);
+        }
+        if (n == 0) break;
+        XXH64_update(st, buf.data(), static_cast<size_t>(n));
+    }
+    ::close(fd);
+    const uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+FileRecord write_slices(const std::string& dir, const std::string& name, std::span<const Slice> slices) {
+    std::vector<TensorRef> refs;
+    FileRecord             rec;
+    rec.name = name;
+    for (const Slice& s : slices) {
+        BGL_CHECK(s.begin >= 0 && s.end >= s.begin, "slice [{}, {}) of {}", s.begin, s.end, s.tensor);
+        SliceRecord r{s.tensor, s.shape, s.begin, s.end, fmt::format("{}[{}:{}]", s.tensor, s.begin, s.end)};
+        refs.push_back(TensorRef{r.key, DType::F32, {s.end - s.begin}, s.data});
+        rec.slices.push_back(std::move(r));
+    }
+    const std::string path = dir + "/" + name;
+    write_safetensors(path, refs, {{"format", "bagualu-checkpoint-shard"}});
+    rec.bytes = fs::file_size(path);
+    rec.xxh64 = file_xxh64(path);
+    return rec;
+}
+
+nlohmann::json manifest_to_json(const Manifest& m) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const FileRecord& f : m.files) {
+        nlohmann::json slices = nlohmann::json::array();
+        for (const SliceRecord& s : f.slices) {
+            slices.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"begin", s.begin},
+                              {"end", s.end}, {"key", s.key}});
+        }
+        files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)},
+                         {"slices", std::move(slices)}});
+    }
+    return nlohmann::json{{"format", "bagualu-checkpoint"},
+                          {"version", 1},
+                          {"step", m.step},
+                          {"config", m.config_toml},
+                          {"layout", {{"ranks", m.ranks}, {"expert_parallel", m.expert_parallel}}},
+                          {"files", std::move(files)},
+                          {"state", m.state}};
+}
+
+namespace {
+
+// Typed field access with one-line errors naming the manifest and the field.
+struct Fields {
+    const std::string& source;
+    const nlohmann::json& at(const nlohmann::json& obj, const char* key, const std::string& where) const {
+        if (!obj.is_object() || !obj.contains(key)) input_error("{}: missing {}{}", source, where, key);
+        return obj[key];
+    }
+    int64_t integer(const nlohmann::json& obj, const char* key, const std::string& where) const {
+        const auto& v = at(obj, key, where);
+        if (!v.is_number_integer()) input_error("{}: {}{} must be an integer", source, where, key);
+        return v.get<int64_t>();
+    }
+    std::string string(const nlohmann::json& obj, const char* key, const std::string& where) const {
+        const auto& v = at(obj, key, where);
+        if (!v.is_string()) input_error("{}: {}{} must be a string", source, where, key);
+        return v.get<std::string>();
+    }
+};
+
+}  // namespace
+
+Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) {
+    const Fields f{source};
+    if (f.string(j, "format", "") != "bagualu-checkpoint") input_error("{}: format is not bagualu-checkpoint", source);
+    if (f.integer(j, "version", "") != 1) input_error("{}: unsupported version (expected 1)", source);
+    Manifest m;
+    m.step        = f.integer(j, "step", "");
+    m.config_toml = f.string(j, "config", "");
+    const auto& layout = f.at(j, "layout", "");
+    m.ranks            = static_cast<int>(f.integer(layout, "ranks", "layout."));
+    m.expert_parallel  = static_cast<int>(f.integer(layout, "expert_parallel", "layout."));
+    if (m.step < 0 || m.ranks < 1 || m.expert_parallel < 1) input_error("{}: step/layout out of range", source);
+    const auto& files = f.at(j, "files", "");
+    if (!files.is_array()) input_error("{}: files must be an array", source);
+    // tensor -> sorted ranges, to find overlaps and shape disagreements
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
+    std::map<std::string, std::vector<int64_t>>                     shapes;
+    for (size_t fi = 0; fi < files.size(); ++fi) {
+        const std::string where = fmt::format("files[{}].", fi);
+        FileRecord        r;
+        r.name = f.string(files[fi], "name", where);
+        if (r.name.empty() || r.name.find('/') != std::string::npos || r.name[0] == '.') {
+            input_error("{}: {}name '{}' must be a plain file name", source, where, r.name);
+        }
+        r.bytes = static_cast<uint64_t>(f.integer(files[fi], "bytes", where));
+        const std::string h = f.string(files[fi], "xxh64", where);
+        size_t            used = 0;
+        try {
+            r.xxh64 = std::stoull(h, &used, 16);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != h.size() || h.size() != 16) input_error("{}: {}xxh64 must be 16 hex digits", source, where);
+        const auto& slices = f.at(files[fi], "slices", where);
+        if (!slices.is_array()) input_error("{}: {}slices must be an array", source, where);
+        for (size_t si = 0; si < slices.size(); ++si) {
+            const std::string sw = fmt::format("{}slices[{}].", where, si);
+            SliceRecord       s;
+            s.tensor = f.string(slices[si], "tensor", sw);
+            s.key    = f.string(slices[si], "key", sw);
+            s.begin  = f.integer(slices[si], "begin", sw);
+            s.end    = f.integer(slices[si], "end", sw);
+            const auto& shape = f.at(slices[si], "shape", sw);
+            if (!shape.is_array()) input_error("{}: {}shape must be an array", source, sw);
+            int64_t numel = 1;
+            for (const auto& d : shape) {
+                if (!d.is_number_integer() || d.get<int64_t>() < 0) input_error("{}: {}shape must hold non-negative integers", source, sw);
+                s.shape.push_back(d.get<int64_t>());
+                if (s.shape.back() > 0 && numel > (int64_t{1} << 50) / s.shape.back()) input_error("{}: {}shape too large", source, sw);
+                numel *= s.shape.back();
+            }
+            if (s.begin < 0 || s.end < s.begin || s.end > numel) {
+                input_error("{}: {}range [{}, {}) outside tensor {} of {} elements", source, sw, s.begin, s.end, s.tensor, numel);
+            }
+            auto [it, fresh] = shapes.emplace(s.tensor, s.shape);
+            if (!fresh && it->second != s.shape) input_error("{}: {}shape of {} disagrees with another slice", source, sw, s.tensor);
+            ranges[s.tensor].emplace_back(s.begin, s.end);
+            r.slices.push_back(std::move(s));
+        }
+        m.files.push_back(std::move(r));
+    }
+    for (auto& [tensor, rs] : ranges) {
+        std::sort(rs.begin(), rs.end());
+        for (size_t i = 1; i < rs.size(); ++i) {
+            if (rs[i].first < rs[i - 1].second) input_error("{}: slices of {} overlap at element {}", source, tensor, rs[i].first);
+        }
+    }
+    m.state = j.contains("state") ? j["state"] : nlohmann::json::object();
+    return m;
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+    const std::string path = dir + "/" + kManifestName, tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << manifest_to_json(m).dump(1) << "\n";
+        out.flush();
+        if (!out) input_error("{}: cannot write", tmp);
+    }
+    const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) input_error("{}: cannot rename into place: {}", path, ec.message());
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes) : dir_(dir) {
+    const std::string path = dir + "/" + kManifestName;
+    if (!fs::exists(path)) input_error("{}: missing (an incomplete or foreign checkpoint)", path);
+    nlohmann::json j;
+    {
+        std::ifstream in(path);
+        try {
+            j = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+            input_error("{}: invalid JSON: {}", path, e.what());
+        }
+    }
+    manifest_ = manifest_from_json(j, path);
+    for (const FileRecord& f : manifest_.files) {
+        const std::string fp = dir + "/" + f.name;
+        std::error_code   ec;
+        const auto        size = fs::file_size(fp, ec);
+        if (ec) input_error("{}: missing shard file", fp);
+        if (size != f.bytes) input_error("{}: {} bytes, manifest says {} (truncated?)", fp, size, f.bytes);
+        if (verify_hashes && file_xxh64(fp) != f.xxh64) {
+            input_error("{}: checksum mismatch (xxh64 {} expected {}): corrupted", fp, hex64(file_xxh64(fp)), hex64(f.xxh64));
+        }
+    }
+}
+
+bool CheckpointReader::has(const std::string& tensor) const {
+    for (const FileRecord& f : manifest_.files) {
+        for (const SliceRecord& s : f.slices) {
+            if (s.tensor == tensor) return true;
+        }
+    }
+    return false;
+}
+
+const std::vector<int64_t>& CheckpointReader::shape(const std::string& tensor) const {
+    for (const FileRecord& f : manifest_.files) {
+        for (const SliceRecord& s : f.slices) {
+            if (s.tensor == tensor) return s.shape;
+        }
+    }
+    input_error("{}: no tensor {} in the checkpoint", dir_, tensor);
+}
+
+void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t end, float* out) const {
+    int64_t covered = 0;
+    for (const FileRecord& f : manifest_.files) {
+        std::unique_ptr<SafetensorsFile> file;  // opened only when a slice is needed
+        for (const SliceRecord& s : f.slices) {
+            if (s.tensor != tensor || s.end <= begin || s.begin >= end) continue;
+            if (!file) file = std::make_unique<SafetensorsFile>(dir_ + "/" + f.name);
+            const TensorInfo& ti = file->info(s.key);
+            if (ti.dtype != DType::F32 || ti.numel != s.end - s.begin) {
+                input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name, s.key, s.end - s.begin);
+            }
+            const auto    bytes = file->bytes(s.key);
+            const int64_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
+            std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4, static_cast<size_t>(hi - lo) * 4);
+            covered += hi - lo;
+        }
+    }
+    if (covered != end - begin) {
+        input_error("{}: tensor {} elements [{}, {}) are not all in the checkpoint ({} found)", dir_, tensor, begin, end, covered);
+    }
+}
+
+std::string step_dir(const std::string& root, int64_t step) { return fmt::format("{}/step_{:08d}", root, step); }
+
+std::vector<std::string> list_complete(const std::string& root) {
+    std::vector<std::pair<int64_t, std::string>> found;
+    std::error_code                              ec;
+    if (!fs::is_directory(root, ec)) return {};
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("step_", 0) != 0 || name.size() != 13 || !e.is_directory()) continue;
+        if (!fs::exists(e.path() / kManifestName)) continue;
+        found.emplace_back(std::stoll(name.substr(5)), e.path().string());
+    }
+    std::sort(found.begin(), found.end(), std::greater<>());
+    std::vector<std::string> out;
+    for (auto& [step, path] : found) out.push_back(path);
+    return out;
+}
+
+void commit(const std::string& tmp_dir, const std::string& final_dir) {
+    std::error_code ec;
+    if (fs::exists(final_dir)) input_error("{}: exists already; a checkpoint is never overwritten", final_dir);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) input_error("{}: cannot rename into place: {}", final_dir, ec.message());
+    const std::string parent = fs::path(final_dir).parent_path().string();
+    const int         fd     = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
+}
+
+void prune(const std::string& root, int keep) {
+    if (keep <= 0) return;
+    const std::vector<std::string> all = list_complete(root);
+    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+        std::error_code ec;
+        fs::remove(fs::path(all[i]) / kManifestName, ec);  // incomplete first, so a crash mid-delete is safe
+        fs::remove_all(all[i], ec);
+    }
+}
+
+}  // namespace bagualu::io::ckpt
