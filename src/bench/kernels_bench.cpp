@@ -2,7 +2,8 @@
 // (dnnl_sgemm; bf16 through a matmul primitive, skipped when oneDNN only has its reference
 // implementation for this CPU) and OpenBLAS (cblas_sgemm; this OpenBLAS has no bf16 GEMM).
 // Each library gets the compute pool's thread count; libraries are timed one after another with
-// a pause between, so one's spinning workers do not steal the next one's cores.
+// a pause between, so one's spinning workers do not steal the next one's cores. Last, the
+// experts' grouped GEMM: one grouped call against a loop of gemm_f32 over skewed experts.
 #include "bench/kernels_bench.h"
 
 #include <cblas.h>
@@ -22,6 +23,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/peak.h"
 
 namespace bagualu::bench {
@@ -172,6 +174,80 @@ nlohmann::json to_json(const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 
+// ---- grouped GEMM of the experts ----
+
+// The default model's MoE layer: E experts, C = d_model, F = d_ff, `rows` routed (token, slot)
+// pairs (16 x 128 tokens, top-2), split over the experts by Zipf's law (weights 1 / (e + 1)).
+constexpr int kGroupedE = 8, kGroupedC = 256, kGroupedF = 768, kGroupedRows = 4096;
+
+struct GroupedRow {
+    const char* name;                       // which product
+    double      grouped = 0.0, loop = 0.0;  // GFLOP/s, 2 rows F C flops per call
+};
+
+std::vector<int32_t> zipf_offsets(int E, int rows) {
+    double total = 0.0;
+    for (int e = 0; e < E; ++e) total += 1.0 / (e + 1);
+    std::vector<int32_t> off(size_t(E) + 1, 0);
+    for (int e = 0; e < E; ++e) {
+        off[size_t(e) + 1] = off[size_t(e)] + static_cast<int32_t>(rows / (e + 1) / total);
+    }
+    const int32_t rest = rows - off.back();  // rounding: the largest expert takes the rest
+    for (int e = 1; e <= E; ++e) off[size_t(e)] += rest;
+    return off;
+}
+
+std::vector<GroupedRow> run_grouped(int repeats) {
+    const int E = kGroupedE, C = kGroupedC, F = kGroupedF, R = kGroupedRows;
+    const std::vector<int32_t> off = zipf_offsets(E, R);
+    Rng                        rng(2);
+    auto                       random = [&](size_t n) {
+        std::vector<float> v(n);
+        for (float& x : v) x = float(rng.uniform() - 0.5);
+        return v;
+    };
+    const std::vector<float> x = random(size_t(R) * C), w = random(size_t(E) * F * C);
+    const std::vector<float> dh = random(size_t(R) * F);
+    std::vector<float>       h(size_t(R) * F), dw(size_t(E) * F * C);
+    const size_t             ws = size_t(F) * C;
+
+    // forward: h_e (rows_e, F) = x_e (rows_e, C) @ w_e^T
+    GroupedRow fwd{"x W1^T"};
+    const Shape fwd_shape{R, F, C, Trans::N, Trans::T};
+    fwd.grouped = time_gflops(fwd_shape, repeats, [&] {
+        kernels::grouped_gemm_f32(Trans::N, Trans::T, E, off.data(), F, C, 1.0f, x.data(), C,
+                                  w.data(), C, ws, 0.0f, h.data(), F);
+    });
+    settle();
+    fwd.loop = time_gflops(fwd_shape, repeats, [&] {
+        for (int e = 0; e < E; ++e) {
+            const int32_t o = off[size_t(e)], n = off[size_t(e) + 1] - o;
+            if (n == 0) continue;
+            kernels::gemm_f32(Trans::N, Trans::T, n, F, C, 1.0f, x.data() + size_t(o) * C, C,
+                              w.data() + size_t(e) * ws, C, 0.0f, h.data() + size_t(o) * F, F);
+        }
+    });
+    settle();
+    // weight gradient: dw_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C)
+    GroupedRow wgrad{"dH^T X"};
+    const Shape wgrad_shape{F, C, R, Trans::T, Trans::N};
+    wgrad.grouped = time_gflops(wgrad_shape, repeats, [&] {
+        kernels::grouped_gemm_tn_f32(E, off.data(), F, C, 1.0f, dh.data(), F, x.data(), C, 1.0f,
+                                     dw.data(), C, ws);
+    });
+    settle();
+    wgrad.loop = time_gflops(wgrad_shape, repeats, [&] {
+        for (int e = 0; e < E; ++e) {
+            const int32_t o = off[size_t(e)], n = off[size_t(e) + 1] - o;
+            if (n == 0) continue;
+            kernels::gemm_f32(Trans::T, Trans::N, F, C, n, 1.0f, dh.data() + size_t(o) * F, F,
+                              x.data() + size_t(o) * C, C, 1.0f, dw.data() + size_t(e) * ws, C);
+        }
+    });
+    settle();
+    return {fwd, wgrad};
+}
+
 }  // namespace
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
@@ -189,6 +265,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     std::vector<Row> rows;
     for (const Shape& s : shapes) {
         for (const Row& r : run_shape(s, repeats)) rows.push_back(r);
+    }
+    const std::vector<GroupedRow> grouped = run_grouped(repeats);
+    std::string                   counts;
+    const std::vector<int32_t>    off = zipf_offsets(kGroupedE, kGroupedRows);
+    for (int e = 0; e < kGroupedE; ++e) {
+        counts += fmt::format("{}{}", e ? " " : "", off[size_t(e) + 1] - off[size_t(e)]);
     }
 
     if (opts.json) {
@@ -208,6 +290,15 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                    {"onednn_gflops", to_json(r.onednn)},
                                    {"openblas_gflops", to_json(r.openblas)}});
         }
+        out["grouped_gemm"] = nlohmann::json::array();
+        for (const GroupedRow& g : grouped) {
+            out["grouped_gemm"].push_back({{"product", g.name},
+                                           {"experts", kGroupedE},
+                                           {"tokens_per_expert", counts},
+                                           {"grouped_gflops", g.grouped},
+                                           {"loop_gflops", g.loop},
+                                           {"grouped_over_loop", g.grouped / g.loop}});
+        }
         fmt::print("{}\n", out.dump(2));
         return 0;
     }
@@ -221,6 +312,13 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         fmt::print("{:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {:6.2f} {}\n", r.s.m, r.s.n, r.s.k,
                    trans_name(r.s), r.dtype, r.ours, cell(r.onednn), cell(r.openblas),
                    r.ours / peak, ratio(r.ours, r.onednn));
+    }
+    fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE,
+               kGroupedC, kGroupedF, counts);
+    fmt::print("{:>8} {:>8} {:>8} {:>8}\n", "product", "grouped", "loop", "ratio");
+    for (const GroupedRow& g : grouped) {
+        fmt::print("{:>8} {:8.1f} {:8.1f} {:8.2f}\n", g.name, g.grouped, g.loop,
+                   g.grouped / g.loop);
     }
     return 0;
 }

@@ -72,14 +72,6 @@ void openblas_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const b
                 b32.data(), ldb, beta, C, ldc);
 }
 
-const KernelSpec& f32_spec(Path p) {
-    switch (p) {
-        case Path::avx512: return avx512::f32_kernel();
-        case Path::avx2: return avx2::f32_kernel();
-        default: return generic::f32_kernel();
-    }
-}
-
 const KernelSpec& bf16_spec(Path p) {
     switch (p) {
         case Path::avx512:
@@ -90,6 +82,14 @@ const KernelSpec& bf16_spec(Path p) {
 }
 
 }  // namespace
+
+const KernelSpec& f32_spec(Path p) {
+    switch (p) {
+        case Path::avx512: return avx512::f32_kernel();
+        case Path::avx2: return avx2::f32_kernel();
+        default: return generic::f32_kernel();
+    }
+}
 
 const char* path_name(Path p) {
     switch (p) {

@@ -1,7 +1,6 @@
 #include "moe/dispatch.h"
 
 #include <cstring>
-#include <vector>
 
 #include "core/thread_pool.h"
 
@@ -10,12 +9,14 @@ namespace bagualu::moe {
 void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offsets,
                    const int32_t* expert_idx, const int32_t* tokens_per_expert, int N, int E,
                    int K) {
+    // expert_offsets[e + 1] first holds expert e's start and serves as its cursor: once all of
+    // e's rows are placed it has moved on to e's end, which is the offset of e + 1.
     expert_offsets[0] = 0;
-    for (int e = 0; e < E; ++e) expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e];
-    std::vector<int32_t> next(expert_offsets, expert_offsets + E);
+    if (E > 0) expert_offsets[1] = 0;
+    for (int e = 1; e < E; ++e) expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e - 1];
     for (int t = 0; t < N; ++t) {
         for (int k = 0; k < K; ++k) {
-            const int32_t r = next[static_cast<size_t>(expert_idx[t * K + k])]++;
+            const int32_t r = expert_offsets[expert_idx[t * K + k] + 1]++;
             row_of[t * K + k] = r;
             token_of_row[r]   = t;
         }

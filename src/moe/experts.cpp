@@ -1,54 +1,110 @@
+// Expert MLPs over the permuted rows: each matrix product is one grouped GEMM over all local
+// experts (kernels/grouped_gemm.h), so threads balance over experts' rows together and an expert
+// with no rows costs nothing. Bias adds and bias-gradient sums run threaded once over all rows.
+// Results match running linear_forward / linear_backward per expert, bit for bit.
 #include "moe/experts.h"
 
+#include <algorithm>
+
+#include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
 
 namespace bagualu::moe {
 
-using kernels::gelu_backward;
-using kernels::gelu_forward;
-using kernels::linear_backward;
-using kernels::linear_forward;
+using kernels::Trans;
+
+namespace {
+
+// Below this many elements a bias loop stays on the calling thread (as kernels/ops.cpp does).
+constexpr int64_t kMinParallelWork = int64_t{1} << 14;
+// Bias gradients sum columns in blocks of this many (one cache line of floats).
+constexpr int kColBlock = 16;
+
+// out: (rows, D), rows = offsets[E]. out[r, :] += bias_e for each row r of expert e, where
+// bias_e = bias + e * stride: (D).
+void add_expert_bias(float* out, const float* bias, size_t stride, const int32_t* offsets, int E,
+                     int D) {
+    const int64_t rows = offsets[E];
+    auto body          = [&](int64_t begin, int64_t end) {
+        int e = static_cast<int>(std::upper_bound(offsets, offsets + E + 1, begin) - offsets) - 1;
+        for (int64_t r = begin; r < end; ++r) {
+            while (r >= offsets[e + 1]) ++e;
+            const float* __restrict b = bias + static_cast<size_t>(e) * stride;
+            float* __restrict o       = out + r * D;
+            for (int c = 0; c < D; ++c) o[c] += b[c];
+        }
+    };
+    if (rows * D < kMinParallelWork) {
+        if (rows > 0) body(0, rows);
+        return;
+    }
+    parallel_for(rows, body);
+}
+
+// dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
+// Each (expert, column block) is summed in double over its rows in order, as linear_backward
+// sums its bias gradient, then added once.
+void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const int32_t* offsets,
+                          int E, int D) {
+    const int nblk      = (D + kColBlock - 1) / kColBlock;
+    const int64_t units = int64_t{E} * nblk;
+    auto body           = [&](int64_t begin, int64_t end) {
+        for (int64_t u = begin; u < end; ++u) {
+            const int e = static_cast<int>(u / nblk), c0 = static_cast<int>(u % nblk) * kColBlock;
+            const int w = std::min(kColBlock, D - c0);
+            if (offsets[e + 1] == offsets[e]) continue;
+            double acc[kColBlock] = {};
+            for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+                const float* __restrict d = dout + r * D + c0;
+                for (int c = 0; c < w; ++c) acc[c] += double(d[c]);
+            }
+            float* db = dbias + static_cast<size_t>(e) * stride + c0;
+            for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + acc[c]);
+        }
+    };
+    if (int64_t{offsets[E]} * D < kMinParallelWork) {
+        body(0, units);
+        return;
+    }
+    parallel_for(units, body);
+}
+
+}  // namespace
 
 void experts_forward(float* y, float* h, float* g, const float* x, const ExpertWeights& w,
                      const int32_t* offsets, int E, int C, int F) {
-    for (int e = 0; e < E; ++e) {
-        const int64_t off = offsets[e];
-        const int     n   = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        linear_forward(h + off * F, x + off * C, w.fc_w + e * w.fc_w_stride,
-                       w.fc_b + e * w.fc_b_stride, n, C, F);
-    }
+    // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e
+    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, F, C, 1.0f, x, C, w.fc_w, C,
+                              w.fc_w_stride, 0.0f, h, F);
+    add_expert_bias(h, w.fc_b, w.fc_b_stride, offsets, E, F);
     const int64_t rows = offsets[E];
-    gelu_forward(g, h, static_cast<size_t>(rows * F));
-    for (int e = 0; e < E; ++e) {
-        const int64_t off = offsets[e];
-        const int     n   = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        linear_forward(y + off * C, g + off * F, w.proj_w + e * w.proj_w_stride,
-                       w.proj_b + e * w.proj_b_stride, n, F, C);
-    }
+    kernels::gelu_forward(g, h, static_cast<size_t>(rows * F));
+    // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
+    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, C, F, 1.0f, g, F, w.proj_w, F,
+                              w.proj_w_stride, 0.0f, y, C);
+    add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C);
 }
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, const float* dy, const float* x,
                       const float* h, const float* g, const ExpertWeights& w,
                       const int32_t* offsets, int E, int C, int F) {
-    for (int e = 0; e < E; ++e) {
-        const int64_t off = offsets[e];
-        const int     n   = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        linear_backward(dh + off * F, dw.proj_w + e * dw.proj_w_stride,
-                        dw.proj_b + e * dw.proj_b_stride, dy + off * C, g + off * F,
-                        w.proj_w + e * w.proj_w_stride, n, F, C);
-    }
+    // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh
+    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
+                              w.proj_w_stride, 0.0f, dh, F);
+    // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
+    kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
+                                 dw.proj_w_stride);
+    add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C);
     const int64_t rows = offsets[E];
-    gelu_backward(dh, h, dh, static_cast<size_t>(rows * F));
-    for (int e = 0; e < E; ++e) {
-        const int64_t off = offsets[e];
-        const int     n   = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        linear_backward(dx + off * C, dw.fc_w + e * dw.fc_w_stride, dw.fc_b + e * dw.fc_b_stride,
-                        dh + off * F, x + off * C, w.fc_w + e * w.fc_w_stride, n, C, F);
-    }
+    kernels::gelu_backward(dh, h, dh, static_cast<size_t>(rows * F));
+    // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
+    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, C, F, 1.0f, dh, F, w.fc_w, C,
+                              w.fc_w_stride, 0.0f, dx, C);
+    // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
+    kernels::grouped_gemm_tn_f32(E, offsets, F, C, 1.0f, dh, F, x, C, 1.0f, dw.fc_w, C,
+                                 dw.fc_w_stride);
+    add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F);
 }
 
 }  // namespace bagualu::moe

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "core/thread_pool.h"
 
@@ -11,7 +10,6 @@ namespace bagualu::moe {
 void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
                        int32_t* tokens_per_expert, const float* logits, int N, int E, int K) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
-        std::vector<int32_t> order(static_cast<size_t>(E));
         for (int64_t t = begin; t < end; ++t) {
             const float* l = logits + t * E;
             // full softmax (for the aux loss), in double
@@ -22,17 +20,23 @@ void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
             for (int e = 0; e < E; ++e) {
                 softmax_full[t * E + e] = static_cast<float>(std::exp(l[e] - mx) / sum);
             }
-            // top-k, ties broken by the lower expert id
-            for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
-            std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                              [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-            const double top = l[order[0]];
-            double       s   = 0;
-            for (int k = 0; k < K; ++k) s += std::exp(l[order[static_cast<size_t>(k)]] - top);
+            // top-k by insertion into the output row, in descending logit order; ties keep the
+            // lower expert id first (it was inserted earlier and is only passed by a larger logit)
+            int32_t* top = expert_idx + t * K;
+            int      n   = 0;
+            for (int32_t e = 0; e < E; ++e) {
+                int j = n < K ? n : K;
+                while (j > 0 && l[e] > l[top[j - 1]]) --j;
+                if (j >= K) continue;
+                for (int i = (n < K ? n : K - 1); i > j; --i) top[i] = top[i - 1];
+                top[j] = e;
+                if (n < K) ++n;
+            }
+            const double best = l[top[0]];
+            double       s    = 0;
+            for (int k = 0; k < K; ++k) s += std::exp(l[top[k]] - best);
             for (int k = 0; k < K; ++k) {
-                const int32_t e       = order[static_cast<size_t>(k)];
-                expert_idx[t * K + k] = e;
-                probs[t * K + k]      = static_cast<float>(std::exp(l[e] - top) / s);
+                probs[t * K + k] = static_cast<float>(std::exp(l[top[k]] - best) / s);
             }
         }
     });

@@ -1,5 +1,6 @@
 #include "moe/token_dispatcher.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
       max_rows_(max_rows),
       ep_size_(par.ep_size()),
       ep_rank_(par.ep_rank()),
+      mine_(static_cast<size_t>(E)),
       counts_(static_cast<size_t>(par.ep_size() * E)),
       send_counts_(static_cast<size_t>(par.ep_size())),
       send_displs_(static_cast<size_t>(par.ep_size())),
@@ -23,8 +25,8 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
       staging_(static_cast<size_t>(par.ep_size()) * static_cast<size_t>(max_rows) * static_cast<size_t>(C)) {}
 
 void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
-    std::vector<int64_t> mine(tokens_per_expert, tokens_per_expert + E_);
-    par_.ep().allgather(mine.data(), sizeof(int64_t) * static_cast<size_t>(E_), counts_.data());
+    std::copy(tokens_per_expert, tokens_per_expert + E_, mine_.begin());
+    par_.ep().allgather(mine_.data(), sizeof(int64_t) * static_cast<size_t>(E_), counts_.data());
     int64_t off = 0;
     for (int q = 0; q < ep_size_; ++q) {
         int64_t rows = 0;

@@ -39,6 +39,7 @@ class TokenDispatcher {
    private:
     dist::ParallelContext& par_;
     int                    E_, El_, C_, max_rows_, ep_size_, ep_rank_;
+    std::vector<int64_t>   mine_;             // [E] this rank's rows per global expert
     std::vector<int64_t>   counts_;           // [ep_size * E] rows from rank s to global expert e
     std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
     std::vector<int32_t>   local_offsets_;    // [El + 1]

@@ -7,6 +7,8 @@ namespace bagualu::kernels::gemm {
 
 enum class Path { ref, generic, avx2, avx512, openblas };
 
+struct KernelSpec;
+
 const char* path_name(Path p);
 bool        path_supported(Path p);
 // The fastest of ours (never openblas or ref) the CPU supports.
@@ -14,5 +16,7 @@ Path best_path();
 Path active_path();
 // Throws InternalError when p is not supported on this CPU.
 void set_active_path(Path p);
+// The packed float kernel of a packed path (generic, avx2, avx512; generic for any other).
+const KernelSpec& f32_spec(Path p);
 
 }  // namespace bagualu::kernels::gemm

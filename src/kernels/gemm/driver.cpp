@@ -1,12 +1,12 @@
 // Goto/BLIS blocked GEMM: per thread, jc (NC) -> pc (KC) -> pack B -> ic (MC) -> pack A ->
 // jr (NR) -> ir (MR) -> micro-kernel. Threads own disjoint rectangles of C, so they share nothing
-// and need no barrier; packing buffers are per thread, 64-byte aligned and grow-only.
+// and need no barrier; packing buffers are per thread, 64-byte aligned and grow-only (allocated
+// with operator new, so allocation counters see them).
 #include "kernels/gemm/driver.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <new>
 
 #include "core/thread_pool.h"
@@ -18,16 +18,15 @@ namespace {
 class PackBuffer {
    public:
     PackBuffer() = default;
-    ~PackBuffer() { std::free(data_); }
+    ~PackBuffer() { release(); }
     PackBuffer(const PackBuffer&)            = delete;
     PackBuffer& operator=(const PackBuffer&) = delete;
 
     void* get(size_t bytes) {
         if (bytes > capacity_) {
             const size_t rounded = (bytes + kPackSlack + 63) / 64 * 64;
-            void*        p       = std::aligned_alloc(64, rounded);
-            if (!p) throw std::bad_alloc();
-            std::free(data_);
+            void*        p       = ::operator new(rounded, std::align_val_t{64});
+            release();
             data_     = p;
             capacity_ = rounded - kPackSlack;
         }
@@ -35,6 +34,11 @@ class PackBuffer {
     }
 
    private:
+    void release() {
+        if (data_) ::operator delete(data_, std::align_val_t{64});
+        data_ = nullptr;
+    }
+
     void*  data_     = nullptr;
     size_t capacity_ = 0;
 };
@@ -45,10 +49,20 @@ thread_local PackBuffer t_b_buffer;
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
-// [begin, end) of part `i` of `parts` when n items are dealt out in whole units of `unit`.
-struct Range {
-    int begin, end;
-};
+// Bytes of the A and B packing buffers gemm_rect needs for a rectangle of m x n and depth K.
+size_t a_pack_bytes(const KernelSpec& s, int m, int K) {
+    const int kc_max = round_up(std::min(s.kc, K), s.kstep);
+    const int mc_max = std::min(s.mc, round_up(m, s.mr));
+    return size_t(kc_max) * size_t(mc_max) * size_t(s.elem_bytes);
+}
+size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
+    const int kc_max = round_up(std::min(s.kc, K), s.kstep);
+    const int nc_max = std::min(s.nc, round_up(n, s.nr));
+    return size_t(kc_max) * size_t(nc_max) * size_t(s.elem_bytes);
+}
+
+}  // namespace
+
 Range split(int n, int unit, int parts, int i) {
     const int64_t units = ceil_div(n, unit);
     const int     b     = static_cast<int>(units * i / parts) * unit;
@@ -56,13 +70,6 @@ Range split(int n, int unit, int parts, int i) {
     return {std::min(b, n), std::min(e, n)};
 }
 
-struct Grid {
-    int tm, tn;
-};
-
-// Threads tm x tn over (M, N) minimising the slowest thread's time, modelled as its register
-// tiles times the tile cost plus its packing (each packed element costs about as much as
-// `kPackCost` multiply-adds). Fewer threads win ties; tiny problems run on one thread.
 Grid choose_grid(const KernelSpec& s, int M, int N, int K, int threads) {
     constexpr double kPackCost = 16.0;
     constexpr double kMinWork  = 1 << 18;  // below this many multiply-adds, one thread
@@ -92,12 +99,9 @@ Grid choose_grid(const KernelSpec& s, int M, int N, int K, int threads) {
 
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
-    const size_t elem   = static_cast<size_t>(s.elem_bytes);
-    const int    kc_max = round_up(std::min(s.kc, K), s.kstep);
-    const int    nc_max = std::min(s.nc, round_up(n1 - n0, s.nr));
-    const int    mc_max = std::min(s.mc, round_up(m1 - m0, s.mr));
-    auto* bbuf = static_cast<char*>(t_b_buffer.get(size_t(kc_max) * size_t(nc_max) * elem));
-    auto* abuf = static_cast<char*>(t_a_buffer.get(size_t(kc_max) * size_t(mc_max) * elem));
+    const size_t elem = static_cast<size_t>(s.elem_bytes);
+    auto*        bbuf = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
+    auto*        abuf = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
 
     for (int jc = n0; jc < n1; jc += s.nc) {
         const int nc = std::min(s.nc, n1 - jc);
@@ -123,7 +127,10 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
     }
 }
 
-}  // namespace
+void reserve_pack_buffers(const KernelSpec& s, int max_m, int max_n, int max_k) {
+    t_a_buffer.get(a_pack_bytes(s, max_m, max_k));
+    t_b_buffer.get(b_pack_bytes(s, max_n, max_k));
+}
 
 void scale_c(int M, int N, float beta, float* C, int ldc) {
     for (int i = 0; i < M; ++i) {

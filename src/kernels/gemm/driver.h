@@ -41,4 +41,29 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);
 
+// ---- pieces the plain and the grouped drivers share ----
+
+// [begin, end) of part `i` of `parts` when n items are dealt out in whole units of `unit`.
+struct Range {
+    int begin, end;
+};
+Range split(int n, int unit, int parts, int i);
+
+// Threads tm x tn over (M, N) minimising the slowest thread's time, modelled as its register
+// tiles times the tile cost plus its packing (each packed element costs about as much as
+// `kPackCost` multiply-adds). Fewer threads win ties; tiny problems run on one thread.
+struct Grid {
+    int tm, tn;
+};
+Grid choose_grid(const KernelSpec& spec, int M, int N, int K, int threads);
+
+// Rows [m0, m1) x columns [n0, n1) of C = alpha * op(A) @ op(B) + beta * C on the calling
+// thread, with its own packing buffers. The sums of an element do not depend on the rectangle.
+void gemm_rect(const KernelSpec& spec, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1,
+               int K, float alpha, float beta, float* C, int ldc);
+
+// Grows the calling thread's packing buffers so that no later gemm_rect with m1 - m0 <= max_m,
+// n1 - n0 <= max_n and K <= max_k allocates.
+void reserve_pack_buffers(const KernelSpec& spec, int max_m, int max_n, int max_k);
+
 }  // namespace bagualu::kernels::gemm

@@ -1,0 +1,33 @@
+// Grouped GEMM, row-major: G independent products in one call, for the local experts of an MoE
+// layer, whose rows lie one group after another in a shared buffer (no padding to a capacity).
+// Both forms run on the compute pool as one balanced set of (group, rows, columns) rectangles:
+// a group with many rows is split, an empty group costs nothing. Never split over the reduction
+// dimension, so results do not depend on the thread count, and each group's result is bitwise
+// what gemm_f32 gives for it alone. Call from outside pool jobs, as gemm_f32.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/gemm.h"
+
+namespace bagualu::kernels {
+
+// For g in [0, G), with M_g = offsets[g+1] - offsets[g] >= 0 rows:
+//   C_g (M_g, N) = alpha * op(A_g) (M_g, K) @ op(B_g) (K, N) + beta * C_g      (= when beta == 0)
+// offsets: (G+1), nondecreasing. A_g is op(A)'s rows offsets[g].. (ta == N: A + offsets[g] * lda,
+// ta == T: A + offsets[g]). B_g = B + g * stride_b (stride in floats). C_g = C + offsets[g] * ldc.
+// When beta == 0, C is not read.
+void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                      const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
+                      float* C, int ldc);
+
+// The weight-gradient form, summing over each group's rows: for g in [0, G), K_g = offsets[g+1]
+// - offsets[g] >= 0,
+//   C_g (M, N) = alpha * A_g^T (M, K_g) @ B_g (K_g, N) + beta * C_g     (+= when beta == 1)
+// A_g = A + offsets[g] * lda, (K_g, M). B_g = B + offsets[g] * ldb, (K_g, N).
+// C_g = C + g * stride_c (stride in floats). A group with K_g == 0 gets C_g = beta * C_g.
+void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
+                         int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                         size_t stride_c);
+
+}  // namespace bagualu::kernels

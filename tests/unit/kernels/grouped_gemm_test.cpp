@@ -1,0 +1,314 @@
+// grouped_gemm_f32 / grouped_gemm_tn_f32 on every implementation this CPU supports: bitwise
+// equal to calling gemm_f32 once per group, and within the float dot-product error bound of the
+// double-accumulating reference per group. Group sizes are random, 0 and 1, and one group with
+// all rows; shapes are the four products and two weight gradients of the experts. Also checks
+// bit-identical results for 1, 2 and 3 threads, and that beta == 0 never reads C.
+#include "kernels/grouped_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/ref/gemm_ref.h"
+
+namespace bagualu::kernels {
+namespace {
+
+using gemm::Path;
+
+constexpr float kSentinel = -12345.0f;  // fills C's padding columns: must never be written
+
+std::vector<Path> supported_paths() {
+    std::vector<Path> out;
+    for (Path p : {Path::ref, Path::generic, Path::avx2, Path::avx512, Path::openblas}) {
+        if (gemm::path_supported(p)) out.push_back(p);
+    }
+    return out;
+}
+
+class PathGuard {
+   public:
+    PathGuard() : saved_(gemm::active_path()) {}
+    ~PathGuard() { gemm::set_active_path(saved_); }
+
+   private:
+    Path saved_;
+};
+
+std::vector<int32_t> offsets_of(const std::vector<int>& sizes) {
+    std::vector<int32_t> off(sizes.size() + 1, 0);
+    for (size_t g = 0; g < sizes.size(); ++g) off[g + 1] = off[g] + sizes[g];
+    return off;
+}
+
+std::vector<float> random_vector(Rng& rng, size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+    return v;
+}
+
+std::vector<float> abs_of(std::vector<float> v) {
+    for (float& x : v) x = std::isnan(x) ? 0.0f : std::fabs(x);
+    return v;
+}
+
+// (rows, ld) output whose columns [cols, ld) hold kSentinel and the rest NaN when beta == 0.
+std::vector<float> initial_c(Rng& rng, size_t rows, int cols, int ld, float beta) {
+    std::vector<float> c = random_vector(rng, rows * size_t(ld));
+    for (size_t i = 0; i < c.size(); ++i) {
+        if (int(i % size_t(ld)) >= cols)
+            c[i] = kSentinel;
+        else if (beta == 0.0f)
+            c[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    return c;
+}
+
+// got vs want within (depth(row) + 4) u |magnitude|, the bound gemm_test.cpp explains; padding
+// columns must still hold the sentinel.
+template <typename DepthOfRow>
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<float>& mag, int cols, int ld, DepthOfRow depth,
+                  const std::string& what) {
+    const double u = std::ldexp(1.0, -24);
+    int bad        = 0;
+    for (size_t k = 0; k < got.size() && bad < 5; ++k) {
+        const size_t row = k / size_t(ld);
+        const bool pad   = int(k % size_t(ld)) >= cols;
+        const double tol = (depth(row) + 4) * u * mag[k] + 1e-30;
+        const bool ok =
+            pad ? got[k] == kSentinel : std::fabs(double(got[k]) - double(want[k])) <= tol;
+        if (!ok) {
+            ++bad;
+            ADD_FAILURE() << what << " at row " << row << " col " << k % size_t(ld) << ": got "
+                          << got[k] << " want " << want[k] << " tol " << tol;
+        }
+    }
+}
+
+// ---- forward form: C_g = alpha op(A_g) op(B_g) + beta C_g ----
+
+struct Forward {
+    Trans ta, tb;
+    int N, K;
+    float alpha, beta;
+    std::vector<int32_t> off;
+    int lda, ldb, ldc;
+    size_t stride_b;
+    std::vector<float> A, B, C0;
+};
+
+Forward make_forward(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int K, float alpha,
+                     float beta, uint64_t seed) {
+    Rng rng(seed);
+    Forward f{ta, tb, N, K, alpha, beta, offsets_of(sizes), 0, 0, 0, 0, {}, {}, {}};
+    const int R = f.off.back();
+    f.lda       = (ta == Trans::N ? K : R) + 1;
+    f.ldb       = (tb == Trans::N ? N : K) + 2;
+    f.ldc       = N + 3;
+    f.stride_b  = size_t(tb == Trans::N ? K : N) * size_t(f.ldb) + 5;
+    f.A         = random_vector(rng, size_t(ta == Trans::N ? R : K) * size_t(f.lda) + 1);
+    f.B         = random_vector(rng, f.stride_b * sizes.size() + 1);
+    f.C0        = initial_c(rng, size_t(R), N, f.ldc, beta);
+    return f;
+}
+
+size_t a_offset(const Forward& f, int g) {
+    return size_t(f.off[size_t(g)]) * (f.ta == Trans::N ? size_t(f.lda) : 1);
+}
+
+std::vector<float> run_grouped(const Forward& f) {
+    std::vector<float> c = f.C0;
+    grouped_gemm_f32(f.ta, f.tb, int(f.off.size()) - 1, f.off.data(), f.N, f.K, f.alpha, f.A.data(),
+                     f.lda, f.B.data(), f.ldb, f.stride_b, f.beta, c.data(), f.ldc);
+    return c;
+}
+
+// One gemm (gemm_f32 or the reference) per group.
+template <typename Gemm>
+std::vector<float> run_per_group(const Forward& f, const std::vector<float>& A,
+                                 const std::vector<float>& B, std::vector<float> c, float alpha,
+                                 float beta, Gemm gemm) {
+    for (size_t g = 0; g + 1 < f.off.size(); ++g) {
+        gemm(f.ta, f.tb, f.off[g + 1] - f.off[g], f.N, f.K, alpha, A.data() + a_offset(f, int(g)),
+             f.lda, B.data() + g * f.stride_b, f.ldb, beta,
+             c.data() + size_t(f.off[g]) * size_t(f.ldc), f.ldc);
+    }
+    return c;
+}
+
+void check_forward(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int K, float alpha,
+                   float beta, uint64_t seed) {
+    const Forward f = make_forward(sizes, ta, tb, N, K, alpha, beta, seed);
+    const auto want = run_per_group(f, f.A, f.B, f.C0, alpha, beta, ref::gemm_f32);
+    const auto mag  = run_per_group(f, abs_of(f.A), abs_of(f.B), abs_of(f.C0), std::fabs(alpha),
+                                    std::fabs(beta), ref::gemm_f32);
+    PathGuard guard;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        const std::string what = std::string(gemm::path_name(path)) + " N=" + std::to_string(N) +
+                                 " K=" + std::to_string(K) + " G=" + std::to_string(sizes.size()) +
+                                 " ta=" + std::to_string(int(ta)) +
+                                 " tb=" + std::to_string(int(tb));
+        const auto got  = run_grouped(f);
+        const auto loop = run_per_group(f, f.A, f.B, f.C0, alpha, beta, gemm_f32);
+        EXPECT_EQ(0, std::memcmp(got.data(), loop.data(), got.size() * sizeof(float))) << what;
+        expect_close(
+            got, want, mag, N, f.ldc, [&](size_t) { return K; }, what);
+    }
+}
+
+// ---- weight-gradient form: C_g = alpha A_g^T B_g + beta C_g over group g's rows ----
+
+struct Tn {
+    int M, N;
+    float alpha, beta;
+    std::vector<int32_t> off;
+    int lda, ldb, ldc;
+    size_t stride_c;
+    std::vector<float> A, B, C0;
+};
+
+Tn make_tn(const std::vector<int>& sizes, int M, int N, float alpha, float beta, uint64_t seed) {
+    Rng rng(seed);
+    Tn t{M, N, alpha, beta, offsets_of(sizes), M + 1, N + 2, N + 3, 0, {}, {}, {}};
+    const int R = t.off.back();
+    t.stride_c  = size_t(M) * size_t(t.ldc);
+    t.A         = random_vector(rng, size_t(R) * size_t(t.lda) + 1);
+    t.B         = random_vector(rng, size_t(R) * size_t(t.ldb) + 1);
+    t.C0        = initial_c(rng, sizes.size() * size_t(M), N, t.ldc, beta);
+    return t;
+}
+
+template <typename Gemm>
+std::vector<float> run_tn_per_group(const Tn& t, const std::vector<float>& A,
+                                    const std::vector<float>& B, std::vector<float> c, float alpha,
+                                    float beta, Gemm gemm) {
+    for (size_t g = 0; g + 1 < t.off.size(); ++g) {
+        gemm(Trans::T, Trans::N, t.M, t.N, t.off[g + 1] - t.off[g], alpha,
+             A.data() + size_t(t.off[g]) * size_t(t.lda), t.lda,
+             B.data() + size_t(t.off[g]) * size_t(t.ldb), t.ldb, beta, c.data() + g * t.stride_c,
+             t.ldc);
+    }
+    return c;
+}
+
+std::vector<float> run_tn_grouped(const Tn& t) {
+    std::vector<float> c = t.C0;
+    grouped_gemm_tn_f32(int(t.off.size()) - 1, t.off.data(), t.M, t.N, t.alpha, t.A.data(), t.lda,
+                        t.B.data(), t.ldb, t.beta, c.data(), t.ldc, t.stride_c);
+    return c;
+}
+
+void check_tn(const std::vector<int>& sizes, int M, int N, float alpha, float beta, uint64_t seed) {
+    const Tn t       = make_tn(sizes, M, N, alpha, beta, seed);
+    const auto want  = run_tn_per_group(t, t.A, t.B, t.C0, alpha, beta, ref::gemm_f32);
+    const auto mag   = run_tn_per_group(t, abs_of(t.A), abs_of(t.B), abs_of(t.C0), std::fabs(alpha),
+                                        std::fabs(beta), ref::gemm_f32);
+    const auto depth = [&](size_t row) {
+        const size_t g = row / size_t(M);
+        return t.off[g + 1] - t.off[g];
+    };
+    PathGuard guard;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        const std::string what = std::string(gemm::path_name(path)) + " tn M=" + std::to_string(M) +
+                                 " N=" + std::to_string(N) + " G=" + std::to_string(sizes.size());
+        const auto got  = run_tn_grouped(t);
+        const auto loop = run_tn_per_group(t, t.A, t.B, t.C0, alpha, beta, gemm_f32);
+        EXPECT_EQ(0, std::memcmp(got.data(), loop.data(), got.size() * sizeof(float))) << what;
+        expect_close(got, want, mag, N, t.ldc, depth, what);
+    }
+}
+
+// Group sizes: random (with 0 and 1 forced in), one group holding every row, ones and zeros.
+std::vector<std::vector<int>> size_patterns(Rng& rng, int G, int max_rows) {
+    std::vector<int> random(size_t(G), 0);
+    for (int& s : random) s = int(rng.below(uint64_t(max_rows) + 1));
+    random[0]             = 0;
+    random[size_t(G) / 2] = 1;
+    std::vector<int> all_in_one(size_t(G), 0);
+    all_in_one[size_t(G) - 2] = max_rows * 2;
+    std::vector<int> tiny(size_t(G), 0);
+    for (int g = 0; g < G; g += 2) tiny[size_t(g)] = 1;
+    return {random, all_in_one, tiny, std::vector<int>(size_t(G), 0), {7}};
+}
+
+// The experts' products with C = d_model, F = d_ff: forward x W1^T, g W2^T; backward dy W2,
+// dh W1; weight gradients dy^T g, dh^T x.
+void check_expert_shapes(int C, int F, int G, int max_rows, uint64_t seed) {
+    Rng rng(seed);
+    for (const std::vector<int>& sizes : size_patterns(rng, G, max_rows)) {
+        check_forward(sizes, Trans::N, Trans::T, F, C, 1.0f, 0.0f, seed + 1);
+        check_forward(sizes, Trans::N, Trans::T, C, F, 1.0f, 0.0f, seed + 2);
+        check_forward(sizes, Trans::N, Trans::N, F, C, 1.0f, 0.0f, seed + 3);
+        check_forward(sizes, Trans::N, Trans::N, C, F, 1.0f, 0.0f, seed + 4);
+        check_tn(sizes, C, F, 1.0f, 1.0f, seed + 5);
+        check_tn(sizes, F, C, 1.0f, 1.0f, seed + 6);
+    }
+}
+
+TEST(GroupedGemm, ExpertShapesMatchPerGroupGemmAndReference) {
+    check_expert_shapes(12, 20, 5, 37, 1);     // tests/unit/moe
+    check_expert_shapes(16, 24, 4, 24, 11);    // tests/unit/model tiny_config
+    check_expert_shapes(40, 136, 9, 70, 21);   // edge tiles in every direction
+    check_expert_shapes(256, 768, 8, 12, 31);  // the default model, few rows (reference is slow)
+}
+
+TEST(GroupedGemm, OtherTransposesAndScalars) {
+    Rng rng(5);
+    for (const std::vector<int>& sizes : size_patterns(rng, 6, 50)) {
+        check_forward(sizes, Trans::T, Trans::N, 33, 29, 0.5f, 0.25f, 41);
+        check_forward(sizes, Trans::T, Trans::T, 17, 70, -1.5f, 1.0f, 42);
+        check_forward(sizes, Trans::N, Trans::T, 20, 0, 1.0f, 0.5f, 43);  // K == 0: C = beta C
+        check_forward(sizes, Trans::N, Trans::N, 20, 9, 0.0f, 0.0f, 44);  // alpha == 0
+        check_tn(sizes, 31, 18, 2.0f, 0.0f, 45);
+        check_tn(sizes, 9, 40, 0.5f, -1.0f, 46);
+    }
+}
+
+// Zipf-like skewed groups large enough to spread over threads: results must be bitwise equal for
+// any thread count, since no thread ever splits a sum.
+TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {
+    PathGuard guard;
+    const std::vector<int> sizes = {301, 150, 0, 75, 60, 1, 43, 37};
+    const Forward f              = make_forward(sizes, Trans::N, Trans::T, 96, 64, 1.0f, 0.0f, 3);
+    const Tn t                   = make_tn(sizes, 96, 64, 1.0f, 1.0f, 4);
+    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        std::vector<float> fwd[3], tn[3];
+        for (int n = 1; n <= 3; ++n) {
+            set_compute_threads(n);
+            fwd[n - 1] = run_grouped(f);
+            tn[n - 1]  = run_tn_grouped(t);
+        }
+        for (int n = 1; n < 3; ++n) {
+            EXPECT_EQ(0, std::memcmp(fwd[0].data(), fwd[n].data(), fwd[0].size() * 4))
+                << gemm::path_name(path) << " forward, " << n + 1 << " threads";
+            EXPECT_EQ(0, std::memcmp(tn[0].data(), tn[n].data(), tn[0].size() * 4))
+                << gemm::path_name(path) << " tn, " << n + 1 << " threads";
+        }
+    }
+    set_compute_threads(0);
+}
+
+TEST(GroupedGemm, RejectsDecreasingOffsets) {
+    const std::vector<int32_t> off = {0, 5, 3};
+    std::vector<float> a(64), b(64), c(64);
+    EXPECT_ANY_THROW(grouped_gemm_f32(Trans::N, Trans::T, 2, off.data(), 2, 2, 1.0f, a.data(), 2,
+                                      b.data(), 2, 4, 0.0f, c.data(), 2));
+    EXPECT_ANY_THROW(grouped_gemm_tn_f32(2, off.data(), 2, 2, 1.0f, a.data(), 2, b.data(), 2, 1.0f,
+                                         c.data(), 2, 4));
+}
+
+}  // namespace
+}  // namespace bagualu::kernels
