@@ -17,8 +17,9 @@ struct ParamCounts {
 
 ParamCounts tiny_counts() {
     const TrainConfig cfg = load_config(std::string(BGL_SOURCE_DIR) + "/configs/tiny.toml");
-    ParamCounts       c;
-    for (const model::ParamSpec& s : model::make_layout(cfg.model).specs()) {
+    const model::ParamLayout layout = model::make_layout(cfg.model);
+    ParamCounts              c;
+    for (const model::ParamSpec& s : layout.specs()) {
         (s.expert ? c.expert : c.dense) += static_cast<double>(s.numel);
     }
     return c;

@@ -28,7 +28,7 @@ model::ParamLayout layout_for_test() {
 }
 
 TEST(Paro, MatchesReplicatedAdamW) {
-    dist::Comm& w = test_world();
+    dist::Comm& w = dist::test_world();
     const int   P = w.size();
     for (int ep = 1; ep <= P; ++ep) {
         if (P % ep != 0) continue;
@@ -41,15 +41,24 @@ TEST(Paro, MatchesReplicatedAdamW) {
         const auto               ref = make_optimizer(cfg, l, par);
         PartitionedAdamW         paro(l, par, hyper, 200);
         ASSERT_FALSE(ref->partitioned());
-        // same start everywhere; experts equal within their edp group, like after init
+        // dense tensors equal everywhere, experts equal within their edp group, as after init
         std::vector<float> p_ref(n), p_paro(n);
-        Rng                init(7, static_cast<uint64_t>(par.ep_rank()));
-        for (float& x : p_ref) x = static_cast<float>(init.normal());
+        Rng dense_init(7, 0), expert_init(7, 1 + static_cast<uint64_t>(par.ep_rank()));
+        for (const model::ParamSpec& s : l.specs()) {
+            Rng& init = s.expert ? expert_init : dense_init;
+            for (size_t i = s.offset; i < s.offset + s.numel; ++i) {
+                p_ref[i] = static_cast<float>(init.normal());
+            }
+        }
         p_paro = p_ref;
         for (int step = 1; step <= 3; ++step) {
             Rng                rng(100 + static_cast<uint64_t>(step), static_cast<uint64_t>(w.rank()));
-            std::vector<float> g_ref(n);
-            for (float& x : g_ref) x = static_cast<float>(rng.uniform() - 0.3);
+            std::vector<float> g_ref(n);  // tensor padding stays 0, as after backward
+            for (const model::ParamSpec& s : l.specs()) {
+                for (size_t i = s.offset; i < s.offset + s.numel; ++i) {
+                    g_ref[i] = static_cast<float>(rng.uniform() - 0.3);
+                }
+            }
             std::vector<float> g_paro = g_ref;
             const double       n_ref  = ref->step(p_ref.data(), g_ref.data(), 1e-2, step);
             const double       n_paro = paro.step(p_paro.data(), g_paro.data(), 1e-2, step);
