@@ -1,10 +1,8 @@
-// AdamW over the MoDa layout: gradient reduction, global-norm clipping and the update, in two
-// forms (docs/parallelism.md states the math of both):
-//   replicated: every rank all-reduces the gradients and keeps m and v for all its parameters;
-//   ParO:       gradients are reduce-scattered in buckets, each rank updates only its shard of
-//               the optimizer state (dense over all ranks, experts over their expert-data-
-//               parallel group), and the updated parameters are all-gathered.
-// Both give the same parameters up to float rounding. Does not own the parameters or gradients.
+// AdamW over the MoDa layout: gradient reduction, global-norm clipping and the update, either
+// replicated (all-reduce; m and v for all local parameters on every rank) or ParO (gradients
+// reduce-scattered in buckets, each rank updates only its shard of the optimizer state: dense
+// over all ranks, experts over their edp group; updated parameters all-gathered). Same results
+// up to float rounding (docs/parallelism.md). Does not own the parameters or gradients.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,10 +1,9 @@
 // Bookkeeping of ParO (docs/parallelism.md): which floats of the optimizer state a rank owns,
-// which tensor elements they are, and how gradients and parameters travel in buckets.
-// A space is the concatenation of some runs of the flat parameter array (all dense segments,
-// or the expert segments of a rank). Its n floats are padded to P*S; rank r owns the contiguous
-// shard [r*S, (r+1)*S). Bucket b holds the sub-range [r*S + b*q, r*S + (b+1)*q) of every rank r
-// (q = S / NB), packed rank after rank, so a reduce-scatter of one bucket hands each rank a
-// piece of its own shard. No communication and no arithmetic here (optimizer.cpp does both).
+// which tensor elements they are, and how gradients and parameters travel in buckets. A space
+// (the concatenation of some runs of the flat parameter array) of n floats is padded to P*S;
+// rank r owns [r*S, (r+1)*S). Bucket b packs [r*S + b*q, r*S + (b+1)*q) of every rank r in rank
+// order (q = S / NB), so a reduce-scatter of it hands each rank a piece of its own shard.
+// No communication and no arithmetic here (optimizer.cpp does both).
 #pragma once
 #include <cstddef>
 #include <vector>
