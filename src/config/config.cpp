@@ -64,6 +64,8 @@ void visit_fields(Cfg& c, V&& v) {
 
     v("parallel", "expert_parallel", c.parallel.expert_parallel);
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
+
+    v("optimizer", "partition", c.optimizer.partition);
 }
 
 template <typename T>
@@ -133,7 +135,7 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
-            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel)",
+            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, optimizer)",
                         source, sec);
         }
         const toml::table* tbl = sec_node.as_table();
@@ -275,6 +277,12 @@ void validate(const TrainConfig& c) {
     if (m.moe_every > 0 && m.n_experts % c.parallel.expert_parallel != 0) {
         input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel = {}",
                     src, m.n_experts, c.parallel.expert_parallel);
+    }
+
+    const std::string& part = c.optimizer.partition;
+    if (part != "auto" && part != "on" && part != "off") {
+        input_error("{}: optimizer.partition = \"{}\": expected \"auto\", \"on\" or \"off\"", src,
+                    part);
     }
 
     const SampleSection& s = c.sample;

@@ -68,12 +68,19 @@ struct ParallelSection {
     bool hierarchical_a2a = false;  // all-to-all via one leader per node (multi-node runs)
 };
 
+struct OptimizerSection {
+    // ParO, the partitioned optimizer (docs/parallelism.md): "auto" = on when ranks > 1,
+    // "on", "off".
+    std::string partition = "auto";
+};
+
 struct TrainConfig {
-    ModelConfig     model;
-    TrainSection    train;
-    DataSection     data;
-    SampleSection   sample;
-    ParallelSection parallel;
+    ModelConfig      model;
+    TrainSection     train;
+    DataSection      data;
+    SampleSection    sample;
+    ParallelSection  parallel;
+    OptimizerSection optimizer;
 
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file
@@ -81,6 +88,10 @@ struct TrainConfig {
     // Sequences per rank per forward pass, for a run over `ranks` processes.
     int64_t micro_batch(int ranks = 1) const {
         return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / ranks;
+    }
+    // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
+    bool partition_optimizer(int ranks) const {
+        return optimizer.partition == "on" || (optimizer.partition == "auto" && ranks > 1);
     }
     // Micro-batches per optimizer step.
     int64_t grad_accum_steps(int ranks = 1) const {

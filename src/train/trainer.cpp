@@ -22,7 +22,7 @@
 #include "report/metrics.h"
 #include "train/evaluate.h"
 #include "train/full_params.h"
-#include "train/grad_sync.h"
+#include "train/optimizer.h"
 #include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/samples.h"
@@ -110,9 +110,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
 
     model::GPT gpt(m, MB, par);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
-    const size_t               n_floats = gpt.n_floats();
-    Buffer<float>              adam_m(n_floats), adam_v(n_floats);
-    const std::vector<Segment> segs = make_segments(gpt.layout());
+    const std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, gpt.layout(), *par);
+    const MemoryFootprint            mem       = optimizer->footprint();
 
     // Every rank walks the same global order; rank r trains on its slice of each micro-step.
     data::SequenceSampler sampler(ds.train, T, cfg.train.seed);
@@ -136,6 +135,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   "tokens = {} micro-batch(es) of {} per rank",
                   ds.train.size(), sampler.num_windows(), T + 1, ds.val.size(),
                   cfg.train.batch_size, T, accum, MB);
+        constexpr double kMiB = 1 << 20;
+        log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
+                  "state {:.1f} MiB ({}), bucket buffers {:.1f} MiB",
+                  mem.param_bytes / kMiB, mem.grad_bytes / kMiB, mem.optim_bytes / kMiB,
+                  optimizer->partitioned() ? fmt::format("ParO over {} rank(s)", P) : "replicated",
+                  mem.comm_bytes / kMiB);
         log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
                   compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
     }
@@ -185,23 +190,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                 "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
                 step + 1, loss));
         }
-        float* grads = gpt.grads();
-        reduce_gradients(grads, segs, *par);
-        const double norm = global_grad_norm(grads, segs, par);
-        if (cfg.train.grad_clip > 0 && norm > cfg.train.grad_clip) {
-            kernels::scale_inplace(grads, static_cast<float>(cfg.train.grad_clip / norm), n_floats);
-        }
         const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
-        for (const model::ParamSpec& s : gpt.layout().specs()) {
-            kernels::adamw_update(gpt.params() + s.offset, grads + s.offset, adam_m.data() + s.offset,
-                                  adam_v.data() + s.offset, s.numel, static_cast<float>(lr),
-                                  static_cast<float>(cfg.train.beta1),
-                                  static_cast<float>(cfg.train.beta2),
-                                  static_cast<float>(cfg.train.eps),
-                                  s.decay ? static_cast<float>(cfg.train.weight_decay) : 0.0f,
-                                  static_cast<int>(step + 1));
-        }
+        const double norm = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
         const double dt = seconds_since(t0);
         window_time += dt;
         ++window_steps;
@@ -214,6 +205,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
                                   {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
                                   {"elapsed_s", seconds_since(t_start)}};
+            if (step == 0) {
+                j["param_bytes"] = mem.param_bytes;
+                j["grad_bytes"]  = mem.grad_bytes;
+                j["optim_bytes"] = mem.optim_bytes;
+            }
             if (!gpt.moe_layers().empty()) {
                 j["aux_loss"]          = aux;
                 nlohmann::json loads   = nlohmann::json::array();
@@ -236,6 +232,17 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     sum.steps          = cfg.train.steps;
     sum.final_val_loss = run_eval(cfg.train.steps);
+    {
+        std::vector<int64_t> rss(static_cast<size_t>(P));
+        const auto           mine = static_cast<int64_t>(peak_rss_bytes());
+        par->world().allgather(&mine, sizeof(mine), rss.data());
+        emit({{"step", cfg.train.steps}, {"peak_rss_bytes", rss}});
+        if (root) {
+            std::string mib;
+            for (const int64_t b : rss) mib += fmt::format("{}{}", mib.empty() ? "" : ", ", b >> 20);
+            log::info("peak resident memory per rank (VmHWM): {} MiB", mib);
+        }
+    }
 
     const Buffer<float> full = gather_full_params(gpt, par);
     sum.model_dir            = cfg.train.run_dir + "/model";

@@ -1,8 +1,8 @@
 // The training loop: data, model, AdamW, schedule, clipping, gradient accumulation, periodic
 // validation, metrics.jsonl, progress line, and the exported model and loss chart at the end.
 // Runs on one process or on P ranks in the MoDa layout (dist/parallel.h): each rank trains on
-// its slice of every global batch; dense gradients are averaged over all ranks, expert
-// gradients over their expert-data-parallel group. Deterministic for a given config.
+// its slice of every global batch; gradients are reduced and the optimizer state replicated or
+// partitioned (ParO) as docs/parallelism.md describes. Deterministic for a given config.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -90,6 +90,12 @@ TEST_F(BadInputTest, ZeroAndNegativeSizes) {
     expect_error(base + " --set model.seq_len=-5", {"model.seq_len = -5"});
 }
 
+TEST_F(BadInputTest, UnknownOptimizerPartition) {
+    expect_error(base + " --set optimizer.partition=maybe",
+                 {"optimizer.partition = \"maybe\"", "\"auto\", \"on\" or \"off\""});
+    expect_error(base + " --set optimizer.partition=true", {"optimizer.partition", "expected a string"});
+}
+
 TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
     expect_error(base + " --set train.batch_size=6", {"train.batch_size = 6", "micro_batch_size = 4"});
 }

@@ -1,0 +1,97 @@
+// ShardMap: shard sizes, the per-tensor pieces of this rank's shard and the bucket copy lists,
+// all computed once at start-up; pack/unpack are plain copies in the step loop.
+#include "train/shard_map.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace bagualu::train {
+
+namespace {
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks,
+                   int rank, size_t bucket_floats)
+    : runs_(std::move(runs)), ranks_(ranks), rank_(rank) {
+    BGL_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
+    BGL_CHECK(bucket_floats > 0, "bucket_floats must be > 0");
+    // [run i] -> position of its first float in the space
+    std::vector<size_t> vstart;
+    for (size_t i = 0; i < runs_.size(); ++i) {
+        const FlatRun& r = runs_[i];
+        BGL_CHECK(r.begin < r.end && r.end <= layout.total_floats(), "bad run [{}, {})", r.begin,
+                  r.end);
+        BGL_CHECK(i == 0 || runs_[i - 1].end <= r.begin, "runs must ascend and not overlap");
+        vstart.push_back(n_);
+        n_ += r.end - r.begin;
+    }
+    copies_.clear();
+    if (n_ == 0) return;
+    const auto P = static_cast<size_t>(ranks);
+    nb_          = ceil_div(n_, bucket_floats);
+    q_           = ceil_div(ceil_div(n_, P * nb_), 16) * 16;
+    S_           = nb_ * q_;
+
+    // ---- pieces: every tensor inside a run, cut to this rank's shard ----
+    const size_t lo = static_cast<size_t>(rank) * S_, hi = std::min(lo + S_, n_);
+    const std::vector<model::ParamSpec>& specs = layout.specs();
+    for (size_t si = 0; si < specs.size(); ++si) {
+        const model::ParamSpec& s = specs[si];
+        auto it = std::upper_bound(runs_.begin(), runs_.end(), s.offset,
+                                   [](size_t off, const FlatRun& r) { return off < r.begin; });
+        if (it == runs_.begin()) continue;
+        const size_t ri = static_cast<size_t>(it - runs_.begin()) - 1;
+        if (s.offset >= runs_[ri].end) continue;  // not in this space
+        BGL_CHECK(s.offset + s.numel <= runs_[ri].end, "tensor {} crosses a run boundary", s.name);
+        const size_t v0 = vstart[ri] + (s.offset - runs_[ri].begin);
+        const size_t a = std::max(v0, lo), b = std::min(v0 + s.numel, hi);
+        if (a >= b) continue;
+        pieces_.push_back(ShardPiece{si, a - v0, s.offset + (a - v0), a - lo, b - a, s.decay});
+    }
+
+    // ---- bucket copies: bucket b, owner r covers [r*S + b*q, r*S + (b+1)*q) of the space ----
+    copies_.resize(nb_);
+    for (size_t b = 0; b < nb_; ++b) {
+        for (size_t r = 0; r < P; ++r) {
+            const size_t x0 = r * S_ + b * q_, x1 = std::min(x0 + q_, n_);
+            for (size_t i = 0; i < runs_.size() && x0 < x1; ++i) {
+                const size_t r0 = vstart[i], r1 = r0 + (runs_[i].end - runs_[i].begin);
+                const size_t a = std::max(x0, r0), e = std::min(x1, r1);
+                if (a >= e) continue;
+                copies_[b].push_back(BucketCopy{r * q_ + (a - x0), runs_[i].begin + (a - r0),
+                                                e - a, static_cast<int>(r)});
+            }
+        }
+    }
+}
+
+void ShardMap::pack(size_t b, const float* flat, float* buf) const {
+    size_t covered = 0;
+    for (const BucketCopy& c : copies_[b]) covered += c.len;
+    if (covered < bucket_size()) std::memset(buf, 0, bucket_size() * sizeof(float));
+    for (const BucketCopy& c : copies_[b]) {
+        std::memcpy(buf + c.buf_offset, flat + c.flat_offset, c.len * sizeof(float));
+    }
+}
+
+void ShardMap::pack_own(size_t b, const float* flat, float* buf) const {
+    std::memset(buf + static_cast<size_t>(rank_) * q_, 0, q_ * sizeof(float));
+    for (const BucketCopy& c : copies_[b]) {
+        if (c.owner != rank_) continue;
+        std::memcpy(buf + c.buf_offset, flat + c.flat_offset, c.len * sizeof(float));
+    }
+}
+
+void ShardMap::unpack(size_t b, const float* buf, float* flat, bool own) const {
+    for (const BucketCopy& c : copies_[b]) {
+        if ((c.owner == rank_) != own) continue;
+        std::memcpy(flat + c.flat_offset, buf + c.buf_offset, c.len * sizeof(float));
+    }
+}
+
+}  // namespace bagualu::train

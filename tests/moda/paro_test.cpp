@@ -1,0 +1,76 @@
+// ParO end to end: `bagualu train` with optimizer.partition=on over P = 1, 2, 4 ranks, EP = 1
+// and EP = P, gives the per-step loss, gradient norm and final parameters of one process with
+// the replicated optimizer (20 steps, tiny config), and the reported optimizer-state bytes per
+// rank are 8 N / P (m and v of N parameters; the FP32 parameters are the master weights).
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+#include "model/gpt.h"
+#include "moda_runs.h"
+
+namespace bagualu::testing {
+namespace {
+
+struct ParamCounts {
+    double dense = 0, expert = 0;  // parameters of the whole model
+};
+
+ParamCounts tiny_counts() {
+    const TrainConfig cfg = load_config(std::string(BGL_SOURCE_DIR) + "/configs/tiny.toml");
+    const model::ParamLayout layout = model::make_layout(cfg.model);
+    ParamCounts              c;
+    for (const model::ParamSpec& s : layout.specs()) {
+        (s.expert ? c.expert : c.dense) += static_cast<double>(s.numel);
+    }
+    return c;
+}
+
+class ParoTest : public ::testing::Test {
+   protected:
+    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
+    static void TearDownTestSuite() {
+        delete runs_;
+        runs_ = nullptr;
+    }
+    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
+
+    // ep_of(P): the expert parallelism of the run over P ranks.
+    void expect_same_as_replicated(const std::vector<int>& ranks, int (*ep_of)(int)) {
+        const CommandResult a = bagualu(runs_->train_args("ref", 1, 1, "off"));
+        ASSERT_EQ(a.status, 0) << a.output;
+        const ParamCounts n   = tiny_counts();
+        const double      all = n.dense + n.expert;
+        const StepLog     ref = read_steps(runs_->path("ref/metrics.jsonl"));
+        EXPECT_NEAR(ref.first["optim_bytes"].get<double>(), 8 * all, 0.02 * 8 * all);
+        for (const int P : ranks) {
+            const int         ep  = ep_of(P);
+            const std::string run = fmt::format("paro_p{}_ep{}", P, ep);
+            const CommandResult b = TinyRuns::run(P, runs_->train_args(run, P, ep, "on"));
+            ASSERT_EQ(b.status, 0) << b.output;
+            EXPECT_NE(b.output.find(fmt::format("ParO over {} rank(s)", P)), std::string::npos)
+                << b.output;
+            expect_same_training(*runs_, "ref", run);
+            const StepLog l        = read_steps(runs_->path(run + "/metrics.jsonl"));
+            const double  optim    = l.first["optim_bytes"].get<double>();
+            const double  expected = 8 * all / P;
+            EXPECT_NEAR(optim, expected, 0.02 * expected) << run;
+            const double params = 4 * (n.dense + n.expert / ep);
+            EXPECT_NEAR(l.first["param_bytes"].get<double>(), params, 0.02 * params) << run;
+            std::printf("%s: optimizer state %.0f bytes per rank (8 N / P = %.0f)\n", run.c_str(),
+                        optim, expected);
+        }
+    }
+
+    static TinyRuns* runs_;
+};
+TinyRuns* ParoTest::runs_ = nullptr;
+
+TEST_F(ParoTest, DataParallelMatchesReplicated) {
+    expect_same_as_replicated({1, 2, 4}, [](int) { return 1; });
+}
+TEST_F(ParoTest, ExpertParallelMatchesReplicated) {
+    expect_same_as_replicated({2, 4}, [](int P) { return P; });
+}
+
+}  // namespace
+}  // namespace bagualu::testing
