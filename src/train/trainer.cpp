@@ -273,7 +273,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
                       sum.val_unigram_entropy, sum.val_unigram_entropy - sum.final_val_loss);
         }
-        log::info("run directory {}: config.toml metrics.jsonl loss.svg model/", cfg.train.run_dir);
+        log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg.train.run_dir,
+                  gpt.moe_layers().empty() ? "" : " expert_load.svg");
         if (!opt.quiet && ds.has_tokenizer && cfg.sample.n_samples > 0) {
             print_samples(m, full.data(), cfg.data.tokenizer, cfg.sample);
         }
