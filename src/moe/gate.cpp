@@ -16,9 +16,9 @@ void rank_experts(int32_t* preference, const float* logits, int N, int E, int R)
         for (int64_t t = begin; t < end; ++t) {
             const float* l = logits + t * E;
             std::iota(order.begin(), order.end(), 0);
-            std::partial_sort(order.begin(), order.begin() + R, order.end(), [l](int32_t a, int32_t b) {
-                return l[a] > l[b] || (l[a] == l[b] && a < b);
-            });
+            std::partial_sort(
+                order.begin(), order.begin() + R, order.end(),
+                [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
             std::copy(order.begin(), order.begin() + R, preference + t * R);
         }
     });
@@ -28,14 +28,14 @@ double softmax_rows(float* softmax_full, const float* logits, int N, int E) {
     std::vector<double> entropy(static_cast<size_t>(N));
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            const float* l  = logits + t * E;
-            double       mx = l[0];
+            const float* l = logits + t * E;
+            double mx      = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
             double sum = 0;
             for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
             double h = 0;
             for (int e = 0; e < E; ++e) {
-                const double p = std::exp(l[e] - mx) / sum;
+                const double p          = std::exp(l[e] - mx) / sum;
                 softmax_full[t * E + e] = static_cast<float>(p);
                 if (p > 0) h -= p * std::log(p);
             }
@@ -48,13 +48,14 @@ double softmax_rows(float* softmax_full, const float* logits, int N, int E) {
 void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K) {
     for (int64_t t = 0; t < N; ++t) {
-        const float*   l   = logits + t * E;
+        const float* l     = logits + t * E;
         const int32_t* sel = selected + t * K;
-        double         mx  = l[sel[0]];
+        double mx          = l[sel[0]];
         for (int k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(l[sel[k]]));
         double s = 0;
         for (int k = 0; k < K; ++k) s += std::exp(l[sel[k]] - mx);
-        for (int k = 0; k < K; ++k) probs[t * K + k] = static_cast<float>(std::exp(l[sel[k]] - mx) / s);
+        for (int k = 0; k < K; ++k)
+            probs[t * K + k] = static_cast<float>(std::exp(l[sel[k]] - mx) / s);
     }
 }
 
@@ -64,7 +65,7 @@ void selected_softmax_backward(float* dlogits, const float* dprobs, const float*
         for (int64_t t = begin; t < end; ++t) {
             const float* p  = probs + t * K;
             const float* dp = dprobs + t * K;
-            double       pd = 0;
+            double pd       = 0;
             for (int k = 0; k < K; ++k) pd += static_cast<double>(p[k]) * dp[k];
             for (int k = 0; k < K; ++k) {
                 dlogits[t * E + selected[t * K + k]] += static_cast<float>(p[k] * (dp[k] - pd));
@@ -84,9 +85,10 @@ void full_prob_backward(float* dlogits, const float* dprobs, const int32_t* sele
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const float* s  = softmax_full + t * E;
-            const int    e  = selected[t];
+            const int e     = selected[t];
             const double ge = static_cast<double>(dprobs[t]) * s[e];
-            for (int j = 0; j < E; ++j) dlogits[t * E + j] += static_cast<float>(ge * ((j == e ? 1.0 : 0.0) - s[j]));
+            for (int j = 0; j < E; ++j)
+                dlogits[t * E + j] += static_cast<float>(ge * ((j == e ? 1.0 : 0.0) - s[j]));
         }
     });
 }
@@ -118,19 +120,21 @@ double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_
                 int64_t n_total, int E, int K, double aux_coef) {
     double aux = 0;
     for (int e = 0; e < E; ++e) {
-        f[e] = n_total > 0 ? static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(n_total) * K) : 0.0;
+        f[e] = n_total > 0
+                   ? static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(n_total) * K)
+                   : 0.0;
         aux += f[e] * (n_total > 0 ? prob_sum[e] / static_cast<double>(n_total) : 0.0);
     }
     return aux_coef * E * aux;
 }
 
-void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f,
-                       int64_t n_total, int N, int E, double aux_coef, double daux) {
+void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
+                       int N, int E, double aux_coef, double daux) {
     const double scale = n_total > 0 ? daux * aux_coef * E / static_cast<double>(n_total) : 0.0;
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            float*       dl = dlogits + t * E;
-            const float* s  = softmax_full + t * E;
+            float* dl      = dlogits + t * E;
+            const float* s = softmax_full + t * E;
             if (scale == 0) {
                 std::fill(dl, dl + E, 0.0f);
                 continue;
@@ -146,7 +150,8 @@ int64_t capacity_drop(int32_t* expert_idx, const int64_t* ahead, int64_t capacit
                       int K) {
     int64_t dropped = 0;
     for (int k = 0; k < K; ++k) {
-        std::vector<int64_t> queue(ahead + static_cast<int64_t>(k) * E, ahead + static_cast<int64_t>(k + 1) * E);
+        std::vector<int64_t> queue(ahead + static_cast<int64_t>(k) * E,
+                                   ahead + static_cast<int64_t>(k + 1) * E);
         for (int64_t t = 0; t < N; ++t) {
             int32_t& e = expert_idx[t * K + k];
             if (e < 0) continue;

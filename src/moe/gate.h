@@ -44,10 +44,10 @@ void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E);
 // From counts and probability sums over all n_total tokens: fills f (E) and returns aux.
 double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_sum,
                 int64_t n_total, int E, int K, double aux_coef);
-// dlogits: (N, E), overwritten (=): d aux / d g[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te f_e),
-// times daux.
-void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f,
-                       int64_t n_total, int N, int E, double aux_coef, double daux);
+// dlogits: (N, E), overwritten (=): d aux / d g[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te
+// f_e), times daux.
+void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
+                       int N, int E, double aux_coef, double daux);
 
 // Capacity: expert e takes at most `capacity` slots; slots queue round by round (all tokens'
 // slot 0, then slot 1, ...) and, within a round, in global token order. ahead: (K, E) slots of

@@ -43,9 +43,9 @@ void load_prob_forward(float* load_prob, const float* clean, const float* noise_
             for (int e = 0; e < E; ++e) {
                 const int32_t j = threshold_expert(preference + t * R, e, E, K);
                 const int64_t i = t * E + e;
-                load_prob[i] = j < 0 ? 1.0f
-                                     : static_cast<float>(normal_cdf((clean[i] - noisy[t * E + j]) /
-                                                                     softplus(noise_logits[i])));
+                load_prob[i]    = j < 0 ? 1.0f
+                                        : static_cast<float>(normal_cdf((clean[i] - noisy[t * E + j]) /
+                                                                        softplus(noise_logits[i])));
             }
         }
     });
@@ -60,10 +60,10 @@ void load_prob_backward(float* dclean, float* dnoise_logits, const double* dload
             for (int e = 0; e < E; ++e) {
                 const int32_t j = threshold_expert(preference + t * R, e, E, K);
                 if (j < 0) continue;
-                const int64_t i  = t * E + e, ij = t * E + j;
-                const double  sd = softplus(noise_logits[i]);
-                const double  z  = (clean[i] - noisy[ij]) / sd;
-                const double  d  = dload[e] * normal_pdf(z) / sd;  // d loss / d clean[t, e]
+                const int64_t i = t * E + e, ij = t * E + j;
+                const double sd = softplus(noise_logits[i]);
+                const double z  = (clean[i] - noisy[ij]) / sd;
+                const double d  = dload[e] * normal_pdf(z) / sd;  // d loss / d clean[t, e]
                 dclean[i] += static_cast<float>(d);
                 dnoise_logits[i] += static_cast<float>(-d * z * sigmoid(noise_logits[i]));
                 // thr = H[t, j] = g[t, j] + eps[t, j] sd[t, j]

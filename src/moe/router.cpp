@@ -32,7 +32,8 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
                        int64_t index) {
     uint64_t x = seed;
     uint64_t h = splitmix64(x);
-    for (uint64_t key : {static_cast<uint64_t>(step), static_cast<uint64_t>(layer) << 8 | static_cast<uint64_t>(stream),
+    for (uint64_t key : {static_cast<uint64_t>(step),
+                         static_cast<uint64_t>(layer) << 8 | static_cast<uint64_t>(stream),
                          static_cast<uint64_t>(token), static_cast<uint64_t>(index)}) {
         x = h ^ key;
         h = splitmix64(x);
@@ -81,8 +82,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
 
 // Capacity gates: queues over the global micro-batch (rank-major token order), round by round.
 void Router::capacity_rounds(int N) {
-    const int            P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
-    const size_t         KE = static_cast<size_t>(K_) * static_cast<size_t>(E_);
+    const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
+    const size_t KE = static_cast<size_t>(K_) * static_cast<size_t>(E_);
     std::vector<int64_t> mine(KE, 0), all(KE * static_cast<size_t>(P));
     for (int64_t t = 0; t < N; ++t) {
         for (int k = 0; k < K_; ++k) {
@@ -100,8 +101,10 @@ void Router::capacity_rounds(int N) {
         for (int e = 0; e < E_; ++e) {
             int64_t a = 0;
             for (int r = 0; r < P; ++r) {
-                for (int j = 0; j < k; ++j) a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(j * E_ + e)];
-                if (r < rank) a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(k * E_ + e)];
+                for (int j = 0; j < k; ++j)
+                    a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(j * E_ + e)];
+                if (r < rank)
+                    a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(k * E_ + e)];
             }
             ahead[static_cast<size_t>(k * E_ + e)] = a;
         }
@@ -123,7 +126,8 @@ void Router::swipe_rounds(int N) {
         swipe_request(expert_idx_.data(), preference_.data(), N, E_, K_, k);
         for (int v = 0; v < vw; ++v) {
             const int64_t b = begin(v), n = begin(v + 1) - b;
-            swipe_counts(mine.data() + v * E1, expert_idx_.data() + b * K_, static_cast<int>(n), E_, K_, k);
+            swipe_counts(mine.data() + v * E1, expert_idx_.data() + b * K_, static_cast<int>(n), E_,
+                         K_, k);
             mine[static_cast<size_t>(v * E1 + E_)] = n;
         }
         if (ep > 1) {
@@ -138,20 +142,21 @@ void Router::swipe_rounds(int N) {
         const SwipePlan plan = swipe_plan(counts, shares, W, E_);
         for (int v = 0; v < vw; ++v) {
             const int64_t b = begin(v), n = begin(v + 1) - b;
-            const size_t  w = static_cast<size_t>(ep_rank * vw + v) * static_cast<size_t>(E_);
-            stats_.reassigned += swipe_assign(expert_idx_.data() + b * K_, reassigned_.data() + b * K_,
-                                              preference_.data() + b * E_, plan.kept.data() + w,
-                                              plan.quota.data() + w, static_cast<int>(n), E_, K_, k);
+            const size_t w = static_cast<size_t>(ep_rank * vw + v) * static_cast<size_t>(E_);
+            stats_.reassigned +=
+                swipe_assign(expert_idx_.data() + b * K_, reassigned_.data() + b * K_,
+                             preference_.data() + b * E_, plan.kept.data() + w,
+                             plan.quota.data() + w, static_cast<int>(n), E_, K_, k);
         }
     }
 }
 
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
-    n_ = N;
-    const int     P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
+    n_          = N;
+    const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
     const int64_t tok0 = static_cast<int64_t>(rank) * N;  // global index of this rank's token 0
-    const bool    train = ctx_.training;
-    n_total_            = static_cast<int64_t>(N) * P;
+    const bool train   = ctx_.training;
+    n_total_           = static_cast<int64_t>(N) * P;
     stats_.dropped = stats_.reassigned = 0;
 
     // router input, jittered in training
@@ -160,8 +165,9 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     if (jittered_) {
         for (int64_t t = 0; t < N; ++t) {
             for (int c = 0; c < C_; ++c) {
-                const double u = routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kJitterStream, tok0 + t, c);
-                jit_[t * C_ + c]   = static_cast<float>(1.0 - gate_.jitter + 2.0 * gate_.jitter * u);
+                const double u =
+                    routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kJitterStream, tok0 + t, c);
+                jit_[t * C_ + c] = static_cast<float>(1.0 - gate_.jitter + 2.0 * gate_.jitter * u);
                 x_jit_[t * C_ + c] = inp[t * C_ + c] * jit_[t * C_ + c];
             }
         }
@@ -176,26 +182,30 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
             for (int e = 0; e < E_; ++e) {
                 double z = 0;
                 if (train) {  // Box-Muller from two uniforms of this (token, expert)
-                    const double u1 = std::max(1e-300, routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kNoiseStream, tok0 + t, 2 * e));
-                    const double u2 = routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kNoiseStream, tok0 + t, 2 * e + 1);
-                    z               = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+                    const double u1 =
+                        std::max(1e-300, routing_uniform(ctx_.seed, ctx_.step, gate_.layer,
+                                                         kNoiseStream, tok0 + t, 2 * e));
+                    const double u2 = routing_uniform(ctx_.seed, ctx_.step, gate_.layer,
+                                                      kNoiseStream, tok0 + t, 2 * e + 1);
+                    z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
                 }
                 eps_[t * E_ + e] = static_cast<float>(z);
             }
         }
-        noisy_logits_forward(noisy_logits_.data(), logits_.data(), noise_logits_.data(), eps_.data(), N, E_);
+        noisy_logits_forward(noisy_logits_.data(), logits_.data(), noise_logits_.data(),
+                             eps_.data(), N, E_);
         route = noisy_logits_.data();
     }
 
     // selection: the top-R of each token (R = E for SWIPE, which may move tokens anywhere)
     const bool swipe = train && gate_.kind == GateKind::swipe;
-    const int  R     = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
+    const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
     rank_experts(preference_.data(), route, N, E_, R);
     std::vector<int64_t> topk_counts(static_cast<size_t>(E_), 0);
     for (int64_t t = 0; t < N; ++t) {
         for (int k = 0; k < K_; ++k) {
-            const int32_t e        = preference_[t * R + k];
-            selected_[t * K_ + k]  = e;
+            const int32_t e         = preference_[t * R + k];
+            selected_[t * K_ + k]   = e;
             expert_idx_[t * K_ + k] = e;
             reassigned_[t * K_ + k] = 0;
             ++topk_counts[static_cast<size_t>(e)];
@@ -213,7 +223,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     if (train && gate_.kind == GateKind::gshard) {
         // the second expert is kept with probability min(1, 2 p2), p2 its normalised weight
         for (int64_t t = 0; t < N; ++t) {
-            const double u = routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kSecondExpertStream, tok0 + t, 0);
+            const double u = routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kSecondExpertStream,
+                                             tok0 + t, 0);
             if (u >= 2.0 * probs_[t * K_ + 1]) {
                 expert_idx_[t * K_ + 1] = -1;
                 ++stats_.dropped;
@@ -229,21 +240,23 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     }
 
     // statistics over all ranks: [top-k counts | prob sums | load | importance | Load | 3 scalars]
-    const size_t        Es = static_cast<size_t>(E_);
+    const size_t Es = static_cast<size_t>(E_);
     std::vector<double> s(5 * Es + 3, 0.0);
     for (int e = 0; e < E_; ++e) {
-        s[static_cast<size_t>(e)]          = static_cast<double>(topk_counts[static_cast<size_t>(e)]);
+        s[static_cast<size_t>(e)] = static_cast<double>(topk_counts[static_cast<size_t>(e)]);
         s[2 * Es + static_cast<size_t>(e)] = tokens_per_expert_[e];
     }
     gate_prob_sums(s.data() + Es, softmax_full_.data(), N, E_);
     if (noisy_) {
         for (int64_t t = 0; t < N; ++t) {
-            for (int k = 0; k < K_; ++k) s[3 * Es + static_cast<size_t>(selected_[t * K_ + k])] += probs_[t * K_ + k];
+            for (int k = 0; k < K_; ++k)
+                s[3 * Es + static_cast<size_t>(selected_[t * K_ + k])] += probs_[t * K_ + k];
         }
-        load_prob_forward(load_prob_.data(), logits_.data(), noise_logits_.data(), noisy_logits_.data(),
-                          preference_.data(), N, E_, K_);
+        load_prob_forward(load_prob_.data(), logits_.data(), noise_logits_.data(),
+                          noisy_logits_.data(), preference_.data(), N, E_, K_);
         for (int64_t t = 0; t < N; ++t) {
-            for (int e = 0; e < E_; ++e) s[4 * Es + static_cast<size_t>(e)] += load_prob_[t * E_ + e];
+            for (int e = 0; e < E_; ++e)
+                s[4 * Es + static_cast<size_t>(e)] += load_prob_[t * E_ + e];
         }
     }
     s[5 * Es]     = static_cast<double>(stats_.dropped);
@@ -278,28 +291,37 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
     if (noisy_) {
         // importance: d/dprobs[t,k] += coef * dCV^2/dImportance[selected[t,k]]
         for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i) {
-            dprobs_aux_[i] = static_cast<float>(dprobs[i] + daux_local * aux_coef_ * dimportance_[static_cast<size_t>(selected_[i])]);
+            dprobs_aux_[i] =
+                static_cast<float>(dprobs[i] + daux_local * aux_coef_ *
+                                                   dimportance_[static_cast<size_t>(selected_[i])]);
         }
         std::fill(dnoisy_.data(), dnoisy_.data() + static_cast<size_t>(N) * E_, 0.0f);
-        selected_softmax_backward(dnoisy_.data(), dprobs_aux_.data(), probs_.data(), selected_.data(), N, E_, K_);
+        selected_softmax_backward(dnoisy_.data(), dprobs_aux_.data(), probs_.data(),
+                                  selected_.data(), N, E_, K_);
         std::fill(dlogits_.data(), dlogits_.data() + static_cast<size_t>(N) * E_, 0.0f);
         std::fill(dnoise_logits_.data(), dnoise_logits_.data() + static_cast<size_t>(N) * E_, 0.0f);
-        noisy_logits_backward(dlogits_.data(), dnoise_logits_.data(), dnoisy_.data(), noise_logits_.data(), eps_.data(), N, E_);
+        noisy_logits_backward(dlogits_.data(), dnoise_logits_.data(), dnoisy_.data(),
+                              noise_logits_.data(), eps_.data(), N, E_);
         std::vector<double> dload(dload_);
         for (double& d : dload) d *= daux_local * aux_coef_;
         load_prob_backward(dlogits_.data(), dnoise_logits_.data(), dload.data(), logits_.data(),
-                           noise_logits_.data(), eps_.data(), noisy_logits_.data(), preference_.data(), N, E_, K_);
+                           noise_logits_.data(), eps_.data(), noisy_logits_.data(),
+                           preference_.data(), N, E_, K_);
     } else {
-        aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_, aux_coef_, daux_local);
+        aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
+                          aux_coef_, daux_local);
         if (gate_.kind == GateKind::switch_top1) {
-            full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N, E_);
+            full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
+                               E_);
         } else {
-            selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N, E_, K_);
+            selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N,
+                                      E_, K_);
         }
     }
     kernels::linear_backward(dinp, dgate_w, nullptr, dlogits_.data(), x, gate_w, N, C_, E_);
     if (noisy_) {
-        kernels::linear_backward(dx_noise_.data(), dnoise_w, nullptr, dnoise_logits_.data(), x, noise_w, N, C_, E_);
+        kernels::linear_backward(dx_noise_.data(), dnoise_w, nullptr, dnoise_logits_.data(), x,
+                                 noise_w, N, C_, E_);
         for (int64_t i = 0; i < static_cast<int64_t>(N) * C_; ++i) dinp[i] += dx_noise_[i];
     }
     if (jittered_) {

@@ -14,26 +14,32 @@ SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> s
                   shares.size() == static_cast<size_t>(W),
               "swipe_plan: counts {} / shares {} for W = {}, E = {}", counts.size(), shares.size(),
               W, E);
-    const int  G = E / W;
-    const auto at = [E](int w, int e) { return static_cast<size_t>(w) * static_cast<size_t>(E) + static_cast<size_t>(e); };
-    SwipePlan  p;
+    const int G   = E / W;
+    const auto at = [E](int w, int e) {
+        return static_cast<size_t>(w) * static_cast<size_t>(E) + static_cast<size_t>(e);
+    };
+    SwipePlan p;
     p.capacity.assign(static_cast<size_t>(E), 0);
     p.kept.assign(counts.size(), 0);
     p.quota.assign(counts.size(), 0);
     for (int w = 0; w < W; ++w) {
         int64_t sent = 0;
         for (int e = 0; e < E; ++e) sent += counts[at(w, e)];
-        BGL_CHECK(sent == shares[static_cast<size_t>(w)], "worker {} requests {} experts for {} tokens",
-                  w, sent, shares[static_cast<size_t>(w)]);
+        BGL_CHECK(sent == shares[static_cast<size_t>(w)],
+                  "worker {} requests {} experts for {} tokens", w, sent,
+                  shares[static_cast<size_t>(w)]);
         for (int j = 0; j < G; ++j) {
-            p.capacity[static_cast<size_t>(w * G + j)] = shares[static_cast<size_t>(w)] / G + (j < shares[static_cast<size_t>(w)] % G ? 1 : 0);
+            p.capacity[static_cast<size_t>(w * G + j)] =
+                shares[static_cast<size_t>(w)] / G +
+                (j < shares[static_cast<size_t>(w)] % G ? 1 : 0);
         }
     }
     std::vector<int64_t> spare(p.capacity);  // [E] room left after the kept requests
     std::vector<int64_t> dropped(static_cast<size_t>(W), 0);
     for (int e = 0; e < E; ++e) {
         for (int w = 0; w < W; ++w) {
-            const int64_t keep = std::clamp<int64_t>(spare[static_cast<size_t>(e)], 0, counts[at(w, e)]);
+            const int64_t keep =
+                std::clamp<int64_t>(spare[static_cast<size_t>(e)], 0, counts[at(w, e)]);
             p.kept[at(w, e)] = keep;
             spare[static_cast<size_t>(e)] -= keep;
             dropped[static_cast<size_t>(w)] += counts[at(w, e)] - keep;
@@ -63,9 +69,9 @@ static bool uses(const int32_t* row, int k, int32_t e) {
 
 void swipe_request(int32_t* expert_idx, const int32_t* preference, int n, int E, int K, int k) {
     for (int64_t t = 0; t < n; ++t) {
-        int32_t*       row  = expert_idx + t * K;
+        int32_t* row        = expert_idx + t * K;
         const int32_t* pref = preference + t * E;
-        int            r    = 0;
+        int r               = 0;
         while (uses(row, k, pref[r])) ++r;  // k < K <= E, so some expert is unused
         row[k] = pref[r];
     }
@@ -79,24 +85,25 @@ void swipe_counts(int64_t* counts, const int32_t* expert_idx, int n, int E, int 
 int64_t swipe_assign(int32_t* expert_idx, uint8_t* reassigned, const int32_t* preference,
                      const int64_t* kept_w, const int64_t* quota_w, int n, int E, int K, int k) {
     std::vector<int64_t> keep(kept_w, kept_w + E), quota(quota_w, quota_w + E);
-    int64_t              moved = 0;
+    int64_t moved = 0;
     for (int64_t t = 0; t < n; ++t) {
-        int32_t* row = expert_idx + t * K;
+        int32_t* row    = expert_idx + t * K;
         const int32_t e = row[k];
         if (keep[static_cast<size_t>(e)] > 0) {
             --keep[static_cast<size_t>(e)];
             reassigned[t * K + k] = 0;
             continue;
         }
-        const int32_t* pref   = preference + t * E;
-        int32_t        target = -1;
+        const int32_t* pref = preference + t * E;
+        int32_t target      = -1;
         for (int r = 0; r < E && target < 0; ++r) {
             if (quota[static_cast<size_t>(pref[r])] > 0 && !uses(row, k, pref[r])) target = pref[r];
         }
         for (int32_t x = 0; x < E && target < 0; ++x) {
             if (quota[static_cast<size_t>(x)] > 0) target = x;
         }
-        BGL_CHECK(target >= 0, "swipe: no quota left for a dropped token (plan and counts disagree)");
+        BGL_CHECK(target >= 0,
+                  "swipe: no quota left for a dropped token (plan and counts disagree)");
         --quota[static_cast<size_t>(target)];
         row[k]                = target;
         reassigned[t * K + k] = 1;

@@ -22,12 +22,13 @@ struct SwipePlan {
     std::vector<int64_t> capacity;  // [E]
     std::vector<int64_t> kept;      // [W * E]
     std::vector<int64_t> quota;     // [W * E]
-    int64_t              reassigned = 0;  // sum of quota = sum_e max(0, requests_e - capacity_e)
+    int64_t reassigned = 0;         // sum of quota = sum_e max(0, requests_e - capacity_e)
 };
 
 // counts: (W, E) requests of each worker per expert this round; shares: (W) tokens each worker
 // sends, equal to the row sums of counts. E must be a multiple of W.
-SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W, int E);
+SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W,
+                     int E);
 
 // Round k's request of each of n tokens: its best-ranked expert not already among its experts
 // of rounds < k. preference: (n, E) every expert, best first. expert_idx: (n, K); column k is

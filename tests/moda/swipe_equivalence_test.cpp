@@ -1,9 +1,8 @@
 // SWIPE across real and virtual workers: `mpirun -np 2 bagualu train` with expert parallelism 2
 // and gate = "swipe" gives the same per-step loss as one process simulating the two workers
 // (parallel.virtual_workers = 2), and every logged step of both has expert load max/mean = 1.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,7 +18,7 @@ struct SwipeLog {
 };
 
 SwipeLog read_log(const std::string& path) {
-    SwipeLog           out;
+    SwipeLog out;
     std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
@@ -33,9 +32,10 @@ SwipeLog read_log(const std::string& path) {
 }
 
 TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
-    TempDir           dir;
-    const std::string data = fmt::format(" --set data.train={} --set data.val={} --set data.tokenizer={}",
-                                         dir / "data/train.bin", dir / "data/val.bin", dir / "data/tok.model");
+    TempDir dir;
+    const std::string data =
+        fmt::format(" --set data.train={} --set data.val={} --set data.tokenizer={}",
+                    dir / "data/train.bin", dir / "data/val.bin", dir / "data/tok.model");
     const CommandResult prep = bagualu("prepare --config configs/tiny.toml" + data);
     ASSERT_EQ(prep.status, 0) << prep.output;
     // 20 steps, each of 2 micro-steps covering the same 4 sequences whatever the rank count
@@ -49,11 +49,12 @@ TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
     };
     const CommandResult one = bagualu(args("virtual", 1, 1, 2));
     ASSERT_EQ(one.status, 0) << one.output;
-    const CommandResult two = run_command(fmt::format(
-        "cd {} && timeout 300 {} --allow-run-as-root --oversubscribe -np 2 {} {}", BGL_SOURCE_DIR,
-        BGL_MPIEXEC, BGL_BINARY, args("real", 2, 2, 1)));
+    const CommandResult two = run_command(
+        fmt::format("cd {} && timeout 300 {} --allow-run-as-root --oversubscribe -np 2 {} {}",
+                    BGL_SOURCE_DIR, BGL_MPIEXEC, BGL_BINARY, args("real", 2, 2, 1)));
     ASSERT_EQ(two.status, 0) << two.output;
-    const SwipeLog a = read_log(dir / "virtual/metrics.jsonl"), b = read_log(dir / "real/metrics.jsonl");
+    const SwipeLog a = read_log(dir / "virtual/metrics.jsonl"),
+                   b = read_log(dir / "real/metrics.jsonl");
     ASSERT_EQ(a.loss.size(), 20u);
     ASSERT_EQ(b.loss.size(), 20u);
     double moved = 0;

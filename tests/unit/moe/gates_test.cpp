@@ -23,9 +23,9 @@ struct Inputs {
     std::vector<float> gate_w, noise_w, inp;
 };
 Inputs random_inputs(int N, int C, int E, uint64_t seed) {
-    Rng    rng(seed);
+    Rng rng(seed);
     Inputs in;
-    auto   fill = [&](std::vector<float>& v, size_t n) {
+    auto fill = [&](std::vector<float>& v, size_t n) {
         v.resize(n);
         for (auto& x : v) x = static_cast<float>(rng.normal());
     };
@@ -48,7 +48,7 @@ const RoutingContext kTrain{7, 3, true};
 
 TEST(GatesTest, SwitchIsTop1WithFullSoftmaxWeightAndCapacityInTokenOrder) {
     const int C = 6, E = 4, K = 1, N = 40;
-    Inputs    in = random_inputs(N, C, E, 1);
+    Inputs in = random_inputs(N, C, E, 1);
     for (int c = 0; c < C; ++c) in.gate_w[static_cast<size_t>(c)] += 1.5f;  // crowd expert 0
     Router r(C, E, K, 0.0, gate_of(GateKind::switch_top1, 1.0), N, nullptr);
     r.set_context(kTrain);
@@ -64,9 +64,9 @@ TEST(GatesTest, SwitchIsTop1WithFullSoftmaxWeightAndCapacityInTokenOrder) {
     }
     softmax_rows(sm.data(), logits.data(), N, E);
     rank_experts(top.data(), logits.data(), N, E, 1);
-    const int64_t        capacity = N / E;  // ceil(1.0 * N * 1 / E)
+    const int64_t capacity = N / E;  // ceil(1.0 * N * 1 / E)
     std::vector<int64_t> seen(E, 0);
-    int64_t              dropped = 0;
+    int64_t dropped = 0;
     for (int t = 0; t < N; ++t) {
         const bool keep = seen[top[t]]++ < capacity;
         EXPECT_EQ(r.expert_idx()[t], keep ? top[t] : -1) << "token " << t;
@@ -85,12 +85,14 @@ TEST(GatesTest, SwitchIsTop1WithFullSoftmaxWeightAndCapacityInTokenOrder) {
 
 TEST(GatesTest, DroppedTokensPassThroughWithZeroExpertOutput) {
     const int C = 5, F = 7, E = 4, K = 1, N = 24;
-    Inputs    in = random_inputs(N, C, E, 2);
+    Inputs in = random_inputs(N, C, E, 2);
     for (int c = 0; c < C; ++c) in.gate_w[static_cast<size_t>(c)] += 3.0f;
-    std::vector<float> fc_w(E * F * C, 0.1f), fc_b(E * F, 0.1f), proj_w(E * C * F, 0.1f), proj_b(E * C, 0.1f);
-    MoEWeights         w;
+    std::vector<float> fc_w(E * F * C, 0.1f), fc_b(E * F, 0.1f), proj_w(E * C * F, 0.1f),
+        proj_b(E * C, 0.1f);
+    MoEWeights w;
     w.gate_w  = in.gate_w.data();
-    w.experts = {fc_w.data(), fc_b.data(), proj_w.data(), proj_b.data(), size_t(F * C), size_t(F), size_t(C * F), size_t(C)};
+    w.experts = {fc_w.data(),   fc_b.data(), proj_w.data(), proj_b.data(),
+                 size_t(F * C), size_t(F),   size_t(C * F), size_t(C)};
     MoEShape shape{C, F, E, K, 0.0};
     shape.gate = gate_of(GateKind::switch_top1, 0.5);
     MoELayer layer(shape, N);
@@ -115,8 +117,8 @@ TEST(GatesTest, DroppedTokensPassThroughWithZeroExpertOutput) {
 
 TEST(GatesTest, GShardKeepsSecondExpertWithProbabilityTwiceItsWeight) {
     const int C = 8, E = 4, K = 2, N = 4000;
-    Inputs    in = random_inputs(N, C, E, 3);
-    Router    r(C, E, K, 0.0, gate_of(GateKind::gshard, 100.0), N, nullptr);  // no capacity drops
+    Inputs in = random_inputs(N, C, E, 3);
+    Router r(C, E, K, 0.0, gate_of(GateKind::gshard, 100.0), N, nullptr);  // no capacity drops
     r.set_context(kTrain);
     r.forward(in.inp.data(), in.gate_w.data(), nullptr, N);
     double expect = 0, kept = 0;
@@ -141,9 +143,9 @@ TEST(GatesTest, GShardKeepsSecondExpertWithProbabilityTwiceItsWeight) {
 
 TEST(GatesTest, NoisyTopKNoiseIsDeterministicAndOffAtInference) {
     const int C = 6, E = 5, K = 2, N = 30;
-    Inputs    in = random_inputs(N, C, E, 4);
-    Router    r(C, E, K, 0.1, gate_of(GateKind::noisy), N, nullptr);
-    Router    topk(C, E, K, 0.0, gate_of(GateKind::topk), N, nullptr);
+    Inputs in = random_inputs(N, C, E, 4);
+    Router r(C, E, K, 0.1, gate_of(GateKind::noisy), N, nullptr);
+    Router topk(C, E, K, 0.0, gate_of(GateKind::topk), N, nullptr);
     topk.forward(in.inp.data(), in.gate_w.data(), nullptr, N);
     r.forward(in.inp.data(), in.gate_w.data(), in.noise_w.data(), N);  // inference: clean logits
     EXPECT_TRUE(std::equal(topk.expert_idx(), topk.expert_idx() + N * K, r.expert_idx()));
@@ -162,24 +164,27 @@ TEST(GatesTest, NoisyTopKNoiseIsDeterministicAndOffAtInference) {
 
 TEST(GatesTest, CvSquaredMatchesDefinitionAndGradient) {
     const std::vector<double> v = {3, 1, 4, 1, 5};
-    std::vector<double>       dv(5);
-    const double              cv = cv_squared(dv.data(), v.data(), 5);
-    const double              m  = 14.0 / 5;
-    double                    var = 0;
+    std::vector<double> dv(5);
+    const double cv = cv_squared(dv.data(), v.data(), 5);
+    const double m  = 14.0 / 5;
+    double var      = 0;
     for (double x : v) var += (x - m) * (x - m) / 5;
     EXPECT_NEAR(cv, var / (m * m), 1e-12);
     for (int e = 0; e < 5; ++e) {
         std::vector<double> p = v, q = v, d(5);
         p[e] += 1e-6;
         q[e] -= 1e-6;
-        EXPECT_NEAR(dv[e], (cv_squared(d.data(), p.data(), 5) - cv_squared(d.data(), q.data(), 5)) / 2e-6, 1e-6);
+        EXPECT_NEAR(dv[e],
+                    (cv_squared(d.data(), p.data(), 5) - cv_squared(d.data(), q.data(), 5)) / 2e-6,
+                    1e-6);
     }
 }
 
 TEST(GatesTest, SwipeWithVirtualWorkersBalancesEveryExpertExactly) {
     const int C = 6, E = 8, K = 2, N = 64;
-    Inputs    in = random_inputs(N, C, E, 5);
-    for (int c = 0; c < C; ++c) in.gate_w[static_cast<size_t>(3 * C + c)] += 2.0f;  // crowd expert 3
+    Inputs in = random_inputs(N, C, E, 5);
+    for (int c = 0; c < C; ++c)
+        in.gate_w[static_cast<size_t>(3 * C + c)] += 2.0f;  // crowd expert 3
     for (int vw : {1, 2, 4, 8}) {
         Router r(C, E, K, 0.01, gate_of(GateKind::swipe, 1.0, 0.0, vw), N, nullptr);
         r.set_context(kTrain);
@@ -234,11 +239,12 @@ class GateGradientTest : public ::testing::TestWithParam<std::tuple<const char*,
 TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
     const auto [gate, K, vw] = GetParam();
     const ModelConfig m      = tiny(gate, K);
-    const int         B = 2, T = 12;
-    model::GPT        gpt(m, B, nullptr, vw);
+    const int B = 2, T = 12;
+    model::GPT gpt(m, B, nullptr, vw);
     model::init_params(gpt.params(), gpt.layout(), m, 7);
     Rng rng(99);
-    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+    for (size_t i = 0; i < gpt.n_floats(); ++i)
+        gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
     std::vector<int32_t> x(B * T), y(B * T);
     for (auto& v : x) v = static_cast<int32_t>(rng.below(61));
     for (auto& v : y) v = static_cast<int32_t>(rng.below(61));
@@ -253,26 +259,29 @@ TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
     // direction is retried with a quarter of the step, and skipped if it still crosses.
     auto routing = [&] {
         std::vector<int32_t> r;
-        for (const auto& layer : gpt.moe_layers()) r.insert(r.end(), layer->expert_idx(), layer->expert_idx() + B * T * K);
+        for (const auto& layer : gpt.moe_layers())
+            r.insert(r.end(), layer->expert_idx(), layer->expert_idx() + B * T * K);
         return r;
     };
     objective();
     const std::vector<int32_t> base = routing();
-    const RoutingStats&        st   = gpt.moe_layers()[0]->routing_stats();
-    const std::string          name = gate;
+    const RoutingStats& st          = gpt.moe_layers()[0]->routing_stats();
+    const std::string name          = gate;
     EXPECT_TRUE(st.dropped > 0 || (name != "switch" && name != "gshard"));
     EXPECT_TRUE(st.reassigned > 0 || name != "swipe");
     int checked = 0, skipped = 0;
     for (const model::ParamSpec& s : gpt.layout().specs()) {
         double gnorm = 0;
-        for (size_t i = 0; i < s.numel; ++i) gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
+        for (size_t i = 0; i < s.numel; ++i)
+            gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
         gnorm = std::sqrt(gnorm);
         if (gnorm < 1e-3) continue;
         std::vector<float> saved(gpt.params() + s.offset, gpt.params() + s.offset + s.numel);
         bool crossed = false;
         auto shift   = [&](double t) {
             for (size_t i = 0; i < s.numel; ++i) {
-                gpt.params()[s.offset + i] = saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
+                gpt.params()[s.offset + i] =
+                    saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
             }
             const double v = objective();
             crossed        = crossed || routing() != base;
@@ -290,7 +299,8 @@ TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
             continue;
         }
         // float32 forward: ~1e-6 relative noise in the loss, so 2e-4 absolute at h = 1e-2
-        EXPECT_NEAR(gnorm, num, 2e-4 * 1e-2 / h + 2e-2 * gnorm) << gate << ": " << s.name << " along its gradient";
+        EXPECT_NEAR(gnorm, num, 2e-4 * 1e-2 / h + 2e-2 * gnorm)
+            << gate << ": " << s.name << " along its gradient";
         ++checked;
     }
     EXPECT_LE(skipped, 3);
@@ -299,8 +309,10 @@ TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gates, GateGradientTest,
-                         ::testing::Values(std::make_tuple("topk", 2, 1), std::make_tuple("switch", 1, 1),
-                                           std::make_tuple("gshard", 2, 1), std::make_tuple("noisy", 2, 1),
+                         ::testing::Values(std::make_tuple("topk", 2, 1),
+                                           std::make_tuple("switch", 1, 1),
+                                           std::make_tuple("gshard", 2, 1),
+                                           std::make_tuple("noisy", 2, 1),
                                            std::make_tuple("swipe", 2, 2)),
                          [](const auto& p) { return std::string(std::get<0>(p.param)); });
 

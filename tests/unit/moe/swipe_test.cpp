@@ -21,13 +21,14 @@ enum class Pattern { uniform, one_expert, one_worker, zipf };
 
 // preference: (W * n, E), each row a permutation, best first.
 std::vector<int32_t> make_preferences(Pattern pat, int W, int n, int E, uint64_t seed) {
-    Rng                  rng(seed);
-    const int            G = E / W;
+    Rng rng(seed);
+    const int G = E / W;
     std::vector<int32_t> pref(static_cast<size_t>(W) * n * E);
     for (int64_t t = 0; t < static_cast<int64_t>(W) * n; ++t) {
         std::vector<int32_t> p(static_cast<size_t>(E));
         std::iota(p.begin(), p.end(), 0);
-        for (int i = E - 1; i > 0; --i) std::swap(p[static_cast<size_t>(i)], p[rng.below(static_cast<uint64_t>(i + 1))]);
+        for (int i = E - 1; i > 0; --i)
+            std::swap(p[static_cast<size_t>(i)], p[rng.below(static_cast<uint64_t>(i + 1))]);
         if (pat == Pattern::one_expert) {
             std::iota(p.begin(), p.end(), 0);  // everybody ranks 0, 1, 2, ...
         } else if (pat == Pattern::one_worker) {
@@ -36,10 +37,11 @@ std::vector<int32_t> make_preferences(Pattern pat, int W, int n, int E, uint64_t
         } else if (pat == Pattern::zipf) {
             double z = 0;
             for (int e = 0; e < E; ++e) z += 1.0 / std::pow(e + 1, 1.2);
-            double u     = rng.uniform() * z;
-            int    first = 0;
+            double u  = rng.uniform() * z;
+            int first = 0;
             while (first < E - 1 && (u -= 1.0 / std::pow(first + 1, 1.2)) > 0) ++first;
-            std::rotate(p.begin(), std::find(p.begin(), p.end(), first), std::find(p.begin(), p.end(), first) + 1);
+            std::rotate(p.begin(), std::find(p.begin(), p.end(), first),
+                        std::find(p.begin(), p.end(), first) + 1);
         }
         std::copy(p.begin(), p.end(), pref.begin() + t * E);
     }
@@ -53,22 +55,27 @@ struct Result {
 
 // Runs K rounds for W workers of n tokens each; checks every round's invariants on the way.
 Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
-    const int64_t        NT = static_cast<int64_t>(W) * n;
-    Result               r{std::vector<int32_t>(static_cast<size_t>(NT * K)), std::vector<uint8_t>(static_cast<size_t>(NT * K))};
+    const int64_t NT = static_cast<int64_t>(W) * n;
+    Result r{std::vector<int32_t>(static_cast<size_t>(NT * K)),
+             std::vector<uint8_t>(static_cast<size_t>(NT * K))};
     for (int k = 0; k < K; ++k) {
         std::vector<int64_t> counts(static_cast<size_t>(W * E)), shares(static_cast<size_t>(W), n);
         for (int w = 0; w < W; ++w) {
-            swipe_request(r.expert_idx.data() + static_cast<int64_t>(w) * n * K, pref.data() + static_cast<int64_t>(w) * n * E, n, E, K, k);
-            swipe_counts(counts.data() + w * E, r.expert_idx.data() + static_cast<int64_t>(w) * n * K, n, E, K, k);
+            swipe_request(r.expert_idx.data() + static_cast<int64_t>(w) * n * K,
+                          pref.data() + static_cast<int64_t>(w) * n * E, n, E, K, k);
+            swipe_counts(counts.data() + w * E,
+                         r.expert_idx.data() + static_cast<int64_t>(w) * n * K, n, E, K, k);
         }
         std::vector<int32_t> request(static_cast<size_t>(NT));
-        for (int64_t t = 0; t < NT; ++t) request[static_cast<size_t>(t)] = r.expert_idx[static_cast<size_t>(t * K + k)];
+        for (int64_t t = 0; t < NT; ++t)
+            request[static_cast<size_t>(t)] = r.expert_idx[static_cast<size_t>(t * K + k)];
         const SwipePlan plan = swipe_plan(counts, shares, W, E);
-        int64_t         moved = 0;
+        int64_t moved        = 0;
         for (int w = 0; w < W; ++w) {
-            moved += swipe_assign(r.expert_idx.data() + static_cast<int64_t>(w) * n * K, r.reassigned.data() + static_cast<int64_t>(w) * n * K,
-                                  pref.data() + static_cast<int64_t>(w) * n * E, plan.kept.data() + w * E,
-                                  plan.quota.data() + w * E, n, E, K, k);
+            moved += swipe_assign(r.expert_idx.data() + static_cast<int64_t>(w) * n * K,
+                                  r.reassigned.data() + static_cast<int64_t>(w) * n * K,
+                                  pref.data() + static_cast<int64_t>(w) * n * E,
+                                  plan.kept.data() + w * E, plan.quota.data() + w * E, n, E, K, k);
         }
         // exactly the capacity at every expert, hence every worker receives what it sends
         std::vector<int64_t> got(static_cast<size_t>(E), 0), requested(static_cast<size_t>(E), 0);
@@ -80,8 +87,10 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
         }
         int64_t minimum = 0;
         for (int e = 0; e < E; ++e) {
-            EXPECT_EQ(got[static_cast<size_t>(e)], plan.capacity[static_cast<size_t>(e)]) << "expert " << e << " round " << k;
-            minimum += std::max<int64_t>(0, requested[static_cast<size_t>(e)] - plan.capacity[static_cast<size_t>(e)]);
+            EXPECT_EQ(got[static_cast<size_t>(e)], plan.capacity[static_cast<size_t>(e)])
+                << "expert " << e << " round " << k;
+            minimum += std::max<int64_t>(
+                0, requested[static_cast<size_t>(e)] - plan.capacity[static_cast<size_t>(e)]);
         }
         for (int w = 0; w < W; ++w) {
             int64_t in = 0;
@@ -93,8 +102,9 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
         // requests within capacity keep their expert: the first capacity_e in global order
         std::vector<int64_t> seen(static_cast<size_t>(E), 0);
         for (int64_t t = 0; t < NT; ++t) {
-            const int32_t e    = request[static_cast<size_t>(t)];
-            const bool    kept = seen[static_cast<size_t>(e)]++ < plan.capacity[static_cast<size_t>(e)];
+            const int32_t e = request[static_cast<size_t>(t)];
+            const bool kept =
+                seen[static_cast<size_t>(e)]++ < plan.capacity[static_cast<size_t>(e)];
             EXPECT_EQ(kept, r.expert_idx[static_cast<size_t>(t * K + k)] == e) << "token " << t;
             EXPECT_EQ(kept, r.reassigned[static_cast<size_t>(t * K + k)] == 0) << "token " << t;
         }
@@ -104,13 +114,20 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
 
 TEST(SwipeTest, PropertiesOverManyRoutings) {
     int cases = 0;
-    for (Pattern pat : {Pattern::uniform, Pattern::one_expert, Pattern::one_worker, Pattern::zipf}) {
-        for (auto [W, E, K, n] : std::vector<std::array<int, 4>>{
-                 {1, 8, 2, 64}, {2, 8, 2, 50}, {4, 8, 2, 33}, {8, 8, 1, 17}, {4, 4, 3, 40}, {2, 6, 2, 7}, {3, 12, 4, 29}}) {
+    for (Pattern pat :
+         {Pattern::uniform, Pattern::one_expert, Pattern::one_worker, Pattern::zipf}) {
+        for (auto [W, E, K, n] : std::vector<std::array<int, 4>>{{1, 8, 2, 64},
+                                                                 {2, 8, 2, 50},
+                                                                 {4, 8, 2, 33},
+                                                                 {8, 8, 1, 17},
+                                                                 {4, 4, 3, 40},
+                                                                 {2, 6, 2, 7},
+                                                                 {3, 12, 4, 29}}) {
             for (uint64_t seed = 1; seed <= 6; ++seed) {
-                const auto   pref = make_preferences(pat, W, n, E, seed * 131 + static_cast<uint64_t>(W));
-                const Result a    = run_swipe(pref, W, n, E, K);
-                const Result b    = run_swipe(pref, W, n, E, K);
+                const auto pref =
+                    make_preferences(pat, W, n, E, seed * 131 + static_cast<uint64_t>(W));
+                const Result a = run_swipe(pref, W, n, E, K);
+                const Result b = run_swipe(pref, W, n, E, K);
                 EXPECT_EQ(a.expert_idx, b.expert_idx);
                 ++cases;
             }
@@ -120,7 +137,7 @@ TEST(SwipeTest, PropertiesOverManyRoutings) {
 }
 
 TEST(SwipeTest, EverythingToOneExpertMovesAllButItsCapacity) {
-    const int  W = 4, E = 8, n = 16, K = 1;
+    const int W = 4, E = 8, n = 16, K = 1;
     const auto pref = make_preferences(Pattern::one_expert, W, n, E, 3);
     std::vector<int64_t> counts(W * E, 0), shares(W, n);
     for (int w = 0; w < W; ++w) counts[static_cast<size_t>(w * E)] = n;
@@ -135,9 +152,9 @@ TEST(SwipeTest, EverythingToOneExpertMovesAllButItsCapacity) {
 }
 
 TEST(SwipeTest, UnequalSharesStillFillEveryWorkerExactly) {
-    const int            W = 2, E = 4;
+    const int W = 2, E = 4;
     std::vector<int64_t> counts = {7, 0, 0, 0, 0, 0, 5, 0}, shares = {7, 5};
-    const SwipePlan      plan   = swipe_plan(counts, shares, W, E);
+    const SwipePlan plan = swipe_plan(counts, shares, W, E);
     EXPECT_EQ(plan.capacity, (std::vector<int64_t>{4, 3, 3, 2}));
     EXPECT_EQ(plan.reassigned, 3 + 2);
     // worker 0 keeps 4 at expert 0 and moves 3 to expert 1; worker 1 keeps 3 at expert 2,
