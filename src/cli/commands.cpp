@@ -165,6 +165,7 @@ int cmd_export(const std::string& from, const std::string& out, const std::strin
 int cmd_report(const std::string& run_dir) {
     report::write_loss_chart(run_dir);
     log::info("report: wrote {}/loss.svg", run_dir);
+    if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
     return 0;
 }
 

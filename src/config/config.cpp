@@ -29,6 +29,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("model", "moe_every", c.model.moe_every);
     v("model", "aux_loss_coef", c.model.aux_loss_coef);
     v("model", "gate", c.model.gate);
+    v("model", "capacity_factor", c.model.capacity_factor);
+    v("model", "jitter", c.model.jitter);
     v("model", "init_std", c.model.init_std);
 
     v("train", "batch_size", c.train.batch_size);
@@ -64,6 +66,7 @@ void visit_fields(Cfg& c, V&& v) {
 
     v("parallel", "expert_parallel", c.parallel.expert_parallel);
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
+    v("parallel", "virtual_workers", c.parallel.virtual_workers);
 
     v("optimizer", "partition", c.optimizer.partition);
 }
@@ -234,9 +237,23 @@ void validate(const TrainConfig& c) {
         }
     }
     non_negative("model.aux_loss_coef", m.aux_loss_coef);
-    if (m.gate != "topk") {
-        input_error("{}: model.gate = \"{}\": expected \"topk\"", src, m.gate);
+    if (m.gate != "topk" && m.gate != "switch" && m.gate != "gshard" && m.gate != "noisy" &&
+        m.gate != "swipe") {
+        input_error("{}: model.gate = \"{}\": expected topk, switch, gshard, noisy or swipe", src, m.gate);
     }
+    if (m.moe_every > 0 && m.gate == "switch" && m.top_k != 1) {
+        input_error("{}: model.gate = \"switch\" routes to one expert: set model.top_k = 1", src);
+    }
+    if (m.moe_every > 0 && m.gate == "gshard" && m.top_k != 2) {
+        input_error("{}: model.gate = \"gshard\" routes to two experts: set model.top_k = 2", src);
+    }
+    if (m.moe_every > 0 && m.gate == "noisy" && m.top_k >= m.n_experts) {
+        input_error("{}: model.gate = \"noisy\" needs model.top_k < model.n_experts", src);
+    }
+    if (!(m.capacity_factor > 0)) {
+        input_error("{}: model.capacity_factor = {}: must be > 0", src, m.capacity_factor);
+    }
+    if (!(m.jitter >= 0 && m.jitter < 1)) input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
 
     const TrainSection& t = c.train;
@@ -273,6 +290,15 @@ void validate(const TrainConfig& c) {
 
     if (c.parallel.expert_parallel < 1) {
         input_error("{}: parallel.expert_parallel = {}: must be >= 1", src, c.parallel.expert_parallel);
+    }
+    if (c.parallel.virtual_workers < 1) {
+        input_error("{}: parallel.virtual_workers = {}: must be >= 1", src, c.parallel.virtual_workers);
+    }
+    if (m.moe_every > 0 && m.gate == "swipe" &&
+        m.n_experts % (c.parallel.expert_parallel * c.parallel.virtual_workers) != 0) {
+        input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel x "
+                    "parallel.virtual_workers = {} (the swipe workers)",
+                    src, m.n_experts, c.parallel.expert_parallel * c.parallel.virtual_workers);
     }
     if (m.moe_every > 0 && m.n_experts % c.parallel.expert_parallel != 0) {
         input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel = {}",

@@ -19,7 +19,9 @@ struct ModelConfig {
     int         top_k         = 2;     // K
     int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
     double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
-    std::string gate          = "topk";
+    std::string gate          = "topk";  // topk | switch | gshard | noisy | swipe (docs/model.md)
+    double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
+    double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double      init_std      = 0.02;
 
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
@@ -66,6 +68,7 @@ struct SampleSection {
 struct ParallelSection {
     int  expert_parallel  = 1;      // EP: ranks each MoE layer's experts are spread over
     bool hierarchical_a2a = false;  // all-to-all via one leader per node (multi-node runs)
+    int  virtual_workers  = 1;      // swipe: workers each rank of an EP group simulates
 };
 
 struct OptimizerSection {

@@ -78,8 +78,16 @@ const float* Generator::step(int32_t token) {
             std::partial_sort(order_.begin(), order_.begin() + K, order_.end(), [gl](int a, int b) {
                 return gl[a] > gl[b] || (gl[a] == gl[b] && a < b);
             });
-            double s = 0;
+            // Every gate routes as plain top-k at inference (no capacity, noise or SWIPE);
+            // the weights are the softmax over the K selected logits, except for switch, whose
+            // weight is the full-softmax probability of its one expert (docs/model.md, Gates).
+            const bool full = cfg_.gate == "switch";
+            double     s    = 0;
             for (int k = 0; k < K; ++k) s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
+            if (full) {
+                s = 0;
+                for (int e = 0; e < E; ++e) s += std::exp(gl[e] - gl[order_[0]]);
+            }
             std::fill(atty_.data(), atty_.data() + C, 0.0f);
             const auto& ex = w.experts;
             for (int k = 0; k < K; ++k) {

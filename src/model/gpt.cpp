@@ -32,6 +32,7 @@ ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
         L.add(p + "ln_2.bias", {C}, false);
         if (m.is_moe_block(l)) {
             L.add(p + "moe.gate.weight", {E, C}, true);
+            if (m.gate == "noisy") L.add(p + "moe.noise.weight", {E, C}, true);
             // one kind of tensor for all experts after the other, so expert e is base + e*stride
             const int64_t e0 = E / ep_size * ep_rank, e1 = E / ep_size * (ep_rank + 1);
             for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
@@ -78,6 +79,7 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
         b.ln2_b  = at(p + "ln_2.bias");
         if (m.is_moe_block(l)) {
             b.gate_w = at(p + "moe.gate.weight");
+            if (m.gate == "noisy") b.noise_w = at(p + "moe.noise.weight");
             auto ex  = [&](int e, const char* what) { return fmt::format("{}moe.experts.{}.{}", p, e, what); };
             b.experts.fc_w          = at(ex(e0, "c_fc.weight"));
             b.experts.fc_b          = at(ex(e0, "c_fc.bias"));
@@ -141,7 +143,7 @@ struct GPT::Acts {
     Buffer<int32_t> tokens, targets;
 };
 
-GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par)
+GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers)
     : cfg_(cfg),
       max_batch_(max_batch),
       layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)) {
@@ -189,9 +191,14 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par)
     a_->tokens  = Buffer<int32_t>(N);
     a_->targets = Buffer<int32_t>(N);
 
-    const moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
+    moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
+    ms.gate.kind            = moe::parse_gate(cfg.gate);
+    ms.gate.capacity_factor = cfg.capacity_factor;
+    ms.gate.jitter          = cfg.jitter;
+    ms.gate.virtual_workers = virtual_workers;
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
+            ms.gate.layer = static_cast<int>(moe_.size());
             moe_index_.push_back(static_cast<int>(moe_.size()));
             moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par));
         } else {
@@ -204,8 +211,12 @@ GPT::~GPT() = default;
 
 const float* GPT::logits() const { return a_->logits; }
 
+void GPT::set_routing_context(const moe::RoutingContext& ctx) {
+    for (auto& layer : moe_) layer->set_routing_context(ctx);
+}
+
 static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
-    return moe::MoEWeights{b.gate_w, b.experts};
+    return moe::MoEWeights{b.gate_w, b.noise_w, b.experts};
 }
 
 double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -268,7 +279,7 @@ void GPT::backward(float loss_scale) {
         // feed-forward: dresid holds d x_{l+1} = d ffn_out, and flows on to d res1
         const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
-            moe::MoEGrads mg{g.gate_w, g.experts};
+            moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
                                                     loss_scale);
         } else {

@@ -34,7 +34,8 @@ struct BlockTensors {
     P* fcproj_w = nullptr;  // (C, F)
     P* fcproj_b = nullptr;  // (C)
     // MoE blocks
-    P*                        gate_w = nullptr;  // (E, C)
+    P*                        gate_w  = nullptr;  // (E, C)
+    P*                        noise_w = nullptr;  // (E, C), noisy gate only
     moe::ExpertTensors<P>     experts;
 };
 
@@ -63,7 +64,9 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& cf
 class GPT {
    public:
     // max_batch: the most sequences one forward will see. par: nullptr for one process.
-    GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr);
+    // virtual_workers: swipe workers each rank of an EP group simulates (parallel section).
+    GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
+        int virtual_workers = 1);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }
@@ -76,6 +79,9 @@ class GPT {
 
     // tokens, targets: (B, T), T <= seq_len. Saves activations. Returns mean cross-entropy.
     double forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+    // Routing of the following forwards: seed, micro-step and training (capacity, noise,
+    // SWIPE) or inference (plain top-k). The default is inference.
+    void set_routing_context(const moe::RoutingContext& ctx);
     // Sum of the MoE layers' aux losses of the last forward.
     double aux_loss() const { return aux_loss_; }
     // Backward of the last forward: grads += d(loss_scale * (CE + aux)) / d params.

@@ -16,6 +16,10 @@ void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offse
     for (int e = 1; e < E; ++e) expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e - 1];
     for (int t = 0; t < N; ++t) {
         for (int k = 0; k < K; ++k) {
+            if (expert_idx[t * K + k] < 0) {  // a dropped slot has no row
+                row_of[t * K + k] = -1;
+                continue;
+            }
             const int32_t r = expert_offsets[expert_idx[t * K + k] + 1]++;
             row_of[t * K + k] = r;
             token_of_row[r]   = t;
@@ -39,6 +43,7 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
             float* o = out + t * C;
             for (int c = 0; c < C; ++c) o[c] = 0.0f;
             for (int k = 0; k < K; ++k) {
+                if (row_of[t * K + k] < 0) continue;
                 const float  w = probs[t * K + k];
                 const float* y = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
                 for (int c = 0; c < C; ++c) o[c] += w * y[c];
@@ -54,6 +59,10 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
             const float* d = dout + t * C;
             for (int k = 0; k < K; ++k) {
                 const int64_t r  = row_of[t * K + k];
+                if (r < 0) {
+                    dprobs[t * K + k] = 0.0f;
+                    continue;
+                }
                 const float   w  = probs[t * K + k];
                 const float*  y  = y_perm + r * C;
                 float*        dy = dy_perm + r * C;
@@ -73,6 +82,7 @@ void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, in
         for (int64_t t = begin; t < end; ++t) {
             float* o = dx + t * C;
             for (int k = 0; k < K; ++k) {
+                if (row_of[t * K + k] < 0) continue;
                 const float* s = dx_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
                 for (int c = 0; c < C; ++c) o[c] += s[c];
             }

@@ -4,13 +4,14 @@
 //              token order.
 //   permute:   x_perm[r] = x[token_of_row[r]]
 //   unpermute: out[t] = sum_k probs[t,k] * y_perm[row_of[t*K+k]]   (the combine step)
-// Shapes: x, out (N, C); x_perm, y_perm (N*K, C); probs (N, K).
+// A dropped slot (expert_idx = -1) gets row_of = -1: no row, no output, zero dprobs.
+// Shapes: x, out (N, C); x_perm, y_perm (rows <= N*K, C); probs (N, K).
 #pragma once
 #include <cstdint>
 
 namespace bagualu::moe {
 
-// row_of: (N*K). token_of_row: (N*K). expert_offsets: (E+1), prefix sums of tokens_per_expert.
+// row_of: (N*K). token_of_row: (rows). expert_offsets: (E+1), prefix sums of tokens_per_expert.
 void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offsets,
                    const int32_t* expert_idx, const int32_t* tokens_per_expert, int N, int E,
                    int K);

@@ -1,47 +1,112 @@
+// Gate kernels: top-k selection, softmax weights, aux loss and capacity, forward and backward.
 #include "moe/gate.h"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "core/thread_pool.h"
 
 namespace bagualu::moe {
 
-void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
-                       int32_t* tokens_per_expert, const float* logits, int N, int E, int K) {
+void rank_experts(int32_t* preference, const float* logits, int N, int E, int R) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        std::vector<int32_t> order(static_cast<size_t>(E));
+        for (int64_t t = begin; t < end; ++t) {
+            const float* l = logits + t * E;
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(
+                order.begin(), order.begin() + R, order.end(),
+                [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+            std::copy(order.begin(), order.begin() + R, preference + t * R);
+        }
+    });
+}
+
+double softmax_rows(float* softmax_full, const float* logits, int N, int E) {
+    std::vector<double> entropy(static_cast<size_t>(N));
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const float* l = logits + t * E;
-            // full softmax (for the aux loss), in double
-            double mx = l[0];
+            double mx      = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
             double sum = 0;
             for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+            double h = 0;
             for (int e = 0; e < E; ++e) {
-                softmax_full[t * E + e] = static_cast<float>(std::exp(l[e] - mx) / sum);
+                const double p          = std::exp(l[e] - mx) / sum;
+                softmax_full[t * E + e] = static_cast<float>(p);
+                if (p > 0) h -= p * std::log(p);
             }
-            // top-k by insertion into the output row, in descending logit order; ties keep the
-            // lower expert id first (it was inserted earlier and is only passed by a larger logit)
-            int32_t* top = expert_idx + t * K;
-            int      n   = 0;
-            for (int32_t e = 0; e < E; ++e) {
-                int j = n < K ? n : K;
-                while (j > 0 && l[e] > l[top[j - 1]]) --j;
-                if (j >= K) continue;
-                for (int i = (n < K ? n : K - 1); i > j; --i) top[i] = top[i - 1];
-                top[j] = e;
-                if (n < K) ++n;
-            }
-            const double best = l[top[0]];
-            double       s    = 0;
-            for (int k = 0; k < K; ++k) s += std::exp(l[top[k]] - best);
+            entropy[static_cast<size_t>(t)] = h;
+        }
+    });
+    return std::accumulate(entropy.begin(), entropy.end(), 0.0);
+}
+
+void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
+                              int E, int K) {
+    for (int64_t t = 0; t < N; ++t) {
+        const float* l     = logits + t * E;
+        const int32_t* sel = selected + t * K;
+        double mx          = l[sel[0]];
+        for (int k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(l[sel[k]]));
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += std::exp(l[sel[k]] - mx);
+        for (int k = 0; k < K; ++k)
+            probs[t * K + k] = static_cast<float>(std::exp(l[sel[k]] - mx) / s);
+    }
+}
+
+void selected_softmax_backward(float* dlogits, const float* dprobs, const float* probs,
+                               const int32_t* selected, int N, int E, int K) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* p  = probs + t * K;
+            const float* dp = dprobs + t * K;
+            double pd       = 0;
+            for (int k = 0; k < K; ++k) pd += static_cast<double>(p[k]) * dp[k];
             for (int k = 0; k < K; ++k) {
-                probs[t * K + k] = static_cast<float>(std::exp(l[top[k]] - best) / s);
+                dlogits[t * E + selected[t * K + k]] += static_cast<float>(p[k] * (dp[k] - pd));
             }
         }
     });
+}
+
+void full_prob_forward(float* probs, const int32_t* selected, const float* softmax_full, int N,
+                       int E) {
+    for (int64_t t = 0; t < N; ++t) probs[t] = softmax_full[t * E + selected[t]];
+}
+
+void full_prob_backward(float* dlogits, const float* dprobs, const int32_t* selected,
+                        const float* softmax_full, int N, int E) {
+    // p = s_e: d p / d g_j = s_e (delta_je - s_j)
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* s  = softmax_full + t * E;
+            const int e     = selected[t];
+            const double ge = static_cast<double>(dprobs[t]) * s[e];
+            for (int j = 0; j < E; ++j)
+                dlogits[t * E + j] += static_cast<float>(ge * ((j == e ? 1.0 : 0.0) - s[j]));
+        }
+    });
+}
+
+void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
+                       int32_t* tokens_per_expert, const float* logits, int N, int E, int K) {
+    softmax_rows(softmax_full, logits, N, E);
+    rank_experts(expert_idx, logits, N, E, K);
+    selected_softmax_forward(probs, expert_idx, logits, N, E, K);
     std::fill(tokens_per_expert, tokens_per_expert + E, 0);
     for (int64_t i = 0; i < static_cast<int64_t>(N) * K; ++i) ++tokens_per_expert[expert_idx[i]];
+}
+
+void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
+                        const int32_t* expert_idx, const float* softmax_full, const double* f,
+                        int64_t n_total, int N, int E, int K, double aux_coef, double daux) {
+    aux_loss_backward(dlogits, softmax_full, f, n_total, N, E, aux_coef, daux);
+    selected_softmax_backward(dlogits, dprobs, probs, expert_idx, N, E, K);
 }
 
 void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E) {
@@ -55,38 +120,48 @@ double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_
                 int64_t n_total, int E, int K, double aux_coef) {
     double aux = 0;
     for (int e = 0; e < E; ++e) {
-        f[e] = n_total > 0 ? static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(n_total) * K) : 0.0;
+        f[e] = n_total > 0
+                   ? static_cast<double>(tokens_per_expert[e]) / (static_cast<double>(n_total) * K)
+                   : 0.0;
         aux += f[e] * (n_total > 0 ? prob_sum[e] / static_cast<double>(n_total) : 0.0);
     }
     return aux_coef * E * aux;
 }
 
-void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
-                        const int32_t* expert_idx, const float* softmax_full, const double* f,
-                        int64_t n_total, int N, int E, int K, double aux_coef, double daux) {
-    // aux part: d aux / d logits[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te f_e)
-    const double aux_scale = n_total > 0 ? daux * aux_coef * E / static_cast<double>(n_total) : 0.0;
+void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
+                       int N, int E, double aux_coef, double daux) {
+    const double scale = n_total > 0 ? daux * aux_coef * E / static_cast<double>(n_total) : 0.0;
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            float*       dl = dlogits + t * E;
-            const float* s  = softmax_full + t * E;
-            if (aux_scale != 0) {
-                double sf = 0;
-                for (int e = 0; e < E; ++e) sf += s[e] * f[e];
-                for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(aux_scale * s[e] * (f[e] - sf));
-            } else {
+            float* dl      = dlogits + t * E;
+            const float* s = softmax_full + t * E;
+            if (scale == 0) {
                 std::fill(dl, dl + E, 0.0f);
+                continue;
             }
-            // softmax over the selected logits: dl_k = p_k (dp_k - sum_j p_j dp_j)
-            const float* p  = probs + t * K;
-            const float* dp = dprobs + t * K;
-            double       pd = 0;
-            for (int k = 0; k < K; ++k) pd += static_cast<double>(p[k]) * dp[k];
-            for (int k = 0; k < K; ++k) {
-                dl[expert_idx[t * K + k]] += static_cast<float>(p[k] * (dp[k] - pd));
-            }
+            double sf = 0;
+            for (int e = 0; e < E; ++e) sf += s[e] * f[e];
+            for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(scale * s[e] * (f[e] - sf));
         }
     });
+}
+
+int64_t capacity_drop(int32_t* expert_idx, const int64_t* ahead, int64_t capacity, int N, int E,
+                      int K) {
+    int64_t dropped = 0;
+    for (int k = 0; k < K; ++k) {
+        std::vector<int64_t> queue(ahead + static_cast<int64_t>(k) * E,
+                                   ahead + static_cast<int64_t>(k + 1) * E);
+        for (int64_t t = 0; t < N; ++t) {
+            int32_t& e = expert_idx[t * K + k];
+            if (e < 0) continue;
+            if (queue[static_cast<size_t>(e)]++ >= capacity) {
+                e = -1;
+                ++dropped;
+            }
+        }
+    }
+    return dropped;
 }
 
 }  // namespace bagualu::moe

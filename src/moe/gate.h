@@ -1,12 +1,12 @@
-// Top-k gate: from router logits to the experts each token goes to and their weights.
-//   probs[t, :]   = softmax over the k largest logits of token t (ties: lower expert id first)
-//   expert_idx[t] = those k experts, in descending logit order
-// Load-balancing loss (Switch/GShard, generalised to top-k), over all tokens of a micro-step on
-// every rank (the caller sums counts and probabilities across ranks), every symbol defined:
-//   f_e  = (number of (token, slot) pairs routed to e) / (N K)
-//   P_e  = (1/N) sum_t softmax(logits[t, :])_e
-//   aux  = coef * E * sum_e f_e P_e        (f is a constant: only P carries gradient)
-// Softmax and sums are computed in double. N tokens, E experts, K = top_k.
+// Gate kernels: from router logits to each token's experts and weights, and their gradients.
+// Local math only (no communication, no randomness); src/moe/router.cpp composes them into
+// the gates of docs/model.md ("Gates"). N tokens, E experts, K = top_k; softmax in double.
+//   top-k:     selected[t] = the K largest logits, descending (ties: lower expert id first)
+//              probs[t, k] = exp(g[t, selected[t,k]]) / sum_j exp(g[t, selected[t,j]])
+//   aux (Switch/GShard, generalised to top-k), every symbol defined:
+//     f_e  = (number of (token, slot) pairs whose top-k choice is e) / (N K)   (a constant)
+//     P_e  = (1/N) sum_t softmax(g[t, :])_e
+//     aux  = coef * E * sum_e f_e P_e
 #pragma once
 #include <cstdint>
 
@@ -16,18 +16,44 @@ namespace bagualu::moe {
 // tokens_per_expert: (E), overwritten with this call's counts.
 void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
                        int32_t* tokens_per_expert, const float* logits, int N, int E, int K);
-
-// prob_sum: (E), overwritten: sum over this call's tokens of softmax_full[t, e].
-void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E);
-
-// From counts and probability sums over all n_total tokens: fills f (E) and returns aux.
-double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_sum,
-                int64_t n_total, int E, int K, double aux_coef);
-
-// dlogits: (N, E), overwritten (=). dprobs: (N, K), the loss gradient w.r.t. probs.
-// f: (E) from aux_loss. daux: gradient of the total loss w.r.t. aux.
+// dlogits: (N, E), overwritten (=). dprobs: (N, K). f: (E) from aux_loss. daux: d loss / d aux.
 void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
                         const int32_t* expert_idx, const float* softmax_full, const double* f,
                         int64_t n_total, int N, int E, int K, double aux_coef, double daux);
+
+// ---- pieces ----
+
+// preference: (N, R), overwritten: the R best experts of each token, best first.
+void rank_experts(int32_t* preference, const float* logits, int N, int E, int R);
+// softmax_full: (N, E), overwritten. Returns sum_t H(softmax(g[t, :])) (entropy, nats).
+double softmax_rows(float* softmax_full, const float* logits, int N, int E);
+// probs: (N, K), overwritten: softmax over k of logits[t, selected[t, k]].
+void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
+                              int E, int K);
+// dlogits: (N, E), accumulated (+=): dl[sel[t,k]] += p_k (dp_k - sum_j p_j dp_j).
+void selected_softmax_backward(float* dlogits, const float* dprobs, const float* probs,
+                               const int32_t* selected, int N, int E, int K);
+// Switch weight: probs[t, 0] = softmax_full[t, selected[t, 0]] (K = 1). dlogits +=.
+void full_prob_forward(float* probs, const int32_t* selected, const float* softmax_full, int N,
+                       int E);
+void full_prob_backward(float* dlogits, const float* dprobs, const int32_t* selected,
+                        const float* softmax_full, int N, int E);
+
+// prob_sum: (E), overwritten: sum over this call's tokens of softmax_full[t, e].
+void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E);
+// From counts and probability sums over all n_total tokens: fills f (E) and returns aux.
+double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_sum,
+                int64_t n_total, int E, int K, double aux_coef);
+// dlogits: (N, E), overwritten (=): d aux / d g[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te
+// f_e), times daux.
+void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
+                       int N, int E, double aux_coef, double daux);
+
+// Capacity: expert e takes at most `capacity` slots; slots queue round by round (all tokens'
+// slot 0, then slot 1, ...) and, within a round, in global token order. ahead: (K, E) slots of
+// round k queued for e before this call's first token (earlier rounds on every rank plus round
+// k of earlier ranks). Slots that find the queue full get expert_idx = -1. Returns how many.
+int64_t capacity_drop(int32_t* expert_idx, const int64_t* ahead, int64_t capacity, int N, int E,
+                      int K);
 
 }  // namespace bagualu::moe

@@ -3,12 +3,15 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "moe/dispatch.h"
-#include "moe/gate.h"
 
 namespace bagualu::moe {
 
 MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
-    : s_(s), max_tokens_(max_tokens), El_(s.E), par_(par) {
+    : s_(s),
+      max_tokens_(max_tokens),
+      El_(s.E),
+      par_(par),
+      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_ = s.E / ep;
@@ -20,17 +23,9 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K));
         R           = static_cast<size_t>(dispatcher_->max_local_rows());
     }
-    logits_            = Buffer<float>(N * E);
-    softmax_full_      = Buffer<float>(N * E);
-    probs_             = Buffer<float>(N * K);
-    expert_idx_        = Buffer<int32_t>(N * K);
-    tokens_per_expert_ = Buffer<int32_t>(E);
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);
     offsets_           = Buffer<int32_t>(E + 1);
-    global_tpe_.resize(E);
-    prob_sum_.resize(E);
-    f_.resize(E);
     x_perm_   = Buffer<float>(N * K * C);
     y_perm_   = Buffer<float>(N * K * C);
     h_        = Buffer<float>(R * F);
@@ -39,7 +34,6 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     dy_perm_  = Buffer<float>(N * K * C);
     dx_perm_  = Buffer<float>(N * K * C);
     dprobs_   = Buffer<float>(N * K);
-    dlogits_  = Buffer<float>(N * E);
     if (dispatcher_) {
         x_local_  = Buffer<float>(R * C);
         y_local_  = Buffer<float>(R * C);
@@ -51,28 +45,14 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
 double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int N) {
     BGL_CHECK(N <= max_tokens_, "MoE layer sized for {} tokens, got {}", max_tokens_, N);
     n_ = N;
-    const int C = s_.C, E = s_.E, K = s_.K;
-    kernels::linear_forward(logits_.data(), inp, w.gate_w, nullptr, N, C, E);
-    topk_gate_forward(probs_.data(), expert_idx_.data(), softmax_full_.data(),
-                      tokens_per_expert_.data(), logits_.data(), N, E, K);
-    // aux-loss statistics over all ranks' tokens of this micro-step
-    for (int e = 0; e < E; ++e) global_tpe_[static_cast<size_t>(e)] = tokens_per_expert_[e];
-    gate_prob_sums(prob_sum_.data(), softmax_full_.data(), N, E);
-    n_total_ = N;
-    if (par_ && par_->size() > 1) {
-        par_->world().allreduce_sum(std::span<int64_t>(global_tpe_));
-        par_->world().allreduce_sum(std::span<double>(prob_sum_));
-        n_total_ *= par_->size();  // every rank runs the same number of tokens
-    }
-    const double aux = s_.aux_coef > 0
-                           ? aux_loss(f_.data(), global_tpe_.data(), prob_sum_.data(), n_total_, E, K, s_.aux_coef)
-                           : 0.0;
+    const int    C = s_.C, E = s_.E, K = s_.K;
+    const double aux = router_.forward(inp, w.gate_w, w.noise_w, N);
 
-    build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), expert_idx_.data(),
-                  tokens_per_expert_.data(), N, E, K);
-    permute_forward(x_perm_.data(), inp, token_of_row_.data(), N * K, C);
+    build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
+                  router_.tokens_per_expert(), N, E, K);
+    permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
     if (dispatcher_) {
-        dispatcher_->dispatch_preprocess(tokens_per_expert_.data());
+        dispatcher_->dispatch_preprocess(router_.tokens_per_expert());
         dispatcher_->dispatch(x_local_.data(), x_perm_.data());
         experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
                         dispatcher_->local_offsets(), El_, C, s_.F);
@@ -81,14 +61,14 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
                         offsets_.data(), El_, C, s_.F);
     }
-    unpermute_forward(out, y_perm_.data(), probs_.data(), row_of_.data(), N, K, C);
+    unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
     return aux;
 }
 
 void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                         const MoEWeights& w, double daux) {
-    const int N = n_, C = s_.C, E = s_.E, K = s_.K;
-    unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), probs_.data(),
+    const int N = n_, C = s_.C, K = s_.K;
+    unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), router_.probs(),
                        row_of_.data(), N, K, C);
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
@@ -100,14 +80,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
                          h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F);
     }
-    // aux is one number over all ranks' tokens; each rank differentiates it w.r.t. its own
-    // tokens only. Dense gradients are then averaged over the P ranks, so the partial
-    // gradients are scaled by P here to make that average their sum.
-    const double daux_local = daux * (par_ ? par_->size() : 1);
-    topk_gate_backward(dlogits_.data(), dprobs_.data(), probs_.data(), expert_idx_.data(),
-                       softmax_full_.data(), f_.data(), n_total_, N, E, K,
-                       s_.aux_coef > 0 ? s_.aux_coef : 0.0, daux_local);
-    kernels::linear_backward(dinp, dw.gate_w, nullptr, dlogits_.data(), inp, w.gate_w, N, C, E);
+    router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
 }
 

@@ -1,10 +1,10 @@
 // One MoE feed-forward layer:
-//   forward:  gate logits -> top-k gate -> routing -> permute -> [dispatch] -> experts
-//             -> [combine] -> unpermute (weighted sum)
+//   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> [dispatch] -> experts
+//             -> [combine] -> unpermute (weighted sum; dropped slots contribute nothing)
 //   backward: the same steps in reverse order.
 // With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
-// the all-to-all moves of TokenDispatcher. The aux loss uses counts and router probabilities
-// summed over all ranks, so it is the same number on every rank and for any layout.
+// the all-to-all moves of TokenDispatcher. The Router (router.h) sums its statistics over all
+// ranks, so the aux loss is the same number on every rank and for any layout.
 // Owns the state saved between forward and backward, sized once for max_tokens.
 #pragma once
 #include <cstdint>
@@ -14,22 +14,26 @@
 #include "core/buffer.h"
 #include "dist/parallel.h"
 #include "moe/experts.h"
+#include "moe/router.h"
 #include "moe/token_dispatcher.h"
 
 namespace bagualu::moe {
 
 struct MoEWeights {
-    const float*  gate_w = nullptr;  // (E, C), no bias
-    ExpertWeights experts;           // the local experts
+    const float*  gate_w  = nullptr;  // (E, C), no bias
+    const float*  noise_w = nullptr;  // (E, C), noisy gate only
+    ExpertWeights experts;            // the local experts
 };
 struct MoEGrads {
-    float*      gate_w = nullptr;
+    float*      gate_w  = nullptr;
+    float*      noise_w = nullptr;
     ExpertGrads experts;
 };
 
 struct MoEShape {
     int    C = 0, F = 0, E = 0, K = 0;
-    double aux_coef = 0;
+    double     aux_coef = 0;
+    GateConfig gate     = {};
 };
 
 class MoELayer {
@@ -43,13 +47,18 @@ class MoELayer {
     void backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                   const MoEWeights& w, double daux);
 
+    // Randomness and training/inference mode of the following forwards (router.h).
+    void set_routing_context(const RoutingContext& ctx) { router_.set_context(ctx); }
+
     // After forward, this rank's tokens: (E) rows routed to each global expert.
-    const int32_t* tokens_per_expert() const { return tokens_per_expert_.data(); }
+    const int32_t* tokens_per_expert() const { return router_.tokens_per_expert(); }
     // After forward: (E) rows routed to each expert summed over all ranks.
-    const int64_t* global_tokens_per_expert() const { return global_tpe_.data(); }
-    // After forward: (N, K) expert ids and gate weights.
-    const int32_t* expert_idx() const { return expert_idx_.data(); }
-    const float*   probs() const { return probs_.data(); }
+    const int64_t* global_tokens_per_expert() const { return router_.stats().tokens_per_expert.data(); }
+    // After forward: dropped / reassigned slots and router entropy over all ranks.
+    const RoutingStats& routing_stats() const { return router_.stats(); }
+    // After forward: (N, K) expert ids (-1: dropped) and gate weights.
+    const int32_t* expert_idx() const { return router_.expert_idx(); }
+    const float*   probs() const { return router_.probs(); }
     int            n_local_experts() const { return El_; }
 
    private:
@@ -58,18 +67,14 @@ class MoELayer {
     int                              El_;  // local experts
     dist::ParallelContext*           par_;
     std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
+    Router                           router_;
     int                              n_ = 0;       // tokens of the last forward
-    int64_t                          n_total_ = 0; // tokens of the last forward on all ranks
     // saved for backward
-    Buffer<float>        logits_, softmax_full_, probs_;    // (N,E) (N,E) (N,K)
-    Buffer<int32_t>      expert_idx_, tokens_per_expert_;   // (N,K) (E)
     Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
-    std::vector<int64_t> global_tpe_;                       // [E]
-    std::vector<double>  prob_sum_, f_;                     // [E]
     Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
     Buffer<float>        x_local_, h_, g_, y_local_;        // (R, C) (R, F) (R, F) (R, C), R local rows
     // backward scratch
-    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_, dlogits_;
+    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
 };
 
 }  // namespace bagualu::moe

@@ -1,4 +1,4 @@
-// JSON Lines reading and the loss chart of a run directory. The chart file is written to a temp
+// JSON Lines reading and the loss and expert-load charts of a run directory. The chart file is written to a temp
 // name and renamed, so a viewer refreshing loss.svg never sees half a file.
 #include "report/metrics.h"
 
@@ -110,6 +110,55 @@ void write_loss_chart(const std::string& run_dir) {
         (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
     write_text_file(dir / "loss.svg",
                     line_chart_svg(fmt::format("Loss: {}", run_name), "step", "loss", series));
+}
+
+bool write_expert_load_chart(const std::string& run_dir) {
+    const fs::path    dir     = run_dir;
+    const std::string metrics = (dir / "metrics.jsonl").string();
+    if (!fs::exists(metrics))
+        input_error("{}: no such file (expected the run's metrics log)", metrics);
+    std::vector<std::vector<double>> rows;  // [layer * E + expert][logged step]
+    std::vector<std::string>         labels;
+    std::vector<double>              steps;
+    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
+        if (!r.contains("expert_tokens")) continue;
+        const nlohmann::json& layers = r["expert_tokens"];
+        auto bad = [&] {
+            input_error("{}:{}: \"expert_tokens\" must be an array (layers) of arrays of numbers",
+                        metrics, line_no);
+        };
+        if (!layers.is_array()) bad();
+        const size_t col = steps.size();
+        steps.push_back(r.contains("step") && r["step"].is_number() ? r["step"].get<double>() : 0.0);
+        size_t row = 0;
+        for (size_t l = 0; l < layers.size(); ++l) {
+            if (!layers[l].is_array()) bad();
+            double sum = 0;
+            for (const auto& v : layers[l]) {
+                if (!v.is_number()) bad();
+                sum += v.get<double>();
+            }
+            const double mean = layers[l].empty() ? 0.0 : sum / static_cast<double>(layers[l].size());
+            for (size_t e = 0; e < layers[l].size(); ++e, ++row) {
+                if (row == rows.size()) {
+                    rows.emplace_back();
+                    labels.push_back(fmt::format("moe {} expert {}", l, e));
+                }
+                rows[row].resize(col + 1, std::numeric_limits<double>::quiet_NaN());
+                rows[row][col] = mean > 0 ? layers[l][e].get<double>() / mean : 0.0;
+            }
+        }
+    }
+    if (steps.empty()) return false;
+    const std::string run_name =
+        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+    const std::string xlabel =
+        fmt::format("logged step (columns {} .. {})", format_tick(steps.front(), 1), format_tick(steps.back(), 1));
+    write_text_file(dir / "expert_load.svg",
+                    heatmap_svg(fmt::format("Expert load: {}", run_name), xlabel, "MoE layer, expert",
+                                rows, labels, "tokens / layer mean"));
+    return true;
 }
 
 }  // namespace bagualu::report

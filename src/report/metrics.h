@@ -17,4 +17,12 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path);
 // line that is not an object, has a loss without a numeric step, or a loss that is not a number.
 void write_loss_chart(const std::string& run_dir);
 
+// Reads run_dir/metrics.jsonl and writes run_dir/expert_load.svg: a heat map of the
+// "expert_tokens" ([MoE layer][expert] rows per expert) of each logged step, one row per
+// (layer, expert), one column per logged step, each cell the expert's rows over the mean of its
+// layer (1 = perfectly balanced). Returns false, writing nothing, when no line has
+// expert_tokens (a dense model). Throws InputError as write_loss_chart does, or naming a line
+// whose expert_tokens is not an array of arrays of numbers.
+bool write_expert_load_chart(const std::string& run_dir);
+
 }  // namespace bagualu::report

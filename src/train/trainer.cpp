@@ -65,6 +65,26 @@ static double load_max_over_mean(const int64_t* tpe, int E) {
     return total > 0 ? mx / (total / E) : 0.0;
 }
 
+// Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step).
+static void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
+    nlohmann::json loads = nlohmann::json::array(), dropped = loads, reassigned = loads,
+                   entropy = loads, tokens = loads;
+    for (const auto& layer : gpt.moe_layers()) {
+        const moe::RoutingStats& s = layer->routing_stats();
+        const double             slots = static_cast<double>(std::max<int64_t>(s.slots, 1));
+        loads.push_back(load_max_over_mean(s.tokens_per_expert.data(), E));
+        dropped.push_back(static_cast<double>(s.dropped) / slots);
+        reassigned.push_back(static_cast<double>(s.reassigned) / slots);
+        entropy.push_back(s.entropy);
+        tokens.push_back(s.tokens_per_expert);
+    }
+    j["expert_load_max_over_mean"] = loads;
+    j["dropped_fraction"]          = dropped;
+    j["reassigned_fraction"]       = reassigned;
+    j["routing_entropy"]           = entropy;
+    j["expert_tokens"]             = tokens;
+}
+
 TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                           dist::ParallelContext* par_in) {
     const auto t_start = Clock::now();
@@ -108,7 +128,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         f << to_toml(cfg);
     }
 
-    model::GPT gpt(m, MB, par);
+    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
     const std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, gpt.layout(), *par);
     const MemoryFootprint            mem       = optimizer->footprint();
@@ -160,6 +180,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     sum.val_unigram_entropy = ds.val_unigram_entropy;
 
     auto run_eval = [&](int64_t step) {
+        gpt.set_routing_context(moe::RoutingContext{});  // inference routing: plain top-k
         const EvalResult r = evaluate(gpt, ds.val, MB, cfg.train.eval_batches, par);
         emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
               {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start)}});
@@ -177,6 +198,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         double loss = 0, aux = 0;
         for (int64_t micro = 0; micro < accum; ++micro) {
             sampler.next_batch(g_inputs.data(), g_targets.data(), MB * P);
+            gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
             loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
             gpt.backward(1.0f / static_cast<float>(accum));
@@ -211,12 +233,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                 j["optim_bytes"] = mem.optim_bytes;
             }
             if (!gpt.moe_layers().empty()) {
-                j["aux_loss"]          = aux;
-                nlohmann::json loads   = nlohmann::json::array();
-                for (const auto& layer : gpt.moe_layers()) {
-                    loads.push_back(load_max_over_mean(layer->global_tokens_per_expert(), m.n_experts));
-                }
-                j["expert_load_max_over_mean"] = loads;
+                j["aux_loss"] = aux;
+                add_routing_metrics(j, gpt, m.n_experts);
             }
             emit(j);
             sum.tokens_per_s = tps;
@@ -253,6 +271,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                            {"val_loss", fmt::format("{:.9g}", sum.final_val_loss)}});
         metrics.close();
         report::write_loss_chart(cfg.train.run_dir);
+        if (!gpt.moe_layers().empty()) report::write_expert_load_chart(cfg.train.run_dir);
         progress.finish();
         log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
                   sum.final_val_loss, std::exp(sum.final_val_loss), sum.steps,
@@ -261,7 +280,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
                       sum.val_unigram_entropy, sum.val_unigram_entropy - sum.final_val_loss);
         }
-        log::info("run directory {}: config.toml metrics.jsonl loss.svg model/", cfg.train.run_dir);
+        log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg.train.run_dir,
+                  gpt.moe_layers().empty() ? "" : " expert_load.svg");
         if (!opt.quiet && ds.has_tokenizer && cfg.sample.n_samples > 0) {
             print_samples(m, full.data(), cfg.data.tokenizer, cfg.sample);
         }

@@ -106,5 +106,24 @@ TEST_F(MetricsTest, LossChartErrorsNameTheLog) {
     EXPECT_FALSE(fs::exists(dir_ / "loss.svg"));
 }
 
+TEST_F(MetricsTest, ExpertLoadChartHasOneRowPerLayerAndExpert) {
+    write("metrics.jsonl",
+          "{\"step\":1,\"loss\":3.0,\"expert_tokens\":[[4,0],[2,2]]}\n"
+          "{\"step\":1,\"val_loss\":3.1}\n"
+          "{\"step\":10,\"loss\":2.0,\"expert_tokens\":[[3,1],[1,3]]}\n");
+    EXPECT_TRUE(write_expert_load_chart(dir_.string()));
+    const std::string svg = read("expert_load.svg");
+    EXPECT_NE(svg.find("Expert load"), std::string::npos);
+    for (const char* label : {"moe 0 expert 0", "moe 0 expert 1", "moe 1 expert 0", "moe 1 expert 1"}) {
+        EXPECT_NE(svg.find(label), std::string::npos) << label;
+    }
+    write("metrics.jsonl", "{\"step\":1,\"loss\":3.0}\n");
+    fs::remove(dir_ / "expert_load.svg");
+    EXPECT_FALSE(write_expert_load_chart(dir_.string()));  // a dense model: nothing to draw
+    EXPECT_FALSE(fs::exists(dir_ / "expert_load.svg"));
+    write("metrics.jsonl", "{\"step\":1,\"expert_tokens\":[3]}\n");
+    EXPECT_THROW(write_expert_load_chart(dir_.string()), InputError);
+}
+
 }  // namespace
 }  // namespace bagualu::report

@@ -1,0 +1,332 @@
+// Router: gate selection, deterministic randomness, capacity and SWIPE rounds with their
+// collectives, routing statistics and the backward of every gate (router.h, docs/model.md).
+#include "moe/router.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "moe/gate.h"
+#include "moe/noisy_gate.h"
+#include "moe/swipe.h"
+
+namespace bagualu::moe {
+
+namespace {
+// randomness streams
+constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3;
+}  // namespace
+
+GateKind parse_gate(const std::string& name) {
+    if (name == "topk") return GateKind::topk;
+    if (name == "switch") return GateKind::switch_top1;
+    if (name == "gshard") return GateKind::gshard;
+    if (name == "noisy") return GateKind::noisy;
+    if (name == "swipe") return GateKind::swipe;
+    input_error("model.gate = \"{}\": expected one of topk, switch, gshard, noisy, swipe", name);
+}
+
+double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
+                       int64_t index) {
+    uint64_t x = seed;
+    uint64_t h = splitmix64(x);
+    for (uint64_t key : {static_cast<uint64_t>(step),
+                         static_cast<uint64_t>(layer) << 8 | static_cast<uint64_t>(stream),
+                         static_cast<uint64_t>(token), static_cast<uint64_t>(index)}) {
+        x = h ^ key;
+        h = splitmix64(x);
+    }
+    return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
+               dist::ParallelContext* par)
+    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par) {
+    const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
+                 Ks = static_cast<size_t>(K), Cs = static_cast<size_t>(C);
+    noisy_ = gate.kind == GateKind::noisy;
+    if (gate.jitter > 0) {
+        x_jit_ = Buffer<float>(N * Cs);
+        jit_   = Buffer<float>(N * Cs);
+    }
+    logits_       = Buffer<float>(N * Es);
+    softmax_full_ = Buffer<float>(N * Es);
+    if (noisy_) {
+        noise_logits_  = Buffer<float>(N * Es);
+        eps_           = Buffer<float>(N * Es);
+        noisy_logits_  = Buffer<float>(N * Es);
+        load_prob_     = Buffer<float>(N * Es);
+        dnoise_logits_ = Buffer<float>(N * Es);
+        dnoisy_        = Buffer<float>(N * Es);
+        dx_noise_      = Buffer<float>(N * Cs);
+    }
+    preference_        = Buffer<int32_t>(N * Es);
+    selected_          = Buffer<int32_t>(N * Ks);
+    expert_idx_        = Buffer<int32_t>(N * Ks);
+    reassigned_        = Buffer<uint8_t>(N * Ks);
+    probs_             = Buffer<float>(N * Ks);
+    tokens_per_expert_ = Buffer<int32_t>(Es);
+    dlogits_           = Buffer<float>(N * Es);
+    dprobs_aux_        = Buffer<float>(N * Ks);
+    f_.resize(Es);
+    dimportance_.resize(Es);
+    dload_.resize(Es);
+    stats_.tokens_per_expert.resize(Es);
+    if (gate.kind == GateKind::swipe) {
+        const int workers = (par ? par->ep_size() : 1) * gate.virtual_workers;
+        BGL_CHECK(E % workers == 0, "swipe: {} experts over {} workers", E, workers);
+    }
+}
+
+// Capacity gates: queues over the global micro-batch (rank-major token order), round by round.
+void Router::capacity_rounds(int N) {
+    const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
+    const size_t KE = static_cast<size_t>(K_) * static_cast<size_t>(E_);
+    std::vector<int64_t> mine(KE, 0), all(KE * static_cast<size_t>(P));
+    for (int64_t t = 0; t < N; ++t) {
+        for (int k = 0; k < K_; ++k) {
+            const int32_t e = expert_idx_[t * K_ + k];
+            if (e >= 0) ++mine[static_cast<size_t>(k * E_ + e)];
+        }
+    }
+    if (P > 1) {
+        par_->world().allgather(mine.data(), sizeof(int64_t) * KE, all.data());
+    } else {
+        all = mine;
+    }
+    std::vector<int64_t> ahead(KE, 0);  // [K][E]
+    for (int k = 0; k < K_; ++k) {
+        for (int e = 0; e < E_; ++e) {
+            int64_t a = 0;
+            for (int r = 0; r < P; ++r) {
+                for (int j = 0; j < k; ++j)
+                    a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(j * E_ + e)];
+                if (r < rank)
+                    a += all[static_cast<size_t>(r) * KE + static_cast<size_t>(k * E_ + e)];
+            }
+            ahead[static_cast<size_t>(k * E_ + e)] = a;
+        }
+    }
+    const int64_t capacity = static_cast<int64_t>(
+        std::ceil(gate_.capacity_factor * static_cast<double>(n_total_ * K_) / E_));
+    stats_.dropped += capacity_drop(expert_idx_.data(), ahead.data(), capacity, N, E_, K_);
+}
+
+// SWIPE: K rounds; per round, the counts of the EP group's workers are allgathered and every
+// rank applies the same plan (swipe.h) to its own workers' tokens.
+void Router::swipe_rounds(int N) {
+    const int ep = par_ ? par_->ep_size() : 1, ep_rank = par_ ? par_->ep_rank() : 0;
+    const int vw = gate_.virtual_workers, W = ep * vw, E1 = E_ + 1;
+    std::vector<int64_t> mine(static_cast<size_t>(vw * E1)), all(static_cast<size_t>(W * E1));
+    std::vector<int64_t> counts(static_cast<size_t>(W * E_)), shares(static_cast<size_t>(W));
+    auto begin = [&](int v) { return static_cast<int64_t>(v) * N / vw; };
+    for (int k = 0; k < K_; ++k) {
+        swipe_request(expert_idx_.data(), preference_.data(), N, E_, K_, k);
+        for (int v = 0; v < vw; ++v) {
+            const int64_t b = begin(v), n = begin(v + 1) - b;
+            swipe_counts(mine.data() + v * E1, expert_idx_.data() + b * K_, static_cast<int>(n), E_,
+                         K_, k);
+            mine[static_cast<size_t>(v * E1 + E_)] = n;
+        }
+        if (ep > 1) {
+            par_->ep().allgather(mine.data(), sizeof(int64_t) * mine.size(), all.data());
+        } else {
+            all = mine;
+        }
+        for (int w = 0; w < W; ++w) {
+            std::copy_n(all.begin() + w * E1, E_, counts.begin() + w * E_);
+            shares[static_cast<size_t>(w)] = all[static_cast<size_t>(w * E1 + E_)];
+        }
+        const SwipePlan plan = swipe_plan(counts, shares, W, E_);
+        for (int v = 0; v < vw; ++v) {
+            const int64_t b = begin(v), n = begin(v + 1) - b;
+            const size_t w = static_cast<size_t>(ep_rank * vw + v) * static_cast<size_t>(E_);
+            stats_.reassigned +=
+                swipe_assign(expert_idx_.data() + b * K_, reassigned_.data() + b * K_,
+                             preference_.data() + b * E_, plan.kept.data() + w,
+                             plan.quota.data() + w, static_cast<int>(n), E_, K_, k);
+        }
+    }
+}
+
+double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
+    n_          = N;
+    const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
+    const int64_t tok0 = static_cast<int64_t>(rank) * N;  // global index of this rank's token 0
+    const bool train   = ctx_.training;
+    n_total_           = static_cast<int64_t>(N) * P;
+    stats_.dropped = stats_.reassigned = 0;
+
+    // router input, jittered in training
+    const float* x = inp;
+    jittered_      = train && gate_.jitter > 0;
+    if (jittered_) {
+        for (int64_t t = 0; t < N; ++t) {
+            for (int c = 0; c < C_; ++c) {
+                const double u =
+                    routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kJitterStream, tok0 + t, c);
+                jit_[t * C_ + c] = static_cast<float>(1.0 - gate_.jitter + 2.0 * gate_.jitter * u);
+                x_jit_[t * C_ + c] = inp[t * C_ + c] * jit_[t * C_ + c];
+            }
+        }
+        x = x_jit_.data();
+    }
+    kernels::linear_forward(logits_.data(), x, gate_w, nullptr, N, C_, E_);
+    const double entropy = softmax_rows(softmax_full_.data(), logits_.data(), N, E_);
+    const float* route   = logits_.data();  // the logits top-k and the weights use
+    if (noisy_) {
+        kernels::linear_forward(noise_logits_.data(), x, noise_w, nullptr, N, C_, E_);
+        for (int64_t t = 0; t < N; ++t) {
+            for (int e = 0; e < E_; ++e) {
+                double z = 0;
+                if (train) {  // Box-Muller from two uniforms of this (token, expert)
+                    const double u1 =
+                        std::max(1e-300, routing_uniform(ctx_.seed, ctx_.step, gate_.layer,
+                                                         kNoiseStream, tok0 + t, 2 * e));
+                    const double u2 = routing_uniform(ctx_.seed, ctx_.step, gate_.layer,
+                                                      kNoiseStream, tok0 + t, 2 * e + 1);
+                    z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+                }
+                eps_[t * E_ + e] = static_cast<float>(z);
+            }
+        }
+        noisy_logits_forward(noisy_logits_.data(), logits_.data(), noise_logits_.data(),
+                             eps_.data(), N, E_);
+        route = noisy_logits_.data();
+    }
+
+    // selection: the top-R of each token (R = E for SWIPE, which may move tokens anywhere)
+    const bool swipe = train && gate_.kind == GateKind::swipe;
+    const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
+    rank_experts(preference_.data(), route, N, E_, R);
+    std::vector<int64_t> topk_counts(static_cast<size_t>(E_), 0);
+    for (int64_t t = 0; t < N; ++t) {
+        for (int k = 0; k < K_; ++k) {
+            const int32_t e         = preference_[t * R + k];
+            selected_[t * K_ + k]   = e;
+            expert_idx_[t * K_ + k] = e;
+            reassigned_[t * K_ + k] = 0;
+            ++topk_counts[static_cast<size_t>(e)];
+        }
+    }
+    if (swipe) {
+        swipe_rounds(N);
+        std::copy_n(expert_idx_.data(), static_cast<size_t>(N) * K_, selected_.data());
+    }
+    if (gate_.kind == GateKind::switch_top1) {
+        full_prob_forward(probs_.data(), selected_.data(), softmax_full_.data(), N, E_);
+    } else {
+        selected_softmax_forward(probs_.data(), selected_.data(), route, N, E_, K_);
+    }
+    if (train && gate_.kind == GateKind::gshard) {
+        // the second expert is kept with probability min(1, 2 p2), p2 its normalised weight
+        for (int64_t t = 0; t < N; ++t) {
+            const double u = routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kSecondExpertStream,
+                                             tok0 + t, 0);
+            if (u >= 2.0 * probs_[t * K_ + 1]) {
+                expert_idx_[t * K_ + 1] = -1;
+                ++stats_.dropped;
+            }
+        }
+    }
+    if (train && (gate_.kind == GateKind::switch_top1 || gate_.kind == GateKind::gshard)) {
+        capacity_rounds(N);
+    }
+    std::fill(tokens_per_expert_.data(), tokens_per_expert_.data() + E_, 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i) {
+        if (expert_idx_[i] >= 0) ++tokens_per_expert_[expert_idx_[i]];
+    }
+
+    // statistics over all ranks: [top-k counts | prob sums | load | importance | Load | 3 scalars]
+    const size_t Es = static_cast<size_t>(E_);
+    std::vector<double> s(5 * Es + 3, 0.0);
+    for (int e = 0; e < E_; ++e) {
+        s[static_cast<size_t>(e)] = static_cast<double>(topk_counts[static_cast<size_t>(e)]);
+        s[2 * Es + static_cast<size_t>(e)] = tokens_per_expert_[e];
+    }
+    gate_prob_sums(s.data() + Es, softmax_full_.data(), N, E_);
+    if (noisy_) {
+        for (int64_t t = 0; t < N; ++t) {
+            for (int k = 0; k < K_; ++k)
+                s[3 * Es + static_cast<size_t>(selected_[t * K_ + k])] += probs_[t * K_ + k];
+        }
+        load_prob_forward(load_prob_.data(), logits_.data(), noise_logits_.data(),
+                          noisy_logits_.data(), preference_.data(), N, E_, K_);
+        for (int64_t t = 0; t < N; ++t) {
+            for (int e = 0; e < E_; ++e)
+                s[4 * Es + static_cast<size_t>(e)] += load_prob_[t * E_ + e];
+        }
+    }
+    s[5 * Es]     = static_cast<double>(stats_.dropped);
+    s[5 * Es + 1] = static_cast<double>(stats_.reassigned);
+    s[5 * Es + 2] = entropy;
+    if (P > 1) par_->world().allreduce_sum(std::span<double>(s));
+    for (size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
+    stats_.slots      = n_total_ * K_;
+    stats_.dropped    = std::llround(s[5 * Es]);
+    stats_.reassigned = std::llround(s[5 * Es + 1]);
+    stats_.entropy    = s[5 * Es + 2] / static_cast<double>(n_total_);
+
+    if (aux_coef_ <= 0) return 0.0;
+    if (noisy_) {
+        const double imp  = cv_squared(dimportance_.data(), s.data() + 3 * Es, E_);
+        const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
+        return aux_coef_ * (imp + load);
+    }
+    std::vector<int64_t> counts(Es);
+    for (size_t e = 0; e < Es; ++e) counts[e] = std::llround(s[e]);
+    return aux_loss(f_.data(), counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
+}
+
+void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,
+                      const float* inp, const float* gate_w, const float* noise_w, double daux) {
+    const int N = n_;
+    // aux is one number over all ranks' tokens; each rank differentiates it w.r.t. its own
+    // tokens only. Dense gradients are then averaged over the P ranks, so the partial
+    // gradients are scaled by P here to make that average their sum.
+    const double daux_local = aux_coef_ > 0 ? daux * (par_ ? par_->size() : 1) : 0.0;
+    const float* x          = jittered_ ? x_jit_.data() : inp;
+    if (noisy_) {
+        // importance: d/dprobs[t,k] += coef * dCV^2/dImportance[selected[t,k]]
+        for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i) {
+            dprobs_aux_[i] =
+                static_cast<float>(dprobs[i] + daux_local * aux_coef_ *
+                                                   dimportance_[static_cast<size_t>(selected_[i])]);
+        }
+        std::fill(dnoisy_.data(), dnoisy_.data() + static_cast<size_t>(N) * E_, 0.0f);
+        selected_softmax_backward(dnoisy_.data(), dprobs_aux_.data(), probs_.data(),
+                                  selected_.data(), N, E_, K_);
+        std::fill(dlogits_.data(), dlogits_.data() + static_cast<size_t>(N) * E_, 0.0f);
+        std::fill(dnoise_logits_.data(), dnoise_logits_.data() + static_cast<size_t>(N) * E_, 0.0f);
+        noisy_logits_backward(dlogits_.data(), dnoise_logits_.data(), dnoisy_.data(),
+                              noise_logits_.data(), eps_.data(), N, E_);
+        std::vector<double> dload(dload_);
+        for (double& d : dload) d *= daux_local * aux_coef_;
+        load_prob_backward(dlogits_.data(), dnoise_logits_.data(), dload.data(), logits_.data(),
+                           noise_logits_.data(), eps_.data(), noisy_logits_.data(),
+                           preference_.data(), N, E_, K_);
+    } else {
+        aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
+                          aux_coef_, daux_local);
+        if (gate_.kind == GateKind::switch_top1) {
+            full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
+                               E_);
+        } else {
+            selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N,
+                                      E_, K_);
+        }
+    }
+    kernels::linear_backward(dinp, dgate_w, nullptr, dlogits_.data(), x, gate_w, N, C_, E_);
+    if (noisy_) {
+        kernels::linear_backward(dx_noise_.data(), dnoise_w, nullptr, dnoise_logits_.data(), x,
+                                 noise_w, N, C_, E_);
+        for (int64_t i = 0; i < static_cast<int64_t>(N) * C_; ++i) dinp[i] += dx_noise_[i];
+    }
+    if (jittered_) {
+        for (int64_t i = 0; i < static_cast<int64_t>(N) * C_; ++i) dinp[i] *= jit_[i];
+    }
+}
+
+}  // namespace bagualu::moe

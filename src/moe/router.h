@@ -1,0 +1,99 @@
+// The router of an MoE layer: router logits -> (probs, expert_idx) for every gate of
+// docs/model.md ("Gates"): topk, switch, gshard, noisy, swipe; their aux losses; backward.
+// Owns the communication of routing (capacity queues and SWIPE counts are allgathered, the
+// aux-loss and load statistics all-reduced over every rank), so the routing of a P-rank run is
+// that of one process holding the same global micro-batch. Randomness (jitter, noise, random
+// routing) is a pure function of (seed, micro-step, layer, global token index).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "dist/parallel.h"
+
+namespace bagualu::moe {
+
+enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
+// "topk", "switch", "gshard", "noisy", "swipe"; InputError for anything else.
+GateKind parse_gate(const std::string& name);
+
+struct GateConfig {
+    GateKind kind          = GateKind::topk;
+    double capacity_factor = 1.0;  // switch, gshard: capacity = ceil(cf * N_total * K / E)
+    double jitter          = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
+    int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
+    int layer              = 0;    // index of the MoE layer: a randomness stream
+};
+
+// Set by the trainer before each forward; the default routes as at inference (no randomness,
+// no capacity, no SWIPE: every gate is plain top-k there).
+struct RoutingContext {
+    uint64_t seed = 0;
+    int64_t step  = 0;  // micro-step counter, the same on every rank
+    bool training = false;
+};
+
+// Routing statistics of the last forward, over all ranks.
+struct RoutingStats {
+    std::vector<int64_t> tokens_per_expert;  // [E] rows each expert computed (after capacity/SWIPE)
+    int64_t slots      = 0;                  // N_total * K
+    int64_t dropped    = 0;                  // slots dropped by capacity or random routing
+    int64_t reassigned = 0;                  // slots moved by SWIPE
+    double entropy     = 0;                  // mean over tokens of H(softmax(g[t, :])), nats
+};
+
+// Uniform in [0, 1) for one (token, index) of a stream; a counter-based hash (splitmix64).
+double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
+                       int64_t index);
+
+class Router {
+   public:
+    // C model width, E experts, K = top_k. par: nullptr for one process.
+    Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
+           dist::ParallelContext* par);
+
+    void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
+    // inp: (N, C). gate_w, noise_w: (E, C); noise_w only for the noisy gate. Returns the aux loss
+    // (already times aux_coef).
+    double forward(const float* inp, const float* gate_w, const float* noise_w, int N);
+    // dinp: (N, C), overwritten (=). dgate_w, dnoise_w: +=. dprobs: (N, K), zero for dropped
+    // slots. daux: d loss / d aux.
+    void backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,
+                  const float* inp, const float* gate_w, const float* noise_w, double daux);
+
+    // After forward: (N, K) expert of each slot (-1: dropped) and its weight.
+    const int32_t* expert_idx() const { return expert_idx_.data(); }
+    const float* probs() const { return probs_.data(); }
+    // (E) rows this rank sends to each global expert.
+    const int32_t* tokens_per_expert() const { return tokens_per_expert_.data(); }
+    const RoutingStats& stats() const { return stats_; }
+
+   private:
+    void swipe_rounds(int N);
+    void capacity_rounds(int N);
+
+    int C_, E_, K_;
+    double aux_coef_;
+    GateConfig gate_;
+    dist::ParallelContext* par_;
+    RoutingContext ctx_;
+    int n_           = 0;
+    int64_t n_total_ = 0;
+    bool jittered_ = false, noisy_ = false;
+    RoutingStats stats_;
+    // saved for backward
+    Buffer<float> x_jit_, jit_;            // (N, C) jittered input and its factors
+    Buffer<float> logits_, softmax_full_;  // (N, E) clean logits and their softmax
+    Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
+    Buffer<int32_t> preference_;                                   // (N, R) best experts first
+    Buffer<int32_t> selected_, expert_idx_;        // (N, K) weighted experts / routing
+    Buffer<uint8_t> reassigned_;                   // (N, K)
+    Buffer<float> probs_;                          // (N, K)
+    Buffer<int32_t> tokens_per_expert_;            // (E)
+    std::vector<double> f_, dimportance_, dload_;  // [E]
+    // backward scratch
+    Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
+};
+
+}  // namespace bagualu::moe
