@@ -7,7 +7,17 @@
 
 namespace bagualu {
 
+// The mask as the process started (the launcher's binding). Read once: pinning the calling
+// thread to its core later narrows what sched_getaffinity reports, and a pool rebuilt after
+// that must still see every core the process was given.
+static std::vector<int> read_allowed_cpus();
+
 std::vector<int> allowed_cpus() {
+    static const std::vector<int> cpus = read_allowed_cpus();
+    return cpus;
+}
+
+static std::vector<int> read_allowed_cpus() {
     std::vector<int> cpus;
     cpu_set_t        set;
     CPU_ZERO(&set);

@@ -14,7 +14,7 @@
 
 namespace bagualu {
 
-// CPUs in this process's affinity mask, in ascending order.
+// CPUs in this process's affinity mask as it was at the first call (process start-up), ascending.
 std::vector<int> allowed_cpus();
 
 class ThreadPool {

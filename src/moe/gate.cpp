@@ -12,20 +12,25 @@ namespace bagualu::moe {
 
 void rank_experts(int32_t* preference, const float* logits, int N, int E, int R) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
-        std::vector<int32_t> order(static_cast<size_t>(E));
         for (int64_t t = begin; t < end; ++t) {
-            const float* l = logits + t * E;
-            std::iota(order.begin(), order.end(), 0);
-            std::partial_sort(
-                order.begin(), order.begin() + R, order.end(),
-                [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-            std::copy(order.begin(), order.begin() + R, preference + t * R);
+            // insertion into the output row, in descending logit order; ties keep the lower
+            // expert id first (inserted earlier, passed only by a strictly larger logit)
+            const float* l   = logits + t * E;
+            int32_t*     top = preference + t * R;
+            int          n   = 0;
+            for (int32_t e = 0; e < E; ++e) {
+                int j = n;
+                while (j > 0 && l[e] > l[top[j - 1]]) --j;
+                if (j >= R) continue;
+                for (int i = (n < R ? n : R - 1); i > j; --i) top[i] = top[i - 1];
+                top[j] = e;
+                if (n < R) ++n;
+            }
         }
     });
 }
 
-double softmax_rows(float* softmax_full, const float* logits, int N, int E) {
-    std::vector<double> entropy(static_cast<size_t>(N));
+double softmax_rows(float* softmax_full, double* entropy, const float* logits, int N, int E) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const float* l = logits + t * E;
@@ -39,10 +44,12 @@ double softmax_rows(float* softmax_full, const float* logits, int N, int E) {
                 softmax_full[t * E + e] = static_cast<float>(p);
                 if (p > 0) h -= p * std::log(p);
             }
-            entropy[static_cast<size_t>(t)] = h;
+            if (entropy) entropy[t] = h;
         }
     });
-    return std::accumulate(entropy.begin(), entropy.end(), 0.0);
+    double sum = 0;
+    for (int64_t t = 0; entropy && t < N; ++t) sum += entropy[t];
+    return sum;
 }
 
 void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
@@ -95,7 +102,7 @@ void full_prob_backward(float* dlogits, const float* dprobs, const int32_t* sele
 
 void topk_gate_forward(float* probs, int32_t* expert_idx, float* softmax_full,
                        int32_t* tokens_per_expert, const float* logits, int N, int E, int K) {
-    softmax_rows(softmax_full, logits, N, E);
+    softmax_rows(softmax_full, nullptr, logits, N, E);
     rank_experts(expert_idx, logits, N, E, K);
     selected_softmax_forward(probs, expert_idx, logits, N, E, K);
     std::fill(tokens_per_expert, tokens_per_expert + E, 0);

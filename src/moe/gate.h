@@ -25,8 +25,9 @@ void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
 
 // preference: (N, R), overwritten: the R best experts of each token, best first.
 void rank_experts(int32_t* preference, const float* logits, int N, int E, int R);
-// softmax_full: (N, E), overwritten. Returns sum_t H(softmax(g[t, :])) (entropy, nats).
-double softmax_rows(float* softmax_full, const float* logits, int N, int E);
+// softmax_full: (N, E), overwritten. entropy: (N), overwritten with H(softmax(g[t, :])) (nats),
+// or nullptr. Returns sum_t of the entropies (0 without the buffer).
+double softmax_rows(float* softmax_full, double* entropy, const float* logits, int N, int E);
 // probs: (N, K), overwritten: softmax over k of logits[t, selected[t, k]].
 void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K);

@@ -71,6 +71,9 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     dlogits_           = Buffer<float>(N * Es);
     dprobs_aux_        = Buffer<float>(N * Ks);
     f_.resize(Es);
+    entropy_     = Buffer<double>(N);
+    topk_counts_.resize(Es);
+    stat_sums_.resize(5 * Es + 3);
     dimportance_.resize(Es);
     dload_.resize(Es);
     stats_.tokens_per_expert.resize(Es);
@@ -174,7 +177,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         x = x_jit_.data();
     }
     kernels::linear_forward(logits_.data(), x, gate_w, nullptr, N, C_, E_);
-    const double entropy = softmax_rows(softmax_full_.data(), logits_.data(), N, E_);
+    const double entropy = softmax_rows(softmax_full_.data(), entropy_.data(), logits_.data(), N, E_);
     const float* route   = logits_.data();  // the logits top-k and the weights use
     if (noisy_) {
         kernels::linear_forward(noise_logits_.data(), x, noise_w, nullptr, N, C_, E_);
@@ -201,7 +204,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     const bool swipe = train && gate_.kind == GateKind::swipe;
     const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
     rank_experts(preference_.data(), route, N, E_, R);
-    std::vector<int64_t> topk_counts(static_cast<size_t>(E_), 0);
+    std::vector<int64_t>& topk_counts = topk_counts_;
+    std::fill(topk_counts.begin(), topk_counts.end(), 0);
     for (int64_t t = 0; t < N; ++t) {
         for (int k = 0; k < K_; ++k) {
             const int32_t e         = preference_[t * R + k];
@@ -241,7 +245,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
 
     // statistics over all ranks: [top-k counts | prob sums | load | importance | Load | 3 scalars]
     const size_t Es = static_cast<size_t>(E_);
-    std::vector<double> s(5 * Es + 3, 0.0);
+    std::vector<double>& s = stat_sums_;
+    std::fill(s.begin(), s.end(), 0.0);
     for (int e = 0; e < E_; ++e) {
         s[static_cast<size_t>(e)] = static_cast<double>(topk_counts[static_cast<size_t>(e)]);
         s[2 * Es + static_cast<size_t>(e)] = tokens_per_expert_[e];
@@ -275,9 +280,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
         return aux_coef_ * (imp + load);
     }
-    std::vector<int64_t> counts(Es);
-    for (size_t e = 0; e < Es; ++e) counts[e] = std::llround(s[e]);
-    return aux_loss(f_.data(), counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
+    for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
+    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
 }
 
 void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,

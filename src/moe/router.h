@@ -92,6 +92,10 @@ class Router {
     Buffer<float> probs_;                          // (N, K)
     Buffer<int32_t> tokens_per_expert_;            // (E)
     std::vector<double> f_, dimportance_, dload_;  // [E]
+    // step scratch, sized once so a step allocates nothing
+    Buffer<double>       entropy_;      // (N) router entropy per token
+    std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
+    std::vector<double>  stat_sums_;    // [5E + 3] statistics summed over ranks
     // backward scratch
     Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
 };

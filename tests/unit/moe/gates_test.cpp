@@ -62,7 +62,8 @@ TEST(GatesTest, SwitchIsTop1WithFullSoftmaxWeightAndCapacityInTokenOrder) {
             logits[t * E + e] = static_cast<float>(a);
         }
     }
-    softmax_rows(sm.data(), logits.data(), N, E);
+    std::vector<double> ent(N);
+    softmax_rows(sm.data(), ent.data(), logits.data(), N, E);
     rank_experts(top.data(), logits.data(), N, E, 1);
     const int64_t capacity = N / E;  // ceil(1.0 * N * 1 / E)
     std::vector<int64_t> seen(E, 0);
