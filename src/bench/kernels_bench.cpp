@@ -33,10 +33,7 @@ namespace {
 using kernels::Trans;
 using clock = std::chrono::steady_clock;
 
-struct Shape {
-    int   m, n, k;
-    Trans ta, tb;
-};
+using Shape = GemmShape;
 
 struct Row {
     Shape                 s;
@@ -213,7 +210,7 @@ std::vector<GroupedRow> run_grouped(int repeats) {
 
     // forward: h_e (rows_e, F) = x_e (rows_e, C) @ w_e^T
     GroupedRow fwd{"x W1^T"};
-    const Shape fwd_shape{R, F, C, Trans::N, Trans::T};
+    const Shape fwd_shape{"grouped x W1^T", R, F, C, Trans::N, Trans::T};
     fwd.grouped = time_gflops(fwd_shape, repeats, [&] {
         kernels::grouped_gemm_f32(Trans::N, Trans::T, E, off.data(), F, C, 1.0f, x.data(), C,
                                   w.data(), C, ws, 0.0f, h.data(), F);
@@ -230,7 +227,7 @@ std::vector<GroupedRow> run_grouped(int repeats) {
     settle();
     // weight gradient: dw_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C)
     GroupedRow wgrad{"dH^T X"};
-    const Shape wgrad_shape{F, C, R, Trans::T, Trans::N};
+    const Shape wgrad_shape{"grouped dH^T X", F, C, R, Trans::T, Trans::N};
     wgrad.grouped = time_gflops(wgrad_shape, repeats, [&] {
         kernels::grouped_gemm_tn_f32(E, off.data(), F, C, 1.0f, dh.data(), F, x.data(), C, 1.0f,
                                      dw.data(), C, ws);
@@ -250,6 +247,38 @@ std::vector<GroupedRow> run_grouped(int repeats) {
 
 }  // namespace
 
+std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batch) {
+    const int N = micro_batch * m.seq_len, C = m.d_model, F = m.d_ff, V = m.vocab_size;
+    const int Ne = std::max(1, N * m.top_k / std::max(1, m.n_experts));
+    bool      dense = false, moe = false;
+    for (int l = 0; l < m.n_layer; ++l) (m.is_moe_block(l) ? moe : dense) = true;
+    std::vector<GemmShape> out;
+    // linear layer (rows, in, out): out = inp @ w^T; dinp = dout @ w; dw += dout^T @ inp
+    auto linear = [&](const std::string& name, int rows, int in, int outc) {
+        const GemmShape forms[] = {{name + " fwd", rows, outc, in, Trans::N, Trans::T},
+                                   {name + " dinp", rows, in, outc, Trans::N, Trans::N},
+                                   {name + " dw", outc, in, rows, Trans::T, Trans::N}};
+        for (const GemmShape& s : forms) {
+            const bool seen = std::any_of(out.begin(), out.end(), [&](const GemmShape& o) {
+                return o.m == s.m && o.n == s.n && o.k == s.k && o.ta == s.ta && o.tb == s.tb;
+            });
+            if (!seen) out.push_back(s);
+        }
+    };
+    linear("qkv", N, C, 3 * C);
+    linear("attn proj", N, C, C);
+    if (dense) {
+        linear("mlp fc", N, C, F);
+        linear("mlp proj", N, F, C);
+    }
+    if (moe) {
+        linear("expert fc", Ne, C, F);
+        linear("expert proj", Ne, F, C);
+    }
+    linear("lm head", N, C, V);
+    return out;
+}
+
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     const int threads = compute_pool().size();
     set_openmp_threads(threads);
@@ -260,10 +289,11 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     const double peak_bf16 = kernels::measure_peak_gflops_bf16(1.0);
 
     std::vector<Shape> shapes;
-    for (int n : {512, 1024, 2048}) shapes.push_back({n, n, n, Trans::N, Trans::N});
-    for (const auto& m : opts.model_shapes) shapes.push_back({m[0], m[1], m[2], Trans::N, Trans::T});
+    for (int n : opts.squares) shapes.push_back({"square", n, n, n, Trans::N, Trans::N});
+    for (const Shape& s : opts.model_shapes) shapes.push_back(s);
     std::vector<Row> rows;
     for (const Shape& s : shapes) {
+        if (s.name.find(opts.filter) == std::string::npos) continue;
         for (const Row& r : run_shape(s, repeats)) rows.push_back(r);
     }
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
@@ -281,7 +311,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         out["peak_bf16_gflops"] = peak_bf16;
         out["gemm"]             = nlohmann::json::array();
         for (const Row& r : rows) {
-            out["gemm"].push_back({{"m", r.s.m},
+            out["gemm"].push_back({{"name", r.s.name},
+                                   {"m", r.s.m},
                                    {"n", r.s.n},
                                    {"k", r.s.k},
                                    {"trans", trans_name(r.s)},
@@ -305,12 +336,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     fmt::print("gemm backend {}, {} threads, median of {}\n", kernels::gemm_backend_name(),
                threads, repeats);
     fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s\n", peak_f32, peak_bf16);
-    fmt::print("{:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>6} {:>6}\n", "m", "n", "k",
-               "op", "dtype", "ours", "onednn", "openblas", "/peak", "/dnnl");
+    fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>6} {:>6}\n", "gemm", "m",
+               "n", "k", "op", "dtype", "ours", "onednn", "openblas", "/peak", "/dnnl");
     for (const Row& r : rows) {
         const double peak = r.dtype == std::string("f32") ? peak_f32 : peak_bf16;
-        fmt::print("{:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {:6.2f} {}\n", r.s.m, r.s.n, r.s.k,
-                   trans_name(r.s), r.dtype, r.ours, cell(r.onednn), cell(r.openblas),
+        fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {:6.2f} {}\n", r.s.name, r.s.m,
+                   r.s.n, r.s.k, trans_name(r.s), r.dtype, r.ours, cell(r.onednn), cell(r.openblas),
                    r.ours / peak, ratio(r.ours, r.onednn));
     }
     fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE,

@@ -1,22 +1,40 @@
 // `bagualu bench kernels`: measured FP32/BF16 peak, then GEMM throughput of ours, oneDNN and
-// OpenBLAS on squares (512, 1024, 2048) and the given model shapes, each the median over
-// `repeats` timed runs with the same thread count (the compute pool's). Prints a table, or one
-// JSON object with json = true: peak_fp32_gflops, peak_bf16_gflops and gemm: a list of
-// {m, n, k, trans, dtype, ours_gflops, onednn_gflops, openblas_gflops} (null: not available),
-// then grouped_gemm: one grouped call vs a loop of gemm_f32 over 8 Zipf-skewed experts at the
-// default model's shape, {product, experts, tokens_per_expert, grouped_gflops, loop_gflops,
-// grouped_over_loop}.
+// OpenBLAS on squares (NN) and the given model shapes, each the median over `repeats` timed runs
+// with the same thread count (the compute pool's). Prints a table, or one JSON object with
+// json = true: backend, threads, peak_fp32_gflops, peak_bf16_gflops and gemm: a list of
+// {name, m, n, k, trans, dtype, ours_gflops, onednn_gflops, openblas_gflops} (null: not
+// available), then grouped_gemm: one grouped call vs a loop of gemm_f32 over 8 Zipf-skewed
+// experts at the default model's shape, {product, experts, tokens_per_expert, grouped_gflops,
+// loop_gflops, grouped_over_loop}.
 #pragma once
-#include <array>
+#include <string>
 #include <vector>
+
+#include "config/config.h"
+#include "kernels/gemm.h"
 
 namespace bagualu::bench {
 
-struct KernelsBenchOptions {
-    bool                            json    = false;
-    int                             repeats = 5;
-    std::vector<std::array<int, 3>> model_shapes;  // {m, n, k}, run as C = A @ B^T (forward)
+// C (m, n) = op(A) @ op(B), op = transpose where ta / tb say so.
+struct GemmShape {
+    std::string    name;  // what it is, e.g. "qkv fwd"
+    int            m = 0, n = 0, k = 0;
+    kernels::Trans ta = kernels::Trans::N, tb = kernels::Trans::N;
 };
+
+struct KernelsBenchOptions {
+    bool                   json    = false;
+    int                    repeats = 5;
+    std::vector<int>       squares = {512, 1024, 2048};  // m = n = k, NN
+    std::vector<GemmShape> model_shapes;
+    std::string            filter;  // run only GEMMs whose name contains it ("" = all)
+};
+
+// The GEMMs of one training step of model m on micro-batches of micro_batch sequences
+// (N = micro_batch * seq_len rows; each expert gets N * top_k / n_experts rows, as under
+// balanced routing): per linear layer the forward (NT), d input (NN) and d weight (TN).
+// Shapes that occur twice are listed once, under the first name.
+std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batch);
 
 int run_kernels_bench(const KernelsBenchOptions& opts);
 

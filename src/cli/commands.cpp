@@ -3,9 +3,15 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+
+#include "bench/comm_bench.h"
+#include "bench/kernels_bench.h"
+#include "bench/train_bench.h"
 
 #include "config/config.h"
 #include "core/error.h"
@@ -77,21 +83,29 @@ int cmd_prepare(const CommonArgs& a, bool force) {
     return 0;
 }
 
-int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world) {
-    TrainConfig cfg;
+// Runs the input checks in `check` on every rank: any rank's InputError ends every rank with one
+// message (exit 2); on one process it is thrown as usual.
+static void check_on_every_rank(dist::Comm& world, const std::function<void()>& check) {
     std::string error;
     try {
-        cfg = resolve_config(a);
-        if (!run_dir.empty()) cfg.train.run_dir = run_dir;
-        validate_layout(cfg, world.size());
+        check();
     } catch (const InputError& e) {
         error = e.what();
     }
     if (world.size() > 1) {
-        dist::check_all_ok(world, error.empty(), error);  // ends every rank on any rank's error
+        dist::check_all_ok(world, error.empty(), error);
     } else if (!error.empty()) {
         throw InputError(error);
     }
+}
+
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world) {
+    TrainConfig cfg;
+    check_on_every_rank(world, [&] {
+        cfg = resolve_config(a);
+        if (!run_dir.empty()) cfg.train.run_dir = run_dir;
+        validate_layout(cfg, world.size());
+    });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
     train::TrainOptions   opt;
     opt.force = force;
@@ -167,6 +181,65 @@ int cmd_report(const std::string& run_dir) {
     log::info("report: wrote {}/loss.svg", run_dir);
     if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
     return 0;
+}
+
+// ---- bench ----
+
+int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
+    CommonArgs ca = a;
+    if (ca.config.empty() && fs::exists("configs/default.toml")) ca.config = "configs/default.toml";
+    const TrainConfig cfg = resolve_config(ca);
+    set_compute_threads(cfg.train.threads);
+    bench::KernelsBenchOptions o;
+    o.json         = b.json;
+    if (b.repeats > 0) o.repeats = b.repeats;
+    o.filter       = b.filter;
+    o.model_shapes = bench::training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()));
+    return bench::run_kernels_bench(o);
+}
+
+// "4096", "64K", "16M", "1G" (powers of 1024) -> bytes.
+static size_t parse_bytes(const std::string& text) {
+    char*              end = nullptr;
+    const long long    v   = std::strtoll(text.c_str(), &end, 10);
+    const std::string  suffix(end);
+    const std::string  units = "KMG";
+    const size_t       pos   = suffix.size() == 1 ? units.find(suffix[0]) : std::string::npos;
+    if (end == text.c_str() || v <= 0 || (!suffix.empty() && pos == std::string::npos)) {
+        input_error("--sizes {}: expected a positive byte count such as 4096, 64K, 16M or 1G", text);
+    }
+    return static_cast<size_t>(v) << (suffix.empty() ? 0 : 10 * (pos + 1));
+}
+
+int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
+    bench::CommBenchOptions o;
+    check_on_every_rank(world, [&] {
+        if (!b.sizes.empty()) {
+            o.min_bytes = parse_bytes(b.sizes.at(0));
+            o.max_bytes = parse_bytes(b.sizes.at(1));
+            if (o.max_bytes < o.min_bytes) {
+                input_error("--sizes {} {}: the first (smallest) size must come first", b.sizes[0],
+                            b.sizes[1]);
+            }
+        }
+    });
+    o.json = b.json;
+    if (b.repeats > 0) o.repeats = b.repeats;
+    return bench::run_comm_bench(world, o);
+}
+
+int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
+    TrainConfig cfg;
+    check_on_every_rank(world, [&] {
+        cfg = resolve_config(a);
+        validate_layout(cfg, world.size());
+    });
+    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    bench::TrainBenchOptions o;
+    o.steps  = b.steps;
+    o.warmup = b.warmup;
+    o.json   = b.json;
+    return bench::run_train_bench(cfg, o, par);
 }
 
 }  // namespace bagualu::cli

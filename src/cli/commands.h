@@ -1,6 +1,7 @@
 // The subcommands of `bagualu`, one function each, called by main.cpp after parsing.
 // Each returns the process exit status; errors are thrown (InputError -> 2).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,19 @@ struct SampleArgs {
 int cmd_sample(const SampleArgs& a);
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype);
 int cmd_report(const std::string& run_dir);
+
+// `bagualu bench ...`. kernels: model shapes from --config (else configs/default.toml when
+// present, else the built-in defaults). comm and train are collective over world.
+struct BenchArgs {
+    bool                     json    = false;
+    int                      repeats = 0;   // kernels, comm; 0: the benchmark's default
+    std::string              filter;        // kernels: only GEMMs whose name contains it
+    std::vector<std::string> sizes;         // comm: MIN MAX message sizes, e.g. 4K 64M
+    int64_t                  steps  = 10;   // train: timed steps
+    int64_t                  warmup = 2;    // train: untimed steps first
+};
+int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b);
+int cmd_bench_comm(const BenchArgs& b, dist::Comm& world);
+int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world);
 
 }  // namespace bagualu::cli

@@ -64,6 +64,35 @@ int main(int argc, char** argv) {
     auto* report = app.add_subcommand("report", "Draw loss.svg from a run directory's metrics.jsonl");
     report->add_option("run_dir", report_dir, "Run directory")->required();
 
+    cli::BenchArgs ba;
+    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps");
+    bench->require_subcommand(1);
+    auto* bench_kernels = bench->add_subcommand(
+        "kernels", "GEMM GFLOP/s of ours, oneDNN and OpenBLAS on the model's shapes, and the peak");
+    bench_kernels->add_option("--config", common.config, "Model shapes from this config (default: configs/default.toml)")
+        ->check(CLI::ExistingFile);
+    bench_kernels->add_option("--set", common.overrides, "Override a config key (repeatable)")
+        ->type_name("SECTION.KEY=VALUE");
+    bench_kernels->add_option("--repeats", ba.repeats, "Timed runs per GEMM (median)")
+        ->check(CLI::PositiveNumber)->default_str("5");
+    bench_kernels->add_option("--filter", ba.filter,
+                              "Only GEMMs whose name contains this, e.g. square, qkv, \"lm head\"");
+    bench_kernels->add_flag("--json", ba.json, "Print one JSON object");
+    auto* bench_comm = bench->add_subcommand(
+        "comm", "All-to-all and reduce-scatter + all-gather bandwidth (run under mpirun)");
+    bench_comm->add_option("--sizes", ba.sizes, "Smallest and largest message per rank (x4 steps)")
+        ->expected(2)->type_name("MIN MAX")->default_str("4K 64M");
+    bench_comm->add_option("--repeats", ba.repeats, "Timed runs per size and operation (median)")
+        ->check(CLI::PositiveNumber)->default_str("10");
+    bench_comm->add_flag("--json", ba.json, "Print one JSON object");
+    auto* bench_train = bench->add_subcommand(
+        "train", "Time training steps (nothing written): tokens/s, MFU, memory, time per phase");
+    add_common(bench_train);
+    bench_train->get_option("--config")->required();
+    bench_train->add_option("--steps", ba.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+    bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+    bench_train->add_flag("--json", ba.json, "Print one JSON object");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -75,7 +104,7 @@ int main(int argc, char** argv) {
         return 2;
     }
 
-    // Only `train` runs on several ranks; the world exists for it alone.
+    // Only `train`, `bench comm` and `bench train` run on several ranks; the world exists for them.
     std::unique_ptr<dist::Comm> world;
     auto fail = [&](int code, const std::string& msg) {
         std::fflush(stdout);
@@ -91,15 +120,24 @@ int main(int argc, char** argv) {
             dist::finalize_world();
             return rc;
         }
+        if (*bench_comm || *bench_train) {
+            world        = dist::init_world(&argc, &argv);
+            const int rc = *bench_comm ? cli::cmd_bench_comm(ba, *world)
+                                       : cli::cmd_bench_train(common, ba, *world);
+            world.reset();
+            dist::finalize_world();
+            return rc;
+        }
         if (dist::launched_by_mpi() && std::getenv("OMPI_COMM_WORLD_SIZE") &&
             std::string(std::getenv("OMPI_COMM_WORLD_SIZE")) != "1") {
-            throw InputError("only `bagualu train` runs on several ranks; run this command without mpirun");
+            throw InputError("only `bagualu train`, `bench comm` and `bench train` run on several ranks; run this command without mpirun");
         }
         if (*prepare) return cli::cmd_prepare(common, force);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
         if (*sample) return cli::cmd_sample(sa);
         if (*exp) return cli::cmd_export(from, out, dtype);
         if (*report) return cli::cmd_report(report_dir);
+        if (*bench_kernels) return cli::cmd_bench_kernels(common, ba);
     } catch (const InputError& e) {
         return fail(2, fmt::format("bagualu: error: {}", e.what()));
     } catch (const std::exception& e) {

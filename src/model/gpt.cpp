@@ -8,10 +8,13 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "train/phase_timer.h"
 
 namespace bagualu::model {
 
 using namespace kernels;
+using train::Phase;
+using train::PhaseScope;
 
 // ---- parameter layout ----
 
@@ -237,15 +240,20 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
         const float* x = a.resid[static_cast<size_t>(l)];
         float*       y = a.resid[static_cast<size_t>(l) + 1];
         layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
-        linear_forward(b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-        attention_forward(b.atty, b.lse, b.qkv, B, T, C, NH);
-        linear_forward(b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+        {
+            PhaseScope phase(Phase::attention);
+            linear_forward(b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+            attention_forward(b.atty, b.lse, b.qkv, B, T, C, NH);
+            linear_forward(b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+        }
         add_forward(b.res1, b.res1, x, static_cast<size_t>(N) * C);
         layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
         const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
+            PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
             aux_loss_ += moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
         } else {
+            PhaseScope phase(Phase::mlp);
             linear_forward(b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
             gelu_forward(b.fcg, b.fch, static_cast<size_t>(N) * F);
             linear_forward(y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
@@ -253,6 +261,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
         add_forward(y, y, b.res1, static_cast<size_t>(N) * C);
     }
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
+    PhaseScope lm_head(Phase::lm_head);
     linear_forward(a.logits, a.lnf, w_.wte, nullptr, N, C, V);
     crossentropy_forward(a.losses, a.logits, a.targets.data(), N, V);
     double sum = 0;
@@ -265,9 +274,12 @@ void GPT::backward(float loss_scale) {
               NH = cfg_.n_head;
     BGL_CHECK(N > 0, "backward without forward");
     Acts& a = *a_;
-    for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
-    crossentropy_backward(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
-    linear_backward(a.dc, g_.wte, nullptr, a.logits, a.lnf, w_.wte, N, C, V);
+    {
+        PhaseScope phase(Phase::lm_head);
+        for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
+        crossentropy_backward(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
+        linear_backward(a.dc, g_.wte, nullptr, a.logits, a.lnf, w_.wte, N, C, V);
+    }
     std::fill(a.dresid, a.dresid + static_cast<size_t>(N) * C, 0.0f);
     layernorm_backward(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean,
                        a.lnf_rstd, N, C);
@@ -279,10 +291,12 @@ void GPT::backward(float loss_scale) {
         // feed-forward: dresid holds d x_{l+1} = d ffn_out, and flows on to d res1
         const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
+            PhaseScope    phase(Phase::gate_dispatch);  // the layer times its experts itself
             moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
                                                     loss_scale);
         } else {
+            PhaseScope phase(Phase::mlp);
             linear_backward(a.df, g.fcproj_w, g.fcproj_b, a.dresid, b.fcg, w.fcproj_w, N, F, C);
             gelu_backward(a.df, b.fch, a.df, static_cast<size_t>(N) * F);
             linear_backward(a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
@@ -290,9 +304,12 @@ void GPT::backward(float loss_scale) {
         layernorm_backward(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean,
                            b.ln2_rstd, N, C);
         // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
-        linear_backward(a.dc, g.proj_w, g.proj_b, a.dresid, b.atty, w.proj_w, N, C, C);
-        attention_backward(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
-        linear_backward(a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+        {
+            PhaseScope phase(Phase::attention);
+            linear_backward(a.dc, g.proj_w, g.proj_b, a.dresid, b.atty, w.proj_w, N, C, C);
+            attention_backward(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            linear_backward(a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+        }
         layernorm_backward(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd,
                            N, C);
     }

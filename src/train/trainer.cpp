@@ -24,6 +24,7 @@
 #include "train/full_params.h"
 #include "train/optimizer.h"
 #include "train/lr_schedule.h"
+#include "train/phase_timer.h"
 #include "train/progress.h"
 #include "train/samples.h"
 
@@ -94,8 +95,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         single = dist::ParallelContext::single();
         par    = single.get();
     }
-    const int  P    = par->size();
-    const bool root = par->rank() == 0;
+    const int  P      = par->size();
+    const bool root   = par->rank() == 0;
+    const bool writer = root && !opt.dry_run;  // logs, run directory, metrics, model
     set_compute_threads(cfg.train.threads);
     const ModelConfig& m = cfg.model;
     const int          T = m.seq_len;
@@ -107,7 +109,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         try {
             validate_layout(cfg, P);
             ds = data::load_dataset(cfg);
-            if (root) prepare_run_dir(cfg.train.run_dir, opt.force);
+            if (writer) prepare_run_dir(cfg.train.run_dir, opt.force);
         } catch (const InputError& e) {
             error = e.what();
         }
@@ -123,7 +125,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     const int     MB    = static_cast<int>(cfg.micro_batch(P));
     const int64_t accum = cfg.grad_accum_steps(P);
-    if (root) {
+    if (writer) {
         std::ofstream f(cfg.train.run_dir + "/config.toml");
         f << to_toml(cfg);
     }
@@ -144,7 +146,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const double  flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
     const int64_t tokens_per_step = cfg.train.batch_size * T;       // all ranks
 
-    if (root) {
+    if (writer) {
         log::info("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
                   model::make_layout(m).num_params(), m.n_layer,
                   m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
@@ -166,16 +168,18 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
 
     std::ofstream metrics;
-    if (root) {
+    if (writer) {
         metrics.open(cfg.train.run_dir + "/metrics.jsonl", std::ios::trunc);
         if (!metrics) throw InputError(cfg.train.run_dir + "/metrics.jsonl: cannot write");
     }
     auto emit = [&](const nlohmann::json& j) {
-        if (root) metrics << j.dump() << "\n" << std::flush;
+        if (writer) metrics << j.dump() << "\n" << std::flush;
     };
 
-    Progress     progress(opt.quiet || !root ? Progress::Mode::Quiet : Progress::Mode::Auto);
+    Progress     progress(opt.quiet || !writer ? Progress::Mode::Quiet : Progress::Mode::Auto);
     TrainSummary sum;
+    sum.peak_gflops         = peak_gflops;
+    sum.flops_per_token     = flops_per_token;
     sum.run_dir             = cfg.train.run_dir;
     sum.val_unigram_entropy = ds.val_unigram_entropy;
 
@@ -212,13 +216,16 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                 "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
                 step + 1, loss));
         }
+        PhaseScope   optimizer_phase(Phase::optimizer);
         const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
         const double norm = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
+        optimizer_phase.stop();
         const double dt = seconds_since(t0);
         window_time += dt;
         ++window_steps;
         sum.final_loss = loss;
+        if (opt.on_step) opt.on_step(step, dt);
 
         const bool last = step + 1 == cfg.train.steps;
         if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
@@ -244,11 +251,13 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             window_time  = 0;
             window_steps = 0;
         }
-        if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && !last) {
+        if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && !last &&
+            !opt.dry_run) {
             run_eval(step + 1);
         }
     }
     sum.steps          = cfg.train.steps;
+    if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);
     {
         std::vector<int64_t> rss(static_cast<size_t>(P));

@@ -5,6 +5,7 @@
 // partitioned (ParO) as docs/parallelism.md describes. Deterministic for a given config.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "config/config.h"
@@ -15,6 +16,11 @@ namespace bagualu::train {
 struct TrainOptions {
     bool force = false;  // replace a previous run in the run directory
     bool quiet = false;  // no progress line or samples (tests)
+    // Steps only (bagualu bench train): no run directory, log lines, metrics, evaluation or
+    // export; nothing is written. The steps themselves are the same.
+    bool dry_run = false;
+    // Called on every rank after each optimizer step with the step index and its seconds.
+    std::function<void(int64_t step, double seconds)> on_step;
 };
 
 struct TrainSummary {
@@ -23,6 +29,8 @@ struct TrainSummary {
     double      val_unigram_entropy  = -1;  // < 0 when the data has no meta.json
     double      tokens_per_s         = 0;
     int64_t     steps                = 0;
+    double      peak_gflops          = 0;  // this rank's measured fp32 peak
+    double      flops_per_token      = 0;  // model FLOPs of forward + backward per token
     std::string run_dir;
     std::string model_dir;
 };

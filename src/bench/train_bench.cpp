@@ -1,0 +1,143 @@
+// See train_bench.h. MFU = model FLOP/s / peak: model FLOPs as the trainer counts them (3x the
+// forward's matrix products per token, GPT::flops_per_token), the peak summed over ranks, each
+// rank's measured after the steps while every rank measures (sharing the cores as in training).
+// Phase seconds are means over the timed steps; "other" is the step time no scope covered.
+#include "bench/train_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/peak.h"
+#include "train/phase_timer.h"
+#include "train/trainer.h"
+
+namespace bagualu::bench {
+
+namespace {
+
+// Peak resident set size of this process in MiB (VmHWM of /proc/self/status; 0 if absent).
+double peak_rss_mb() {
+    std::ifstream f("/proc/self/status");
+    for (std::string line; std::getline(f, line);) {
+        long long kb = 0;
+        if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) return static_cast<double>(kb) / 1024.0;
+    }
+    return 0.0;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
+                    dist::ParallelContext& par) {
+    if (o.steps < 1 || o.warmup < 0) input_error("bench train: need steps >= 1 and warmup >= 0");
+    TrainConfig cfg      = cfg_in;
+    cfg.train.steps      = o.warmup + o.steps;
+    cfg.train.eval_every = 0;
+    cfg.train.log_every  = cfg.train.steps;
+    const int P          = par.size();
+
+    std::vector<double> step_s;
+    train::TrainOptions opt;
+    opt.dry_run = true;
+    opt.on_step = [&](int64_t step, double seconds) {
+        if (step + 1 == o.warmup) train::reset_phase_timer();
+        if (step >= o.warmup) step_s.push_back(seconds);
+    };
+    train::reset_phase_timer();
+    train::enable_phase_timer(true);
+    const train::TrainSummary sum = train::run_training(cfg, opt, &par);
+    train::enable_phase_timer(false);
+
+    // After training, on the pool it set up (a second set_compute_threads could resize it).
+    double peak = kernels::measure_peak_gflops_f32(1.0);
+    par.world().allreduce_sum(std::span<double>(&peak, 1));
+
+    std::vector<double> rss(static_cast<size_t>(P));
+    const double        own_rss = peak_rss_mb();
+    par.world().allgather(&own_rss, sizeof(double), rss.data());
+    if (par.rank() != 0) return 0;
+
+    const auto   T               = static_cast<double>(cfg.model.seq_len);
+    const double tokens_per_step = static_cast<double>(cfg.train.batch_size) * T;  // all ranks
+    double       mean_s          = 0;
+    for (double s : step_s) mean_s += s;
+    mean_s /= static_cast<double>(step_s.size());
+    const double med_s        = median(step_s);
+    const double tokens_per_s = tokens_per_step / med_s;
+    const double model_gflops = tokens_per_s * sum.flops_per_token * 1e-9;
+    const double mfu          = peak > 0 ? model_gflops / peak : 0.0;
+    const double max_rss      = *std::max_element(rss.begin(), rss.end());
+
+    const auto& totals = train::phase_seconds();
+    std::vector<std::pair<std::string, double>> phases;  // seconds per step
+    double covered = 0;
+    for (size_t i = 0; i < train::kNumPhases; ++i) {
+        const double s = totals[i] / static_cast<double>(step_s.size());
+        phases.emplace_back(train::kPhaseNames[i], s);
+        covered += s;
+    }
+    phases.emplace_back("other", std::max(0.0, mean_s - covered));
+    double phase_sum = 0;
+    for (const auto& p : phases) phase_sum += p.second;
+
+    if (o.json) {
+        nlohmann::json j;
+        j["config"]               = cfg.name;
+        j["ranks"]                = P;
+        j["expert_parallel"]      = par.ep_size();
+        j["threads_per_rank"]     = compute_pool().size();
+        j["gemm_backend"]         = kernels::gemm_backend_name();
+        j["steps"]                = o.steps;
+        j["warmup"]               = o.warmup;
+        j["tokens_per_step"]      = tokens_per_step;
+        j["step_s_median"]        = med_s;
+        j["step_s_mean"]          = mean_s;
+        j["tokens_per_s"]         = tokens_per_s;
+        j["model_gflops"]         = model_gflops;
+        j["peak_gflops"]          = peak;
+        j["mfu"]                  = mfu;
+        j["peak_rss_mb"]          = max_rss;
+        j["peak_rss_mb_per_rank"] = rss;
+        j["final_loss"]           = sum.final_loss;
+        j["phases"]               = nlohmann::json::object();
+        for (const auto& [name, s] : phases) {
+            j["phases"][name] = {{"s_per_step", s}, {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
+        }
+        fmt::print("{}\n", j.dump(2));
+        std::fflush(stdout);
+        return 0;
+    }
+    fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank, gemm {}\n",
+               cfg.name, P, par.ep_size(), compute_pool().size(), kernels::gemm_backend_name());
+    fmt::print("{} timed steps after {} warm-up, {:.0f} tokens per step\n", o.steps, o.warmup,
+               tokens_per_step);
+    fmt::print("step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
+               "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
+               med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
+    fmt::print("peak RSS {:.1f} MiB", max_rss);
+    if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
+    fmt::print("\n{:<14} {:>10} {:>8}\n", "phase", "ms/step", "share");
+    for (const auto& [name, s] : phases) {
+        fmt::print("{:<14} {:>10.2f} {:>7.1f}%\n", name, s * 1e3,
+                   phase_sum > 0 ? 100.0 * s / phase_sum : 0.0);
+    }
+    std::fflush(stdout);
+    return 0;
+}
+
+}  // namespace bagualu::bench

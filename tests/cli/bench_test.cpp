@@ -1,0 +1,103 @@
+// `bagualu bench` through the binary: kernels and train print one parseable JSON object with the
+// documented keys, train's phase fractions add up to one, and bad arguments exit 2 with one line.
+// Kept fast: the tiny config, one repeat, two timed steps on token shards written directly.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "../common/run_command.h"
+#include "data/token_file.h"
+
+namespace bagualu::testing {
+namespace {
+
+// The JSON object in a command's output: from the first '{' on a line of its own to the end.
+nlohmann::json json_of(const std::string& output) {
+    const size_t start = output.find("{\n");
+    if (start == std::string::npos) return nlohmann::json::parse(output);
+    return nlohmann::json::parse(output.substr(start));
+}
+
+TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
+    const CommandResult r = bagualu(
+        "bench kernels --json --repeats 1 --config configs/tiny.toml --filter \"qkv\"");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);
+    for (const char* key : {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm"}) {
+        EXPECT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_GT(j["peak_fp32_gflops"].get<double>(), 0.0);
+    ASSERT_EQ(j["gemm"].size(), 6u);  // qkv fwd, dinp, dw in f32 and bf16
+    bool qkv_fwd = false, qkv_dw = false;
+    for (const auto& g : j["gemm"]) {
+        for (const char* key : {"name", "m", "n", "k", "trans", "dtype", "ours_gflops",
+                                "onednn_gflops", "openblas_gflops"}) {
+            EXPECT_TRUE(g.contains(key)) << key;
+        }
+        EXPECT_GT(g["ours_gflops"].get<double>(), 0.0);
+        // tiny: micro-batch 4 x 64 tokens = 256 rows, d_model 64
+        if (g["name"] == "qkv fwd" && g["dtype"] == "f32") {
+            qkv_fwd = g["m"] == 256 && g["n"] == 192 && g["k"] == 64 && g["trans"] == "NT";
+        }
+        if (g["name"] == "qkv dw") {
+            qkv_dw = g["m"] == 192 && g["n"] == 64 && g["k"] == 256 && g["trans"] == "TN";
+        }
+    }
+    EXPECT_TRUE(qkv_fwd);
+    EXPECT_TRUE(qkv_dw);
+}
+
+TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
+    TempDir              dir;
+    std::vector<int32_t> tokens(4000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
+    data::write_token_file(dir / "train.bin", tokens, 128);
+    data::write_token_file(dir / "val.bin", tokens, 128);
+    const std::string data = " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
+                             " --set data.val=" + (dir / "val.bin") +
+                             " --set data.tokenizer=" + (dir / "none.model") +
+                             " --set train.run_dir=" + (dir / "run");
+    const CommandResult r =
+        bagualu("bench train --config configs/tiny.toml --steps 2 --warmup 1 --json" + data);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);  // nothing but the JSON on stdout
+    for (const char* key : {"tokens_per_s", "mfu", "model_gflops", "peak_gflops", "peak_rss_mb",
+                            "phases"}) {
+        ASSERT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["mfu"].get<double>(), 0.0);
+    EXPECT_LT(j["mfu"].get<double>(), 1.5);
+    EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
+    double sum = 0;
+    for (const char* phase : {"attention", "mlp", "experts", "gate_dispatch", "lm_head",
+                              "optimizer", "other"}) {
+        ASSERT_TRUE(j["phases"].contains(phase)) << phase;
+        EXPECT_GE(j["phases"][phase]["fraction"].get<double>(), 0.0) << phase;
+        EXPECT_GE(j["phases"][phase]["s_per_step"].get<double>(), 0.0) << phase;
+        sum += j["phases"][phase]["fraction"].get<double>();
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    EXPECT_GT(j["phases"]["attention"]["fraction"].get<double>(), 0.0);
+    EXPECT_GT(j["phases"]["experts"]["fraction"].get<double>(), 0.0);
+    EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "bench train writes nothing";
+}
+
+TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
+    for (const char* args :
+         {"bench", "bench nope", "bench train", "bench train --config configs/tiny.toml --steps 0",
+          "bench kernels --repeats 0", "bench comm --sizes 4K", "bench comm --sizes 4Q 1M",
+          "bench comm --sizes 1M 4K"}) {
+        const CommandResult r = bagualu(args);
+        EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+        std::string line = r.output;
+        while (!line.empty() && line.back() == '\n') line.pop_back();
+        EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n" << r.output;
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::testing
