@@ -17,7 +17,7 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/peak.h"
-#include "train/phase_timer.h"
+#include "core/phase_timer.h"
 #include "train/trainer.h"
 
 namespace bagualu::bench {
@@ -55,13 +55,13 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     train::TrainOptions opt;
     opt.dry_run = true;
     opt.on_step = [&](int64_t step, double seconds) {
-        if (step + 1 == o.warmup) train::reset_phase_timer();
+        if (step + 1 == o.warmup) reset_phase_timer();
         if (step >= o.warmup) step_s.push_back(seconds);
     };
-    train::reset_phase_timer();
-    train::enable_phase_timer(true);
+    reset_phase_timer();
+    enable_phase_timer(true);
     const train::TrainSummary sum = train::run_training(cfg, opt, &par);
-    train::enable_phase_timer(false);
+    enable_phase_timer(false);
 
     // After training, on the pool it set up (a second set_compute_threads could resize it).
     double peak = kernels::measure_peak_gflops_f32(1.0);
@@ -83,12 +83,12 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     const double mfu          = peak > 0 ? model_gflops / peak : 0.0;
     const double max_rss      = *std::max_element(rss.begin(), rss.end());
 
-    const auto& totals = train::phase_seconds();
+    const auto& totals = phase_seconds();
     std::vector<std::pair<std::string, double>> phases;  // seconds per step
     double covered = 0;
-    for (size_t i = 0; i < train::kNumPhases; ++i) {
+    for (size_t i = 0; i < kNumPhases; ++i) {
         const double s = totals[i] / static_cast<double>(step_s.size());
-        phases.emplace_back(train::kPhaseNames[i], s);
+        phases.emplace_back(kPhaseNames[i], s);
         covered += s;
     }
     phases.emplace_back("other", std::max(0.0, mean_s - covered));

@@ -8,13 +8,11 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
-#include "train/phase_timer.h"
+#include "core/phase_timer.h"
 
 namespace bagualu::model {
 
 using namespace kernels;
-using train::Phase;
-using train::PhaseScope;
 
 // ---- parameter layout ----
 

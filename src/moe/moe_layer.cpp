@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "moe/dispatch.h"
-#include "train/phase_timer.h"
+#include "core/phase_timer.h"
 
 namespace bagualu::moe {
 
@@ -55,13 +55,13 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     if (dispatcher_) {
         dispatcher_->dispatch_preprocess(router_.tokens_per_expert());
         dispatcher_->dispatch(x_local_.data(), x_perm_.data());
-        train::PhaseScope phase(train::Phase::experts);
+        PhaseScope phase(Phase::experts);
         experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
                         dispatcher_->local_offsets(), El_, C, s_.F);
         phase.stop();
         dispatcher_->combine(y_perm_.data(), y_local_.data());
     } else {
-        train::PhaseScope phase(train::Phase::experts);
+        PhaseScope phase(Phase::experts);
         experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
                         offsets_.data(), El_, C, s_.F);
     }
@@ -77,13 +77,13 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
         dispatcher_->dispatch(dy_local_.data(), dy_perm_.data());
-        train::PhaseScope phase(train::Phase::experts);
+        PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(), x_local_.data(),
                          h_.data(), g_.data(), w.experts, dispatcher_->local_offsets(), El_, C, s_.F);
         phase.stop();
         dispatcher_->combine(dx_perm_.data(), dx_local_.data());
     } else {
-        train::PhaseScope phase(train::Phase::experts);
+        PhaseScope phase(Phase::experts);
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
                          h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F);
     }

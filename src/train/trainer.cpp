@@ -24,7 +24,7 @@
 #include "train/full_params.h"
 #include "train/optimizer.h"
 #include "train/lr_schedule.h"
-#include "train/phase_timer.h"
+#include "core/phase_timer.h"
 #include "train/progress.h"
 #include "train/samples.h"
 

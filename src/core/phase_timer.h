@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstddef>
 
-namespace bagualu::train {
+namespace bagualu {
 
 enum class Phase { attention, mlp, experts, gate_dispatch, lm_head, optimizer };
 inline constexpr size_t kNumPhases = 6;
@@ -76,4 +76,4 @@ class PhaseScope {
     int  prev_   = -1;
 };
 
-}  // namespace bagualu::train
+}  // namespace bagualu
