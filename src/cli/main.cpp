@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/plan_commands.h"
 #include "core/error.h"
 #include "dist/comm/comm.h"
 
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
     auto* report = app.add_subcommand("report", "Draw loss.svg from a run directory's metrics.jsonl");
     report->add_option("run_dir", report_dir, "Run directory")->required();
 
+    cli::PlanCommands plan_commands(app);
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
             dist::finalize_world();
             return rc;
         }
+        if (plan_commands.selected()) return plan_commands.run(&argc, &argv);
         if (dist::launched_by_mpi() && std::getenv("OMPI_COMM_WORLD_SIZE") &&
             std::string(std::getenv("OMPI_COMM_WORLD_SIZE")) != "1") {
             throw InputError("only `bagualu train` runs on several ranks; run this command without mpirun");
