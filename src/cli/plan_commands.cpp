@@ -308,9 +308,9 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
             std::ofstream f(out);
             f << to_toml(m, "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
             fmt::print("calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce {:.1f} us + "
-                       "{:.2f} GB/s; MPI adds {:.1f} MiB per process -> {}\n",
+                       "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} MiB per process -> {}\n",
                        world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us, c.allreduce_gbs,
-                       mpi_mib, out);
+                       c.sync_us, mpi_mib, out);
         }
         world->barrier();
     }

@@ -158,6 +158,34 @@ CommCalibration calibrate_comm(dist::Comm& comm) {
     const double r_big    = ar_time(static_cast<size_t>(big / 4));
     c.allreduce_latency_us = ra * 1e6;
     c.allreduce_gbs = 2 * big * (p - 1) / p / std::max(1e-9, r_big - 2 * (p - 1) * ra) * 1e-9;
+
+    // Ranks alternate about a millisecond of work with a small all-reduce, as training does;
+    // the time beyond the work alone (median of rounds, slowest rank) is the cost of a
+    // blocking call when ranks share cores with each other and with other processes.
+    const int     s = 96;
+    Buffer<float> A(s * s), B(s * s), Cm(s * s);
+    auto work = [&] {
+        for (int i = 0; i < 20; ++i) {
+            kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s, B.data(), s,
+                              0.f, Cm.data(), s);
+        }
+    };
+    auto round = [&](bool with_call) {
+        constexpr int kCalls = 20;
+        comm.barrier();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < kCalls; ++i) {
+            work();
+            double x = 1;
+            if (with_call) comm.allreduce_sum(std::span<double>(&x, 1));
+        }
+        double dt = since(t0) / kCalls;
+        comm.allreduce_max(std::span<double>(&dt, 1));
+        return dt;
+    };
+    std::vector<double> extra;
+    for (int r = 0; r < 9; ++r) extra.push_back(round(true) - round(false));
+    c.sync_us = std::max(0.0, median(extra) * 1e6 - c.allreduce_latency_us);
     return c;
 }
 
@@ -174,6 +202,8 @@ void apply(MachineSpec& m, const ComputeCalibration& c) {
 
 void apply(MachineSpec& m, const CommCalibration& c, int ranks) {
     (void)ranks;
+    m.network.intra_node_reduce_gbs    = c.allreduce_gbs;
+    m.network.sync_us                  = c.sync_us;
     m.network.intra_node_latency_us    = c.alltoall_latency_us;
     m.network.intra_node_bandwidth_gbs = c.alltoall_gbs;
 }

@@ -24,6 +24,7 @@ ComputeCalibration calibrate_compute(double seconds);
 struct CommCalibration {
     double alltoall_latency_us = 0, alltoall_gbs = 0;  // per rank
     double allreduce_latency_us = 0, allreduce_gbs = 0;
+    double sync_us = 0;  // extra time of a blocking call between slices of work (time-sharing)
 };
 // Collective over comm (size > 1): small and large messages, median of repeats.
 CommCalibration calibrate_comm(dist::Comm& comm);

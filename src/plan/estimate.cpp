@@ -40,15 +40,26 @@ Level group_level(const MachineSpec& m, int p, int R) {
 
 double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
 
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes);
+
+
 }  // namespace
 
 double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
     if (p <= 1) return 0;
-    const Level  lv    = group_level(m, p, R);
+    // every blocking call pays the machine's synchronisation cost, then its alpha-beta time
+    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes);
+}
+
+namespace {
+
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
+    Level        lv    = group_level(m, p, R);
     const Level  intra = group_level(m, 1, R);
     const double P     = p;
     switch (kind) {
         case dist::CommKind::allreduce: {
+            if (p <= R && m.network.intra_node_reduce_gbs > 0) lv.beta = m.network.intra_node_reduce_gbs * 1e9;
             const double doubling = log2_ceil(p) * (lv.alpha + bytes / lv.beta);
             const double ring     = 2 * (P - 1) * lv.alpha + 2 * (P - 1) / P * bytes / lv.beta;
             return std::min(doubling, ring);
@@ -73,6 +84,8 @@ double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int 
     }
     return 0;
 }
+
+}  // namespace
 
 Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& mach,
                   const EstimateOptions& opt) {

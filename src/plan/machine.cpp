@@ -31,6 +31,8 @@ void visit_fields(M& m, V&& v) {
     v("node", "mpi_rss_mib", m.node.mpi_rss_mib);
     v("network", "intra_node_bandwidth_gbs", m.network.intra_node_bandwidth_gbs);
     v("network", "intra_node_latency_us", m.network.intra_node_latency_us);
+    v("network", "intra_node_reduce_gbs", m.network.intra_node_reduce_gbs);
+    v("network", "sync_us", m.network.sync_us);
     v("network", "injection_bandwidth_gbs", m.network.injection_bandwidth_gbs);
     v("network", "latency_us", m.network.latency_us);
     v("network", "nodes_per_supernode", m.network.nodes_per_supernode);
@@ -160,6 +162,9 @@ void validate(const MachineSpec& m) {
     if (!(m.network.oversubscription >= 1)) {
         input_error("{}: network.oversubscription = {}: must be >= 1", src,
                     m.network.oversubscription);
+    }
+    if (m.network.intra_node_reduce_gbs < 0 || m.network.sync_us < 0) {
+        input_error("{}: network.intra_node_reduce_gbs and network.sync_us must be >= 0", src);
     }
     if (m.network.intra_node_latency_us < 0 || m.network.latency_us < 0 ||
         m.network.supernode_latency_us < 0) {

@@ -28,6 +28,10 @@ struct NodeSpec {
 struct NetworkSpec {
     double intra_node_bandwidth_gbs = 10;   // per rank, ranks of one node (shared memory)
     double intra_node_latency_us    = 1;
+    double intra_node_reduce_gbs    = 0;    // all-reduce bandwidth inside a node (0 = as above)
+    // Extra seconds per blocking collective call when ranks time-share cores (scheduling delay
+    // and spin-waiting of oversubscribed ranks); 0 on a dedicated machine.
+    double sync_us                  = 0;
     double injection_bandwidth_gbs  = 10;   // per node, to the network
     double latency_us               = 2;    // between nodes of one supernode
     int    nodes_per_supernode      = 1;    // full bisection inside
