@@ -267,14 +267,14 @@ int run_sweep(const Inputs& base, int top, bool json) {
 }
 
 int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** argv) {
-    const uint64_t rss0 = resident_bytes();
+    set_compute_threads(1);
     if (!dist::launched_by_mpi()) {
-        set_compute_threads(1);
         MachineSpec m;
         if (std::filesystem::exists(out)) m = load_machine(out);
         m.name                   = "local";
         m.source                 = out;
-        m.node.baseline_rss_mib  = static_cast<double>(rss0) / 1048576;
+        warm_up_kernels();
+        m.node.baseline_rss_mib = static_cast<double>(resident_bytes()) / 1048576;
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);
         std::ifstream mem("/proc/meminfo");
@@ -291,10 +291,13 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
                    c.gemm_efficiency.back(), c.attention_efficiency, m.node.baseline_rss_mib, out);
         return 0;
     }
+    // what MPI adds: resident memory after its start-up and collectives, beyond a process that
+    // has run the kernels (the baseline measured without mpirun)
+    warm_up_kernels();
+    const uint64_t              rss0  = resident_bytes();
     std::unique_ptr<dist::Comm> world = dist::init_world(argc, argv);
     int rc = 0;
     {
-        set_compute_threads(1);
         std::vector<double> warm(1 << 16, 1.0);
         world->allreduce_sum(std::span<double>(warm));
         const CommCalibration c = calibrate_comm(*world);

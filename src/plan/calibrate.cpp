@@ -189,6 +189,16 @@ CommCalibration calibrate_comm(dist::Comm& comm) {
     return c;
 }
 
+void warm_up_kernels() {
+    (void)kernels::measure_peak_gflops_f32(0.02);
+    const int     s = 64, B = 1, T = 16, C = 64, NH = 2;
+    Buffer<float> A(s * s), Bm(s * s), Cm(s * s), qkv(T * 3 * C), out(T * C), lse(T * NH), dqkv(T * 3 * C);
+    kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s, Bm.data(), s, 0.f,
+                      Cm.data(), s);
+    kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    kernels::attention_backward(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+}
+
 void apply(MachineSpec& m, const ComputeCalibration& c) {
     m.node.cores                     = c.cores;
     m.node.peak_fp32_gflops          = c.peak_core_gflops * c.cores;

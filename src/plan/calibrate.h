@@ -29,6 +29,10 @@ struct CommCalibration {
 // Collective over comm (size > 1): small and large messages, median of repeats.
 CommCalibration calibrate_comm(dist::Comm& comm);
 
+// Runs the peak loop and a small GEMM and attention once, as every training process does early:
+// the resident memory after it is the process baseline.
+void warm_up_kernels();
+
 // Updates a machine description with measurements.
 void apply(MachineSpec& m, const ComputeCalibration& c);
 void apply(MachineSpec& m, const CommCalibration& c, int ranks);
