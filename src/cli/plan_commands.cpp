@@ -219,7 +219,6 @@ int run_sweep(const Inputs& base, int top, bool json) {
     const int     P     = base.layout.ranks;
     const int64_t per   = base.cfg.train.batch_size / P;
     const bool    moe   = base.cfg.model.moe_every > 0;
-    struct Row { Estimate e; };
     std::vector<Estimate> fit, nofit;
     for (int64_t ep : divisors(P)) {
         if (moe ? base.cfg.model.n_experts % ep != 0 : ep != 1) continue;

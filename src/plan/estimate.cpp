@@ -42,7 +42,6 @@ double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
 
 double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes);
 
-
 }  // namespace
 
 double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
