@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/plan_commands.h"
 #include "core/error.h"
 #include "dist/comm/comm.h"
 
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
     bench_train->add_option("--steps", ba.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench_train->add_flag("--json", ba.json, "Print one JSON object");
+    cli::PlanCommands plan_commands(app);
 
     try {
         app.parse(argc, argv);
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
             dist::finalize_world();
             return rc;
         }
+        if (plan_commands.selected()) return plan_commands.run(&argc, &argv);
         if (dist::launched_by_mpi() && std::getenv("OMPI_COMM_WORLD_SIZE") &&
             std::string(std::getenv("OMPI_COMM_WORLD_SIZE")) != "1") {
             throw InputError("only `bagualu train`, `bench comm` and `bench train` run on several ranks; run this command without mpirun");

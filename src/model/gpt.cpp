@@ -52,6 +52,35 @@ ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
     return L;
 }
 
+LayoutSize layout_size(const ModelConfig& m, int ep_size) {
+    const uint64_t V = static_cast<uint64_t>(m.vocab_size), C = static_cast<uint64_t>(m.d_model),
+                   F = static_cast<uint64_t>(m.d_ff), E = static_cast<uint64_t>(m.n_experts),
+                   T = static_cast<uint64_t>(m.seq_len), El = E / static_cast<uint64_t>(ep_size);
+    const auto pad = [](uint64_t n) { return (n + 15) / 16 * 16; };  // as ParamLayout::add
+    LayoutSize s;
+    uint64_t   dense_params = V * C + T * C + 2 * C;  // wte, wpe, ln_f
+    s.dense_floats          = pad(V * C) + pad(T * C) + 2 * pad(C);
+    const uint64_t attn     = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C;
+    const uint64_t attn_pad = 4 * pad(C) + pad(3 * C * C) + pad(3 * C) + pad(C * C) + pad(C);
+    const uint64_t mlp      = F * C + F + C * F + C;
+    const uint64_t mlp_pad  = pad(F * C) + pad(F) + pad(C * F) + pad(C);
+    for (int l = 0; l < m.n_layer; ++l) {
+        dense_params += attn;
+        s.dense_floats += attn_pad;
+        if (m.is_moe_block(l)) {
+            dense_params += E * C;  // the gate is dense: replicated on every rank
+            s.dense_floats += pad(E * C);
+            s.expert_floats += El * mlp_pad;
+            s.full_params += E * mlp;
+        } else {
+            dense_params += mlp;
+            s.dense_floats += mlp_pad;
+        }
+    }
+    s.full_params += dense_params;
+    return s;
+}
+
 template <typename P>
 ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base, int ep_size,
                         int ep_rank) {
@@ -144,6 +173,44 @@ struct GPT::Acts {
     Buffer<int32_t> tokens, targets;
 };
 
+// Offsets of every activation slice in the arena, in the order they are reserved.
+struct ArenaPlan {
+    struct BlockOff {
+        size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch, fcg;
+    };
+    std::vector<size_t>   resid;   // [L+1]
+    std::vector<BlockOff> blocks;  // [L]
+    size_t lnf, lnfm, lnfr, logits, losses, dlosses, dresid, dc, dc2, dqkv, df;
+};
+
+// Reserves the activation slices of a forward/backward over N tokens. The one place that sizes
+// the activations: GPT's constructor and activation_floats() (the planner) both call it.
+static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N) {
+    const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
+                 V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
+    ArenaPlan p;
+    for (int l = 0; l <= cfg.n_layer; ++l) p.resid.push_back(A.reserve(N * C));
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        ArenaPlan::BlockOff o{};
+        o.ln1 = A.reserve(N * C); o.m1 = A.reserve(N); o.r1 = A.reserve(N);
+        o.qkv = A.reserve(N * 3 * C); o.atty = A.reserve(N * C); o.lse = A.reserve(N * NH);
+        o.res1 = A.reserve(N * C); o.ln2 = A.reserve(N * C); o.m2 = A.reserve(N); o.r2 = A.reserve(N);
+        if (!cfg.is_moe_block(l)) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
+        p.blocks.push_back(o);
+    }
+    p.lnf = A.reserve(N * C); p.lnfm = A.reserve(N); p.lnfr = A.reserve(N);
+    p.logits = A.reserve(N * V); p.losses = A.reserve(N); p.dlosses = A.reserve(N);
+    p.dresid = A.reserve(N * C); p.dc = A.reserve(N * C); p.dc2 = A.reserve(N * C);
+    p.dqkv = A.reserve(N * 3 * C); p.df = A.reserve(N * F);
+    return p;
+}
+
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch) {
+    FloatArena A;
+    plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len));
+    return A.total_floats();
+}
+
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers)
     : cfg_(cfg),
       max_batch_(max_batch),
@@ -155,40 +222,23 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     g_      = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
 
     const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
-    const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
-                 V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     a_          = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    std::vector<size_t> resid_off;
-    for (int l = 0; l <= cfg.n_layer; ++l) resid_off.push_back(A.reserve(N * C));
-    struct BlockOff { size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch, fcg; };
-    std::vector<BlockOff> boff;
-    for (int l = 0; l < cfg.n_layer; ++l) {
-        BlockOff o{};
-        o.ln1 = A.reserve(N * C); o.m1 = A.reserve(N); o.r1 = A.reserve(N);
-        o.qkv = A.reserve(N * 3 * C); o.atty = A.reserve(N * C); o.lse = A.reserve(N * NH);
-        o.res1 = A.reserve(N * C); o.ln2 = A.reserve(N * C); o.m2 = A.reserve(N); o.r2 = A.reserve(N);
-        if (!cfg.is_moe_block(l)) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
-        boff.push_back(o);
-    }
-    const size_t lnf = A.reserve(N * C), lnfm = A.reserve(N), lnfr = A.reserve(N),
-                 logits = A.reserve(N * V), losses = A.reserve(N), dlosses = A.reserve(N),
-                 dresid = A.reserve(N * C), dc = A.reserve(N * C), dc2 = A.reserve(N * C),
-                 dqkv = A.reserve(N * 3 * C), df = A.reserve(N * F);
+    const ArenaPlan p = plan_arena(A, cfg, N);
     A.allocate();
-    for (size_t off : resid_off) a_->resid.push_back(A.at(off));
+    for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
-        const BlockOff& o = boff[static_cast<size_t>(l)];
+        const ArenaPlan::BlockOff& o = p.blocks[static_cast<size_t>(l)];
         Acts::Block     b{A.at(o.ln1), A.at(o.m1),  A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
                       A.at(o.lse), A.at(o.res1), A.at(o.ln2), A.at(o.m2),  A.at(o.r2)};
         if (!cfg.is_moe_block(l)) { b.fch = A.at(o.fch); b.fcg = A.at(o.fcg); }
         a_->blocks.push_back(b);
     }
-    a_->lnf = A.at(lnf); a_->lnf_mean = A.at(lnfm); a_->lnf_rstd = A.at(lnfr);
-    a_->logits = A.at(logits); a_->losses = A.at(losses); a_->dlosses = A.at(dlosses);
-    a_->dresid = A.at(dresid); a_->dc = A.at(dc); a_->dc2 = A.at(dc2); a_->dqkv = A.at(dqkv);
-    a_->df = A.at(df);
+    a_->lnf = A.at(p.lnf); a_->lnf_mean = A.at(p.lnfm); a_->lnf_rstd = A.at(p.lnfr);
+    a_->logits = A.at(p.logits); a_->losses = A.at(p.losses); a_->dlosses = A.at(p.dlosses);
+    a_->dresid = A.at(p.dresid); a_->dc = A.at(p.dc); a_->dc2 = A.at(p.dc2); a_->dqkv = A.at(p.dqkv);
+    a_->df = A.at(p.df);
     a_->tokens  = Buffer<int32_t>(N);
     a_->targets = Buffer<int32_t>(N);
 
@@ -314,14 +364,14 @@ void GPT::backward(float loss_scale) {
     embedding_backward(g_.wte, g_.wpe, a.dresid, a.tokens.data(), B, T, C);
 }
 
-double GPT::flops_per_token(int T) const {
-    const double C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size, K = cfg_.top_k,
-                 E = cfg_.n_experts;
+double forward_flops_per_token(const ModelConfig& cfg, int T) {
+    const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, K = cfg.top_k,
+                 E = cfg.n_experts;
     double f = 0;
-    for (int l = 0; l < cfg_.n_layer; ++l) {
+    for (int l = 0; l < cfg.n_layer; ++l) {
         f += 2 * C * 3 * C + 2 * C * C;  // qkv, proj
         f += 2 * 2 * C * T / 2.0 * 1.0;  // causal attention: scores and weighted sum, T/2 keys on average
-        if (cfg_.is_moe_block(l)) {
+        if (cfg.is_moe_block(l)) {
             f += 2 * C * E + K * 2 * (2 * C * F);  // gate, K experts
         } else {
             f += 2 * (2 * C * F);
@@ -330,5 +380,7 @@ double GPT::flops_per_token(int T) const {
     f += 2 * C * V;  // LM head
     return f;
 }
+
+double GPT::flops_per_token(int T) const { return forward_flops_per_token(cfg_, T); }
 
 }  // namespace bagualu::model

@@ -52,6 +52,16 @@ struct ModelTensors {
 // parallelism a rank holds only experts [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of each
 // MoE layer; they keep their global expert ids in their names.
 ParamLayout make_layout(const ModelConfig& cfg, int ep_size = 1, int ep_rank = 0);
+// The size of make_layout(cfg, ep_size, any rank) without building it (paper-scale models have
+// millions of expert tensors): floats per rank, padding included, and real parameters of the
+// whole model (all experts, as make_layout(cfg).num_params()).
+struct LayoutSize {
+    uint64_t dense_floats  = 0;  // replicated tensors on one rank (the MoE gates included)
+    uint64_t expert_floats = 0;  // this rank's experts
+    uint64_t full_params   = 0;
+    uint64_t rank_floats() const { return dense_floats + expert_floats; }
+};
+LayoutSize layout_size(const ModelConfig& cfg, int ep_size = 1);
 // Resolves the layout's offsets into pointers into `base`.
 template <typename P>
 ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base,
@@ -60,6 +70,13 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* ba
 // biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, i + 1), i its
 // index in the full (single-process) layout, so every layout initialises identically.
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed);
+
+// Floats of GPT's activation arena for forward/backward over max_batch sequences of seq_len
+// (saved activations, logits, backward scratch); the constructor sizes its arena with it.
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch);
+// Forward FLOPs per token of the matrix products and attention at sequence length T (2 per
+// multiply-add; training = 3x). GPT::flops_per_token and the planner both use it.
+double forward_flops_per_token(const ModelConfig& cfg, int T);
 
 class GPT {
    public:

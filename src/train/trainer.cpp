@@ -26,6 +26,7 @@
 #include "train/lr_schedule.h"
 #include "core/phase_timer.h"
 #include "train/progress.h"
+#include "train/resources.h"
 #include "train/samples.h"
 
 namespace bagualu::train {
@@ -183,16 +184,20 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     sum.run_dir             = cfg.train.run_dir;
     sum.val_unigram_entropy = ds.val_unigram_entropy;
 
+    dist::CommTally eval_comm;  // evaluation's collectives, left out of the step counts
     auto run_eval = [&](int64_t step) {
         gpt.set_routing_context(moe::RoutingContext{});  // inference routing: plain top-k
+        const dist::CommTally c0 = dist::comm_tally();
         const EvalResult r = evaluate(gpt, ds.val, MB, cfg.train.eval_batches, par);
         emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
               {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start)}});
         progress.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,
                                      std::exp(r.loss)));
+        eval_comm = eval_comm + (dist::comm_tally() - c0);
         return r.loss;
     };
 
+    const dist::CommTally comm_start = dist::comm_tally();
     const auto t_train      = Clock::now();
     double     window_time  = 0;
     int64_t    window_steps = 0;
@@ -256,6 +261,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             run_eval(step + 1);
         }
     }
+    emit(resource_report(dist::comm_tally() - comm_start - eval_comm, cfg.train.steps, *par));
     sum.steps          = cfg.train.steps;
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/comm/counters.h"
 #include "dist/comm/half.h"
 
 namespace bagualu::dist {
@@ -144,6 +145,7 @@ void reduce_scatter_mean_impl(Comm& comm, std::span<const typename D::T> in,
     const ShardInfo s = shard_of(n, comm.rank(), P);
     BGL_CHECK(out.size() == s.size, "reduce_scatter_mean: out has {} elements, shard is {}",
               out.size(), s.size);
+    count_comm(CommKind::reduce_scatter, n * sizeof(T));
     if (P == 1) {
         if (n > 0 && out.data() != in.data()) std::memmove(out.data(), in.data(), n * sizeof(T));
         return;
@@ -165,6 +167,7 @@ void all_gather_impl(Comm& comm, std::span<const T> shard, std::span<T> out, Col
     const ShardInfo s = shard_of(n, r, P);
     BGL_CHECK(shard.size() == s.size, "all_gather: shard has {} elements, expected {}",
               shard.size(), s.size);
+    count_comm(CommKind::all_gather, n * sizeof(T));
     if (s.size > 0 && shard.data() != out.data() + s.offset) {
         std::memmove(out.data() + s.offset, shard.data(), s.size * sizeof(T));
     }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "dist/comm/comm.h"
+#include "dist/comm/counters.h"
 
 namespace bagualu::dist {
 
@@ -19,15 +20,19 @@ class LocalComm final : public Comm {
     bool threads_serialized() const override { return true; }
 
     void barrier() override {}
-    void broadcast(void*, size_t, int root) override { check_peer(root); }
+    void broadcast(void*, size_t bytes, int root) override {
+        check_peer(root);
+        count_comm(CommKind::broadcast, bytes);
+    }
 
-    void allreduce_sum(std::span<float>) override {}
-    void allreduce_sum(std::span<double>) override {}
-    void allreduce_sum(std::span<int64_t>) override {}
-    void allreduce_max(std::span<double>) override {}
-    void allreduce_max(std::span<int64_t>) override {}
+    void allreduce_sum(std::span<float> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
+    void allreduce_sum(std::span<double> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
+    void allreduce_sum(std::span<int64_t> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
+    void allreduce_max(std::span<double> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
+    void allreduce_max(std::span<int64_t> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
 
     void allgather(const void* send, size_t bytes_per_rank, void* recv) override {
+        count_comm(CommKind::allgather, bytes_per_rank);
         copy(recv, send, bytes_per_rank);
     }
 
@@ -35,6 +40,7 @@ class LocalComm final : public Comm {
         BGL_CHECK(send_counts.size() == 1 && recv_counts.size() == 1,
                   "alltoall needs one count per rank (1), got {} and {}", send_counts.size(),
                   recv_counts.size());
+        count_comm(CommKind::alltoall, sizeof(int64_t));
         recv_counts[0] = send_counts[0];
     }
 
@@ -48,6 +54,7 @@ class LocalComm final : public Comm {
         BGL_CHECK(send_counts[0] == recv_counts[0], "alltoallv sends {} to itself, expects {}",
                   send_counts[0], recv_counts[0]);
         const auto eb = static_cast<int64_t>(elem_bytes);
+        count_comm(CommKind::alltoallv, static_cast<uint64_t>(send_counts[0] * eb));
         copy(static_cast<char*>(recv) + recv_displs[0] * eb,
              static_cast<const char*>(send) + send_displs[0] * eb,
              static_cast<size_t>(send_counts[0] * eb));
@@ -56,6 +63,7 @@ class LocalComm final : public Comm {
     void reduce_scatter_sum_native(std::span<const float> in, std::span<float> out) override {
         BGL_CHECK(in.size() == out.size(), "reduce_scatter_sum_native: {} elements in, {} out",
                   in.size(), out.size());
+        count_comm(CommKind::reduce_scatter_native, in.size_bytes());
         copy(out.data(), in.data(), in.size() * sizeof(float));
     }
 
@@ -65,6 +73,7 @@ class LocalComm final : public Comm {
         check_peer(src);
         BGL_CHECK(send_bytes == recv_bytes, "sendrecv to itself: sends {} bytes, expects {}",
                   send_bytes, recv_bytes);
+        count_comm(CommKind::sendrecv, send_bytes);
         copy(recv, send, send_bytes);
     }
 

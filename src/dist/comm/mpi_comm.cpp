@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "dist/comm/alltoallv.h"
 #include "dist/comm/comm.h"
+#include "dist/comm/counters.h"
 
 namespace bagualu::dist {
 
@@ -56,6 +57,12 @@ constexpr int kTagP2p           = 4711;
 
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
+uint64_t alltoallv_payload(std::span<const int64_t> send_counts, size_t elem_bytes) {
+    uint64_t n = 0;
+    for (int64_t c : send_counts) n += static_cast<uint64_t>(c);
+    return n * elem_bytes;
+}
+
 class MpiComm final : public Comm {
    public:
     MpiComm(MPI_Comm comm, bool owned, bool is_world, bool serialized)
@@ -79,6 +86,7 @@ class MpiComm final : public Comm {
     void barrier() override { BGL_MPI_CHECK(MPI_Barrier(comm_)); }
 
     void broadcast(void* data, size_t bytes, int root) override {
+        count_comm(CommKind::broadcast, bytes);
         auto* p = static_cast<char*>(data);
         for (size_t off = 0; off < bytes; off += kMaxCallCount) {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, bytes - off));
@@ -93,6 +101,7 @@ class MpiComm final : public Comm {
     void allreduce_max(std::span<int64_t> d) override { allreduce(d, MPI_INT64_T, MPI_MAX); }
 
     void allgather(const void* send, size_t bytes_per_rank, void* recv) override {
+        count_comm(CommKind::allgather, bytes_per_rank);
         BGL_CHECK(fits_int(static_cast<int64_t>(bytes_per_rank)),
                   "allgather of {} bytes per rank exceeds INT_MAX", bytes_per_rank);
         BGL_MPI_CHECK(MPI_Allgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv,
@@ -104,6 +113,7 @@ class MpiComm final : public Comm {
                       recv_counts.size() == static_cast<size_t>(size_),
                   "alltoall needs one count per rank ({}), got {} and {}", size_,
                   send_counts.size(), recv_counts.size());
+        count_comm(CommKind::alltoall, sizeof(int64_t) * send_counts.size());
         BGL_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
                                    MPI_INT64_T, comm_));
     }
@@ -117,6 +127,7 @@ class MpiComm final : public Comm {
                       recv_displs.size() == p,
                   "alltoallv needs counts and displacements for each of {} ranks", size_);
         BGL_CHECK(elem_bytes > 0 && elem_bytes <= INT_MAX, "bad element size {}", elem_bytes);
+        count_comm(CommKind::alltoallv, alltoallv_payload(send_counts, elem_bytes));
         const auto all_fit = [](std::span<const int64_t> v) {
             return std::all_of(v.begin(), v.end(), fits_int);
         };
@@ -150,12 +161,14 @@ class MpiComm final : public Comm {
                   size_, out.size());
         BGL_CHECK(fits_int(static_cast<int64_t>(out.size())), "block of {} exceeds INT_MAX",
                   out.size());
+        count_comm(CommKind::reduce_scatter_native, sizeof(float) * in.size());
         BGL_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(out.size()),
                                                MPI_FLOAT, MPI_SUM, comm_));
     }
 
     void sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
                   int src) override {
+        count_comm(CommKind::sendrecv, send_bytes);
         std::vector<MPI_Request> reqs;
         reqs.reserve(2 + (send_bytes + recv_bytes) / kMaxCallCount);
         auto* r = static_cast<char*>(recv);
@@ -208,6 +221,7 @@ class MpiComm final : public Comm {
    private:
     template <typename T>
     void allreduce(std::span<T> d, MPI_Datatype type, MPI_Op op) {
+        count_comm(CommKind::allreduce, sizeof(T) * d.size());
         for (size_t off = 0; off < d.size(); off += kMaxCallCount) {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, d.size() - off));
             BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));

@@ -1,0 +1,194 @@
+// The time model of estimate.h. Byte counts of the memory-bound kernels follow kernels/ops.cpp
+// (fp32 reads and writes of each pass); docs/scale.md lists them.
+#include "plan/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace bagualu::plan {
+
+double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
+    const double s  = 3.0 / (1.0 / M + 1.0 / N + 1.0 / K);
+    const auto&  xs = node.gemm_sizes;
+    const auto&  ys = node.gemm_efficiency;
+    if (s <= xs.front()) return ys.front();
+    if (s >= xs.back()) return ys.back();
+    size_t i = 1;
+    while (xs[i] < s) ++i;
+    const double u = (std::log2(s) - std::log2(xs[i - 1])) / (std::log2(xs[i]) - std::log2(xs[i - 1]));
+    return ys[i - 1] + u * (ys[i] - ys[i - 1]);
+}
+
+namespace {
+
+struct Level {
+    double alpha;  // s per message
+    double beta;   // bytes/s per rank
+};
+
+// The slowest level a group of p consecutive ranks spans, R ranks per node.
+Level group_level(const MachineSpec& m, int p, int R) {
+    const NetworkSpec& n = m.network;
+    if (p <= R) return {n.intra_node_latency_us * 1e-6, n.intra_node_bandwidth_gbs * 1e9};
+    const int nodes = (p + R - 1) / R;
+    if (nodes <= n.nodes_per_supernode) {
+        return {n.latency_us * 1e-6, n.injection_bandwidth_gbs * 1e9 / R};
+    }
+    return {n.supernode_latency_us * 1e-6, n.injection_bandwidth_gbs * 1e9 / (R * n.oversubscription)};
+}
+
+double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
+
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes);
+
+}  // namespace
+
+double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
+    if (p <= 1) return 0;
+    // every blocking call pays the machine's synchronisation cost, then its alpha-beta time
+    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes);
+}
+
+namespace {
+
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
+    Level        lv    = group_level(m, p, R);
+    const Level  intra = group_level(m, 1, R);
+    const double P     = p;
+    switch (kind) {
+        case dist::CommKind::allreduce: {
+            if (p <= R && m.network.intra_node_reduce_gbs > 0) lv.beta = m.network.intra_node_reduce_gbs * 1e9;
+            const double doubling = log2_ceil(p) * (lv.alpha + bytes / lv.beta);
+            const double ring     = 2 * (P - 1) * lv.alpha + 2 * (P - 1) / P * bytes / lv.beta;
+            return std::min(doubling, ring);
+        }
+        case dist::CommKind::alltoallv:
+        case dist::CommKind::alltoall: {
+            // payload to ranks of the same node goes through shared memory, the rest through
+            // the slowest level; the block to itself is a local copy
+            const double local = std::min(P, static_cast<double>(R));
+            return (P - 1) * lv.alpha + bytes * ((local - 1) / P / intra.beta + (P - local) / P / lv.beta);
+        }
+        case dist::CommKind::allgather:
+            return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
+        case dist::CommKind::reduce_scatter:
+        case dist::CommKind::all_gather:
+        case dist::CommKind::reduce_scatter_native:
+            return (P - 1) * (lv.alpha + bytes / P / lv.beta);
+        case dist::CommKind::broadcast:
+            return log2_ceil(p) * (lv.alpha + bytes / lv.beta);
+        case dist::CommKind::sendrecv:
+            return lv.alpha + bytes / lv.beta;
+    }
+    return 0;
+}
+
+}  // namespace
+
+Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& mach,
+                  const EstimateOptions& opt) {
+    Estimate           e;
+    e.fp                 = fp;
+    const Layout&      L = fp.layout;
+    const ModelConfig& m = cfg.model;
+    const NodeSpec&    nd = mach.node;
+    const bool half       = L.precision == Precision::bf16 && nd.peak_half_gflops > 0;
+    const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
+    // cores this rank gets: its threads, or its share when ranks x threads oversubscribe the node
+    const double cores     = std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
+    const double peak_rank = node_peak * cores / nd.cores;
+    const double core_bw   = nd.memory_bandwidth_core_gbs > 0 ? nd.memory_bandwidth_core_gbs
+                                                              : nd.memory_bandwidth_gbs / nd.cores;
+    const double bw_rank = std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
+
+    const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T,
+                 C = m.d_model, F = m.d_ff, V = m.vocab_size, E = m.n_experts, K = m.top_k,
+                 A = static_cast<double>(L.accum), El = E / L.ep;
+    const double n = static_cast<double>(fp.rank_floats);
+
+    std::map<std::string, double> compute, memory;  // seconds per step by group
+    // a linear layer (rows, out, in): forward, dinp and dweight products
+    auto linear = [&](const char* group, double rows, double out, double in, double count) {
+        if (rows <= 0) return;
+        const double f = 2 * rows * out * in;
+        compute[group] += count * A *
+                          (f / (peak_rank * gemm_efficiency(nd, rows, out, in)) +
+                           f / (peak_rank * gemm_efficiency(nd, rows, in, out)) +
+                           f / (peak_rank * gemm_efficiency(nd, out, in, rows)));
+    };
+    auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
+
+    int n_moe = 0;
+    for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
+    const int n_dense = m.n_layer - n_moe;
+    linear("gemm: attention projections", N, 3 * C, C, m.n_layer);
+    linear("gemm: attention projections", N, C, C, m.n_layer);
+    linear("gemm: dense MLP", N, F, C, n_dense);
+    linear("gemm: dense MLP", N, C, F, n_dense);
+    if (n_moe > 0) {
+        const double rows = N * K / El;  // per local expert, balanced load
+        linear("gemm: MoE gate", N, E, C, n_moe);
+        linear("gemm: experts", rows, F, C, n_moe * El);
+        linear("gemm: experts", rows, C, F, n_moe * El);
+    }
+    linear("gemm: LM head", N, V, C, 1);
+    compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
+
+    // memory-bound kernels, bytes per micro-batch
+    const double NC = N * C;
+    bytes("layernorm + residual", A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
+    bytes("embedding", A * 24 * NC);
+    bytes("gelu", A * n_dense * 20 * N * F);
+    bytes("softmax + cross-entropy", A * 16 * N * V);
+    if (n_moe > 0) {
+        const double NKC = N * K * C;
+        bytes("moe permute/unpermute", A * n_moe * (40 * NKC + 16 * NC + 24 * N * E));
+        if (L.ep > 1) bytes("moe permute/unpermute", A * n_moe * 4 * 8 * NKC);
+    }
+    // per step: zero grads, gradient scale after the all-reduce, norm, clip, AdamW (p, g, m, v
+    // read, p, m, v written)
+    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) + 28 * n / L.opt_shards);
+
+    for (const auto& [k, v] : compute) {
+        e.compute.push_back({k, v});
+        e.t_compute += v;
+    }
+    for (const auto& [k, v] : memory) {
+        e.compute.push_back({k, v});
+        e.t_memory += v;
+    }
+    double grad_comm = 0;
+    for (const Collective& c : fp.collectives) {
+        const double t = c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
+                                                      c.bytes / c.calls);
+        e.comm.push_back({c.what, t});
+        e.t_comm += t;
+        if (c.what.rfind("gradient", 0) == 0 || c.what.rfind("parameter", 0) == 0) grad_comm += t;
+    }
+    e.t_overlap = opt.comm_overlap * std::min(grad_comm, e.t_compute);
+    e.t_step    = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
+
+    e.tokens_per_s     = fp.tokens_per_step / e.t_step;
+    e.sustained_flops  = fp.model_flops_per_step / e.t_step;
+    e.peak_flops       = node_peak * L.ranks / L.ranks_per_node;
+    e.fraction_of_peak = e.sustained_flops / e.peak_flops;
+
+    e.node_memory_bytes = fp.memory.total() * L.ranks_per_node;
+    e.node_capacity     = nd.memory_gib * 1073741824.0;
+    e.fits              = e.node_memory_bytes <= e.node_capacity;
+
+    // bottleneck: the largest single term
+    double worst = -1;
+    for (const auto& terms : {e.compute, e.comm}) {
+        for (const Term& t : terms) {
+            if (t.seconds > worst) {
+                worst        = t.seconds;
+                e.bottleneck = t.name;
+            }
+        }
+    }
+    return e;
+}
+
+}  // namespace bagualu::plan

@@ -1,0 +1,52 @@
+// Predicted step time, throughput and memory fit of a footprint on a machine. Symbols and
+// formulas are in docs/scale.md:
+//   t_step = t_gemm + t_attn + t_mem + t_comm - overlap
+//   t_gemm = sum over GEMMs of 2MNK / (peak_rank * eff(M, N, K))   (forward, dinp and dweight)
+//   t_mem  = bytes of layernorm, GELU, softmax/cross-entropy, permutes, optimizer / bw_rank
+//   t_comm = sum over collectives of calls * alpha_level + bytes * traffic / beta_level
+// The trainer overlaps nothing today, so overlap defaults to 0.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "plan/footprint.h"
+#include "plan/machine.h"
+
+namespace bagualu::plan {
+
+struct Term {
+    std::string name;
+    double      seconds = 0;
+};
+
+struct Estimate {
+    Footprint         fp;
+    std::vector<Term> compute;      // per step: GEMM groups, attention, memory-bound groups
+    std::vector<Term> comm;         // per step, one per Collective
+    double            t_compute = 0, t_memory = 0, t_comm = 0, t_overlap = 0, t_step = 0;
+    double            tokens_per_s       = 0;  // all ranks
+    double            sustained_flops    = 0;  // model FLOPs / t_step, all ranks
+    double            peak_flops         = 0;  // nodes x node peak (of the precision)
+    double            fraction_of_peak   = 0;
+    double            node_memory_bytes  = 0;  // ranks_per_node x per-rank total
+    double            node_capacity      = 0;
+    bool              fits               = false;
+    std::string       bottleneck;
+};
+
+struct EstimateOptions {
+    double comm_overlap = 0;  // fraction of gradient communication hidden behind backward
+};
+
+Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& machine,
+                  const EstimateOptions& opt = {});
+
+// GEMM efficiency of the machine for an M x N x K product (fraction of the core peak).
+double gemm_efficiency(const NodeSpec& node, double M, double N, double K);
+
+// Seconds of one call moving `bytes` payload bytes over a group of `group_size` consecutive
+// ranks with R ranks per node (alpha-beta per level, see docs/scale.md).
+double collective_seconds(const MachineSpec& m, dist::CommKind kind, int group_size,
+                          int ranks_per_node, double bytes);
+
+}  // namespace bagualu::plan
