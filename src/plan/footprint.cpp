@@ -82,9 +82,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     };
     const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k, C = m.d_model;
     if (n_moe > 0 && L.ranks > 1) {
-        // MoELayer::forward: global tokens per expert (int64) and router probability sums (double)
-        add("moe aux statistics", dist::CommKind::allreduce, "world", L.ranks, 2 * n_moe * A,
-            2 * E * 8 * n_moe * A);
+        // Router::forward: one allreduce of 5E + 3 doubles (top-k counts, probability sums,
+        // loads, importance, load estimates, dropped, reassigned, entropy). The capacity and
+        // SWIPE gates add count exchanges of their own that are not modelled here.
+        add("moe routing statistics", dist::CommKind::allreduce, "world", L.ranks, n_moe * A,
+            (5 * E + 3) * 8 * n_moe * A);
     }
     if (n_moe > 0 && L.ep > 1) {
         // TokenDispatcher::dispatch_preprocess: per-expert counts; then dispatch + combine in
