@@ -6,10 +6,16 @@
 #include <cmath>
 #include <cstdio>
 
+#include "dist/comm/comm.h"
+
 namespace bagualu::train {
 
 Progress::Progress(Mode mode) : mode_(mode) {
-    if (mode_ == Mode::Auto) mode_ = isatty(STDOUT_FILENO) ? Mode::Live : Mode::Lines;
+    // Under mpirun rank 0's stdout is a pseudo-terminal even when the job's output goes to a
+    // file, so a live line would fill logs with escape codes: plain lines there.
+    if (mode_ == Mode::Auto) {
+        mode_ = isatty(STDOUT_FILENO) && !dist::launched_by_mpi() ? Mode::Live : Mode::Lines;
+    }
 }
 
 std::string format_duration(double s) {

@@ -1,5 +1,5 @@
 // What a person watching training sees: on a terminal, one live line rewritten in place
-// (step/total, loss, tokens/s, MFU, ETA); elsewhere (logs, CI), plain lines.
+// (step/total, loss, tokens/s, MFU, ETA); elsewhere (logs, CI, mpirun jobs), plain lines.
 #pragma once
 #include <cstdint>
 #include <string>
