@@ -100,6 +100,14 @@ TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
     expect_error(base + " --set train.batch_size=6", {"train.batch_size = 6", "micro_batch_size = 4"});
 }
 
+TEST_F(BadInputTest, GateSettings) {
+    expect_error(base + " --set model.gate=bogus", {"model.gate = \"bogus\"", "topk, switch, gshard, noisy or swipe"});
+    expect_error(base + " --set model.gate=switch", {"model.gate = \"switch\"", "model.top_k = 1"});
+    expect_error(base + " --set model.gate=gshard --set model.top_k=1", {"model.gate = \"gshard\"", "model.top_k = 2"});
+    expect_error(base + " --set model.capacity_factor=0", {"model.capacity_factor = 0", "> 0"});
+    expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
+}
+
 TEST_F(BadInputTest, MissingShard) {
     expect_error(base + " --set data.train=" + (dir / "missing.bin"), {"missing.bin"});
 }
