@@ -4,6 +4,8 @@
 // bit-identical results for 1, 2 and 3 threads.
 #include <gtest/gtest.h>
 
+#include "gemm_paths.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -23,22 +25,8 @@ using gemm::Path;
 
 constexpr float kSentinel = -12345.0f;  // fills C beyond N: must never be written
 
-std::vector<Path> supported_paths() {
-    std::vector<Path> out;
-    for (Path p : {Path::ref, Path::generic, Path::avx2, Path::avx512, Path::openblas}) {
-        if (gemm::path_supported(p)) out.push_back(p);
-    }
-    return out;
-}
-
-class PathGuard {
-   public:
-    PathGuard() : saved_(gemm::active_path()) {}
-    ~PathGuard() { gemm::set_active_path(saved_); }
-
-   private:
-    Path saved_;
-};
+using testing::PathGuard;
+using testing::supported_paths;
 
 struct Case {
     Trans ta, tb;

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "gemm_paths.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,22 +28,8 @@ using gemm::Path;
 
 constexpr float kSentinel = -12345.0f;  // fills C's padding columns: must never be written
 
-std::vector<Path> supported_paths() {
-    std::vector<Path> out;
-    for (Path p : {Path::ref, Path::generic, Path::avx2, Path::avx512, Path::openblas}) {
-        if (gemm::path_supported(p)) out.push_back(p);
-    }
-    return out;
-}
-
-class PathGuard {
-   public:
-    PathGuard() : saved_(gemm::active_path()) {}
-    ~PathGuard() { gemm::set_active_path(saved_); }
-
-   private:
-    Path saved_;
-};
+using testing::PathGuard;
+using testing::supported_paths;
 
 std::vector<int32_t> offsets_of(const std::vector<int>& sizes) {
     std::vector<int32_t> off(sizes.size() + 1, 0);

@@ -13,25 +13,12 @@
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
 #include "model/generate.h"
+#include "../../common/tiny_model.h"
 
 namespace bagualu::model {
 namespace {
 
-// 2 layers: block 0 dense, block 1 MoE with 4 experts, top-2 (as in configs/tiny.toml).
-ModelConfig tiny_config() {
-    ModelConfig m;
-    m.vocab_size    = 61;
-    m.d_model       = 16;
-    m.n_layer       = 2;
-    m.n_head        = 2;
-    m.seq_len       = 12;
-    m.d_ff          = 24;
-    m.n_experts     = 4;
-    m.top_k         = 2;
-    m.moe_every     = 2;
-    m.aux_loss_coef = 0.1;  // large enough that a wrong aux gradient shows
-    return m;
-}
+ModelConfig tiny_config() { return testing::tiny_moe_config(); }
 
 std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
     Rng                  rng(seed);

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "../../common/tiny_model.h"
 #include "core/rng.h"
 #include "model/gpt.h"
 #include "moe/gate.h"
@@ -218,17 +219,8 @@ TEST(GatesTest, RoutingUniformIsAPureFunctionOfItsKey) {
 // ---- whole-model gradient check per gate ----
 
 ModelConfig tiny(const std::string& gate, int K) {
-    ModelConfig m;
-    m.vocab_size      = 61;
-    m.d_model         = 16;
-    m.n_layer         = 2;
-    m.n_head          = 2;
-    m.seq_len         = 12;
-    m.d_ff            = 24;
-    m.n_experts       = 4;
+    ModelConfig m     = testing::tiny_moe_config();
     m.top_k           = K;
-    m.moe_every       = 2;
-    m.aux_loss_coef   = 0.1;
     m.gate            = gate;
     m.capacity_factor = 1.0;
     m.jitter          = 0.1;
