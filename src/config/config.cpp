@@ -10,6 +10,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "config/toml_file.h"
 #include "core/error.h"
 
 namespace bagualu {
@@ -192,14 +193,7 @@ TrainConfig from_table(toml::table root, const std::string& source, const std::s
 }  // namespace
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-    if (!std::filesystem::exists(path)) input_error("{}: config file not found", path);
-    toml::table root;
-    try {
-        root = toml::parse_file(path);
-    } catch (const toml::parse_error& e) {
-        input_error("{}:{}:{}: invalid TOML: {}", path, e.source().begin.line,
-                    e.source().begin.column, e.description());
-    }
+    toml::table root = parse_toml_file(path, "config");
     return from_table(std::move(root), path, std::filesystem::path(path).stem().string(),
                       overrides);
 }

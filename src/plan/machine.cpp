@@ -9,6 +9,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "config/toml_file.h"
 #include "core/error.h"
 
 namespace bagualu::plan {
@@ -84,14 +85,7 @@ void read(const toml::node& n, T& out, const std::string& where) {
 }  // namespace
 
 MachineSpec load_machine(const std::string& path) {
-    if (!std::filesystem::exists(path)) input_error("{}: machine file not found", path);
-    toml::table root;
-    try {
-        root = toml::parse_file(path);
-    } catch (const toml::parse_error& e) {
-        input_error("{}:{}:{}: invalid TOML: {}", path, e.source().begin.line,
-                    e.source().begin.column, e.description());
-    }
+    toml::table root = parse_toml_file(path, "machine");
     MachineSpec           m;
     std::set<std::string> sections, keys;
     visit_fields(m, [&](const char* sec, const char* key, auto&) {

@@ -1,0 +1,24 @@
+// Reading a TOML file with the project's one-line errors: a missing file or a syntax error
+// becomes an InputError naming the file (and line:column). Shared by run configs and machine
+// descriptions; what the keys mean is each caller's business.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace bagualu {
+
+// what: the kind of file for the not-found message ("config", "machine").
+inline toml::table parse_toml_file(const std::string& path, const char* what) {
+    if (!std::filesystem::exists(path)) input_error("{}: {} file not found", path, what);
+    try {
+        return toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+        input_error("{}:{}:{}: invalid TOML: {}", path, e.source().begin.line,
+                    e.source().begin.column, e.description());
+    }
+}
+
+}  // namespace bagualu
