@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "bench/comm_bench.h"
@@ -24,6 +26,8 @@
 #include "dist/parallel.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
+#include "io/checkpoint/checkpoint.h"
+#include "train/checkpointing.h"
 #include "report/metrics.h"
 #include "train/evaluate.h"
 #include "train/samples.h"
@@ -99,11 +103,13 @@ static void check_on_every_rank(dist::Comm& world, const std::function<void()>& 
     }
 }
 
-int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world) {
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
+              dist::Comm& world) {
     TrainConfig cfg;
     check_on_every_rank(world, [&] {
         cfg = resolve_config(a);
         if (!run_dir.empty()) cfg.train.run_dir = run_dir;
+        if (resume) cfg.checkpoint.resume = "auto";
         validate_layout(cfg, world.size());
     });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
@@ -174,6 +180,74 @@ int cmd_export(const std::string& from, const std::string& out, const std::strin
                       {{"exported_from", model_dir}});
     log::info("export: wrote {}/model.safetensors ({}), config.json, tokenizer.model", out, dtype);
     return 0;
+}
+
+int cmd_export_checkpoint(const std::string& dir, const std::string& out, const std::string& dtype) {
+    if (dtype != "f32" && dtype != "bf16") input_error("--dtype {}: expected f32 or bf16", dtype);
+    if (fs::exists(out) && !fs::is_empty(out)) {
+        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)", out);
+    }
+    const train::CheckpointModel cm = train::read_checkpoint_model(dir);
+    const std::string tok = fs::exists(cm.cfg.data.tokenizer) ? cm.cfg.data.tokenizer : std::string();
+    model::save_model(out, cm.cfg.model, cm.params.data(), dtype == "bf16", tok,
+                      {{"exported_from", dir}, {"step", std::to_string(cm.step)}});
+    log::info("export: wrote {}/model.safetensors ({}) of step {}, config.json{}", out, dtype,
+              cm.step, tok.empty() ? " (tokenizer not found: " + cm.cfg.data.tokenizer + ")"
+                                   : ", tokenizer.model");
+    return 0;
+}
+
+int cmd_inspect(const std::string& dir_arg) {
+    std::string dir = dir_arg;
+    if (!fs::exists(fs::path(dir) / io::ckpt::kManifestName)) {
+        const std::vector<std::string> all = io::ckpt::list_complete(dir);
+        if (all.empty()) input_error("{}: neither a checkpoint (manifest.json) nor a directory of complete checkpoints", dir);
+        fmt::print("{}: {} complete checkpoint(s); the newest:\n", dir, all.size());
+        dir = all.front();
+    }
+    nlohmann::json j;
+    {
+        std::ifstream in(fs::path(dir) / io::ckpt::kManifestName);
+        j = nlohmann::json::parse(in, nullptr, false);
+        if (j.is_discarded()) input_error("{}/manifest.json: invalid JSON", dir);
+    }
+    const io::ckpt::Manifest m = io::ckpt::manifest_from_json(j, dir + "/manifest.json");
+    const TrainConfig cfg = config_from_text(m.config_toml, dir + "/manifest.json (config)");
+    const ModelConfig& mc = cfg.model;
+    fmt::print("checkpoint {}\n  step {}  layout: {} rank(s), expert parallel {}\n", dir, m.step,
+               m.ranks, m.expert_parallel);
+    fmt::print("  model: {} layers, d_model {}, {} experts top-{} every {} layer(s), vocab {}, "
+               "seq_len {}\n",
+               mc.n_layer, mc.d_model, mc.n_experts, mc.top_k, mc.moe_every, mc.vocab_size, mc.seq_len);
+    fmt::print("  state: {}\n", m.state.dump());
+    std::map<std::string, int64_t> per_kind;  // elements per kind
+    std::set<std::string>          tensors;
+    int                            bad = 0;
+    uint64_t                       total = 0;
+    fmt::print("  {:<28} {:>12} {:>7}  {}\n", "file", "bytes", "slices", "status");
+    for (const io::ckpt::FileRecord& f : m.files) {
+        const fs::path   p = fs::path(dir) / f.name;
+        std::error_code  ec;
+        const uintmax_t  size = fs::file_size(p, ec);
+        std::string      status;
+        if (ec) status = "MISSING";
+        else if (size != f.bytes) status = fmt::format("TRUNCATED ({} bytes on disk)", size);
+        else if (io::ckpt::file_xxh64(p.string()) != f.xxh64) status = "CHECKSUM MISMATCH";
+        else status = "ok (xxh64)";
+        bad += status.rfind("ok", 0) != 0;
+        total += f.bytes;
+        for (const io::ckpt::SliceRecord& s : f.slices) {
+            tensors.insert(s.tensor);
+            per_kind[s.tensor.substr(0, s.tensor.find('/'))] += s.end - s.begin;
+        }
+        fmt::print("  {:<28} {:>12} {:>7}  {}\n", f.name, f.bytes, f.slices.size(), status);
+    }
+    fmt::print("  {} file(s), {:.2f} MiB, {} logical tensors", m.files.size(),
+               static_cast<double>(total) / (1 << 20), tensors.size());
+    for (const auto& [kind, n] : per_kind) fmt::print(", {} {} values", kind, n);
+    fmt::print("\n  {}\n", bad == 0 ? "all files pass their size and checksum checks"
+                                      : fmt::format("{} file(s) FAIL their checks: this checkpoint is not usable", bad));
+    return bad == 0 ? 0 : 1;
 }
 
 int cmd_report(const std::string& run_dir) {

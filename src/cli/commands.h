@@ -16,7 +16,8 @@ struct CommonArgs {
 
 int cmd_prepare(const CommonArgs& a, bool force);
 // Collective over world: every rank of an mpirun job calls it.
-int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, dist::Comm& world);
+int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
+              dist::Comm& world);
 int cmd_eval(const CommonArgs& a, const std::string& model_dir, const std::string& val_path);
 struct SampleArgs {
     std::string              model_dir;
@@ -27,6 +28,11 @@ struct SampleArgs {
 };
 int cmd_sample(const SampleArgs& a);
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype);
+// The consolidated model of a checkpoint (any layout) as safetensors + config.json.
+int cmd_export_checkpoint(const std::string& dir, const std::string& out, const std::string& dtype);
+// Prints a checkpoint's manifest summary, its files with sizes and checksum status; exit 1 when
+// some file fails its checks.
+int cmd_inspect(const std::string& dir);
 int cmd_report(const std::string& run_dir);
 
 // `bagualu bench ...`. kernels: model shapes from --config (else configs/default.toml when

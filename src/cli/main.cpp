@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
     add_common(train);
     train->add_option("--run-dir", run_dir, "Output directory (default: runs/<config name>)");
     train->add_flag("--force", force, "Replace an earlier run in the run directory");
+    bool resume = false;
+    train->add_flag("--resume", resume,
+                    "Continue from the newest usable checkpoint (= checkpoint.resume = \"auto\")");
 
     std::string model_dir, val_path;
     auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of an exported model");
@@ -55,11 +58,19 @@ int main(int argc, char** argv) {
     sample->add_option("--top-k", sa.top_k, "Sample from the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
     sample->add_option("--seed", sa.seed, "Random seed")->check(CLI::NonNegativeNumber);
 
-    std::string from, out, dtype = "f32";
+    std::string from, out, dtype = "f32", from_ckpt;
     auto* exp = app.add_subcommand("export", "Write a model as safetensors + config.json");
-    exp->add_option("--from", from, "Run directory or model directory")->required();
+    auto* exp_from = exp->add_option("--from", from, "Run directory or model directory");
+    exp->add_option("--checkpoint", from_ckpt, "A checkpoint directory (step_NNNNNNNN)")->excludes(exp_from);
+    exp->require_option(1, 2);
     exp->add_option("--out", out, "Output directory (must not exist or be empty)")->required();
     exp->add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
+
+    std::string inspect_dir;
+    auto* inspect = app.add_subcommand(
+        "inspect", "Print a checkpoint's manifest, tensors, sizes and checksum status");
+    inspect->add_option("dir", inspect_dir,
+                        "A checkpoint (step_NNNNNNNN) or a directory of checkpoints")->required();
 
     std::string report_dir;
     auto* report = app.add_subcommand("report", "Draw loss.svg from a run directory's metrics.jsonl");
@@ -117,7 +128,7 @@ int main(int argc, char** argv) {
     try {
         if (*train) {
             world      = dist::init_world(&argc, &argv);
-            const int rc = cli::cmd_train(common, run_dir, force, *world);
+            const int rc = cli::cmd_train(common, run_dir, force, resume, *world);
             world.reset();
             dist::finalize_world();
             return rc;
@@ -138,7 +149,9 @@ int main(int argc, char** argv) {
         if (*prepare) return cli::cmd_prepare(common, force);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
         if (*sample) return cli::cmd_sample(sa);
-        if (*exp) return cli::cmd_export(from, out, dtype);
+        if (*exp) return from_ckpt.empty() ? cli::cmd_export(from, out, dtype)
+                                           : cli::cmd_export_checkpoint(from_ckpt, out, dtype);
+        if (*inspect) return cli::cmd_inspect(inspect_dir);
         if (*report) return cli::cmd_report(report_dir);
         if (*bench_kernels) return cli::cmd_bench_kernels(common, ba);
     } catch (const InputError& e) {

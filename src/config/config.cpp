@@ -70,6 +70,11 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
 
     v("optimizer", "partition", c.optimizer.partition);
+
+    v("checkpoint", "dir", c.checkpoint.dir);
+    v("checkpoint", "every", c.checkpoint.every);
+    v("checkpoint", "keep", c.checkpoint.keep);
+    v("checkpoint", "resume", c.checkpoint.resume);
 }
 
 template <typename T>
@@ -192,6 +197,17 @@ TrainConfig from_table(toml::table root, const std::string& source, const std::s
 
 }  // namespace
 
+TrainConfig config_from_text(const std::string& toml_text, const std::string& source) {
+    toml::table root;
+    try {
+        root = toml::parse(toml_text, source);
+    } catch (const toml::parse_error& e) {
+        input_error("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line,
+                    e.source().begin.column, e.description());
+    }
+    return from_table(std::move(root), source, "checkpoint", {});
+}
+
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
     toml::table root = parse_toml_file(path, "config");
     return from_table(std::move(root), path, std::filesystem::path(path).stem().string(),
@@ -303,6 +319,13 @@ void validate(const TrainConfig& c) {
     if (part != "auto" && part != "on" && part != "off") {
         input_error("{}: optimizer.partition = \"{}\": expected \"auto\", \"on\" or \"off\"", src,
                     part);
+    }
+
+    non_negative("checkpoint.every", c.checkpoint.every);
+    non_negative("checkpoint.keep", c.checkpoint.keep);
+    if (c.checkpoint.resume != "never" && c.checkpoint.resume != "auto") {
+        input_error("{}: checkpoint.resume = \"{}\": expected \"never\" or \"auto\"", src,
+                    c.checkpoint.resume);
     }
 
     const SampleSection& s = c.sample;

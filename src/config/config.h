@@ -77,6 +77,14 @@ struct OptimizerSection {
     std::string partition = "auto";
 };
 
+// Sharded, asynchronous checkpoints (docs/checkpoint-format.md).
+struct CheckpointSection {
+    std::string dir    = "";       // "" = <train.run_dir>/checkpoints
+    int64_t     every  = 0;        // steps between checkpoints (and one at the end); 0 = none
+    int64_t     keep   = 3;        // newest complete checkpoints kept; 0 = all
+    std::string resume = "never";  // "auto": continue from the newest usable checkpoint
+};
+
 struct TrainConfig {
     ModelConfig      model;
     TrainSection     train;
@@ -84,6 +92,7 @@ struct TrainConfig {
     SampleSection    sample;
     ParallelSection  parallel;
     OptimizerSection optimizer;
+    CheckpointSection checkpoint;
 
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file
@@ -96,6 +105,10 @@ struct TrainConfig {
     bool partition_optimizer(int ranks) const {
         return optimizer.partition == "on" || (optimizer.partition == "auto" && ranks > 1);
     }
+    // Where checkpoints go: checkpoint.dir, or <run_dir>/checkpoints.
+    std::string checkpoint_dir() const {
+        return checkpoint.dir.empty() ? train.run_dir + "/checkpoints" : checkpoint.dir;
+    }
     // Micro-batches per optimizer step.
     int64_t grad_accum_steps(int ranks = 1) const {
         return train.batch_size / (ranks * micro_batch(ranks));
@@ -105,6 +118,8 @@ struct TrainConfig {
 // Loads a TOML file, applies overrides ("section.key=value", value in TOML syntax or a bare
 // string), validates. Throws InputError naming the file, key and value on any problem.
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from TOML text (a checkpoint's resolved config); source names it in errors.
+TrainConfig config_from_text(const std::string& toml_text, const std::string& source);
 // Same, starting from the defaults with no file.
 TrainConfig default_config(const std::vector<std::string>& overrides = {});
 // Throws InputError when a value is out of range or values disagree.

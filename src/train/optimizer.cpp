@@ -28,7 +28,8 @@ class ReplicatedAdamW final : public Optimizer {
           hyper_(hyper),
           segs_(make_segments(layout)),
           m_(layout.total_floats()),
-          v_(layout.total_floats()) {}
+          v_(layout.total_floats()),
+          maps_(make_space_maps(layout, par, PartitionedAdamW::kDefaultBucketFloats)) {}
 
     double step(float* params, float* grads, double lr, int64_t step) override {
         reduce_gradients(grads, segs_, par_);
@@ -50,6 +51,10 @@ class ReplicatedAdamW final : public Optimizer {
         return MemoryFootprint{bytes, bytes, 2 * bytes, 0};
     }
     bool partitioned() const override { return false; }
+    std::vector<StateSpace> state_spaces() override {
+        return {StateSpace{&maps_[0], &par_.world(), m_.data(), v_.data(), true},
+                StateSpace{&maps_[1], &par_.edp(), m_.data(), v_.data(), true}};
+    }
 
    private:
     const model::ParamLayout& layout_;
@@ -57,6 +62,7 @@ class ReplicatedAdamW final : public Optimizer {
     AdamWHyper                hyper_;
     std::vector<Segment>      segs_;
     Buffer<float>             m_, v_;  // [layout floats]
+    std::vector<ShardMap>     maps_;   // checkpoint pieces only
 };
 
 }  // namespace
@@ -80,6 +86,25 @@ PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::Paral
         if (st.map.ranks() > 1) max_bucket = std::max(max_bucket, st.map.bucket_size());
     }
     bucket_ = Buffer<float>(max_bucket);
+}
+
+std::vector<StateSpace> PartitionedAdamW::state_spaces() {
+    std::vector<StateSpace> out;
+    for (size_t sp = 0; sp < shards_.size(); ++sp) {
+        out.push_back(StateSpace{&shards_[sp].map, &comm_of(sp), shards_[sp].m.data(),
+                                 shards_[sp].v.data(), false});
+    }
+    return out;
+}
+
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
+                                      size_t bucket_floats) {
+    std::vector<FlatRun> runs[2];  // [dense, expert]
+    for (const Segment& s : make_segments(layout)) runs[s.expert].push_back({s.begin, s.end});
+    std::vector<ShardMap> maps;
+    maps.emplace_back(std::move(runs[0]), layout, par.size(), par.rank(), bucket_floats);
+    maps.emplace_back(std::move(runs[1]), layout, par.edp_size(), par.edp_rank(), bucket_floats);
+    return maps;
 }
 
 dist::Comm& PartitionedAdamW::comm_of(size_t space) {

@@ -30,6 +30,23 @@ struct AdamWHyper {
     double grad_clip = 1.0;  // global-norm clip; 0 disables
 };
 
+// What a checkpoint saves of the optimizer, per space (dense parameters, experts): the map whose
+// pieces this rank writes and reads, the group the space is split over, and where the pieces'
+// AdamW moments live. Every rank of the group holds distinct pieces; together they cover the
+// space, so each element is written exactly once.
+struct StateSpace {
+    const ShardMap* map  = nullptr;
+    dist::Comm*     comm = nullptr;
+    float*          m    = nullptr;
+    float*          v    = nullptr;
+    bool flat_indexed    = false;  // moments at piece.flat_offset (replicated), else shard_offset
+};
+
+// The two spaces of a layout: [0] dense tensors split over the world, [1] experts over the edp
+// group (the ranks holding the same experts).
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
+                                      size_t bucket_floats);
+
 class Optimizer {
    public:
     virtual ~Optimizer() = default;
@@ -41,6 +58,8 @@ class Optimizer {
     virtual MemoryFootprint footprint() const = 0;
     // True for ParO.
     virtual bool partitioned() const = 0;
+    // [dense, experts]: the state a checkpoint saves and restores.
+    virtual std::vector<StateSpace> state_spaces() = 0;
 };
 
 // ParO's optimizer state of one space: the shard's m and v, in shard order (map.pieces() say
@@ -62,6 +81,7 @@ class PartitionedAdamW final : public Optimizer {
     double          step(float* params, float* grads, double lr, int64_t step) override;
     MemoryFootprint footprint() const override;
     bool            partitioned() const override { return true; }
+    std::vector<StateSpace> state_spaces() override;
     // [0] dense parameters, split over the world; [1] experts, split over the edp group.
     const std::vector<ShardState>& shards() const { return shards_; }
 

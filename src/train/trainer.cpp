@@ -3,7 +3,10 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <optional>
+#include <csignal>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +23,8 @@
 #include "model/gpt.h"
 #include "model/model_io.h"
 #include "report/metrics.h"
+#include "io/checkpoint/checkpoint.h"
+#include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/full_params.h"
 #include "train/optimizer.h"
@@ -38,16 +43,58 @@ static double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Refuses to mix a new run into a directory that holds an earlier one, unless forced.
-static void prepare_run_dir(const std::string& dir, bool force) {
-    std::error_code ec;
-    if (fs::exists(dir + "/metrics.jsonl") && !force) {
-        input_error("{}: already holds a run (metrics.jsonl); choose another --run-dir or pass "
-                    "--force to replace it",
-                    dir);
+// Refuses to mix a new run into a directory that holds an earlier one (its metrics or its
+// checkpoints), unless resuming it or forced to replace it.
+static void prepare_run_dir(const TrainConfig& cfg, bool force, bool resume) {
+    const std::string& dir = cfg.train.run_dir;
+    std::error_code    ec;
+    if (!resume) {
+        if (fs::exists(dir + "/metrics.jsonl") && !force) {
+            input_error("{}: already holds a run (metrics.jsonl); pass --resume to continue it, "
+                        "--force to replace it, or choose another --run-dir",
+                        dir);
+        }
+        const std::vector<std::string> old = io::ckpt::list_complete(cfg.checkpoint_dir());
+        if (!old.empty() && !force) {
+            input_error("{}: holds {} checkpoint(s) of an earlier run; pass --resume to continue "
+                        "it, --force to replace it, or set checkpoint.dir elsewhere",
+                        cfg.checkpoint_dir(), old.size());
+        }
+        for (const std::string& c : old) fs::remove_all(c, ec);
+        if (!old.empty()) log::info("--force: removed {} checkpoint(s) of the replaced run", old.size());
     }
     fs::create_directories(dir, ec);
     if (ec) input_error("{}: cannot create run directory: {}", dir, ec.message());
+}
+
+// Keeps the lines of a resumed run's metrics.jsonl up to its checkpoint's step (the steps after
+// it are trained again), through a temporary file and a rename.
+static void trim_metrics(const std::string& path, int64_t step) {
+    std::ifstream in(path);
+    if (!in) return;
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        for (std::string line; std::getline(in, line);) {
+            if (line.empty()) continue;
+            const auto j = nlohmann::json::parse(line, nullptr, false);
+            if (j.is_discarded()) break;  // a line cut by the crash: everything after it goes too
+            if (j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
+            out << line << "\n";
+        }
+        if (!out) input_error("{}: cannot write", tmp);
+    }
+    fs::rename(tmp, path);
+}
+
+// Test hook for crash recovery: BAGUALU_FAULT_KILL_AT_STEP=N sends SIGKILL to rank
+// BAGUALU_FAULT_KILL_RANK (default 0) after the backward pass of step N (1-based), i.e. in the
+// middle of that step, exactly like `kill -9`.
+static void maybe_inject_kill(int64_t step, int rank) {
+    static const char* at = std::getenv("BAGUALU_FAULT_KILL_AT_STEP");
+    if (!at || std::atoll(at) != step) return;
+    const char* r = std::getenv("BAGUALU_FAULT_KILL_RANK");
+    if ((r ? std::atoi(r) : 0) == rank) ::raise(SIGKILL);
 }
 
 // A hash of this executable, so ranks can check they run the same build.
@@ -102,6 +149,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     set_compute_threads(cfg.train.threads);
     const ModelConfig& m = cfg.model;
     const int          T = m.seq_len;
+    const bool resume = cfg.checkpoint.resume == "auto" && !opt.dry_run;
 
     // ---- set-up: every input check before the first collective of the model ----
     data::Dataset ds;
@@ -110,7 +158,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         try {
             validate_layout(cfg, P);
             ds = data::load_dataset(cfg);
-            if (writer) prepare_run_dir(cfg.train.run_dir, opt.force);
+            if (writer) prepare_run_dir(cfg, opt.force, resume);
         } catch (const InputError& e) {
             error = e.what();
         }
@@ -168,9 +216,28 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
     }
 
+    // ---- checkpoints: resume from the newest usable one ----
+    std::optional<Checkpointer> ckpt;
+    int64_t                     start_step = 0;
+    if (!opt.dry_run && (cfg.checkpoint.every > 0 || resume)) {
+        ckpt.emplace(cfg, gpt.layout(), *optimizer, *par);
+        if (resume) {
+            if (const std::optional<ResumePoint> rp = ckpt->load_latest(gpt.params())) {
+                start_step = rp->step;
+                const nlohmann::json& c = rp->state.at("sampler");
+                sampler.set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
+                if (writer) log::info("resumed from {} (step {})", rp->dir, start_step);
+            } else if (writer) {
+                log::info("no checkpoint in {}: training from the start", ckpt->root());
+            }
+        }
+    }
+    const std::string metrics_path = cfg.train.run_dir + "/metrics.jsonl";
+    if (writer && start_step > 0) trim_metrics(metrics_path, start_step);
+
     std::ofstream metrics;
     if (writer) {
-        metrics.open(cfg.train.run_dir + "/metrics.jsonl", std::ios::trunc);
+        metrics.open(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
         if (!metrics) throw InputError(cfg.train.run_dir + "/metrics.jsonl: cannot write");
     }
     auto emit = [&](const nlohmann::json& j) {
@@ -201,7 +268,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const auto t_train      = Clock::now();
     double     window_time  = 0;
     int64_t    window_steps = 0;
-    for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    for (int64_t step = start_step; step < cfg.train.steps; ++step) {
         const auto t0 = Clock::now();
         gpt.zero_grad();
         double loss = 0, aux = 0;
@@ -212,10 +279,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             aux += gpt.aux_loss() / static_cast<double>(accum);
             gpt.backward(1.0f / static_cast<float>(accum));
         }
-        if (P > 1) {
-            par->world().allreduce_sum(std::span<double>(&loss, 1));
-            loss /= P;
-        }
+        maybe_inject_kill(step + 1, par->rank());
+        // the step's one small collective also tells whether every rank's checkpoint write is done
+        double sums[2] = {loss, ckpt ? ckpt->busy() : 0.0};
+        if (P > 1) par->world().allreduce_sum(std::span<double>(sums, 2));
+        loss = sums[0] / P;
+        if (ckpt && ckpt->pending() && sums[1] == 0) ckpt->finalize();
         if (!std::isfinite(loss)) {
             throw InternalError(fmt::format(
                 "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
@@ -233,6 +302,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         if (opt.on_step) opt.on_step(step, dt);
 
         const bool last = step + 1 == cfg.train.steps;
+        if (ckpt && cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
+            const data::SamplerCursor c = sampler.cursor();
+            ckpt->save(step + 1, {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}}},
+                       gpt.params());
+        }
         if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
             const double   tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
             const double   mfu = peak_gflops > 0 ? tps * flops_per_token / (P * peak_gflops * 1e9) : 0;
@@ -261,7 +335,17 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             run_eval(step + 1);
         }
     }
-    emit(resource_report(dist::comm_tally() - comm_start - eval_comm, cfg.train.steps, *par));
+    if (ckpt && ckpt->pending()) ckpt->finalize();
+    emit(resource_report(dist::comm_tally() - comm_start - eval_comm,
+                         std::max<int64_t>(cfg.train.steps - start_step, 1), *par));
+    if (ckpt && cfg.checkpoint.every > 0) {
+        emit({{"step", cfg.train.steps}, {"checkpoint_stall_s", ckpt->stall_seconds()}});
+        if (writer) {
+            log::info("checkpoints: {} (the step loop waited {:.3f} s for them)",
+                      ckpt->last_committed().empty() ? "none written" : ckpt->last_committed(),
+                      ckpt->stall_seconds());
+        }
+    }
     sum.steps          = cfg.train.steps;
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);

@@ -1,0 +1,284 @@
+#include "train/checkpointing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/comm/checks.h"
+#include "dist/comm/collectives.h"
+#include "model/gpt.h"
+
+namespace bagualu::train {
+
+namespace fs = std::filesystem;
+using Clock  = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Every rank's string, on every rank (a length exchange, then one padded all-gather).
+std::vector<std::string> allgather_strings(dist::Comm& comm, const std::string& mine) {
+    const int            P = comm.size();
+    std::vector<int64_t> lens(static_cast<size_t>(P));
+    const int64_t        n = static_cast<int64_t>(mine.size());
+    comm.allgather(&n, sizeof(n), lens.data());
+    const size_t      width = static_cast<size_t>(*std::max_element(lens.begin(), lens.end()));
+    std::string       padded = mine;
+    padded.resize(width);
+    std::string all(width * static_cast<size_t>(P), '\0');
+    if (width > 0) comm.allgather(padded.data(), width, all.data());
+    std::vector<std::string> out;
+    for (int r = 0; r < P; ++r) out.push_back(all.substr(width * static_cast<size_t>(r), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+    return out;
+}
+
+// Ends every rank with the first rank's error, if any rank has one (one process: throws).
+void fail_together(dist::Comm& comm, const std::string& error) {
+    if (comm.size() == 1) {
+        if (!error.empty()) throw InputError(error);
+        return;
+    }
+    dist::check_all_ok(comm, error.empty(), error);
+}
+
+std::string tensor_name(const char* kind, const model::ParamSpec& s) { return std::string(kind) + "/" + s.name; }
+
+constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
+
+// Where kind k of a piece lives on this rank.
+float* piece_data(const StateSpace& sp, const ShardPiece& p, float* params, int k) {
+    if (k == 0) return params + p.flat_offset;
+    float* base = k == 1 ? sp.m : sp.v;
+    return base + (sp.flat_indexed ? p.flat_offset : p.shard_offset);
+}
+
+// Fills every rank's parameters outside its own pieces from the ranks that own them.
+void allgather_space(const StateSpace& sp, float* params) {
+    const ShardMap& map = *sp.map;
+    if (map.numel() == 0 || map.ranks() == 1) return;
+    Buffer<float> bucket(map.bucket_size());
+    const float*  own = bucket.data() + static_cast<size_t>(map.rank()) * map.piece_size();
+    for (size_t b = 0; b < map.num_buckets(); ++b) {
+        map.pack_own(b, params, bucket.data());
+        dist::all_gather(*sp.comm, {own, map.piece_size()}, {bucket.data(), map.bucket_size()});
+        map.unpack(b, bucket.data(), params, false);
+    }
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout, Optimizer& opt,
+                           dist::ParallelContext& par)
+    : cfg_(cfg), layout_(layout), opt_(opt), par_(par), root_(cfg.checkpoint_dir()) {
+    write_job_ = [this] {  // runs on io_; reads only the snapshot
+        std::error_code ec;
+        fs::create_directories(tmp_dir_, ec);
+        if (ec) input_error("{}: cannot create: {}", tmp_dir_, ec.message());
+        record_ = io::ckpt::write_slices(tmp_dir_, fmt::format("rank_{:05d}.safetensors", par_.rank()),
+                                         slices_);
+    };
+    std::string error;
+    if (par.rank() == 0) {
+        std::error_code ec;
+        fs::create_directories(root_, ec);
+        if (ec) {
+            error = fmt::format("{}: cannot create the checkpoint directory: {}", root_, ec.message());
+        } else {
+            for (const auto& e : fs::directory_iterator(root_, ec)) {
+                const std::string name = e.path().filename().string();
+                if (name.rfind("step_", 0) == 0 && name.ends_with(".tmp")) fs::remove_all(e.path(), ec);
+            }
+        }
+    }
+    fail_together(par.world(), error);
+}
+
+Checkpointer::~Checkpointer() {
+    if (!pending_) return;
+    try {
+        io_.wait(ticket_);
+    } catch (...) {  // the run is ending on another error already
+    }
+}
+
+std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
+    std::string chosen, error;
+    if (par_.rank() == 0) {
+        const std::vector<std::string> all = io::ckpt::list_complete(root_);
+        std::vector<std::string>       bad;
+        std::error_code                ec;
+        for (const auto& e : fs::directory_iterator(root_, ec)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind("step_", 0) == 0 && name.size() == 13 &&
+                !fs::exists(e.path() / io::ckpt::kManifestName)) {
+                log::warn("{}: no manifest.json (incomplete: its run stopped before finishing it); "
+                          "skipping it",
+                          e.path().string());
+            }
+        }
+        for (const std::string& dir : all) {
+            try {
+                io::ckpt::CheckpointReader check(dir, true);
+                chosen = dir;
+                break;
+            } catch (const InputError& e) {
+                log::warn("{}; skipping this checkpoint", e.what());
+                bad.push_back(fs::path(dir).filename().string());
+            }
+        }
+        if (chosen.empty() && !all.empty()) {
+            error = fmt::format("{}: no usable checkpoint ({} failed their checks); move them away "
+                                "or train without checkpoint.resume",
+                                root_, fmt::join(bad, ", "));
+        }
+    }
+    fail_together(par_.world(), error);
+    chosen = allgather_strings(par_.world(), chosen)[0];
+    if (chosen.empty()) return std::nullopt;
+    return load(chosen, params, false);  // rank 0 has just checked the hashes
+}
+
+ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verify) {
+    ResumePoint                                 out;
+    std::string                                 error;
+    std::unique_ptr<io::ckpt::CheckpointReader> reader;
+    const std::vector<StateSpace>               spaces = opt_.state_spaces();
+    try {
+        // rank 0 checks every file's hash; the others only sizes (they read what they need)
+        reader = std::make_unique<io::ckpt::CheckpointReader>(dir, verify && par_.rank() == 0);
+        for (const StateSpace& sp : spaces) {
+            for (const ShardPiece& p : sp.map->pieces()) {
+                const model::ParamSpec& s = layout_.spec(p.spec);
+                for (int k = 0; k < 3; ++k) {
+                    const std::string name = tensor_name(kKinds[k], s);
+                    if (!reader->has(name)) {
+                        input_error("{}: no tensor {} (a checkpoint of another model?)", dir, name);
+                    }
+                    if (reader->shape(name) != s.shape) {
+                        input_error("{}: tensor {} has shape [{}], the model expects [{}]", dir, name,
+                                    fmt::join(reader->shape(name), ", "), fmt::join(s.shape, ", "));
+                    }
+                    reader->read(name, static_cast<int64_t>(p.elem_offset),
+                                 static_cast<int64_t>(p.elem_offset + p.len), piece_data(sp, p, params, k));
+                }
+            }
+        }
+    } catch (const InputError& e) {
+        error = e.what();
+    }
+    fail_together(par_.world(), error);
+    for (const StateSpace& sp : spaces) allgather_space(sp, params);
+    out.step  = reader->manifest().step;
+    out.state = reader->manifest().state;
+    out.dir   = dir;
+    return out;
+}
+
+void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* params) {
+    const auto t0 = Clock::now();
+    if (pending_) finalize();
+    const std::vector<StateSpace> spaces = opt_.state_spaces();
+    size_t                        floats = 0;
+    for (const StateSpace& sp : spaces) {
+        for (const ShardPiece& p : sp.map->pieces()) floats += 3 * p.len;
+    }
+    if (snapshot_.size() != floats) snapshot_ = Buffer<float>(floats);
+    slices_.clear();
+    size_t at = 0;
+    for (const StateSpace& sp : spaces) {
+        for (const ShardPiece& p : sp.map->pieces()) {
+            const model::ParamSpec& s = layout_.spec(p.spec);
+            for (int k = 0; k < 3; ++k) {
+                const float* src = piece_data(sp, p, const_cast<float*>(params), k);
+                std::copy(src, src + p.len, snapshot_.data() + at);
+                slices_.push_back(io::ckpt::Slice{tensor_name(kKinds[k], s), s.shape,
+                                                  static_cast<int64_t>(p.elem_offset),
+                                                  static_cast<int64_t>(p.elem_offset + p.len),
+                                                  snapshot_.data() + at});
+                at += p.len;
+            }
+        }
+    }
+    step_    = step;
+    state_   = state;
+    tmp_dir_ = io::ckpt::step_dir(root_, step) + ".tmp";
+    pending_ = true;
+    ticket_  = io_.submit(write_job_);
+    stall_s_ += seconds_since(t0);
+}
+
+double Checkpointer::busy() const { return pending_ && !io_.done(ticket_) ? 1.0 : 0.0; }
+
+void Checkpointer::finalize() {
+    if (!pending_) return;
+    const auto  t0 = Clock::now();
+    std::string error;
+    try {
+        io_.wait(ticket_);
+    } catch (const std::exception& e) {
+        error = fmt::format("checkpoint of step {}: {}", step_, e.what());
+    }
+    pending_ = false;
+    fail_together(par_.world(), error);
+
+    io::ckpt::Manifest mine;
+    mine.files = {record_};
+    const std::vector<std::string> records =
+        allgather_strings(par_.world(), io::ckpt::manifest_to_json(mine).dump());
+    if (par_.rank() == 0) {
+        try {
+            io::ckpt::Manifest m;
+            m.step            = step_;
+            m.config_toml     = to_toml(cfg_);
+            m.ranks           = par_.size();
+            m.expert_parallel = par_.ep_size();
+            m.state           = state_;
+            for (size_t r = 0; r < records.size(); ++r) {
+                const io::ckpt::Manifest part = io::ckpt::manifest_from_json(
+                    nlohmann::json::parse(records[r]), fmt::format("rank {}'s record", r));
+                m.files.insert(m.files.end(), part.files.begin(), part.files.end());
+            }
+            io::ckpt::write_manifest(tmp_dir_, m);
+            const std::string final_dir = io::ckpt::step_dir(root_, step_);
+            if (fs::exists(final_dir)) {  // an unusable one skipped at resume: keep it aside
+                const std::string aside = final_dir + fmt::format(".replaced-{}", std::time(nullptr));
+                fs::rename(final_dir, aside);
+                log::warn("{}: existed already (skipped at resume); moved to {}", final_dir, aside);
+            }
+            io::ckpt::commit(tmp_dir_, final_dir);
+            io::ckpt::prune(root_, static_cast<int>(cfg_.checkpoint.keep));
+            last_ = final_dir;
+        } catch (const std::exception& e) {
+            error = fmt::format("checkpoint of step {}: {}", step_, e.what());
+        }
+    }
+    fail_together(par_.world(), error);
+    last_ = allgather_strings(par_.world(), last_)[0];
+    stall_s_ += seconds_since(t0);
+}
+
+CheckpointModel read_checkpoint_model(const std::string& dir) {
+    io::ckpt::CheckpointReader reader(dir, true);
+    CheckpointModel            out;
+    out.cfg  = config_from_text(reader.manifest().config_toml, dir + "/manifest.json (config)");
+    out.step = reader.manifest().step;
+    const model::ParamLayout full = model::make_layout(out.cfg.model);
+    out.params                    = Buffer<float>(full.total_floats());
+    for (const model::ParamSpec& s : full.specs()) {
+        const std::string name = tensor_name("param", s);
+        if (!reader.has(name)) input_error("{}: no tensor {} (the manifest's config disagrees with its tensors)", dir, name);
+        if (reader.shape(name) != s.shape) {
+            input_error("{}: tensor {} has shape [{}], its config says [{}]", dir, name,
+                        fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
+        }
+        reader.read(name, 0, static_cast<int64_t>(s.numel), out.params.data() + s.offset);
+    }
+    return out;
+}
+
+}  // namespace bagualu::train

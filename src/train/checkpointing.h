@@ -1,0 +1,100 @@
+// Checkpoints of a training run (docs/checkpoint-format.md) on top of io/checkpoint: periodic,
+// sharded, asynchronous writes and resuming from the newest usable one, in any layout.
+//
+// Every rank owns distinct pieces of each space (Optimizer::state_spaces(): the ParO shard, or
+// an even split of the replicated state) and saves, for each piece, the FP32 parameters (the
+// master weights), AdamW's m and v. save() copies them into a snapshot buffer — the only stall
+// of the step loop — and the I/O helper thread writes <dir>/step_N.tmp/rank_R.safetensors while
+// training goes on. Once every rank's write has finished (the trainer learns it from a flag
+// summed with the step's loss), finalize() has rank 0 write the manifest, rename the directory
+// into place and delete checkpoints beyond checkpoint.keep. Loading reads each rank's pieces
+// by tensor name and element range from whatever files hold them, then all-gathers the
+// parameters, so a checkpoint written at (P, EP) loads at any valid (P', EP').
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "core/helper_thread.h"
+#include "dist/parallel.h"
+#include "io/checkpoint/checkpoint.h"
+#include "model/param_layout.h"
+#include "train/optimizer.h"
+
+namespace bagualu::train {
+
+struct ResumePoint {
+    int64_t        step = 0;  // optimizer steps done
+    nlohmann::json state;     // the manifest's state: sampler cursor and counters
+    std::string    dir;       // the checkpoint that was loaded
+};
+
+class Checkpointer {
+   public:
+    // layout: this rank's parameter layout. Collective over par.world() (rank 0 removes
+    // unfinished step_*.tmp directories of an earlier run).
+    Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout, Optimizer& opt,
+                 dist::ParallelContext& par);
+    ~Checkpointer();  // waits for a write in progress; does not finalize it
+    Checkpointer(const Checkpointer&)            = delete;
+    Checkpointer& operator=(const Checkpointer&) = delete;
+
+    const std::string& root() const { return root_; }
+
+    // Collective. The newest complete checkpoint whose files pass their size and xxh64 checks
+    // (a bad one is reported on stderr and skipped for the one before), loaded into params and
+    // the optimizer. nullopt when root holds no complete checkpoint; InputError when it holds
+    // some but none is usable, or when the usable one does not fit the model.
+    std::optional<ResumePoint> load_latest(float* params);
+    // Collective. Loads the checkpoint in dir (file hashes checked by rank 0 when verify).
+    ResumePoint load(const std::string& dir, float* params, bool verify = true);
+
+    // Collective when a previous checkpoint is still unfinished (it is finished first).
+    // Snapshots this rank's pieces after optimizer step `step` and queues their write.
+    void save(int64_t step, const nlohmann::json& state, const float* params);
+    // 1 while this rank's write is queued or running, else 0: the trainer sums it over ranks.
+    double busy() const;
+    // True between save() and the finalize() of that checkpoint.
+    bool pending() const { return pending_; }
+    // Collective: waits for this rank's write, then rank 0 writes the manifest, commits the
+    // directory and prunes. A failed write on any rank ends every rank with its message.
+    void finalize();
+    // Seconds the step loop spent in save() and finalize() (snapshot copies and waits).
+    double stall_seconds() const { return stall_s_; }
+    // The last checkpoint committed ("" if none).
+    const std::string& last_committed() const { return last_; }
+
+   private:
+    const TrainConfig&          cfg_;
+    const model::ParamLayout&   layout_;
+    Optimizer&                  opt_;
+    dist::ParallelContext&      par_;
+    std::string                 root_;
+    std::function<void()>       write_job_;  // the job io_ runs (kept alive for FunctionRef)
+    HelperThread                io_;         // writes snapshots; one per run
+    HelperThread::Ticket        ticket_  = 0;
+    bool                        pending_ = false;
+    int64_t                     step_    = 0;
+    nlohmann::json              state_;
+    Buffer<float>               snapshot_;
+    std::vector<io::ckpt::Slice> slices_;
+    io::ckpt::FileRecord        record_;
+    std::string                 tmp_dir_, last_;
+    double                      stall_s_ = 0;
+};
+
+// A checkpoint's model as one full FP32 parameter array in the layout of model::make_layout
+// (what export writes). Reads the config from the manifest.
+struct CheckpointModel {
+    TrainConfig   cfg;
+    int64_t       step = 0;
+    Buffer<float> params;
+};
+CheckpointModel read_checkpoint_model(const std::string& dir);
+
+}  // namespace bagualu::train

@@ -1,0 +1,237 @@
+// Checkpoints end to end with `bagualu train`: a run killed with SIGKILL in the middle of step 25
+// resumes from its last complete checkpoint and reproduces the uninterrupted run bit for bit
+// (P = 1 and P = 2); checkpoints load in other layouts (P, EP) and continue with the loss the
+// writing layout computes; corrupted, truncated and incomplete checkpoints are reported and
+// skipped; export --checkpoint and inspect read any of them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "moda_runs.h"
+
+namespace bagualu::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// step -> loss of every logged step in a run's metrics.jsonl
+std::map<int64_t, double> losses_by_step(const std::string& path) {
+    std::map<int64_t, double> out;
+    std::istringstream        in(read_file(path));
+    for (std::string line; std::getline(in, line);) {
+        if (line.empty()) continue;
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("loss")) {
+            EXPECT_FALSE(out.contains(j["step"].get<int64_t>())) << "step logged twice: " << line;
+            out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+        }
+    }
+    return out;
+}
+
+// Every tensor of two model.safetensors files equal bit for bit.
+void expect_same_model_bits(const std::string& a, const std::string& b) {
+    const io::SafetensorsFile fa(a), fb(b);
+    ASSERT_EQ(fa.names(), fb.names());
+    for (const std::string& name : fa.names()) {
+        const auto x = fa.bytes(name), y = fb.bytes(name);
+        ASSERT_EQ(x.size(), y.size()) << name;
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name << " differs";
+    }
+}
+
+std::string checkpoint_of(const std::string& root, int step) {
+    return fmt::format("{}/step_{:08d}", root, step);
+}
+
+class CheckpointTest : public ::testing::Test {
+   protected:
+    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
+    static void TearDownTestSuite() {
+        delete runs_;
+        runs_ = nullptr;
+    }
+    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
+
+    // `steps` steps of the tiny config at (P, EP); extra: more --set flags or --resume.
+    static std::string args(const std::string& run, int P, int ep, int steps, const std::string& extra) {
+        return fmt::format("{} --set train.steps={} {}", runs_->train_args(run, P, ep, "auto"), steps,
+                           extra);
+    }
+    // The same run killed (SIGKILL) on `rank` after the backward pass of step `kill_step`.
+    static CommandResult run_killed(int P, int kill_step, int rank, const std::string& a) {
+        const std::string env = fmt::format("BAGUALU_FAULT_KILL_AT_STEP={} BAGUALU_FAULT_KILL_RANK={}",
+                                            kill_step, rank);
+        if (P == 1) return run_command(fmt::format("cd {} && {} {} {}", BGL_SOURCE_DIR, env, BGL_BINARY, a));
+        return run_command(fmt::format(
+            "cd {} && {} timeout 300 {} --allow-run-as-root --oversubscribe -x BAGUALU_FAULT_KILL_AT_STEP "
+            "-x BAGUALU_FAULT_KILL_RANK -np {} {} {}",
+            BGL_SOURCE_DIR, env, BGL_MPIEXEC, P, BGL_BINARY, a));
+    }
+
+    void bit_exact_resume(int P) {
+        const int         ep  = P;
+        const std::string ref = fmt::format("ref40_p{}", P), crash = fmt::format("crash_p{}", P);
+        const CommandResult a = TinyRuns::run(P, args(ref, P, ep, 40, ""));
+        ASSERT_EQ(a.status, 0) << a.output;
+
+        const std::string ck = " --set checkpoint.every=10";
+        const CommandResult killed = run_killed(P, 25, P - 1, args(crash, P, ep, 40, ck));
+        ASSERT_NE(killed.status, 0) << "the injected SIGKILL did not end the run\n" << killed.output;
+        EXPECT_FALSE(fs::exists(runs_->path(crash + "/model")));
+        EXPECT_TRUE(fs::exists(checkpoint_of(runs_->path(crash + "/checkpoints"), 10)));
+
+        const CommandResult resumed = TinyRuns::run(P, args(crash, P, ep, 40, ck + " --resume"));
+        ASSERT_EQ(resumed.status, 0) << resumed.output;
+        // step 20's checkpoint is complete unless the kill came before its files were written
+        const bool from20 = resumed.output.find("step_00000020 (step 20)") != std::string::npos;
+        EXPECT_TRUE(from20 || resumed.output.find("step_00000010 (step 10)") != std::string::npos)
+            << resumed.output;
+        std::printf("P = %d: resumed from step %d\n", P, from20 ? 20 : 10);
+
+        const auto la = losses_by_step(runs_->path(ref + "/metrics.jsonl"));
+        const auto lb = losses_by_step(runs_->path(crash + "/metrics.jsonl"));
+        ASSERT_EQ(la.size(), 40u);
+        ASSERT_EQ(lb.size(), 40u) << "the resumed run's metrics.jsonl must hold each step once";
+        for (int64_t s = 21; s <= 40; ++s) {
+            EXPECT_EQ(la.at(s), lb.at(s)) << "loss of step " << s << " is not bitwise the same";
+        }
+        expect_same_model_bits(runs_->path(ref + "/model/model.safetensors"),
+                               runs_->path(crash + "/model/model.safetensors"));
+    }
+
+    static TinyRuns* runs_;
+};
+TinyRuns* CheckpointTest::runs_ = nullptr;
+
+TEST_F(CheckpointTest, KilledRunResumesBitExactOneRank) { bit_exact_resume(1); }
+TEST_F(CheckpointTest, KilledRunResumesBitExactTwoRanks) { bit_exact_resume(2); }
+
+// Checkpoints of step 10 written at (4, 4) and at (2, 2) load at other layouts; the loss of the
+// step after loading matches the writing layout's own step 11 within 1e-5 relative (the layouts
+// sum in different orders; float rounding stays far below that, see moda_runs.h).
+TEST_F(CheckpointTest, ReshardsToOtherLayouts) {
+    struct Case {
+        int from_p, from_ep;
+        std::vector<std::pair<int, int>> to;
+    };
+    for (const Case& c : {Case{4, 4, {{2, 2}, {2, 1}, {1, 1}}}, Case{2, 2, {{4, 4}}}}) {
+        const std::string src = fmt::format("src_p{}_ep{}", c.from_p, c.from_ep);
+        const CommandResult a = TinyRuns::run(c.from_p, args(src, c.from_p, c.from_ep, 12, "--set checkpoint.every=10"));
+        ASSERT_EQ(a.status, 0) << a.output;
+        const auto ref = losses_by_step(runs_->path(src + "/metrics.jsonl"));
+        for (const auto& [P, ep] : c.to) {
+            const std::string dst = fmt::format("{}_to_p{}_ep{}", src, P, ep);
+            fs::create_directories(runs_->path(dst + "/checkpoints"));
+            fs::copy(checkpoint_of(runs_->path(src + "/checkpoints"), 10),
+                     checkpoint_of(runs_->path(dst + "/checkpoints"), 10), fs::copy_options::recursive);
+            const CommandResult b = TinyRuns::run(P, args(dst, P, ep, 12, "--resume"));
+            ASSERT_EQ(b.status, 0) << b.output;
+            EXPECT_NE(b.output.find("(step 10)"), std::string::npos) << b.output;
+            const auto got = losses_by_step(runs_->path(dst + "/metrics.jsonl"));
+            for (const int64_t s : {11, 12}) {
+                ASSERT_TRUE(got.contains(s)) << dst;
+                EXPECT_NEAR(got.at(s), ref.at(s), 1e-5 * ref.at(s)) << dst << " step " << s;
+            }
+            std::printf("(%d, %d) -> (%d, %d): step 11 loss %.9f vs %.9f\n", c.from_p, c.from_ep, P, ep,
+                        got.at(11), ref.at(11));
+        }
+    }
+}
+
+// A flipped byte (step 20), a truncated shard (step 15) and a missing manifest (step 10) are each
+// reported and skipped: --resume continues from step 5, and nothing of the damaged checkpoints
+// is deleted or overwritten.
+TEST_F(CheckpointTest, DamagedCheckpointsAreReportedAndSkipped) {
+    const std::string run  = "damaged";
+    const std::string root = runs_->path(run + "/checkpoints");
+    const std::string ck   = " --set checkpoint.every=5 --set checkpoint.keep=0";
+    const CommandResult a  = TinyRuns::run(2, args(run, 2, 2, 20, ck));
+    ASSERT_EQ(a.status, 0) << a.output;
+    for (const int s : {5, 10, 15, 20}) ASSERT_TRUE(fs::exists(checkpoint_of(root, s) + "/manifest.json")) << s;
+
+    const std::string f20 = checkpoint_of(root, 20) + "/rank_00001.safetensors";
+    {
+        std::fstream f(f20, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(-100, std::ios::end);
+        char c = 0;
+        f.read(&c, 1);
+        c ^= 0x5a;
+        f.seekp(-100, std::ios::end);
+        f.write(&c, 1);
+    }
+    const std::string f15 = checkpoint_of(root, 15) + "/rank_00000.safetensors";
+    fs::resize_file(f15, fs::file_size(f15) - 8);
+    fs::remove(checkpoint_of(root, 10) + "/manifest.json");
+
+    const CommandResult i20 = bagualu("inspect " + checkpoint_of(root, 20));
+    EXPECT_EQ(i20.status, 1) << i20.output;
+    EXPECT_NE(i20.output.find("CHECKSUM MISMATCH"), std::string::npos) << i20.output;
+    const CommandResult i15 = bagualu("inspect " + checkpoint_of(root, 15));
+    EXPECT_EQ(i15.status, 1) << i15.output;
+    EXPECT_NE(i15.output.find("TRUNCATED"), std::string::npos) << i15.output;
+    const CommandResult i10 = bagualu("inspect " + checkpoint_of(root, 10));
+    EXPECT_EQ(i10.status, 2) << i10.output;
+    EXPECT_NE(i10.output.find("manifest.json"), std::string::npos) << i10.output;
+
+    const CommandResult b = TinyRuns::run(2, args(run, 2, 2, 22, ck + " --resume"));
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("checksum mismatch"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("truncated"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("step_00000010: no manifest.json"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("step_00000005 (step 5)"), std::string::npos) << b.output;
+    // the damaged step_00000010/15/20 were replaced by the resumed run's own: the old ones moved aside
+    int aside = 0;
+    for (const auto& e : fs::directory_iterator(root)) aside += e.path().filename().string().find(".replaced-") != std::string::npos;
+    EXPECT_EQ(aside, 3) << b.output;
+
+    // every checkpoint left unusable: a one-line error, no training from scratch
+    const std::string bad = "all_bad";
+    ASSERT_EQ(TinyRuns::run(1, args(bad, 1, 1, 5, " --set checkpoint.every=5")).status, 0);
+    fs::resize_file(checkpoint_of(runs_->path(bad + "/checkpoints"), 5) + "/rank_00000.safetensors", 10);
+    const CommandResult c = TinyRuns::run(1, args(bad, 1, 1, 8, " --set checkpoint.every=5 --resume"));
+    EXPECT_EQ(c.status, 2) << c.output;
+    EXPECT_NE(c.output.find("no usable checkpoint"), std::string::npos) << c.output;
+}
+
+// A checkpoint of another model is refused with the tensor and both shapes named.
+TEST_F(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
+    const std::string run = "other_model";
+    ASSERT_EQ(TinyRuns::run(1, args(run, 1, 1, 5, "--set checkpoint.every=5")).status, 0);
+    const CommandResult b = TinyRuns::run(1, args(run, 1, 1, 8, "--set checkpoint.every=5 --set model.d_ff=96 --resume"));
+    EXPECT_EQ(b.status, 2) << b.output;
+    EXPECT_NE(b.output.find("has shape"), std::string::npos) << b.output;
+}
+
+// A fresh run refuses a run directory holding checkpoints unless resuming or forced.
+TEST_F(CheckpointTest, FreshRunDoesNotMixWithOldCheckpoints) {
+    const std::string run = "fresh";
+    ASSERT_EQ(TinyRuns::run(1, args(run, 1, 1, 5, "--set checkpoint.every=5")).status, 0);
+    fs::remove(runs_->path(run + "/metrics.jsonl"));
+    // train_args passes --force; without it the old checkpoints stop the run
+    std::string a = args(run, 1, 1, 5, "--set checkpoint.every=5");
+    a.erase(a.find(" --force"), 8);
+    const CommandResult b = TinyRuns::run(1, a);
+    EXPECT_EQ(b.status, 2) << b.output;
+    EXPECT_NE(b.output.find("checkpoint(s) of an earlier run"), std::string::npos) << b.output;
+}
+
+// export --checkpoint consolidates a (2, 2) checkpoint into the model the run exported itself.
+TEST_F(CheckpointTest, ExportFromCheckpointEqualsTheRunsModel) {
+    const std::string run = "export_src";
+    const CommandResult a = TinyRuns::run(2, args(run, 2, 2, 10, "--set checkpoint.every=10"));
+    ASSERT_EQ(a.status, 0) << a.output;
+    const std::string ck = checkpoint_of(runs_->path(run + "/checkpoints"), 10);
+    const CommandResult i = bagualu("inspect " + runs_->path(run + "/checkpoints"));
+    EXPECT_EQ(i.status, 0) << i.output;
+    EXPECT_NE(i.output.find("all files pass"), std::string::npos) << i.output;
+    const CommandResult e = bagualu("export --checkpoint " + ck + " --out " + runs_->path("exported"));
+    ASSERT_EQ(e.status, 0) << e.output;
+    expect_same_model_bits(runs_->path(run + "/model/model.safetensors"),
+                           runs_->path("exported/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace bagualu::testing
