@@ -304,7 +304,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         const bool last = step + 1 == cfg.train.steps;
         if (ckpt && cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
             const data::SamplerCursor c = sampler.cursor();
-            ckpt->save(step + 1, {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}}},
+            // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
+            // index), so the RNG state is the seed and the count of micro-steps taken.
+            ckpt->save(step + 1,
+                       {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
+                        {"rng", {{"seed", cfg.train.seed}, {"micro_steps", (step + 1) * accum}}}},
                        gpt.params());
         }
         if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
