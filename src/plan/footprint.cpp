@@ -96,7 +96,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             4 * N * K * C * 4 * n_moe * A);
     }
     if (L.ranks > 1) {
-        add("loss", dist::CommKind::allreduce, "world", L.ranks, 1, 8);
+        // the step's loss and the count of ranks still writing a checkpoint (two doubles)
+        add("loss", dist::CommKind::allreduce, "world", L.ranks, 1, 16);
         // train/grad_sync.cpp: one call per run of dense tensors (n_moe + 1 runs) over world,
         // one per run of expert tensors over the expert-data-parallel group
         const double dense = static_cast<double>(ls.dense_floats) * 4,
