@@ -62,7 +62,6 @@ int main(int argc, char** argv) {
     auto* exp = app.add_subcommand("export", "Write a model as safetensors + config.json");
     auto* exp_from = exp->add_option("--from", from, "Run directory or model directory");
     exp->add_option("--checkpoint", from_ckpt, "A checkpoint directory (step_NNNNNNNN)")->excludes(exp_from);
-    exp->require_option(1, 2);
     exp->add_option("--out", out, "Output directory (must not exist or be empty)")->required();
     exp->add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
 
@@ -149,6 +148,9 @@ int main(int argc, char** argv) {
         if (*prepare) return cli::cmd_prepare(common, force);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
         if (*sample) return cli::cmd_sample(sa);
+        if (*exp && from.empty() == from_ckpt.empty()) {
+            throw InputError("export: give either --from DIR (a run or model) or --checkpoint DIR");
+        }
         if (*exp) return from_ckpt.empty() ? cli::cmd_export(from, out, dtype)
                                            : cli::cmd_export_checkpoint(from_ckpt, out, dtype);
         if (*inspect) return cli::cmd_inspect(inspect_dir);

@@ -132,11 +132,12 @@ TEST(PlanComm, BytesByHand) {
     // per-expert counts (int64) gathered in the EP group
     EXPECT_EQ(t[dist::CommKind::allgather].calls, 1u);
     EXPECT_EQ(t[dist::CommKind::allgather].bytes, E * 8);
-    // routing statistics (5E + 3) x 8 in one call, loss 8, dense gradients in 2 runs, expert gradients over
+    // routing statistics (5E + 3) x 8 in one call, loss and checkpoint flag 16, dense gradients
+    // in 2 runs, expert gradients over
     // EDP = 2 in 1 run, expert gradient norm 8
     EXPECT_EQ(t[dist::CommKind::allreduce].calls, 1u + 1 + 2 + 1 + 1);
     EXPECT_EQ(t[dist::CommKind::allreduce].bytes,
-              (5 * E + 3) * 8 + 8 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
+              (5 * E + 3) * 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
     // one rank: nothing
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
 }
