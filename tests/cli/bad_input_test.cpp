@@ -96,6 +96,20 @@ TEST_F(BadInputTest, UnknownOptimizerPartition) {
     expect_error(base + " --set optimizer.partition=true", {"optimizer.partition", "expected a string"});
 }
 
+TEST_F(BadInputTest, CheckpointSettings) {
+    expect_error(base + " --set checkpoint.resume=yes",
+                 {"checkpoint.resume = \"yes\"", "\"never\" or \"auto\""});
+    expect_error(base + " --set checkpoint.every=-1", {"checkpoint.every = -1"});
+    expect_error(base + " --set checkpoint.keep=-2", {"checkpoint.keep = -2"});
+}
+
+TEST_F(BadInputTest, BadCheckpointCommands) {
+    expect_error("inspect " + (dir / "nowhere"), {"nowhere", "manifest.json"});
+    expect_error("export --checkpoint " + (dir / "nowhere") + " --out " + (dir / "o"),
+                 {"nowhere/manifest.json", "missing"});
+    expect_error("export --out " + (dir / "o"), {"--from", "--checkpoint"});
+}
+
 TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
     expect_error(base + " --set train.batch_size=6", {"train.batch_size = 6", "micro_batch_size = 4"});
 }
