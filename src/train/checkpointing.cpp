@@ -76,11 +76,14 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
                            dist::ParallelContext& par)
     : cfg_(cfg), layout_(layout), opt_(opt), par_(par), root_(cfg.checkpoint_dir()) {
     write_job_ = [this] {  // runs on io_; reads only the snapshot
+        const auto      t0 = Clock::now();
         std::error_code ec;
         fs::create_directories(tmp_dir_, ec);
         if (ec) input_error("{}: cannot create: {}", tmp_dir_, ec.message());
         record_ = io::ckpt::write_slices(tmp_dir_, fmt::format("rank_{:05d}.safetensors", par_.rank()),
                                          slices_);
+        write_s_ += seconds_since(t0);
+        bytes_ += record_.bytes;
     };
     std::string error;
     if (par.rank() == 0) {

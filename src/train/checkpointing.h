@@ -66,6 +66,10 @@ class Checkpointer {
     void finalize();
     // Seconds the step loop spent in save() and finalize() (snapshot copies and waits).
     double stall_seconds() const { return stall_s_; }
+    // Seconds this rank's I/O helper spent writing checkpoint files (what a synchronous
+    // checkpoint would have stalled the step loop); the bytes they hold.
+    double   write_seconds() const { return write_s_; }
+    uint64_t bytes_written() const { return bytes_; }
     // The last checkpoint committed ("" if none).
     const std::string& last_committed() const { return last_; }
 
@@ -85,7 +89,8 @@ class Checkpointer {
     std::vector<io::ckpt::Slice> slices_;
     io::ckpt::FileRecord        record_;
     std::string                 tmp_dir_, last_;
-    double                      stall_s_ = 0;
+    double                      stall_s_ = 0, write_s_ = 0;
+    uint64_t                    bytes_   = 0;
 };
 
 // A checkpoint's model as one full FP32 parameter array in the layout of model::make_layout

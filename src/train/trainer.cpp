@@ -343,7 +343,10 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     emit(resource_report(dist::comm_tally() - comm_start - eval_comm,
                          std::max<int64_t>(cfg.train.steps - start_step, 1), *par));
     if (ckpt && cfg.checkpoint.every > 0) {
-        emit({{"step", cfg.train.steps}, {"checkpoint_stall_s", ckpt->stall_seconds()}});
+        emit({{"step", cfg.train.steps},
+              {"checkpoint_stall_s", ckpt->stall_seconds()},
+              {"checkpoint_write_s", ckpt->write_seconds()},
+              {"checkpoint_bytes", ckpt->bytes_written()}});
         if (writer) {
             log::info("checkpoints: {} (the step loop waited {:.3f} s for them)",
                       ckpt->last_committed().empty() ? "none written" : ckpt->last_committed(),
