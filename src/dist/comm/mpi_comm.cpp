@@ -65,8 +65,8 @@ uint64_t alltoallv_payload(std::span<const int64_t> send_counts, size_t elem_byt
 
 class MpiComm final : public Comm {
    public:
-    MpiComm(MPI_Comm comm, bool owned, bool is_world, bool serialized)
-        : comm_(comm), owned_(owned), is_world_(is_world), serialized_(serialized) {
+    MpiComm(MPI_Comm comm, bool owned, bool is_world, int thread_level)
+        : comm_(comm), owned_(owned), is_world_(is_world), thread_level_(thread_level) {
         BGL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
         BGL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
         BGL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -81,7 +81,8 @@ class MpiComm final : public Comm {
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
-    bool threads_serialized() const override { return serialized_; }
+    bool threads_serialized() const override { return thread_level_ >= MPI_THREAD_SERIALIZED; }
+    bool threads_multiple() const override { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
     void barrier() override { BGL_MPI_CHECK(MPI_Barrier(comm_)); }
 
@@ -190,13 +191,13 @@ class MpiComm final : public Comm {
         MPI_Comm out = MPI_COMM_NULL;
         BGL_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
         if (out == MPI_COMM_NULL) return nullptr;
-        return std::make_unique<MpiComm>(out, true, false, serialized_);
+        return std::make_unique<MpiComm>(out, true, false, thread_level_);
     }
 
     std::unique_ptr<Comm> split_shared() override {
         MPI_Comm out = MPI_COMM_NULL;
         BGL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out));
-        return std::make_unique<MpiComm>(out, true, false, serialized_);
+        return std::make_unique<MpiComm>(out, true, false, thread_level_);
     }
 
     [[noreturn]] void abort(int code, const std::string& msg) override {
@@ -231,7 +232,7 @@ class MpiComm final : public Comm {
     MPI_Comm comm_;
     bool owned_;       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
     bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
-    bool serialized_;  // MPI_THREAD_SERIALIZED or better was provided
+    int  thread_level_;  // the MPI_THREAD_* level MPI_Init_thread provided
     int rank_ = 0;
     int size_ = 1;
 };
@@ -249,13 +250,12 @@ std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
     BGL_MPI_CHECK(MPI_Initialized(&initialized));
     BGL_CHECK(!initialized, "init_world called with MPI already initialised");
     int provided = MPI_THREAD_SINGLE;
-    BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     g_mpi_started_here = true;
     BGL_CHECK(provided >= MPI_THREAD_FUNNELED,
               "MPI provides thread level {}, at least MPI_THREAD_FUNNELED ({}) is needed", provided,
               MPI_THREAD_FUNNELED);
-    auto world =
-        std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true, provided >= MPI_THREAD_SERIALIZED);
+    auto world = std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true, provided);
     if (world->size() > 1) log::g_rank = world->rank();
     return world;
 }
