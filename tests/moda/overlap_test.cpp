@@ -52,9 +52,9 @@ INSTANTIATE_TEST_SUITE_P(RanksAndOptimizer, OverlapTest,
                          ::testing::Combine(::testing::Values(2, 4),
                                             ::testing::Values(std::string("off"),
                                                               std::string("on"))),
-                         [](const auto& info) {
-                             return fmt::format("P{}_partition_{}", std::get<0>(info.param),
-                                                std::get<1>(info.param));
+                         [](const auto& p) {
+                             return fmt::format("P{}_partition_{}", std::get<0>(p.param),
+                                                std::get<1>(p.param));
                          });
 
 }  // namespace
