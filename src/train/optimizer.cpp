@@ -42,8 +42,13 @@ void scale_floats(float* x, float s, size_t n, bool on_helper) {
     for (size_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-// A communicator of the same ranks as c, for the reductions alone.
-std::unique_ptr<dist::Comm> duplicate(dist::Comm& c) { return c.split(0, c.rank()); }
+// A communicator of the same ranks as c, for the reductions alone; in background mode (its
+// all-reduce is the nonblocking one on whichever thread runs the unit: the same bits).
+std::unique_ptr<dist::Comm> duplicate(dist::Comm& c) {
+    std::unique_ptr<dist::Comm> d = c.split(0, c.rank());
+    d->set_background(true);
+    return d;
+}
 
 // The replicated reduction (grad_sync.h), one unit per segment: sum over world (dense) or the
 // edp group (experts), then / P.

@@ -6,13 +6,15 @@
 // units start first. Units always run in the same order (descending ready point, then index) and
 // with the same arithmetic: on the helper thread while backward goes on (overlap), or inline when
 // the optimizer steps (no helper, or nothing was started during backward). Hence bitwise the same
-// results either way; only the timing differs.
+// results either way; only the timing differs. On the helper, MPI waits sleep between polls
+// (dist::set_gentle_waits) instead of spinning on the core backward needs.
 #pragma once
 #include <cstddef>
 #include <functional>
 #include <vector>
 
 #include "core/helper_thread.h"
+#include "dist/comm/comm.h"
 
 namespace bagualu::train {
 
@@ -44,7 +46,10 @@ class ReduceSchedule {
     struct Job {
         ReduceSchedule* self = nullptr;
         size_t          unit = 0;
-        void            operator()() const { self->run_(unit, true); }
+        void            operator()() const {
+            dist::set_gentle_waits(true);  // leave the core to backward while waiting for MPI
+            self->run_(unit, true);
+        }
     };
     void submit_next();
 

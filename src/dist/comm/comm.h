@@ -27,6 +27,11 @@ class Comm {
     // thread runs the all-to-alls of backward. LocalComm: always true.
     virtual bool threads_multiple() const = 0;
 
+    // For a communicator used by a background thread (the gradient reduction): its all-reduce
+    // then runs as MPI_Iallreduce plus a wait, whichever thread calls it, so the result does not
+    // depend on the thread (MPI_Allreduce may use another algorithm). Off by default.
+    virtual void set_background(bool on) = 0;
+
     virtual void barrier()                                     = 0;
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
 
@@ -82,6 +87,12 @@ class Comm {
 
 // Single process, no MPI.
 std::unique_ptr<Comm> make_local_comm();
+
+// For the calling thread only: MPI waits (of sendrecv, and of background all-reduces) poll with
+// MPI_Test and sleep a few microseconds between polls instead of spinning inside MPI, so a
+// background thread that shares a core with compute leaves that core to the compute while it
+// waits for the network. Off by default.
+void set_gentle_waits(bool on);
 
 // MPI when this process was started by a launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in
 // the environment), else LocalComm without touching MPI. Thread level: gradient reduction runs on

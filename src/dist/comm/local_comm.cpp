@@ -19,6 +19,7 @@ class LocalComm final : public Comm {
     int size() const override { return 1; }
     bool threads_serialized() const override { return true; }
     bool threads_multiple() const override { return true; }
+    void set_background(bool) override {}
 
     void barrier() override {}
     void broadcast(void*, size_t bytes, int root) override {

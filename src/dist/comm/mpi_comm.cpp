@@ -9,9 +9,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -25,6 +27,10 @@ namespace bagualu::dist {
 namespace {
 
 bool g_mpi_started_here = false;
+thread_local bool t_gentle_waits = false;  // set_gentle_waits, per thread
+
+// Completes reqs: MPI_Waitall, or with gentle waits MPI_Testall with a short sleep between polls.
+void wait_all(int n, MPI_Request* reqs);
 
 int world_rank_or_minus_one() {
     int initialized = 0;
@@ -83,6 +89,7 @@ class MpiComm final : public Comm {
     int size() const override { return size_; }
     bool threads_serialized() const override { return thread_level_ >= MPI_THREAD_SERIALIZED; }
     bool threads_multiple() const override { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+    void set_background(bool on) override { background_ = on; }
 
     void barrier() override { BGL_MPI_CHECK(MPI_Barrier(comm_)); }
 
@@ -184,7 +191,7 @@ class MpiComm final : public Comm {
             BGL_MPI_CHECK(
                 MPI_Isend(s + off, n, MPI_BYTE, dest, kTagP2p, comm_, &reqs.emplace_back()));
         }
-        BGL_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+        wait_all(static_cast<int>(reqs.size()), reqs.data());
     }
 
     std::unique_ptr<Comm> split(int color, int key) override {
@@ -225,7 +232,13 @@ class MpiComm final : public Comm {
         count_comm(CommKind::allreduce, sizeof(T) * d.size());
         for (size_t off = 0; off < d.size(); off += kMaxCallCount) {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, d.size() - off));
-            BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
+            if (background_) {
+                MPI_Request req = MPI_REQUEST_NULL;
+                BGL_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_, &req));
+                wait_all(1, &req);
+            } else {
+                BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
+            }
         }
     }
 
@@ -233,11 +246,27 @@ class MpiComm final : public Comm {
     bool owned_;       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
     bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
     int  thread_level_;  // the MPI_THREAD_* level MPI_Init_thread provided
+    bool background_ = false;  // set_background: nonblocking all-reduce
     int rank_ = 0;
     int size_ = 1;
 };
 
+void wait_all(int n, MPI_Request* reqs) {
+    if (!t_gentle_waits) {
+        BGL_MPI_CHECK(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE));
+        return;
+    }
+    for (;;) {
+        int done = 0;
+        BGL_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+        if (done) return;
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
 }  // namespace
+
+void set_gentle_waits(bool on) { t_gentle_waits = on; }
 
 bool launched_by_mpi() {
     return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
