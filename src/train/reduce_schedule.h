@@ -45,22 +45,22 @@ class ReduceSchedule {
    private:
     struct Job {
         ReduceSchedule* self = nullptr;
-        size_t          unit = 0;
-        void            operator()() const {
+        size_t unit          = 0;
+        void operator()() const {
             dist::set_gentle_waits(true);  // leave the core to backward while waiting for MPI
             self->run_(unit, true);
         }
     };
     void submit_next();
 
-    std::vector<size_t>                        ready_;
-    std::vector<size_t>                        order_;  // units by descending ready point
-    std::vector<Job>                           jobs_;   // [unit], referenced by queued jobs
-    HelperThread*                              helper_;
-    std::function<void(size_t, bool)>          run_;
-    bool                                       armed_ = false;
-    size_t                                     next_  = 0;  // into order_: first unit not started
-    HelperThread::Ticket                       last_  = 0;
+    std::vector<size_t> ready_;
+    std::vector<size_t> order_;  // units by descending ready point
+    std::vector<Job> jobs_;      // [unit], referenced by queued jobs
+    HelperThread* helper_;
+    std::function<void(size_t, bool)> run_;
+    bool armed_                = false;
+    size_t next_               = 0;  // into order_: first unit not started
+    HelperThread::Ticket last_ = 0;
 };
 
 }  // namespace bagualu::train

@@ -27,9 +27,9 @@ TEST_P(OverlapTest, OnAndOffGiveTheSameBits) {
     std::string runs[2];
     for (const bool on : {false, true}) {
         const std::string run = fmt::format("p{}_{}_overlap_{}", P, partition, on ? "on" : "off");
-        const CommandResult r = TinyRuns::run_mpi(
-            P, runs_->train_args(run, P, 2, partition) +
-                   fmt::format(" --set parallel.overlap_grad_reduce={}", on));
+        const CommandResult r =
+            TinyRuns::run_mpi(P, runs_->train_args(run, P, 2, partition) +
+                                     fmt::format(" --set parallel.overlap_grad_reduce={}", on));
         ASSERT_EQ(r.status, 0) << r.output;
         EXPECT_NE(r.output.find(on ? "overlapped with backward" : "reduction: after backward"),
                   std::string::npos)

@@ -30,8 +30,8 @@ model::ParamLayout layout_for_test() {
     return l;
 }
 
-std::unique_ptr<Optimizer> make(bool paro, const model::ParamLayout& l,
-                                dist::ParallelContext& par, HelperThread* helper) {
+std::unique_ptr<Optimizer> make(bool paro, const model::ParamLayout& l, dist::ParallelContext& par,
+                                HelperThread* helper) {
     const AdamWHyper hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
     if (paro) return std::make_unique<PartitionedAdamW>(l, par, hyper, 150, helper);
     TrainConfig cfg;
@@ -46,12 +46,12 @@ TEST(Overlap, BitwiseSameAsReducingInStep) {
     for (const bool paro : {false, true}) {
         for (int ep = 1; ep <= P; ++ep) {
             if (P % ep != 0) continue;
-            dist::ParallelContext    par(w, ep, false);
+            dist::ParallelContext par(w, ep, false);
             const model::ParamLayout l = layout_for_test();
-            const size_t             n = l.total_floats();
-            HelperThread             helper;
-            const auto               plain   = make(paro, l, par, nullptr);
-            const auto               overlap = make(paro, l, par, &helper);
+            const size_t n             = l.total_floats();
+            HelperThread helper;
+            const auto plain   = make(paro, l, par, nullptr);
+            const auto overlap = make(paro, l, par, &helper);
             ASSERT_FALSE(plain->overlapped());
             ASSERT_TRUE(overlap->overlapped());
             std::vector<float> p_plain(n), p_over(n);

@@ -14,9 +14,9 @@ namespace bagualu::train {
 namespace {
 
 struct Log {
-    std::mutex          mutex;
+    std::mutex mutex;
     std::vector<size_t> order;
-    std::vector<bool>   on_helper;
+    std::vector<bool> on_helper;
     void add(size_t u, bool h) {
         std::lock_guard<std::mutex> lock(mutex);
         order.push_back(u);
@@ -25,8 +25,8 @@ struct Log {
 };
 
 TEST(ReduceSchedule, InlineWithoutBeginInDescendingReadyPoint) {
-    HelperThread   helper;
-    Log            log;
+    HelperThread helper;
+    Log log;
     ReduceSchedule s({10, 30, 0, 20, 30}, &helper, [&](size_t u, bool h) { log.add(u, h); });
     s.finish();
     EXPECT_EQ(log.order, (std::vector<size_t>{1, 4, 3, 0, 2}));  // ties keep the unit order
@@ -34,7 +34,7 @@ TEST(ReduceSchedule, InlineWithoutBeginInDescendingReadyPoint) {
 }
 
 TEST(ReduceSchedule, NoHelperRunsInlineEvenAfterBegin) {
-    Log            log;
+    Log log;
     ReduceSchedule s({0, 8}, nullptr, [&](size_t u, bool h) { log.add(u, h); });
     EXPECT_FALSE(s.overlapped());
     s.begin();
@@ -46,12 +46,12 @@ TEST(ReduceSchedule, NoHelperRunsInlineEvenAfterBegin) {
 }
 
 TEST(ReduceSchedule, HelperRunsUnitsOnlyOnceTheirGradientsAreFinal) {
-    HelperThread        helper;
-    Log                 log;
+    HelperThread helper;
+    Log log;
     std::atomic<size_t> frontier{100};  // what "backward" has finished: [frontier, end)
-    std::atomic<int>    early{0};
+    std::atomic<int> early{0};
     const std::vector<size_t> ready = {0, 40, 80, 60};
-    const std::thread::id     main  = std::this_thread::get_id();
+    const std::thread::id main      = std::this_thread::get_id();
     ReduceSchedule s(ready, &helper, [&](size_t u, bool h) {
         if (ready[u] < frontier.load()) ++early;
         EXPECT_NE(std::this_thread::get_id(), main);
@@ -75,7 +75,7 @@ TEST(ReduceSchedule, HelperRunsUnitsOnlyOnceTheirGradientsAreFinal) {
 }
 
 TEST(ReduceSchedule, FinishRethrowsAUnitsError) {
-    HelperThread   helper;
+    HelperThread helper;
     ReduceSchedule s({0}, &helper, [](size_t, bool) { throw std::runtime_error("boom"); });
     s.begin();
     s.grads_ready(0);
