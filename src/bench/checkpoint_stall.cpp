@@ -32,7 +32,7 @@ std::vector<double> step_intervals(const TrainConfig& cfg, dist::ParallelContext
     train::TrainOptions            opt;
     opt.force   = true;
     opt.quiet   = true;
-    opt.on_step = [&](int64_t, double) { at.push_back(Clock::now()); };
+    opt.on_step = [&](int64_t, double, double) { at.push_back(Clock::now()); };
     train::run_training(cfg, opt, &par);
     std::vector<double> out;
     for (size_t i = 1; i < at.size(); ++i) out.push_back(std::chrono::duration<double>(at[i] - at[i - 1]).count());

@@ -40,6 +40,58 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Steps of cfg with overlap off and on, `repeats` runs of each, alternating which goes first.
+int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelContext& par) {
+    std::vector<double> step_s[2], wait_s[2];  // [overlap off, on]
+    for (int r = 0; r < o.repeats; ++r) {
+        for (int i = 0; i < 2; ++i) {
+            const int on = (i + r) % 2;
+            cfg.parallel.overlap_grad_reduce = on == 1;
+            train::TrainOptions opt;
+            opt.dry_run = true;
+            opt.on_step = [&](int64_t step, double seconds, double wait) {
+                if (step < o.warmup) return;
+                step_s[on].push_back(seconds);
+                wait_s[on].push_back(wait);
+            };
+            train::run_training(cfg, opt, &par);
+        }
+    }
+    if (par.rank() != 0) return 0;
+    const double off_s = median(step_s[0]), on_s = median(step_s[1]);
+    const double off_w = median(wait_s[0]), on_w = median(wait_s[1]);
+    const bool   multiple = par.world().threads_multiple();
+    if (o.json) {
+        nlohmann::json j;
+        j["config"]          = cfg.name;
+        j["ranks"]           = par.size();
+        j["expert_parallel"] = par.ep_size();
+        j["threads_per_rank"] = compute_pool().size();
+        j["optimizer"]       = cfg.partition_optimizer(par.size()) ? "paro" : "replicated";
+        j["steps"]           = o.steps;
+        j["warmup"]          = o.warmup;
+        j["repeats"]         = o.repeats;
+        j["mpi_thread_multiple"] = multiple;
+        j["overlap_off"] = {{"step_s_median", off_s}, {"grad_reduce_wait_s_median", off_w}};
+        j["overlap_on"]  = {{"step_s_median", on_s}, {"grad_reduce_wait_s_median", on_w}};
+        j["step_ratio_on_over_off"] = off_s > 0 ? on_s / off_s : 0.0;
+        fmt::print("{}\n", j.dump(2));
+        std::fflush(stdout);
+        return 0;
+    }
+    fmt::print("bench train {} --compare-overlap: {} rank(s), expert parallel {}, {} threads per "
+               "rank, {} optimizer, {} x ({} + {} warm-up) steps per setting{}\n",
+               cfg.name, par.size(), par.ep_size(), compute_pool().size(),
+               cfg.partition_optimizer(par.size()) ? "ParO" : "replicated", o.repeats, o.steps,
+               o.warmup, multiple ? "" : " (no MPI_THREAD_MULTIPLE: on runs without overlap)");
+    fmt::print("{:<12} {:>14} {:>24}\n", "overlap", "step ms (med)", "grad reduce wait ms (med)");
+    fmt::print("{:<12} {:>14.2f} {:>24.2f}\n", "off", off_s * 1e3, off_w * 1e3);
+    fmt::print("{:<12} {:>14.2f} {:>24.2f}\n", "on", on_s * 1e3, on_w * 1e3);
+    fmt::print("step time on / off = {:.3f}\n", off_s > 0 ? on_s / off_s : 0.0);
+    std::fflush(stdout);
+    return 0;
+}
+
 }  // namespace
 
 int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
@@ -50,13 +102,20 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     cfg.train.eval_every = 0;
     cfg.train.log_every  = cfg.train.steps;
     const int P          = par.size();
+    if (o.compare_overlap) {
+        if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
+        return compare_overlap(cfg, o, par);
+    }
 
-    std::vector<double> step_s;
+    std::vector<double> step_s, wait_s;
     train::TrainOptions opt;
     opt.dry_run = true;
-    opt.on_step = [&](int64_t step, double seconds) {
+    opt.on_step = [&](int64_t step, double seconds, double wait) {
         if (step + 1 == o.warmup) reset_phase_timer();
-        if (step >= o.warmup) step_s.push_back(seconds);
+        if (step >= o.warmup) {
+            step_s.push_back(seconds);
+            wait_s.push_back(wait);
+        }
     };
     reset_phase_timer();
     enable_phase_timer(true);
@@ -114,6 +173,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["peak_rss_mb"]          = max_rss;
         j["peak_rss_mb_per_rank"] = rss;
         j["final_loss"]           = sum.final_loss;
+        j["grad_reduce_wait_s_median"] = median(wait_s);
         j["phases"]               = nlohmann::json::object();
         for (const auto& [name, s] : phases) {
             j["phases"][name] = {{"s_per_step", s}, {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
@@ -129,6 +189,10 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     fmt::print("step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
                "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
                med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
+    if (P > 1) {
+        fmt::print("gradient reduction after backward (exposed): {:.2f} ms median\n",
+                   median(wait_s) * 1e3);
+    }
     fmt::print("peak RSS {:.1f} MiB", max_rss);
     if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
     fmt::print("\n{:<14} {:>10} {:>8}\n", "phase", "ms/step", "share");

@@ -2,6 +2,8 @@
 // written) and reports tokens/s, model FLOP/s, MFU against the measured fp32 peak, peak resident
 // memory (VmHWM) per rank, and the step time split by phase (train/phase_timer.h). Collective
 // over par->world(); rank 0 prints a table or one JSON object. Step times are rank 0's.
+// With compare_overlap it instead times the same steps with parallel.overlap_grad_reduce off and
+// on, alternating runs, and reports the median step time of each and their ratio.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +16,9 @@ struct TrainBenchOptions {
     int64_t steps  = 10;  // timed steps
     int64_t warmup = 2;   // untimed steps first
     bool    json   = false;
+    // Off/on pairs of runs of warmup + steps each (compare_overlap only).
+    bool    compare_overlap = false;
+    int     repeats         = 3;
 };
 
 // Returns 0. cfg: the run to time; its steps, evaluation and logging settings are replaced.

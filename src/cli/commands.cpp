@@ -313,6 +313,8 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
     o.steps  = b.steps;
     o.warmup = b.warmup;
     o.json   = b.json;
+    o.compare_overlap = b.compare_overlap;
+    if (b.repeats > 0) o.repeats = b.repeats;
     return bench::run_train_bench(cfg, o, par);
 }
 

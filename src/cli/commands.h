@@ -44,6 +44,7 @@ struct BenchArgs {
     std::vector<std::string> sizes;         // comm: MIN MAX message sizes, e.g. 4K 64M
     int64_t                  steps  = 10;   // train: timed steps
     int64_t                  warmup = 2;    // train: untimed steps first
+    bool                     compare_overlap = false;  // train: overlap off vs on
 };
 int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b);
 int cmd_bench_comm(const BenchArgs& b, dist::Comm& world);

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
     bench_train->add_option("--steps", ba.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench_train->add_flag("--json", ba.json, "Print one JSON object");
+    bench_train->add_flag("--compare-overlap", ba.compare_overlap,
+                          "Time the steps with parallel.overlap_grad_reduce off and on, side by side");
+    bench_train->add_option("--repeats", ba.repeats,
+                            "Runs of each setting for --compare-overlap (default 3)");
     cli::PlanCommands plan_commands(app);
 
     try {

@@ -30,7 +30,7 @@ PlanCommands::PlanCommands(CLI::App& app) {
     plan_->add_option("--nodes", nodes_, "Nodes")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_option("--precision", precision_, "fp32, or bf16 (mixed-precision hook; the trainer runs fp32)")->capture_default_str();
-    plan_->add_option("--overlap", overlap_, "Fraction of gradient communication hidden behind compute (the trainer: 0)")->check(CLI::Range(0.0, 1.0));
+    plan_->add_option("--overlap", overlap_, "Fraction of gradient communication hidden behind compute (0: none; the trainer hides most of its gradient reduction, parallel.overlap_grad_reduce)")->check(CLI::Range(0.0, 1.0));
     plan_->add_option("--capacity-factor", capacity_, "What-if: MoE buffers bounded to this x N x K rows per rank (0 = as implemented, worst case)")->check(CLI::NonNegativeNumber);
     plan_->add_flag("--sweep", sweep_, "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
     plan_->add_option("--top", top_, "Layouts listed by --sweep")->check(CLI::PositiveNumber)->capture_default_str();

@@ -68,6 +68,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "expert_parallel", c.parallel.expert_parallel);
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
+    v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
 
     v("optimizer", "partition", c.optimizer.partition);
 

@@ -69,6 +69,9 @@ struct ParallelSection {
     int  expert_parallel  = 1;      // EP: ranks each MoE layer's experts are spread over
     bool hierarchical_a2a = false;  // all-to-all via one leader per node (multi-node runs)
     int  virtual_workers  = 1;      // swipe: workers each rank of an EP group simulates
+    // Reduce gradients on the helper thread during the last backward of each step (needs
+    // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.
+    bool overlap_grad_reduce = true;
 };
 
 struct OptimizerSection {

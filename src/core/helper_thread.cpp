@@ -1,8 +1,20 @@
 #include "core/helper_thread.h"
 
+#include <pthread.h>
+#include <sched.h>
+
+#include "core/thread_pool.h"
+
 namespace bagualu {
 
-HelperThread::HelperThread() : thread_([this] { loop(); }) {}
+HelperThread::HelperThread() : thread_([this] { loop(); }) {
+    // A new thread inherits its creator's affinity, and the compute pool pins the main thread to
+    // one core: give the helper back every core the process was started with.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int c : allowed_cpus()) CPU_SET(c, &set);
+    pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);  // best effort
+}
 
 HelperThread::~HelperThread() {
     {

@@ -317,7 +317,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     return sum / N;
 }
 
-void GPT::backward(float loss_scale) {
+void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready) {
     const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size,
               NH = cfg_.n_head;
     BGL_CHECK(N > 0, "backward without forward");
@@ -331,6 +331,10 @@ void GPT::backward(float loss_scale) {
     std::fill(a.dresid, a.dresid + static_cast<size_t>(N) * C, 0.0f);
     layernorm_backward(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean,
                        a.lnf_rstd, N, C);
+    // the layout is wte, wpe, blocks in order, ln_f: all after a block's first float is final
+    // once that block is done (wte, the LM head, only after the embedding)
+    const auto flat = [&](const float* p) { return static_cast<size_t>(p - grads_.data()); };
+    if (grads_ready) grads_ready(flat(g_.lnf_w));
     for (int l = cfg_.n_layer - 1; l >= 0; --l) {
         const auto&  w = w_.blocks[static_cast<size_t>(l)];
         auto&        g = g_.blocks[static_cast<size_t>(l)];
@@ -360,8 +364,10 @@ void GPT::backward(float loss_scale) {
         }
         layernorm_backward(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd,
                            N, C);
+        if (grads_ready) grads_ready(flat(g.ln1_w));
     }
     embedding_backward(g_.wte, g_.wpe, a.dresid, a.tokens.data(), B, T, C);
+    if (grads_ready) grads_ready(0);
 }
 
 double forward_flops_per_token(const ModelConfig& cfg, int T) {

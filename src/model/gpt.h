@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "core/function_ref.h"
 #include "model/param_layout.h"
 #include "dist/parallel.h"
 #include "moe/moe_layer.h"
@@ -102,7 +103,10 @@ class GPT {
     // Sum of the MoE layers' aux losses of the last forward.
     double aux_loss() const { return aux_loss_; }
     // Backward of the last forward: grads += d(loss_scale * (CE + aux)) / d params.
-    void backward(float loss_scale);
+    // grads_ready(from), when given, is called each time backward has written its last to the
+    // gradient floats [from, n_floats()): after ln_f, after each block (from = the block's first
+    // float; blocks go from the last to the first) and at the end (from = 0, the embeddings).
+    void backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready = {});
     // (B*T, V) logits of the last forward (overwritten by backward).
     const float* logits() const;
     // MoE layers in block order, for routing statistics.

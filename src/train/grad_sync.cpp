@@ -20,20 +20,6 @@ std::vector<Segment> make_segments(const model::ParamLayout& layout) {
     return segs;
 }
 
-void reduce_gradients(float* grads, const std::vector<Segment>& segs, dist::ParallelContext& par) {
-    if (par.size() == 1) return;
-    const float inv_p = 1.0f / static_cast<float>(par.size());
-    for (const Segment& s : segs) {
-        std::span<float> g(grads + s.begin, s.end - s.begin);
-        if (s.expert) {
-            if (par.edp_size() > 1) par.edp().allreduce_sum(g);
-        } else {
-            par.world().allreduce_sum(g);
-        }
-        kernels::scale_inplace(g.data(), inv_p, g.size());
-    }
-}
-
 double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
                         dist::ParallelContext* par) {
     double dense = 0, expert = 0;

@@ -3,8 +3,9 @@
 //   dense  grads: sum over all P ranks, then / P          (mean of the ranks' local-mean losses)
 //   expert grads: sum over the expert-data-parallel group, then / P (each expert already summed
 //                 the contributions of its EP group's tokens in backward)
-// The global norm adds the dense squares once and the expert squares over the EP group, so
-// replicas are not double counted.
+// The replicated optimizer reduces segment by segment (ReplicatedAdamW in optimizer.cpp, maybe on
+// the helper thread during backward). The global norm adds the dense squares once and the expert
+// squares over the EP group, so replicas are not double counted.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -21,7 +22,6 @@ struct Segment {
 
 std::vector<Segment> make_segments(const model::ParamLayout& layout);
 
-void   reduce_gradients(float* grads, const std::vector<Segment>& segs, dist::ParallelContext& par);
 double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
                         dist::ParallelContext* par);
 

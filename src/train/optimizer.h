@@ -3,6 +3,8 @@
 // reduce-scattered in buckets, each rank updates only its shard of the optimizer state: dense
 // over all ranks, experts over their edp group; updated parameters all-gathered). Same results
 // up to float rounding (docs/parallelism.md). Does not own the parameters or gradients.
+// Both can start the gradient reduction during the last backward of a step, on the helper thread
+// (reduce_schedule.h), with bitwise the same results as reducing in step().
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,8 +13,10 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "core/helper_thread.h"
 #include "dist/parallel.h"
 #include "model/param_layout.h"
+#include "train/reduce_schedule.h"
 #include "train/shard_map.h"
 
 namespace bagualu::train {
@@ -60,6 +64,25 @@ class Optimizer {
     virtual bool partitioned() const = 0;
     // [dense, experts]: the state a checkpoint saves and restores.
     virtual std::vector<StateSpace> state_spaces() = 0;
+
+    // Overlap (with a helper thread, else no-ops): call begin_reduction before the last backward
+    // of a step, and grads_ready(from) whenever backward has finished grads[from, end); the
+    // reductions of the parts that are complete then run on the helper while backward goes on,
+    // and step() waits for them. Collective over the world, in the same order on every rank.
+    void begin_reduction(float* grads);
+    void grads_ready(size_t from) { schedule_->grads_ready(from); }
+    // True when reductions run on a helper thread.
+    bool overlapped() const { return schedule_->overlapped(); }
+    // Seconds the last step() spent before every gradient was reduced (waiting for the helper
+    // thread, or reducing inline): the communication backward did not hide.
+    double reduce_wait_s() const { return reduce_wait_s_; }
+
+   protected:
+    // Runs the reduction units (see reduce_schedule.h) and records the wait.
+    void finish_reduction(float* grads);
+    std::unique_ptr<ReduceSchedule> schedule_;   // set by the constructor of each optimizer
+    float*                          grads_ = nullptr;  // the array being reduced
+    double                          reduce_wait_s_ = 0;
 };
 
 // ParO's optimizer state of one space: the shard's m and v, in shard order (map.pieces() say
@@ -76,8 +99,11 @@ struct ShardState {
 class PartitionedAdamW final : public Optimizer {
    public:
     // bucket_floats: the most floats of one bucket (all ranks' pieces together).
+    // helper: the thread that reduces during backward (nullptr: reduce in step()).
     PartitionedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
-                     const AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats);
+                     const AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats,
+                     HelperThread* helper = nullptr);
+    ~PartitionedAdamW() override;
     double          step(float* params, float* grads, double lr, int64_t step) override;
     MemoryFootprint footprint() const override;
     bool            partitioned() const override { return true; }
@@ -85,20 +111,33 @@ class PartitionedAdamW final : public Optimizer {
     // [0] dense parameters, split over the world; [1] experts, split over the edp group.
     const std::vector<ShardState>& shards() const { return shards_; }
 
-    static constexpr size_t kDefaultBucketFloats = size_t{1} << 22;  // 16 MiB
+    // 4 MiB: small enough that a model of a few million parameters per rank has several
+    // buckets to reduce while backward still runs.
+    static constexpr size_t kDefaultBucketFloats = size_t{1} << 20;
 
    private:
+    struct Unit {
+        size_t space = 0, bucket = 0;
+    };
+    // Reduce-scatter of one bucket into this rank's shard of grads_.
+    void reduce_bucket(const Unit& u, bool on_helper);
     dist::Comm& comm_of(size_t space);
     dist::ParallelContext&  par_;
+    // The reductions' own communicators (duplicates of world and edp), so the helper thread's
+    // collectives never mix with the main thread's on the same communicator.
+    std::unique_ptr<dist::Comm> reduce_world_, reduce_edp_;
+    std::vector<Unit>       units_;
     AdamWHyper              hyper_;
     size_t                  n_floats_ = 0;
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float>           bucket_;  // [max bucket_size()]
 };
 
-// Replicated or ParO per cfg.optimizer.partition and the number of ranks.
+// Replicated or ParO per cfg.optimizer.partition and the number of ranks. helper: the thread
+// that reduces gradients during backward (nullptr: no overlap). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext& par);
+                                          dist::ParallelContext& par,
+                                          HelperThread* helper = nullptr);
 
 // This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 when unknown.
 size_t peak_rss_bytes();

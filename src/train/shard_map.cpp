@@ -33,12 +33,13 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
     copies_.clear();
     if (n_ == 0) return;
     const auto P = static_cast<size_t>(ranks);
-    nb_          = ceil_div(n_, bucket_floats);
-    q_           = ceil_div(ceil_div(n_, P * nb_), 16) * 16;
+    q_           = ceil_div(ceil_div(n_, P * ceil_div(n_, bucket_floats)), 16) * 16;
+    nb_          = ceil_div(n_, P * q_);  // rounding q up may leave the last buckets empty: none
     S_           = nb_ * q_;
+    const size_t Gq = P * q_;  // floats of the space per bucket
 
-    // ---- pieces: every tensor inside a run, cut to this rank's shard ----
-    const size_t lo = static_cast<size_t>(rank) * S_, hi = std::min(lo + S_, n_);
+    // ---- pieces: every tensor inside a run, cut to this rank's part of each bucket ----
+    const size_t                         k     = static_cast<size_t>(rank);
     const std::vector<model::ParamSpec>& specs = layout.specs();
     for (size_t si = 0; si < specs.size(); ++si) {
         const model::ParamSpec& s = specs[si];
@@ -48,17 +49,22 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
         const size_t ri = static_cast<size_t>(it - runs_.begin()) - 1;
         if (s.offset >= runs_[ri].end) continue;  // not in this space
         BGL_CHECK(s.offset + s.numel <= runs_[ri].end, "tensor {} crosses a run boundary", s.name);
-        const size_t v0 = vstart[ri] + (s.offset - runs_[ri].begin);
-        const size_t a = std::max(v0, lo), b = std::min(v0 + s.numel, hi);
-        if (a >= b) continue;
-        pieces_.push_back(ShardPiece{si, a - v0, s.offset + (a - v0), a - lo, b - a, s.decay});
+        if (s.numel == 0) continue;
+        const size_t v0 = vstart[ri] + (s.offset - runs_[ri].begin), v1 = v0 + s.numel;
+        for (size_t b = v0 / Gq; b <= (v1 - 1) / Gq; ++b) {
+            const size_t x0 = b * Gq + k * q_;
+            const size_t a = std::max(v0, x0), e = std::min(v1, x0 + q_);
+            if (a >= e) continue;
+            pieces_.push_back(ShardPiece{si, a - v0, s.offset + (a - v0), b * q_ + (a - x0), e - a,
+                                         s.decay});
+        }
     }
 
-    // ---- bucket copies: bucket b, owner r covers [r*S + b*q, r*S + (b+1)*q) of the space ----
+    // ---- bucket copies: bucket b is [b*G*q, (b+1)*G*q) of the space, owner r its r-th q ----
     copies_.resize(nb_);
     for (size_t b = 0; b < nb_; ++b) {
         for (size_t r = 0; r < P; ++r) {
-            const size_t x0 = r * S_ + b * q_, x1 = std::min(x0 + q_, n_);
+            const size_t x0 = b * Gq + r * q_, x1 = std::min(x0 + q_, n_);
             for (size_t i = 0; i < runs_.size() && x0 < x1; ++i) {
                 const size_t r0 = vstart[i], r1 = r0 + (runs_[i].end - runs_[i].begin);
                 const size_t a = std::max(x0, r0), e = std::min(x1, r1);

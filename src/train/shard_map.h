@@ -1,8 +1,10 @@
 // Bookkeeping of ParO (docs/parallelism.md): which floats of the optimizer state a rank owns,
 // which tensor elements they are, and how gradients and parameters travel in buckets. A space
-// (the concatenation of some runs of the flat parameter array) of n floats is padded to P*S;
-// rank r owns [r*S, (r+1)*S). Bucket b packs [r*S + b*q, r*S + (b+1)*q) of every rank r in rank
-// order (q = S / NB), so a reduce-scatter of it hands each rank a piece of its own shard.
+// (the concatenation of some runs of the flat parameter array) of n floats is padded to NB*P*q
+// and cut into NB buckets of P*q consecutive floats; rank r owns the r-th q floats of every
+// bucket, and its shard (S = NB*q floats) is those pieces in bucket order. A reduce-scatter of
+// bucket b hands each rank piece b of its own shard. Buckets are contiguous in the space, so the
+// late layers' buckets are complete first in backward (reduction overlap, docs/parallelism.md).
 // No communication and no arithmetic here (optimizer.cpp does both).
 #pragma once
 #include <cstddef>
@@ -42,7 +44,8 @@ class ShardMap {
    public:
     // runs: the flat ranges forming the space, in order, each within the layout's array.
     // ranks, rank: the group the space is split over. bucket_floats: the most floats one
-    // bucket (all ranks' pieces together) should hold, before rounding up to 16 per piece.
+    // bucket (all ranks' pieces together) should hold, before rounding up to 16 per piece:
+    // q = 16 * ceil(ceil(n / (P * ceil(n / bucket_floats))) / 16), NB = ceil(n / (P * q)).
     ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks, int rank,
              size_t bucket_floats);
 
@@ -50,12 +53,15 @@ class ShardMap {
     int    rank() const { return rank_; }
     size_t numel() const { return n_; }             // n: floats in the space, tensor padding included
     size_t shard_size() const { return S_; }        // S: floats per rank, a multiple of 16
-    size_t num_buckets() const { return nb_; }      // NB
+    size_t num_buckets() const { return nb_; }      // NB; every bucket holds some of the space
     size_t piece_size() const { return q_; }        // q = S / NB, a multiple of 16
     size_t bucket_size() const { return q_ * static_cast<size_t>(ranks_); }
     const std::vector<FlatRun>&    runs() const { return runs_; }
     const std::vector<ShardPiece>& pieces() const { return pieces_; }  // this rank's, in order
     const std::vector<BucketCopy>& copies(size_t b) const { return copies_[b]; }
+    // The lowest flat float bucket b reads or writes: its gradients are final once backward has
+    // finished every float from there to the end of the array.
+    size_t first_flat(size_t b) const { return copies_[b].front().flat_offset; }
 
     // buf: (bucket_size()). Every rank's piece of bucket b from flat; virtual padding = 0.
     void pack(size_t b, const float* flat, float* buf) const;

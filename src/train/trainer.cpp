@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/helper_thread.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
@@ -181,7 +182,17 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
 
     model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
-    const std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, gpt.layout(), *par);
+    // Gradient reduction overlaps the last backward of each step on the helper thread, which
+    // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
+    const bool overlap_wanted = cfg.parallel.overlap_grad_reduce && P > 1;
+    const bool overlap        = overlap_wanted && par->world().threads_multiple();
+    if (overlap_wanted && !overlap && root) {
+        log::warn("MPI does not provide MPI_THREAD_MULTIPLE: gradients are reduced after backward, "
+                  "not overlapped with it (parallel.overlap_grad_reduce)");
+    }
+    std::unique_ptr<HelperThread> helper = overlap ? std::make_unique<HelperThread>() : nullptr;
+    const std::unique_ptr<Optimizer> optimizer =
+        make_optimizer(cfg, gpt.layout(), *par, helper.get());
     const MemoryFootprint            mem       = optimizer->footprint();
 
     // Every rank walks the same global order; rank r trains on its slice of each micro-step.
@@ -214,6 +225,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   mem.comm_bytes / kMiB);
         log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
                   compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
+        if (P > 1) {
+            log::info("gradient reduction: {}", optimizer->overlapped()
+                                                    ? "overlapped with backward (helper thread)"
+                                                    : "after backward");
+        }
     }
 
     // ---- checkpoints: resume from the newest usable one ----
@@ -266,8 +282,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
 
     const dist::CommTally comm_start = dist::comm_tally();
     const auto t_train      = Clock::now();
-    double     window_time  = 0;
+    double     window_time  = 0, window_wait = 0;
     int64_t    window_steps = 0;
+    const auto grads_ready  = [&](size_t from) { optimizer->grads_ready(from); };
     for (int64_t step = start_step; step < cfg.train.steps; ++step) {
         const auto t0 = Clock::now();
         gpt.zero_grad();
@@ -277,7 +294,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
             loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
-            gpt.backward(1.0f / static_cast<float>(accum));
+            if (micro + 1 < accum) {
+                gpt.backward(1.0f / static_cast<float>(accum));
+            } else {  // the last backward of the step: reduce what it has finished meanwhile
+                optimizer->begin_reduction(gpt.grads());
+                gpt.backward(1.0f / static_cast<float>(accum), grads_ready);
+            }
         }
         maybe_inject_kill(step + 1, par->rank());
         // the step's one small collective also tells whether every rank's checkpoint write is done
@@ -297,9 +319,10 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         optimizer_phase.stop();
         const double dt = seconds_since(t0);
         window_time += dt;
+        window_wait += optimizer->reduce_wait_s();
         ++window_steps;
         sum.final_loss = loss;
-        if (opt.on_step) opt.on_step(step, dt);
+        if (opt.on_step) opt.on_step(step, dt, optimizer->reduce_wait_s());
 
         const bool last = step + 1 == cfg.train.steps;
         if (ckpt && cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
@@ -317,6 +340,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
                                   {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
                                   {"elapsed_s", seconds_since(t_start)}};
+            if (P > 1) j["grad_reduce_wait_s"] = window_wait / static_cast<double>(window_steps);
             if (step == 0) {
                 j["param_bytes"] = mem.param_bytes;
                 j["grad_bytes"]  = mem.grad_bytes;
@@ -332,6 +356,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                                static_cast<double>(cfg.train.steps - step - 1);
             progress.update(step + 1, cfg.train.steps, loss, tps, mfu, eta);
             window_time  = 0;
+            window_wait  = 0;
             window_steps = 0;
         }
         if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && !last &&

@@ -19,8 +19,9 @@ struct TrainOptions {
     // Steps only (bagualu bench train): no run directory, log lines, metrics, evaluation or
     // export; nothing is written. The steps themselves are the same.
     bool dry_run = false;
-    // Called on every rank after each optimizer step with the step index and its seconds.
-    std::function<void(int64_t step, double seconds)> on_step;
+    // Called on every rank after each optimizer step with the step index, its seconds and the
+    // seconds the optimizer waited for the gradient reduction (Optimizer::reduce_wait_s).
+    std::function<void(int64_t step, double seconds, double reduce_wait_s)> on_step;
 };
 
 struct TrainSummary {

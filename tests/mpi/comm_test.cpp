@@ -120,6 +120,9 @@ TEST(Comm, SplitAndSplitShared) {
     EXPECT_EQ(node->size(), P);
     EXPECT_EQ(node->rank(), r);
     EXPECT_EQ(w.threads_serialized(), true);
+    // Debian's OpenMPI 4.1 provides MPI_THREAD_MULTIPLE (gradient-reduction overlap needs it)
+    EXPECT_TRUE(w.threads_multiple());
+    EXPECT_TRUE(sub->threads_multiple());
 }
 
 TEST(Comm, SendrecvAroundTheRing) {

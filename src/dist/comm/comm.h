@@ -22,6 +22,15 @@ class Comm {
     // True when MPI may be called from any one thread at a time (MPI_THREAD_SERIALIZED or
     // better), as needed to run communication on a background thread. LocalComm: always true.
     virtual bool threads_serialized() const = 0;
+    // True when MPI may be called from several threads at once (MPI_THREAD_MULTIPLE), as needed
+    // to reduce gradients on a background thread, on a communicator of its own, while the main
+    // thread runs the all-to-alls of backward. LocalComm: always true.
+    virtual bool threads_multiple() const = 0;
+
+    // For a communicator used by a background thread (the gradient reduction): its all-reduce
+    // then runs as MPI_Iallreduce plus a wait, whichever thread calls it, so the result does not
+    // depend on the thread (MPI_Allreduce may use another algorithm). Off by default.
+    virtual void set_background(bool on) = 0;
 
     virtual void barrier()                                     = 0;
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
@@ -79,11 +88,17 @@ class Comm {
 // Single process, no MPI.
 std::unique_ptr<Comm> make_local_comm();
 
+// For the calling thread only: MPI waits (of sendrecv, and of background all-reduces) poll with
+// MPI_Test and sleep a few microseconds between polls instead of spinning inside MPI, so a
+// background thread that shares a core with compute leaves that core to the compute while it
+// waits for the network. Off by default.
+void set_gentle_waits(bool on);
+
 // MPI when this process was started by a launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in
-// the environment), else LocalComm without touching MPI. Thread level: communication is meant to
-// run on a background thread (overlapping compute), one MPI call at a time, which is
-// MPI_THREAD_SERIALIZED (FUNNELED would allow the main thread only). We request SERIALIZED and
-// accept FUNNELED as the least; Comm::threads_serialized() says which one we got.
+// the environment), else LocalComm without touching MPI. Thread level: gradient reduction runs on
+// a background thread while the main thread's backward does its own all-to-alls, which needs
+// MPI_THREAD_MULTIPLE. We request MULTIPLE and accept FUNNELED as the least (the trainer then
+// reduces on the main thread); Comm::threads_multiple() and threads_serialized() say what we got.
 // Sets log::g_rank when the world has more than one rank. Call once.
 std::unique_ptr<Comm> init_world(int* argc, char*** argv);
 // MPI_Finalize when init_world initialised MPI; a no-op otherwise. All comms must be destroyed.

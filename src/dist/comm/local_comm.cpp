@@ -18,6 +18,8 @@ class LocalComm final : public Comm {
     int rank() const override { return 0; }
     int size() const override { return 1; }
     bool threads_serialized() const override { return true; }
+    bool threads_multiple() const override { return true; }
+    void set_background(bool) override {}
 
     void barrier() override {}
     void broadcast(void*, size_t bytes, int root) override {

@@ -9,9 +9,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -25,6 +27,10 @@ namespace bagualu::dist {
 namespace {
 
 bool g_mpi_started_here = false;
+thread_local bool t_gentle_waits = false;  // set_gentle_waits, per thread
+
+// Completes reqs: MPI_Waitall, or with gentle waits MPI_Testall with a short sleep between polls.
+void wait_all(int n, MPI_Request* reqs);
 
 int world_rank_or_minus_one() {
     int initialized = 0;
@@ -65,8 +71,8 @@ uint64_t alltoallv_payload(std::span<const int64_t> send_counts, size_t elem_byt
 
 class MpiComm final : public Comm {
    public:
-    MpiComm(MPI_Comm comm, bool owned, bool is_world, bool serialized)
-        : comm_(comm), owned_(owned), is_world_(is_world), serialized_(serialized) {
+    MpiComm(MPI_Comm comm, bool owned, bool is_world, int thread_level)
+        : comm_(comm), owned_(owned), is_world_(is_world), thread_level_(thread_level) {
         BGL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
         BGL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
         BGL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -81,7 +87,9 @@ class MpiComm final : public Comm {
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
-    bool threads_serialized() const override { return serialized_; }
+    bool threads_serialized() const override { return thread_level_ >= MPI_THREAD_SERIALIZED; }
+    bool threads_multiple() const override { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+    void set_background(bool on) override { background_ = on; }
 
     void barrier() override { BGL_MPI_CHECK(MPI_Barrier(comm_)); }
 
@@ -183,20 +191,20 @@ class MpiComm final : public Comm {
             BGL_MPI_CHECK(
                 MPI_Isend(s + off, n, MPI_BYTE, dest, kTagP2p, comm_, &reqs.emplace_back()));
         }
-        BGL_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+        wait_all(static_cast<int>(reqs.size()), reqs.data());
     }
 
     std::unique_ptr<Comm> split(int color, int key) override {
         MPI_Comm out = MPI_COMM_NULL;
         BGL_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out));
         if (out == MPI_COMM_NULL) return nullptr;
-        return std::make_unique<MpiComm>(out, true, false, serialized_);
+        return std::make_unique<MpiComm>(out, true, false, thread_level_);
     }
 
     std::unique_ptr<Comm> split_shared() override {
         MPI_Comm out = MPI_COMM_NULL;
         BGL_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out));
-        return std::make_unique<MpiComm>(out, true, false, serialized_);
+        return std::make_unique<MpiComm>(out, true, false, thread_level_);
     }
 
     [[noreturn]] void abort(int code, const std::string& msg) override {
@@ -224,19 +232,41 @@ class MpiComm final : public Comm {
         count_comm(CommKind::allreduce, sizeof(T) * d.size());
         for (size_t off = 0; off < d.size(); off += kMaxCallCount) {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, d.size() - off));
-            BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
+            if (background_) {
+                MPI_Request req = MPI_REQUEST_NULL;
+                BGL_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_, &req));
+                wait_all(1, &req);
+            } else {
+                BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
+            }
         }
     }
 
     MPI_Comm comm_;
     bool owned_;       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
     bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
-    bool serialized_;  // MPI_THREAD_SERIALIZED or better was provided
+    int  thread_level_;  // the MPI_THREAD_* level MPI_Init_thread provided
+    bool background_ = false;  // set_background: nonblocking all-reduce
     int rank_ = 0;
     int size_ = 1;
 };
 
+void wait_all(int n, MPI_Request* reqs) {
+    if (!t_gentle_waits) {
+        BGL_MPI_CHECK(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE));
+        return;
+    }
+    for (;;) {
+        int done = 0;
+        BGL_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+        if (done) return;
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
 }  // namespace
+
+void set_gentle_waits(bool on) { t_gentle_waits = on; }
 
 bool launched_by_mpi() {
     return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
@@ -249,13 +279,12 @@ std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
     BGL_MPI_CHECK(MPI_Initialized(&initialized));
     BGL_CHECK(!initialized, "init_world called with MPI already initialised");
     int provided = MPI_THREAD_SINGLE;
-    BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    BGL_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     g_mpi_started_here = true;
     BGL_CHECK(provided >= MPI_THREAD_FUNNELED,
               "MPI provides thread level {}, at least MPI_THREAD_FUNNELED ({}) is needed", provided,
               MPI_THREAD_FUNNELED);
-    auto world =
-        std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true, provided >= MPI_THREAD_SERIALIZED);
+    auto world = std::make_unique<MpiComm>(MPI_COMM_WORLD, false, true, provided);
     if (world->size() > 1) log::g_rank = world->rank();
     return world;
 }

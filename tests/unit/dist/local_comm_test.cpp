@@ -20,6 +20,7 @@ TEST(LocalComm, IsOneRank) {
     EXPECT_EQ(c->rank(), 0);
     EXPECT_EQ(c->size(), 1);
     EXPECT_TRUE(c->threads_serialized());
+    EXPECT_TRUE(c->threads_multiple());
     c->barrier();
 }
 

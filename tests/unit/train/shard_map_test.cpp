@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "train/grad_sync.h"
@@ -117,6 +119,28 @@ TEST_P(ShardMapTest, BucketsReduceScatterAndGatherThroughOwners) {
                 EXPECT_EQ(flat[size_t(r)][p.flat_offset + p.len - 1], -float(owner + 1));
             }
         }
+    }
+}
+
+// Buckets are consecutive floats of the space, so a later bucket starts later in the flat array
+// (backward finishes the late layers first: their buckets can be reduced first).
+TEST_P(ShardMapTest, BucketsFollowTheFlatOrder) {
+    const auto [P, bucket, expert] = GetParam();
+    const model::ParamLayout l     = mixed_layout();
+    const ShardMap           map(runs_of(l, expert), l, P, 0, bucket);
+    for (size_t b = 0; b < map.num_buckets(); ++b) {
+        size_t lo = SIZE_MAX, hi = 0;
+        for (const BucketCopy& c : map.copies(b)) {
+            lo = std::min(lo, c.flat_offset);
+            hi = std::max(hi, c.flat_offset + c.len);
+        }
+        EXPECT_EQ(map.first_flat(b), lo);
+        if (b + 1 < map.num_buckets()) {
+            EXPECT_LE(hi, map.first_flat(b + 1)) << "bucket " << b;
+        }
+    }
+    if (bucket == 40) {
+        EXPECT_GT(map.num_buckets(), 1u);
     }
 }
 
