@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <memory>
 
+#include "bench/io_bench.h"
 #include "cli/commands.h"
 #include "cli/plan_commands.h"
 #include "core/error.h"
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
     report->add_option("run_dir", report_dir, "Run directory")->required();
 
     cli::BenchArgs ba;
-    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps");
+    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps, checkpoint I/O");
     bench->require_subcommand(1);
     auto* bench_kernels = bench->add_subcommand(
         "kernels", "GEMM GFLOP/s of ours, oneDNN and OpenBLAS on the model's shapes, and the peak");
@@ -93,6 +94,17 @@ int main(int argc, char** argv) {
     bench_train->add_option("--steps", ba.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
     bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
     bench_train->add_flag("--json", ba.json, "Print one JSON object");
+    bench::IoBenchOptions io_options;
+    int64_t               io_mib = 256;
+    auto* bench_io = bench->add_subcommand(
+        "io", "Checkpoint write/read MB/s against a plain write+fsync/read of the same bytes");
+    bench_io->add_option("--mib", io_mib, "Checkpoint payload in MiB, split over many tensors")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+    bench_io->add_option("--repeats", io_options.repeats, "Timed rounds (median)")
+        ->check(CLI::PositiveNumber)->capture_default_str();
+    bench_io->add_option("--dir", io_options.dir, "Scratch space goes in a temporary directory here (default: system temp dir)")
+        ->check(CLI::ExistingDirectory);
+    bench_io->add_flag("--json", io_options.json, "Print one JSON object");
     cli::PlanCommands plan_commands(app);
 
     try {
@@ -141,6 +153,10 @@ int main(int argc, char** argv) {
         if (*exp) return cli::cmd_export(from, out, dtype);
         if (*report) return cli::cmd_report(report_dir);
         if (*bench_kernels) return cli::cmd_bench_kernels(common, ba);
+        if (*bench_io) {
+            io_options.bytes = static_cast<size_t>(io_mib) << 20;
+            return bench::run_io_bench(io_options);
+        }
     } catch (const InputError& e) {
         return fail(2, fmt::format("bagualu: error: {}", e.what()));
     } catch (const std::exception& e) {
