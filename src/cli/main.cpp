@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <memory>
 
+#include "bench/io_bench.h"
 #include "cli/commands.h"
 #include "cli/plan_commands.h"
 #include "core/error.h"
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     report->add_option("run_dir", report_dir, "Run directory")->required();
 
     cli::BenchArgs ba;
-    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps");
+    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps, checkpoint I/O");
     bench->require_subcommand(1);
     auto* bench_kernels = bench->add_subcommand(
         "kernels", "GEMM GFLOP/s of ours, oneDNN and OpenBLAS on the model's shapes, and the peak");
@@ -107,6 +108,22 @@ int main(int argc, char** argv) {
                           "Time the steps with parallel.overlap_grad_reduce off and on, side by side");
     bench_train->add_option("--repeats", ba.repeats,
                             "Runs of each setting for --compare-overlap (default 3)");
+    bench::IoBenchOptions io_options;
+    int64_t               io_mib = 256;
+    auto* bench_io = bench->add_subcommand(
+        "io", "Checkpoint write/read MB/s against a plain write+fsync/read of the same bytes");
+    bench_io->add_option("--mib", io_mib, "Checkpoint payload in MiB, split over many tensors")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+    bench_io->add_option("--repeats", io_options.repeats, "Timed rounds (median)")
+        ->check(CLI::PositiveNumber)->capture_default_str();
+    bench_io->add_option("--dir", io_options.dir, "Scratch space goes in a temporary directory here (default: system temp dir)")
+        ->check(CLI::ExistingDirectory);
+    bench_io->add_flag("--json", io_options.json, "Print one JSON object");
+    add_common(bench_io);  // --config: also the training stall of checkpoints on that config
+    bench_io->add_option("--stall-steps", io_options.stall_steps, "Steps of each stall run")
+        ->check(CLI::Range(int64_t{2}, int64_t{100000}))->capture_default_str();
+    bench_io->add_option("--stall-every", io_options.stall_every, "A checkpoint every N steps")
+        ->check(CLI::PositiveNumber)->capture_default_str();
     cli::PlanCommands plan_commands(app);
 
     try {
@@ -160,6 +177,17 @@ int main(int argc, char** argv) {
         if (*inspect) return cli::cmd_inspect(inspect_dir);
         if (*report) return cli::cmd_report(report_dir);
         if (*bench_kernels) return cli::cmd_bench_kernels(common, ba);
+        if (*bench_io) {
+            io_options.bytes = static_cast<size_t>(io_mib) << 20;
+            if (!common.config.empty()) {
+                io_options.stall_config = load_config(common.config, common.overrides);
+                if (io_options.stall_every >= io_options.stall_steps) {
+                    throw InputError(fmt::format("--stall-every {} must be below --stall-steps {}",
+                                                 io_options.stall_every, io_options.stall_steps));
+                }
+            }
+            return bench::run_io_bench(io_options);
+        }
     } catch (const InputError& e) {
         return fail(2, fmt::format("bagualu: error: {}", e.what()));
     } catch (const std::exception& e) {

@@ -16,9 +16,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_set>
+
+#include <xxhash.h>
 
 #include "core/error.h"
 
@@ -137,7 +140,7 @@ class TempFile {
 }  // namespace
 
 void write_safetensors(const std::string& path, std::span<const TensorRef> tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, uint64_t* xxh64) {
     // The header is assembled entry by entry so that it keeps the given tensor order.
     std::string text = "{";
     std::vector<uint64_t> nbytes(tensors.size());
@@ -169,11 +172,31 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
     text.append((8 - text.size() % 8) % 8, ' ');
     const uint64_t header_len = text.size();
 
+    // The hash is computed from the caller's memory on a second thread, overlapping the writes
+    // and the fsync, instead of reading the file back afterwards. (The future's destructor
+    // waits for it on every path out, exceptions included.)
+    std::future<uint64_t> hash;
+    if (xxh64 != nullptr) {
+        hash = std::async(std::launch::async, [&] {
+            XXH64_state_t* st = XXH64_createState();
+            BGL_CHECK(st != nullptr, "cannot allocate an xxhash state");
+            XXH64_reset(st, 0);
+            XXH64_update(st, &header_len, sizeof(header_len));
+            XXH64_update(st, text.data(), text.size());
+            for (std::size_t i = 0; i < tensors.size(); ++i) {
+                if (nbytes[i] > 0) XXH64_update(st, tensors[i].data, nbytes[i]);
+            }
+            const uint64_t h = XXH64_digest(st);
+            XXH64_freeState(st);
+            return h;
+        });
+    }
     TempFile file(path);
     file.write(&header_len, sizeof(header_len));
     file.write(text.data(), text.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) file.write(tensors[i].data, nbytes[i]);
     file.commit();
+    if (hash.valid()) *xxh64 = hash.get();
 }
 
 // ---- reading ----

@@ -27,9 +27,11 @@ struct TensorRef {
 
 // Writes `tensors` in the given order, contiguous, after a header padded with spaces to a
 // multiple of 8 bytes. `metadata` goes to "__metadata__" (omitted when empty). The file appears
-// at `path` complete or not at all. Throws InputError naming `path` on any I/O failure.
+// at `path` complete or not at all. Throws InputError naming `path` on any I/O failure. When
+// `xxh64` is given it receives the XXH64 (seed 0) of the whole file, computed while writing.
 void write_safetensors(const std::string& path, std::span<const TensorRef> tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       uint64_t* xxh64 = nullptr);
 
 struct TensorInfo {
     std::string name;

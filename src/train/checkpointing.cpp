@@ -102,9 +102,8 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
 }
 
 Checkpointer::~Checkpointer() {
-    if (!pending_) return;
     try {
-        io_.wait(ticket_);
+        io_.wait(std::max(ticket_, commit_ticket_));
     } catch (...) {  // the run is ending on another error already
     }
 }
@@ -222,7 +221,7 @@ void Checkpointer::finalize() {
     const auto  t0 = Clock::now();
     std::string error;
     try {
-        io_.wait(ticket_);
+        io_.wait(ticket_);  // this rank's file; on rank 0 also the previous checkpoint's commit
     } catch (const std::exception& e) {
         error = fmt::format("checkpoint of step {}: {}", step_, e.what());
     }
@@ -234,35 +233,52 @@ void Checkpointer::finalize() {
     const std::vector<std::string> records =
         allgather_strings(par_.world(), io::ckpt::manifest_to_json(mine).dump());
     if (par_.rank() == 0) {
+        io::ckpt::Manifest m;
+        m.step            = step_;
+        m.config_toml     = to_toml(cfg_);
+        m.ranks           = par_.size();
+        m.expert_parallel = par_.ep_size();
+        m.state           = state_;
+        for (size_t r = 0; r < records.size(); ++r) {
+            const io::ckpt::Manifest part = io::ckpt::manifest_from_json(
+                nlohmann::json::parse(records[r]), fmt::format("rank {}'s record", r));
+            m.files.insert(m.files.end(), part.files.begin(), part.files.end());
+        }
+        // The manifest's fsync, the rename and the pruning run on the I/O helper too.
+        commit_job_ = [this, m = std::move(m), tmp = tmp_dir_,
+                       final_dir = io::ckpt::step_dir(root_, step_)] {
+            try {
+                io::ckpt::write_manifest(tmp, m);
+                if (fs::exists(final_dir)) {  // an unusable one skipped at resume: keep it aside
+                    const std::string aside =
+                        final_dir + fmt::format(".replaced-{}", std::time(nullptr));
+                    fs::rename(final_dir, aside);
+                    log::warn("{}: existed already (skipped at resume); moved to {}", final_dir, aside);
+                }
+                io::ckpt::commit(tmp, final_dir);
+                io::ckpt::prune(root_, static_cast<int>(cfg_.checkpoint.keep));
+                last_ = final_dir;
+            } catch (const std::exception& e) {
+                input_error("checkpoint of step {}: {}", m.step, e.what());
+            }
+        };
+        commit_ticket_ = io_.submit(commit_job_);
+    }
+    stall_s_ += seconds_since(t0);
+}
+
+void Checkpointer::close() {
+    finalize();
+    std::string error;
+    if (commit_ticket_ > 0) {
         try {
-            io::ckpt::Manifest m;
-            m.step            = step_;
-            m.config_toml     = to_toml(cfg_);
-            m.ranks           = par_.size();
-            m.expert_parallel = par_.ep_size();
-            m.state           = state_;
-            for (size_t r = 0; r < records.size(); ++r) {
-                const io::ckpt::Manifest part = io::ckpt::manifest_from_json(
-                    nlohmann::json::parse(records[r]), fmt::format("rank {}'s record", r));
-                m.files.insert(m.files.end(), part.files.begin(), part.files.end());
-            }
-            io::ckpt::write_manifest(tmp_dir_, m);
-            const std::string final_dir = io::ckpt::step_dir(root_, step_);
-            if (fs::exists(final_dir)) {  // an unusable one skipped at resume: keep it aside
-                const std::string aside = final_dir + fmt::format(".replaced-{}", std::time(nullptr));
-                fs::rename(final_dir, aside);
-                log::warn("{}: existed already (skipped at resume); moved to {}", final_dir, aside);
-            }
-            io::ckpt::commit(tmp_dir_, final_dir);
-            io::ckpt::prune(root_, static_cast<int>(cfg_.checkpoint.keep));
-            last_ = final_dir;
+            io_.wait(commit_ticket_);
         } catch (const std::exception& e) {
-            error = fmt::format("checkpoint of step {}: {}", step_, e.what());
+            error = e.what();
         }
     }
     fail_together(par_.world(), error);
     last_ = allgather_strings(par_.world(), last_)[0];
-    stall_s_ += seconds_since(t0);
 }
 
 CheckpointModel read_checkpoint_model(const std::string& dir) {

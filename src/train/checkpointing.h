@@ -61,16 +61,19 @@ class Checkpointer {
     double busy() const;
     // True between save() and the finalize() of that checkpoint.
     bool pending() const { return pending_; }
-    // Collective: waits for this rank's write, then rank 0 writes the manifest, commits the
-    // directory and prunes. A failed write on any rank ends every rank with its message.
+    // Collective: waits for this rank's write, gathers every rank's file record, and rank 0
+    // queues the commit (manifest written and fsynced, directory renamed, older ones pruned) on
+    // the I/O helper. A failed write on any rank ends every rank with its message.
     void finalize();
+    // Collective, at the end of training: finalizes and waits for the last commit.
+    void close();
     // Seconds the step loop spent in save() and finalize() (snapshot copies and waits).
     double stall_seconds() const { return stall_s_; }
     // Seconds this rank's I/O helper spent writing checkpoint files (what a synchronous
     // checkpoint would have stalled the step loop); the bytes they hold.
     double   write_seconds() const { return write_s_; }
     uint64_t bytes_written() const { return bytes_; }
-    // The last checkpoint committed ("" if none).
+    // The last checkpoint committed ("" if none); complete after close().
     const std::string& last_committed() const { return last_; }
 
    private:
@@ -79,9 +82,9 @@ class Checkpointer {
     Optimizer&                  opt_;
     dist::ParallelContext&      par_;
     std::string                 root_;
-    std::function<void()>       write_job_;  // the job io_ runs (kept alive for FunctionRef)
+    std::function<void()>       write_job_, commit_job_;  // io_'s jobs (alive for FunctionRef)
     HelperThread                io_;         // writes snapshots; one per run
-    HelperThread::Ticket        ticket_  = 0;
+    HelperThread::Ticket        ticket_  = 0, commit_ticket_ = 0;
     bool                        pending_ = false;
     int64_t                     step_    = 0;
     nlohmann::json              state_;

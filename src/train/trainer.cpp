@@ -364,7 +364,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             run_eval(step + 1);
         }
     }
-    if (ckpt && ckpt->pending()) ckpt->finalize();
+    if (ckpt) ckpt->close();
     emit(resource_report(dist::comm_tally() - comm_start - eval_comm,
                          std::max<int64_t>(cfg.train.steps - start_step, 1), *par));
     if (ckpt && cfg.checkpoint.every > 0) {

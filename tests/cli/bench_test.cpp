@@ -1,5 +1,6 @@
-// `bagualu bench` through the binary: kernels and train print one parseable JSON object with the
-// documented keys, train's phase fractions add up to one, and bad arguments exit 2 with one line.
+// `bagualu bench` through the binary: kernels, train and io print one parseable JSON object with
+// the documented keys, train's phase fractions add up to one, io cleans up after itself, and bad
+// arguments exit 2 with one line.
 // Kept fast: the tiny config, one repeat, two timed steps on token shards written directly.
 #include <gtest/gtest.h>
 
@@ -86,11 +87,38 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "bench train writes nothing";
 }
 
+TEST(BenchCli, IoReportsWriteAndReadRatiosAndCleansUp) {
+    TempDir             dir;
+    const CommandResult r = bagualu("bench io --mib 1 --repeats 1 --json --dir " + dir.str());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);
+    for (const char* key : {"bytes", "tensors", "repeats", "write_checkpoint_mbs", "write_plain_mbs",
+                            "write_ratio", "read_checkpoint_mbs", "read_plain_mbs", "read_ratio"}) {
+        ASSERT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_EQ(j["bytes"], 1 << 20);
+    EXPECT_GT(j["tensors"].get<int>(), 10);
+    for (const char* key : {"write_checkpoint_mbs", "write_plain_mbs", "write_ratio", "read_checkpoint_mbs",
+                            "read_plain_mbs", "read_ratio"}) {
+        EXPECT_GT(j[key].get<double>(), 0.0) << key;
+    }
+    // ratio = checkpoint MB/s over plain MB/s (rounding aside)
+    EXPECT_NEAR(j["write_ratio"].get<double>(),
+                j["write_checkpoint_mbs"].get<double>() / j["write_plain_mbs"].get<double>(), 1e-9);
+    EXPECT_TRUE(std::filesystem::is_empty(dir.str())) << "bench io leaves its scratch directory behind";
+
+    const CommandResult table = bagualu("bench io --mib 1 --repeats 1 --dir " + dir.str());
+    ASSERT_EQ(table.status, 0) << table.output;
+    EXPECT_NE(table.output.find("write ratio checkpoint/plain:"), std::string::npos) << table.output;
+    EXPECT_NE(table.output.find("read ratio checkpoint/plain:"), std::string::npos) << table.output;
+}
+
 TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
     for (const char* args :
          {"bench", "bench nope", "bench train", "bench train --config configs/tiny.toml --steps 0",
           "bench kernels --repeats 0", "bench comm --sizes 4K", "bench comm --sizes 4Q 1M",
-          "bench comm --sizes 1M 4K"}) {
+          "bench comm --sizes 1M 4K", "bench io --mib 0", "bench io --repeats 0",
+          "bench io --dir /nonexistent/dir"}) {
         const CommandResult r = bagualu(args);
         EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
         std::string line = r.output;

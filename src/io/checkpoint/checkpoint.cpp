@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -56,9 +58,8 @@ FileRecord write_slices(const std::string& dir, const std::string& name, std::sp
         rec.slices.push_back(std::move(r));
     }
     const std::string path = dir + "/" + name;
-    write_safetensors(path, refs, {{"format", "bagualu-checkpoint-shard"}});
+    write_safetensors(path, refs, {{"format", "bagualu-checkpoint-shard"}}, &rec.xxh64);
     rec.bytes = fs::file_size(path);
-    rec.xxh64 = file_xxh64(path);
     return rec;
 }
 
@@ -84,6 +85,17 @@ nlohmann::json manifest_to_json(const Manifest& m) {
 
 namespace {
 
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
+
+// No directories, no hidden or special names, nothing a path or a terminal would misread.
+bool plain_file_name(const std::string& name) {
+    if (name.empty() || name.size() > 255 || name[0] == '.') return false;
+    for (const char c : name) {
+        if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+    }
+    return true;
+}
+
 // Typed field access with one-line errors naming the manifest and the field.
 struct Fields {
     const std::string& source;
@@ -94,6 +106,9 @@ struct Fields {
     int64_t integer(const nlohmann::json& obj, const char* key, const std::string& where) const {
         const auto& v = at(obj, key, where);
         if (!v.is_number_integer()) input_error("{}: {}{} must be an integer", source, where, key);
+        if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+            input_error("{}: {}{} = {} is too large", source, where, key, v.get<uint64_t>());
+        }
         return v.get<int64_t>();
     }
     std::string string(const nlohmann::json& obj, const char* key, const std::string& where) const {
@@ -113,32 +128,40 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
     m.step        = f.integer(j, "step", "");
     m.config_toml = f.string(j, "config", "");
     const auto& layout = f.at(j, "layout", "");
-    m.ranks            = static_cast<int>(f.integer(layout, "ranks", "layout."));
-    m.expert_parallel  = static_cast<int>(f.integer(layout, "expert_parallel", "layout."));
-    if (m.step < 0 || m.ranks < 1 || m.expert_parallel < 1) input_error("{}: step/layout out of range", source);
+    const int64_t ranks = f.integer(layout, "ranks", "layout.");
+    const int64_t ep    = f.integer(layout, "expert_parallel", "layout.");
+    if (m.step < 0) input_error("{}: step = {} is negative", source, m.step);
+    if (ranks < 1 || ranks > kMaxRanks || ep < 1 || ranks % ep != 0) {
+        input_error("{}: layout ranks = {}, expert_parallel = {}: need 1 <= ranks <= {} and expert_parallel dividing ranks",
+                    source, ranks, ep, kMaxRanks);
+    }
+    m.ranks           = static_cast<int>(ranks);
+    m.expert_parallel = static_cast<int>(ep);
     const auto& files = f.at(j, "files", "");
     if (!files.is_array()) input_error("{}: files must be an array", source);
     // tensor -> sorted ranges, to find overlaps and shape disagreements
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
     std::map<std::string, std::vector<int64_t>>                     shapes;
+    std::set<std::string>                                           names;
     for (size_t fi = 0; fi < files.size(); ++fi) {
         const std::string where = fmt::format("files[{}].", fi);
         FileRecord        r;
         r.name = f.string(files[fi], "name", where);
-        if (r.name.empty() || r.name.find('/') != std::string::npos || r.name[0] == '.') {
+        if (!plain_file_name(r.name) || r.name == kManifestName) {
             input_error("{}: {}name '{}' must be a plain file name", source, where, r.name);
         }
-        r.bytes = static_cast<uint64_t>(f.integer(files[fi], "bytes", where));
+        if (!names.insert(r.name).second) input_error("{}: {}name '{}' appears twice", source, where, r.name);
+        const int64_t bytes = f.integer(files[fi], "bytes", where);
+        if (bytes < 0) input_error("{}: {}bytes = {} is negative", source, where, bytes);
+        r.bytes             = static_cast<uint64_t>(bytes);
         const std::string h = f.string(files[fi], "xxh64", where);
-        size_t            used = 0;
-        try {
-            r.xxh64 = std::stoull(h, &used, 16);
-        } catch (const std::exception&) {
-            used = 0;
+        if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+            input_error("{}: {}xxh64 '{}' must be 16 lowercase hex digits", source, where, h);
         }
-        if (used != h.size() || h.size() != 16) input_error("{}: {}xxh64 must be 16 hex digits", source, where);
+        r.xxh64            = std::stoull(h, nullptr, 16);
         const auto& slices = f.at(files[fi], "slices", where);
         if (!slices.is_array()) input_error("{}: {}slices must be an array", source, where);
+        std::set<std::string> keys;
         for (size_t si = 0; si < slices.size(); ++si) {
             const std::string sw = fmt::format("{}slices[{}].", where, si);
             SliceRecord       s;
@@ -146,6 +169,7 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
             s.key    = f.string(slices[si], "key", sw);
             s.begin  = f.integer(slices[si], "begin", sw);
             s.end    = f.integer(slices[si], "end", sw);
+            if (!keys.insert(s.key).second) input_error("{}: {}key '{}' appears twice in {}", source, sw, s.key, r.name);
             const auto& shape = f.at(slices[si], "shape", sw);
             if (!shape.is_array()) input_error("{}: {}shape must be an array", source, sw);
             int64_t numel = 1;
@@ -172,6 +196,7 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
         }
     }
     m.state = j.contains("state") ? j["state"] : nlohmann::json::object();
+    if (!m.state.is_object()) input_error("{}: state must be an object", source);
     return m;
 }
 
@@ -193,7 +218,17 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     if (ec) input_error("{}: cannot rename into place: {}", path, ec.message());
 }
 
-CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes) : dir_(dir) {
+struct CheckpointReader::Files {
+    std::mutex                                    mutex;
+    std::vector<std::unique_ptr<SafetensorsFile>> open;  // by file index; null until first used
+};
+
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept            = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+CheckpointReader::~CheckpointReader()                                      = default;
+
+CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes)
+    : dir_(dir), files_(std::make_unique<Files>()) {
     const std::string path = dir + "/" + kManifestName;
     if (!fs::exists(path)) input_error("{}: missing (an incomplete or foreign checkpoint)", path);
     nlohmann::json j;
@@ -216,42 +251,47 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes) :
             input_error("{}: checksum mismatch (xxh64 {} expected {}): corrupted", fp, hex64(file_xxh64(fp)), hex64(f.xxh64));
         }
     }
-}
-
-bool CheckpointReader::has(const std::string& tensor) const {
-    for (const FileRecord& f : manifest_.files) {
-        for (const SliceRecord& s : f.slices) {
-            if (s.tensor == tensor) return true;
+    for (size_t fi = 0; fi < manifest_.files.size(); ++fi) {
+        for (size_t si = 0; si < manifest_.files[fi].slices.size(); ++si) {
+            index_[manifest_.files[fi].slices[si].tensor].emplace_back(fi, si);
         }
     }
-    return false;
+    files_->open.resize(manifest_.files.size());
 }
+
+bool CheckpointReader::has(const std::string& tensor) const { return index_.contains(tensor); }
 
 const std::vector<int64_t>& CheckpointReader::shape(const std::string& tensor) const {
-    for (const FileRecord& f : manifest_.files) {
-        for (const SliceRecord& s : f.slices) {
-            if (s.tensor == tensor) return s.shape;
-        }
-    }
-    input_error("{}: no tensor {} in the checkpoint", dir_, tensor);
+    const auto it = index_.find(tensor);
+    if (it == index_.end()) input_error("{}: no tensor {} in the checkpoint", dir_, tensor);
+    const auto [fi, si] = it->second.front();
+    return manifest_.files[fi].slices[si].shape;
 }
 
 void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t end, float* out) const {
-    int64_t covered = 0;
-    for (const FileRecord& f : manifest_.files) {
-        std::unique_ptr<SafetensorsFile> file;  // opened only when a slice is needed
-        for (const SliceRecord& s : f.slices) {
-            if (s.tensor != tensor || s.end <= begin || s.begin >= end) continue;
-            if (!file) file = std::make_unique<SafetensorsFile>(dir_ + "/" + f.name);
-            const TensorInfo& ti = file->info(s.key);
-            if (ti.dtype != DType::F32 || ti.numel != s.end - s.begin) {
-                input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name, s.key, s.end - s.begin);
-            }
-            const auto    bytes = file->bytes(s.key);
-            const int64_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
-            std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4, static_cast<size_t>(hi - lo) * 4);
-            covered += hi - lo;
+    BGL_CHECK(begin >= 0 && end >= begin, "read of {} [{}, {})", tensor, begin, end);
+    static const std::vector<std::pair<size_t, size_t>> kNone;
+    const auto                                          it      = index_.find(tensor);
+    int64_t                                             covered = 0;
+    for (const auto& [fi, si] : it == index_.end() ? kNone : it->second) {
+        const FileRecord&  f = manifest_.files[fi];
+        const SliceRecord& s = f.slices[si];
+        if (s.end <= begin || s.begin >= end) continue;
+        const SafetensorsFile* file = nullptr;
+        {
+            std::lock_guard lock(files_->mutex);
+            auto&           open = files_->open[fi];
+            if (!open) open = std::make_unique<SafetensorsFile>(dir_ + "/" + f.name);  // mapped once
+            file = open.get();
         }
+        const TensorInfo& ti = file->info(s.key);
+        if (ti.dtype != DType::F32 || ti.numel != s.end - s.begin) {
+            input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name, s.key, s.end - s.begin);
+        }
+        const auto    bytes = file->bytes(s.key);
+        const int64_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
+        std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4, static_cast<size_t>(hi - lo) * 4);
+        covered += hi - lo;
     }
     if (covered != end - begin) {
         input_error("{}: tensor {} elements [{}, {}) are not all in the checkpoint ({} found)", dir_, tensor, begin, end, covered);

@@ -6,10 +6,16 @@
 // This file knows nothing of models, optimizers or MPI: callers hand it float slices.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+namespace bagualu::io {
+class SafetensorsFile;
+}
 
 namespace bagualu::io::ckpt {
 
@@ -46,7 +52,7 @@ struct Manifest {
 inline constexpr const char* kManifestName = "manifest.json";
 
 // Writes slices as 1-D F32 tensors to dir/name (atomic: temp file, fsync, rename) and returns
-// the record, hash included. Throws InputError on I/O failure.
+// the record, hash included (computed while writing). Throws InputError on I/O failure.
 FileRecord write_slices(const std::string& dir, const std::string& name, std::span<const Slice> slices);
 
 nlohmann::json manifest_to_json(const Manifest& m);
@@ -61,6 +67,9 @@ class CheckpointReader {
     // Parses and validates dir/manifest.json; checks every file's size, and its xxhash64 when
     // verify_hashes. Throws InputError naming the file on any problem.
     explicit CheckpointReader(const std::string& dir, bool verify_hashes = true);
+    CheckpointReader(CheckpointReader&&) noexcept;
+    CheckpointReader& operator=(CheckpointReader&&) noexcept;
+    ~CheckpointReader();
 
     const Manifest&    manifest() const { return manifest_; }
     const std::string& dir() const { return dir_; }
@@ -68,12 +77,17 @@ class CheckpointReader {
     // Full shape of a logical tensor; throws if absent.
     const std::vector<int64_t>& shape(const std::string& tensor) const;
     // Fills out[0 .. end-begin) with elements [begin, end) of the tensor, from however many
-    // slices cover them; throws InputError when some element is in no slice.
+    // slices cover them; throws InputError when some element is in no slice. Each shard file is
+    // mapped once, on first use, and stays mapped while the reader lives. Thread-safe.
     void read(const std::string& tensor, int64_t begin, int64_t end, float* out) const;
 
    private:
+    struct Files;  // the mapped shard files, behind a mutex
     std::string dir_;
     Manifest    manifest_;
+    // tensor -> (file index, slice index) of each of its slices, in manifest order
+    std::unordered_map<std::string, std::vector<std::pair<size_t, size_t>>> index_;
+    std::unique_ptr<Files> files_;
 };
 
 // ---- directories of checkpoints: <root>/step_00000040 ----

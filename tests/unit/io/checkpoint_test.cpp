@@ -3,6 +3,7 @@
 // directory helpers keep only complete checkpoints.
 #include "io/checkpoint/checkpoint.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "../../common/run_command.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 
 namespace bagualu::io::ckpt {
 namespace {
@@ -41,6 +43,8 @@ TEST(CheckpointTest, ReadsAnyRangeAcrossRanks) {
     std::vector<float> a, b;
     write_two_ranks(d.str(), a, b);
     CheckpointReader r(d.str());
+    // write_slices hashes while writing; the hash must be that of the bytes on disk.
+    for (const FileRecord& f : r.manifest().files) EXPECT_EQ(f.xxh64, file_xxh64(d / f.name)) << f.name;
     EXPECT_EQ(r.manifest().step, 40);
     EXPECT_EQ(r.manifest().state["sampler"]["position"], 17);
     EXPECT_EQ(r.shape("param/a"), (std::vector<int64_t>{2, 5}));
@@ -114,6 +118,108 @@ TEST(CheckpointTest, RejectsCraftedManifests) {
     EXPECT_NE(with([](nlohmann::json& j) { j["files"][1]["slices"][0]["shape"] = {3, 5}; }).find("disagrees"), std::string::npos);
     testing::write_file(path, "{\"format\": ");
     EXPECT_NE(error_of(d.str()).find("invalid JSON"), std::string::npos);
+}
+
+// Each edit of a valid manifest must be refused by the parser with a message naming the field;
+// these are the shapes of input the manifest fuzzer (fuzz/manifest_fuzz.cpp) generates.
+TEST(CheckpointTest, RejectsMistypedAndOutOfRangeFields) {
+    std::vector<float> a, b;
+    TempDir            d;
+    const Manifest     m = write_two_ranks(d.str(), a, b);
+    using Edit           = void (*)(nlohmann::json&);
+    const std::vector<std::pair<Edit, const char*>> cases = {
+        {[](nlohmann::json& j) { j = nlohmann::json::array(); }, "missing format"},
+        {[](nlohmann::json& j) { j["format"] = 1; }, "format must be a string"},
+        {[](nlohmann::json& j) { j["version"] = 2; }, "unsupported version"},
+        {[](nlohmann::json& j) { j["step"] = "40"; }, "step must be an integer"},
+        {[](nlohmann::json& j) { j["step"] = 40.5; }, "step must be an integer"},
+        {[](nlohmann::json& j) { j["step"] = -1; }, "step = -1 is negative"},
+        {[](nlohmann::json& j) { j["step"] = UINT64_MAX; }, "step = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) { j["layout"]["ranks"] = (int64_t{1} << 32) + 2; }, "layout ranks = 4294967298"},
+        {[](nlohmann::json& j) { j["layout"]["ranks"] = 0; }, "layout ranks = 0"},
+        {[](nlohmann::json& j) { j["layout"]["expert_parallel"] = 3; }, "expert_parallel = 3"},
+        {[](nlohmann::json& j) { j["files"] = nlohmann::json::object(); }, "files must be an array"},
+        {[](nlohmann::json& j) { j["files"][0] = 5; }, "missing files[0].name"},
+        {[](nlohmann::json& j) { j["files"][0]["bytes"] = -204; }, "files[0].bytes = -204 is negative"},
+        {[](nlohmann::json& j) { j["files"][0]["bytes"] = UINT64_MAX; }, "files[0].bytes = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "0x00000000000001"; }, "xxh64 '0x00000000000001'"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "-000000000000001"; }, "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = " 000000000000001"; }, "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "ABCDEF0123456789"; }, "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["name"] = "manifest.json"; }, "plain file name"},
+        {[](nlohmann::json& j) { j["files"][0]["name"] = "a\\b"; }, "plain file name"},
+        {[](nlohmann::json& j) { j["files"][0]["name"] = std::string("a\nb"); }, "plain file name"},
+        {[](nlohmann::json& j) { j["files"][0]["name"] = ""; }, "plain file name"},
+        {[](nlohmann::json& j) { j["files"][1]["name"] = "rank_00000.safetensors"; }, "files[1].name 'rank_00000.safetensors' appears twice"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"] = "x"; }, "files[0].slices must be an array"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["begin"] = -1; }, "range [-1, 4) outside"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = UINT64_MAX; }, "end = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = 0; j["files"][0]["slices"][0]["begin"] = 4; }, "range [4, 0) outside"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = {2, -5}; }, "shape must hold non-negative integers"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30}; }, "shape too large"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = 10; }, "shape must be an array"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["tensor"] = nullptr; }, "tensor must be a string"},
+        {[](nlohmann::json& j) {
+             j["files"][1]["slices"][1]["key"] = j["files"][1]["slices"][0]["key"];
+         },
+         "key 'param/a[4:10]' appears twice in rank_00001.safetensors"},
+        {[](nlohmann::json& j) { j["state"] = 3; }, "state must be an object"},
+    };
+    for (const auto& [edit, expected] : cases) {
+        nlohmann::json j = manifest_to_json(m);
+        edit(j);
+        try {
+            (void)manifest_from_json(j, "m.json");
+            ADD_FAILURE() << "accepted: " << j.dump();
+        } catch (const InputError& e) {
+            EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what() << "\nexpected: " << expected;
+            EXPECT_EQ(std::string(e.what()).rfind("m.json: ", 0), 0u) << e.what();
+        }
+    }
+    // The unchanged manifest still loads (so each case above failed for its own edit).
+    EXPECT_NO_THROW((void)manifest_from_json(manifest_to_json(m), "m.json"));
+}
+
+// A manifest that parses but disagrees with the shard it names: the slice's key holds another
+// number of values, or another dtype, or does not exist. read() must refuse, not copy.
+TEST(CheckpointTest, ReadRefusesKeysThatDisagreeWithTheManifest) {
+    std::vector<float> a, b;
+    TempDir            d;
+    const Manifest     m    = write_two_ranks(d.str(), a, b);
+    const std::string  path = d / "manifest.json";
+    std::vector<float> out(10);
+    auto               read_error = [&](auto edit) -> std::string {
+        nlohmann::json j = manifest_to_json(m);
+        edit(j);
+        testing::write_file(path, j.dump());
+        try {
+            CheckpointReader r(d.str());
+            r.read("param/a", 0, 10, out.data());
+        } catch (const InputError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    // rank 0 claims [0, 3) of a where its key holds 4 values; rank 1 claims [3, 10).
+    std::string e = read_error([](nlohmann::json& j) {
+        j["files"][0]["slices"][0]["end"]   = 3;
+        j["files"][1]["slices"][0]["begin"] = 3;
+    });
+    EXPECT_NE(e.find("param/a[0:4] does not hold 3 F32 values"), std::string::npos) << e;
+    e = read_error([](nlohmann::json& j) { j["files"][1]["slices"][0]["key"] = "param/a[4:11]"; });
+    EXPECT_NE(e.find("rank_00001.safetensors"), std::string::npos) << e;
+    EXPECT_NE(e.find("param/a[4:11]"), std::string::npos) << e;
+    // A BF16 tensor named by the manifest as an F32 slice.
+    const uint16_t  bf16[6] = {};
+    const TensorRef t[]     = {{"param/a[4:10]", DType::BF16, {6}, bf16}};
+    write_safetensors(d / "bf16.safetensors", t);
+    e = read_error([&](nlohmann::json& j) {
+        j["files"][1]["name"]  = "bf16.safetensors";
+        j["files"][1]["bytes"] = fs::file_size(d / "bf16.safetensors");
+        j["files"][1]["xxh64"] = fmt::format("{:016x}", file_xxh64(d / "bf16.safetensors"));
+        j["files"][1]["slices"].erase(1);
+    });
+    EXPECT_NE(e.find("does not hold 6 F32 values"), std::string::npos) << e;
 }
 
 TEST(CheckpointTest, ListCommitPrune) {
