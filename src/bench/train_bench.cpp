@@ -2,6 +2,7 @@
 // forward's matrix products per token, GPT::flops_per_token), the peak summed over ranks, each
 // rank's measured after the steps while every rank measures (sharing the cores as in training).
 // Phase seconds are means over the timed steps; "other" is the step time no scope covered.
+// The data wait is phase "data" (the loader's next()) as a share of the mean step.
 #include "bench/train_bench.h"
 
 #include <fmt/format.h>
@@ -94,6 +95,9 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     phases.emplace_back("other", std::max(0.0, mean_s - covered));
     double phase_sum = 0;
     for (const auto& p : phases) phase_sum += p.second;
+    // Time the step spent in the data loader (phase "data"): the goal is well under 1%.
+    const double data_s        = totals[static_cast<size_t>(Phase::data)] / static_cast<double>(step_s.size());
+    const double data_fraction = mean_s > 0 ? data_s / mean_s : 0.0;
 
     if (o.json) {
         nlohmann::json j;
@@ -114,6 +118,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["peak_rss_mb"]          = max_rss;
         j["peak_rss_mb_per_rank"] = rss;
         j["final_loss"]           = sum.final_loss;
+        j["data_wait_fraction"]   = data_fraction;
         j["phases"]               = nlohmann::json::object();
         for (const auto& [name, s] : phases) {
             j["phases"][name] = {{"s_per_step", s}, {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
@@ -129,6 +134,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     fmt::print("step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
                "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
                med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
+    fmt::print("data wait {:.3f} ms per step: {:.3f}% of the step\n", data_s * 1e3,
+               100.0 * data_fraction);
     fmt::print("peak RSS {:.1f} MiB", max_rss);
     if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
     fmt::print("\n{:<14} {:>10} {:>8}\n", "phase", "ms/step", "share");

@@ -2,6 +2,11 @@
 
 namespace bagualu {
 
+HelperThread& helper_thread() {
+    static HelperThread h;
+    return h;
+}
+
 HelperThread::HelperThread() : thread_([this] { loop(); }) {}
 
 HelperThread::~HelperThread() {

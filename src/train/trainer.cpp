@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
-#include "data/sampler.h"
+#include "data/loader.h"
 #include "dist/comm/checks.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -104,12 +104,14 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const int          T = m.seq_len;
 
     // ---- set-up: every input check before the first collective of the model ----
-    data::Dataset ds;
+    data::Dataset                     ds;
+    std::unique_ptr<data::DataLoader> loader;
     {
         std::string error;
         try {
             validate_layout(cfg, P);
-            ds = data::load_dataset(cfg);
+            loader = std::make_unique<data::DataLoader>(cfg, *par);
+            ds     = data::load_dataset(cfg);
             if (writer) prepare_run_dir(cfg.train.run_dir, opt.force);
         } catch (const InputError& e) {
             error = e.what();
@@ -136,12 +138,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, gpt.layout(), *par);
     const MemoryFootprint            mem       = optimizer->footprint();
 
-    // Every rank walks the same global order; rank r trains on its slice of each micro-step.
-    data::SequenceSampler sampler(ds.train, T, cfg.train.seed);
-    const size_t          slice = static_cast<size_t>(MB) * T;
-    std::vector<int32_t>  g_inputs(slice * static_cast<size_t>(P)), g_targets(g_inputs.size());
-    const int32_t*        inputs  = g_inputs.data() + slice * static_cast<size_t>(par->rank());
-    const int32_t*        targets = g_targets.data() + slice * static_cast<size_t>(par->rank());
+    // This rank's slice of each micro-step of the global order (data/loader.h).
+    std::vector<int32_t> inputs(static_cast<size_t>(MB) * T), targets(inputs.size());
 
     const double  peak_gflops     = kernels::measure_peak_gflops_f32(0.2);
     const double  flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
@@ -156,7 +154,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   P, par->ep_size(), par->edp_size(), m.n_experts / par->ep_size());
         log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
                   "tokens = {} micro-batch(es) of {} per rank",
-                  ds.train.size(), sampler.num_windows(), T + 1, ds.val.size(),
+                  loader->num_tokens(), loader->num_windows(), T + 1, ds.val.num_tokens(),
                   cfg.train.batch_size, T, accum, MB);
         constexpr double kMiB = 1 << 20;
         log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
@@ -206,9 +204,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         gpt.zero_grad();
         double loss = 0, aux = 0;
         for (int64_t micro = 0; micro < accum; ++micro) {
-            sampler.next_batch(g_inputs.data(), g_targets.data(), MB * P);
+            {
+                PhaseScope data_phase(Phase::data);
+                loader->next(inputs.data(), targets.data());
+            }
             gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
-            loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
+            loss += gpt.forward(inputs.data(), targets.data(), MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
             gpt.backward(1.0f / static_cast<float>(accum));
         }
@@ -263,6 +264,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     emit(resource_report(dist::comm_tally() - comm_start - eval_comm, cfg.train.steps, *par));
     sum.steps          = cfg.train.steps;
+    sum.data_wait_s    = loader->wait_seconds();
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);
     {

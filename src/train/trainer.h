@@ -31,6 +31,7 @@ struct TrainSummary {
     int64_t     steps                = 0;
     double      peak_gflops          = 0;  // this rank's measured fp32 peak
     double      flops_per_token      = 0;  // model FLOPs of forward + backward per token
+    double      data_wait_s          = 0;  // this rank's seconds blocked on training data
     std::string run_dir;
     std::string model_dir;
 };

@@ -35,6 +35,9 @@ class Comm {
 
     // recv: size() * bytes_per_rank bytes, rank i's block at i * bytes_per_rank.
     virtual void allgather(const void* send, size_t bytes_per_rank, void* recv) = 0;
+    // send (read on root only): size() * bytes_per_rank bytes; rank i receives the block at
+    // i * bytes_per_rank into recv (bytes_per_rank bytes).
+    virtual void scatter(const void* send, size_t bytes_per_rank, void* recv, int root) = 0;
     // send_counts, recv_counts: [size()], one int64 to / from each peer.
     virtual void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) = 0;
     // Counts and displacements: [size()], in elements of elem_bytes bytes. Counts or displacements

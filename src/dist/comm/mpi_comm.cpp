@@ -108,6 +108,14 @@ class MpiComm final : public Comm {
                                     static_cast<int>(bytes_per_rank), MPI_BYTE, comm_));
     }
 
+    void scatter(const void* send, size_t bytes_per_rank, void* recv, int root) override {
+        count_comm(CommKind::scatter, bytes_per_rank);
+        BGL_CHECK(fits_int(static_cast<int64_t>(bytes_per_rank)),
+                  "scatter of {} bytes per rank exceeds INT_MAX", bytes_per_rank);
+        const auto n = static_cast<int>(bytes_per_rank);
+        BGL_MPI_CHECK(MPI_Scatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_));
+    }
+
     void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) override {
         BGL_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
                       recv_counts.size() == static_cast<size_t>(size_),

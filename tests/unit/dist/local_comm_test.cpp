@@ -47,6 +47,9 @@ TEST(LocalComm, GathersAndAllToAllsCopy) {
     int out     = 0;
     c->allgather(&v, sizeof(v), &out);
     EXPECT_EQ(out, 17);
+    int scattered = 0;
+    c->scatter(&v, sizeof(v), &scattered, 0);
+    EXPECT_EQ(scattered, 17);
 
     std::vector<int64_t> sc{5}, rc{0};
     c->alltoall(sc, rc);
