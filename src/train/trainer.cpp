@@ -231,6 +231,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         window_time += dt;
         ++window_steps;
         sum.final_loss = loss;
+        if (opt.data_wait_s) *opt.data_wait_s = loader->wait_seconds();
         if (opt.on_step) opt.on_step(step, dt);
 
         const bool last = step + 1 == cfg.train.steps;

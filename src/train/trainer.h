@@ -21,6 +21,9 @@ struct TrainOptions {
     bool dry_run = false;
     // Called on every rank after each optimizer step with the step index and its seconds.
     std::function<void(int64_t step, double seconds)> on_step;
+    // When set, holds this rank's seconds blocked on training data so far (DataLoader::
+    // wait_seconds), updated before each on_step.
+    double* data_wait_s = nullptr;
 };
 
 struct TrainSummary {
