@@ -52,8 +52,8 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
     std::string error;
     if (reader_) {
         try {
-            shards_ = TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size,
-                                        L_.seq_len);
+            shards_ =
+                TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size, L_.seq_len);
         } catch (const InputError& e) {
             error = e.what();
         }
@@ -73,12 +73,12 @@ DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm
 }
 
 void DataLoader::init(dist::Comm* group, const std::string& open_error) {
-    group_         = group;
-    int64_t count  = open_error.empty() ? shards_.num_windows() : -1;
+    group_        = group;
+    int64_t count = open_error.empty() ? shards_.num_windows() : -1;
     if (group_) group_->broadcast(&count, sizeof(count), 0);
     if (!open_error.empty()) throw InputError(open_error);
     if (count < 0) {
-        input_error("data.train: rank {}, the reader of ranks {}-{}, cannot open it", 
+        input_error("data.train: rank {}, the reader of ranks {}-{}, cannot open it",
                     group_info_.first, group_info_.first, group_info_.first + group_info_.size - 1);
     }
     BGL_CHECK(count > 0, "rank {}: data.train holds no window", L_.rank);
@@ -101,9 +101,9 @@ DataLoader::~DataLoader() {
 }
 
 void DataLoader::fetch() {
-    const int64_t MB  = L_.micro_batch;
-    const int64_t W   = L_.seq_len + 1;
-    int32_t*      out = buf_[fill_].data();
+    const int64_t MB = L_.micro_batch;
+    const int64_t W  = L_.seq_len + 1;
+    int32_t* out     = buf_[fill_].data();
     sampler_->skip(group_info_.first * MB);
     for (int64_t i = 0; i < group_info_.size * MB; ++i) {
         shards_.read_window(sampler_->next(), out + i * W);
@@ -146,8 +146,7 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
         std::copy(w, w + T, inputs + static_cast<int64_t>(b) * T);
         std::copy(w + 1, w + 1 + T, targets + static_cast<int64_t>(b) * T);
     }
-    cursor_ = advance_cursor(cursor_, n_windows_,
-                             static_cast<int64_t>(L_.micro_batch) * L_.ranks);
+    cursor_ = advance_cursor(cursor_, n_windows_, static_cast<int64_t>(L_.micro_batch) * L_.ranks);
 }
 
 void DataLoader::set_cursor(const SamplerCursor& c) {

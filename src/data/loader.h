@@ -38,12 +38,12 @@ struct ReaderGroup {
 ReaderGroup reader_group(int rank, int ranks, int readers);
 
 struct LoaderLayout {
-    int      rank        = 0;
-    int      ranks       = 1;
-    int      readers     = 0;  // data.readers
-    int      micro_batch = 1;  // MB: sequences per rank per micro-step
-    int      seq_len     = 1;  // T
-    uint64_t seed        = 0;
+    int rank        = 0;
+    int ranks       = 1;
+    int readers     = 0;  // data.readers
+    int micro_batch = 1;  // MB: sequences per rank per micro-step
+    int seq_len     = 1;  // T
+    uint64_t seed   = 0;
 };
 
 class DataLoader {
@@ -68,7 +68,7 @@ class DataLoader {
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
-    bool    reads() const { return reader_; }         // whether this rank maps the files
+    bool reads() const { return reader_; }            // whether this rank maps the files
     // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader
     // group, in the scatter (which also waits for the slowest member to ask).
     double wait_seconds() const { return wait_s_; }
@@ -77,28 +77,28 @@ class DataLoader {
     // Both constructors end here: shares the reader's window count over the group, or its
     // failure to open the files (open_error on the reader).
     void init(dist::Comm* group, const std::string& open_error);
-    void fetch();        // helper thread: the group's windows of one micro-step into buf_[fill_]
-    void start_fetch();  // main thread
+    void fetch();         // helper thread: the group's windows of one micro-step into buf_[fill_]
+    void start_fetch();   // main thread
     void finish_fetch();  // main thread: waits for the pending fetch
 
-    LoaderLayout               L_;
-    ReaderGroup                group_info_;
+    LoaderLayout L_;
+    ReaderGroup group_info_;
     std::unique_ptr<dist::Comm> owned_group_;
-    dist::Comm*                group_  = nullptr;  // null when the group is this rank alone
-    bool                       reader_ = true;
-    TokenShards                shards_;
-    int64_t                    n_windows_ = 0;
-    int64_t                    n_tokens_  = 0;
+    dist::Comm* group_ = nullptr;  // null when the group is this rank alone
+    bool reader_       = true;
+    TokenShards shards_;
+    int64_t n_windows_ = 0;
+    int64_t n_tokens_  = 0;
     std::unique_ptr<SequenceSampler> sampler_;  // readers: the fetch position (helper thread)
-    SamplerCursor              cursor_;         // the visible position (main thread)
-    size_t                     window_ints_ = 0;  // MB * (T + 1)
-    std::vector<int32_t>       buf_[2];           // [group size * window_ints_]: windows read
-    std::vector<int32_t>       recv_;             // [window_ints_]: this rank's, scattered
-    int                        fill_     = 0;     // buffer the pending fetch writes
-    bool                       pending_  = false;
-    HelperThread::Ticket       ticket_   = 0;
-    std::function<void()>      fetch_fn_;
-    double                     wait_s_ = 0;
+    SamplerCursor cursor_;                      // the visible position (main thread)
+    size_t window_ints_ = 0;                    // MB * (T + 1)
+    std::vector<int32_t> buf_[2];               // [group size * window_ints_]: windows read
+    std::vector<int32_t> recv_;                 // [window_ints_]: this rank's, scattered
+    int fill_                    = 0;           // buffer the pending fetch writes
+    bool pending_                = false;
+    HelperThread::Ticket ticket_ = 0;
+    std::function<void()> fetch_fn_;
+    double wait_s_ = 0;
 };
 
 }  // namespace bagualu::data

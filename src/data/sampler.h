@@ -25,15 +25,15 @@ class SequenceSampler {
     // Passes over n windows (another rank's share) without reading them.
     void skip(int64_t n);
     const SamplerCursor& cursor() const { return cursor_; }
-    void                 set_cursor(const SamplerCursor& c);
+    void set_cursor(const SamplerCursor& c);
 
    private:
     void shuffle_epoch();
     void start_next_epoch_if_done();
 
-    uint64_t             seed_;
-    int64_t              n_windows_;
-    SamplerCursor        cursor_;
+    uint64_t seed_;
+    int64_t n_windows_;
+    SamplerCursor cursor_;
     std::vector<int64_t> order_;  // [n_windows] window id in visiting order
 };
 

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> resolve_shard_paths(const std::string& spec, const std::string& key) {
     std::vector<std::string> paths;
-    std::error_code          ec;
+    std::error_code ec;
     if (spec.find_first_of("*?[") != std::string::npos) {
         glob_t g{};
         const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
@@ -57,10 +57,10 @@ TokenShards::TokenShards(TokenShards&& o) noexcept
 TokenShards& TokenShards::operator=(TokenShards&& o) noexcept {
     if (this != &o) {
         release();
-        shards_      = std::move(o.shards_);
-        T_           = o.T_;
-        n_windows_   = o.n_windows_;
-        n_tokens_    = o.n_tokens_;
+        shards_    = std::move(o.shards_);
+        T_         = o.T_;
+        n_windows_ = o.n_windows_;
+        n_tokens_  = o.n_tokens_;
         o.shards_.clear();
         o.n_windows_ = o.n_tokens_ = 0;
     }
@@ -78,7 +78,7 @@ namespace {
 
 // Maps `path` read-only; returns null for an empty file. Throws InputError naming the path.
 const char* map_file(const std::string& path, size_t* bytes) {
-    std::error_code       ec;
+    std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
     if (st.type() == fs::file_type::not_found) {
         input_error("{}: cannot open token file: no such file", path);
@@ -86,7 +86,7 @@ const char* map_file(const std::string& path, size_t* bytes) {
     if (fs::is_directory(st)) input_error("{}: is a directory, expected a token file", path);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) input_error("{}: cannot open token file: {}", path, std::strerror(errno));
-    struct stat sb{};
+    struct stat sb {};
     if (::fstat(fd, &sb) != 0) {
         const int err = errno;
         ::close(fd);
@@ -97,7 +97,7 @@ const char* map_file(const std::string& path, size_t* bytes) {
         ::close(fd);
         return nullptr;
     }
-    void* p = ::mmap(nullptr, *bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void* p       = ::mmap(nullptr, *bytes, PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
     ::close(fd);  // the mapping keeps the file open
     if (p == MAP_FAILED) input_error("{}: cannot map token file: {}", path, std::strerror(err));
@@ -129,9 +129,10 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
             input_error("{}: {} tokens, fewer than model.seq_len + 1 = {} (one training window)",
                         out.shards_[0].path, out.n_tokens_, seq_len + 1);
         }
-        input_error("{} = \"{}\": {} files of {} tokens in all hold no window of model.seq_len + 1 "
-                    "= {} tokens",
-                    key, spec, out.shards_.size(), out.n_tokens_, seq_len + 1);
+        input_error(
+            "{} = \"{}\": {} files of {} tokens in all hold no window of model.seq_len + 1 "
+            "= {} tokens",
+            key, spec, out.shards_.size(), out.n_tokens_, seq_len + 1);
     }
     return out;
 }
@@ -139,10 +140,10 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
 void TokenShards::read_window(int64_t w, int32_t* out) const {
     BGL_CHECK(w >= 0 && w < n_windows_, "window {} of {}", w, n_windows_);
     // The last shard whose first window is <= w (shards without windows are never chosen).
-    const auto it = std::upper_bound(shards_.begin(), shards_.end(), w,
-                                     [](int64_t v, const Shard& s) { return v < s.first_window; });
+    const auto it  = std::upper_bound(shards_.begin(), shards_.end(), w,
+                                      [](int64_t v, const Shard& s) { return v < s.first_window; });
     const Shard& s = *(it - 1);
-    const char*  p = s.map + kTokenFileHeaderBytes + (w - s.first_window) * T_ * s.layout.width;
+    const char* p  = s.map + kTokenFileHeaderBytes + (w - s.first_window) * T_ * s.layout.width;
     if (s.layout.width == 2) {
         for (int i = 0; i <= T_; ++i) {
             uint16_t t;

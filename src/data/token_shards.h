@@ -31,8 +31,8 @@ class TokenShards {
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }
-    int     seq_len() const { return T_; }
-    size_t  num_shards() const { return shards_.size(); }
+    int seq_len() const { return T_; }
+    size_t num_shards() const { return shards_.size(); }
     const std::string& path(size_t i) const { return shards_[i].path; }
     // Windows of shard i.
     int64_t shard_windows(size_t i) const { return shards_[i].windows; }
@@ -42,19 +42,19 @@ class TokenShards {
 
    private:
     struct Shard {
-        std::string     path;
-        const char*     map          = nullptr;  // the whole file, mapped; null when empty
-        size_t          map_bytes    = 0;
+        std::string path;
+        const char* map  = nullptr;  // the whole file, mapped; null when empty
+        size_t map_bytes = 0;
         TokenFileLayout layout;
-        int64_t         first_window = 0;  // id of its first window
-        int64_t         windows      = 0;
+        int64_t first_window = 0;  // id of its first window
+        int64_t windows      = 0;
     };
     void release();
 
     std::vector<Shard> shards_;
-    int                T_         = 0;
-    int64_t            n_windows_ = 0;
-    int64_t            n_tokens_  = 0;
+    int T_             = 0;
+    int64_t n_windows_ = 0;
+    int64_t n_tokens_  = 0;
 };
 
 // The files a split names, sorted: `spec` itself when it is a file, the *.bin files in it when

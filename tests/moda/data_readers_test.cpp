@@ -17,7 +17,7 @@ TEST(DataReaders, ReaderGroupsTrainBitwiseLikeEveryRankReading) {
     ASSERT_EQ(runs.prepare().status, 0) << runs.prepare().output;
     // Three uneven shards of the prepared train split.
     const std::vector<int32_t> all = data::read_token_file(runs.path("data/train.bin"), 512).tokens;
-    const std::string          dir = runs.path("shards");
+    const std::string dir          = runs.path("shards");
     std::filesystem::create_directories(dir);
     const size_t cut[] = {0, all.size() / 5, all.size() / 2, all.size()};
     for (int i = 0; i < 3; ++i) {
@@ -40,8 +40,8 @@ TEST(DataReaders, ReaderGroupsTrainBitwiseLikeEveryRankReading) {
         EXPECT_EQ(logs[k].grad_norm, logs[0].grad_norm) << "data.readers = " << k;
     }
     // More readers than ranks: one message, status 2, on every rank.
-    const CommandResult bad = TinyRuns::run_mpi(
-        2, runs.train_args("bad", 2, 1, "off") + " --set data.readers=3");
+    const CommandResult bad =
+        TinyRuns::run_mpi(2, runs.train_args("bad", 2, 1, "off") + " --set data.readers=3");
     EXPECT_EQ(bad.status, 2) << bad.output;
     EXPECT_NE(bad.output.find("data.readers = 3 exceeds the number of ranks 2"), std::string::npos)
         << bad.output;

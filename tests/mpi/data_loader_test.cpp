@@ -20,7 +20,7 @@ namespace bagualu::dist {
 namespace {
 
 TEST(Comm, ScatterGivesEachRankItsBlock) {
-    Comm&     w = test_world();
+    Comm& w     = test_world();
     const int P = w.size();
     for (int root = 0; root < P; ++root) {
         std::vector<int64_t> send;
@@ -35,11 +35,11 @@ TEST(Comm, ScatterGivesEachRankItsBlock) {
 }
 
 TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
-    Comm&     w = test_world();
+    Comm& w     = test_world();
     const int P = w.size();
-    int64_t   pid = getpid();
+    int64_t pid = getpid();
     w.broadcast(&pid, sizeof(pid), 0);
-    const auto dir = std::filesystem::temp_directory_path() / fmt::format("bgl_loader_{}", pid);
+    const auto dir  = std::filesystem::temp_directory_path() / fmt::format("bgl_loader_{}", pid);
     constexpr int T = 8, MB = 2, V = 1000;
     if (w.rank() == 0) {
         std::filesystem::create_directories(dir);
@@ -53,20 +53,20 @@ TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
     w.barrier();
     const auto open = [&] { return data::TokenShards::open(dir.string(), "data.train", V, T); };
     data::DataLoader all(data::LoaderLayout{w.rank(), P, 0, MB, T, 5}, open(), nullptr);
-    ParallelContext  par(w, 1, false);
+    ParallelContext par(w, 1, false);
     for (int N = 1; N <= P; ++N) {
-        const data::ReaderGroup g      = data::reader_group(w.rank(), P, N);
-        const bool              reader = g.first == w.rank();
+        const data::ReaderGroup g = data::reader_group(w.rank(), P, N);
+        const bool reader         = g.first == w.rank();
         // The loader as the trainer makes it; non-readers get a path that does not exist, so
         // the loader fails if they try to open it.
         TrainConfig cfg;
-        cfg.model.seq_len        = T;
-        cfg.model.vocab_size     = V;
-        cfg.train.seed           = 5;
-        cfg.train.batch_size     = MB * P;
+        cfg.model.seq_len          = T;
+        cfg.model.vocab_size       = V;
+        cfg.train.seed             = 5;
+        cfg.train.batch_size       = MB * P;
         cfg.train.micro_batch_size = MB;
-        cfg.data.readers         = N;
-        cfg.data.train           = reader ? dir.string() : (dir / "absent").string();
+        cfg.data.readers           = N;
+        cfg.data.train             = reader ? dir.string() : (dir / "absent").string();
         data::DataLoader l(cfg, par);
         EXPECT_EQ(l.reads(), reader);
         EXPECT_EQ(l.num_windows(), 23);

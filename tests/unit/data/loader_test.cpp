@@ -25,7 +25,7 @@ constexpr int kT = 4;
 // Shards of these token counts; token values count up across all files, so the first token of
 // a window names it. Windows: 5 + 0 + 14 + 2 + 7 = 28. The third file is uint32 (version 2).
 const std::vector<int> kShardTokens = {23, 4, 57, 10, 31};
-constexpr int kVocab = 200000;
+constexpr int kVocab                = 200000;
 
 std::string write_shards(const TempDir& dir) {
     std::filesystem::create_directories(dir.path("shards"));
@@ -41,7 +41,7 @@ std::string write_shards(const TempDir& dir) {
 }
 
 TEST(TokenShards, UnevenShardsNumberWindowsWithinFiles) {
-    TempDir           dir;
+    TempDir dir;
     const std::string root = write_shards(dir);
     dir.write("shards/notes.txt", "not a shard");
     for (const std::string& spec : {root, root + "/part_*.bin"}) {
@@ -52,8 +52,8 @@ TEST(TokenShards, UnevenShardsNumberWindowsWithinFiles) {
         // Every window lies inside one file: T + 1 consecutive values starting at a multiple
         // of T within its file.
         std::vector<int32_t> w(kT + 1);
-        int64_t              id = 0;
-        int                  file_start = 0;
+        int64_t id     = 0;
+        int file_start = 0;
         for (const int n : kShardTokens) {
             for (int k = 0; k < (n - 1) / kT; ++k, ++id) {
                 s.read_window(id, w.data());
@@ -65,7 +65,7 @@ TEST(TokenShards, UnevenShardsNumberWindowsWithinFiles) {
 }
 
 TEST(TokenShards, ErrorsNameTheFileOrTheSpec) {
-    TempDir           dir;
+    TempDir dir;
     const std::string root = write_shards(dir);
     expect_input_error([&] { TokenShards::open(root + "/x_*.bin", "data.train", kVocab, kT); },
                        {"data.train", "x_*.bin", "matches no file"});
@@ -127,12 +127,12 @@ TEST(ReaderGroups, ReadersBeyondRanksAreRejected) {
 }
 
 TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
-    TempDir             dir;
-    const std::string   root = write_shards(dir);
-    const TokenShards   ref  = TokenShards::open(root, "data.train", kVocab, kT);
-    const int64_t       n    = ref.num_windows();
-    constexpr int       MB   = 3;
-    constexpr uint64_t  seed = 7;
+    TempDir dir;
+    const std::string root  = write_shards(dir);
+    const TokenShards ref   = TokenShards::open(root, "data.train", kVocab, kT);
+    const int64_t n         = ref.num_windows();
+    constexpr int MB        = 3;
+    constexpr uint64_t seed = 7;
     std::vector<int32_t> w(kT + 1);
     for (int P = 1; P <= 8; ++P) {
         std::vector<std::unique_ptr<DataLoader>> ranks;
@@ -143,7 +143,7 @@ TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
         }
         SequenceSampler order(n, seed);  // the one-rank order
         std::vector<int32_t> in(static_cast<size_t>(MB) * kT), tg(in.size());
-        std::vector<int64_t> taken;  // window ids in global order
+        std::vector<int64_t> taken;                    // window ids in global order
         const int64_t steps = (2 * n) / (MB * P) + 2;  // past two epoch boundaries
         for (int64_t k = 0; k < steps; ++k) {
             for (int r = 0; r < P; ++r) {
@@ -171,10 +171,10 @@ TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
 }
 
 TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
-    TempDir           dir;
+    TempDir dir;
     const std::string root = write_shards(dir);
-    constexpr int     P = 3, MB = 2;
-    const auto        make = [&](int r) {
+    constexpr int P = 3, MB = 2;
+    const auto make = [&](int r) {
         return std::make_unique<DataLoader>(LoaderLayout{r, P, 0, MB, kT, 11},
                                             TokenShards::open(root, "data.train", kVocab, kT),
                                             nullptr);
@@ -207,7 +207,7 @@ TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
 }
 
 TEST(DataLoader, CursorBeyondTheDataIsAnInputError) {
-    TempDir           dir;
+    TempDir dir;
     const std::string root = write_shards(dir);
     DataLoader l(LoaderLayout{0, 1, 0, 2, kT, 1}, TokenShards::open(root, "data.train", kVocab, kT),
                  nullptr);
