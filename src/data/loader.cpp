@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "core/error.h"
 
@@ -95,8 +96,18 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
 
 DataLoader::~DataLoader() {
     try {
+        if (in_flight_ && std::uncaught_exceptions() == 0) {
+            group_->scatter_wait();  // the whole group ends its run together
+            in_flight_ = false;
+        }
         finish_fetch();
-    } catch (...) {  // a failed prefetch no one will read
+    } catch (...) {  // a failed prefetch or scatter no one will read
+    }
+    if (in_flight_) {
+        // Unwinding on this rank alone: the scatter may still write, so its buffers stay
+        // allocated (the job is ending).
+        static_cast<void>(new std::vector<int32_t>(std::move(recv_)));
+        for (auto& b : buf_) static_cast<void>(new std::vector<int32_t>(std::move(b)));
     }
 }
 
@@ -123,28 +134,43 @@ void DataLoader::finish_fetch() {
     helper_thread().wait(ticket_);
 }
 
-void DataLoader::next(int32_t* inputs, int32_t* targets) {
-    const int32_t* mine = nullptr;
-    if (reader_) {
-        if (!pending_) start_fetch();  // the first batch, or the first after set_cursor
-        const auto t0 = Clock::now();
-        finish_fetch();
-        wait_s_ += seconds_since(t0);
-        mine  = buf_[fill_].data();
-        fill_ = 1 - fill_;
-        start_fetch();  // the next micro-batch, into the other buffer, while this one is used
-    }
-    if (group_) {
-        const auto t0 = Clock::now();
-        group_->scatter(mine, window_ints_ * sizeof(int32_t), recv_.data(), 0);
-        wait_s_ += seconds_since(t0);
-        mine = recv_.data();
-    }
+const int32_t* DataLoader::take_fetched() {
+    if (!pending_) start_fetch();  // the first batch, or the first after set_cursor
+    const auto t0 = Clock::now();
+    finish_fetch();
+    wait_s_ += seconds_since(t0);
+    const int32_t* out = buf_[fill_].data();
+    fill_              = 1 - fill_;
+    start_fetch();  // the next micro-batch, into the other buffer, while this one is used
+    return out;
+}
+
+void DataLoader::start_scatter() {
+    const int32_t* send = reader_ ? take_fetched() : nullptr;
+    group_->scatter_start(send, window_ints_ * sizeof(int32_t), recv_.data(), 0);
+    in_flight_ = true;
+}
+
+void DataLoader::unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const {
     const int T = L_.seq_len;
     for (int b = 0; b < L_.micro_batch; ++b) {
-        const int32_t* w = mine + static_cast<int64_t>(b) * (T + 1);
+        const int32_t* w = windows + static_cast<int64_t>(b) * (T + 1);
         std::copy(w, w + T, inputs + static_cast<int64_t>(b) * T);
         std::copy(w + 1, w + 1 + T, targets + static_cast<int64_t>(b) * T);
+    }
+}
+
+void DataLoader::next(int32_t* inputs, int32_t* targets) {
+    if (group_) {
+        if (!in_flight_) start_scatter();  // the first batch, or the first after set_cursor
+        const auto t0 = Clock::now();
+        group_->scatter_wait();
+        in_flight_ = false;
+        wait_s_ += seconds_since(t0);
+        unpack(recv_.data(), inputs, targets);
+        start_scatter();  // the next micro-batch travels while this one is trained on
+    } else {
+        unpack(take_fetched(), inputs, targets);
     }
     cursor_ = advance_cursor(cursor_, n_windows_, static_cast<int64_t>(L_.micro_batch) * L_.ranks);
 }
@@ -154,7 +180,11 @@ void DataLoader::set_cursor(const SamplerCursor& c) {
         input_error("data cursor (epoch {}, position {}) does not fit the {} windows of data.train",
                     c.epoch, c.position, n_windows_);
     }
-    finish_fetch();  // its windows belong to the old position
+    if (in_flight_) {  // its windows belong to the old position
+        group_->scatter_wait();
+        in_flight_ = false;
+    }
+    finish_fetch();
     cursor_ = c;
     if (sampler_) sampler_->set_cursor(c);
 }

@@ -8,8 +8,10 @@
 // slice from the mapped files.
 // Prefetch: while step s runs, the helper thread (core/helper_thread.h) copies the windows of the
 // next micro-batch from the mapped files into the other half of a double buffer. MPI stays on
-// the main thread (the scatter runs inside next()): the trainer's own collectives run there
-// while the prefetch is in flight, and MPI is initialised with at most one thread at a time.
+// the main thread: the trainer's own collectives run there while the prefetch is in flight, and
+// MPI is initialised with at most one thread at a time. In a reader group, next() starts the
+// nonblocking scatter of the following micro-batch (Comm::scatter_start), which completes while
+// the step runs; the next next() waits for it.
 // cursor() is the position of the next micro-batch next() will return, whatever is prefetched,
 // so a checkpoint taken after step s resumes at step s + 1's batch.
 #pragma once
@@ -63,14 +65,15 @@ class DataLoader {
     void next(int32_t* inputs, int32_t* targets);
     // The position in the global order of the next micro-batch next() returns.
     SamplerCursor cursor() const { return cursor_; }
-    // Resumes at c (a cursor() of a run with the same data, seed and global batch).
+    // Resumes at c (a cursor() of a run with the same data, seed and global batch). Collective
+    // over the group once next() has been called (it completes the scatter in flight).
     void set_cursor(const SamplerCursor& c);
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
     bool reads() const { return reader_; }            // whether this rank maps the files
     // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader
-    // group, in the scatter (which also waits for the slowest member to ask).
+    // group, for the scatter to complete.
     double wait_seconds() const { return wait_s_; }
 
    private:
@@ -80,6 +83,11 @@ class DataLoader {
     void fetch();         // helper thread: the group's windows of one micro-step into buf_[fill_]
     void start_fetch();   // main thread
     void finish_fetch();  // main thread: waits for the pending fetch
+    // Reader: the fetched micro-batch (fetching it now if none is pending); starts fetching the
+    // next one into the other buffer.
+    const int32_t* take_fetched();
+    void start_scatter();  // group: the next micro-batch's scatter
+    void unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const;
 
     LoaderLayout L_;
     ReaderGroup group_info_;
@@ -96,6 +104,7 @@ class DataLoader {
     std::vector<int32_t> recv_;                 // [window_ints_]: this rank's, scattered
     int fill_                    = 0;           // buffer the pending fetch writes
     bool pending_                = false;
+    bool in_flight_              = false;  // group: a scatter_start not yet waited for
     HelperThread::Ticket ticket_ = 0;
     std::function<void()> fetch_fn_;
     double wait_s_ = 0;

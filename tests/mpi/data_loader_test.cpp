@@ -1,7 +1,8 @@
-// The data loader's reader groups under mpirun (P = 1..4): Comm::scatter, and for every
-// data.readers = N in 1..P, the micro-batches and cursors each rank gets when N readers read and
-// scatter equal those of every rank reading its own slice (N = 0), across epoch boundaries, on
-// uneven shards. Non-readers open no file (theirs is given a path that does not exist).
+// The data loader's reader groups under mpirun (P = 1..4): Comm::scatter (blocking, and started
+// then waited for around another collective), and for every data.readers = N in 1..P, the
+// micro-batches and cursors each rank gets when N readers read and scatter equal those of every
+// rank reading its own slice (N = 0), across epoch boundaries, on uneven shards, and after
+// set_cursor mid-run. Non-readers open no file (theirs is given a path that does not exist).
 // No ASSERT before a collective (no hangs).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -31,6 +32,13 @@ TEST(Comm, ScatterGivesEachRankItsBlock) {
         int64_t got[3] = {-1, -1, -1};
         w.scatter(send.data(), sizeof(got), got, root);
         for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], 100 * root + 3 * w.rank() + i);
+        int64_t late[3] = {-1, -1, -1};
+        w.scatter_start(send.data(), sizeof(late), late, root);
+        double x = 1;  // another collective while the scatter is in flight
+        w.allreduce_sum(std::span<double>(&x, 1));
+        w.scatter_wait();
+        EXPECT_EQ(x, P);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(late[i], 100 * root + 3 * w.rank() + i);
     }
 }
 
@@ -80,6 +88,14 @@ TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
             EXPECT_EQ(a, b) << N << " readers, step " << k;
             EXPECT_EQ(at, bt) << N << " readers, step " << k;
             EXPECT_EQ(all.cursor(), l.cursor());
+        }
+        // Back to an earlier position mid-run (a scatter and a fetch are in flight): replays.
+        all.set_cursor(data::SamplerCursor{2, 3});
+        l.set_cursor(data::SamplerCursor{2, 3});
+        for (int k = 0; k < 3; ++k) {
+            all.next(a.data(), at.data());
+            l.next(b.data(), bt.data());
+            EXPECT_EQ(a, b) << N << " readers, after set_cursor, step " << k;
         }
     }
     w.barrier();
