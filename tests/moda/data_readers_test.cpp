@@ -2,6 +2,7 @@
 // (a directory) gives bitwise the same per-step losses and gradient norms with data.readers = 1
 // and 2 (one or two ranks read and scatter) as with every rank reading its own slice
 // (data.readers = 0): the same windows reach the same ranks, so nothing may differ at all.
+// Bad reader settings and a reader that cannot open the data end the job with one message.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -45,6 +46,13 @@ TEST(DataReaders, ReaderGroupsTrainBitwiseLikeEveryRankReading) {
     EXPECT_EQ(bad.status, 2) << bad.output;
     EXPECT_NE(bad.output.find("data.readers = 3 exceeds the number of ranks 2"), std::string::npos)
         << bad.output;
+    // A reader that cannot open the data ends the whole job with its own message.
+    const CommandResult missing =
+        TinyRuns::run_mpi(2, runs.train_args("missing", 2, 1, "off") + " --set data.readers=1 " +
+                                 "--set data.train=" + runs.path("absent/train_*.bin"));
+    EXPECT_EQ(missing.status, 2) << missing.output;
+    EXPECT_NE(missing.output.find("train_*.bin\": the pattern matches no file"), std::string::npos)
+        << missing.output;
 }
 
 }  // namespace
