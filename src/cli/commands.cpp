@@ -22,6 +22,7 @@
 #include "data/dataset.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "data/token_shards.h"
 #include "dist/comm/checks.h"
 #include "dist/parallel.h"
 #include "model/gpt.h"
@@ -137,11 +138,8 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     cfg.model       = lm.config;
     if (!val_path.empty()) cfg.data.val = val_path;
     set_compute_threads(cfg.train.threads);
-    const std::vector<int32_t> val = data::read_token_file(cfg.data.val, cfg.model.vocab_size).tokens;
-    if (static_cast<int64_t>(val.size()) < cfg.model.seq_len + 1) {
-        input_error("{}: {} tokens, fewer than seq_len + 1 = {}", cfg.data.val, val.size(),
-                    cfg.model.seq_len + 1);
-    }
+    const data::TokenShards val =
+        data::TokenShards::open(cfg.data.val, "data.val", cfg.model.vocab_size, cfg.model.seq_len);
     const int  MB = static_cast<int>(cfg.micro_batch());
     model::GPT gpt(cfg.model, MB);
     std::copy(lm.params.data(), lm.params.data() + lm.params.size(), gpt.params());

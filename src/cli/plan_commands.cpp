@@ -14,6 +14,7 @@
 #include "core/proc_memory.h"
 #include "core/thread_pool.h"
 #include "data/token_file.h"
+#include "data/token_shards.h"
 #include "dist/comm/comm.h"
 #include "plan/calibrate.h"
 #include "plan/estimate.h"
@@ -46,12 +47,23 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
-// Tokens of a token shard from its header; 0 when the file is absent or not a shard.
-uint64_t shard_tokens(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    int32_t       h[3] = {0, 0, 0};
-    if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic) return 0;
-    return static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
+// Tokens of a split's shards (a file, glob or directory) from their headers; a file that is
+// absent or not a shard counts 0.
+uint64_t shard_tokens(const std::string& spec) {
+    std::vector<std::string> paths;
+    try {
+        paths = data::resolve_shard_paths(spec, "data");
+    } catch (const InputError&) {
+        return 0;
+    }
+    uint64_t n = 0;
+    for (const std::string& path : paths) {
+        std::ifstream f(path, std::ios::binary);
+        int32_t       h[3] = {0, 0, 0};
+        if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic) continue;
+        n += static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
+    }
+    return n;
 }
 
 struct Inputs {

@@ -57,6 +57,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("data", "tokenizer", c.data.tokenizer);
     v("data", "corpus", c.data.corpus);
     v("data", "val_fraction", c.data.val_fraction);
+    v("data", "readers", c.data.readers);
 
     v("sample", "n_samples", c.sample.n_samples);
     v("sample", "max_new_tokens", c.sample.max_new_tokens);
@@ -298,6 +299,9 @@ void validate(const TrainConfig& c) {
     if (!(d.val_fraction > 0 && d.val_fraction < 1)) {
         input_error("{}: data.val_fraction = {}: must be in (0, 1)", src, d.val_fraction);
     }
+    if (d.readers < 0) {
+        input_error("{}: data.readers = {}: must be >= 0 (0 = every rank reads)", src, d.readers);
+    }
 
     if (c.parallel.expert_parallel < 1) {
         input_error("{}: parallel.expert_parallel = {}: must be >= 1", src, c.parallel.expert_parallel);
@@ -348,6 +352,10 @@ void validate_layout(const TrainConfig& c, int ranks) {
         input_error("{}: train.batch_size = {} must be a multiple of ranks ({}) x "
                     "train.micro_batch_size ({})",
                     src, c.train.batch_size, ranks, mb);
+    }
+    if (c.data.readers > ranks) {
+        input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,
+                    ranks);
     }
 }
 

@@ -54,6 +54,9 @@ struct DataSection {
     std::string              tokenizer = "data/fortunes/tokenizer.model";
     std::vector<std::string> corpus    = {"/usr/share/games/fortunes"};
     double                   val_fraction = 0.01;
+    // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
+    // first rank of each of N groups reads for its group and scatters (data/loader.h).
+    int                      readers      = 0;
 };
 
 struct SampleSection {

@@ -7,6 +7,11 @@
 
 namespace bagualu {
 
+HelperThread& helper_thread() {
+    static HelperThread h;
+    return h;
+}
+
 HelperThread::HelperThread() : thread_([this] { loop(); }) {
     // A new thread inherits its creator's affinity, and the compute pool pins the main thread to
     // one core: give the helper back every core the process was started with.

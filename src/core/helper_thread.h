@@ -47,4 +47,7 @@ class HelperThread {
     std::thread             thread_;
 };
 
+// The process's helper thread, started on first use (the data loader's prefetch runs on it).
+HelperThread& helper_thread();
+
 }  // namespace bagualu

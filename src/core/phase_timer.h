@@ -10,10 +10,11 @@
 
 namespace bagualu {
 
-enum class Phase { attention, mlp, experts, gate_dispatch, lm_head, optimizer };
-inline constexpr size_t kNumPhases = 6;
+// data: the data loader's next() (waiting for the prefetch, the readers' scatter, the copy).
+enum class Phase { attention, mlp, experts, gate_dispatch, lm_head, optimizer, data };
+inline constexpr size_t kNumPhases = 7;
 inline constexpr std::array<const char*, kNumPhases> kPhaseNames = {
-    "attention", "mlp", "experts", "gate_dispatch", "lm_head", "optimizer"};
+    "attention", "mlp", "experts", "gate_dispatch", "lm_head", "optimizer", "data"};
 
 namespace phase_timer_detail {
 using Clock = std::chrono::steady_clock;

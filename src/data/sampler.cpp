@@ -8,12 +8,9 @@
 
 namespace bagualu::data {
 
-SequenceSampler::SequenceSampler(std::span<const int32_t> tokens, int seq_len, uint64_t seed)
-    : tokens_(tokens),
-      T_(seq_len),
-      seed_(seed),
-      n_windows_(tokens.size() > 0 ? (static_cast<int64_t>(tokens.size()) - 1) / seq_len : 0) {
-    BGL_CHECK(n_windows_ > 0, "{} tokens hold no window of {}", tokens.size(), seq_len + 1);
+SequenceSampler::SequenceSampler(int64_t n_windows, uint64_t seed)
+    : seed_(seed), n_windows_(n_windows) {
+    BGL_CHECK(n_windows_ > 0, "a sampler over {} windows", n_windows_);
     order_.resize(static_cast<size_t>(n_windows_));
     shuffle_epoch();
 }
@@ -28,36 +25,47 @@ void SequenceSampler::shuffle_epoch() {
 }
 
 void SequenceSampler::set_cursor(const SamplerCursor& c) {
-    BGL_CHECK(c.position >= 0 && c.position <= n_windows_, "cursor position {} of {}", c.position,
-              n_windows_);
-    cursor_ = c;
-    shuffle_epoch();
+    BGL_CHECK(c.epoch >= 0 && c.position >= 0 && c.position <= n_windows_,
+              "cursor epoch {} position {} of {}", c.epoch, c.position, n_windows_);
+    const bool same_epoch = c.epoch == cursor_.epoch;
+    cursor_               = c;
+    if (!same_epoch) shuffle_epoch();
 }
 
-void SequenceSampler::next_batch(int32_t* inputs, int32_t* targets, int B) {
-    for (int b = 0; b < B; ++b) {
-        if (cursor_.position == n_windows_) {
-            ++cursor_.epoch;
-            cursor_.position = 0;
-            shuffle_epoch();
+void SequenceSampler::start_next_epoch_if_done() {
+    if (cursor_.position == n_windows_) {
+        ++cursor_.epoch;
+        cursor_.position = 0;
+        shuffle_epoch();
+    }
+}
+
+int64_t SequenceSampler::next() {
+    start_next_epoch_if_done();
+    return order_[static_cast<size_t>(cursor_.position++)];
+}
+
+void SequenceSampler::skip(int64_t n) {
+    while (n > 0) {
+        start_next_epoch_if_done();
+        const int64_t take = std::min(n, n_windows_ - cursor_.position);
+        cursor_.position += take;
+        n -= take;
+    }
+}
+
+SamplerCursor advance_cursor(SamplerCursor c, int64_t n_windows, int64_t k) {
+    BGL_CHECK(n_windows > 0 && k >= 0, "advance {} over {} windows", k, n_windows);
+    while (k > 0) {
+        if (c.position == n_windows) {
+            ++c.epoch;
+            c.position = 0;
         }
-        const int64_t  w   = order_[static_cast<size_t>(cursor_.position++)];
-        const int32_t* src = tokens_.data() + w * T_;
-        std::copy(src, src + T_, inputs + static_cast<int64_t>(b) * T_);
-        std::copy(src + 1, src + 1 + T_, targets + static_cast<int64_t>(b) * T_);
+        const int64_t take = std::min(k, n_windows - c.position);
+        c.position += take;
+        k -= take;
     }
-}
-
-void sequential_batch(std::span<const int32_t> tokens, int seq_len, int64_t first_window, int B,
-                      int32_t* inputs, int32_t* targets) {
-    for (int b = 0; b < B; ++b) {
-        const int64_t w = first_window + b;
-        BGL_CHECK((w + 1) * seq_len + 1 <= static_cast<int64_t>(tokens.size()),
-                  "window {} beyond {} tokens", w, tokens.size());
-        const int32_t* src = tokens.data() + w * seq_len;
-        std::copy(src, src + seq_len, inputs + static_cast<int64_t>(b) * seq_len);
-        std::copy(src + 1, src + 1 + seq_len, targets + static_cast<int64_t>(b) * seq_len);
-    }
+    return c;
 }
 
 }  // namespace bagualu::data

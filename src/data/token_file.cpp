@@ -1,6 +1,6 @@
 // llm.c token shard reader/writer (see token_file.h). The header and tokens are stored
 // little-endian; the code assumes a little-endian host and says so at compile time.
-// Files are read whole into memory; streaming belongs to the data loader.
+// read_token_file reads a file whole; token_shards.h maps them instead (the data loader).
 #include "data/token_file.h"
 
 #include <bit>
@@ -64,16 +64,13 @@ void write_token_file(const std::string& path, std::span<const int32_t> tokens, 
     write_file_atomic(path, bytes);
 }
 
-TokenFile read_token_file(const std::string& path, int vocab_size) {
-    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
-    const std::string bytes = read_file_bytes(path, "token file");
-    const auto size         = static_cast<int64_t>(bytes.size());
+TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size) {
     if (size < kTokenFileHeaderBytes) {
         input_error("{}: file has {} bytes, less than the {}-byte header: not a token shard", path,
                     size, kTokenFileHeaderBytes);
     }
     int32_t header[kTokenFileHeaderInts];
-    std::memcpy(header, bytes.data(), sizeof(header));
+    std::memcpy(header, bytes, sizeof(header));
     if (header[0] != kTokenFileMagic) {
         input_error("{}: bad magic {} (expected {}): not a token shard", path, header[0],
                     kTokenFileMagic);
@@ -85,7 +82,7 @@ TokenFile read_token_file(const std::string& path, int vocab_size) {
     }
     const int64_t count = header[2];
     if (count < 0) input_error("{}: bad token count {} in header", path, count);
-    const int64_t width    = version == 1 ? 2 : 4;
+    const int     width    = version == 1 ? 2 : 4;
     const int64_t expected = kTokenFileHeaderBytes + count * width;
     if (size < expected) {
         input_error("{}: truncated: header says {} tokens ({} bytes) but file has {} bytes", path,
@@ -95,23 +92,51 @@ TokenFile read_token_file(const std::string& path, int vocab_size) {
         input_error("{}: header says {} tokens ({} bytes) but file has {} bytes (trailing data)",
                     path, count, expected, size);
     }
+    return TokenFileLayout{version, count, width};
+}
 
-    TokenFile out;
-    out.version      = version;
-    const char* body = bytes.data() + kTokenFileHeaderBytes;
-    if (version == 1) {
-        decode_tokens<uint16_t>(out.tokens, body, count);
-    } else {
-        decode_tokens<uint32_t>(out.tokens, body, count);
-    }
-    for (size_t i = 0; i < out.tokens.size(); ++i) {
-        // A uint32 id above INT32_MAX reads back negative; compare as unsigned.
-        if (static_cast<uint32_t>(out.tokens[i]) >= static_cast<uint32_t>(vocab_size)) {
+namespace {
+
+template <typename T>
+void check_ids(const std::string& path, const char* body, int64_t count, int vocab_size) {
+    const auto limit = static_cast<uint32_t>(vocab_size);
+    for (int64_t i = 0; i < count; ++i) {
+        T t;
+        std::memcpy(&t, body + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+        // A uint32 id above INT32_MAX would read back negative as int32; compare as unsigned.
+        if (static_cast<uint32_t>(t) >= limit) [[unlikely]] {
             input_error(
                 "{}: token {} at position {} is >= vocab_size {} (data and model vocab "
                 "disagree)",
-                path, static_cast<uint32_t>(out.tokens[i]), i, vocab_size);
+                path, static_cast<uint32_t>(t), i, vocab_size);
         }
+    }
+}
+
+}  // namespace
+
+void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
+                     int vocab_size) {
+    if (layout.version == 1) {
+        check_ids<uint16_t>(path, body, layout.count, vocab_size);
+    } else {
+        check_ids<uint32_t>(path, body, layout.count, vocab_size);
+    }
+}
+
+TokenFile read_token_file(const std::string& path, int vocab_size) {
+    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
+    const std::string     bytes  = read_file_bytes(path, "token file");
+    const TokenFileLayout layout = check_token_header(path, bytes.data(),
+                                                      static_cast<int64_t>(bytes.size()));
+    const char* body = bytes.data() + kTokenFileHeaderBytes;
+    check_token_ids(path, body, layout, vocab_size);
+    TokenFile out;
+    out.version = layout.version;
+    if (layout.version == 1) {
+        decode_tokens<uint16_t>(out.tokens, body, layout.count);
+    } else {
+        decode_tokens<uint32_t>(out.tokens, body, layout.count);
     }
     return out;
 }

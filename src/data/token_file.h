@@ -27,4 +27,17 @@ struct TokenFile {
 // Reads and validates a shard; every token must be < vocab_size.
 TokenFile read_token_file(const std::string& path, int vocab_size);
 
+// What a valid header says; `bytes` (the whole file, `size` bytes) must match it exactly.
+struct TokenFileLayout {
+    int     version = 1;
+    int64_t count   = 0;  // tokens
+    int     width   = 2;  // bytes per token
+};
+// Validates magic, version and the file size against the header; throws InputError naming path.
+TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size);
+// Throws InputError naming path and position when a token of `body` (count tokens of width
+// bytes each, as in `layout`) is >= vocab_size.
+void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
+                     int vocab_size);
+
 }  // namespace bagualu::data

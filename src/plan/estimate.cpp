@@ -71,6 +71,7 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return (P - 1) * lv.alpha + bytes * ((local - 1) / P / intra.beta + (P - local) / P / lv.beta);
         }
         case dist::CommKind::allgather:
+        case dist::CommKind::scatter:  // bytes per rank: the root sends P - 1 blocks
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:

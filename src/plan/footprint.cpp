@@ -72,7 +72,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     const int      n_moe = n_moe_layers(m);
     mem.activations += n_moe * moe.activations;
     mem.comm_buffers = n_moe * moe.comm_buffers;
-    // data::load_dataset keeps train and val as int32; the sampler stages the global batch
+    // The train and val shards are memory-mapped (counted as resident once read, at 4 bytes a
+    // token as an upper bound); the data loader's buffers are a few micro-batches
     mem.data = static_cast<double>(data_tokens) * 4 + 2 * MB * T * P * 4;
 
     // ---- collectives per step ----

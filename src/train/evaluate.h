@@ -1,4 +1,5 @@
-// Validation loss: mean cross-entropy over the first W windows of the val split, in file order,
+// Validation loss: mean cross-entropy over the first W windows of the val split, in file order
+// (windows as token_shards.h numbers them),
 // W = min(windows in the file, max_batches * micro_batch * P) rounded down to a multiple of P;
 // rank r evaluates windows [r W/P, (r+1) W/P) in batches of micro_batch, and the sums are
 // added over ranks. Used by training and by `bagualu eval`, so both compute the same number.
@@ -6,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "data/token_shards.h"
 #include "model/gpt.h"
 
 namespace bagualu::train {
@@ -16,7 +18,7 @@ struct EvalResult {
 };
 
 // par: nullptr for one process.
-EvalResult evaluate(model::GPT& gpt, std::span<const int32_t> val_tokens, int micro_batch,
+EvalResult evaluate(model::GPT& gpt, const data::TokenShards& val, int micro_batch,
                     int64_t max_batches, dist::ParallelContext* par = nullptr);
 
 }  // namespace bagualu::train

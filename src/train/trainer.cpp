@@ -16,7 +16,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
-#include "data/sampler.h"
+#include "data/loader.h"
 #include "dist/comm/checks.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -153,12 +153,14 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const bool resume = cfg.checkpoint.resume == "auto" && !opt.dry_run;
 
     // ---- set-up: every input check before the first collective of the model ----
-    data::Dataset ds;
+    data::Dataset                     ds;
+    std::unique_ptr<data::DataLoader> loader;
     {
         std::string error;
         try {
             validate_layout(cfg, P);
-            ds = data::load_dataset(cfg);
+            loader = std::make_unique<data::DataLoader>(cfg, *par);
+            ds     = data::load_dataset(cfg);
             if (writer) prepare_run_dir(cfg, opt.force, resume);
         } catch (const InputError& e) {
             error = e.what();
@@ -195,12 +197,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         make_optimizer(cfg, gpt.layout(), *par, helper.get());
     const MemoryFootprint            mem       = optimizer->footprint();
 
-    // Every rank walks the same global order; rank r trains on its slice of each micro-step.
-    data::SequenceSampler sampler(ds.train, T, cfg.train.seed);
-    const size_t          slice = static_cast<size_t>(MB) * T;
-    std::vector<int32_t>  g_inputs(slice * static_cast<size_t>(P)), g_targets(g_inputs.size());
-    const int32_t*        inputs  = g_inputs.data() + slice * static_cast<size_t>(par->rank());
-    const int32_t*        targets = g_targets.data() + slice * static_cast<size_t>(par->rank());
+    // This rank's slice of each micro-step of the global order (data/loader.h).
+    std::vector<int32_t> inputs(static_cast<size_t>(MB) * T), targets(inputs.size());
 
     const double  peak_gflops     = kernels::measure_peak_gflops_f32(0.2);
     const double  flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
@@ -215,7 +213,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   P, par->ep_size(), par->edp_size(), m.n_experts / par->ep_size());
         log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
                   "tokens = {} micro-batch(es) of {} per rank",
-                  ds.train.size(), sampler.num_windows(), T + 1, ds.val.size(),
+                  loader->num_tokens(), loader->num_windows(), T + 1, ds.val.num_tokens(),
                   cfg.train.batch_size, T, accum, MB);
         constexpr double kMiB = 1 << 20;
         log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
@@ -241,7 +239,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             if (const std::optional<ResumePoint> rp = ckpt->load_latest(gpt.params())) {
                 start_step = rp->step;
                 const nlohmann::json& c = rp->state.at("sampler");
-                sampler.set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
+                loader->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
                 if (writer) log::info("resumed from {} (step {})", rp->dir, start_step);
             } else if (writer) {
                 log::info("no checkpoint in {}: training from the start", ckpt->root());
@@ -290,9 +288,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         gpt.zero_grad();
         double loss = 0, aux = 0;
         for (int64_t micro = 0; micro < accum; ++micro) {
-            sampler.next_batch(g_inputs.data(), g_targets.data(), MB * P);
+            {
+                PhaseScope data_phase(Phase::data);
+                loader->next(inputs.data(), targets.data());
+            }
             gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
-            loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
+            loss += gpt.forward(inputs.data(), targets.data(), MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
             if (micro + 1 < accum) {
                 gpt.backward(1.0f / static_cast<float>(accum));
@@ -322,11 +323,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         window_wait += optimizer->reduce_wait_s();
         ++window_steps;
         sum.final_loss = loss;
+        if (opt.data_wait_s) *opt.data_wait_s = loader->wait_seconds();
         if (opt.on_step) opt.on_step(step, dt, optimizer->reduce_wait_s());
 
         const bool last = step + 1 == cfg.train.steps;
         if (ckpt && cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
-            const data::SamplerCursor c = sampler.cursor();
+            const data::SamplerCursor c = loader->cursor();
             // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
             // index), so the RNG state is the seed and the count of micro-steps taken.
             ckpt->save(step + 1,
@@ -379,6 +381,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         }
     }
     sum.steps          = cfg.train.steps;
+    sum.data_wait_s    = loader->wait_seconds();
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);
     {

@@ -22,6 +22,9 @@ struct TrainOptions {
     // Called on every rank after each optimizer step with the step index, its seconds and the
     // seconds the optimizer waited for the gradient reduction (Optimizer::reduce_wait_s).
     std::function<void(int64_t step, double seconds, double reduce_wait_s)> on_step;
+    // When set, holds this rank's seconds blocked on training data so far (DataLoader::
+    // wait_seconds), updated before each on_step.
+    double* data_wait_s = nullptr;
 };
 
 struct TrainSummary {
@@ -32,6 +35,7 @@ struct TrainSummary {
     int64_t     steps                = 0;
     double      peak_gflops          = 0;  // this rank's measured fp32 peak
     double      flops_per_token      = 0;  // model FLOPs of forward + backward per token
+    double      data_wait_s          = 0;  // this rank's seconds blocked on training data
     std::string run_dir;
     std::string model_dir;
 };

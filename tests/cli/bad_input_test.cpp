@@ -151,6 +151,12 @@ TEST_F(BadInputTest, ShardTooShortForOneWindow) {
     expect_error(base + " --set data.val=" + (dir / "short.bin"), {"short.bin", "seq_len"});
 }
 
+TEST_F(BadInputTest, ShardPatternsAndReaders) {
+    expect_error(base + " --set data.train=" + (dir / "nope_*.bin"), {"data.train", "nope_*.bin", "matches no file"});
+    expect_error(base + " --set data.readers=2", {"data.readers = 2", "number of ranks 1"});
+    expect_error(base + " --set data.readers=-1", {"data.readers = -1", ">= 0"});
+}
+
 TEST_F(BadInputTest, UnknownCommandLineOption) {
     expect_error("train --frobnicate", {"frobnicate"});
 }

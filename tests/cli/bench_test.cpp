@@ -75,7 +75,7 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_GT(j["peak_rss_mb"].get<double>(), 1.0);
     double sum = 0;
     for (const char* phase : {"attention", "mlp", "experts", "gate_dispatch", "lm_head",
-                              "optimizer", "other"}) {
+                              "optimizer", "data", "other"}) {
         ASSERT_TRUE(j["phases"].contains(phase)) << phase;
         EXPECT_GE(j["phases"][phase]["fraction"].get<double>(), 0.0) << phase;
         EXPECT_GE(j["phases"][phase]["s_per_step"].get<double>(), 0.0) << phase;
@@ -84,6 +84,9 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_NEAR(sum, 1.0, 1e-6);
     EXPECT_GT(j["phases"]["attention"]["fraction"].get<double>(), 0.0);
     EXPECT_GT(j["phases"]["experts"]["fraction"].get<double>(), 0.0);
+    ASSERT_TRUE(j.contains("data_wait_fraction"));
+    EXPECT_GE(j["data_wait_fraction"].get<double>(), 0.0);
+    EXPECT_LT(j["data_wait_fraction"].get<double>(), 1.0);
     EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "bench train writes nothing";
 }
 

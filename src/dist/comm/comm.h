@@ -44,6 +44,14 @@ class Comm {
 
     // recv: size() * bytes_per_rank bytes, rank i's block at i * bytes_per_rank.
     virtual void allgather(const void* send, size_t bytes_per_rank, void* recv) = 0;
+    // send (read on root only): size() * bytes_per_rank bytes; rank i receives the block at
+    // i * bytes_per_rank into recv (bytes_per_rank bytes).
+    virtual void scatter(const void* send, size_t bytes_per_rank, void* recv, int root) = 0;
+    // The same without blocking: starts the scatter and returns; scatter_wait() completes it
+    // (collective: every rank starts and waits). At most one per comm may be in flight; send
+    // and recv must stay valid until scatter_wait returns. LocalComm: done at the start.
+    virtual void scatter_start(const void* send, size_t bytes_per_rank, void* recv, int root) = 0;
+    virtual void scatter_wait()                                                               = 0;
     // send_counts, recv_counts: [size()], one int64 to / from each peer.
     virtual void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) = 0;
     // Counts and displacements: [size()], in elements of elem_bytes bytes. Counts or displacements

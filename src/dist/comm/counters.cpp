@@ -25,6 +25,7 @@ const char* comm_kind_name(CommKind k) {
         case CommKind::sendrecv: return "sendrecv";
         case CommKind::reduce_scatter: return "reduce_scatter";
         case CommKind::all_gather: return "all_gather";
+        case CommKind::scatter: return "scatter";
     }
     return "?";
 }

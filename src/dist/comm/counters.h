@@ -1,7 +1,7 @@
 // Per-process tallies of what each kind of collective was asked to move: calls and payload bytes,
 // counted where the call enters the communication layer (MpiComm, LocalComm, collectives.h).
 // `bagualu plan` predicts the same numbers; a run reports them so the two can be compared exactly.
-// Payload: allreduce and broadcast the buffer, allgather bytes_per_rank, alltoall(v) the sum of
+// Payload: allreduce and broadcast the buffer, allgather and scatter bytes_per_rank, alltoall(v) the sum of
 // the send counts (the block to itself included), reduce-scatter the whole input, all_gather the
 // whole output, sendrecv send_bytes. Our own collectives are built on sendrecv, so their hops are
 // tallied under sendrecv as well as under their own kind. Relaxed atomics: cheap, thread-safe.
@@ -22,8 +22,9 @@ enum class CommKind {
     sendrecv,               // Comm::sendrecv
     reduce_scatter,         // collectives.h reduce_scatter_mean*
     all_gather,             // collectives.h all_gather
+    scatter,                // Comm::scatter
 };
-inline constexpr size_t kNumCommKinds = 9;
+inline constexpr size_t kNumCommKinds = 10;
 
 const char* comm_kind_name(CommKind k);
 

@@ -38,6 +38,17 @@ class LocalComm final : public Comm {
         copy(recv, send, bytes_per_rank);
     }
 
+    void scatter(const void* send, size_t bytes_per_rank, void* recv, int root) override {
+        check_peer(root);
+        count_comm(CommKind::scatter, bytes_per_rank);
+        copy(recv, send, bytes_per_rank);
+    }
+
+    void scatter_start(const void* send, size_t bytes_per_rank, void* recv, int root) override {
+        scatter(send, bytes_per_rank, recv, root);
+    }
+    void scatter_wait() override {}
+
     void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) override {
         BGL_CHECK(send_counts.size() == 1 && recv_counts.size() == 1,
                   "alltoall needs one count per rank (1), got {} and {}", send_counts.size(),

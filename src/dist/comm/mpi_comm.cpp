@@ -116,6 +116,29 @@ class MpiComm final : public Comm {
                                     static_cast<int>(bytes_per_rank), MPI_BYTE, comm_));
     }
 
+    void scatter(const void* send, size_t bytes_per_rank, void* recv, int root) override {
+        count_comm(CommKind::scatter, bytes_per_rank);
+        BGL_CHECK(fits_int(static_cast<int64_t>(bytes_per_rank)),
+                  "scatter of {} bytes per rank exceeds INT_MAX", bytes_per_rank);
+        const auto n = static_cast<int>(bytes_per_rank);
+        BGL_MPI_CHECK(MPI_Scatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_));
+    }
+
+    void scatter_start(const void* send, size_t bytes_per_rank, void* recv, int root) override {
+        BGL_CHECK(scatter_req_ == MPI_REQUEST_NULL, "a scatter is already in flight on this comm");
+        count_comm(CommKind::scatter, bytes_per_rank);
+        BGL_CHECK(fits_int(static_cast<int64_t>(bytes_per_rank)),
+                  "scatter of {} bytes per rank exceeds INT_MAX", bytes_per_rank);
+        const auto n = static_cast<int>(bytes_per_rank);
+        BGL_MPI_CHECK(
+            MPI_Iscatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &scatter_req_));
+    }
+
+    void scatter_wait() override {
+        if (scatter_req_ == MPI_REQUEST_NULL) return;
+        BGL_MPI_CHECK(MPI_Wait(&scatter_req_, MPI_STATUS_IGNORE));  // sets it to MPI_REQUEST_NULL
+    }
+
     void alltoall(std::span<const int64_t> send_counts, std::span<int64_t> recv_counts) override {
         BGL_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
                       recv_counts.size() == static_cast<size_t>(size_),
@@ -247,6 +270,7 @@ class MpiComm final : public Comm {
     bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
     int  thread_level_;  // the MPI_THREAD_* level MPI_Init_thread provided
     bool background_ = false;  // set_background: nonblocking all-reduce
+    MPI_Request scatter_req_ = MPI_REQUEST_NULL;  // the scatter_start in flight
     int rank_ = 0;
     int size_ = 1;
 };

@@ -48,6 +48,13 @@ TEST(LocalComm, GathersAndAllToAllsCopy) {
     int out     = 0;
     c->allgather(&v, sizeof(v), &out);
     EXPECT_EQ(out, 17);
+    int scattered = 0;
+    c->scatter(&v, sizeof(v), &scattered, 0);
+    EXPECT_EQ(scattered, 17);
+    int started = 0;
+    c->scatter_start(&v, sizeof(v), &started, 0);
+    c->scatter_wait();
+    EXPECT_EQ(started, 17);
 
     std::vector<int64_t> sc{5}, rc{0};
     c->alltoall(sc, rc);

@@ -1,0 +1,192 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+
+#include "core/error.h"
+
+namespace bagualu::data {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+LoaderLayout layout_of(const TrainConfig& cfg, const dist::ParallelContext& par) {
+    LoaderLayout L;
+    L.rank        = par.rank();
+    L.ranks       = par.size();
+    L.readers     = cfg.data.readers;
+    L.micro_batch = static_cast<int>(cfg.micro_batch(par.size()));
+    L.seq_len     = cfg.model.seq_len;
+    L.seed        = cfg.train.seed;
+    return L;
+}
+
+}  // namespace
+
+ReaderGroup reader_group(int rank, int ranks, int readers) {
+    BGL_CHECK(rank >= 0 && rank < ranks && readers >= 0 && readers <= ranks,
+              "rank {} of {} with {} readers", rank, ranks, readers);
+    if (readers == 0) return ReaderGroup{rank, rank, 1};
+    const auto first = [&](int g) {
+        return static_cast<int>(static_cast<int64_t>(g) * ranks / readers);
+    };
+    int g = static_cast<int>(static_cast<int64_t>(rank) * readers / ranks);
+    while (first(g + 1) <= rank) ++g;  // the last g with first(g) <= rank
+    while (first(g) > rank) --g;
+    return ReaderGroup{g, first(g), first(g + 1) - first(g)};
+}
+
+DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
+    : L_(layout_of(cfg, par)) {
+    group_info_ = reader_group(L_.rank, L_.ranks, L_.readers);
+    reader_     = group_info_.first == L_.rank;
+    if (L_.readers > 0) {
+        // Collective over the world even when every group is one rank.
+        owned_group_ = par.world().split(group_info_.index, L_.rank);
+    }
+    std::string error;
+    if (reader_) {
+        try {
+            shards_ =
+                TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size, L_.seq_len);
+        } catch (const InputError& e) {
+            error = e.what();
+        }
+    }
+    init(group_info_.size > 1 ? owned_group_.get() : nullptr, error);
+}
+
+DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group)
+    : L_(layout), shards_(std::move(train)) {
+    group_info_ = reader_group(L_.rank, L_.ranks, L_.readers);
+    reader_     = group_info_.first == L_.rank;
+    BGL_CHECK((group != nullptr) == (group_info_.size > 1) &&
+                  (!group || group->size() == group_info_.size),
+              "rank {}: a reader group of {} needs a communicator of that size", L_.rank,
+              group_info_.size);
+    init(group, "");
+}
+
+void DataLoader::init(dist::Comm* group, const std::string& open_error) {
+    group_        = group;
+    int64_t count = open_error.empty() ? shards_.num_windows() : -1;
+    if (group_) group_->broadcast(&count, sizeof(count), 0);
+    if (!open_error.empty()) throw InputError(open_error);
+    if (count < 0) {
+        input_error("data.train: rank {}, the reader of ranks {}-{}, cannot open it",
+                    group_info_.first, group_info_.first, group_info_.first + group_info_.size - 1);
+    }
+    BGL_CHECK(count > 0, "rank {}: data.train holds no window", L_.rank);
+    n_windows_   = count;
+    n_tokens_    = shards_.num_tokens();
+    window_ints_ = static_cast<size_t>(L_.micro_batch) * static_cast<size_t>(L_.seq_len + 1);
+    if (reader_) {
+        sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed);
+        for (auto& b : buf_) b.resize(window_ints_ * static_cast<size_t>(group_info_.size));
+        fetch_fn_ = [this] { fetch(); };
+    }
+    if (group_) recv_.resize(window_ints_);
+}
+
+DataLoader::~DataLoader() {
+    try {
+        if (in_flight_ && std::uncaught_exceptions() == 0) {
+            group_->scatter_wait();  // the whole group ends its run together
+            in_flight_ = false;
+        }
+        finish_fetch();
+    } catch (...) {  // a failed prefetch or scatter no one will read
+    }
+    if (in_flight_) {
+        // Unwinding on this rank alone: the scatter may still write, so its buffers stay
+        // allocated (the job is ending).
+        static_cast<void>(new std::vector<int32_t>(std::move(recv_)));
+        for (auto& b : buf_) static_cast<void>(new std::vector<int32_t>(std::move(b)));
+    }
+}
+
+void DataLoader::fetch() {
+    const int64_t MB = L_.micro_batch;
+    const int64_t W  = L_.seq_len + 1;
+    int32_t* out     = buf_[fill_].data();
+    sampler_->skip(group_info_.first * MB);
+    for (int64_t i = 0; i < group_info_.size * MB; ++i) {
+        shards_.read_window(sampler_->next(), out + i * W);
+    }
+    sampler_->skip((L_.ranks - group_info_.first - group_info_.size) * MB);
+}
+
+void DataLoader::start_fetch() {
+    BGL_CHECK(!pending_, "a fetch is already pending");
+    ticket_  = helper_thread().submit(fetch_fn_);
+    pending_ = true;
+}
+
+void DataLoader::finish_fetch() {
+    if (!pending_) return;
+    pending_ = false;
+    helper_thread().wait(ticket_);
+}
+
+const int32_t* DataLoader::take_fetched() {
+    if (!pending_) start_fetch();  // the first batch, or the first after set_cursor
+    const auto t0 = Clock::now();
+    finish_fetch();
+    wait_s_ += seconds_since(t0);
+    const int32_t* out = buf_[fill_].data();
+    fill_              = 1 - fill_;
+    start_fetch();  // the next micro-batch, into the other buffer, while this one is used
+    return out;
+}
+
+void DataLoader::start_scatter() {
+    const int32_t* send = reader_ ? take_fetched() : nullptr;
+    group_->scatter_start(send, window_ints_ * sizeof(int32_t), recv_.data(), 0);
+    in_flight_ = true;
+}
+
+void DataLoader::unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const {
+    const int T = L_.seq_len;
+    for (int b = 0; b < L_.micro_batch; ++b) {
+        const int32_t* w = windows + static_cast<int64_t>(b) * (T + 1);
+        std::copy(w, w + T, inputs + static_cast<int64_t>(b) * T);
+        std::copy(w + 1, w + 1 + T, targets + static_cast<int64_t>(b) * T);
+    }
+}
+
+void DataLoader::next(int32_t* inputs, int32_t* targets) {
+    if (group_) {
+        if (!in_flight_) start_scatter();  // the first batch, or the first after set_cursor
+        const auto t0 = Clock::now();
+        group_->scatter_wait();
+        in_flight_ = false;
+        wait_s_ += seconds_since(t0);
+        unpack(recv_.data(), inputs, targets);
+        start_scatter();  // the next micro-batch travels while this one is trained on
+    } else {
+        unpack(take_fetched(), inputs, targets);
+    }
+    cursor_ = advance_cursor(cursor_, n_windows_, static_cast<int64_t>(L_.micro_batch) * L_.ranks);
+}
+
+void DataLoader::set_cursor(const SamplerCursor& c) {
+    if (c.epoch < 0 || c.position < 0 || c.position > n_windows_) {
+        input_error("data cursor (epoch {}, position {}) does not fit the {} windows of data.train",
+                    c.epoch, c.position, n_windows_);
+    }
+    if (in_flight_) {  // its windows belong to the old position
+        group_->scatter_wait();
+        in_flight_ = false;
+    }
+    finish_fetch();
+    cursor_ = c;
+    if (sampler_) sampler_->set_cursor(c);
+}
+
+}  // namespace bagualu::data

@@ -1,0 +1,113 @@
+// The training data loader: this rank's micro-batch of every micro-step, prefetched.
+// Global order: micro-step k of the run takes the next MB * P windows of the sampler (sampler.h)
+// over all windows of data.train (token_shards.h); rank r trains on windows [r MB, (r+1) MB) of
+// them. Results are therefore the same for any P with the same global batch.
+// Readers (data.readers = N > 0): the P ranks form N contiguous groups (reader_group); only the
+// first rank of each group opens the train files; it reads the whole group's windows and
+// scatters each member its slice over the group's communicator. N = 0: every rank reads its own
+// slice from the mapped files.
+// Prefetch: while step s runs, the helper thread (core/helper_thread.h) copies the windows of the
+// next micro-batch from the mapped files into the other half of a double buffer. MPI stays on
+// the main thread: the trainer's own collectives run there while the prefetch is in flight, and
+// MPI is initialised with at most one thread at a time. In a reader group, next() starts the
+// nonblocking scatter of the following micro-batch (Comm::scatter_start), which completes while
+// the step runs; the next next() waits for it.
+// cursor() is the position of the next micro-batch next() will return, whatever is prefetched,
+// so a checkpoint taken after step s resumes at step s + 1's batch.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/helper_thread.h"
+#include "data/sampler.h"
+#include "data/token_shards.h"
+#include "dist/comm/comm.h"
+#include "dist/parallel.h"
+
+namespace bagualu::data {
+
+// Which reader group a rank is in: N groups of contiguous ranks, group g = ranks
+// [g P / N, (g + 1) P / N); its reader is its first rank. readers = 0: every rank alone.
+struct ReaderGroup {
+    int index = 0;  // g
+    int first = 0;  // the reader's rank
+    int size  = 1;  // ranks in the group
+};
+ReaderGroup reader_group(int rank, int ranks, int readers);
+
+struct LoaderLayout {
+    int rank        = 0;
+    int ranks       = 1;
+    int readers     = 0;  // data.readers
+    int micro_batch = 1;  // MB: sequences per rank per micro-step
+    int seq_len     = 1;  // T
+    uint64_t seed   = 0;
+};
+
+class DataLoader {
+   public:
+    // Collective over par.world() when data.readers > 0 (the group split and the reader's
+    // window count). Throws InputError on every rank of a group whose reader cannot open
+    // data.train (the reader's says why).
+    DataLoader(const TrainConfig& cfg, dist::ParallelContext& par);
+    // The same from parts: `train` is opened by the caller (only on readers); `group` is the
+    // reader group's communicator (nullptr when the group is one rank). Collective over group.
+    DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group);
+    ~DataLoader();
+    DataLoader(const DataLoader&)            = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
+
+    // This rank's next micro-batch: inputs and targets (MB, T). Collective over the group.
+    void next(int32_t* inputs, int32_t* targets);
+    // The position in the global order of the next micro-batch next() returns.
+    SamplerCursor cursor() const { return cursor_; }
+    // Resumes at c (a cursor() of a run with the same data, seed and global batch). Collective
+    // over the group once next() has been called (it completes the scatter in flight).
+    void set_cursor(const SamplerCursor& c);
+
+    int64_t num_windows() const { return n_windows_; }
+    int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
+    bool reads() const { return reader_; }            // whether this rank maps the files
+    // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader
+    // group, for the scatter to complete.
+    double wait_seconds() const { return wait_s_; }
+
+   private:
+    // Both constructors end here: shares the reader's window count over the group, or its
+    // failure to open the files (open_error on the reader).
+    void init(dist::Comm* group, const std::string& open_error);
+    void fetch();         // helper thread: the group's windows of one micro-step into buf_[fill_]
+    void start_fetch();   // main thread
+    void finish_fetch();  // main thread: waits for the pending fetch
+    // Reader: the fetched micro-batch (fetching it now if none is pending); starts fetching the
+    // next one into the other buffer.
+    const int32_t* take_fetched();
+    void start_scatter();  // group: the next micro-batch's scatter
+    void unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const;
+
+    LoaderLayout L_;
+    ReaderGroup group_info_;
+    std::unique_ptr<dist::Comm> owned_group_;
+    dist::Comm* group_ = nullptr;  // null when the group is this rank alone
+    bool reader_       = true;
+    TokenShards shards_;
+    int64_t n_windows_ = 0;
+    int64_t n_tokens_  = 0;
+    std::unique_ptr<SequenceSampler> sampler_;  // readers: the fetch position (helper thread)
+    SamplerCursor cursor_;                      // the visible position (main thread)
+    size_t window_ints_ = 0;                    // MB * (T + 1)
+    std::vector<int32_t> buf_[2];               // [group size * window_ints_]: windows read
+    std::vector<int32_t> recv_;                 // [window_ints_]: this rank's, scattered
+    int fill_                    = 0;           // buffer the pending fetch writes
+    bool pending_                = false;
+    bool in_flight_              = false;  // group: a scatter_start not yet waited for
+    HelperThread::Ticket ticket_ = 0;
+    std::function<void()> fetch_fn_;
+    double wait_s_ = 0;
+};
+
+}  // namespace bagualu::data

@@ -1,0 +1,65 @@
+// One split of the token data as training reads it: a set of llm.c token shards (token_file.h),
+// memory-mapped read-only. The split is named by one .bin file, a glob pattern
+// ("data/x/train_*.bin") or a directory (every *.bin in it); files are taken in sorted order.
+// Opening validates each file like read_token_file (header, size, every token id < vocab_size)
+// and then drops the pages from this process (the page cache keeps them).
+// Windows: a shard of n tokens holds floor((n - 1) / T) windows of T + 1 tokens starting at
+// k * T (inputs = first T, targets = last T); windows never cross a shard boundary. Window ids
+// run over the shards in order, so one file gives the same ids as the whole-file reader did.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+
+namespace bagualu::data {
+
+class TokenShards {
+   public:
+    TokenShards() = default;  // no shards, no windows
+    ~TokenShards();
+    TokenShards(TokenShards&& o) noexcept;
+    TokenShards& operator=(TokenShards&& o) noexcept;
+    TokenShards(const TokenShards&)            = delete;
+    TokenShards& operator=(const TokenShards&) = delete;
+
+    // `key` is the config key that named `spec` ("data.train"), for errors. Throws InputError
+    // naming the file at fault, or the spec when it matches nothing or holds no window.
+    static TokenShards open(const std::string& spec, const std::string& key, int vocab_size,
+                            int seq_len);
+
+    int64_t num_windows() const { return n_windows_; }
+    int64_t num_tokens() const { return n_tokens_; }
+    int seq_len() const { return T_; }
+    size_t num_shards() const { return shards_.size(); }
+    const std::string& path(size_t i) const { return shards_[i].path; }
+    // Windows of shard i.
+    int64_t shard_windows(size_t i) const { return shards_[i].windows; }
+
+    // Copies the T + 1 tokens of window w (0 <= w < num_windows()) to out.
+    void read_window(int64_t w, int32_t* out) const;
+
+   private:
+    struct Shard {
+        std::string path;
+        const char* map  = nullptr;  // the whole file, mapped; null when empty
+        size_t map_bytes = 0;
+        TokenFileLayout layout;
+        int64_t first_window = 0;  // id of its first window
+        int64_t windows      = 0;
+    };
+    void release();
+
+    std::vector<Shard> shards_;
+    int T_             = 0;
+    int64_t n_windows_ = 0;
+    int64_t n_tokens_  = 0;
+};
+
+// The files a split names, sorted: `spec` itself when it is a file, the *.bin files in it when
+// it is a directory, its matches when it holds a glob character (* ? [). Throws InputError
+// naming key and spec when a directory or pattern matches no file.
+std::vector<std::string> resolve_shard_paths(const std::string& spec, const std::string& key);
+
+}  // namespace bagualu::data
