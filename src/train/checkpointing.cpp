@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "dist/comm/checks.h"
 #include "dist/comm/collectives.h"
 #include "model/gpt.h"
@@ -99,6 +101,8 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
         }
     }
     fail_together(par.world(), error);
+    // the snapshot buffer, allocated and touched now rather than at the first checkpoint
+    if (cfg.checkpoint.every > 0) snapshot_ = Buffer<float>(snapshot_floats());
 }
 
 Checkpointer::~Checkpointer() {
@@ -181,15 +185,26 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     return out;
 }
 
+size_t Checkpointer::snapshot_floats() {
+    size_t floats = 0;
+    for (const StateSpace& sp : opt_.state_spaces()) {
+        for (const ShardPiece& p : sp.map->pieces()) floats += 3 * p.len;
+    }
+    return floats;
+}
+
 void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* params) {
     const auto t0 = Clock::now();
     if (pending_) finalize();
     const std::vector<StateSpace> spaces = opt_.state_spaces();
-    size_t                        floats = 0;
-    for (const StateSpace& sp : spaces) {
-        for (const ShardPiece& p : sp.map->pieces()) floats += 3 * p.len;
-    }
+    const size_t                  floats = snapshot_floats();
     if (snapshot_.size() != floats) snapshot_ = Buffer<float>(floats);
+    struct Copy {
+        const float* src;
+        float*       dst;
+        size_t       len;
+    };
+    std::vector<Copy> copies;
     slices_.clear();
     size_t at = 0;
     for (const StateSpace& sp : spaces) {
@@ -197,7 +212,10 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
             const model::ParamSpec& s = layout_.spec(p.spec);
             for (int k = 0; k < 3; ++k) {
                 const float* src = piece_data(sp, p, const_cast<float*>(params), k);
-                std::copy(src, src + p.len, snapshot_.data() + at);
+                constexpr size_t kChunk = size_t{1} << 16;  // floats per copy task
+                for (size_t o = 0; o < p.len; o += kChunk) {
+                    copies.push_back({src + o, snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
+                }
                 slices_.push_back(io::ckpt::Slice{tensor_name(kKinds[k], s), s.shape,
                                                   static_cast<int64_t>(p.elem_offset),
                                                   static_cast<int64_t>(p.elem_offset + p.len),
@@ -206,6 +224,10 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
             }
         }
     }
+    // the copy is the step loop's only pause: spread it over the compute workers
+    parallel_for(static_cast<int64_t>(copies.size()), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) std::memcpy(copies[i].dst, copies[i].src, copies[i].len * sizeof(float));
+    });
     step_    = step;
     state_   = state;
     tmp_dir_ = io::ckpt::step_dir(root_, step) + ".tmp";
@@ -268,7 +290,9 @@ void Checkpointer::finalize() {
 }
 
 void Checkpointer::close() {
+    const double loop_stall = stall_s_;  // the end-of-run flush is no pause of the step loop
     finalize();
+    stall_s_ = loop_stall;
     std::string error;
     if (commit_ticket_ > 0) {
         try {

@@ -67,7 +67,8 @@ class Checkpointer {
     void finalize();
     // Collective, at the end of training: finalizes and waits for the last commit.
     void close();
-    // Seconds the step loop spent in save() and finalize() (snapshot copies and waits).
+    // Seconds the step loop spent in save() and finalize() (snapshot copies and waits; the
+    // flush of close() at the end of the run is not counted).
     double stall_seconds() const { return stall_s_; }
     // Seconds this rank's I/O helper spent writing checkpoint files (what a synchronous
     // checkpoint would have stalled the step loop); the bytes they hold.
@@ -77,6 +78,8 @@ class Checkpointer {
     const std::string& last_committed() const { return last_; }
 
    private:
+    size_t snapshot_floats();  // floats of this rank's pieces, three kinds
+
     const TrainConfig&          cfg_;
     const model::ParamLayout&   layout_;
     Optimizer&                  opt_;
