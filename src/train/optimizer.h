@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "dist/parallel.h"
 #include "model/param_layout.h"
+#include "model/precision.h"
 #include "train/shard_map.h"
 
 namespace bagualu::train {
@@ -41,28 +42,48 @@ class Optimizer {
     virtual MemoryFootprint footprint() const = 0;
     // True for ParO.
     virtual bool partitioned() const = 0;
+
+    // Dynamic loss scaling: the gradients of the following steps arrive multiplied by `scale`;
+    // step() divides it out (on this rank's shard for ParO) before the norm. A step whose
+    // gradients hold an inf or NaN anywhere (the global norm is not finite) changes no parameter
+    // and no optimizer state, and skipped() says so until the next step; AdamW's bias correction
+    // counts only the steps taken (step minus the steps skipped so far).
+    void set_loss_scale(double scale) { loss_scale_ = scale; }
+    bool skipped() const { return skipped_; }
+
+   protected:
+    double  loss_scale_ = 1;
+    bool    skipped_    = false;
+    int64_t n_skipped_  = 0;
 };
 
 // ParO's optimizer state of one space: the shard's m and v, in shard order (map.pieces() say
-// which tensor elements they are). In FP32 training the master weights are the parameters
-// themselves, read through the pieces' flat offsets; a low-precision run would keep an FP32
-// master shard here beside m and v.
+// which tensor elements they are). The master weights of float32 tensors are the parameters
+// themselves, read through the pieces' flat offsets; a space of half-stored tensors (mixed
+// precision O2) keeps its FP32 master shard beside m and v, and its parameters travel in the
+// all-gather as half values.
 struct ShardState {
     ShardMap      map;
     Buffer<float> m, v;  // [shard_size()]
     float         grad_scale = 1;  // applied after the mean: 1 dense, 1/EP experts
+    bool          expert     = false;  // split over the edp group (else the world)
+    Dtype         dtype      = Dtype::float32;  // storage dtype of every tensor in the space
+    Buffer<float> master;  // [shard_size()] when some piece is model::MasterMode::master
 };
 
 // ParO over the layout of one rank; the state a checkpoint needs is shards().
 class PartitionedAdamW final : public Optimizer {
    public:
     // bucket_floats: the most floats of one bucket (all ranks' pieces together).
+    // prec: which tensors are half-stored (their own spaces, FP32 masters, half all-gather).
     PartitionedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
-                     const AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats);
+                     const AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats,
+                     const model::PrecisionPolicy& prec = {});
     double          step(float* params, float* grads, double lr, int64_t step) override;
     MemoryFootprint footprint() const override;
     bool            partitioned() const override { return true; }
-    // [0] dense parameters, split over the world; [1] experts, split over the edp group.
+    // [0] dense parameters, split over the world; [1] experts, split over the edp group; with
+    // half-stored tensors [2] and [3] the same for those (empty spaces otherwise).
     const std::vector<ShardState>& shards() const { return shards_; }
 
     static constexpr size_t kDefaultBucketFloats = size_t{1} << 22;  // 16 MiB
@@ -71,12 +92,17 @@ class PartitionedAdamW final : public Optimizer {
     dist::Comm& comm_of(size_t space);
     dist::ParallelContext&  par_;
     AdamWHyper              hyper_;
+    model::PrecisionPolicy  prec_;
+    std::vector<model::MasterMode> modes_;  // [layout specs]
+    bool                    masters_ready_ = false;
+    Buffer<uint16_t>        bucket16_;  // half all-gather payload
     size_t                  n_floats_ = 0;
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float>           bucket_;  // [max bucket_size()]
 };
 
-// Replicated or ParO per cfg.optimizer.partition and the number of ranks.
+// Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
+// cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones).
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
                                           dist::ParallelContext& par);
 

@@ -23,6 +23,7 @@
 #include "train/evaluate.h"
 #include "train/full_params.h"
 #include "train/optimizer.h"
+#include "train/loss_scale.h"
 #include "train/lr_schedule.h"
 #include "core/phase_timer.h"
 #include "train/progress.h"
@@ -131,7 +132,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         f << to_toml(cfg);
     }
 
-    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers);
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    LossScaler                   scaler(cfg.precision, prec.loss_scaling());
+    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers, prec);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
     const std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, gpt.layout(), *par);
     const MemoryFootprint            mem       = optimizer->footprint();
@@ -164,6 +167,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   mem.param_bytes / kMiB, mem.grad_bytes / kMiB, mem.optim_bytes / kMiB,
                   optimizer->partitioned() ? fmt::format("ParO over {} rank(s)", P) : "replicated",
                   mem.comm_bytes / kMiB);
+        log::info("precision: {}{}", prec.describe(),
+                  scaler.enabled() ? fmt::format(", dynamic loss scale from {}", scaler.scale()) : "");
         log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
                   compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
     }
@@ -210,7 +215,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
             loss += gpt.forward(inputs, targets, MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
-            gpt.backward(1.0f / static_cast<float>(accum));
+            gpt.backward(static_cast<float>(scaler.scale()) / static_cast<float>(accum));
         }
         if (P > 1) {
             par->world().allreduce_sum(std::span<double>(&loss, 1));
@@ -224,7 +229,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         PhaseScope   optimizer_phase(Phase::optimizer);
         const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
-        const double norm = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
+        const double loss_scale = scaler.scale();
+        optimizer->set_loss_scale(loss_scale);
+        const double norm    = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
+        const bool   skipped = optimizer->skipped();
+        scaler.update(skipped);
+        sum.skipped_steps += skipped ? 1 : 0;
         optimizer_phase.stop();
         const double dt = seconds_since(t0);
         window_time += dt;
@@ -233,12 +243,14 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         if (opt.on_step) opt.on_step(step, dt);
 
         const bool last = step + 1 == cfg.train.steps;
-        if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
+        if ((step + 1) % cfg.train.log_every == 0 || last || step == 0 || skipped) {
             const double   tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
             const double   mfu = peak_gflops > 0 ? tps * flops_per_token / (P * peak_gflops * 1e9) : 0;
             nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
                                   {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
                                   {"elapsed_s", seconds_since(t_start)}};
+            if (scaler.enabled()) j["loss_scale"] = loss_scale;  // the scale this step ran with
+            if (scaler.enabled() || skipped) j["skipped"] = skipped;
             if (step == 0) {
                 j["param_bytes"] = mem.param_bytes;
                 j["grad_bytes"]  = mem.grad_bytes;
@@ -262,7 +274,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         }
     }
     emit(resource_report(dist::comm_tally() - comm_start - eval_comm, cfg.train.steps, *par));
-    sum.steps          = cfg.train.steps;
+    sum.steps            = cfg.train.steps;
+    sum.final_loss_scale = scaler.scale();
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);
     {
