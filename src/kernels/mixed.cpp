@@ -1,6 +1,6 @@
-// Rounding, finiteness and the FP64 sensitive kernels of kernels/mixed.h. Plain loops in the
-// order the math is written (as kernels/ref/ops_ref.h), threaded with parallel_for over rows,
-// (batch, head) pairs or column blocks, each reduction in a fixed order.
+// Rounding, half-precision linear layers and the FP64 sensitive kernels of kernels/mixed.h.
+// Plain loops in the order the math is written (as kernels/ref/ops_ref.h), threaded with
+// parallel_for over rows, (batch, head) pairs or column blocks, each reduction in a fixed order.
 #include "kernels/mixed.h"
 
 #include <algorithm>
@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
 
 namespace bagualu::kernels {
 
@@ -54,19 +56,69 @@ void round_copy(float* out, const float* in, size_t n, Dtype d) {
 
 void round_inplace(float* x, size_t n, Dtype d) { round_copy(x, x, n, d); }
 
-bool all_finite(const float* x, size_t n) {
-    // Blocks, each a plain vectorisable loop: x - x is 0 for finite x and NaN for inf or NaN.
-    constexpr int64_t kBlocks = 64;
-    const int64_t nn = int64_t(n), nblk = nn < kMinParallelWork ? 1 : kBlocks;
-    bool ok[kBlocks];
-    parallel_rows(nblk, nn / nblk, [&](int64_t begin, int64_t end) {
-        for (int64_t b = begin; b < end; ++b) {
-            float acc = 0.f;
-            for (int64_t i = nn * b / nblk; i < nn * (b + 1) / nblk; ++i) acc += x[i] - x[i];
-            ok[b] = acc == 0.f;
+// ---- linear layers with half-precision operands ----
+
+namespace {
+
+// 16-bit copies of the GEMM operands, grown once (called from the main thread only).
+std::vector<bf16> g_inp16, g_w16, g_dout16;
+
+const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
+    bf16* out = grow(buf, n);
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = bf16_from_float(x[i]);
+    });
+    return out;
+}
+
+}  // namespace
+
+void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
+                         const float* bias, int N, int IC, int OC) {
+    if (d != Dtype::bfloat16) {
+        linear_forward(out, inp, weight, bias, N, IC, OC);
+        return;
+    }
+    const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
+    const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
+    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, a, IC, w, IC, 0.f, out, OC);
+    if (!bias) return;
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            float* __restrict o = out + i * OC;
+            for (int c = 0; c < OC; ++c) o[c] += bias[c];
         }
     });
-    return std::all_of(ok, ok + nblk, [](bool v) { return v; });
+}
+
+void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int IC, int OC) {
+    if (d != Dtype::bfloat16) {
+        linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+        return;
+    }
+    const bf16* dy = to_bf16(g_dout16, dout, size_t(N) * OC);
+    if (dinp) {
+        const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
+        gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
+    }
+    if (N > 0) {
+        const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
+        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, a, IC, 1.f, dweight, IC);
+    }
+    if (!dbias) return;
+    // column sums in double, each column block over all rows in order (as ops.cpp)
+    const int64_t nblk = (OC + kColBlock - 1) / kColBlock;
+    parallel_rows(nblk, int64_t(N) * kColBlock, [&](int64_t b0, int64_t b1) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, OC);
+            double acc[kColBlock] = {};
+            for (int64_t i = 0; i < N; ++i) {
+                for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(dout[i * OC + c]);
+            }
+            for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
+        }
+    });
 }
 
 // ---- layernorm ----

@@ -3,7 +3,7 @@
 //     stores half-precision weights and activations in its float arrays, and how a half GEMM's
 //     operands are formed (products of two bf16 or two fp16 values are exact in float32, so a
 //     float32 GEMM over rounded operands is a half GEMM with float32 accumulation);
-//   - the finiteness check of dynamic loss scaling;
+//   - linear layers whose bf16 products run through gemm_bf16;
 //   - FP64 versions of the numerically sensitive kernels (precision.fp64_sensitive): the same
 //     math, arguments and =/+= conventions as their ops.h namesakes, with every exp, log, tanh,
 //     sqrt, division and sum in double. Threaded; results do not depend on the thread count.
@@ -21,8 +21,15 @@ namespace bagualu::kernels {
 void round_inplace(float* x, size_t n, Dtype d);
 // out[i] = round_to(d, in[i]); out may alias in.
 void round_copy(float* out, const float* in, size_t n, Dtype d);
-// Whether no element is inf or NaN.
-bool all_finite(const float* x, size_t n);
+
+// linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
+// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies, fp16 and float32
+// through gemm_f32 (exact products and float32 accumulation either way; float32 is bit for bit
+// the ops.h kernel). Call from outside pool jobs, as the GEMMs.
+void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
+                         const float* bias, int N, int IC, int OC);
+void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int IC, int OC);
 
 void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* inp,
                            const float* weight, const float* bias, int N, int C);

@@ -323,7 +323,8 @@ static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
 
 // Mixed precision (model/precision.h): each class rounds its GEMMs' operands to its GEMM dtype
 // (activations where they are stored, weights in wc_, and activation gradients as they enter a
-// backward GEMM) and, from O2, its GEMM outputs to its activation dtype. The residual stream,
+// backward GEMM) and, from O2, its GEMM outputs to its activation dtype; bf16 products of the
+// dense layers run through gemm_bf16 (kernels/mixed.h). The residual stream,
 // parameter gradients and the other ops stay float32. With the float32 policy every rounding is
 // a no-op and the results are those of the plain float32 model, bit for bit.
 double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -354,11 +355,11 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
         round_inplace(b.ln1, NC, ga);
         {
             PhaseScope phase(Phase::attention);
-            linear_forward(b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+            linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
             round_inplace(b.qkv, 3 * NC, aa);
             op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
             round_inplace(b.atty, NC, ga);
-            linear_forward(b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+            linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
             round_inplace(b.res1, NC, aa);
         }
         add_forward(b.res1, b.res1, x, NC);
@@ -370,11 +371,11 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
             aux_loss_ += moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
         } else {
             PhaseScope phase(Phase::mlp);
-            linear_forward(b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
+            linear_forward_half(gf, b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
             round_inplace(b.fch, NF, af);
             op.gelu_fwd(b.fcg, b.fch, NF);
             round_inplace(b.fcg, NF, gf);
-            linear_forward(y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+            linear_forward_half(gf, y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
             round_inplace(y, NC, af);
         }
         add_forward(y, y, b.res1, NC);
@@ -382,7 +383,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
     round_inplace(a.lnf, NC, gh);
     PhaseScope lm_head(Phase::lm_head);
-    linear_forward(a.logits, a.lnf, head_w_, nullptr, N, C, V);
+    linear_forward_half(gh, a.logits, a.lnf, head_w_, nullptr, N, C, V);
     round_inplace(a.logits, static_cast<size_t>(N) * V, ah);
     op.ce_fwd(a.losses, a.logits, a.targets.data(), N, V);
     double sum = 0;
@@ -410,7 +411,7 @@ void GPT::backward(float loss_scale) {
         for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
         op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
         round_inplace(a.logits, static_cast<size_t>(N) * V, gh);
-        linear_backward(a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
+        linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
     }
     std::fill(a.dresid, a.dresid + NC, 0.0f);
     op.ln_bwd(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean, a.lnf_rstd,
@@ -429,21 +430,21 @@ void GPT::backward(float loss_scale) {
                                                     loss_scale);
         } else {
             PhaseScope phase(Phase::mlp);
-            linear_backward(a.df, g.fcproj_w, g.fcproj_b, operand(a.dresid, gf), b.fcg, w.fcproj_w,
-                            N, F, C);
+            linear_backward_half(gf, a.df, g.fcproj_w, g.fcproj_b, operand(a.dresid, gf), b.fcg,
+                                 w.fcproj_w, N, F, C);
             op.gelu_bwd(a.df, b.fch, a.df, NF);
             round_inplace(a.df, NF, gf);
-            linear_backward(a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+            linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);
         // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
         {
             PhaseScope phase(Phase::attention);
-            linear_backward(a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty, w.proj_w, N, C,
-                            C);
+            linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
+                                 w.proj_w, N, C, C);
             op.attn_bwd(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
             round_inplace(a.dqkv, 3 * NC, ga);
-            linear_backward(a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+            linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
         }
         op.ln_bwd(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd, N, C);
     }

@@ -1,4 +1,4 @@
-// Tests for kernels/mixed.h: rounding to bf16 / fp16, the finiteness check, and every FP64
+// Tests for kernels/mixed.h: rounding to bf16 / fp16, the bf16 linear layers, and every FP64
 // sensitive kernel against its float32 namesake (kernels/ops.h) and against the scalar oracle
 // (kernels/ref/ops_ref.h, double inside) on ragged shapes.
 #include "kernels/mixed.h"
@@ -61,18 +61,29 @@ TEST(Rounding, Bf16AndFp16Values) {
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bf16_to_float(bf16_from_float(x[i])), x[i]);
 }
 
-TEST(Rounding, AllFinite) {
-    Rng rng(3, 0);
-    std::vector<float> x = randn(rng, 100000);
-    EXPECT_TRUE(all_finite(x.data(), x.size()));
-    x[77777] = std::numeric_limits<float>::infinity();
-    EXPECT_FALSE(all_finite(x.data(), x.size()));
-    x[77777] = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_FALSE(all_finite(x.data(), x.size()));
-    x[77777] = 0;
-    x[3]     = -std::numeric_limits<float>::infinity();
-    EXPECT_FALSE(all_finite(x.data(), 5));
-    EXPECT_TRUE(all_finite(x.data() + 4, 10));
+TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
+    Rng rng(9, 0);
+    const int N = 33, IC = 40, OC = 27;
+    auto inp = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC), b = randn(rng, OC),
+         dy = randn(rng, size_t(N) * OC);
+    for (auto* v : {&inp, &w, &dy}) round_inplace(v->data(), v->size(), Dtype::bfloat16);
+    std::vector<float> o16(size_t(N) * OC), o32(o16.size());
+    linear_forward_half(Dtype::bfloat16, o16.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    linear_forward(o32.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    // products of bf16 values are exact in float: only the summation order may differ
+    EXPECT_LE(max_err(o16, o32), 1e-5);
+    std::vector<float> di16(inp.size()), di32(inp.size()), dw16(w.size(), 0.5f), dw32 = dw16,
+                       db16(OC, 0.5f), db32 = db16;
+    linear_backward_half(Dtype::bfloat16, di16.data(), dw16.data(), db16.data(), dy.data(),
+                         inp.data(), w.data(), N, IC, OC);
+    linear_backward(di32.data(), dw32.data(), db32.data(), dy.data(), inp.data(), w.data(), N, IC, OC);
+    EXPECT_LE(max_err(di16, di32), 1e-5);
+    EXPECT_LE(max_err(dw16, dw32), 1e-5);
+    EXPECT_EQ(db16, db32);  // the same double column sums
+    // float32 and fp16 are the ops.h kernels themselves
+    std::vector<float> o(o32.size());
+    linear_forward_half(Dtype::float16, o.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    EXPECT_EQ(o, o32);
 }
 
 TEST(Fp64Ops, Layernorm) {
