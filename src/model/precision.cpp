@@ -57,6 +57,7 @@ LayerClass PrecisionPolicy::class_of(const std::string& name) {
 }
 
 Dtype PrecisionPolicy::storage_dtype(const ParamSpec& s) const {
+    if (!mixed()) return Dtype::float32;  // any layout, whatever its tensors are called
     const Level l = of(class_of(s.name));
     if (l == Level::O3) return dtype;
     if (l == Level::O2 && !is_layernorm(s.name) && !is_gate(s.name)) return dtype;
@@ -69,6 +70,7 @@ MasterMode PrecisionPolicy::master_mode(const ParamSpec& s) const {
 }
 
 Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
+    if (!mixed()) return Dtype::float32;
     const Dtype st = storage_dtype(s);
     if (st != Dtype::float32) return st;
     // float32-stored GEMM weights of an O1 class: rounded as GEMM operands. wte is the
