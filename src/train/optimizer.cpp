@@ -64,9 +64,13 @@ class ReplicatedAdamW final : public Optimizer {
           segs_(make_segments(layout)),
           m_(layout.total_floats()),
           v_(layout.total_floats()) {
-        if (std::count(modes_.begin(), modes_.end(), MasterMode::master) > 0) {
-            master_ = Buffer<float>(layout.total_floats());
+        // FP32 masters of the O2 tensors only, one after the other
+        size_t n = 0;
+        for (size_t i = 0; i < modes_.size(); ++i) {
+            master_at_.push_back(n);
+            if (modes_[i] == MasterMode::master) n += layout.spec(i).numel;
         }
+        master_ = Buffer<float>(n);
     }
 
     double step(float* params, float* grads, double lr, int64_t step) override {
@@ -86,7 +90,7 @@ class ReplicatedAdamW final : public Optimizer {
         }
         for (size_t i = 0; i < layout_.specs().size(); ++i) {
             const model::ParamSpec& s = layout_.spec(i);
-            float* master = master_.size() > 0 ? master_.data() + s.offset : nullptr;
+            float* master = master_.data() + master_at_[i];
             if (modes_[i] == MasterMode::master && !masters_ready_) {
                 std::copy(params + s.offset, params + s.offset + s.numel, master);
             }
@@ -111,7 +115,8 @@ class ReplicatedAdamW final : public Optimizer {
     std::vector<MasterMode>   modes_;  // [layout specs]
     std::vector<Segment>      segs_;
     Buffer<float>             m_, v_;    // [layout floats]
-    Buffer<float>             master_;   // [layout floats] when some tensor has an FP32 master
+    Buffer<float>             master_;     // FP32 masters of the O2 tensors
+    std::vector<size_t>       master_at_;  // [layout specs] offset of a tensor's master
     bool                      masters_ready_ = false;
 };
 
