@@ -141,7 +141,8 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     const data::TokenShards val =
         data::TokenShards::open(cfg.data.val, "data.val", cfg.model.vocab_size, cfg.model.seq_len);
     const int  MB = static_cast<int>(cfg.micro_batch());
-    model::GPT gpt(cfg.model, MB);
+    // in the precision the run trained with (config.toml's [precision]), so its val loss repeats
+    model::GPT gpt(cfg.model, MB, nullptr, 1, model::PrecisionPolicy::from_config(cfg.precision));
     std::copy(lm.params.data(), lm.params.data() + lm.params.size(), gpt.params());
     const train::EvalResult r = train::evaluate(gpt, val, MB, cfg.train.eval_batches);
     fmt::print("val_loss {:.6f}  perplexity {:.3f}  tokens {}  ({})\n", r.loss, std::exp(r.loss),

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <toml++/toml.h>
 
 #include "config/toml_file.h"
@@ -77,6 +78,17 @@ void visit_fields(Cfg& c, V&& v) {
     v("checkpoint", "every", c.checkpoint.every);
     v("checkpoint", "keep", c.checkpoint.keep);
     v("checkpoint", "resume", c.checkpoint.resume);
+
+    v("precision", "dtype", c.precision.dtype);
+    v("precision", "embedding", c.precision.embedding);
+    v("precision", "attention", c.precision.attention);
+    v("precision", "ffn", c.precision.ffn);
+    v("precision", "head", c.precision.head);
+    v("precision", "fp64_sensitive", c.precision.fp64_sensitive);
+    v("precision", "loss_scale", c.precision.loss_scale);
+    v("precision", "loss_scale_window", c.precision.loss_scale_window);
+    v("precision", "loss_scale_growth", c.precision.loss_scale_growth);
+    v("precision", "loss_scale_backoff", c.precision.loss_scale_backoff);
 }
 
 template <typename T>
@@ -146,7 +158,7 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
-            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, optimizer)",
+            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, optimizer, precision)",
                         source, sec);
         }
         const toml::table* tbl = sec_node.as_table();
@@ -331,6 +343,28 @@ void validate(const TrainConfig& c) {
     if (c.checkpoint.resume != "never" && c.checkpoint.resume != "auto") {
         input_error("{}: checkpoint.resume = \"{}\": expected \"never\" or \"auto\"", src,
                     c.checkpoint.resume);
+    }
+
+    const PrecisionSection& pr = c.precision;
+    if (pr.dtype != "fp32" && pr.dtype != "bf16" && pr.dtype != "fp16") {
+        input_error("{}: precision.dtype = \"{}\": expected \"fp32\", \"bf16\" or \"fp16\"", src,
+                    pr.dtype);
+    }
+    for (const auto& [key, level] : {std::pair<const char*, const std::string&>{"embedding", pr.embedding},
+                                     {"attention", pr.attention}, {"ffn", pr.ffn}, {"head", pr.head}}) {
+        if (level != "O0" && level != "O1" && level != "O2" && level != "O3") {
+            input_error("{}: precision.{} = \"{}\": expected \"O0\", \"O1\", \"O2\" or \"O3\"", src,
+                        key, level);
+        }
+    }
+    if (!(pr.loss_scale >= 1)) input_error("{}: precision.loss_scale = {}: must be >= 1", src, pr.loss_scale);
+    positive("precision.loss_scale_window", pr.loss_scale_window);
+    if (!(pr.loss_scale_growth >= 1)) {
+        input_error("{}: precision.loss_scale_growth = {}: must be >= 1", src, pr.loss_scale_growth);
+    }
+    if (!(pr.loss_scale_backoff > 0 && pr.loss_scale_backoff < 1)) {
+        input_error("{}: precision.loss_scale_backoff = {}: must be in (0, 1)", src,
+                    pr.loss_scale_backoff);
     }
 
     const SampleSection& s = c.sample;

@@ -91,6 +91,27 @@ struct CheckpointSection {
     std::string resume = "never";  // "auto": continue from the newest usable checkpoint
 };
 
+// Mixed precision (docs/precision.md). A level per layer class:
+//   O0 everything float32;  O1 half-precision GEMMs, float32 weights and other ops;
+//   O2 half-precision weights and activations, float32 master weights in the optimizer;
+//   O3 everything half, no master weights (for experiments).
+// dtype = "fp32" runs everything in float32 whatever the levels say (the built-in default).
+struct PrecisionSection {
+    std::string dtype          = "fp32";  // fp32 | bf16 | fp16
+    std::string embedding      = "O0";    // wte, wpe
+    std::string attention      = "O1";    // ln_1, c_attn, attention, c_proj
+    std::string ffn            = "O2";    // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
+    std::string head           = "O1";    // ln_f, the LM head GEMM (its weight is wte)
+    bool        fp64_sensitive = false;   // softmax, layernorm, gelu, exp, sqrt, loss in FP64
+    // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
+    // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
+    // multiply it by loss_scale_growth.
+    double  loss_scale         = 65536.0;
+    int64_t loss_scale_window  = 1000;
+    double  loss_scale_growth  = 2.0;
+    double  loss_scale_backoff = 0.5;
+};
+
 struct TrainConfig {
     ModelConfig      model;
     TrainSection     train;
@@ -99,6 +120,7 @@ struct TrainConfig {
     ParallelSection  parallel;
     OptimizerSection optimizer;
     CheckpointSection checkpoint;
+    PrecisionSection precision;
 
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "core/phase_timer.h"
 
@@ -211,17 +212,32 @@ size_t activation_floats(const ModelConfig& cfg, int64_t max_batch) {
     return A.total_floats();
 }
 
-GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers)
+GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
+         const PrecisionPolicy& prec)
     : cfg_(cfg),
       max_batch_(max_batch),
-      layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)) {
+      layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)),
+      prec_(prec) {
     const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
     params_ = Buffer<float>(layout_.total_floats());
     grads_  = Buffer<float>(layout_.total_floats());
-    w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
     g_      = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
-
     const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
+    if (prec_.mixed()) {
+        // forward computes with a copy of the weights rounded as the policy says
+        wc_ = Buffer<float>(layout_.total_floats());
+        w_  = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
+        const Dtype head = prec_.gemm_dtype(LayerClass::head);
+        head_w_          = w_.wte;
+        if (head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32) {
+            wte_head_ = Buffer<float>(static_cast<size_t>(cfg.vocab_size) * cfg.d_model);
+            head_w_   = wte_head_.data();
+        }
+        dround_ = Buffer<float>(N * static_cast<size_t>(cfg.d_model));
+    } else {
+        w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
+        head_w_ = w_.wte;
+    }
     a_          = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
@@ -252,6 +268,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
             ms.gate.layer = static_cast<int>(moe_.size());
             moe_index_.push_back(static_cast<int>(moe_.size()));
             moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par));
+            moe_.back()->set_precision({prec_.gemm_dtype(LayerClass::ffn),
+                                        prec_.act_dtype(LayerClass::ffn), prec_.fp64_sensitive});
         } else {
             moe_index_.push_back(-1);
         }
@@ -262,6 +280,39 @@ GPT::~GPT() = default;
 
 const float* GPT::logits() const { return a_->logits; }
 
+void GPT::refresh_compute_weights() {
+    for (const ParamSpec& s : layout_.specs()) {
+        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, prec_.compute_dtype(s));
+    }
+    if (wte_head_.size() > 0) {
+        round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),
+                   prec_.gemm_dtype(LayerClass::head));
+    }
+}
+
+namespace {
+// The kernels of the numerically sensitive ops: float32, or FP64 inside (kernels/mixed.h).
+struct SensitiveOps {
+    decltype(&layernorm_forward)     ln_fwd;
+    decltype(&layernorm_backward)    ln_bwd;
+    decltype(&gelu_forward)          gelu_fwd;
+    decltype(&gelu_backward)         gelu_bwd;
+    decltype(&attention_forward)     attn_fwd;
+    decltype(&attention_backward)    attn_bwd;
+    decltype(&crossentropy_forward)  ce_fwd;
+    decltype(&crossentropy_backward) ce_bwd;
+};
+SensitiveOps sensitive_ops(bool fp64) {
+    if (fp64) {
+        return {layernorm_forward_f64, layernorm_backward_f64, gelu_forward_f64, gelu_backward_f64,
+                attention_forward_f64, attention_backward_f64, crossentropy_forward_f64,
+                crossentropy_backward_f64};
+    }
+    return {layernorm_forward, layernorm_backward, gelu_forward,         gelu_backward,
+            attention_forward, attention_backward, crossentropy_forward, crossentropy_backward};
+}
+}  // namespace
+
 void GPT::set_routing_context(const moe::RoutingContext& ctx) {
     for (auto& layer : moe_) layer->set_routing_context(ctx);
 }
@@ -270,48 +321,71 @@ static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
     return moe::MoEWeights{b.gate_w, b.noise_w, b.experts};
 }
 
+// Mixed precision (model/precision.h): each class rounds its GEMMs' operands to its GEMM dtype
+// (activations where they are stored, weights in wc_, and activation gradients as they enter a
+// backward GEMM) and, from O2, its GEMM outputs to its activation dtype; bf16 products of the
+// dense layers run through gemm_bf16 (kernels/mixed.h). The residual stream,
+// parameter gradients and the other ops stay float32. With the float32 policy every rounding is
+// a no-op and the results are those of the plain float32 model, bit for bit.
 double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
     BGL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= cfg_.seq_len,
               "forward({}, {}) outside the planned {} x {}", B, T, max_batch_, cfg_.seq_len);
     B_ = B;
     T_ = T;
     const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size, NH = cfg_.n_head;
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
     Acts&     a = *a_;
     std::copy(tokens, tokens + N, a.tokens.data());
     std::copy(targets, targets + N, a.targets.data());
+    if (prec_.mixed()) refresh_compute_weights();
+    const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
+    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), aa = prec_.act_dtype(LayerClass::attention);
+    const Dtype gf = prec_.gemm_dtype(LayerClass::ffn), af = prec_.act_dtype(LayerClass::ffn);
+    const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
 
     embedding_forward(a.resid[0], a.tokens.data(), w_.wte, w_.wpe, B, T, C);
+    round_inplace(a.resid[0], NC, prec_.act_dtype(LayerClass::embedding));
     aux_loss_ = 0;
     for (int l = 0; l < cfg_.n_layer; ++l) {
         const auto& w  = w_.blocks[static_cast<size_t>(l)];
         auto&       b  = a.blocks[static_cast<size_t>(l)];
         const float* x = a.resid[static_cast<size_t>(l)];
         float*       y = a.resid[static_cast<size_t>(l) + 1];
-        layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
+        op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
+        round_inplace(b.ln1, NC, ga);
         {
             PhaseScope phase(Phase::attention);
-            linear_forward(b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-            attention_forward(b.atty, b.lse, b.qkv, B, T, C, NH);
-            linear_forward(b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+            linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+            round_inplace(b.qkv, 3 * NC, aa);
+            op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
+            round_inplace(b.atty, NC, ga);
+            linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+            round_inplace(b.res1, NC, aa);
         }
-        add_forward(b.res1, b.res1, x, static_cast<size_t>(N) * C);
-        layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
+        add_forward(b.res1, b.res1, x, NC);
+        op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
+        round_inplace(b.ln2, NC, gf);
         const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
             PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
             aux_loss_ += moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
         } else {
             PhaseScope phase(Phase::mlp);
-            linear_forward(b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
-            gelu_forward(b.fcg, b.fch, static_cast<size_t>(N) * F);
-            linear_forward(y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+            linear_forward_half(gf, b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
+            round_inplace(b.fch, NF, af);
+            op.gelu_fwd(b.fcg, b.fch, NF);
+            round_inplace(b.fcg, NF, gf);
+            linear_forward_half(gf, y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+            round_inplace(y, NC, af);
         }
-        add_forward(y, y, b.res1, static_cast<size_t>(N) * C);
+        add_forward(y, y, b.res1, NC);
     }
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
+    op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
+    round_inplace(a.lnf, NC, gh);
     PhaseScope lm_head(Phase::lm_head);
-    linear_forward(a.logits, a.lnf, w_.wte, nullptr, N, C, V);
-    crossentropy_forward(a.losses, a.logits, a.targets.data(), N, V);
+    linear_forward_half(gh, a.logits, a.lnf, head_w_, nullptr, N, C, V);
+    round_inplace(a.logits, static_cast<size_t>(N) * V, ah);
+    op.ce_fwd(a.losses, a.logits, a.targets.data(), N, V);
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += a.losses[i];
     return sum / N;
@@ -321,16 +395,27 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
     const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size,
               NH = cfg_.n_head;
     BGL_CHECK(N > 0, "backward without forward");
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
     Acts& a = *a_;
+    const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
+    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), gf = prec_.gemm_dtype(LayerClass::ffn),
+                gh = prec_.gemm_dtype(LayerClass::head);
+    // d (N, C) as a GEMM operand of dtype d: itself for float32, else a rounded copy.
+    auto operand = [&](const float* d, Dtype dt) -> const float* {
+        if (dt == Dtype::float32) return d;
+        round_copy(dround_.data(), d, NC, dt);
+        return dround_.data();
+    };
     {
         PhaseScope phase(Phase::lm_head);
         for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
-        crossentropy_backward(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
-        linear_backward(a.dc, g_.wte, nullptr, a.logits, a.lnf, w_.wte, N, C, V);
+        op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
+        round_inplace(a.logits, static_cast<size_t>(N) * V, gh);
+        linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
     }
-    std::fill(a.dresid, a.dresid + static_cast<size_t>(N) * C, 0.0f);
-    layernorm_backward(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean,
-                       a.lnf_rstd, N, C);
+    std::fill(a.dresid, a.dresid + NC, 0.0f);
+    op.ln_bwd(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean, a.lnf_rstd,
+              N, C);
     // the layout is wte, wpe, blocks in order, ln_f: all after a block's first float is final
     // once that block is done (wte, the LM head, only after the embedding)
     const auto flat = [&](const float* p) { return static_cast<size_t>(p - grads_.data()); };
@@ -349,21 +434,23 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
                                                     loss_scale);
         } else {
             PhaseScope phase(Phase::mlp);
-            linear_backward(a.df, g.fcproj_w, g.fcproj_b, a.dresid, b.fcg, w.fcproj_w, N, F, C);
-            gelu_backward(a.df, b.fch, a.df, static_cast<size_t>(N) * F);
-            linear_backward(a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+            linear_backward_half(gf, a.df, g.fcproj_w, g.fcproj_b, operand(a.dresid, gf), b.fcg,
+                                 w.fcproj_w, N, F, C);
+            op.gelu_bwd(a.df, b.fch, a.df, NF);
+            round_inplace(a.df, NF, gf);
+            linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }
-        layernorm_backward(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean,
-                           b.ln2_rstd, N, C);
+        op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);
         // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
         {
             PhaseScope phase(Phase::attention);
-            linear_backward(a.dc, g.proj_w, g.proj_b, a.dresid, b.atty, w.proj_w, N, C, C);
-            attention_backward(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
-            linear_backward(a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+            linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
+                                 w.proj_w, N, C, C);
+            op.attn_bwd(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            round_inplace(a.dqkv, 3 * NC, ga);
+            linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
         }
-        layernorm_backward(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd,
-                           N, C);
+        op.ln_bwd(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd, N, C);
         if (grads_ready) grads_ready(flat(g.ln1_w));
     }
     embedding_backward(g_.wte, g_.wpe, a.dresid, a.tokens.data(), B, T, C);

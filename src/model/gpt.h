@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "core/function_ref.h"
 #include "model/param_layout.h"
+#include "model/precision.h"
 #include "dist/parallel.h"
 #include "moe/moe_layer.h"
 
@@ -83,12 +84,18 @@ class GPT {
    public:
     // max_batch: the most sequences one forward will see. par: nullptr for one process.
     // virtual_workers: swipe workers each rank of an EP group simulates (parallel section).
+    // prec: the mixed-precision policy (model/precision.h); the default is float32 throughout.
     GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
-        int virtual_workers = 1);
+        int virtual_workers = 1, const PrecisionPolicy& prec = {});
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }
     const ParamLayout& layout() const { return layout_; }
+    const PrecisionPolicy& precision() const { return prec_; }
+    // The dtype tensor layout().spec(i) is stored in. params() holds every tensor as floats; a
+    // half-stored tensor's values are those of its dtype once the optimizer (which keeps the
+    // FP32 masters) has stepped, and forward rounds them regardless.
+    Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
     float*             params() { return params_.data(); }
     const float*       params() const { return params_.data(); }
     float*             grads() { return grads_.data(); }
@@ -120,12 +127,18 @@ class GPT {
     int                                      max_batch_;
     ParamLayout                              layout_;
     Buffer<float>                            params_, grads_;
+    PrecisionPolicy                          prec_;
+    Buffer<float>                            wc_;        // mixed: the weights as computed with
+    Buffer<float>                            wte_head_;  // mixed: wte rounded for the LM head
+    Buffer<float>                            dround_;    // mixed: (N, C) rounded GEMM operand
+    const float*                             head_w_ = nullptr;  // the LM head's weight
     ModelTensors<const float>                w_;
     ModelTensors<float>                      g_;
     std::unique_ptr<Acts>                    a_;
     std::vector<std::unique_ptr<moe::MoELayer>> moe_;  // [n_moe_blocks]
     std::vector<int>                         moe_index_;  // [n_layer] -> index into moe_ or -1
     int                                      B_ = 0, T_ = 0;
+    void refresh_compute_weights();
     double                                   aux_loss_ = 0;
 };
 

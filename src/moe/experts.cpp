@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 
 namespace bagualu::moe {
@@ -73,22 +74,29 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
 }  // namespace
 
 void experts_forward(float* y, float* h, float* g, const float* x, const ExpertWeights& w,
-                     const int32_t* offsets, int E, int C, int F) {
+                     const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec) {
     // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e
     kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, F, C, 1.0f, x, C, w.fc_w, C,
                               w.fc_w_stride, 0.0f, h, F);
     add_expert_bias(h, w.fc_b, w.fc_b_stride, offsets, E, F);
     const int64_t rows = offsets[E];
-    kernels::gelu_forward(g, h, static_cast<size_t>(rows * F));
+    const size_t  RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
+    kernels::round_inplace(h, RF, prec.act);
+    (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, h, RF);
+    kernels::round_inplace(g, RF, prec.gemm);
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
     kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, C, F, 1.0f, g, F, w.proj_w, F,
                               w.proj_w_stride, 0.0f, y, C);
     add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C);
+    kernels::round_inplace(y, RC, prec.act);
 }
 
-void experts_backward(float* dx, float* dh, ExpertGrads& dw, const float* dy, const float* x,
+void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const float* h, const float* g, const ExpertWeights& w,
-                      const int32_t* offsets, int E, int C, int F) {
+                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec) {
+    const int64_t rows = offsets[E];
+    const size_t  RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
+    kernels::round_inplace(dy, RC, prec.gemm);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
                               w.proj_w_stride, 0.0f, dh, F);
@@ -96,11 +104,12 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, const float* dy, co
     kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
                                  dw.proj_w_stride);
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C);
-    const int64_t rows = offsets[E];
-    kernels::gelu_backward(dh, h, dh, static_cast<size_t>(rows * F));
+    (prec.fp64 ? kernels::gelu_backward_f64 : kernels::gelu_backward)(dh, h, dh, RF);
+    kernels::round_inplace(dh, RF, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, C, F, 1.0f, dh, F, w.fc_w, C,
                               w.fc_w_stride, 0.0f, dx, C);
+    kernels::round_inplace(dx, RC, prec.act);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
     kernels::grouped_gemm_tn_f32(E, offsets, F, C, 1.0f, dh, F, x, C, 1.0f, dw.fc_w, C,
                                  dw.fc_w_stride);

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace bagualu::moe {
 
 // Expert e's tensors are at base + e * stride (strides in floats).
@@ -19,13 +21,21 @@ struct ExpertTensors {
 using ExpertWeights = ExpertTensors<const float>;
 using ExpertGrads   = ExpertTensors<float>;
 
+// Mixed precision of the experts (model/precision.h): GEMM operands are rounded to `gemm` (the
+// caller passes x and the weights already rounded), GEMM outputs to `act`; fp64: the GELU in FP64.
+struct ExpertPrecision {
+    Dtype gemm = Dtype::float32, act = Dtype::float32;
+    bool  fp64 = false;
+};
+
 // y: (rows, C). h: (rows, F) pre-activation and g: (rows, F) = gelu(h), saved for backward.
 void experts_forward(float* y, float* h, float* g, const float* x, const ExpertWeights& w,
-                     const int32_t* offsets, int E, int C, int F);
+                     const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec = {});
 
-// dx: (rows, C), overwritten. dh: (rows, F) scratch. Parameter grads +=.
-void experts_backward(float* dx, float* dh, ExpertGrads& dw, const float* dy, const float* x,
+// dx: (rows, C), overwritten. dh: (rows, F) scratch. Parameter grads +=. dy is rounded to
+// prec.gemm in place.
+void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const float* h, const float* g, const ExpertWeights& w,
-                      const int32_t* offsets, int E, int C, int F);
+                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec = {});
 
 }  // namespace bagualu::moe

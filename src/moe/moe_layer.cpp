@@ -1,6 +1,7 @@
 #include "moe/moe_layer.h"
 
 #include "core/error.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "moe/dispatch.h"
 #include "core/phase_timer.h"
@@ -54,16 +55,16 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
     if (dispatcher_) {
         dispatcher_->dispatch_preprocess(router_.tokens_per_expert());
-        dispatcher_->dispatch(x_local_.data(), x_perm_.data());
+        dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
         experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
-                        dispatcher_->local_offsets(), El_, C, s_.F);
+                        dispatcher_->local_offsets(), El_, C, s_.F, prec_);
         phase.stop();
-        dispatcher_->combine(y_perm_.data(), y_local_.data());
+        dispatcher_->combine(y_perm_.data(), y_local_.data(), prec_.act);
     } else {
         PhaseScope phase(Phase::experts);
         experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
-                        offsets_.data(), El_, C, s_.F);
+                        offsets_.data(), El_, C, s_.F, prec_);
     }
     unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
     return aux;
@@ -76,16 +77,19 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                        row_of_.data(), N, K, C);
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
-        dispatcher_->dispatch(dy_local_.data(), dy_perm_.data());
+        kernels::round_inplace(dy_perm_.data(), static_cast<size_t>(offsets_[static_cast<size_t>(s_.E)]) * C,
+                               prec_.gemm);
+        dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(), x_local_.data(),
-                         h_.data(), g_.data(), w.experts, dispatcher_->local_offsets(), El_, C, s_.F);
+                         h_.data(), g_.data(), w.experts, dispatcher_->local_offsets(), El_, C, s_.F,
+                         prec_);
         phase.stop();
-        dispatcher_->combine(dx_perm_.data(), dx_local_.data());
+        dispatcher_->combine(dx_perm_.data(), dx_local_.data(), prec_.act);
     } else {
         PhaseScope phase(Phase::experts);
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
-                         h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F);
+                         h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F, prec_);
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);

@@ -47,6 +47,12 @@ class MoELayer {
     void backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                   const MoEWeights& w, double daux);
 
+    // Rounding of the experts' GEMM operands and outputs (model/precision.h). The all-to-all
+    // carries rows in the half type wherever they already hold its values: tokens and output
+    // gradients going to the experts at O1 and up, expert outputs and input gradients coming
+    // back at O2 and up, so EP > 1 computes what one process does.
+    void set_precision(const ExpertPrecision& p) { prec_ = p; }
+
     // Randomness and training/inference mode of the following forwards (router.h).
     void set_routing_context(const RoutingContext& ctx) { router_.set_context(ctx); }
 
@@ -69,6 +75,7 @@ class MoELayer {
     std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
     Router                           router_;
     int                              n_ = 0;       // tokens of the last forward
+    ExpertPrecision                  prec_;
     // saved for backward
     Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
     Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major

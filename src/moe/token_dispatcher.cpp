@@ -77,16 +77,50 @@ static void reorder(const float* from, float* to, const std::vector<int64_t>& co
     }
 }
 
-void TokenDispatcher::dispatch(float* x_local, const float* x_perm) {
-    par_.ep_alltoallv(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
-                      sizeof(float));
+// The all-to-all of float rows in a half payload: converted into 16-bit buffers, exchanged,
+// converted back. Counts and displacements are in elements, as for the float exchange.
+void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t>& send_counts,
+                                    const std::vector<int64_t>& send_displs, float* recv,
+                                    const std::vector<int64_t>& recv_counts,
+                                    const std::vector<int64_t>& recv_displs, Dtype payload) {
+    if (send16_.size() == 0) {
+        send16_ = Buffer<uint16_t>(staging_.size());
+        recv16_ = Buffer<uint16_t>(staging_.size());
+    }
+    const bool bf = payload == Dtype::bfloat16;
+    int64_t    n_send = 0, n_recv = 0;
+    for (int q = 0; q < ep_size_; ++q) {
+        n_send = std::max(n_send, send_displs[static_cast<size_t>(q)] + send_counts[static_cast<size_t>(q)]);
+        n_recv = std::max(n_recv, recv_displs[static_cast<size_t>(q)] + recv_counts[static_cast<size_t>(q)]);
+    }
+    uint16_t* s16 = send16_.data();
+    for (int64_t i = 0; i < n_send; ++i) s16[i] = bf ? bf16_from_float(send[i]) : fp16_from_float(send[i]);
+    par_.ep_alltoallv(s16, send_counts, send_displs, recv16_.data(), recv_counts, recv_displs,
+                      sizeof(uint16_t));
+    const uint16_t* r16 = recv16_.data();
+    for (int64_t i = 0; i < n_recv; ++i) recv[i] = bf ? bf16_to_float(r16[i]) : fp16_to_float(r16[i]);
+}
+
+void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payload) {
+    if (payload == Dtype::float32) {
+        par_.ep_alltoallv(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_,
+                          recv_displs_, sizeof(float));
+    } else {
+        exchange_half(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
+                      payload);
+    }
     reorder<true>(staging_.data(), x_local, counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
 }
 
-void TokenDispatcher::combine(float* y_perm, const float* y_local) {
+void TokenDispatcher::combine(float* y_perm, const float* y_local, Dtype payload) {
     reorder<false>(y_local, staging_.data(), counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
-    par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_, send_displs_,
-                      sizeof(float));
+    if (payload == Dtype::float32) {
+        par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_,
+                          send_displs_, sizeof(float));
+    } else {
+        exchange_half(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_, send_displs_,
+                      payload);
+    }
 }
 
 }  // namespace bagualu::moe

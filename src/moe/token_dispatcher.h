@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/dtype.h"
 #include "dist/parallel.h"
 
 namespace bagualu::moe {
@@ -32,9 +33,11 @@ class TokenDispatcher {
 
     // x_perm: (sum tokens_per_expert, C) expert-major over global experts.
     // x_local: (local_rows, C) expert-major over local experts.
-    void dispatch(float* x_local, const float* x_perm);
+    // payload: the dtype rows travel in; bf16 / fp16 halve the bytes and round each value to
+    // that type (exact when the rows already hold its values).
+    void dispatch(float* x_local, const float* x_perm, Dtype payload = Dtype::float32);
     // The reverse: y_local (local_rows, C) -> y_perm (sum tokens_per_expert, C).
-    void combine(float* y_perm, const float* y_local);
+    void combine(float* y_perm, const float* y_local, Dtype payload = Dtype::float32);
 
    private:
     dist::ParallelContext& par_;
@@ -44,6 +47,11 @@ class TokenDispatcher {
     std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
     std::vector<int32_t>   local_offsets_;    // [El + 1]
     Buffer<float>          staging_;          // (EP * max_rows, C), [source][local expert] order
+    Buffer<uint16_t>       send16_, recv16_;  // half payloads: (max_rows, C), (EP * max_rows, C)
+    void exchange_half(const float* send, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& send_displs, float* recv,
+                       const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& recv_displs, Dtype payload);
 };
 
 }  // namespace bagualu::moe

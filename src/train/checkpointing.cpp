@@ -179,6 +179,7 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     }
     fail_together(par_.world(), error);
     for (const StateSpace& sp : spaces) allgather_space(sp, params);
+    opt_.masters_loaded(params);  // "param/" slices are the FP32 masters of half-stored tensors
     out.step  = reader->manifest().step;
     out.state = reader->manifest().state;
     out.dir   = dir;
@@ -207,11 +208,14 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
     std::vector<Copy> copies;
     slices_.clear();
     size_t at = 0;
-    for (const StateSpace& sp : spaces) {
+    for (size_t si = 0; si < spaces.size(); ++si) {
+        const StateSpace& sp = spaces[si];
         for (const ShardPiece& p : sp.map->pieces()) {
             const model::ParamSpec& s = layout_.spec(p.spec);
             for (int k = 0; k < 3; ++k) {
-                const float* src = piece_data(sp, p, const_cast<float*>(params), k);
+                // the FP32 master weights where the parameters are stored in half precision
+                const float* master = k == 0 ? opt_.master_of(si, p) : nullptr;
+                const float* src = master ? master : piece_data(sp, p, const_cast<float*>(params), k);
                 constexpr size_t kChunk = size_t{1} << 16;  // floats per copy task
                 for (size_t o = 0; o < p.len; o += kChunk) {
                     copies.push_back({src + o, snapshot_.data() + at + o, std::min(kChunk, p.len - o)});

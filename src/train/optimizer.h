@@ -17,6 +17,7 @@
 #include "dist/parallel.h"
 #include "model/param_layout.h"
 #include "train/reduce_schedule.h"
+#include "model/precision.h"
 #include "train/shard_map.h"
 
 namespace bagualu::train {
@@ -77,22 +78,46 @@ class Optimizer {
     // thread, or reducing inline): the communication backward did not hide.
     double reduce_wait_s() const { return reduce_wait_s_; }
 
+    // Dynamic loss scaling: the gradients of the following steps arrive multiplied by `scale`;
+    // step() divides it out (on this rank's shard for ParO) before the norm. A step whose
+    // gradients hold an inf or NaN anywhere (the global norm is not finite) changes no parameter
+    // and no optimizer state, and skipped() says so until the next step; AdamW's bias correction
+    // counts only the steps taken (step minus the steps skipped so far).
+    void    set_loss_scale(double scale) { loss_scale_ = scale; }
+    bool    skipped() const { return skipped_; }
+    int64_t steps_skipped() const { return n_skipped_; }
+    void    set_steps_skipped(int64_t n) { n_skipped_ = n; }  // resuming from a checkpoint
+
+    // Checkpoints: the FP32 master weights of piece p of state_spaces()[space], or nullptr when
+    // the parameters are their own masters (float32 tensors; O3 ones, which have none).
+    virtual const float* master_of(size_t space, const ShardPiece& p) const = 0;
+    // After a checkpoint has put the master weights into every rank's params: take them as
+    // the masters and round the half-stored parameters to their dtype.
+    virtual void masters_loaded(float* params) = 0;
+
    protected:
     // Runs the reduction units (see reduce_schedule.h) and records the wait.
     void finish_reduction(float* grads);
     std::unique_ptr<ReduceSchedule> schedule_;   // set by the constructor of each optimizer
     float*                          grads_ = nullptr;  // the array being reduced
     double                          reduce_wait_s_ = 0;
+    double                          loss_scale_ = 1;
+    bool                            skipped_    = false;
+    int64_t                         n_skipped_  = 0;
 };
 
 // ParO's optimizer state of one space: the shard's m and v, in shard order (map.pieces() say
-// which tensor elements they are). In FP32 training the master weights are the parameters
-// themselves, read through the pieces' flat offsets; a low-precision run would keep an FP32
-// master shard here beside m and v.
+// which tensor elements they are). The master weights of float32 tensors are the parameters
+// themselves, read through the pieces' flat offsets; a space of half-stored tensors (mixed
+// precision O2) keeps its FP32 master shard beside m and v, and its parameters travel in the
+// all-gather as half values.
 struct ShardState {
     ShardMap      map;
     Buffer<float> m, v;  // [shard_size()]
     float         grad_scale = 1;  // applied after the mean: 1 dense, 1/EP experts
+    bool          expert     = false;  // split over the edp group (else the world)
+    Dtype         dtype      = Dtype::float32;  // storage dtype of every tensor in the space
+    Buffer<float> master;  // [shard_size()] when some piece is model::MasterMode::master
 };
 
 // ParO over the layout of one rank; the state a checkpoint needs is shards().
@@ -100,15 +125,19 @@ class PartitionedAdamW final : public Optimizer {
    public:
     // bucket_floats: the most floats of one bucket (all ranks' pieces together).
     // helper: the thread that reduces during backward (nullptr: reduce in step()).
+    // prec: which tensors are half-stored (their own spaces, FP32 masters, half all-gather).
     PartitionedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
                      const AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats,
-                     HelperThread* helper = nullptr);
+                     HelperThread* helper = nullptr, const model::PrecisionPolicy& prec = {});
     ~PartitionedAdamW() override;
     double          step(float* params, float* grads, double lr, int64_t step) override;
     MemoryFootprint footprint() const override;
     bool            partitioned() const override { return true; }
     std::vector<StateSpace> state_spaces() override;
-    // [0] dense parameters, split over the world; [1] experts, split over the edp group.
+    const float*    master_of(size_t space, const ShardPiece& p) const override;
+    void            masters_loaded(float* params) override;
+    // [0] dense parameters, split over the world; [1] experts, split over the edp group; with
+    // half-stored tensors [2] and [3] the same for those (empty spaces otherwise).
     const std::vector<ShardState>& shards() const { return shards_; }
 
     // 4 MiB: small enough that a model of a few million parameters per rank has several
@@ -119,6 +148,7 @@ class PartitionedAdamW final : public Optimizer {
     struct Unit {
         size_t space = 0, bucket = 0;
     };
+    const model::ParamLayout& layout_;
     // Reduce-scatter of one bucket into this rank's shard of grads_.
     void reduce_bucket(const Unit& u, bool on_helper);
     dist::Comm& comm_of(size_t space);
@@ -128,13 +158,18 @@ class PartitionedAdamW final : public Optimizer {
     std::unique_ptr<dist::Comm> reduce_world_, reduce_edp_;
     std::vector<Unit>       units_;
     AdamWHyper              hyper_;
+    model::PrecisionPolicy  prec_;
+    std::vector<model::MasterMode> modes_;  // [layout specs]
+    bool                    masters_ready_ = false;
+    Buffer<uint16_t>        bucket16_;  // half all-gather payload
     size_t                  n_floats_ = 0;
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float>           bucket_;  // [max bucket_size()]
 };
 
-// Replicated or ParO per cfg.optimizer.partition and the number of ranks. helper: the thread
-// that reduces gradients during backward (nullptr: no overlap). Collective over the world.
+// Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
+// cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
+// reduces gradients during backward (nullptr: no overlap). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
                                           dist::ParallelContext& par,
                                           HelperThread* helper = nullptr);

@@ -29,6 +29,7 @@
 #include "train/evaluate.h"
 #include "train/full_params.h"
 #include "train/optimizer.h"
+#include "train/loss_scale.h"
 #include "train/lr_schedule.h"
 #include "core/phase_timer.h"
 #include "train/progress.h"
@@ -182,7 +183,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         f << to_toml(cfg);
     }
 
-    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers);
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    LossScaler                   scaler(cfg.precision, prec.loss_scaling());
+    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers, prec);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
@@ -221,6 +224,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   mem.param_bytes / kMiB, mem.grad_bytes / kMiB, mem.optim_bytes / kMiB,
                   optimizer->partitioned() ? fmt::format("ParO over {} rank(s)", P) : "replicated",
                   mem.comm_bytes / kMiB);
+        log::info("precision: {}{}", prec.describe(),
+                  scaler.enabled() ? fmt::format(", dynamic loss scale from {}", scaler.scale()) : "");
         log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
                   compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
         if (P > 1) {
@@ -240,6 +245,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                 start_step = rp->step;
                 const nlohmann::json& c = rp->state.at("sampler");
                 loader->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
+                if (rp->state.contains("loss_scale")) {  // absent in checkpoints of FP32 runs' first format
+                    const nlohmann::json& ls = rp->state.at("loss_scale");
+                    scaler.restore(ls.at("scale").get<double>(), ls.at("clean_steps").get<int64_t>());
+                    optimizer->set_steps_skipped(rp->state.at("steps_skipped").get<int64_t>());
+                }
                 if (writer) log::info("resumed from {} (step {})", rp->dir, start_step);
             } else if (writer) {
                 log::info("no checkpoint in {}: training from the start", ckpt->root());
@@ -296,10 +306,10 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             loss += gpt.forward(inputs.data(), targets.data(), MB, T) / static_cast<double>(accum);
             aux += gpt.aux_loss() / static_cast<double>(accum);
             if (micro + 1 < accum) {
-                gpt.backward(1.0f / static_cast<float>(accum));
+                gpt.backward(static_cast<float>(scaler.scale()) / static_cast<float>(accum));
             } else {  // the last backward of the step: reduce what it has finished meanwhile
                 optimizer->begin_reduction(gpt.grads());
-                gpt.backward(1.0f / static_cast<float>(accum), grads_ready);
+                gpt.backward(static_cast<float>(scaler.scale()) / static_cast<float>(accum), grads_ready);
             }
         }
         maybe_inject_kill(step + 1, par->rank());
@@ -316,7 +326,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         PhaseScope   optimizer_phase(Phase::optimizer);
         const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
-        const double norm = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
+        const double loss_scale = scaler.scale();
+        optimizer->set_loss_scale(loss_scale);
+        const double norm    = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
+        const bool   skipped = optimizer->skipped();
+        scaler.update(skipped);
+        sum.skipped_steps += skipped ? 1 : 0;
         optimizer_phase.stop();
         const double dt = seconds_since(t0);
         window_time += dt;
@@ -333,16 +348,20 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
             // index), so the RNG state is the seed and the count of micro-steps taken.
             ckpt->save(step + 1,
                        {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
-                        {"rng", {{"seed", cfg.train.seed}, {"micro_steps", (step + 1) * accum}}}},
+                        {"rng", {{"seed", cfg.train.seed}, {"micro_steps", (step + 1) * accum}}},
+                        {"loss_scale", {{"scale", scaler.scale()}, {"clean_steps", scaler.clean_steps()}}},
+                        {"steps_skipped", optimizer->steps_skipped()}},
                        gpt.params());
         }
-        if ((step + 1) % cfg.train.log_every == 0 || last || step == 0) {
+        if ((step + 1) % cfg.train.log_every == 0 || last || step == 0 || skipped) {
             const double   tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
             const double   mfu = peak_gflops > 0 ? tps * flops_per_token / (P * peak_gflops * 1e9) : 0;
             nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
                                   {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
                                   {"elapsed_s", seconds_since(t_start)}};
             if (P > 1) j["grad_reduce_wait_s"] = window_wait / static_cast<double>(window_steps);
+            if (scaler.enabled()) j["loss_scale"] = loss_scale;  // the scale this step ran with
+            if (scaler.enabled() || skipped) j["skipped"] = skipped;
             if (step == 0) {
                 j["param_bytes"] = mem.param_bytes;
                 j["grad_bytes"]  = mem.grad_bytes;
@@ -382,6 +401,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     sum.steps          = cfg.train.steps;
     sum.data_wait_s    = loader->wait_seconds();
+    sum.final_loss_scale = scaler.scale();
     if (opt.dry_run) return sum;
     sum.final_val_loss = run_eval(cfg.train.steps);
     {

@@ -122,6 +122,15 @@ TEST_F(BadInputTest, GateSettings) {
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
 }
 
+TEST_F(BadInputTest, PrecisionSettings) {
+    expect_error(base + " --set precision.dtype=fp8", {"precision.dtype = \"fp8\"", "\"fp32\", \"bf16\" or \"fp16\""});
+    expect_error(base + " --set precision.ffn=O4", {"precision.ffn = \"O4\"", "\"O0\", \"O1\", \"O2\" or \"O3\""});
+    expect_error(base + " --set precision.loss_scale=0.5", {"precision.loss_scale = 0.5", ">= 1"});
+    expect_error(base + " --set precision.loss_scale_backoff=1", {"precision.loss_scale_backoff = 1", "(0, 1)"});
+    expect_error(base + " --set precision.loss_scale_window=0", {"precision.loss_scale_window = 0", "> 0"});
+    expect_error(base + " --set precision.fp64_sensitive=1", {"precision.fp64_sensitive", "expected a boolean"});
+}
+
 TEST_F(BadInputTest, MissingShard) {
     expect_error(base + " --set data.train=" + (dir / "missing.bin"), {"missing.bin"});
 }

@@ -34,9 +34,10 @@ TEST(PlanValidation, MemoryBytesAndTimeAgainstRuns) {
         {"tiny dense P=2", "configs/tiny.toml", 2, 1, 20, "--set model.moe_every=0"},
         {"tiny MoE P=2 EP=2", "configs/tiny.toml", 2, 2, 20, ""},
         {"tiny MoE P=4 EP=4", "configs/tiny.toml", 4, 4, 20, "--set train.micro_batch_size=2"},
-        {"default MoE P=1", "configs/default.toml", 1, 1, 6, ""},
-        {"default dense P=2", "configs/default.toml", 2, 1, 6, "--set model.moe_every=0 --set train.micro_batch_size=8"},
-        {"default MoE P=4 EP=4", "configs/default.toml", 4, 4, 6, "--set train.micro_batch_size=4"},
+        // the planner models float32 training; configs/default.toml trains in mixed precision
+        {"default MoE P=1", "configs/default.toml", 1, 1, 6, "--set precision.dtype=fp32"},
+        {"default dense P=2", "configs/default.toml", 2, 1, 6, "--set precision.dtype=fp32 --set model.moe_every=0 --set train.micro_batch_size=8"},
+        {"default MoE P=4 EP=4", "configs/default.toml", 4, 4, 6, "--set precision.dtype=fp32 --set train.micro_batch_size=4"},
     };
     const bool check_time = std::getenv("BGL_PLAN_TIMING") != nullptr;
     std::printf("%-22s %10s %10s %7s %10s %10s %7s  bytes\n", "run", "mem pred", "mem meas", "ratio",

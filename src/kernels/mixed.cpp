@@ -1,0 +1,363 @@
+// Rounding, half-precision linear layers and the FP64 sensitive kernels of kernels/mixed.h.
+// Plain loops in the order the math is written (as kernels/ref/ops_ref.h), threaded with
+// parallel_for over rows, (batch, head) pairs or column blocks, each reduction in a fixed order.
+#include "kernels/mixed.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
+
+namespace bagualu::kernels {
+
+namespace {
+
+constexpr int64_t kMinParallelWork = int64_t{1} << 14;
+constexpr int64_t kColBlock        = 16;
+
+template <typename F>
+void parallel_rows(int64_t n, int64_t work_per_item, F&& f) {
+    if (n <= 0) return;
+    if (n * work_per_item < kMinParallelWork) {
+        f(int64_t{0}, n);
+        return;
+    }
+    parallel_for(n, f);
+}
+
+template <typename T>
+T* grow(std::vector<T>& buf, size_t n) {
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+}
+
+const double kGeluK = std::sqrt(2.0 / std::numbers::pi);
+constexpr double kGeluA = 0.044715;
+
+}  // namespace
+
+void round_copy(float* out, const float* in, size_t n, Dtype d) {
+    if (d == Dtype::float32) {
+        if (out != in) std::copy(in, in + n, out);
+        return;
+    }
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        if (d == Dtype::bfloat16) {
+            for (int64_t i = begin; i < end; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
+        } else {
+            for (int64_t i = begin; i < end; ++i) out[i] = fp16_to_float(fp16_from_float(in[i]));
+        }
+    });
+}
+
+void round_inplace(float* x, size_t n, Dtype d) { round_copy(x, x, n, d); }
+
+// ---- linear layers with half-precision operands ----
+
+namespace {
+
+// 16-bit copies of the GEMM operands, grown once (called from the main thread only).
+std::vector<bf16> g_inp16, g_w16, g_dout16;
+
+const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
+    bf16* out = grow(buf, n);
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = bf16_from_float(x[i]);
+    });
+    return out;
+}
+
+}  // namespace
+
+void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
+                         const float* bias, int N, int IC, int OC) {
+    if (d != Dtype::bfloat16) {
+        linear_forward(out, inp, weight, bias, N, IC, OC);
+        return;
+    }
+    const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
+    const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
+    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, a, IC, w, IC, 0.f, out, OC);
+    if (!bias) return;
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            float* __restrict o = out + i * OC;
+            for (int c = 0; c < OC; ++c) o[c] += bias[c];
+        }
+    });
+}
+
+void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int IC, int OC) {
+    if (d != Dtype::bfloat16) {
+        linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+        return;
+    }
+    const bf16* dy = to_bf16(g_dout16, dout, size_t(N) * OC);
+    if (dinp) {
+        const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
+        gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
+    }
+    if (N > 0) {
+        const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
+        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, a, IC, 1.f, dweight, IC);
+    }
+    if (!dbias) return;
+    // column sums in double, each column block over all rows in order (as ops.cpp)
+    const int64_t nblk = (OC + kColBlock - 1) / kColBlock;
+    parallel_rows(nblk, int64_t(N) * kColBlock, [&](int64_t b0, int64_t b1) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, OC);
+            double acc[kColBlock] = {};
+            for (int64_t i = 0; i < N; ++i) {
+                for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(dout[i * OC + c]);
+            }
+            for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
+        }
+    });
+}
+
+// ---- layernorm ----
+
+void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int N, int C) {
+    parallel_rows(N, 4 * C, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x = inp + i * C;
+            double m = 0;
+            for (int c = 0; c < C; ++c) m += double(x[c]);
+            m /= C;
+            double var = 0;
+            for (int c = 0; c < C; ++c) var += (double(x[c]) - m) * (double(x[c]) - m);
+            var /= C;
+            const double s = 1.0 / std::sqrt(var + 1e-5);
+            for (int c = 0; c < C; ++c) {
+                out[i * C + c] = float((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
+            }
+            mean[i] = float(m);
+            rstd[i] = float(s);
+        }
+    });
+}
+
+void layernorm_backward_f64(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, const float* mean,
+                            const float* rstd, int N, int C) {
+    parallel_rows(N, 6 * C, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x  = inp + i * C;
+            const float* dy = dout + i * C;
+            const double m = mean[i], s = rstd[i];
+            double dnorm_mean = 0, dnorm_norm_mean = 0;
+            for (int c = 0; c < C; ++c) {
+                const double dnorm = double(weight[c]) * double(dy[c]);
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * (double(x[c]) - m) * s;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            for (int c = 0; c < C; ++c) {
+                const double norm  = (double(x[c]) - m) * s;
+                const double dnorm = double(weight[c]) * double(dy[c]);
+                dinp[i * C + c] =
+                    float(double(dinp[i * C + c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+            }
+        }
+    });
+    const int64_t nblk = (C + kColBlock - 1) / kColBlock;
+    parallel_rows(nblk, int64_t(N) * kColBlock, [&](int64_t b0, int64_t b1) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, C);
+            double aw[kColBlock] = {}, ab[kColBlock] = {};
+            for (int64_t i = 0; i < N; ++i) {
+                const double m = mean[i], s = rstd[i];
+                for (int64_t c = c0; c < c1; ++c) {
+                    const double dy = dout[i * C + c];
+                    aw[c - c0] += (double(inp[i * C + c]) - m) * s * dy;
+                    ab[c - c0] += dy;
+                }
+            }
+            for (int64_t c = c0; c < c1; ++c) {
+                dweight[c] = float(double(dweight[c]) + aw[c - c0]);
+                dbias[c]   = float(double(dbias[c]) + ab[c - c0]);
+            }
+        }
+    });
+}
+
+// ---- GELU ----
+
+void gelu_forward_f64(float* out, const float* inp, size_t n) {
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const double x = inp[i];
+            out[i] = float(0.5 * x * (1.0 + std::tanh(kGeluK * (x + kGeluA * x * x * x))));
+        }
+    });
+}
+
+void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t n) {
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const double x     = inp[i];
+            const double th    = std::tanh(kGeluK * (x + kGeluA * x * x * x));
+            const double du_dx = kGeluK * (1.0 + 3.0 * kGeluA * x * x);
+            const double grad  = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du_dx;
+            dinp[i]            = float(grad * double(dout[i]));
+        }
+    });
+}
+
+// ---- attention: one (batch, head) pair per work item ----
+
+void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    const int64_t hs = C / NH, C3 = 3 * int64_t(C);
+    const double  scale = 1.0 / std::sqrt(double(hs));
+    parallel_rows(int64_t(B) * NH, int64_t(T) * T * hs, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<double> sbuf, obuf;
+        double* s = grow(sbuf, size_t(T));
+        double* o = grow(obuf, size_t(hs));
+        for (int64_t bh = begin; bh < end; ++bh) {
+            const int64_t b = bh / NH, h = bh % NH;
+            const float*  base = qkv + b * T * C3 + h * hs;
+            for (int64_t t = 0; t < T; ++t) {
+                const float* q = base + t * C3;
+                double       m = -INFINITY;
+                for (int64_t j = 0; j <= t; ++j) {
+                    const float* k = base + j * C3 + C;
+                    double       d = 0;
+                    for (int64_t e = 0; e < hs; ++e) d += double(q[e]) * double(k[e]);
+                    s[j] = d * scale;
+                    m    = std::max(m, s[j]);
+                }
+                double sum = 0;
+                for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[j] - m);
+                const double l = m + std::log(sum);
+                std::fill(o, o + hs, 0.0);
+                for (int64_t j = 0; j <= t; ++j) {
+                    const double p = std::exp(s[j] - l);
+                    const float* v = base + j * C3 + 2 * C;
+                    for (int64_t e = 0; e < hs; ++e) o[e] += p * double(v[e]);
+                }
+                lse[bh * T + t] = float(l);
+                float* y        = out + (b * T + t) * C + h * hs;
+                for (int64_t e = 0; e < hs; ++e) y[e] = float(o[e]);
+            }
+        }
+    });
+}
+
+void attention_backward_f64(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, int B, int T, int C, int NH) {
+    const int64_t hs = C / NH, C3 = 3 * int64_t(C);
+    const double  scale = 1.0 / std::sqrt(double(hs));
+    parallel_rows(int64_t(B) * NH, 2 * int64_t(T) * T * hs, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<double> gbuf;
+        double* g = grow(gbuf, size_t(T * 3 * hs));  // [t][q | k | v] of this head
+        for (int64_t bh = begin; bh < end; ++bh) {
+            const int64_t b = bh / NH, h = bh % NH;
+            const float*  base = qkv + b * T * C3 + h * hs;
+            std::fill(g, g + T * 3 * hs, 0.0);
+            for (int64_t t = 0; t < T; ++t) {
+                const float* q  = base + t * C3;
+                const float* dy = dout + (b * T + t) * C + h * hs;
+                const float* y  = out + (b * T + t) * C + h * hs;
+                const double l  = lse[bh * T + t];
+                double       D  = 0;
+                for (int64_t e = 0; e < hs; ++e) D += double(dy[e]) * double(y[e]);
+                double* gq = g + t * 3 * hs;
+                for (int64_t j = 0; j <= t; ++j) {
+                    const float* k = base + j * C3 + C;
+                    const float* v = k + C;
+                    double d = 0, dp = 0;
+                    for (int64_t e = 0; e < hs; ++e) {
+                        d += double(q[e]) * double(k[e]);
+                        dp += double(dy[e]) * double(v[e]);
+                    }
+                    const double p  = std::exp(d * scale - l);
+                    const double ds = p * (dp - D) * scale;
+                    double* gk      = g + j * 3 * hs + hs;
+                    double* gv      = gk + hs;
+                    for (int64_t e = 0; e < hs; ++e) {
+                        gq[e] += ds * double(k[e]);
+                        gk[e] += ds * double(q[e]);
+                        gv[e] += p * double(dy[e]);
+                    }
+                }
+            }
+            for (int64_t t = 0; t < T; ++t) {
+                float* row = dqkv + (b * T + t) * C3 + h * hs;
+                for (int part = 0; part < 3; ++part) {
+                    for (int64_t e = 0; e < hs; ++e) {
+                        row[part * C + e] = float(g[t * 3 * hs + part * hs + e]);
+                    }
+                }
+            }
+        }
+    });
+}
+
+// ---- cross-entropy ----
+
+namespace {
+double row_logsumexp_f64(const float* x, int V) {
+    double m = -INFINITY;
+    for (int j = 0; j < V; ++j) m = std::max(m, double(x[j]));
+    double sum = 0;
+    for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) - m);
+    return m + std::log(sum);
+}
+}  // namespace
+
+void crossentropy_forward_f64(float* losses, const float* logits, const int32_t* targets, int N,
+                              int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x = logits + i * V;
+            losses[i]      = float(row_logsumexp_f64(x, V) - double(x[targets[i]]));
+        }
+    });
+}
+
+void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
+                               const float* dlosses, int N, int V) {
+    // dlogits may alias logits: each element is read before it is written.
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const float* x  = logits + i * V;
+            float*       d  = dlogits + i * V;
+            const double l  = row_logsumexp_f64(x, V);
+            const double dl = dlosses[i];
+            const int    tg = targets[i];
+            for (int j = 0; j < V; ++j) {
+                d[j] = float((std::exp(double(x[j]) - l) - (j == tg ? 1.0 : 0.0)) * dl);
+            }
+        }
+    });
+}
+
+// ---- AdamW ----
+
+void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int step) {
+    const double b1 = beta1, b2 = beta2;
+    const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step);
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const double g  = grad[i];
+            const double mi = b1 * double(m[i]) + (1.0 - b1) * g;
+            const double vi = b2 * double(v[i]) + (1.0 - b2) * g * g;
+            const double p  = param[i];
+            m[i]            = float(mi);
+            v[i]            = float(vi);
+            param[i] = float(p - double(lr) * ((mi / c1) / (std::sqrt(vi / c2) + double(eps)) +
+                                               double(weight_decay) * p));
+        }
+    });
+}
+
+}  // namespace bagualu::kernels

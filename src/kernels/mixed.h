@@ -1,0 +1,51 @@
+// Kernels of mixed-precision training, float32 in and out like kernels/ops.h:
+//   - rounding float arrays to the values of a half type (bf16 / fp16) in place: how the model
+//     stores half-precision weights and activations in its float arrays, and how a half GEMM's
+//     operands are formed (products of two bf16 or two fp16 values are exact in float32, so a
+//     float32 GEMM over rounded operands is a half GEMM with float32 accumulation);
+//   - linear layers whose bf16 products run through gemm_bf16;
+//   - FP64 versions of the numerically sensitive kernels (precision.fp64_sensitive): the same
+//     math, arguments and =/+= conventions as their ops.h namesakes, with every exp, log, tanh,
+//     sqrt, division and sum in double. Threaded; results do not depend on the thread count.
+// The gate's softmax, layernorm statistics, norms and the loss mean already run in double in the
+// float32 kernels (kernels/ops.cpp, moe/gate.cpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace bagualu::kernels {
+
+// x[i] = round_to(d, x[i]); nothing for Dtype::float32.
+void round_inplace(float* x, size_t n, Dtype d);
+// out[i] = round_to(d, in[i]); out may alias in.
+void round_copy(float* out, const float* in, size_t n, Dtype d);
+
+// linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
+// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies, fp16 and float32
+// through gemm_f32 (exact products and float32 accumulation either way; float32 is bit for bit
+// the ops.h kernel). Call from outside pool jobs, as the GEMMs.
+void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
+                         const float* bias, int N, int IC, int OC);
+void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int IC, int OC);
+
+void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int N, int C);
+void layernorm_backward_f64(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, const float* mean,
+                            const float* rstd, int N, int C);
+void gelu_forward_f64(float* out, const float* inp, size_t n);
+void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t n);
+void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_f64(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, int B, int T, int C, int NH);
+void crossentropy_forward_f64(float* losses, const float* logits, const int32_t* targets, int N,
+                              int V);
+void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
+                               const float* dlosses, int N, int V);
+void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int step);
+
+}  // namespace bagualu::kernels

@@ -1,0 +1,60 @@
+// The mixed-precision policy of a model (docs/precision.md): a level per layer class, the half
+// type, and what follows from them for each parameter tensor and each GEMM. Half-precision
+// values live in the model's float arrays rounded to the half type (kernels/mixed.h), so every
+// kernel, collective and file format keeps working on floats; what the policy decides is where
+// values are rounded and which tensors the optimizer keeps FP32 master weights for.
+#pragma once
+#include <string>
+
+#include "config/config.h"
+#include "core/dtype.h"
+#include "model/param_layout.h"
+
+namespace bagualu::model {
+
+enum class Level { O0, O1, O2, O3 };
+enum class LayerClass { embedding, attention, ffn, head };
+
+// How the optimizer treats a tensor.
+enum class MasterMode {
+    none,    // float32 parameter, updated in place
+    master,  // half parameter (O2): the optimizer keeps an FP32 master copy and rounds after the update
+    half,    // half parameter without a master (O3): updated in place, then rounded
+};
+
+struct PrecisionPolicy {
+    Dtype dtype          = Dtype::float32;
+    Level level[4]       = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
+    bool  fp64_sensitive = false;
+
+    static PrecisionPolicy from_config(const PrecisionSection& p);
+    // Every class at `l` (for tests and experiments).
+    static PrecisionPolicy uniform(Dtype d, Level l, bool fp64 = false);
+
+    // Anything below float32 anywhere.
+    bool  mixed() const { return dtype != Dtype::float32; }
+    Level of(LayerClass c) const { return mixed() ? level[static_cast<int>(c)] : Level::O0; }
+    // Operands of the class's GEMMs (O1 and up).
+    Dtype gemm_dtype(LayerClass c) const { return of(c) >= Level::O1 ? dtype : Dtype::float32; }
+    // Activations the class stores (O2 and up); the residual stream stays float32.
+    Dtype act_dtype(LayerClass c) const { return of(c) >= Level::O2 ? dtype : Dtype::float32; }
+    // Dynamic loss scaling runs for fp16 only.
+    bool loss_scaling() const { return dtype == Dtype::float16; }
+
+    // The class of a parameter tensor, from its name (docs/model.md).
+    static LayerClass class_of(const std::string& name);
+    // The dtype a tensor is stored in: the half type for GEMM weights and biases at O2 and up,
+    // for every tensor of the class at O3 (layernorm parameters and the MoE gate included);
+    // float32 otherwise.
+    Dtype      storage_dtype(const ParamSpec& s) const;
+    MasterMode master_mode(const ParamSpec& s) const;
+    // The dtype a tensor's values enter the computation in: storage_dtype, or the GEMM dtype
+    // for a float32-stored GEMM weight at O1 (never the gate's below O3).
+    Dtype compute_dtype(const ParamSpec& s) const;
+    // One line for the log: "bf16: embedding O0, attention O1, ffn O2, head O1" or "fp32".
+    std::string describe() const;
+};
+
+const char* level_name(Level l);
+
+}  // namespace bagualu::model

@@ -1,0 +1,193 @@
+// Tests for kernels/mixed.h: rounding to bf16 / fp16, the bf16 linear layers, and every FP64
+// sensitive kernel against its float32 namesake (kernels/ops.h) and against the scalar oracle
+// (kernels/ref/ops_ref.h, double inside) on ragged shapes.
+#include "kernels/mixed.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#include "core/rng.h"
+#pragma GCC diagnostic pop
+#include "kernels/ops.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace bagualu::kernels {
+namespace {
+
+std::vector<float> randn(Rng& rng, size_t n, double scale = 1.0) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = float(scale * rng.normal());
+    return x;
+}
+
+// max_i |got_i - want_i| / (1 + |want_i|)
+double max_err(const std::vector<float>& got, const std::vector<float>& want) {
+    EXPECT_EQ(got.size(), want.size());
+    double m = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double e = std::fabs(double(got[i]) - double(want[i])) / (1.0 + std::fabs(want[i]));
+        if (!(e <= m)) m = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+    }
+    return m;
+}
+
+// Tolerances. The float32 kernels evaluate exp/tanh in float (< 2 ulp) and combine in float, so
+// they sit within a few 1e-7 of the exact result per element; sums over up to a few hundred
+// terms lose at most ~1e-6. kF32: FP64 path vs float32 path. kRef: FP64 path vs the double
+// oracle, which differ only in summation order before the final rounding to float.
+constexpr double kF32 = 2e-5;
+constexpr double kRef = 1e-6;
+
+TEST(Rounding, Bf16AndFp16Values) {
+    // bf16 above 1.0: 7 fraction bits, one ulp = 1/128
+    EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 2.0f / 512), 1.0f);              // half an ulp: to even
+    EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 6.0f / 512), 1.0f + 1.0f / 64);  // 1.5 ulp: to even
+    EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 3.0f / 512), 1.0f + 1.0f / 128);
+    EXPECT_EQ(round_to(Dtype::float16, 1.0f + 1.0f / 4096), 1.0f);
+    EXPECT_EQ(round_to(Dtype::float16, 65504.0f), 65504.0f);
+    EXPECT_TRUE(std::isinf(round_to(Dtype::float16, 70000.0f)));
+    EXPECT_EQ(round_to(Dtype::float16, 1e-8f), 0.0f);  // below half the smallest subnormal
+    EXPECT_EQ(round_to(Dtype::float32, 0.1f), 0.1f);
+    std::vector<float> x = {0.1f, -3.3f, 1e-3f, 12345.678f};
+    std::vector<float> y(x.size());
+    round_copy(y.data(), x.data(), x.size(), Dtype::bfloat16);
+    round_inplace(x.data(), x.size(), Dtype::bfloat16);
+    EXPECT_EQ(x, y);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bf16_to_float(bf16_from_float(x[i])), x[i]);
+}
+
+TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
+    Rng rng(9, 0);
+    const int N = 33, IC = 40, OC = 27;
+    auto inp = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC), b = randn(rng, OC),
+         dy = randn(rng, size_t(N) * OC);
+    for (auto* v : {&inp, &w, &dy}) round_inplace(v->data(), v->size(), Dtype::bfloat16);
+    std::vector<float> o16(size_t(N) * OC), o32(o16.size());
+    linear_forward_half(Dtype::bfloat16, o16.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    linear_forward(o32.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    // products of bf16 values are exact in float: only the summation order may differ
+    EXPECT_LE(max_err(o16, o32), 1e-5);
+    std::vector<float> di16(inp.size()), di32(inp.size()), dw16(w.size(), 0.5f), dw32 = dw16,
+                       db16(OC, 0.5f), db32 = db16;
+    linear_backward_half(Dtype::bfloat16, di16.data(), dw16.data(), db16.data(), dy.data(),
+                         inp.data(), w.data(), N, IC, OC);
+    linear_backward(di32.data(), dw32.data(), db32.data(), dy.data(), inp.data(), w.data(), N, IC, OC);
+    EXPECT_LE(max_err(di16, di32), 1e-5);
+    EXPECT_LE(max_err(dw16, dw32), 1e-5);
+    EXPECT_EQ(db16, db32);  // the same double column sums
+    // float32 and fp16 are the ops.h kernels themselves
+    std::vector<float> o(o32.size());
+    linear_forward_half(Dtype::float16, o.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    EXPECT_EQ(o, o32);
+}
+
+TEST(Fp64Ops, Layernorm) {
+    Rng rng(1, 0);
+    const int N = 37, C = 53;
+    const auto x = randn(rng, size_t(N) * C, 2.0), w = randn(rng, C), b = randn(rng, C),
+               dy = randn(rng, size_t(N) * C);
+    std::vector<float> o32(x.size()), o64(x.size()), oref(x.size()), m32(N), r32(N), m64(N), r64(N),
+        mref(N), rref(N);
+    layernorm_forward(o32.data(), m32.data(), r32.data(), x.data(), w.data(), b.data(), N, C);
+    layernorm_forward_f64(o64.data(), m64.data(), r64.data(), x.data(), w.data(), b.data(), N, C);
+    ref::layernorm_forward(oref.data(), mref.data(), rref.data(), x.data(), w.data(), b.data(), N, C);
+    EXPECT_LE(max_err(o64, o32), kF32);
+    EXPECT_LE(max_err(r64, r32), kF32);
+    EXPECT_LE(max_err(o64, oref), kRef);
+    std::vector<float> d32(x.size(), 0.5f), d64 = d32, dref = d32, dw32(C, 1), dw64 = dw32,
+                       dwref = dw32, db32(C, 1), db64 = db32, dbref = db32;
+    layernorm_backward(d32.data(), dw32.data(), db32.data(), dy.data(), x.data(), w.data(),
+                       m64.data(), r64.data(), N, C);
+    layernorm_backward_f64(d64.data(), dw64.data(), db64.data(), dy.data(), x.data(), w.data(),
+                           m64.data(), r64.data(), N, C);
+    ref::layernorm_backward(dref.data(), dwref.data(), dbref.data(), dy.data(), x.data(), w.data(),
+                            m64.data(), r64.data(), N, C);
+    EXPECT_LE(max_err(d64, d32), kF32);
+    EXPECT_LE(max_err(dw64, dw32), kF32);
+    EXPECT_LE(max_err(db64, db32), kF32);
+    EXPECT_LE(max_err(d64, dref), kRef);
+    EXPECT_LE(max_err(dw64, dwref), kRef);
+    EXPECT_LE(max_err(db64, dbref), kRef);
+}
+
+TEST(Fp64Ops, Gelu) {
+    Rng rng(2, 0);
+    const size_t n = 20011;
+    const auto x = randn(rng, n, 3.0), dy = randn(rng, n);
+    std::vector<float> o32(n), o64(n), oref(n), d32(n), d64(n), dref(n);
+    gelu_forward(o32.data(), x.data(), n);
+    gelu_forward_f64(o64.data(), x.data(), n);
+    ref::gelu_forward(oref.data(), x.data(), n);
+    EXPECT_LE(max_err(o64, o32), kF32);
+    EXPECT_LE(max_err(o64, oref), kRef);
+    gelu_backward(d32.data(), x.data(), dy.data(), n);
+    gelu_backward_f64(d64.data(), x.data(), dy.data(), n);
+    ref::gelu_backward(dref.data(), x.data(), dy.data(), n);
+    EXPECT_LE(max_err(d64, d32), kF32);
+    EXPECT_LE(max_err(d64, dref), kRef);
+}
+
+TEST(Fp64Ops, Attention) {
+    Rng rng(3, 0);
+    const int B = 2, T = 19, C = 24, NH = 3;
+    const auto qkv = randn(rng, size_t(B) * T * 3 * C), dy = randn(rng, size_t(B) * T * C);
+    std::vector<float> o32(size_t(B) * T * C), o64 = o32, oref = o32, l32(size_t(B) * NH * T),
+                                                l64 = l32, lref = l32;
+    attention_forward(o32.data(), l32.data(), qkv.data(), B, T, C, NH);
+    attention_forward_f64(o64.data(), l64.data(), qkv.data(), B, T, C, NH);
+    ref::attention_forward(oref.data(), lref.data(), qkv.data(), B, T, C, NH);
+    EXPECT_LE(max_err(o64, o32), kF32);
+    EXPECT_LE(max_err(l64, l32), kF32);
+    EXPECT_LE(max_err(o64, oref), kRef);
+    EXPECT_LE(max_err(l64, lref), kRef);
+    std::vector<float> d32(qkv.size()), d64(qkv.size()), dref(qkv.size());
+    attention_backward(d32.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
+    attention_backward_f64(d64.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
+    ref::attention_backward(dref.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
+    EXPECT_LE(max_err(d64, d32), kF32);
+    EXPECT_LE(max_err(d64, dref), kRef);
+}
+
+TEST(Fp64Ops, CrossEntropy) {
+    Rng rng(4, 0);
+    const int N = 29, V = 301;
+    const auto logits = randn(rng, size_t(N) * V, 4.0), dl = randn(rng, N);
+    std::vector<int32_t> tg(N);
+    for (auto& t : tg) t = int32_t(rng.below(V));
+    std::vector<float> l32(N), l64(N), lref(N);
+    crossentropy_forward(l32.data(), logits.data(), tg.data(), N, V);
+    crossentropy_forward_f64(l64.data(), logits.data(), tg.data(), N, V);
+    ref::crossentropy_forward(lref.data(), logits.data(), tg.data(), N, V);
+    EXPECT_LE(max_err(l64, l32), kF32);
+    EXPECT_LE(max_err(l64, lref), kRef);
+    std::vector<float> d32(logits.size()), d64(logits.size()), dref(logits.size());
+    crossentropy_backward(d32.data(), logits.data(), tg.data(), dl.data(), N, V);
+    crossentropy_backward_f64(d64.data(), logits.data(), tg.data(), dl.data(), N, V);
+    ref::crossentropy_backward(dref.data(), logits.data(), tg.data(), dl.data(), N, V);
+    EXPECT_LE(max_err(d64, d32), kF32);
+    EXPECT_LE(max_err(d64, dref), kRef);
+}
+
+TEST(Fp64Ops, AdamW) {
+    Rng rng(5, 0);
+    const size_t n = 4099;
+    const auto g = randn(rng, n, 1e-3);
+    auto p32 = randn(rng, n), m32 = randn(rng, n, 1e-3), v32 = std::vector<float>(n, 1e-6f);
+    auto p64 = p32, m64 = m32, v64 = v32, pref = p32, mref = m32, vref = v32;
+    adamw_update(p32.data(), g.data(), m32.data(), v32.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+    adamw_update_f64(p64.data(), g.data(), m64.data(), v64.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+    ref::adamw_update(pref.data(), g.data(), mref.data(), vref.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                      0.1f, 7);
+    EXPECT_LE(max_err(p64, p32), kF32);
+    EXPECT_LE(max_err(m64, m32), kF32);
+    EXPECT_LE(max_err(v64, v32), kF32);
+    EXPECT_EQ(max_err(p64, pref), 0.0);  // the same double formula, elementwise
+}
+
+}  // namespace
+}  // namespace bagualu::kernels

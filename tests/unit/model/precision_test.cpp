@@ -1,0 +1,126 @@
+// Tests for the mixed-precision policy (model/precision.h) and the model under it: the storage
+// dtype of every tensor per layer class, the float32 policy leaving the model's results bit for
+// bit unchanged, a bf16 policy actually rounding (and staying close), and the FP64 sensitive
+// ops agreeing with the float32 ones.
+#include "model/precision.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../../common/tiny_model.h"
+#include "core/rng.h"
+#include "model/gpt.h"
+
+namespace bagualu::model {
+namespace {
+
+PrecisionPolicy bagualu_policy(const std::string& dtype) {
+    PrecisionSection p;  // the default levels: embedding O0, attention O1, ffn O2, head O1
+    p.dtype = dtype;
+    return PrecisionPolicy::from_config(p);
+}
+
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
+    const ModelConfig     m   = testing::tiny_moe_config();
+    const PrecisionPolicy bf  = bagualu_policy("bf16");
+    const GPT             gpt(m, 1, nullptr, 1, bf);
+    size_t                half = 0;
+    for (size_t i = 0; i < gpt.layout().specs().size(); ++i) {
+        const ParamSpec&  s = gpt.layout().spec(i);
+        const std::string n = s.name;
+        Dtype want = Dtype::float32;  // embedding O0, attention O1 (float32 weights), layernorms, gate
+        if ((has(n, ".mlp.") || has(n, ".moe.experts.")) && !has(n, "ln_")) want = Dtype::bfloat16;
+        EXPECT_EQ(gpt.storage_dtype(i), want) << n;
+        EXPECT_EQ(bf.master_mode(s), want == Dtype::float32 ? MasterMode::none : MasterMode::master) << n;
+        // O1 attention: float32 storage, bf16 GEMM operands for its matrices only
+        const bool attn_matrix = has(n, ".attn.") && s.shape.size() == 2;
+        EXPECT_EQ(bf.compute_dtype(s), attn_matrix ? Dtype::bfloat16 : want) << n;
+        half += want != Dtype::float32;
+    }
+    EXPECT_EQ(half, 4u + 4u * 4u);  // dense MLP: 2 weights 2 biases; 4 experts x 4 tensors
+
+    // fp32 ignores the levels; uniform O3 stores everything in the half type.
+    const PrecisionPolicy f32 = bagualu_policy("fp32"), o3 = PrecisionPolicy::uniform(Dtype::float16, Level::O3);
+    for (const ParamSpec& s : gpt.layout().specs()) {
+        EXPECT_EQ(f32.storage_dtype(s), Dtype::float32) << s.name;
+        EXPECT_EQ(f32.compute_dtype(s), Dtype::float32) << s.name;
+        EXPECT_EQ(o3.storage_dtype(s), Dtype::float16) << s.name;
+        EXPECT_EQ(o3.master_mode(s), MasterMode::half) << s.name;
+    }
+    EXPECT_EQ(bf.describe(), "bf16: embedding O0, attention O1, ffn O2, head O1");
+    EXPECT_EQ(f32.describe(), "fp32");
+}
+
+struct Batch {
+    std::vector<int32_t> x, y;
+};
+Batch random_batch(int n, int V) {
+    Rng   rng(5);
+    Batch b{std::vector<int32_t>(size_t(n)), std::vector<int32_t>(size_t(n))};
+    for (auto& t : b.x) t = int32_t(rng.below(uint64_t(V)));
+    for (auto& t : b.y) t = int32_t(rng.below(uint64_t(V)));
+    return b;
+}
+
+// Loss and gradients of one forward/backward under `prec`, on the same weights.
+std::pair<double, std::vector<float>> loss_and_grads(const PrecisionPolicy& prec) {
+    const ModelConfig m = testing::tiny_moe_config();
+    const int         B = 2, T = m.seq_len;
+    GPT               gpt(m, B, nullptr, 1, prec);
+    init_params(gpt.params(), gpt.layout(), m, 11);
+    Rng rng(3);  // larger weights than the init, so every path carries signal
+    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += float(0.1 * rng.normal());
+    const Batch b = random_batch(B * T, m.vocab_size);
+    const double loss = gpt.forward(b.x.data(), b.y.data(), B, T);
+    gpt.zero_grad();
+    gpt.backward(1.0f);
+    return {loss, std::vector<float>(gpt.grads(), gpt.grads() + gpt.n_floats())};
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        n += double(b[i]) * b[i];
+    }
+    return std::sqrt(d / n);
+}
+
+TEST(PrecisionModel, Fp32PolicyIsThePlainModel) {
+    const auto [l0, g0] = loss_and_grads(PrecisionPolicy{});
+    const auto [l1, g1] = loss_and_grads(bagualu_policy("fp32"));
+    EXPECT_EQ(l0, l1);
+    EXPECT_EQ(g0, g1);
+}
+
+TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
+    const auto [l32, g32] = loss_and_grads(PrecisionPolicy{});
+    for (const char* dt : {"bf16", "fp16"}) {
+        const auto [l, g] = loss_and_grads(bagualu_policy(dt));
+        EXPECT_NE(l, l32) << dt << ": nothing was rounded";
+        // bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3 per value); the loss
+        // averages many rounded products, so it moves far less; fp16 (11 bits) less still.
+        EXPECT_NEAR(l, l32, 5e-3 * l32) << dt;
+        EXPECT_LE(rel_diff(g, g32), 5e-2) << dt;
+    }
+    // uniform O3 rounds everything: further from float32, still the same model
+    const auto [l3, g3] = loss_and_grads(PrecisionPolicy::uniform(Dtype::bfloat16, Level::O3));
+    EXPECT_NE(l3, l32);
+    EXPECT_NEAR(l3, l32, 2e-2 * l32);
+}
+
+TEST(PrecisionModel, Fp64SensitiveOpsAgreeWithFp32) {
+    const auto [l32, g32] = loss_and_grads(PrecisionPolicy{});
+    const auto [l64, g64] = loss_and_grads(PrecisionPolicy::uniform(Dtype::float32, Level::O0, true));
+    // the same math with exp/tanh/sqrt in double: float32 rounding level differences only
+    EXPECT_NEAR(l64, l32, 1e-5 * l32);
+    EXPECT_LE(rel_diff(g64, g32), 1e-4);
+}
+
+}  // namespace
+}  // namespace bagualu::model

@@ -1,0 +1,115 @@
+// Mixed precision in the optimizer (train/optimizer.h) and dynamic loss scaling
+// (train/loss_scale.h): O2 tensors keep FP32 masters (updates smaller than half a bf16 ulp add
+// up), O3 tensors have none (they are lost); a gradient holding an injected inf skips the step
+// without touching parameters or state; the loss scale is divided out exactly; the scaler backs
+// off on an overflow and grows after its window of clean steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "dist/parallel.h"
+#include "train/loss_scale.h"
+#include "train/optimizer.h"
+
+namespace bagualu::train {
+namespace {
+
+// One FFN matrix (half-stored from O2) and one layernorm weight (float32 below O3).
+model::ParamLayout small_layout() {
+    model::ParamLayout L;
+    L.add("h.0.mlp.c_fc.weight", {4, 8}, false);
+    L.add("h.0.ln_2.weight", {8}, false);
+    return L;
+}
+
+struct Trajectory {
+    std::vector<float> params;
+    std::vector<bool>  skipped;
+};
+
+// `steps` AdamW steps (lr 1e-3, no decay, no clipping) from all-ones parameters with constant
+// gradient `g` (times `loss_scale`), an inf in the gradient at step `inf_at` (1-based; 0: none).
+Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g, double loss_scale = 1,
+              int inf_at = 0) {
+    std::vector<std::string> sets = {"train.weight_decay=0", "train.grad_clip=0"};
+    for (const auto& s : prec) sets.push_back("precision." + s);
+    const TrainConfig  cfg    = default_config(sets);
+    model::ParamLayout layout = small_layout();
+    auto               par    = dist::ParallelContext::single();
+    auto               opt    = make_optimizer(cfg, layout, *par);
+    Buffer<float>      params(layout.total_floats()), grads(layout.total_floats());
+    for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f;
+    Trajectory r;
+    for (int s = 1; s <= steps; ++s) {
+        for (size_t i = 0; i < grads.size(); ++i) grads[i] = float(g * loss_scale);
+        if (s == inf_at) grads[3] = std::numeric_limits<float>::infinity();
+        opt->set_loss_scale(loss_scale);
+        opt->step(params.data(), grads.data(), 1e-3, s);
+        r.skipped.push_back(opt->skipped());
+    }
+    r.params.assign(params.data(), params.data() + params.size());
+    return r;
+}
+
+TEST(PrecisionOptimizer, O2MastersKeepSmallUpdatesO3LosesThem) {
+    // Adam's first steps move each parameter by ~lr = 1e-3; below 1.0 a bf16 ulp is 2^-8 = 3.9e-3,
+    // so one step rounds back to 1.0. With a master the steps add up: after 10 steps the master
+    // is ~0.990 and the parameter its bf16 rounding 0.98828125 (1 - 3 ulp).
+    const Trajectory o2 = run_steps({"dtype=bf16", "ffn=O2"}, 10, 0.5f);
+    const Trajectory o3 = run_steps({"dtype=bf16", "ffn=O3"}, 10, 0.5f);
+    const Trajectory f32 = run_steps({}, 10, 0.5f);
+    EXPECT_EQ(o2.params[0], 0.98828125f);
+    EXPECT_EQ(o3.params[0], 1.0f);
+    EXPECT_NEAR(f32.params[0], 0.990, 1e-4);
+    // the layernorm weight is float32 at O2, half at O3
+    const size_t ln = small_layout().spec(1).offset;
+    EXPECT_EQ(o2.params[ln], f32.params[ln]);
+    EXPECT_EQ(o3.params[ln], 1.0f);
+    // O2 parameters are bf16 values
+    for (size_t i = 0; i < 32; ++i) EXPECT_EQ(round_to(Dtype::bfloat16, o2.params[i]), o2.params[i]);
+}
+
+TEST(PrecisionOptimizer, InjectedInfSkipsTheStep) {
+    for (const std::vector<std::string>& prec : {std::vector<std::string>{"dtype=fp16"},
+                                                std::vector<std::string>{}}) {
+        const Trajectory clean = run_steps(prec, 3, 0.5f);
+        const Trajectory inf   = run_steps(prec, 4, 0.5f, 1, 2);  // step 2 skipped, then 3 more steps
+        EXPECT_EQ(inf.skipped, (std::vector<bool>{false, true, false, false}));
+        EXPECT_EQ(inf.params, clean.params);  // the skipped step changed nothing (nor m, v)
+    }
+}
+
+TEST(PrecisionOptimizer, LossScaleIsDividedOut) {
+    // a power of two: exact
+    EXPECT_EQ(run_steps({"dtype=fp16"}, 3, 0.25f, 1024).params, run_steps({"dtype=fp16"}, 3, 0.25f).params);
+}
+
+TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterWindow) {
+    PrecisionSection p;
+    p.loss_scale        = 1024;
+    p.loss_scale_window = 3;
+    LossScaler s(p, true);
+    EXPECT_EQ(s.scale(), 1024);
+    s.update(true);
+    EXPECT_EQ(s.scale(), 512);
+    s.update(false);
+    s.update(false);
+    EXPECT_EQ(s.scale(), 512);
+    s.update(false);
+    EXPECT_EQ(s.scale(), 1024);
+    s.update(false);
+    s.update(true);  // an overflow restarts the window
+    s.update(false);
+    s.update(false);
+    EXPECT_EQ(s.scale(), 512);
+    LossScaler off(p, false);
+    off.update(true);
+    EXPECT_EQ(off.scale(), 1);
+}
+
+}  // namespace
+}  // namespace bagualu::train
