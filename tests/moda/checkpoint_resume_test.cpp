@@ -71,13 +71,14 @@ class CheckpointTest : public ::testing::Test {
             BGL_SOURCE_DIR, env, BGL_MPIEXEC, P, BGL_BINARY, a));
     }
 
-    void bit_exact_resume(int P) {
+    // extra: settings of both runs (e.g. mixed precision); name: tells the runs apart.
+    void bit_exact_resume(int P, const std::string& extra = "", const std::string& name = "") {
         const int         ep  = P;
-        const std::string ref = fmt::format("ref40_p{}", P), crash = fmt::format("crash_p{}", P);
-        const CommandResult a = TinyRuns::run(P, args(ref, P, ep, 40, ""));
+        const std::string ref = fmt::format("ref40_p{}{}", P, name), crash = fmt::format("crash_p{}{}", P, name);
+        const CommandResult a = TinyRuns::run(P, args(ref, P, ep, 40, extra));
         ASSERT_EQ(a.status, 0) << a.output;
 
-        const std::string ck = " --set checkpoint.every=10";
+        const std::string ck = " --set checkpoint.every=10 " + extra;
         const CommandResult killed = run_killed(P, 25, P - 1, args(crash, P, ep, 40, ck));
         ASSERT_NE(killed.status, 0) << "the injected SIGKILL did not end the run\n" << killed.output;
         EXPECT_FALSE(fs::exists(runs_->path(crash + "/model")));
@@ -108,6 +109,14 @@ TinyRuns* CheckpointTest::runs_ = nullptr;
 
 TEST_F(CheckpointTest, KilledRunResumesBitExactOneRank) { bit_exact_resume(1); }
 TEST_F(CheckpointTest, KilledRunResumesBitExactTwoRanks) { bit_exact_resume(2); }
+// Mixed precision: the checkpoint holds the FP32 masters of the half-stored tensors (ParO shards
+// at P = 2, the replicated optimizer at P = 1) and fp16's loss scale and skipped-step count.
+TEST_F(CheckpointTest, KilledBf16RunResumesBitExactTwoRanks) {
+    bit_exact_resume(2, "--set precision.dtype=bf16", "_bf16");
+}
+TEST_F(CheckpointTest, KilledFp16RunResumesBitExactOneRank) {
+    bit_exact_resume(1, "--set precision.dtype=fp16 --set precision.loss_scale_window=7", "_fp16");
+}
 
 // Checkpoints of step 10 written at (4, 4) and at (2, 2) load at other layouts; the loss of the
 // step after loading matches the writing layout's own step 11 within 1e-5 relative (the layouts
