@@ -46,14 +46,8 @@ std::string checkpoint_of(const std::string& root, int step) {
     return fmt::format("{}/step_{:08d}", root, step);
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public TinyRunsSuite<> {
    protected:
-    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
-    static void TearDownTestSuite() {
-        delete runs_;
-        runs_ = nullptr;
-    }
-    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
 
     // `steps` steps of the tiny config at (P, EP); extra: more --set flags or --resume.
     static std::string args(const std::string& run, int P, int ep, int steps, const std::string& extra) {
@@ -103,9 +97,7 @@ class CheckpointTest : public ::testing::Test {
                                runs_->path(crash + "/model/model.safetensors"));
     }
 
-    static TinyRuns* runs_;
 };
-TinyRuns* CheckpointTest::runs_ = nullptr;
 
 TEST_F(CheckpointTest, KilledRunResumesBitExactOneRank) { bit_exact_resume(1); }
 TEST_F(CheckpointTest, KilledRunResumesBitExactTwoRanks) { bit_exact_resume(2); }

@@ -9,14 +9,8 @@
 namespace bagualu::testing {
 namespace {
 
-class MoDaTest : public ::testing::Test {
+class MoDaTest : public TinyRunsSuite<> {
    protected:
-    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
-    static void TearDownTestSuite() {
-        delete runs_;
-        runs_ = nullptr;
-    }
-    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
 
     void expect_same_as_single(int P, int ep) {
         const std::string ref = "ref", run = fmt::format("p{}_ep{}", P, ep);
@@ -27,9 +21,7 @@ class MoDaTest : public ::testing::Test {
         expect_same_training(*runs_, ref, run);
     }
 
-    static TinyRuns* runs_;
 };
-TinyRuns* MoDaTest::runs_ = nullptr;
 
 TEST_F(MoDaTest, TwoRanksExpertParallel) { expect_same_as_single(2, 2); }
 TEST_F(MoDaTest, FourRanksExpertParallel) { expect_same_as_single(4, 4); }

@@ -74,6 +74,19 @@ class TinyRuns {
     CommandResult prepare_;
 };
 
+// A test suite whose tests share one TinyRuns: the data is prepared once per suite.
+template <typename Base = ::testing::Test>
+class TinyRunsSuite : public Base {
+   protected:
+    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
+    static void TearDownTestSuite() {
+        delete runs_;
+        runs_ = nullptr;
+    }
+    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
+    static inline TinyRuns* runs_ = nullptr;
+};
+
 // Runs `run` against the reference run `ref` (both 20 logged steps): per-step loss within 1e-5
 // and gradient norm within 1e-4 relative; final parameters norm-wise within 1e-5 over the whole
 // model and 1e-4 per tensor. Elementwise comparisons are not meaningful: an entry whose

@@ -10,17 +10,9 @@
 namespace bagualu::testing {
 namespace {
 
-class OverlapTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+class OverlapTest : public TinyRunsSuite<::testing::TestWithParam<std::tuple<int, std::string>>> {
    protected:
-    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
-    static void TearDownTestSuite() {
-        delete runs_;
-        runs_ = nullptr;
-    }
-    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
-    static TinyRuns* runs_;
 };
-TinyRuns* OverlapTest::runs_ = nullptr;
 
 TEST_P(OverlapTest, OnAndOffGiveTheSameBits) {
     const auto& [P, partition] = GetParam();

@@ -25,14 +25,8 @@ ParamCounts tiny_counts() {
     return c;
 }
 
-class ParoTest : public ::testing::Test {
+class ParoTest : public TinyRunsSuite<> {
    protected:
-    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
-    static void TearDownTestSuite() {
-        delete runs_;
-        runs_ = nullptr;
-    }
-    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
 
     // ep_of(P): the expert parallelism of the run over P ranks.
     void expect_same_as_replicated(const std::vector<int>& ranks, int (*ep_of)(int)) {
@@ -61,9 +55,7 @@ class ParoTest : public ::testing::Test {
         }
     }
 
-    static TinyRuns* runs_;
 };
-TinyRuns* ParoTest::runs_ = nullptr;
 
 TEST_F(ParoTest, DataParallelMatchesReplicated) {
     expect_same_as_replicated({1, 2, 4}, [](int) { return 1; });

@@ -12,14 +12,8 @@
 namespace bagualu::testing {
 namespace {
 
-class PrecisionMoDaTest : public ::testing::Test {
+class PrecisionMoDaTest : public TinyRunsSuite<> {
    protected:
-    static void SetUpTestSuite() { runs_ = new TinyRuns(); }
-    static void TearDownTestSuite() {
-        delete runs_;
-        runs_ = nullptr;
-    }
-    void SetUp() override { ASSERT_EQ(runs_->prepare().status, 0) << runs_->prepare().output; }
 
     // Per-step loss within 1e-3 relative. Final parameters within 1e-2 of their norm: the runs
     // sum gradients in a different order, float rounding sends a few FP32 masters to the other
@@ -66,9 +60,7 @@ class PrecisionMoDaTest : public ::testing::Test {
                     run.c_str(), ref.c_str(), worst, std::sqrt(diff / norm));
     }
 
-    static TinyRuns* runs_;
 };
-TinyRuns* PrecisionMoDaTest::runs_ = nullptr;
 
 TEST_F(PrecisionMoDaTest, Bf16TwoRanksMatchOne) {
     const std::string prec = " --set precision.dtype=bf16";
