@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <thread>
 
 #include "core/thread_pool.h"
 
@@ -47,6 +48,7 @@ class PackBuffer {
 
 thread_local PackBuffer t_a_buffer;
 thread_local PackBuffer t_b_buffer;
+thread_local PackBuffer t_shared_b_buffer;  // the calling thread's, for the whole of op(B)
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -223,6 +225,83 @@ void pack_strip(const KernelSpec& s, PackSrc b, int j0, int j1, int K, char* dst
     }
 }
 
+// When the whole of op(B) packed is small (it fits in L3 with room to spare), it is packed once
+// for all threads instead: packing tasks (strip, k block) are taken from a counter first, each
+// marked ready when done, then units of row blocks over all of N, packing A once per k block.
+// A unit waits for a B slice only while another thread is still packing it.
+constexpr size_t kSharedBBytes = size_t(4) << 20;
+constexpr int kMaxPackTasks    = 256;
+
+bool fits_shared(const KernelSpec& s, const Plan& p, int K) {
+    const size_t elem = size_t(s.elem_bytes);
+    return size_t(round_up(K, s.kstep)) * size_t(p.strips) * size_t(p.cols) * elem <=
+               kSharedBBytes &&
+           p.strips * ceil_div(K, s.kc) <= kMaxPackTasks;
+}
+
+void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, int M, int N, int K,
+                   float alpha, float beta, float* C, int ldc) {
+    const size_t elem = size_t(s.elem_bytes);
+    const int kblocks = ceil_div(K, s.kc);
+    const int tasks   = plan.strips * kblocks;
+    // Slices are spaced by the packers' slack, so that packing one never writes into another.
+    const size_t slice = (size_t(s.kc) * size_t(plan.cols) * elem + kPackSlack + 63) / 64 * 64;
+    auto* bbuf         = static_cast<char*>(t_shared_b_buffer.get(slice * size_t(tasks)));
+    // Row blocks: at least kUnitsPerThread per thread, at most mc rows.
+    const int rows =
+        std::clamp(round_up(ceil_div(M, kUnitsPerThread * plan.threads), s.mr), s.mr, s.mc);
+    const int mblocks = ceil_div(M, rows);
+    std::atomic<int> next_pack{0}, next_unit{0};
+    std::atomic<uint8_t> ready[kMaxPackTasks];
+    for (int t = 0; t < tasks; ++t) ready[t].store(0, std::memory_order_relaxed);
+
+    auto body = [&](int) {
+        for (int t = next_pack.fetch_add(1, std::memory_order_relaxed); t < tasks;
+             t     = next_pack.fetch_add(1, std::memory_order_relaxed)) {
+            const int strip = t / kblocks, pc = (t % kblocks) * s.kc;
+            const int j0 = strip * plan.cols, j1 = std::min(N, j0 + plan.cols);
+            s.pack_b(b, j0, j1 - j0, pc, std::min(s.kc, K - pc), bbuf + size_t(t) * slice);
+            ready[t].store(1, std::memory_order_release);
+        }
+        auto* abuf = static_cast<char*>(
+            t_a_buffer.get(size_t(round_up(std::min(s.kc, K), s.kstep)) * size_t(rows) * elem));
+        for (int u = next_unit.fetch_add(1, std::memory_order_relaxed); u < mblocks;
+             u     = next_unit.fetch_add(1, std::memory_order_relaxed)) {
+            const int i0 = u * rows, mc = std::min(M, i0 + rows) - i0;
+            for (int kb = 0; kb < kblocks; ++kb) {
+                const int pc       = kb * s.kc;
+                const int kc       = std::min(s.kc, K - pc);
+                const int kcp      = round_up(kc, s.kstep);
+                const float beta_k = pc == 0 ? beta : 1.0f;
+                s.pack_a(a, i0, mc, pc, kc, abuf);
+                for (int strip = 0; strip < plan.strips; ++strip) {
+                    const int t = strip * kblocks + kb;
+                    for (int spin = 0; !ready[t].load(std::memory_order_acquire); ++spin) {
+                        if (spin > 64) std::this_thread::yield();
+                    }
+                    const char* bslice = bbuf + size_t(t) * slice;
+                    const int j0 = strip * plan.cols, nw = std::min(N, j0 + plan.cols) - j0;
+                    for (int jr = 0; jr < nw; jr += s.nr) {
+                        const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
+                        const int n    = std::min(s.nr, nw - jr);
+                        for (int ir = 0; ir < mc; ir += s.mr) {
+                            const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
+                            float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                            s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir),
+                                    n);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if (plan.threads == 1) {
+        body(0);
+    } else {
+        compute_pool().run(body);
+    }
+}
+
 }  // namespace
 
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
@@ -236,6 +315,10 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
     const PackSrc    b{B, ldb, tb == Trans::T};
     ThreadPool&      pool  = compute_pool();
     const Plan       p     = make_plan(spec, M, N, K, pool.size());
+    if (fits_shared(spec, p, K)) {
+        gemm_shared_b(spec, p, a, b, M, N, K, alpha, beta, C, ldc);
+        return;
+    }
     const int        units = p.strips * p.mblocks;
     const size_t     elem  = size_t(spec.elem_bytes);
     std::atomic<int> next{0};

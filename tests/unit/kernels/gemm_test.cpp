@@ -209,14 +209,16 @@ TEST(Gemm, ZeroRowsOrColumnsTouchNothing) {
 }
 
 // Work is split over M and N only, so each element is summed in the same order whatever the
-// thread count: results must be bitwise equal.
+// thread count and whichever thread takes which part: results must be bitwise equal.
 TEST(Gemm, BitIdenticalForAnyThreadCount) {
     PathGuard   guard;
     const Case  cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
                            {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
                            {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0},
-                           // several column strips and k blocks: units taken in any order
-                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0}};
+                           // several column strips and k blocks, B packed once for all threads
+                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0},
+                           // packed B too large to share: each thread packs its strips
+                           {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0}};
     for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
