@@ -245,7 +245,8 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
     const int kblocks = ceil_div(K, s.kc);
     const int tasks   = plan.strips * kblocks;
     // Slices are spaced by the packers' slack, so that packing one never writes into another.
-    const size_t slice = (size_t(s.kc) * size_t(plan.cols) * elem + kPackSlack + 63) / 64 * 64;
+    const size_t kcp_max = size_t(round_up(std::min(s.kc, K), s.kstep));
+    const size_t slice   = (kcp_max * size_t(plan.cols) * elem + kPackSlack + 63) / 64 * 64;
     auto* bbuf         = static_cast<char*>(t_shared_b_buffer.get(slice * size_t(tasks)));
     // Row blocks: at least kUnitsPerThread per thread, at most mc rows.
     const int rows =
@@ -264,7 +265,7 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
             ready[t].store(1, std::memory_order_release);
         }
         auto* abuf = static_cast<char*>(
-            t_a_buffer.get(size_t(round_up(std::min(s.kc, K), s.kstep)) * size_t(rows) * elem));
+            t_a_buffer.get(kcp_max * size_t(rows) * elem));
         for (int u = next_unit.fetch_add(1, std::memory_order_relaxed); u < mblocks;
              u     = next_unit.fetch_add(1, std::memory_order_relaxed)) {
             const int i0 = u * rows, mc = std::min(M, i0 + rows) - i0;
