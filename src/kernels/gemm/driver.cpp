@@ -1,13 +1,16 @@
-// Goto/BLIS blocked GEMM: per thread, jc (NC) -> pc (KC) -> pack B -> ic (MC) -> pack A ->
-// jr (NR) -> ir (MR) -> micro-kernel. Threads own disjoint rectangles of C, so they share nothing
-// and need no barrier; packing buffers are per thread, 64-byte aligned and grow-only (allocated
-// with operator new, so allocation counters see them).
+// Goto/BLIS blocked GEMM. gemm_rect, for one thread's rectangle: jc (NC) -> pc (KC) -> pack B ->
+// ic (MC) -> pack A -> jr (NR) -> ir (MR) -> micro-kernel. gemm_packed: units of C (a column
+// strip x a row block, whole depth) taken from a shared counter, B packed per strip and thread.
+// Threads write disjoint parts of C, so they need no barrier; packing buffers are per thread,
+// 64-byte aligned and grow-only (allocated with operator new, so allocation counters see them).
 #include "kernels/gemm/driver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <thread>
 
 #include "core/thread_pool.h"
 
@@ -45,6 +48,7 @@ class PackBuffer {
 
 thread_local PackBuffer t_a_buffer;
 thread_local PackBuffer t_b_buffer;
+thread_local PackBuffer t_shared_b_buffer;  // the calling thread's, for the whole of op(B)
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -143,6 +147,164 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
     }
 }
 
+// ---- gemm_packed: column strips x row blocks, handed out to the threads as they come free ----
+//
+// C is cut into strips of `cols` columns and each strip into row blocks of `rows`; a unit is one
+// (strip, row block) over the whole depth. Units are numbered strip by strip and taken from a
+// shared counter, so a thread whose core is busy with other work takes fewer of them rather than
+// holding up the call (a static split waits for its slowest thread). A thread packs op(B) of a
+// strip for every k block once, when it takes its first unit of that strip; a unit packs its rows
+// of op(A) per k block into an L2-sized block. The strip's B slice for one k block (kc x cols)
+// is sized for L2 next to the A block. Which thread runs a unit changes nothing in its sums.
+
+namespace {
+
+struct Plan {
+    int cols, rows;        // strip width (multiple of nr) and row block (multiple of mr)
+    int strips, mblocks;   // units = strips * mblocks
+    int threads;
+};
+
+// Bytes of one k block of a strip's packed B: with the A block it should stay in L2.
+constexpr size_t kBSliceBytes = size_t(256) << 10;
+// Most bytes a thread's packed strip (all k blocks) may take.
+constexpr size_t kBStripBytes = size_t(8) << 20;
+// Units per thread to aim for, so that a stalled thread's share can be taken over.
+constexpr int kUnitsPerThread = 4;
+constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
+
+Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
+    const size_t elem = size_t(s.elem_bytes);
+    const int    kcp  = round_up(std::min(s.kc, K), s.kstep);
+    const int    kp   = round_up(K, s.kstep);
+    int cols = static_cast<int>(kBSliceBytes / (size_t(kcp) * elem)) / s.nr * s.nr;
+    cols     = std::min(cols, static_cast<int>(kBStripBytes / (size_t(kp) * elem)) / s.nr * s.nr);
+    cols     = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
+    Plan p{};
+    p.threads = double(M) * N * K < kMinThreadedWork ? 1 : threads;
+    p.cols    = cols;
+    p.strips  = ceil_div(N, cols);
+    const int want = ceil_div(kUnitsPerThread * p.threads, p.strips);
+    p.rows    = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, s.mc);
+    p.mblocks = ceil_div(M, p.rows);
+    return p;
+}
+
+// One unit: rows [i0, i1) x columns [j0, j1) of C over the whole depth, with the strip's B
+// already packed in `bstrip` (k blocks one after another, each (kcp, cols rounded to nr)).
+void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1, int j0, int j1,
+              int K, float alpha, float beta, float* C, int ldc, char* abuf) {
+    const size_t elem = size_t(s.elem_bytes);
+    const int    nw   = j1 - j0;
+    const int    nwr  = round_up(nw, s.nr);
+    const int    mc   = i1 - i0;
+    for (int pc = 0; pc < K; pc += s.kc) {
+        const int   kc     = std::min(s.kc, K - pc);
+        const int   kcp    = round_up(kc, s.kstep);
+        const float beta_k = pc == 0 ? beta : 1.0f;
+        const char* bslice = bstrip + size_t(pc) * size_t(nwr) * elem;
+        s.pack_a(a, i0, mc, pc, kc, abuf);
+        for (int jr = 0; jr < nw; jr += s.nr) {
+            const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
+            const int   n  = std::min(s.nr, nw - jr);
+            for (int ir = 0; ir < mc; ir += s.mr) {
+                const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
+                float*      cp = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir), n);
+            }
+        }
+    }
+}
+
+void pack_strip(const KernelSpec& s, PackSrc b, int j0, int j1, int K, char* dst) {
+    const size_t elem = size_t(s.elem_bytes);
+    const int    nwr  = round_up(j1 - j0, s.nr);
+    // In increasing k: a block's packer may write past its end, into the next block's place.
+    for (int pc = 0; pc < K; pc += s.kc) {
+        s.pack_b(b, j0, j1 - j0, pc, std::min(s.kc, K - pc), dst + size_t(pc) * size_t(nwr) * elem);
+    }
+}
+
+// When the whole of op(B) packed is small (it fits in L3 with room to spare), it is packed once
+// for all threads instead: packing tasks (strip, k block) are taken from a counter first, each
+// marked ready when done, then units of row blocks over all of N, packing A once per k block.
+// A unit waits for a B slice only while another thread is still packing it.
+constexpr size_t kSharedBBytes = size_t(4) << 20;
+constexpr int kMaxPackTasks    = 256;
+
+bool fits_shared(const KernelSpec& s, const Plan& p, int K) {
+    const size_t elem = size_t(s.elem_bytes);
+    return size_t(round_up(K, s.kstep)) * size_t(p.strips) * size_t(p.cols) * elem <=
+               kSharedBBytes &&
+           p.strips * ceil_div(K, s.kc) <= kMaxPackTasks;
+}
+
+void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, int M, int N, int K,
+                   float alpha, float beta, float* C, int ldc) {
+    const size_t elem = size_t(s.elem_bytes);
+    const int kblocks = ceil_div(K, s.kc);
+    const int tasks   = plan.strips * kblocks;
+    // Slices are spaced by the packers' slack, so that packing one never writes into another.
+    const size_t kcp_max = size_t(round_up(std::min(s.kc, K), s.kstep));
+    const size_t slice   = (kcp_max * size_t(plan.cols) * elem + kPackSlack + 63) / 64 * 64;
+    auto* bbuf         = static_cast<char*>(t_shared_b_buffer.get(slice * size_t(tasks)));
+    // Row blocks: at least kUnitsPerThread per thread, at most mc rows.
+    const int rows =
+        std::clamp(round_up(ceil_div(M, kUnitsPerThread * plan.threads), s.mr), s.mr, s.mc);
+    const int mblocks = ceil_div(M, rows);
+    std::atomic<int> next_pack{0}, next_unit{0};
+    std::atomic<uint8_t> ready[kMaxPackTasks];
+    for (int t = 0; t < tasks; ++t) ready[t].store(0, std::memory_order_relaxed);
+
+    auto body = [&](int) {
+        for (int t = next_pack.fetch_add(1, std::memory_order_relaxed); t < tasks;
+             t     = next_pack.fetch_add(1, std::memory_order_relaxed)) {
+            const int strip = t / kblocks, pc = (t % kblocks) * s.kc;
+            const int j0 = strip * plan.cols, j1 = std::min(N, j0 + plan.cols);
+            s.pack_b(b, j0, j1 - j0, pc, std::min(s.kc, K - pc), bbuf + size_t(t) * slice);
+            ready[t].store(1, std::memory_order_release);
+        }
+        auto* abuf = static_cast<char*>(
+            t_a_buffer.get(kcp_max * size_t(rows) * elem));
+        for (int u = next_unit.fetch_add(1, std::memory_order_relaxed); u < mblocks;
+             u     = next_unit.fetch_add(1, std::memory_order_relaxed)) {
+            const int i0 = u * rows, mc = std::min(M, i0 + rows) - i0;
+            for (int kb = 0; kb < kblocks; ++kb) {
+                const int pc       = kb * s.kc;
+                const int kc       = std::min(s.kc, K - pc);
+                const int kcp      = round_up(kc, s.kstep);
+                const float beta_k = pc == 0 ? beta : 1.0f;
+                s.pack_a(a, i0, mc, pc, kc, abuf);
+                for (int strip = 0; strip < plan.strips; ++strip) {
+                    const int t = strip * kblocks + kb;
+                    for (int spin = 0; !ready[t].load(std::memory_order_acquire); ++spin) {
+                        if (spin > 64) std::this_thread::yield();
+                    }
+                    const char* bslice = bbuf + size_t(t) * slice;
+                    const int j0 = strip * plan.cols, nw = std::min(N, j0 + plan.cols) - j0;
+                    for (int jr = 0; jr < nw; jr += s.nr) {
+                        const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
+                        const int n    = std::min(s.nr, nw - jr);
+                        for (int ir = 0; ir < mc; ir += s.mr) {
+                            const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
+                            float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                            s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir),
+                                    n);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if (plan.threads == 1) {
+        body(0);
+    } else {
+        compute_pool().run(body);
+    }
+}
+
+}  // namespace
+
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -150,18 +312,36 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    const PackSrc a{A, lda, ta == Trans::N};
-    const PackSrc b{B, ldb, tb == Trans::T};
-    ThreadPool&   pool = compute_pool();
-    const Grid    g    = choose_grid(spec, M, N, K, pool.size());
-    auto          body = [&](int tid) {
-        if (tid >= g.tm * g.tn) return;
-        const Range rows = split(M, spec.mr, g.tm, tid / g.tn);
-        const Range cols = split(N, spec.nr, g.tn, tid % g.tn);
-        if (rows.begin >= rows.end || cols.begin >= cols.end) return;
-        gemm_rect(spec, a, b, rows.begin, rows.end, cols.begin, cols.end, K, alpha, beta, C, ldc);
+    const PackSrc    a{A, lda, ta == Trans::N};
+    const PackSrc    b{B, ldb, tb == Trans::T};
+    ThreadPool&      pool  = compute_pool();
+    const Plan       p     = make_plan(spec, M, N, K, pool.size());
+    if (fits_shared(spec, p, K)) {
+        gemm_shared_b(spec, p, a, b, M, N, K, alpha, beta, C, ldc);
+        return;
+    }
+    const int        units = p.strips * p.mblocks;
+    const size_t     elem  = size_t(spec.elem_bytes);
+    std::atomic<int> next{0};
+    auto             body = [&](int) {
+        auto* bbuf = static_cast<char*>(
+            t_b_buffer.get(size_t(round_up(K, spec.kstep)) * size_t(p.cols) * elem));
+        auto* abuf = static_cast<char*>(t_a_buffer.get(
+            size_t(round_up(std::min(spec.kc, K), spec.kstep)) * size_t(p.rows) * elem));
+        int packed = -1;  // strip whose B is in bbuf
+        for (int u = next.fetch_add(1, std::memory_order_relaxed); u < units;
+             u     = next.fetch_add(1, std::memory_order_relaxed)) {
+            const int strip = u / p.mblocks, blk = u % p.mblocks;
+            const int j0 = strip * p.cols, j1 = std::min(N, j0 + p.cols);
+            const int i0 = blk * p.rows, i1 = std::min(M, i0 + p.rows);
+            if (strip != packed) {
+                pack_strip(spec, b, j0, j1, K, bbuf);
+                packed = strip;
+            }
+            run_unit(spec, a, bbuf, i0, i1, j0, j1, K, alpha, beta, C, ldc, abuf);
+        }
     };
-    if (g.tm * g.tn == 1) {
+    if (p.threads == 1 || units == 1) {
         body(0);
     } else {
         pool.run(body);

@@ -1,8 +1,9 @@
 // Packed, cache-blocked GEMM driver (Goto/BLIS loop nest) shared by every packed implementation.
 // An implementation is a KernelSpec: register tile, cache blocks and three functions (pack A,
 // pack B, micro-kernel) compiled for one ISA. The driver itself holds no ISA code: it splits C
-// into one rectangle per thread (over M and N, never K), walks the NC/KC/MC blocks and calls
-// the spec's functions. Every element of C is summed in the same order for any thread count.
+// over M and N among the threads (never K), walks the NC/KC/MC blocks and calls
+// the spec's functions. Every element of C is summed in the same order (k blocks of kc, in
+// increasing k) for any thread count and whichever thread computes it.
 #pragma once
 #include "kernels/gemm.h"
 
@@ -35,13 +36,16 @@ struct KernelSpec {
 inline constexpr int kPackSlack = 256;
 
 // C = alpha * op(A) @ op(B) + beta * C with A and B of the element type spec's packers read.
+// Threads take units of C (column strip x row block) from a shared counter as they come free,
+// so a thread slowed by other work on its core does not hold up the call; a small op(B) is packed
+// once for all threads.
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc);
 
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);
 
-// ---- pieces the plain and the grouped drivers share ----
+// ---- pieces of the grouped driver (gemm/grouped.cpp): one static rectangle per thread ----
 
 // [begin, end) of part `i` of `parts` when n items are dealt out in whole units of `unit`.
 struct Range {

@@ -167,7 +167,9 @@ TEST(Gemm, RandomShapesAllTransposesAllPaths) {
 TEST(Gemm, EdgeTilesAroundRegisterAndCacheBlocks) {
     // Sizes one off the tile widths (4/6/12 rows, 8/16/32 columns) and the k blocks (192/256/384).
     const int dims[][3] = {{5, 15, 255},  {7, 17, 257},   {11, 31, 193}, {13, 33, 385},
-                           {25, 47, 129}, {289, 65, 513}, {1, 300, 3},   {300, 1, 2}};
+                           {25, 47, 129}, {289, 65, 513}, {1, 300, 3},   {300, 1, 2},
+                           // deep enough that a packed column strip is narrowed to fit its cap
+                           {2, 100, 21000}};
     int       seed      = 0;
     for (const auto& d : dims) {
         for (int t = 0; t < 4; ++t) {
@@ -207,12 +209,16 @@ TEST(Gemm, ZeroRowsOrColumnsTouchNothing) {
 }
 
 // Work is split over M and N only, so each element is summed in the same order whatever the
-// thread count: results must be bitwise equal.
+// thread count and whichever thread takes which part: results must be bitwise equal.
 TEST(Gemm, BitIdenticalForAnyThreadCount) {
     PathGuard   guard;
     const Case  cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
                            {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
-                           {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0}};
+                           {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0},
+                           // several column strips and k blocks, B packed once for all threads
+                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0},
+                           // packed B too large to share: each thread packs its strips
+                           {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0}};
     for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
