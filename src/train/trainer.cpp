@@ -296,6 +296,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     for (int64_t step = start_step; step < cfg.train.steps; ++step) {
         const auto t0 = Clock::now();
         gpt.zero_grad();
+        // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
+        const double loss_scale = scaler.scale();
+        optimizer->set_loss_scale(loss_scale);
         double loss = 0, aux = 0;
         for (int64_t micro = 0; micro < accum; ++micro) {
             {
@@ -326,8 +329,6 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         PhaseScope   optimizer_phase(Phase::optimizer);
         const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
-        const double loss_scale = scaler.scale();
-        optimizer->set_loss_scale(loss_scale);
         const double norm    = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
         const bool   skipped = optimizer->skipped();
         scaler.update(skipped);

@@ -10,18 +10,23 @@
 namespace bagualu::testing {
 namespace {
 
-class OverlapTest : public TinyRunsSuite<::testing::TestWithParam<std::tuple<int, std::string>>> {
-   protected:
-};
+// (ranks, optimizer.partition, precision.dtype)
+class OverlapTest
+    : public TinyRunsSuite<::testing::TestWithParam<std::tuple<int, std::string, std::string>>> {};
 
 TEST_P(OverlapTest, OnAndOffGiveTheSameBits) {
-    const auto& [P, partition] = GetParam();
+    const auto& [P, partition, dtype] = GetParam();
     std::string runs[2];
     for (const bool on : {false, true}) {
-        const std::string run = fmt::format("p{}_{}_overlap_{}", P, partition, on ? "on" : "off");
-        const CommandResult r =
-            TinyRuns::run_mpi(P, runs_->train_args(run, P, 2, partition) +
-                                     fmt::format(" --set parallel.overlap_grad_reduce={}", on));
+        const std::string run =
+            fmt::format("p{}_{}_{}_overlap_{}", P, partition, dtype, on ? "on" : "off");
+        // fp16: ParO unscales each reduced bucket on the helper thread; a loss scale that changes
+        // every other step (from 1, doubling after 2 clean steps) must be the step's own
+        const CommandResult r = TinyRuns::run_mpi(
+            P, runs_->train_args(run, P, 2, partition) +
+                   fmt::format(" --set parallel.overlap_grad_reduce={} --set precision.dtype={}", on,
+                               dtype) +
+                   (dtype == "fp16" ? " --set precision.loss_scale=1 --set precision.loss_scale_window=2" : ""));
         ASSERT_EQ(r.status, 0) << r.output;
         EXPECT_NE(r.output.find(on ? "overlapped with backward" : "reduction: after backward"),
                   std::string::npos)
@@ -40,14 +45,20 @@ TEST_P(OverlapTest, OnAndOffGiveTheSameBits) {
     EXPECT_TRUE(a == b) << "the exported models differ";
 }
 
+const auto kOverlapName = [](const auto& p) {
+    return fmt::format("P{}_partition_{}_{}", std::get<0>(p.param), std::get<1>(p.param),
+                       std::get<2>(p.param));
+};
 INSTANTIATE_TEST_SUITE_P(RanksAndOptimizer, OverlapTest,
                          ::testing::Combine(::testing::Values(2, 4),
-                                            ::testing::Values(std::string("off"),
-                                                              std::string("on"))),
-                         [](const auto& p) {
-                             return fmt::format("P{}_partition_{}", std::get<0>(p.param),
-                                                std::get<1>(p.param));
-                         });
+                                            ::testing::Values(std::string("off"), std::string("on")),
+                                            ::testing::Values(std::string("fp32"))),
+                         kOverlapName);
+INSTANTIATE_TEST_SUITE_P(LossScaled, OverlapTest,
+                         ::testing::Combine(::testing::Values(2),
+                                            ::testing::Values(std::string("off"), std::string("on")),
+                                            ::testing::Values(std::string("fp16"))),
+                         kOverlapName);
 
 }  // namespace
 }  // namespace bagualu::testing
