@@ -97,11 +97,7 @@ static void check_on_every_rank(dist::Comm& world, const std::function<void()>& 
     } catch (const InputError& e) {
         error = e.what();
     }
-    if (world.size() > 1) {
-        dist::check_all_ok(world, error.empty(), error);
-    } else if (!error.empty()) {
-        throw InputError(error);
-    }
+    dist::fail_together(world, error);
 }
 
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,

@@ -39,15 +39,6 @@ std::vector<std::string> allgather_strings(dist::Comm& comm, const std::string& 
     return out;
 }
 
-// Ends every rank with the first rank's error, if any rank has one (one process: throws).
-void fail_together(dist::Comm& comm, const std::string& error) {
-    if (comm.size() == 1) {
-        if (!error.empty()) throw InputError(error);
-        return;
-    }
-    dist::check_all_ok(comm, error.empty(), error);
-}
-
 std::string tensor_name(const char* kind, const model::ParamSpec& s) { return std::string(kind) + "/" + s.name; }
 
 constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
@@ -100,7 +91,7 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
             }
         }
     }
-    fail_together(par.world(), error);
+    dist::fail_together(par.world(), error);
     // the snapshot buffer, allocated and touched now rather than at the first checkpoint
     if (cfg.checkpoint.every > 0) snapshot_ = Buffer<float>(snapshot_floats());
 }
@@ -143,7 +134,7 @@ std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
                                 root_, fmt::join(bad, ", "));
         }
     }
-    fail_together(par_.world(), error);
+    dist::fail_together(par_.world(), error);
     chosen = allgather_strings(par_.world(), chosen)[0];
     if (chosen.empty()) return std::nullopt;
     return load(chosen, params, false);  // rank 0 has just checked the hashes
@@ -177,7 +168,7 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     } catch (const InputError& e) {
         error = e.what();
     }
-    fail_together(par_.world(), error);
+    dist::fail_together(par_.world(), error);
     for (const StateSpace& sp : spaces) allgather_space(sp, params);
     opt_.masters_loaded(params);  // "param/" slices are the FP32 masters of half-stored tensors
     out.step  = reader->manifest().step;
@@ -252,7 +243,7 @@ void Checkpointer::finalize() {
         error = fmt::format("checkpoint of step {}: {}", step_, e.what());
     }
     pending_ = false;
-    fail_together(par_.world(), error);
+    dist::fail_together(par_.world(), error);
 
     io::ckpt::Manifest mine;
     mine.files = {record_};
@@ -305,7 +296,7 @@ void Checkpointer::close() {
             error = e.what();
         }
     }
-    fail_together(par_.world(), error);
+    dist::fail_together(par_.world(), error);
     last_ = allgather_strings(par_.world(), last_)[0];
 }
 

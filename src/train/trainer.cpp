@@ -166,14 +166,12 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         } catch (const InputError& e) {
             error = e.what();
         }
+        dist::fail_together(par->world(), error);
         if (P > 1) {
-            dist::check_all_ok(par->world(), error.empty(), error);
             const std::string toml = to_toml(cfg);
             dist::check_same_everywhere(par->world(), XXH64(toml.data(), toml.size(), 0),
                                         "the resolved config");
             dist::check_same_everywhere(par->world(), binary_hash(), "the bagualu binary");
-        } else if (!error.empty()) {
-            throw InputError(error);
         }
     }
     const int     MB    = static_cast<int>(cfg.micro_batch(P));

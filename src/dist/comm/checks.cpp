@@ -1,4 +1,4 @@
-// check_same_everywhere / check_all_ok; see checks.h. These are the only library functions that
+// check_same_everywhere / check_all_ok / fail_together; see checks.h. These are the only library functions that
 // print and exit: their message is the whole point, and the exit is collective, so no rank hangs.
 #include "dist/comm/checks.h"
 
@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <map>
 #include <vector>
+
+#include "core/error.h"
 
 namespace bagualu::dist {
 
@@ -52,6 +54,14 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what) {
                                all[0]));
     }
     comm.exit_all(2);
+}
+
+void fail_together(Comm& comm, const std::string& error) {
+    if (comm.size() == 1) {
+        if (!error.empty()) throw InputError(error);
+        return;
+    }
+    check_all_ok(comm, error.empty(), error);
 }
 
 void check_all_ok(Comm& comm, bool ok, const std::string& error) {

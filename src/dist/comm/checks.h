@@ -20,4 +20,9 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what);
 // prints "error: <its error>" and every rank exits with status 2.
 void check_all_ok(Comm& comm, bool ok, const std::string& error);
 
+// The same for a job of any size, error "" meaning this rank is fine: with one process a
+// failure is thrown as InputError (its caller prints it), with several every rank ends with the
+// lowest failing rank's message.
+void fail_together(Comm& comm, const std::string& error);
+
 }  // namespace bagualu::dist
