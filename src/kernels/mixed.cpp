@@ -11,29 +11,11 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
+#include "kernels/parallel_rows.h"
 
 namespace bagualu::kernels {
 
 namespace {
-
-constexpr int64_t kMinParallelWork = int64_t{1} << 14;
-constexpr int64_t kColBlock        = 16;
-
-template <typename F>
-void parallel_rows(int64_t n, int64_t work_per_item, F&& f) {
-    if (n <= 0) return;
-    if (n * work_per_item < kMinParallelWork) {
-        f(int64_t{0}, n);
-        return;
-    }
-    parallel_for(n, f);
-}
-
-template <typename T>
-T* grow(std::vector<T>& buf, size_t n) {
-    if (buf.size() < n) buf.resize(n);
-    return buf.data();
-}
 
 const double kGeluK = std::sqrt(2.0 / std::numbers::pi);
 constexpr double kGeluA = 0.044715;
