@@ -140,7 +140,8 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
     j["memory_bytes_per_rank"] = {{"baseline", m.baseline}, {"parameters", m.parameters},
                                   {"gradients", m.gradients}, {"optimizer", m.optimizer},
                                   {"activations", m.activations}, {"comm_buffers", m.comm_buffers},
-                                  {"data", m.data}, {"total", m.total()}};
+                                  {"data", m.data}, {"checkpoint", m.checkpoint},
+                                  {"total", m.total()}};
     j["memory_per_node_bytes"] = e.node_memory_bytes;
     j["node_capacity_bytes"]   = e.node_capacity;
     j["fits"]                  = e.fits;
@@ -193,7 +194,8 @@ void print_text(const Estimate& e, const Inputs& in) {
         {"baseline (process, MPI)", m.baseline}, {"parameters", m.parameters},
         {"gradients", m.gradients},              {"optimizer state", m.optimizer},
         {"activations", m.activations},          {"communication buffers", m.comm_buffers},
-        {"data", m.data},                        {"total", m.total()}};
+        {"data", m.data},                        {"checkpoint snapshot", m.checkpoint},
+        {"total", m.total()}};
     for (const auto& [name, b] : rows) fmt::print("  {:<26}{:>14}\n", name, human_bytes(b));
     fmt::print("  {}\n", fit_line(e));
     fmt::print("\ncollectives per step and rank\n");

@@ -6,6 +6,8 @@
 
 #include "core/buffer.h"
 #include "model/gpt.h"
+#include "model/precision.h"
+#include "train/optimizer.h"
 
 namespace bagualu::plan {
 namespace {
@@ -21,7 +23,8 @@ int n_moe_layers(const ModelConfig& m) {
 
 }  // namespace
 
-MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor) {
+MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
+                         bool half_payload) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
                  C = m.d_model, F = m.d_ff;
@@ -39,7 +42,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     if (ep > 1) {
         a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
         // TokenDispatcher: staging_ (EP * max_rows, C), counts_ [EP * E], 4 x [EP], offsets
-        b.comm_buffers += buf(std::max(R, N * K) * C, 4) + ep * E * 8 + 4 * ep * 8 + (E / ep + 1) * 4;
+        const double staging = std::max(R, N * K) * C;
+        b.comm_buffers += buf(staging, 4) + ep * E * 8 + 4 * ep * 8 + (E / ep + 1) * 4;
+        if (half_payload) b.comm_buffers += 2 * buf(staging, 2);  // send16_, recv16_
+
     }
     return b;
 }
@@ -61,27 +67,77 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // ---- memory (train/trainer.cpp run_training, model/gpt.cpp GPT::GPT) ----
     Memory& mem    = f.memory;
     mem.baseline   = baseline_bytes;
-    const double w = L.precision == Precision::bf16 ? 2 : 4;
-    mem.parameters = buf(n, w);                                  // GPT params_
-    mem.gradients  = buf(n, w);                                  // GPT grads_
-    mem.optimizer  = 2 * buf(std::ceil(n / L.opt_shards), 4);    // adam_m, adam_v
-    if (L.precision == Precision::bf16) mem.optimizer += buf(std::ceil(n / L.opt_shards), 4);
-    mem.activations = static_cast<double>(model::activation_floats(m, L.micro_batch)) * 4 +
-                      2 * buf(N, 4);  // arena; tokens, targets
-    const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor);
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    const model::ParamLayout     lay  = model::make_layout(m, L.ep, 0);
+    // train/optimizer.h: the same spaces and shard maps the optimizer builds
+    const train::MemoryFootprint opt = train::optimizer_footprint(
+        lay, prec, cfg.partition_optimizer(L.ranks), L.ranks, L.edp(),
+        train::PartitionedAdamW::kDefaultBucketFloats);
+    mem.parameters = buf(n, 4);  // GPT params_ (half values are stored in float arrays)
+    mem.gradients  = buf(n, 4);  // GPT grads_
+    mem.optimizer  = static_cast<double>(opt.optim_bytes);  // m, v (+ FP32 masters of O2 tensors)
+    mem.comm_buffers = static_cast<double>(opt.comm_bytes);  // ParO bucket buffers
+    const double C = m.d_model, V = m.vocab_size;
+    if (prec.mixed()) {
+        mem.parameters += buf(n, 4);  // wc_: the weights as computed with, rounded per the policy
+        const model::ParamSpec* wte = lay.find("wte");
+        if (prec.gemm_dtype(model::LayerClass::head) != Dtype::float32 &&
+            prec.compute_dtype(*wte) == Dtype::float32) {
+            mem.parameters += buf(V * C, 4);  // wte_head_: wte rounded for the LM head
+        }
+        mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
+    }
+    // kernels/mixed.cpp: bf16 GEMMs convert their operands into grow-only 16-bit copies (input,
+    // weight, output gradient), each as large as the largest of its kind
+    if (prec.dtype == Dtype::bfloat16) {
+        double inp = 0, w = 0, dout = 0;
+        auto   half_linear = [&](model::LayerClass c, double in, double out) {
+            if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
+            inp  = std::max(inp, N * in);
+            w    = std::max(w, in * out);
+            dout = std::max(dout, N * out);
+        };
+        half_linear(model::LayerClass::attention, C, 3 * C);
+        half_linear(model::LayerClass::attention, C, C);
+        if (n_moe_layers(m) < m.n_layer) {
+            half_linear(model::LayerClass::ffn, C, m.d_ff);
+            half_linear(model::LayerClass::ffn, m.d_ff, C);
+        }
+        half_linear(model::LayerClass::head, C, V);
+        mem.activations += 2 * (inp + w + dout);
+    }
+    mem.activations += static_cast<double>(model::activation_floats(m, L.micro_batch)) * 4 +
+                       2 * buf(N, 4);  // arena; tokens, targets
+    const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
+                                         prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);
     const int      n_moe = n_moe_layers(m);
     mem.activations += n_moe * moe.activations;
-    mem.comm_buffers = n_moe * moe.comm_buffers;
-    // The train and val shards are memory-mapped (counted as resident once read, at 4 bytes a
-    // token as an upper bound); the data loader's buffers are a few micro-batches
-    mem.data = static_cast<double>(data_tokens) * 4 + 2 * MB * T * P * 4;
+    mem.comm_buffers += n_moe * moe.comm_buffers;
+    // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
+    // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
+    // even split of it (replicated)
+    if (cfg.checkpoint.every > 0) {
+        mem.checkpoint = 3 * 4 * static_cast<double>(train::state_piece_floats(
+                                lay, prec, cfg.partition_optimizer(L.ranks), L.ranks, L.edp(),
+                                train::PartitionedAdamW::kDefaultBucketFloats));
+    }
+    // Data (data/loader.cpp, data/dataset.cpp): the train shards are memory-mapped and val is
+    // read (counted as resident, 4 bytes a token: an upper bound); the loader of a reader holds
+    // two batches of its group's windows (B·(T+1) tokens per rank of the group, G ranks) and,
+    // when it scatters, its own received one; the trainer copies one micro-batch of inputs and
+    // targets
+    {
+        const double W = MB * (T + 1) * 4;
+        const double G = cfg.data.readers > 0 ? std::ceil(P / cfg.data.readers) : 1;
+        mem.data = static_cast<double>(data_tokens) * 4 + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
+    }
 
     // ---- collectives per step ----
     auto add = [&](std::string what, dist::CommKind kind, std::string group, int size,
                    double calls, double bytes) {
         if (calls > 0) f.collectives.push_back({std::move(what), kind, std::move(group), size, calls, bytes});
     };
-    const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k, C = m.d_model;
+    const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k;
     if (n_moe > 0 && L.ranks > 1) {
         // Router::forward: one allreduce of 5E + 3 doubles (top-k counts, probability sums,
         // loads, importance, load estimates, dropped, reassigned, entropy). The capacity and

@@ -47,9 +47,11 @@ struct Memory {
     double optimizer      = 0;  // AdamW m and v (+ fp32 master weights under bf16)
     double activations    = 0;  // GPT arena, token buffers, MoE saved state and scratch
     double comm_buffers   = 0;  // TokenDispatcher staging and counts
-    double data           = 0;  // token arrays of the data set and the global batch staging
+    double data           = 0;  // token arrays of the data set and the loader's batches
+    double checkpoint     = 0;  // snapshot buffer of asynchronous checkpoints (checkpoint.every > 0)
     double total() const {
-        return baseline + parameters + gradients + optimizer + activations + comm_buffers + data;
+        return baseline + parameters + gradients + optimizer + activations + comm_buffers + data +
+               checkpoint;
     }
 };
 
@@ -87,8 +89,10 @@ struct MoEBytes {
     double activations  = 0;
     double comm_buffers = 0;
 };
+// half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more
+// staging buffers of half the float staging's bytes each.
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep,
-                         double capacity_factor = 0);
+                         double capacity_factor = 0, bool half_payload = false);
 
 // Sums the collectives by kind: the numbers a run's counters report for one rank and step.
 dist::CommTally per_kind(const std::vector<Collective>& collectives);

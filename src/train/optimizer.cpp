@@ -196,6 +196,62 @@ class ReplicatedAdamW final : public Optimizer {
 
 }  // namespace
 
+std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                                   int world_size, int world_rank, int edp_size, int edp_rank,
+                                   size_t bucket_floats) {
+    const std::vector<MasterMode> modes = master_modes(layout, prec);
+    std::vector<FlatRun>          runs[4];
+    bool                          any_half = false;
+    for (size_t i = 0; i < layout.specs().size(); ++i) {
+        const model::ParamSpec& s = layout.spec(i);
+        const bool half = modes[i] != MasterMode::none;
+        any_half        = any_half || half;
+        std::vector<FlatRun>& r = runs[(half ? 2 : 0) + (s.expert ? 1 : 0)];
+        const size_t end        = s.offset + (s.numel + 15) / 16 * 16;
+        if (!r.empty() && r.back().end == s.offset) {
+            r.back().end = end;
+        } else {
+            r.push_back({s.offset, end});
+        }
+    }
+    std::vector<ParoSpace> spaces;
+    for (int sp = 0; sp < (any_half ? 4 : 2); ++sp) {
+        const bool expert = sp % 2 == 1;
+        ShardMap   map(std::move(runs[sp]), layout, expert ? edp_size : world_size,
+                       expert ? edp_rank : world_rank, bucket_floats);
+        bool master = false;
+        for (const ShardPiece& p : map.pieces()) master = master || modes[p.spec] == MasterMode::master;
+        spaces.push_back(ParoSpace{std::move(map), expert, sp >= 2 ? prec.dtype : Dtype::float32, master});
+    }
+    return spaces;
+}
+
+MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
+                                    const model::PrecisionPolicy& prec, bool partitioned,
+                                    int world_size, int edp_size, size_t bucket_floats) {
+    const size_t    n = layout.total_floats();
+    MemoryFootprint f{n * sizeof(float), n * sizeof(float), 0, 0};
+    if (!partitioned) {  // ReplicatedAdamW: m and v of every float, masters of the O2 tensors
+        const std::vector<MasterMode> modes = master_modes(layout, prec);
+        size_t masters = 0;
+        for (size_t i = 0; i < modes.size(); ++i) {
+            if (modes[i] == MasterMode::master) masters += layout.spec(i).numel;
+        }
+        f.optim_bytes = (2 * n + masters) * sizeof(float);
+        return f;
+    }
+    size_t max_bucket = 0, max_half_bucket = 0;
+    for (const ParoSpace& sp : paro_spaces(layout, prec, world_size, 0, edp_size, 0, bucket_floats)) {
+        f.optim_bytes += (sp.master ? 3 : 2) * sp.map.shard_size() * sizeof(float);
+        if (sp.map.ranks() > 1) {
+            max_bucket = std::max(max_bucket, sp.map.bucket_size());
+            if (sp.dtype != Dtype::float32) max_half_bucket = std::max(max_half_bucket, sp.map.bucket_size());
+        }
+    }
+    f.comm_bytes = max_bucket * sizeof(float) + max_half_bucket * sizeof(uint16_t);
+    return f;
+}
+
 PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
                                    const AdamWHyper& hyper, size_t bucket_floats,
                                    HelperThread* helper, const model::PrecisionPolicy& prec)
@@ -207,43 +263,18 @@ PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::Paral
       prec_(prec),
       modes_(master_modes(layout, prec)),
       n_floats_(layout.total_floats()) {
-    // spaces: [dense, expert] of float32 tensors, then [dense, expert] of half-stored ones
-    std::vector<FlatRun> runs[4];
-    bool                 any_half = false;
-    for (size_t i = 0; i < layout.specs().size(); ++i) {
-        const model::ParamSpec& s = layout.spec(i);
-        const bool half = modes_[i] != MasterMode::none;
-        any_half        = any_half || half;
-        std::vector<FlatRun>& r = runs[(half ? 2 : 0) + (s.expert ? 1 : 0)];
-        const size_t end        = s.offset + (s.numel + 15) / 16 * 16;
-        if (!r.empty() && r.back().end == s.offset) {
-            r.back().end = end;
-        } else {
-            r.push_back({s.offset, end});
-        }
-    }
     const float inv_ep = 1.0f / static_cast<float>(par.ep_size());
-    for (int sp = 0; sp < (any_half ? 4 : 2); ++sp) {
-        const bool expert = sp % 2 == 1;
-        shards_.push_back(ShardState{ShardMap(std::move(runs[sp]), layout,
-                                              expert ? par.edp_size() : par.size(),
-                                              expert ? par.edp_rank() : par.rank(), bucket_floats),
-                                     {}, {}, expert ? inv_ep : 1.0f, expert,
-                                     sp >= 2 ? prec.dtype : Dtype::float32, {}});
-    }
-    size_t max_bucket = 0, max_half_bucket = 0;
-    for (ShardState& st : shards_) {
-        st.m = Buffer<float>(st.map.shard_size());
-        st.v = Buffer<float>(st.map.shard_size());
-        for (const ShardPiece& p : st.map.pieces()) {
-            if (modes_[p.spec] == MasterMode::master && st.master.size() == 0) {
-                st.master = Buffer<float>(st.map.shard_size());
-            }
+    size_t      max_bucket = 0, max_half_bucket = 0;
+    for (ParoSpace& sp : paro_spaces(layout, prec, par.size(), par.rank(), par.edp_size(),
+                                     par.edp_rank(), bucket_floats)) {
+        const size_t S = sp.map.shard_size();
+        if (sp.map.ranks() > 1) {
+            max_bucket = std::max(max_bucket, sp.map.bucket_size());
+            if (sp.dtype != Dtype::float32) max_half_bucket = std::max(max_half_bucket, sp.map.bucket_size());
         }
-        if (st.map.ranks() > 1) {
-            max_bucket = std::max(max_bucket, st.map.bucket_size());
-            if (st.dtype != Dtype::float32) max_half_bucket = std::max(max_half_bucket, st.map.bucket_size());
-        }
+        shards_.push_back(ShardState{std::move(sp.map), Buffer<float>(S), Buffer<float>(S),
+                                     sp.expert ? inv_ep : 1.0f, sp.expert, sp.dtype,
+                                     sp.master ? Buffer<float>(S) : Buffer<float>()});
     }
     bucket_   = Buffer<float>(max_bucket);
     bucket16_ = Buffer<uint16_t>(max_half_bucket);
@@ -286,14 +317,34 @@ std::vector<StateSpace> PartitionedAdamW::state_spaces() {
     return out;
 }
 
-std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
-                                      size_t bucket_floats) {
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size, int world_rank,
+                                      int edp_size, int edp_rank, size_t bucket_floats) {
     std::vector<FlatRun> runs[2];  // [dense, expert]
     for (const Segment& s : make_segments(layout)) runs[s.expert].push_back({s.begin, s.end});
     std::vector<ShardMap> maps;
-    maps.emplace_back(std::move(runs[0]), layout, par.size(), par.rank(), bucket_floats);
-    maps.emplace_back(std::move(runs[1]), layout, par.edp_size(), par.edp_rank(), bucket_floats);
+    maps.emplace_back(std::move(runs[0]), layout, world_size, world_rank, bucket_floats);
+    maps.emplace_back(std::move(runs[1]), layout, edp_size, edp_rank, bucket_floats);
     return maps;
+}
+
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
+                                      size_t bucket_floats) {
+    return make_space_maps(layout, par.size(), par.rank(), par.edp_size(), par.edp_rank(), bucket_floats);
+}
+
+size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                          bool partitioned, int world_size, int edp_size, size_t bucket_floats) {
+    size_t floats = 0;
+    if (partitioned) {
+        for (const ParoSpace& sp : paro_spaces(layout, prec, world_size, 0, edp_size, 0, bucket_floats)) {
+            for (const ShardPiece& p : sp.map.pieces()) floats += p.len;
+        }
+    } else {
+        for (const ShardMap& map : make_space_maps(layout, world_size, 0, edp_size, 0, bucket_floats)) {
+            for (const ShardPiece& p : map.pieces()) floats += p.len;
+        }
+    }
+    return floats;
 }
 
 dist::Comm& PartitionedAdamW::comm_of(size_t space) {

@@ -51,6 +51,8 @@ struct StateSpace {
 // group (the ranks holding the same experts).
 std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
                                       size_t bucket_floats);
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size, int world_rank,
+                                      int edp_size, int edp_rank, size_t bucket_floats);
 
 class Optimizer {
    public:
@@ -166,6 +168,33 @@ class PartitionedAdamW final : public Optimizer {
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float>           bucket_;  // [max bucket_size()]
 };
+
+// ParO's spaces as PartitionedAdamW builds them on one rank, without state or communication:
+// [dense, expert] of float32 tensors, then [dense, expert] of half-stored ones when the policy
+// has any. Dense spaces are split over the world, expert spaces over the edp group.
+struct ParoSpace {
+    ShardMap map;
+    bool     expert = false;
+    Dtype    dtype  = Dtype::float32;  // storage dtype of every tensor in the space
+    bool     master = false;           // some piece of this rank's shard keeps an FP32 master
+};
+std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                                   int world_size, int world_rank, int edp_size, int edp_rank,
+                                   size_t bucket_floats);
+
+// What the optimizer make_optimizer builds holds on a rank, computed without building it
+// (bagualu plan): equal to its footprint() (tests/unit/train, tests/mpi). Under ParO the shard
+// sizes are the same on every rank; the masters are counted as on rank 0.
+MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
+                                    const model::PrecisionPolicy& prec, bool partitioned,
+                                    int world_size, int edp_size,
+                                    size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
+
+// Floats of rank 0's pieces over the optimizer's state spaces (Optimizer::state_spaces()): a
+// checkpoint snapshot holds three times this many (master, m, v; train/checkpointing.h).
+size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                          bool partitioned, int world_size, int edp_size,
+                          size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
 // cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
