@@ -120,17 +120,23 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                 EXPECT_EQ(pred.param_bytes, real.param_bytes) << what;
                 EXPECT_EQ(pred.grad_bytes, real.grad_bytes) << what;
                 // a rank whose shard of a half space is all padding keeps no master for it
-                if (w.rank() == 0) EXPECT_EQ(pred.optim_bytes, real.optim_bytes) << what;
+                if (w.rank() == 0) {
+                    EXPECT_EQ(pred.optim_bytes, real.optim_bytes) << what;
+                }
                 EXPECT_LE(real.optim_bytes, pred.optim_bytes) << what;
                 EXPECT_EQ(pred.comm_bytes, real.comm_bytes) << what;
                 size_t pieces = 0;
                 for (const StateSpace& sp : opt->state_spaces()) {
                     for (const ShardPiece& p : sp.map->pieces()) pieces += p.len;
                 }
-                // rank 0 holds the most: shards are equal, the even split gives it the remainder
+                // the prediction is rank 0's; pieces leave out tensor padding, so another rank's
+                // differ from it by less than 16 floats per tensor
                 const size_t predicted = state_piece_floats(l, prec, opt->partitioned(), P, par.edp_size());
-                EXPECT_LE(pieces, predicted) << what;
-                if (w.rank() == 0) EXPECT_EQ(pieces, predicted) << what;
+                EXPECT_NEAR(static_cast<double>(pieces), static_cast<double>(predicted),
+                            16.0 * static_cast<double>(l.specs().size())) << what;
+                if (w.rank() == 0) {
+                    EXPECT_EQ(pieces, predicted) << what;
+                }
             }
         }
     }

@@ -14,6 +14,7 @@
 #include "model/precision.h"
 #include "plan/estimate.h"
 #include "train/grad_sync.h"
+#include "train/optimizer.h"
 
 namespace bagualu::plan {
 namespace {
@@ -108,11 +109,25 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     const Footprint   f = footprint(c, layout_of(c, 2, 2), 1000, 12345);
     const Memory&     m = f.memory;
     EXPECT_DOUBLE_EQ(m.total(), m.baseline + m.parameters + m.gradients + m.optimizer +
-                                    m.activations + m.comm_buffers + m.data);
-    EXPECT_DOUBLE_EQ(m.optimizer, 2 * m.parameters);
+                                    m.activations + m.comm_buffers + m.data + m.checkpoint);
+    // ParO over 2 ranks (optimizer.partition = "auto"): the optimizer's own shard maps
+    const model::ParamLayout lay = model::make_layout(c.model, 2, 0);
+    const model::PrecisionPolicy fp32;
+    EXPECT_DOUBLE_EQ(m.optimizer, static_cast<double>(train::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
+    EXPECT_LT(m.optimizer, 2 * m.parameters);
     EXPECT_DOUBLE_EQ(m.baseline, 12345);
-    // 1000 data tokens as int32, the global batch (2 ranks x 2 x 10 tokens) staged twice
-    EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 10 * 2 * 4);
+    // 1000 data tokens as int32; the loader's two micro-batches of 2 windows of 11 tokens; the
+    // trainer's inputs and targets (2 x 10 tokens each, 64-byte rounded)
+    EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 11 * 4 + 2 * 128);
+    EXPECT_EQ(m.checkpoint, 0);
+    TrainConfig replicated = c;
+    replicated.optimizer.partition = "off";
+    replicated.checkpoint.every    = 5;
+    const Memory& r = footprint(replicated, layout_of(c, 2, 2), 1000, 12345).memory;
+    EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
+    // the snapshot: master, m and v of rank 0's part of each space, less than a whole copy
+    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(train::state_piece_floats(lay, fp32, false, 2, 1)));
+    EXPECT_LT(r.checkpoint, 3 * r.parameters);
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
     mach.node.memory_gib           = 1;
