@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 
+#include "model/precision.h"
+
 namespace bagualu::plan {
 
 double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
@@ -109,31 +111,41 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const double n = static_cast<double>(fp.rank_floats);
 
     std::map<std::string, double> compute, memory;  // seconds per step by group
+    // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
+    // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
+    // rounded operands); the experts' grouped products always run in float32.
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    const double half_peak_rank = nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
+    auto peak_of = [&](model::LayerClass c) {
+        return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;
+    };
     // a linear layer (rows, out, in): forward, dinp and dweight products
-    auto linear = [&](const char* group, double rows, double out, double in, double count) {
+    auto linear = [&](const char* group, double rows, double out, double in, double count,
+                      double peak) {
         if (rows <= 0) return;
         const double f = 2 * rows * out * in;
         compute[group] += count * A *
-                          (f / (peak_rank * gemm_efficiency(nd, rows, out, in)) +
-                           f / (peak_rank * gemm_efficiency(nd, rows, in, out)) +
-                           f / (peak_rank * gemm_efficiency(nd, out, in, rows)));
+                          (f / (peak * gemm_efficiency(nd, rows, out, in)) +
+                           f / (peak * gemm_efficiency(nd, rows, in, out)) +
+                           f / (peak * gemm_efficiency(nd, out, in, rows)));
     };
     auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
 
     int n_moe = 0;
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
-    linear("gemm: attention projections", N, 3 * C, C, m.n_layer);
-    linear("gemm: attention projections", N, C, C, m.n_layer);
-    linear("gemm: dense MLP", N, F, C, n_dense);
-    linear("gemm: dense MLP", N, C, F, n_dense);
+    const double pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
+    linear("gemm: attention projections", N, 3 * C, C, m.n_layer, pa);
+    linear("gemm: attention projections", N, C, C, m.n_layer, pa);
+    linear("gemm: dense MLP", N, F, C, n_dense, pf);
+    linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, E, C, n_moe);
-        linear("gemm: experts", rows, F, C, n_moe * El);
-        linear("gemm: experts", rows, C, F, n_moe * El);
+        linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
+        linear("gemm: experts", rows, F, C, n_moe * El, peak_rank);
+        linear("gemm: experts", rows, C, F, n_moe * El, peak_rank);
     }
-    linear("gemm: LM head", N, V, C, 1);
+    linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
     compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
 
     // memory-bound kernels, bytes per micro-batch
@@ -146,6 +158,36 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         const double NKC = N * K * C;
         bytes("moe permute/unpermute", A * n_moe * (40 * NKC + 16 * NC + 24 * N * E));
         if (L.ep > 1) bytes("moe permute/unpermute", A * n_moe * 4 * 8 * NKC);
+    }
+    if (prec.mixed()) {
+        // model/gpt.cpp, moe/experts.cpp: every half-precision tensor is rounded in place (read
+        // and write, 8 bytes an element), the weights are re-rounded into their compute copy
+        // before each forward, and gemm_bf16's operands are converted to 16 bits (4 read + 2
+        // written bytes an element: input and weight forward; output gradient, weight and
+        // input backward)
+        using model::LayerClass;
+        auto r = [&](LayerClass c, bool act) {
+            return (act ? prec.act_dtype(c) : prec.gemm_dtype(c)) != Dtype::float32 ? 8.0 : 0.0;
+        };
+        const double nl = m.n_layer, NF = N * F, RK = N * K;
+        double       b = 8 * n + (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
+        b += NC * r(LayerClass::embedding, true);
+        b += nl * (NC * r(LayerClass::attention, false) * 3 + 4 * NC * r(LayerClass::attention, true) +
+                  3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
+        b += n_dense * (NF * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+                        NC * (r(LayerClass::ffn, true) + r(LayerClass::ffn, false)));
+        b += n_moe * (RK * F * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+                      RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
+        b += NC * r(LayerClass::head, false) + N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
+        auto conv = [&](LayerClass c, double in, double out, double count) {
+            if (prec.gemm_dtype(c) == Dtype::bfloat16) b += count * 6 * (2 * N * in + 2 * in * out + N * out);
+        };
+        conv(LayerClass::attention, C, 3 * C, nl);
+        conv(LayerClass::attention, C, C, nl);
+        conv(LayerClass::ffn, C, F, n_dense);
+        conv(LayerClass::ffn, F, C, n_dense);
+        conv(LayerClass::head, C, V, 1);
+        bytes("precision casts", A * b);
     }
     // per step: zero grads, gradient scale after the all-reduce, norm, clip, AdamW (p, g, m, v
     // read, p, m, v written)
