@@ -96,11 +96,13 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const Layout&      L = fp.layout;
     const ModelConfig& m = cfg.model;
     const NodeSpec&    nd = mach.node;
-    const bool half       = L.precision == Precision::bf16 && nd.peak_half_gflops > 0;
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    // the fraction of peak is against the peak of the run's precision
+    const bool half        = prec.mixed() && nd.peak_half_gflops > 0;
     const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
     // cores this rank gets: its threads, or its share when ranks x threads oversubscribe the node
     const double cores     = std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
-    const double peak_rank = node_peak * cores / nd.cores;
+    const double peak_rank = nd.peak_fp32_gflops * 1e9 * cores / nd.cores;
     const double core_bw   = nd.memory_bandwidth_core_gbs > 0 ? nd.memory_bandwidth_core_gbs
                                                               : nd.memory_bandwidth_gbs / nd.cores;
     const double bw_rank = std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
@@ -114,7 +116,6 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
     // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
     // rounded operands); the experts' grouped products always run in float32.
-    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     const double half_peak_rank = nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
     auto peak_of = [&](model::LayerClass c) {
         return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;

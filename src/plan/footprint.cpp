@@ -7,6 +7,7 @@
 #include "core/buffer.h"
 #include "model/gpt.h"
 #include "model/precision.h"
+#include "moe/moe_layer.h"
 #include "train/optimizer.h"
 
 namespace bagualu::plan {
@@ -28,7 +29,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
                  C = m.d_model, F = m.d_ff;
-    double R = ep > 1 ? ep * N * K : N * K;  // rows this rank's experts may receive
+    // rows this rank's experts may receive: the bound MoELayer sizes its buffers with
+    double R = static_cast<double>(moe::max_local_rows(moe::parse_gate(m.gate), max_tokens, m.top_k, ep));
     if (capacity_factor > 0) R = std::ceil(capacity_factor * N * K);
     MoEBytes b;
     double& a = b.activations;
