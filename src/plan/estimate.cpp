@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 
+#include "dist/comm/collectives.h"
+
 namespace bagualu::plan {
 
 double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
@@ -75,6 +77,13 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:
+            // dist/comm/collectives.cpp: halving/doubling (log2 p hops) for small arrays over a
+            // power of two, else the ring (p - 1 hops); (p-1)/p of the array sent either way
+            if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
+                dist::CollAlgo::halving_doubling) {
+                return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
+            }
+            return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::reduce_scatter_native:
             return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::broadcast:
@@ -94,11 +103,16 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const Layout&      L = fp.layout;
     const ModelConfig& m = cfg.model;
     const NodeSpec&    nd = mach.node;
-    const bool half       = L.precision == Precision::bf16 && nd.peak_half_gflops > 0;
-    const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
+    const bool has_half    = nd.peak_half_gflops > 0;
+    const double node_peak = (L.policy.mixed() && has_half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
     // cores this rank gets: its threads, or its share when ranks x threads oversubscribe the node
     const double cores     = std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
-    const double peak_rank = node_peak * cores / nd.cores;
+    const double peak_fp32 = nd.peak_fp32_gflops * 1e9 * cores / nd.cores;
+    // the GEMMs of a layer class at the half peak when their operands are half (level O1 up)
+    auto peak_of = [&](model::LayerClass c) {
+        const bool half = has_half && L.policy.gemm_dtype(c) != Dtype::float32;
+        return (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9 * cores / nd.cores;
+    };
     const double core_bw   = nd.memory_bandwidth_core_gbs > 0 ? nd.memory_bandwidth_core_gbs
                                                               : nd.memory_bandwidth_gbs / nd.cores;
     const double bw_rank = std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
@@ -110,7 +124,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
 
     std::map<std::string, double> compute, memory;  // seconds per step by group
     // a linear layer (rows, out, in): forward, dinp and dweight products
-    auto linear = [&](const char* group, double rows, double out, double in, double count) {
+    auto linear = [&](const char* group, double rows, double out, double in, double count,
+                      double peak_rank) {
         if (rows <= 0) return;
         const double f = 2 * rows * out * in;
         compute[group] += count * A *
@@ -123,18 +138,23 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     int n_moe = 0;
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
-    linear("gemm: attention projections", N, 3 * C, C, m.n_layer);
-    linear("gemm: attention projections", N, C, C, m.n_layer);
-    linear("gemm: dense MLP", N, F, C, n_dense);
-    linear("gemm: dense MLP", N, C, F, n_dense);
+    using model::LayerClass;
+    const double p_attn = peak_of(LayerClass::attention), p_ffn = peak_of(LayerClass::ffn);
+    linear("gemm: attention projections", N, 3 * C, C, m.n_layer, p_attn);
+    linear("gemm: attention projections", N, C, C, m.n_layer, p_attn);
+    linear("gemm: dense MLP", N, F, C, n_dense, p_ffn);
+    linear("gemm: dense MLP", N, C, F, n_dense, p_ffn);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, E, C, n_moe);
-        linear("gemm: experts", rows, F, C, n_moe * El);
-        linear("gemm: experts", rows, C, F, n_moe * El);
+        // the gate stays float32 below O3 (model/precision.h)
+        const bool o3 = L.policy.of(LayerClass::ffn) == model::Level::O3;
+        linear("gemm: MoE gate", N, E, C, n_moe, o3 ? p_ffn : peak_fp32);
+        linear("gemm: experts", rows, F, C, n_moe * El, p_ffn);
+        linear("gemm: experts", rows, C, F, n_moe * El, p_ffn);
     }
-    linear("gemm: LM head", N, V, C, 1);
-    compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
+    linear("gemm: LM head", N, V, C, 1, peak_of(LayerClass::head));
+    // the attention kernel (scores, softmax, weighted sum) computes in float32
+    compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_fp32 * nd.attention_efficiency);
 
     // memory-bound kernels, bytes per micro-batch
     const double NC = N * C;
@@ -148,8 +168,11 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         if (L.ep > 1) bytes("moe permute/unpermute", A * n_moe * 4 * 8 * NKC);
     }
     // per step: zero grads, gradient scale after the all-reduce, norm, clip, AdamW (p, g, m, v
-    // read, p, m, v written)
-    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) + 28 * n / L.opt_shards);
+    // read, p, m, v written) on this rank's shard: dense over opt_shards, experts over
+    // opt_shards_expert
+    const double ne = static_cast<double>(fp.expert_floats);
+    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) +
+                                             28 * ((n - ne) / L.opt_shards + ne / L.opt_shards_expert));
 
     for (const auto& [k, v] : compute) {
         e.compute.push_back({k, v});
@@ -159,15 +182,28 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         e.compute.push_back({k, v});
         e.t_memory += v;
     }
-    double grad_comm = 0;
+    // t_reduce: the units of gradient reduction; t_last: one call of the dense reduction over
+    // the world, the unit holding the embeddings, which is ready only when backward ends
+    double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
-        const double t = c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
-                                                      c.bytes / c.calls);
+        // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
+        const double t = c.hops ? 0
+                                : c.calls * collective_seconds(mach, c.kind, c.group_size,
+                                                               L.ranks_per_node, c.bytes / c.calls);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
-        if (c.what.rfind("gradient", 0) == 0 || c.what.rfind("parameter", 0) == 0) grad_comm += t;
+        if (c.reduction) {
+            t_reduce += t;
+            if (c.group == "world" && t_last == 0) t_last = t / c.calls;
+        }
     }
-    e.t_overlap = opt.comm_overlap * std::min(grad_comm, e.t_compute);
+    // the last micro-batch's backward: 2/3 of its GEMM and attention time
+    const double t_backward = 2.0 / 3.0 * e.t_compute / A;
+    if (opt.comm_overlap >= 0) {
+        e.t_overlap = opt.comm_overlap * std::min(t_reduce, t_backward);
+    } else if (L.overlap) {
+        e.t_overlap = std::max(0.0, std::min(t_reduce - t_last, t_backward));
+    }
     e.t_step    = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
 
     e.tokens_per_s     = fp.tokens_per_step / e.t_step;

@@ -418,8 +418,8 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                            t.grad_clip};
     const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     if (cfg.partition_optimizer(par.size())) {
-        return std::make_unique<PartitionedAdamW>(layout, par, hyper,
-                                                  PartitionedAdamW::kDefaultBucketFloats, helper, prec);
+        return std::make_unique<PartitionedAdamW>(layout, par, hyper, cfg.bucket_floats(), helper,
+                                                  prec);
     }
     return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);
 }
