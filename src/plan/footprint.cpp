@@ -9,9 +9,9 @@
 #include "core/buffer.h"
 #include "data/loader.h"
 #include "dist/comm/collectives.h"
-#include "model/gpt.h"
 #include "moe/router.h"
 #include "train/shard_map.h"
+#include "model/gpt.h"
 
 namespace bagualu::plan {
 namespace {
@@ -128,13 +128,25 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
 
     // ---- collectives per step ----
     auto add = [&](std::string what, dist::CommKind kind, std::string group, int size,
-                   double calls, double bytes, bool reduction = false, bool hops = false) {
+                   double calls, double bytes) {
+        if (calls > 0) f.collectives.push_back({std::move(what), kind, std::move(group), size, calls, bytes});
+    };
+    const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k, C = m.d_model;
+    if (n_moe > 0 && L.ranks > 1) {
+        // Router::forward: one allreduce of 5E + 3 doubles (top-k counts, probability sums,
+        // loads, importance, load estimates, dropped, reassigned, entropy). The capacity and
+        // SWIPE gates exchange counts of their own (below).
+        add("moe routing statistics", dist::CommKind::allreduce, "world", L.ranks, n_moe * A,
+            (5 * E + 3) * 8 * n_moe * A);
+    }
+    // the same as add, for a unit of gradient reduction or the hops of one of our collectives
+    auto add_flagged = [&](std::string what, dist::CommKind kind, std::string group, int size,
+                           double calls, double bytes, bool reduction, bool hops) {
         if (calls > 0) {
             f.collectives.push_back(
                 {std::move(what), kind, std::move(group), size, calls, bytes, reduction, hops});
         }
     };
-    const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k, C = m.d_model;
     const model::PrecisionPolicy& prec = L.policy;
     const int                     Pi   = L.ranks;
 
@@ -169,10 +181,6 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             add("moe swipe counts", dist::CommKind::allgather, "ep", L.ep, K * n_moe * A,
                 K * vw * (E + 1) * 8 * n_moe * A);
         }
-        // Router::forward: one allreduce of 5E + 3 doubles (top-k counts, probability sums,
-        // loads, importance, load estimates, dropped, reassigned, entropy)
-        add("moe routing statistics", dist::CommKind::allreduce, "world", Pi, n_moe * A,
-            (5 * E + 3) * 8 * n_moe * A);
     }
     if (n_moe > 0 && L.ep > 1) {
         // TokenDispatcher::dispatch_preprocess: per-expert counts; then MoELayer's dispatch in
@@ -197,11 +205,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // group; global_grad_norm adds the expert squares over the EP group
         const double dense = static_cast<double>(ls.dense_floats) * 4,
                      expert = static_cast<double>(ls.expert_floats) * 4;
-        add("gradient all-reduce (dense)", dist::CommKind::allreduce, "world", Pi, n_moe + 1,
-            dense, true);
+        add_flagged("gradient all-reduce (dense)", dist::CommKind::allreduce, "world", Pi, n_moe + 1,
+                    dense, true, false);
         if (L.edp() > 1 && n_moe > 0) {
-            add("gradient all-reduce (experts)", dist::CommKind::allreduce, "edp", L.edp(), n_moe,
-                expert, true);
+            add_flagged("gradient all-reduce (experts)", dist::CommKind::allreduce, "edp", L.edp(),
+                        n_moe, expert, true, false);
         }
         if (L.ep > 1) add("gradient norm (experts)", dist::CommKind::allreduce, "ep", L.ep, 1, 8);
     } else if (Pi > 1) {
@@ -233,12 +241,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                        double elem, bool reduction) {
             const double bucket = s.groups * s.q * elem;  // bytes of one call's whole array
             const char*  group  = i % 2 == 1 ? "edp" : "world";
-            add(what, kind, group, s.groups, s.nb, s.nb * bucket, reduction);
+            add_flagged(what, kind, group, s.groups, s.nb, s.nb * bucket, reduction, false);
             const dist::CollAlgo algo = dist::resolve_algo(dist::CollAlgo::automatic, s.groups,
                                                            static_cast<size_t>(bucket));
-            add(what + " hops", dist::CommKind::sendrecv, group, s.groups,
-                s.nb * dist::sendrecv_hops(algo, s.groups), s.nb * (s.groups - 1) * s.q * elem,
-                false, true);
+            add_flagged(what + " hops", dist::CommKind::sendrecv, group, s.groups,
+                        s.nb * dist::sendrecv_hops(algo, s.groups),
+                        s.nb * (s.groups - 1) * s.q * elem, false, true);
         };
         for (const auto& [i, s] : spaces) {
             own(label("gradient reduce-scatter", i, s.dtype), dist::CommKind::reduce_scatter, i, s, 4, true);
