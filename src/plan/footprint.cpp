@@ -48,29 +48,6 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
 
 }  // namespace
 
-Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
-    Layout L;
-    L.ranks          = ranks;
-    L.ranks_per_node = ranks_per_node;
-    L.ep             = cfg.parallel.expert_parallel;
-    L.micro_batch    = cfg.micro_batch(ranks);
-    L.accum          = std::max<int64_t>(1, cfg.grad_accum_steps(ranks));
-    L.threads        = threads;
-    // train/optimizer.cpp make_optimizer: ParO splits dense tensors over the world, experts
-    // over their expert-data-parallel group
-    if (cfg.partition_optimizer(ranks)) {
-        L.opt_shards        = ranks;
-        L.opt_shards_expert = ranks / L.ep;
-    }
-    L.bucket_floats = cfg.bucket_floats();
-    L.policy        = model::PrecisionPolicy::from_config(cfg.precision);
-    L.precision     = L.policy.mixed() ? Precision::bf16 : Precision::fp32;
-    // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
-    // MPI_THREAD_MULTIPLE, assumed here)
-    L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
-    return L;
-}
-
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
@@ -263,6 +240,29 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     f.tokens_per_step      = static_cast<double>(cfg.train.batch_size) * T;
     f.model_flops_per_step = 3 * model::forward_flops_per_token(m, m.seq_len) * f.tokens_per_step;
     return f;
+}
+
+Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
+    Layout L;
+    L.ranks          = ranks;
+    L.ranks_per_node = ranks_per_node;
+    L.ep             = cfg.parallel.expert_parallel;
+    L.micro_batch    = cfg.micro_batch(ranks);
+    L.accum          = std::max<int64_t>(1, cfg.grad_accum_steps(ranks));
+    L.threads        = threads;
+    // train/optimizer.cpp make_optimizer: ParO splits dense tensors over the world, experts
+    // over their expert-data-parallel group
+    if (cfg.partition_optimizer(ranks)) {
+        L.opt_shards        = ranks;
+        L.opt_shards_expert = ranks / L.ep;
+    }
+    L.bucket_floats = cfg.bucket_floats();
+    L.policy        = model::PrecisionPolicy::from_config(cfg.precision);
+    L.precision     = L.policy.mixed() ? Precision::bf16 : Precision::fp32;
+    // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
+    // MPI_THREAD_MULTIPLE, assumed here)
+    L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
+    return L;
 }
 
 dist::CommTally per_kind(const std::vector<Collective>& cs) {

@@ -11,10 +11,10 @@
 #include "../../common/run_command.h"
 #include "core/error.h"
 #include "dist/comm/collectives.h"
+#include "train/shard_map.h"
 #include "model/gpt.h"
 #include "plan/estimate.h"
 #include "train/grad_sync.h"
-#include "train/shard_map.h"
 
 namespace bagualu::plan {
 namespace {
