@@ -124,7 +124,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                 {std::move(what), kind, std::move(group), size, calls, bytes, reduction, hops});
         }
     };
-    const model::PrecisionPolicy& prec = L.policy;
+    const model::PrecisionPolicy& pol  = L.policy;
     const int                     Pi   = L.ranks;
 
     // data/loader.cpp DataLoader::next: in a reader group of more than one rank, every
@@ -166,7 +166,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // mean over ranks (slots dropped by a capacity gate are not sent: an upper bound there)
         add("moe expert counts", dist::CommKind::allgather, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
         const double rows = N * K * C * n_moe * A;
-        const Dtype  gd = prec.gemm_dtype(model::LayerClass::ffn), ad = prec.act_dtype(model::LayerClass::ffn);
+        const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
             "ep", L.ep, 2 * n_moe * A, 2 * rows * elem_bytes(gd));
         add(fmt::format("moe combine all-to-all ({})", dtype_name(ad)), dist::CommKind::alltoallv,
@@ -194,7 +194,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // gradients) per bucket, then the norm's allreduce over the world, then one all-gather
         // per bucket (the space's storage dtype: half-stored tensors travel as half values).
         // Our collectives run on Comm::sendrecv: their hops are counted under sendrecv too.
-        const ParoSpaces sp       = paro_spaces(m, L.ep, prec);
+        const ParoSpaces sp       = paro_spaces(m, L.ep, pol);
         const char*      names[4] = {"dense", "experts", "dense", "experts"};
         struct Space {
             int    groups;
@@ -208,7 +208,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             const train::ShardGeometry g =
                 train::shard_geometry(static_cast<size_t>(sp.floats[i]), G, L.bucket_floats);
             spaces.push_back({i, Space{G, static_cast<double>(g.nb), static_cast<double>(g.q),
-                                       i >= 2 ? prec.dtype : Dtype::float32}});
+                                       i >= 2 ? pol.dtype : Dtype::float32}});
         }
         auto label = [&](const char* what, int i, Dtype d) {
             return i >= 2 || sp.any_half ? fmt::format("{} ({}, {} tensors)", what, names[i], dtype_name(d))
