@@ -2,8 +2,8 @@
 // the tiny model (2-4 steps, evaluation in between) count, summed over ranks and steps with
 // evaluation left out, what plan predicts per rank and step, times ranks and steps. Cases: ParO
 // (the default for P > 1) in fp32, bf16 and fp16, with several buckets, replicated, EP = 1, 2
-// and a P = 4 run whose ParO calls use both of our collective algorithms, the switch and SWIPE
-// gates' count exchanges, and a reader group's scatter.
+// and 4, a P = 4 run whose ParO calls use both of our collective algorithms, the noisy gate's
+// extra tensor, the switch and SWIPE gates' count exchanges, and a reader group's scatter.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -15,8 +15,9 @@ namespace {
 
 struct Case {
     std::string extra;
-    int         P     = 2;
-    int         steps = 3;
+    int         P           = 2;
+    int         steps       = 3;
+    bool        skips_steps = false;  // the run must skip a step (fp16 overflow)
 };
 
 // Steps the run skipped (fp16 loss scaling): they have no ParO all-gather. Every skipped step is
@@ -60,6 +61,9 @@ void expect_counted_equals_predicted(const Case& c) {
     // what does not repeat every step: a skipped step's ParO all-gather (and its hops); the
     // reader group's scatter of the micro-batch after the last, started by the last next()
     const int64_t skipped = skipped_steps(dir / "run/metrics.jsonl");
+    if (c.skips_steps) {
+        EXPECT_GT(skipped, 0);
+    }
     for (const auto& x : plan["collectives_per_step_per_rank"]) {
         const std::string what = x["what"];
         const bool gather = what.rfind("parameter all-gather", 0) == 0;
@@ -108,8 +112,16 @@ TEST(PlanBytes, ParoBf16FourRanksBothAlgorithms) {
                                      "--set train.micro_batch_size=2", 4, 2});
 }
 
-TEST(PlanBytes, Fp16LossScaling) {
-    expect_counted_equals_predicted({"--set precision.dtype=fp16"});
+TEST(PlanBytes, ParoFourRanksExpertParallel4) {
+    // EDP = 1: the expert space is not split, only the dense one
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=4 --set train.micro_batch_size=2", 4, 2});
+}
+
+TEST(PlanBytes, Fp16LossScalingWithASkippedStep) {
+    // a loss scale of 1e9 overflows fp16: step 1 is skipped (no all-gather), the scale backs off
+    // to 1e6 and the next steps run
+    expect_counted_equals_predicted({"--set precision.dtype=fp16 --set precision.loss_scale=1e9 "
+                                     "--set precision.loss_scale_backoff=0.001", 2, 3, true});
 }
 
 TEST(PlanBytes, ReplicatedExpertParallel) {
@@ -122,6 +134,11 @@ TEST(PlanBytes, DenseParo) {
 
 TEST(PlanBytes, SwipeGateExpertParallel) {
     expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=swipe"});
+}
+
+TEST(PlanBytes, NoisyGateExpertParallel) {
+    // the noise weight is one more dense tensor in ParO's space
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=noisy"});
 }
 
 TEST(PlanBytes, SwitchGateCapacityCounts) {
