@@ -7,6 +7,7 @@
 #include <map>
 
 #include "model/precision.h"
+#include "dist/comm/collectives.h"
 
 namespace bagualu::plan {
 
@@ -77,6 +78,13 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:
+            // dist/comm/collectives.cpp: halving/doubling (log2 p hops) for small arrays over a
+            // power of two, else the ring (p - 1 hops); (p-1)/p of the array sent either way
+            if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
+                dist::CollAlgo::halving_doubling) {
+                return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
+            }
+            return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::reduce_scatter_native:
             return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::broadcast:
@@ -147,6 +155,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         linear("gemm: experts", rows, C, F, n_moe * El, peak_rank);
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
+    // the attention kernel (scores, softmax, weighted sum) computes in float32
     compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
 
     // memory-bound kernels, bytes per micro-batch
@@ -191,8 +200,11 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         bytes("precision casts", A * b);
     }
     // per step: zero grads, gradient scale after the all-reduce, norm, clip, AdamW (p, g, m, v
-    // read, p, m, v written)
-    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) + 28 * n / L.opt_shards);
+    // read, p, m, v written) on this rank's shard: dense over opt_shards, experts over
+    // opt_shards_expert
+    const double ne = static_cast<double>(fp.expert_floats);
+    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) +
+                                             28 * ((n - ne) / L.opt_shards + ne / L.opt_shards_expert));
 
     for (const auto& [k, v] : compute) {
         e.compute.push_back({k, v});
@@ -202,15 +214,28 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         e.compute.push_back({k, v});
         e.t_memory += v;
     }
-    double grad_comm = 0;
+    // t_reduce: the units of gradient reduction; t_last: one call of the dense reduction over
+    // the world, the unit holding the embeddings, which is ready only when backward ends
+    double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
-        const double t = c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
-                                                      c.bytes / c.calls);
+        // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
+        const double t = c.hops ? 0
+                                : c.calls * collective_seconds(mach, c.kind, c.group_size,
+                                                               L.ranks_per_node, c.bytes / c.calls);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
-        if (c.what.rfind("gradient", 0) == 0 || c.what.rfind("parameter", 0) == 0) grad_comm += t;
+        if (c.reduction) {
+            t_reduce += t;
+            if (c.group == "world" && t_last == 0) t_last = t / c.calls;
+        }
     }
-    e.t_overlap = opt.comm_overlap * std::min(grad_comm, e.t_compute);
+    // the last micro-batch's backward: 2/3 of its GEMM and attention time
+    const double t_backward = 2.0 / 3.0 * e.t_compute / A;
+    if (opt.comm_overlap >= 0) {
+        e.t_overlap = opt.comm_overlap * std::min(t_reduce, t_backward);
+    } else if (L.overlap) {
+        e.t_overlap = std::max(0.0, std::min(t_reduce - t_last, t_backward));
+    }
     e.t_step    = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
 
     e.tokens_per_s     = fp.tokens_per_step / e.t_step;

@@ -340,7 +340,9 @@ size_t state_piece_floats(const model::ParamLayout& layout, const model::Precisi
             for (const ShardPiece& p : sp.map.pieces()) floats += p.len;
         }
     } else {
-        for (const ShardMap& map : make_space_maps(layout, world_size, 0, edp_size, 0, bucket_floats)) {
+        // ReplicatedAdamW's maps, always of the default bucket size
+        for (const ShardMap& map : make_space_maps(layout, world_size, 0, edp_size, 0,
+                                                   PartitionedAdamW::kDefaultBucketFloats)) {
             for (const ShardPiece& p : map.pieces()) floats += p.len;
         }
     }
@@ -469,8 +471,8 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                            t.grad_clip};
     const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     if (cfg.partition_optimizer(par.size())) {
-        return std::make_unique<PartitionedAdamW>(layout, par, hyper,
-                                                  PartitionedAdamW::kDefaultBucketFloats, helper, prec);
+        return std::make_unique<PartitionedAdamW>(layout, par, hyper, cfg.bucket_floats(), helper,
+                                                  prec);
     }
     return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);
 }

@@ -192,6 +192,7 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
 
 // Floats of rank 0's pieces over the optimizer's state spaces (Optimizer::state_spaces()): a
 // checkpoint snapshot holds three times this many (master, m, v; train/checkpointing.h).
+// bucket_floats is ParO's; the replicated optimizer's maps always use the default.
 size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
                           bool partitioned, int world_size, int edp_size,
                           size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
