@@ -8,10 +8,7 @@
 
 namespace bagualu::moe {
 
-int64_t max_local_rows(GateKind gate, int64_t max_tokens, int K, int ep) {
-    const int64_t sent = max_tokens * K;
-    return gate == GateKind::swipe || ep == 1 ? sent : ep * sent;
-}
+int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_tokens * K; }
 
 MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
     : s_(s),
@@ -26,7 +23,7 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
                  K = static_cast<size_t>(s.K), C = static_cast<size_t>(s.C),
                  F = static_cast<size_t>(s.F);
     // rows this rank's experts may receive
-    const size_t R = static_cast<size_t>(max_local_rows(s.gate.kind, max_tokens, s.K, ep));
+    const size_t R = static_cast<size_t>(max_local_rows(max_tokens, s.K, ep));
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         static_cast<int64_t>(R));

@@ -57,7 +57,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
                  C = m.d_model, F = m.d_ff;
     // rows this rank's experts may receive: the bound MoELayer sizes its buffers with
-    double R = static_cast<double>(moe::max_local_rows(moe::parse_gate(m.gate), max_tokens, m.top_k, ep));
+    double R = static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     if (capacity_factor > 0) R = std::ceil(capacity_factor * N * K);
     MoEBytes b;
     double& a = b.activations;

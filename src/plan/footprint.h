@@ -37,10 +37,9 @@ struct Layout {
     model::PrecisionPolicy policy;                  // [precision]: dtype and a level per class
     // Gradient reduction on the helper thread during the last backward (parallel.overlap_grad_reduce)
     bool      overlap           = false;
-    // What-if for the MoE buffers: 0 = as implemented (moe::max_local_rows: N * K rows under
-    // SWIPE, else the worst case of every routed row of the EP group arriving at one rank,
-    // EP * N * K); c > 0 = bounded to c * N * K rows per rank, as a capacity-limited
-    // dispatcher would allocate.
+    // What-if for the MoE buffers: 0 = as implemented (moe::max_local_rows: the worst case of
+    // every routed row of the EP group arriving at one rank, EP * N * K); c > 0 = bounded to
+    // c * N * K rows per rank, as a capacity-limited dispatcher would allocate.
     double    capacity_factor = 0;
     int edp() const { return ranks / ep; }
     int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }

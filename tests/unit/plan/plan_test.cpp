@@ -149,7 +149,7 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     TrainConfig replicated = c;
     replicated.optimizer.partition = "off";
     replicated.checkpoint.every    = 5;
-    const Memory& r = footprint(replicated, layout_of(c, 2, 2), 1000, 12345).memory;
+    const Memory& r = footprint(replicated, layout_of(replicated, 2, 2), 1000, 12345).memory;
     EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
     // the snapshot: master, m and v of rank 0's part of each space, less than a whole copy
     EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(train::state_piece_floats(lay, fp32, false, 2, 1)));
@@ -167,7 +167,8 @@ TEST(PlanMemory, CategoriesSumAndScale) {
 TEST(PlanComm, BytesByHand) {
     // P = 4, EP = 2: micro-batch 2 x 10 tokens, 2 micro-batches, one MoE layer of 4 experts
     // (block 1 of 3), top-2, C = 24
-    const TrainConfig c = small_config(2);
+    TrainConfig c           = small_config(2);
+    c.optimizer.partition   = "off";  // the replicated optimizer's all-reduces
     const Footprint   f = footprint(c, layout_of(c, 4, 2), 0, 0);
     EXPECT_EQ(f.layout.micro_batch, 2);
     EXPECT_EQ(f.layout.accum, 1);
