@@ -182,17 +182,19 @@ std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model
                                    int world_size, int world_rank, int edp_size, int edp_rank,
                                    size_t bucket_floats);
 
-// What the optimizer make_optimizer builds holds on a rank, computed without building it
-// (bagualu plan): equal to its footprint() (tests/unit/train, tests/mpi). Under ParO the shard
-// sizes are the same on every rank; the masters are counted as on rank 0.
+// What the optimizer make_optimizer builds holds on a rank, computed without building it or its
+// maps (bagualu plan): equal to its footprint() (tests/mpi). Under ParO the shard sizes are the
+// same on every rank; a space's master shard is counted when the space holds an O2 tensor (a
+// rank whose shard of it is all padding has none).
 MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
                                     const model::PrecisionPolicy& prec, bool partitioned,
                                     int world_size, int edp_size,
                                     size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
 
-// Floats of rank 0's pieces over the optimizer's state spaces (Optimizer::state_spaces()): a
-// checkpoint snapshot holds three times this many (master, m, v; train/checkpointing.h).
-// bucket_floats is ParO's; the replicated optimizer's maps always use the default.
+// The shard floats of the optimizer's state spaces (Optimizer::state_spaces()), an upper bound
+// of any rank's pieces (less than 16 floats per tensor above rank 0's): a checkpoint snapshot
+// holds three times the pieces (master, m, v; train/checkpointing.h). bucket_floats is ParO's;
+// the replicated optimizer's maps always use the default.
 size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
                           bool partitioned, int world_size, int edp_size,
                           size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);

@@ -129,13 +129,12 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                 for (const StateSpace& sp : opt->state_spaces()) {
                     for (const ShardPiece& p : sp.map->pieces()) pieces += p.len;
                 }
-                // the prediction is rank 0's; pieces leave out tensor padding, so another rank's
-                // differ from it by less than 16 floats per tensor
+                // shards are equal on every rank; pieces leave out tensor padding (less than 16
+                // floats per tensor) and, on the last ranks, the space's padding
                 const size_t predicted = state_piece_floats(l, prec, opt->partitioned(), P, par.edp_size());
-                EXPECT_NEAR(static_cast<double>(pieces), static_cast<double>(predicted),
-                            16.0 * static_cast<double>(l.specs().size())) << what;
+                EXPECT_LE(pieces, predicted) << what;
                 if (w.rank() == 0) {
-                    EXPECT_EQ(pieces, predicted) << what;
+                    EXPECT_LT(predicted - pieces, 16 * l.specs().size()) << what;
                 }
             }
         }
