@@ -30,8 +30,7 @@ PlanCommands::PlanCommands(CLI::App& app) {
     plan_->add_option("--machine", machine_, "Machine file (machines/*.toml)")->required();
     plan_->add_option("--nodes", nodes_, "Nodes")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")->check(CLI::PositiveNumber)->capture_default_str();
-    plan_->add_option("--precision", precision_, "fp32, or bf16 (mixed-precision hook; the trainer runs fp32)")->capture_default_str();
-    plan_->add_option("--overlap", overlap_, "Fraction of gradient communication hidden behind compute (0: none; the trainer hides most of its gradient reduction, parallel.overlap_grad_reduce)")->check(CLI::Range(0.0, 1.0));
+    plan_->add_option("--overlap", overlap_, "What-if: fraction f of min(gradient reduction, last backward) hidden (default: as parallel.overlap_grad_reduce does, docs/scale.md)")->check(CLI::Range(0.0, 1.0));
     plan_->add_option("--capacity-factor", capacity_, "What-if: MoE buffers bounded to this x N x K rows per rank (0 = as implemented, worst case)")->check(CLI::NonNegativeNumber);
     plan_->add_flag("--sweep", sweep_, "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
     plan_->add_option("--top", top_, "Layouts listed by --sweep")->check(CLI::PositiveNumber)->capture_default_str();
@@ -75,16 +74,11 @@ struct Inputs {
     EstimateOptions opt;
 };
 
-Layout make_layout(const TrainConfig& cfg, const MachineSpec& m, int nodes, int R, Precision prec) {
-    Layout L;
-    L.ranks          = nodes * R;
-    L.ranks_per_node = R;
-    L.ep             = cfg.parallel.expert_parallel;
-    L.micro_batch    = cfg.micro_batch(L.ranks);
-    L.accum          = std::max<int64_t>(1, cfg.grad_accum_steps(L.ranks));
-    L.threads        = cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R);
-    L.precision      = prec;
-    return L;
+// The trainer's layout on nodes x R ranks of machine m: threads from the config, else the
+// node's cores shared by its ranks.
+Layout layout_on(const TrainConfig& cfg, const MachineSpec& m, int nodes, int R) {
+    return make_layout(cfg, nodes * R, R,
+                       cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R));
 }
 
 Estimate run_estimate(const Inputs& in) {
@@ -133,14 +127,18 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
                     {"expert_data_parallel", fp.layout.edp()}, {"micro_batch", fp.layout.micro_batch},
                     {"grad_accum", fp.layout.accum}, {"threads", fp.layout.threads},
                     {"optimizer_shards", fp.layout.opt_shards},
+                    {"optimizer_shards_expert", fp.layout.opt_shards_expert},
+                    {"bucket_floats", fp.layout.bucket_floats},
+                    {"overlap_grad_reduce", fp.layout.overlap},
                     {"capacity_factor", fp.layout.capacity_factor},
-                    {"precision", fp.layout.precision == Precision::bf16 ? "bf16" : "fp32"}};
+                    {"precision", fp.layout.policy.describe()}};
     j["params"] = {{"total", fp.params_full}, {"per_rank_floats", fp.rank_floats},
                    {"per_rank_expert_floats", fp.expert_floats}};
     j["memory_bytes_per_rank"] = {{"baseline", m.baseline}, {"parameters", m.parameters},
                                   {"gradients", m.gradients}, {"optimizer", m.optimizer},
                                   {"activations", m.activations}, {"comm_buffers", m.comm_buffers},
-                                  {"data", m.data}, {"total", m.total()}};
+                                  {"data", m.data}, {"checkpoint", m.checkpoint},
+                                  {"total", m.total()}};
     j["memory_per_node_bytes"] = e.node_memory_bytes;
     j["node_capacity_bytes"]   = e.node_capacity;
     j["fits"]                  = e.fits;
@@ -181,10 +179,16 @@ void print_text(const Estimate& e, const Inputs& in) {
     fmt::print("plan: {} on {} ({})\n", in.cfg.source, in.machine.name, in.machine.source);
     fmt::print("layout: {} node(s) x {} rank(s) = {} ranks; expert parallel {} x data parallel {}; "
                "{} local expert(s) per MoE layer; micro-batch {} x {} accumulation; {} thread(s) "
-               "per rank; {}\n",
+               "per rank; {}; optimizer {}; gradient reduction {}\n",
                L.nodes(), L.ranks_per_node, L.ranks, L.ep, L.edp(),
                in.cfg.model.moe_every > 0 ? in.cfg.model.n_experts / L.ep : 0, L.micro_batch,
-               L.accum, L.threads, L.precision == Precision::bf16 ? "bf16 (hook)" : "fp32");
+               L.accum, L.threads, L.policy.describe(),
+               L.opt_shards > 1 ? fmt::format("ParO over {} (experts over {}), buckets of {} floats",
+                                              L.opt_shards, L.opt_shards_expert, L.bucket_floats)
+                                : "replicated",
+               in.opt.comm_overlap >= 0 ? fmt::format("overlap what-if {}", in.opt.comm_overlap)
+               : L.overlap              ? "overlapped with the last backward"
+                                        : "after backward");
     fmt::print("model: {} parameters; {} floats per rank ({} in local experts)\n",
                human_count(static_cast<double>(fp.params_full)), human_count(static_cast<double>(fp.rank_floats)),
                human_count(static_cast<double>(fp.expert_floats)));
@@ -193,19 +197,20 @@ void print_text(const Estimate& e, const Inputs& in) {
         {"baseline (process, MPI)", m.baseline}, {"parameters", m.parameters},
         {"gradients", m.gradients},              {"optimizer state", m.optimizer},
         {"activations", m.activations},          {"communication buffers", m.comm_buffers},
-        {"data", m.data},                        {"total", m.total()}};
+        {"data", m.data},                        {"checkpoint snapshot", m.checkpoint},
+        {"total", m.total()}};
     for (const auto& [name, b] : rows) fmt::print("  {:<26}{:>14}\n", name, human_bytes(b));
     fmt::print("  {}\n", fit_line(e));
     fmt::print("\ncollectives per step and rank\n");
     for (size_t i = 0; i < fp.collectives.size(); ++i) {
         const Collective& c = fp.collectives[i];
-        fmt::print("  {:<32}{:<11}{:>6}({:>6}){:>10.0f} calls{:>14}{:>12.3f} ms\n", c.what,
+        fmt::print("  {:<54}{:<15}{:>7}({:>6}){:>10.4g} calls{:>14}{:>12.3f} ms\n", c.what,
                    dist::comm_kind_name(c.kind), c.group, c.group_size, c.calls,
                    human_bytes(c.bytes), e.comm[i].seconds * 1e3);
     }
     if (fp.collectives.empty()) fmt::print("  none (one rank)\n");
     fmt::print("\ntime per step\n");
-    for (const Term& t : e.compute) fmt::print("  {:<32}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
+    for (const Term& t : e.compute) fmt::print("  {:<54}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
     fmt::print("  compute {:.3f} ms + memory-bound {:.3f} ms + communication {:.3f} ms - overlap "
                "{:.3f} ms = {:.3f} ms\n",
                e.t_compute * 1e3, e.t_memory * 1e3, e.t_comm * 1e3, e.t_overlap * 1e3, e.t_step * 1e3);
@@ -239,8 +244,7 @@ int run_sweep(const Inputs& base, int top, bool json) {
             in.cfg.parallel.expert_parallel      = static_cast<int>(ep);
             in.cfg.train.micro_batch_size        = mb;
             try {
-                in.layout = make_layout(in.cfg, in.machine, base.layout.nodes(), base.layout.ranks_per_node,
-                                        base.layout.precision);
+                in.layout = layout_on(in.cfg, in.machine, base.layout.nodes(), base.layout.ranks_per_node);
                 in.layout.capacity_factor = base.layout.capacity_factor;
                 const Estimate e = run_estimate(in);
                 (e.fits ? fit : nofit).push_back(e);
@@ -340,15 +344,11 @@ int PlanCommands::run(int* argc, char*** argv) {
     Inputs in;
     in.cfg     = load_config(config_, overrides_);
     in.machine = load_machine(machine_);
-    if (precision_ != "fp32" && precision_ != "bf16") {
-        input_error("--precision {}: expected fp32 or bf16", precision_);
-    }
     if (nodes_ > in.machine.network.total_nodes) {
         input_error("--nodes {}: {} has {} nodes (network.total_nodes)", nodes_, in.machine.source,
                     in.machine.network.total_nodes);
     }
-    in.layout      = make_layout(in.cfg, in.machine, nodes_, ranks_per_node_,
-                                 precision_ == "bf16" ? Precision::bf16 : Precision::fp32);
+    in.layout      = layout_on(in.cfg, in.machine, nodes_, ranks_per_node_);
     in.layout.capacity_factor = capacity_;
     in.data_tokens = shard_tokens(in.cfg.data.train) + shard_tokens(in.cfg.data.val);
     in.baseline    = (in.machine.node.baseline_rss_mib + (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) * 1048576;

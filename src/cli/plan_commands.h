@@ -18,10 +18,10 @@ class PlanCommands {
    private:
     CLI::App*                plan_      = nullptr;
     CLI::App*                calibrate_ = nullptr;
-    std::string              config_, machine_, precision_ = "fp32", out_;
+    std::string              config_, machine_, out_;
     std::vector<std::string> overrides_;
     int                      nodes_ = 1, ranks_per_node_ = 1, top_ = 10;
-    double                   seconds_ = 2, overlap_ = 0, capacity_ = 0;
+    double                   seconds_ = 2, overlap_ = -1, capacity_ = 0;
     bool                     sweep_ = false, json_ = false;
 };
 

@@ -71,6 +71,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
+    v("parallel", "bucket_mib", c.parallel.bucket_mib);
 
     v("optimizer", "partition", c.optimizer.partition);
 
@@ -317,6 +318,9 @@ void validate(const TrainConfig& c) {
 
     if (c.parallel.expert_parallel < 1) {
         input_error("{}: parallel.expert_parallel = {}: must be >= 1", src, c.parallel.expert_parallel);
+    }
+    if (!(c.parallel.bucket_mib > 0)) {
+        input_error("{}: parallel.bucket_mib = {}: must be > 0", src, c.parallel.bucket_mib);
     }
     if (c.parallel.virtual_workers < 1) {
         input_error("{}: parallel.virtual_workers = {}: must be >= 1", src, c.parallel.virtual_workers);

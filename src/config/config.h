@@ -2,6 +2,7 @@
 // `--set section.key=value`, validated once by validate(). Nothing outside src/cli and
 // src/config reads configuration by string key.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,6 +76,9 @@ struct ParallelSection {
     // Reduce gradients on the helper thread during the last backward of each step (needs
     // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.
     bool overlap_grad_reduce = true;
+    // ParO's bucket target in MiB of floats (all ranks' pieces of one bucket together): each
+    // bucket is one reduce-scatter and one all-gather (docs/parallelism.md).
+    double bucket_mib = 4.0;
 };
 
 struct OptimizerSection {
@@ -132,6 +136,11 @@ struct TrainConfig {
     // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
     bool partition_optimizer(int ranks) const {
         return optimizer.partition == "on" || (optimizer.partition == "auto" && ranks > 1);
+    }
+    // ParO's bucket target in floats (parallel.bucket_mib; at least 16).
+    size_t bucket_floats() const {
+        const double f = parallel.bucket_mib * 262144.0;
+        return f < 16 ? size_t{16} : static_cast<size_t>(f + 0.5);
     }
     // Where checkpoints go: checkpoint.dir, or <run_dir>/checkpoints.
     std::string checkpoint_dir() const {

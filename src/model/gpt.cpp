@@ -53,32 +53,60 @@ ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
     return L;
 }
 
-LayoutSize layout_size(const ModelConfig& m, int ep_size) {
-    const uint64_t V = static_cast<uint64_t>(m.vocab_size), C = static_cast<uint64_t>(m.d_model),
-                   F = static_cast<uint64_t>(m.d_ff), E = static_cast<uint64_t>(m.n_experts),
-                   T = static_cast<uint64_t>(m.seq_len), El = E / static_cast<uint64_t>(ep_size);
-    const auto pad = [](uint64_t n) { return (n + 15) / 16 * 16; };  // as ParamLayout::add
-    LayoutSize s;
-    uint64_t   dense_params = V * C + T * C + 2 * C;  // wte, wpe, ln_f
-    s.dense_floats          = pad(V * C) + pad(T * C) + 2 * pad(C);
-    const uint64_t attn     = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C;
-    const uint64_t attn_pad = 4 * pad(C) + pad(3 * C * C) + pad(3 * C) + pad(C * C) + pad(C);
-    const uint64_t mlp      = F * C + F + C * F + C;
-    const uint64_t mlp_pad  = pad(F * C) + pad(F) + pad(C * F) + pad(C);
+void for_each_param_kind(const ModelConfig& m, int ep_size,
+                         FunctionRef<void(const ParamSpec&, uint64_t)> fn) {
+    const int64_t V = m.vocab_size, C = m.d_model, F = m.d_ff, E = m.n_experts, T = m.seq_len;
+    auto kind = [&](std::string name, std::vector<int64_t> shape, bool decay, bool expert,
+                    uint64_t count) {
+        ParamSpec s;
+        s.name  = std::move(name);
+        s.shape = std::move(shape);
+        s.numel = 1;
+        for (int64_t d : s.shape) s.numel *= static_cast<size_t>(d);
+        s.decay  = decay;
+        s.expert = expert;
+        fn(s, count);
+    };
+    // as make_layout
+    kind("wte", {V, C}, true, false, 1);
+    kind("wpe", {T, C}, true, false, 1);
     for (int l = 0; l < m.n_layer; ++l) {
-        dense_params += attn;
-        s.dense_floats += attn_pad;
+        const std::string p = fmt::format("h.{}.", l);
+        kind(p + "ln_1.weight", {C}, false, false, 1);
+        kind(p + "ln_1.bias", {C}, false, false, 1);
+        kind(p + "attn.c_attn.weight", {3 * C, C}, true, false, 1);
+        kind(p + "attn.c_attn.bias", {3 * C}, false, false, 1);
+        kind(p + "attn.c_proj.weight", {C, C}, true, false, 1);
+        kind(p + "attn.c_proj.bias", {C}, false, false, 1);
+        kind(p + "ln_2.weight", {C}, false, false, 1);
+        kind(p + "ln_2.bias", {C}, false, false, 1);
         if (m.is_moe_block(l)) {
-            dense_params += E * C;  // the gate is dense: replicated on every rank
-            s.dense_floats += pad(E * C);
-            s.expert_floats += El * mlp_pad;
-            s.full_params += E * mlp;
+            kind(p + "moe.gate.weight", {E, C}, true, false, 1);
+            if (m.gate == "noisy") kind(p + "moe.noise.weight", {E, C}, true, false, 1);
+            const auto El = static_cast<uint64_t>(E / ep_size);
+            kind(p + "moe.experts.0.c_fc.weight", {F, C}, true, true, El);
+            kind(p + "moe.experts.0.c_fc.bias", {F}, false, true, El);
+            kind(p + "moe.experts.0.c_proj.weight", {C, F}, true, true, El);
+            kind(p + "moe.experts.0.c_proj.bias", {C}, false, true, El);
         } else {
-            dense_params += mlp;
-            s.dense_floats += mlp_pad;
+            kind(p + "mlp.c_fc.weight", {F, C}, true, false, 1);
+            kind(p + "mlp.c_fc.bias", {F}, false, false, 1);
+            kind(p + "mlp.c_proj.weight", {C, F}, true, false, 1);
+            kind(p + "mlp.c_proj.bias", {C}, false, false, 1);
         }
     }
-    s.full_params += dense_params;
+    kind("ln_f.weight", {C}, false, false, 1);
+    kind("ln_f.bias", {C}, false, false, 1);
+}
+
+LayoutSize layout_size(const ModelConfig& m, int ep_size) {
+    const auto pad = [](uint64_t n) { return (n + 15) / 16 * 16; };  // as ParamLayout::add
+    LayoutSize s;
+    for_each_param_kind(m, ep_size, [&](const ParamSpec& p, uint64_t count) {
+        (p.expert ? s.expert_floats : s.dense_floats) += count * pad(p.numel);
+    });
+    // the whole model: every expert of every MoE layer
+    for_each_param_kind(m, 1, [&](const ParamSpec& p, uint64_t count) { s.full_params += count * p.numel; });
     return s;
 }
 

@@ -64,6 +64,13 @@ struct LayoutSize {
     uint64_t rank_floats() const { return dense_floats + expert_floats; }
 };
 LayoutSize layout_size(const ModelConfig& cfg, int ep_size = 1);
+// The tensors of make_layout(cfg, ep_size, 0) by kind, in layout order: fn(spec, count) gets the
+// spec of the kind's first tensor (name, shape, numel, decay, expert; offset 0) and how many
+// tensors of that kind follow one another (E/ep_size for a kind of expert tensor, else 1).
+// layout_size sums over it; `bagualu plan` splits it by precision (tests/unit/plan checks it
+// against make_layout).
+void for_each_param_kind(const ModelConfig& cfg, int ep_size,
+                         FunctionRef<void(const ParamSpec&, uint64_t)> fn);
 // Resolves the layout's offsets into pointers into `base`.
 template <typename P>
 ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base,

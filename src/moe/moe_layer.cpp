@@ -8,6 +8,8 @@
 
 namespace bagualu::moe {
 
+int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_tokens * K; }
+
 MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
     : s_(s),
       max_tokens_(max_tokens),
@@ -20,10 +22,11 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     const size_t N = static_cast<size_t>(max_tokens), E = static_cast<size_t>(s.E),
                  K = static_cast<size_t>(s.K), C = static_cast<size_t>(s.C),
                  F = static_cast<size_t>(s.F);
-    size_t R = N * K;  // rows this rank's experts may receive
+    // rows this rank's experts may receive
+    const size_t R = static_cast<size_t>(max_local_rows(max_tokens, s.K, ep));
     if (ep > 1) {
-        dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K));
-        R           = static_cast<size_t>(dispatcher_->max_local_rows());
+        dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
+                                                        static_cast<int64_t>(R));
     }
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);

@@ -36,6 +36,13 @@ struct MoEShape {
     GateConfig gate     = {};
 };
 
+// The most routed rows the local experts of one rank can receive in one micro-batch of
+// max_tokens tokens per rank, EP ranks per expert-parallel group: every routed row of the group
+// arriving at this rank (EP * max_tokens * K). SWIPE balances exactly in training, but
+// evaluation routes by plain top-k through the same buffers, so no gate lowers the bound.
+// MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
+int64_t max_local_rows(int64_t max_tokens, int K, int ep);
+
 class MoELayer {
    public:
     // par: nullptr for a single process.

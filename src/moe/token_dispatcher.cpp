@@ -7,7 +7,8 @@
 
 namespace bagualu::moe {
 
-TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows)
+TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows,
+                                 int64_t max_recv)
     : par_(par),
       E_(E),
       El_(E / par.ep_size()),
@@ -15,6 +16,7 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
       max_rows_(max_rows),
       ep_size_(par.ep_size()),
       ep_rank_(par.ep_rank()),
+      max_recv_(max_recv > 0 ? max_recv : static_cast<int64_t>(par.ep_size()) * max_rows),
       mine_(static_cast<size_t>(E)),
       counts_(static_cast<size_t>(par.ep_size() * E)),
       send_counts_(static_cast<size_t>(par.ep_size())),
@@ -22,7 +24,7 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
       recv_counts_(static_cast<size_t>(par.ep_size())),
       recv_displs_(static_cast<size_t>(par.ep_size())),
       local_offsets_(static_cast<size_t>(E / par.ep_size() + 1)),
-      staging_(static_cast<size_t>(par.ep_size()) * static_cast<size_t>(max_rows) * static_cast<size_t>(C)) {}
+      staging_(static_cast<size_t>(std::max<int64_t>(max_recv_, max_rows)) * static_cast<size_t>(C)) {}
 
 void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     std::copy(tokens_per_expert, tokens_per_expert + E_, mine_.begin());
@@ -43,8 +45,7 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
         recv_displs_[static_cast<size_t>(s)] = off * C_;
         off += rows;
     }
-    BGL_CHECK(off <= static_cast<int64_t>(ep_size_) * max_rows_, "{} rows exceed the planned {}", off,
-              static_cast<int64_t>(ep_size_) * max_rows_);
+    BGL_CHECK(off <= max_recv_, "{} rows exceed the planned {}", off, max_recv_);
     local_offsets_[0] = 0;
     for (int e = 0; e < El_; ++e) {
         int64_t rows = 0;

@@ -20,16 +20,17 @@ namespace bagualu::moe {
 
 class TokenDispatcher {
    public:
-    // E global experts, C floats per row, max_rows rows this rank sends at most (N*K).
-    TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows);
+    // E global experts, C floats per row, max_rows rows this rank sends at most (N*K),
+    // max_recv rows it can receive at most (moe_layer.h max_local_rows; 0: EP * max_rows).
+    TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows, int64_t max_recv = 0);
 
     // tokens_per_expert: (E) this rank's rows per global expert, in the permuted order.
     void dispatch_preprocess(const int32_t* tokens_per_expert);
     // Rows received for the local experts, and their offsets (E_local + 1).
     int            local_rows() const { return local_offsets_.back(); }
     const int32_t* local_offsets() const { return local_offsets_.data(); }
-    // Most rows that can arrive: EP * max_rows.
-    int max_local_rows() const { return ep_size_ * max_rows_; }
+    // Most rows that can arrive.
+    int64_t max_local_rows() const { return max_recv_; }
 
     // x_perm: (sum tokens_per_expert, C) expert-major over global experts.
     // x_local: (local_rows, C) expert-major over local experts.
@@ -42,12 +43,13 @@ class TokenDispatcher {
    private:
     dist::ParallelContext& par_;
     int                    E_, El_, C_, max_rows_, ep_size_, ep_rank_;
+    int64_t                max_recv_;
     std::vector<int64_t>   mine_;             // [E] this rank's rows per global expert
     std::vector<int64_t>   counts_;           // [ep_size * E] rows from rank s to global expert e
     std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
     std::vector<int32_t>   local_offsets_;    // [El + 1]
-    Buffer<float>          staging_;          // (EP * max_rows, C), [source][local expert] order
-    Buffer<uint16_t>       send16_, recv16_;  // half payloads: (max_rows, C), (EP * max_rows, C)
+    Buffer<float>          staging_;          // (max(max_recv, max_rows), C), [source][local expert] order
+    Buffer<uint16_t>       send16_, recv16_;  // half payloads, as large as staging_
     void exchange_half(const float* send, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_displs, float* recv,
                        const std::vector<int64_t>& recv_counts,

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <map>
 
+#include "model/precision.h"
+#include "dist/comm/collectives.h"
+
 namespace bagualu::plan {
 
 double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
@@ -75,6 +78,13 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:
+            // dist/comm/collectives.cpp: halving/doubling (log2 p hops) for small arrays over a
+            // power of two, else the ring (p - 1 hops); (p-1)/p of the array sent either way
+            if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
+                dist::CollAlgo::halving_doubling) {
+                return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
+            }
+            return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::reduce_scatter_native:
             return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::broadcast:
@@ -94,11 +104,13 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const Layout&      L = fp.layout;
     const ModelConfig& m = cfg.model;
     const NodeSpec&    nd = mach.node;
-    const bool half       = L.precision == Precision::bf16 && nd.peak_half_gflops > 0;
+    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    // the fraction of peak is against the peak of the run's precision
+    const bool half        = prec.mixed() && nd.peak_half_gflops > 0;
     const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
     // cores this rank gets: its threads, or its share when ranks x threads oversubscribe the node
     const double cores     = std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
-    const double peak_rank = node_peak * cores / nd.cores;
+    const double peak_rank = nd.peak_fp32_gflops * 1e9 * cores / nd.cores;
     const double core_bw   = nd.memory_bandwidth_core_gbs > 0 ? nd.memory_bandwidth_core_gbs
                                                               : nd.memory_bandwidth_gbs / nd.cores;
     const double bw_rank = std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
@@ -109,31 +121,41 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const double n = static_cast<double>(fp.rank_floats);
 
     std::map<std::string, double> compute, memory;  // seconds per step by group
+    // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
+    // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
+    // rounded operands); the experts' grouped products always run in float32.
+    const double half_peak_rank = nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
+    auto peak_of = [&](model::LayerClass c) {
+        return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;
+    };
     // a linear layer (rows, out, in): forward, dinp and dweight products
-    auto linear = [&](const char* group, double rows, double out, double in, double count) {
+    auto linear = [&](const char* group, double rows, double out, double in, double count,
+                      double peak) {
         if (rows <= 0) return;
         const double f = 2 * rows * out * in;
         compute[group] += count * A *
-                          (f / (peak_rank * gemm_efficiency(nd, rows, out, in)) +
-                           f / (peak_rank * gemm_efficiency(nd, rows, in, out)) +
-                           f / (peak_rank * gemm_efficiency(nd, out, in, rows)));
+                          (f / (peak * gemm_efficiency(nd, rows, out, in)) +
+                           f / (peak * gemm_efficiency(nd, rows, in, out)) +
+                           f / (peak * gemm_efficiency(nd, out, in, rows)));
     };
     auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
 
     int n_moe = 0;
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
-    linear("gemm: attention projections", N, 3 * C, C, m.n_layer);
-    linear("gemm: attention projections", N, C, C, m.n_layer);
-    linear("gemm: dense MLP", N, F, C, n_dense);
-    linear("gemm: dense MLP", N, C, F, n_dense);
+    const double pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
+    linear("gemm: attention projections", N, 3 * C, C, m.n_layer, pa);
+    linear("gemm: attention projections", N, C, C, m.n_layer, pa);
+    linear("gemm: dense MLP", N, F, C, n_dense, pf);
+    linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, E, C, n_moe);
-        linear("gemm: experts", rows, F, C, n_moe * El);
-        linear("gemm: experts", rows, C, F, n_moe * El);
+        linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
+        linear("gemm: experts", rows, F, C, n_moe * El, peak_rank);
+        linear("gemm: experts", rows, C, F, n_moe * El, peak_rank);
     }
-    linear("gemm: LM head", N, V, C, 1);
+    linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
+    // the attention kernel (scores, softmax, weighted sum) computes in float32
     compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
 
     // memory-bound kernels, bytes per micro-batch
@@ -147,9 +169,42 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         bytes("moe permute/unpermute", A * n_moe * (40 * NKC + 16 * NC + 24 * N * E));
         if (L.ep > 1) bytes("moe permute/unpermute", A * n_moe * 4 * 8 * NKC);
     }
+    if (prec.mixed()) {
+        // model/gpt.cpp, moe/experts.cpp: every half-precision tensor is rounded in place (read
+        // and write, 8 bytes an element), the weights are re-rounded into their compute copy
+        // before each forward, and gemm_bf16's operands are converted to 16 bits (4 read + 2
+        // written bytes an element: input and weight forward; output gradient, weight and
+        // input backward)
+        using model::LayerClass;
+        auto r = [&](LayerClass c, bool act) {
+            return (act ? prec.act_dtype(c) : prec.gemm_dtype(c)) != Dtype::float32 ? 8.0 : 0.0;
+        };
+        const double nl = m.n_layer, NF = N * F, RK = N * K;
+        double       b = 8 * n + (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
+        b += NC * r(LayerClass::embedding, true);
+        b += nl * (NC * r(LayerClass::attention, false) * 3 + 4 * NC * r(LayerClass::attention, true) +
+                  3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
+        b += n_dense * (NF * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+                        NC * (r(LayerClass::ffn, true) + r(LayerClass::ffn, false)));
+        b += n_moe * (RK * F * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+                      RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
+        b += NC * r(LayerClass::head, false) + N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
+        auto conv = [&](LayerClass c, double in, double out, double count) {
+            if (prec.gemm_dtype(c) == Dtype::bfloat16) b += count * 6 * (2 * N * in + 2 * in * out + N * out);
+        };
+        conv(LayerClass::attention, C, 3 * C, nl);
+        conv(LayerClass::attention, C, C, nl);
+        conv(LayerClass::ffn, C, F, n_dense);
+        conv(LayerClass::ffn, F, C, n_dense);
+        conv(LayerClass::head, C, V, 1);
+        bytes("precision casts", A * b);
+    }
     // per step: zero grads, gradient scale after the all-reduce, norm, clip, AdamW (p, g, m, v
-    // read, p, m, v written)
-    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) + 28 * n / L.opt_shards);
+    // read, p, m, v written) on this rank's shard: dense over opt_shards, experts over
+    // opt_shards_expert
+    const double ne = static_cast<double>(fp.expert_floats);
+    bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0) + 4 + 8) +
+                                             28 * ((n - ne) / L.opt_shards + ne / L.opt_shards_expert));
 
     for (const auto& [k, v] : compute) {
         e.compute.push_back({k, v});
@@ -159,15 +214,28 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         e.compute.push_back({k, v});
         e.t_memory += v;
     }
-    double grad_comm = 0;
+    // t_reduce: the units of gradient reduction; t_last: one call of the dense reduction over
+    // the world, the unit holding the embeddings, which is ready only when backward ends
+    double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
-        const double t = c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
-                                                      c.bytes / c.calls);
+        // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
+        const double t = c.hops ? 0
+                                : c.calls * collective_seconds(mach, c.kind, c.group_size,
+                                                               L.ranks_per_node, c.bytes / c.calls);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
-        if (c.what.rfind("gradient", 0) == 0 || c.what.rfind("parameter", 0) == 0) grad_comm += t;
+        if (c.reduction) {
+            t_reduce += t;
+            if (c.group == "world" && t_last == 0) t_last = t / c.calls;
+        }
     }
-    e.t_overlap = opt.comm_overlap * std::min(grad_comm, e.t_compute);
+    // the last micro-batch's backward: 2/3 of its GEMM and attention time
+    const double t_backward = 2.0 / 3.0 * e.t_compute / A;
+    if (opt.comm_overlap >= 0) {
+        e.t_overlap = opt.comm_overlap * std::min(t_reduce, t_backward);
+    } else if (L.overlap) {
+        e.t_overlap = std::max(0.0, std::min(t_reduce - t_last, t_backward));
+    }
     e.t_step    = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
 
     e.tokens_per_s     = fp.tokens_per_step / e.t_step;

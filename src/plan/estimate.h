@@ -4,7 +4,8 @@
 //   t_gemm = sum over GEMMs of 2MNK / (peak_rank * eff(M, N, K))   (forward, dinp and dweight)
 //   t_mem  = bytes of layernorm, GELU, softmax/cross-entropy, permutes, optimizer / bw_rank
 //   t_comm = sum over collectives of calls * alpha_level + bytes * traffic / beta_level
-// The trainer overlaps nothing today, so overlap defaults to 0.
+//   overlap = the gradient reduction hidden behind the last backward of the step
+//             (parallel.overlap_grad_reduce): min(t_reduce - t_last_unit, t_backward_last)
 #pragma once
 #include <string>
 #include <vector>
@@ -35,7 +36,9 @@ struct Estimate {
 };
 
 struct EstimateOptions {
-    double comm_overlap = 0;  // fraction of gradient communication hidden behind backward
+    // < 0: as the trainer does (Layout::overlap, docs/scale.md); f in [0, 1]: what-if, a fraction
+    // f of min(gradient reduction, last backward) hidden (0: none).
+    double comm_overlap = -1;
 };
 
 Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& machine,

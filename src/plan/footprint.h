@@ -3,7 +3,12 @@
 // collectives per step with their payload bytes, and model FLOPs. The sizes come from the same
 // functions the implementation uses (model::activation_floats, model::layout_size,
 // model::forward_flops_per_token); the MoE buffers mirror MoELayer / TokenDispatcher and are
-// checked against real allocations in tests/unit/plan. estimate.h turns this into time.
+// checked against real allocations in tests/unit/plan. The collectives mirror the trainer call
+// for call: ParO's buckets (train::shard_geometry), the algorithm and hops of our own
+// reduce-scatter / all-gather (dist::resolve_algo, dist::sendrecv_hops), the half payloads of
+// mixed precision (model::PrecisionPolicy), the gates' count exchanges and the reader groups'
+// scatter (data::reader_group); tests/moda/plan_bytes_test.cpp compares them with what runs
+// count. estimate.h turns this into time.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,13 +16,9 @@
 
 #include "config/config.h"
 #include "dist/comm/counters.h"
+#include "model/precision.h"
 
 namespace bagualu::plan {
-
-// Weights and compute precision. fp32 is what the trainer does today. bf16 is the hook for
-// mixed precision: 2-byte weights and gradients, fp32 master weights in the optimizer, GEMMs at
-// the half-precision peak; activations stay fp32 as in our kernels.
-enum class Precision { fp32, bf16 };
 
 struct Layout {
     int       ranks          = 1;  // P
@@ -26,14 +27,19 @@ struct Layout {
     int64_t   micro_batch    = 1;  // sequences per rank per forward
     int64_t   accum          = 1;  // micro-batches per step
     int       threads        = 1;  // compute threads per rank
-    // Ranks the optimizer state is partitioned over (1 = replicated, as the trainer does when
-    // [optimizer] partition is absent or off): m and v shrink by this factor, and gradients are
-    // reduce-scattered and parameters all-gathered instead of all-reduced.
-    int       opt_shards     = 1;
-    Precision precision      = Precision::fp32;
-    // What-if for the MoE buffers: 0 = as implemented (sized for the worst case, every routed
-    // row of the EP group arriving at one rank: EP * N * K rows); c > 0 = bounded to c * N * K
-    // rows per rank, as a capacity-limited (SWIPE-balanced) dispatcher would allocate.
+    // Ranks the optimizer state is partitioned over (ParO, cfg.partition_optimizer(ranks): the
+    // world for dense tensors, opt_shards_expert = EDP for expert tensors; 1 = replicated): m
+    // and v shrink by this factor, and gradients are reduce-scattered and parameters
+    // all-gathered in buckets instead of all-reduced.
+    int       opt_shards        = 1;
+    int       opt_shards_expert = 1;
+    size_t    bucket_floats     = size_t{1} << 20;  // ParO's bucket target (parallel.bucket_mib)
+    model::PrecisionPolicy policy;                  // [precision]: dtype and a level per class
+    // Gradient reduction on the helper thread during the last backward (parallel.overlap_grad_reduce)
+    bool      overlap           = false;
+    // What-if for the MoE buffers: 0 = as implemented (moe::max_local_rows: the worst case of
+    // every routed row of the EP group arriving at one rank, EP * N * K); c > 0 = bounded to
+    // c * N * K rows per rank, as a capacity-limited dispatcher would allocate.
     double    capacity_factor = 0;
     int edp() const { return ranks / ep; }
     int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }
@@ -47,21 +53,29 @@ struct Memory {
     double optimizer      = 0;  // AdamW m and v (+ fp32 master weights under bf16)
     double activations    = 0;  // GPT arena, token buffers, MoE saved state and scratch
     double comm_buffers   = 0;  // TokenDispatcher staging and counts
-    double data           = 0;  // token arrays of the data set and the global batch staging
+    double data           = 0;  // token arrays of the data set and the loader's batches
+    double checkpoint     = 0;  // snapshot buffer of asynchronous checkpoints (checkpoint.every > 0)
     double total() const {
-        return baseline + parameters + gradients + optimizer + activations + comm_buffers + data;
+        return baseline + parameters + gradients + optimizer + activations + comm_buffers + data +
+               checkpoint;
     }
 };
 
 // One kind of call per step on one rank: `calls` calls moving `bytes` payload bytes in total
-// (the mean over ranks where ranks differ: all-to-all payloads follow the routing).
+// (the mean over ranks where ranks differ: all-to-all payloads follow the routing, only the
+// members of reader groups scatter).
 struct Collective {
     std::string    what;   // "moe all-to-all", "gradient all-reduce (dense)", ...
     dist::CommKind kind;
-    std::string    group;  // world, ep, edp
+    std::string    group;  // world, ep, edp, readers
     int            group_size = 1;
     double         calls      = 0;
     double         bytes      = 0;
+    // A unit of gradient reduction (reduce_schedule.h): may run during the last backward.
+    bool           reduction  = false;
+    // The Comm::sendrecv hops of one of our own reduce-scatters / all-gathers: counted by the
+    // counters under sendrecv as well, timed with the collective they belong to.
+    bool           hops       = false;
 };
 
 struct Footprint {
@@ -75,6 +89,11 @@ struct Footprint {
     double                  tokens_per_step      = 0;  // all ranks
 };
 
+// The layout of a run of cfg over `ranks` processes, R per node, `threads` compute threads per
+// rank (0: the config's, else one per core): everything the trainer derives from the config
+// (micro-batch, accumulation, ParO, precision, bucket size, overlap).
+Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads);
+
 // data_tokens: tokens of the train and val shards (0 when the files are absent).
 // baseline_bytes: the process baseline (machine file). Throws InputError when the layout does
 // not match the config (as validate_layout).
@@ -87,8 +106,10 @@ struct MoEBytes {
     double activations  = 0;
     double comm_buffers = 0;
 };
+// half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more
+// staging buffers of half the float staging's bytes each.
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep,
-                         double capacity_factor = 0);
+                         double capacity_factor = 0, bool half_payload = false);
 
 // Sums the collectives by kind: the numbers a run's counters report for one rank and step.
 dist::CommTally per_kind(const std::vector<Collective>& collectives);

@@ -51,6 +51,8 @@ struct StateSpace {
 // group (the ranks holding the same experts).
 std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
                                       size_t bucket_floats);
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size, int world_rank,
+                                      int edp_size, int edp_rank, size_t bucket_floats);
 
 class Optimizer {
    public:
@@ -166,6 +168,36 @@ class PartitionedAdamW final : public Optimizer {
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float>           bucket_;  // [max bucket_size()]
 };
+
+// ParO's spaces as PartitionedAdamW builds them on one rank, without state or communication:
+// [dense, expert] of float32 tensors, then [dense, expert] of half-stored ones when the policy
+// has any. Dense spaces are split over the world, expert spaces over the edp group.
+struct ParoSpace {
+    ShardMap map;
+    bool     expert = false;
+    Dtype    dtype  = Dtype::float32;  // storage dtype of every tensor in the space
+    bool     master = false;           // some piece of this rank's shard keeps an FP32 master
+};
+std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                                   int world_size, int world_rank, int edp_size, int edp_rank,
+                                   size_t bucket_floats);
+
+// What the optimizer make_optimizer builds holds on a rank, computed without building it or its
+// maps (bagualu plan): equal to its footprint() (tests/mpi). Under ParO the shard sizes are the
+// same on every rank; a space's master shard is counted when the space holds an O2 tensor (a
+// rank whose shard of it is all padding has none).
+MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
+                                    const model::PrecisionPolicy& prec, bool partitioned,
+                                    int world_size, int edp_size,
+                                    size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
+
+// The shard floats of the optimizer's state spaces (Optimizer::state_spaces()), an upper bound
+// of any rank's pieces (less than 16 floats per tensor above rank 0's): a checkpoint snapshot
+// holds three times the pieces (master, m, v; train/checkpointing.h). bucket_floats is ParO's;
+// the replicated optimizer's maps always use the default.
+size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
+                          bool partitioned, int world_size, int edp_size,
+                          size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
 // cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that

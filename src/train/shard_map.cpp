@@ -15,6 +15,16 @@ size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+ShardGeometry shard_geometry(size_t n, int ranks, size_t bucket_floats) {
+    BGL_CHECK(ranks >= 1 && bucket_floats > 0, "shard_geometry: {} ranks, bucket {}", ranks, bucket_floats);
+    if (n == 0) return {};
+    const auto P = static_cast<size_t>(ranks);
+    ShardGeometry g;
+    g.q  = ceil_div(ceil_div(n, P * ceil_div(n, bucket_floats)), 16) * 16;
+    g.nb = ceil_div(n, P * g.q);  // rounding q up may leave the last buckets empty: none
+    return g;
+}
+
 ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks,
                    int rank, size_t bucket_floats)
     : runs_(std::move(runs)), ranks_(ranks), rank_(rank) {
@@ -32,10 +42,11 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
     }
     copies_.clear();
     if (n_ == 0) return;
-    const auto P = static_cast<size_t>(ranks);
-    q_           = ceil_div(ceil_div(n_, P * ceil_div(n_, bucket_floats)), 16) * 16;
-    nb_          = ceil_div(n_, P * q_);  // rounding q up may leave the last buckets empty: none
-    S_           = nb_ * q_;
+    const auto          P = static_cast<size_t>(ranks);
+    const ShardGeometry g = shard_geometry(n_, ranks, bucket_floats);
+    q_                    = g.q;
+    nb_                   = g.nb;
+    S_                    = nb_ * q_;
     const size_t Gq = P * q_;  // floats of the space per bucket
 
     // ---- pieces: every tensor inside a run, cut to this rank's part of each bucket ----

@@ -40,6 +40,15 @@ struct BucketCopy {
     int    owner       = 0;
 };
 
+// The bucket geometry of a space of n floats over `ranks` ranks with a bucket target of
+// bucket_floats (docs/parallelism.md): q floats per rank per bucket, NB buckets. ShardMap cuts
+// its space so, and `bagualu plan` counts ParO's calls and payloads with it.
+struct ShardGeometry {
+    size_t q  = 0;  // piece: floats per rank per bucket, a multiple of 16
+    size_t nb = 0;  // buckets
+};
+ShardGeometry shard_geometry(size_t n, int ranks, size_t bucket_floats);
+
 class ShardMap {
    public:
     // runs: the flat ranges forming the space, in order, each within the layout's array.

@@ -35,6 +35,37 @@ TEST(PlanCli, TextReportSaysWhetherItFits) {
     EXPECT_NE(s.output.find("layouts fit"), std::string::npos) << s.output;
 }
 
+TEST(PlanCli, PrecisionOptimizerAndOverlapComeFromTheConfig) {
+    const std::string base = "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml "
+                             "--nodes 1 --ranks-per-node 2 --json";
+    auto run = [&](const std::string& extra) {
+        const CommandResult r = bagualu(base + extra);
+        EXPECT_EQ(r.status, 0) << r.output;
+        return r.status == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
+    };
+    const auto fp32 = run("");
+    ASSERT_TRUE(fp32.contains("layout"));
+    // optimizer.partition = "auto": ParO over both ranks; the config's precision is fp32
+    EXPECT_EQ(fp32["layout"]["optimizer_shards"], 2);
+    EXPECT_EQ(fp32["layout"]["precision"], "fp32");
+    EXPECT_EQ(fp32["layout"]["overlap_grad_reduce"], true);
+    const auto& kinds = fp32["comm_per_step_per_rank"];
+    ASSERT_TRUE(kinds.contains("reduce_scatter") && kinds.contains("all_gather")) << kinds.dump();
+    // bf16 under the default levels: the FFN's tensors are gathered as half values
+    const auto bf16 = run(" --set precision.dtype=bf16");
+    ASSERT_TRUE(bf16.contains("layout"));
+    EXPECT_EQ(bf16["layout"]["precision"].get<std::string>().rfind("bf16", 0), 0u) << bf16["layout"].dump();
+    EXPECT_LT(bf16["comm_per_step_per_rank"]["all_gather"]["bytes"].get<double>(),
+              kinds["all_gather"]["bytes"].get<double>());
+    const auto off = run(" --set optimizer.partition=off --overlap 0");
+    ASSERT_TRUE(off.contains("layout"));
+    EXPECT_EQ(off["layout"]["optimizer_shards"], 1);
+    EXPECT_FALSE(off["comm_per_step_per_rank"].contains("reduce_scatter"));
+    EXPECT_EQ(off["time"]["overlap_s"].get<double>(), 0.0);
+    // the precision is the config's: no command-line flag for it
+    EXPECT_NE(bagualu(base + " --precision bf16").status, 0);
+}
+
 TEST(PlanCli, BadMachineFileIsOneLineAndStatus2) {
     TempDir dir;
     write_file(dir / "m.toml", "[node]\npeak_fp32_gflops = 1\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\nspeed = 3\n");

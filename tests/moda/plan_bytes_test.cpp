@@ -1,23 +1,46 @@
-// `bagualu plan` predicts the bytes of every collective kind exactly: a 2-rank expert-parallel
-// run and a 2-rank dense run of the tiny model count (summed over ranks and steps, evaluation
-// left out) what plan predicts per rank and step, times ranks and steps.
+// `bagualu plan` predicts the calls and bytes of every collective kind exactly: P-rank runs of
+// the tiny model (2-4 steps, evaluation in between) count, summed over ranks and steps with
+// evaluation left out, what plan predicts per rank and step, times ranks and steps. Cases: ParO
+// (the default for P > 1) in fp32, bf16 and fp16, with several buckets, replicated, EP = 1, 2
+// and 4, a P = 4 run whose ParO calls use both of our collective algorithms, the noisy gate's
+// extra tensor, the switch and SWIPE gates' count exchanges, and a reader group's scatter.
 #include <gtest/gtest.h>
+
+#include <sstream>
 
 #include "../common/plan_runs.h"
 
 namespace bagualu::testing {
 namespace {
 
-void expect_counted_equals_predicted(const std::string& extra) {
+struct Case {
+    std::string extra;
+    int         P           = 2;
+    int         steps       = 3;
+    bool        skips_steps = false;  // the run must skip a step (fp16 overflow)
+};
+
+// Steps the run skipped (fp16 loss scaling): they have no ParO all-gather. Every skipped step is
+// logged.
+int64_t skipped_steps(const std::string& metrics) {
+    int64_t            n = 0;
+    std::istringstream in(read_file(metrics));
+    for (std::string line; std::getline(in, line);) {
+        if (line.empty()) continue;
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("skipped") && j["skipped"].get<bool>()) ++n;
+    }
+    return n;
+}
+
+void expect_counted_equals_predicted(const Case& c) {
     TempDir           dir;
     const std::string data = " --set data.train=" + (dir / "train.bin") + " --set data.val=" +
                              (dir / "val.bin") + " --set data.tokenizer=" + (dir / "tok.model");
     const CommandResult prep = bagualu("prepare --config configs/tiny.toml" + data);
     ASSERT_EQ(prep.status, 0) << prep.output;
-    const int         P = 2, steps = 3;
-    // The planner models the replicated optimizer; ParO's collectives are not in it yet.
-    const std::string common = "--config configs/tiny.toml" + data +
-                               " --set train.threads=1 --set optimizer.partition=off " + extra;
+    const int         P = c.P, steps = c.steps;
+    const std::string common = "--config configs/tiny.toml" + data + " --set train.threads=1 " + c.extra;
     // evaluation every 2 steps: its collectives must not show up in the step counts
     const CommandResult t = run_train(
         P, fmt::format("train {} --run-dir {} --force --set train.steps={} --set train.eval_every=2 "
@@ -30,22 +53,101 @@ void expect_counted_equals_predicted(const std::string& extra) {
     const auto      plan = nlohmann::json::parse(p.output);
     const RunReport run  = read_run(dir / "run/metrics.jsonl");
     ASSERT_TRUE(run.resources.contains("comm")) << read_file(dir / "run/metrics.jsonl");
-    const auto& predicted = plan["comm_per_step_per_rank"];
-    const auto& counted   = run.resources["comm"];
-    EXPECT_EQ(predicted.size(), counted.size()) << predicted.dump() << "\n" << counted.dump();
-    for (const auto& [kind, c] : counted.items()) {
-        ASSERT_TRUE(predicted.contains(kind)) << kind;
-        EXPECT_EQ(c["bytes"].get<int64_t>(), predicted[kind]["bytes"].get<int64_t>() * P * steps) << kind;
-        EXPECT_EQ(c["calls"].get<int64_t>(), predicted[kind]["calls"].get<int64_t>() * P * steps) << kind;
+    nlohmann::json expected = nlohmann::json::object();
+    for (const auto& [kind, x] : plan["comm_per_step_per_rank"].items()) {
+        expected[kind] = {{"calls", x["calls"].get<int64_t>() * P * steps},
+                          {"bytes", x["bytes"].get<int64_t>() * P * steps}};
+    }
+    // what does not repeat every step: a skipped step's ParO all-gather (and its hops); the
+    // reader group's scatter of the micro-batch after the last, started by the last next()
+    const int64_t skipped = skipped_steps(dir / "run/metrics.jsonl");
+    if (c.skips_steps) {
+        EXPECT_GT(skipped, 0);
+    }
+    for (const auto& x : plan["collectives_per_step_per_rank"]) {
+        const std::string what = x["what"];
+        const bool gather = what.rfind("parameter all-gather", 0) == 0;
+        const int64_t calls = x["calls"].get<int64_t>(), bytes = x["bytes"].get<int64_t>();
+        if (gather && skipped > 0) {
+            const std::string kind = x["kind"];
+            expected[kind]["calls"] = expected[kind]["calls"].get<int64_t>() - calls * P * skipped;
+            expected[kind]["bytes"] = expected[kind]["bytes"].get<int64_t>() - bytes * P * skipped;
+        }
+        if (what == "data scatter") {
+            // calls per rank and step = accumulation x the share of ranks in reader groups
+            const int64_t members = calls * P / plan["layout"]["grad_accum"].get<int64_t>();
+            expected["scatter"]["calls"] = expected["scatter"]["calls"].get<int64_t>() + members;
+            expected["scatter"]["bytes"] = expected["scatter"]["bytes"].get<int64_t>() + members * (bytes / calls);
+        }
+    }
+    for (auto it = expected.begin(); it != expected.end();) {
+        it = it.value()["calls"].get<int64_t>() == 0 ? expected.erase(it) : std::next(it);
+    }
+    const auto& counted = run.resources["comm"];
+    EXPECT_EQ(expected.size(), counted.size()) << expected.dump() << "\n" << counted.dump();
+    for (const auto& [kind, x] : counted.items()) {
+        ASSERT_TRUE(expected.contains(kind)) << kind << ": " << counted.dump();
+        EXPECT_EQ(x["calls"].get<int64_t>(), expected[kind]["calls"].get<int64_t>()) << kind;
+        EXPECT_EQ(x["bytes"].get<int64_t>(), expected[kind]["bytes"].get<int64_t>()) << kind;
     }
 }
 
-TEST(PlanBytes, ExpertParallelRunCountsWhatPlanPredicts) {
-    expect_counted_equals_predicted("--set parallel.expert_parallel=2");
+TEST(PlanBytes, ParoFp32ExpertParallel) {
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2"});
 }
 
-TEST(PlanBytes, DenseRunCountsWhatPlanPredicts) {
-    expect_counted_equals_predicted("--set model.moe_every=0");
+TEST(PlanBytes, ParoFp32SeveralBuckets) {
+    // 16384-float buckets: several per space
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set parallel.bucket_mib=0.0625"});
+}
+
+TEST(PlanBytes, ParoBf16DefaultPolicyExpertParallel) {
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set precision.dtype=bf16"});
+}
+
+TEST(PlanBytes, ParoBf16FourRanksBothAlgorithms) {
+    // P = 4: the float32 dense space (embeddings, attention: ~280 KB) takes the ring, the
+    // FFN's half-stored space halving/doubling (different hop counts)
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set precision.dtype=bf16 "
+                                     "--set train.micro_batch_size=2", 4, 2});
+}
+
+TEST(PlanBytes, ParoFourRanksExpertParallel4) {
+    // EDP = 1: the expert space is not split, only the dense one
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=4 --set train.micro_batch_size=2", 4, 2});
+}
+
+TEST(PlanBytes, Fp16LossScalingWithASkippedStep) {
+    // a loss scale of 1e9 overflows fp16: step 1 is skipped (no all-gather), the scale backs off
+    // to 1e6 and the next steps run
+    expect_counted_equals_predicted({"--set precision.dtype=fp16 --set precision.loss_scale=1e9 "
+                                     "--set precision.loss_scale_backoff=0.001", 2, 3, true});
+}
+
+TEST(PlanBytes, ReplicatedExpertParallel) {
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set optimizer.partition=off"});
+}
+
+TEST(PlanBytes, DenseParo) {
+    expect_counted_equals_predicted({"--set model.moe_every=0"});
+}
+
+TEST(PlanBytes, SwipeGateExpertParallel) {
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=swipe"});
+}
+
+TEST(PlanBytes, NoisyGateExpertParallel) {
+    // the noise weight is one more dense tensor in ParO's space
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=noisy"});
+}
+
+TEST(PlanBytes, SwitchGateCapacityCounts) {
+    // EP = 1: no all-to-all, whose bytes would follow the capacity drops
+    expect_counted_equals_predicted({"--set model.gate=switch --set model.top_k=1"});
+}
+
+TEST(PlanBytes, OneReaderScatters) {
+    expect_counted_equals_predicted({"--set data.readers=1"});
 }
 
 }  // namespace

@@ -11,6 +11,9 @@
 #include "mpi_world.h"
 #include "train/optimizer.h"
 
+#include <fmt/format.h>
+#include <string>
+
 namespace bagualu::train {
 namespace {
 
@@ -82,6 +85,59 @@ TEST(Paro, MatchesReplicatedAdamW) {
             EXPECT_LT(m.shard_size(), m.numel() / static_cast<size_t>(m.ranks()) + 16 * m.num_buckets());
         }
         EXPECT_EQ(paro.footprint().optim_bytes, 2 * sizeof(float) * state_floats);
+    }
+}
+
+// bagualu plan sizes the optimizer without building it (optimizer_footprint): on every rank
+// and layout, for float32 and mixed precision, replicated and ParO, the prediction equals what
+// the optimizer holds, and state_piece_floats what a checkpoint of it snapshots.
+TEST(Paro, FootprintPredictedWithoutBuildingIt) {
+    dist::Comm& w = dist::test_world();
+    const int   P = w.size();
+    model::ParamLayout l;  // names that put tensors in every precision class
+    l.add("wte", {97, 13}, true);
+    l.add("h.0.attn.c_attn.weight", {39, 13}, true);
+    l.add("h.0.ln_2.weight", {13}, false);
+    l.add("h.0.mlp.c_fc.weight", {29, 13}, true);
+    l.add("h.1.moe.experts.0.c_fc.weight", {41, 13}, true, true);
+    l.add("h.1.moe.experts.0.c_proj.weight", {13, 41}, true, true);
+    for (int ep = 1; ep <= P; ++ep) {
+        if (P % ep != 0) continue;
+        dist::ParallelContext par(w, ep, false);
+        for (const char* partition : {"off", "on"}) {
+            for (const char* dtype : {"fp32", "bf16", "fp16", "bf16 precision.ffn=O3"}) {
+                const std::string d(dtype);
+                std::vector<std::string> sets = {std::string("optimizer.partition=") + partition,
+                                                 "precision.dtype=" + d.substr(0, 4)};
+                if (d.size() > 4) sets.push_back(d.substr(5));
+                const TrainConfig cfg = default_config(sets);
+                const auto opt = make_optimizer(cfg, l, par);
+                const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+                const MemoryFootprint real = opt->footprint();
+                const MemoryFootprint pred = optimizer_footprint(
+                    l, prec, opt->partitioned(), P, par.edp_size(), PartitionedAdamW::kDefaultBucketFloats);
+                const std::string what = fmt::format("P {} EP {} partition {} {}", P, ep, partition, dtype);
+                EXPECT_EQ(pred.param_bytes, real.param_bytes) << what;
+                EXPECT_EQ(pred.grad_bytes, real.grad_bytes) << what;
+                // a rank whose shard of a half space is all padding keeps no master for it
+                if (w.rank() == 0) {
+                    EXPECT_EQ(pred.optim_bytes, real.optim_bytes) << what;
+                }
+                EXPECT_LE(real.optim_bytes, pred.optim_bytes) << what;
+                EXPECT_EQ(pred.comm_bytes, real.comm_bytes) << what;
+                size_t pieces = 0;
+                for (const StateSpace& sp : opt->state_spaces()) {
+                    for (const ShardPiece& p : sp.map->pieces()) pieces += p.len;
+                }
+                // shards are equal on every rank; pieces leave out tensor padding (less than 16
+                // floats per tensor) and, on the last ranks, the space's padding
+                const size_t predicted = state_piece_floats(l, prec, opt->partitioned(), P, par.edp_size());
+                EXPECT_LE(pieces, predicted) << what;
+                if (w.rank() == 0) {
+                    EXPECT_LT(predicted - pieces, 16 * l.specs().size()) << what;
+                }
+            }
+        }
     }
 }
 

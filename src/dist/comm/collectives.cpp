@@ -51,15 +51,6 @@ size_t bound(size_t n, int k, int P) {
 
 bool is_pow2(int p) { return p > 0 && std::has_single_bit(static_cast<unsigned>(p)); }
 
-CollAlgo resolve(CollAlgo algo, int P, size_t bytes) {
-    if (algo == CollAlgo::halving_doubling) {
-        BGL_CHECK(is_pow2(P), "halving/doubling needs a power-of-two number of ranks, got {}", P);
-        return algo;
-    }
-    if (algo == CollAlgo::ring) return algo;
-    return is_pow2(P) && bytes <= kSmallMessageBytes ? CollAlgo::halving_doubling : CollAlgo::ring;
-}
-
 // Per-thread scratch, grown on demand; slot selects one of a few independent buffers.
 template <typename T>
 T* scratch(int slot, size_t n) {
@@ -150,7 +141,7 @@ void reduce_scatter_mean_impl(Comm& comm, std::span<const typename D::T> in,
         if (n > 0 && out.data() != in.data()) std::memmove(out.data(), in.data(), n * sizeof(T));
         return;
     }
-    if (resolve(algo, P, n * sizeof(T)) == CollAlgo::ring) {
+    if (resolve_algo(algo, P, n * sizeof(T)) == CollAlgo::ring) {
         reduce_scatter_ring<D>(comm, in.data(), n, out.data());
     } else {
         reduce_scatter_halving<D>(comm, in.data(), n, out.data());
@@ -173,7 +164,7 @@ void all_gather_impl(Comm& comm, std::span<const T> shard, std::span<T> out, Col
     }
     if (P == 1) return;
     T* o = out.data();
-    if (resolve(algo, P, n * sizeof(T)) == CollAlgo::ring) {
+    if (resolve_algo(algo, P, n * sizeof(T)) == CollAlgo::ring) {
         // Step s forwards chunk (r-s) to r+1 and receives chunk (r-s-1) from r-1.
         const int rt = (r + 1) % P;
         const int lt = (r - 1 + P) % P;
@@ -199,6 +190,22 @@ void all_gather_impl(Comm& comm, std::span<const T> shard, std::span<T> out, Col
 }
 
 }  // namespace
+
+CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes) {
+    if (algo == CollAlgo::halving_doubling) {
+        BGL_CHECK(is_pow2(P), "halving/doubling needs a power-of-two number of ranks, got {}", P);
+        return algo;
+    }
+    if (algo == CollAlgo::ring) return algo;
+    return is_pow2(P) && bytes <= kSmallMessageBytes ? CollAlgo::halving_doubling : CollAlgo::ring;
+}
+
+int sendrecv_hops(CollAlgo resolved, int P) {
+    if (P <= 1) return 0;
+    if (resolved == CollAlgo::ring) return P - 1;
+    BGL_CHECK(resolved == CollAlgo::halving_doubling && is_pow2(P), "sendrecv_hops: unresolved algorithm or P = {}", P);
+    return std::countr_zero(static_cast<unsigned>(P));
+}
 
 ShardInfo shard_of(size_t n, int rank, int P) {
     BGL_CHECK(P > 0 && rank >= 0 && rank < P, "shard_of: rank {} of {}", rank, P);

@@ -30,6 +30,12 @@ ShardInfo shard_of(size_t n, int rank, int P);
 enum class CollAlgo { automatic, ring, halving_doubling };
 constexpr size_t kSmallMessageBytes = size_t{256} << 10;
 
+// The algorithm a call over P ranks whose whole array is `bytes` runs (automatic resolved), and
+// the Comm::sendrecv hops it makes: ring P-1, halving/doubling log2(P). Either way a rank sends
+// (P-1)/P of the array when P divides it. `bagualu plan` counts the calls with these.
+CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes);
+int      sendrecv_hops(CollAlgo resolved, int P);
+
 // in: (n) on every rank. out: (shard_of(n, rank, P).size), the mean over ranks of that shard.
 // out may alias in's own shard (in-place use); it may not overlap the rest of in.
 void reduce_scatter_mean(Comm& comm, std::span<const float> in, std::span<float> out,

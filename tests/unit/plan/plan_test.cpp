@@ -10,9 +10,13 @@
 
 #include "../../common/run_command.h"
 #include "core/error.h"
+#include "dist/comm/collectives.h"
+#include "train/shard_map.h"
 #include "model/gpt.h"
+#include "model/precision.h"
 #include "plan/estimate.h"
 #include "train/grad_sync.h"
+#include "train/optimizer.h"
 
 namespace bagualu::plan {
 namespace {
@@ -33,14 +37,11 @@ TrainConfig small_config(int moe_every, int E = 4) {
     return c;
 }
 
+// The layout the planner derives from c on P ranks of one node with expert parallelism ep.
 Layout layout_of(const TrainConfig& c, int P, int ep) {
-    Layout L;
-    L.ranks          = P;
-    L.ranks_per_node = P;
-    L.ep             = ep;
-    L.micro_batch    = c.micro_batch(P);
-    L.accum          = c.grad_accum_steps(P);
-    return L;
+    TrainConfig with_ep              = c;
+    with_ep.parallel.expert_parallel = ep;
+    return make_layout(with_ep, P, P, 1);
 }
 
 TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
@@ -56,6 +57,33 @@ TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
                 if (g.expert) expert += g.end - g.begin;
             }
             EXPECT_EQ(s.expert_floats, expert);
+        }
+    }
+}
+
+TEST(PlanLayout, ParamKindsExpandToMakeLayout) {
+    for (const char* gate : {"topk", "noisy"}) {
+        for (int moe_every : {0, 1, 2}) {
+            for (int ep : {1, 2, 4}) {
+                TrainConfig c = small_config(moe_every);
+                c.model.gate  = gate;
+                const model::ParamLayout L = model::make_layout(c.model, ep, 0);
+                size_t i = 0;
+                model::for_each_param_kind(c.model, ep, [&](const model::ParamSpec& s, uint64_t count) {
+                    ASSERT_LE(i + count, L.specs().size()) << s.name;
+                    EXPECT_EQ(L.spec(i).name, s.name);
+                    for (uint64_t j = 0; j < count; ++j) {
+                        const model::ParamSpec& r = L.spec(i + j);
+                        EXPECT_EQ(r.shape, s.shape) << r.name;
+                        EXPECT_EQ(r.numel, s.numel) << r.name;
+                        EXPECT_EQ(r.decay, s.decay) << r.name;
+                        EXPECT_EQ(r.expert, s.expert) << r.name;
+                    }
+                    i += count;
+                });
+                EXPECT_EQ(i, L.specs().size()) << gate << " " << moe_every << " " << ep;
+                EXPECT_EQ(model::layout_size(c.model, ep).rank_floats(), L.total_floats());
+            }
         }
     }
 }
@@ -77,22 +105,28 @@ double allocated_bytes() {
 }
 
 TEST(PlanMemory, MatchesGptAllocations) {
-    for (int moe_every : {0, 1, 2}) {
-        TrainConfig c = small_config(moe_every, 8);
-        c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
-        c.model.d_ff    = 256;
-        c.model.vocab_size = 1000;
-        c.model.seq_len = 64;
-        const Footprint f  = footprint(c, layout_of(c, 1, 1), 0, 0);
-        const double    before = allocated_bytes();
-        double          during = 0;
-        {
-            model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)));
-            during = allocated_bytes() - before;
+    // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
+    // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
+    for (const char* dtype : {"fp32", "fp16"}) {
+        for (int moe_every : {0, 1, 2}) {
+            TrainConfig c = small_config(moe_every, 8);
+            c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
+            c.model.d_ff    = 256;
+            c.model.vocab_size = 1000;
+            c.model.seq_len = 64;
+            c.precision.dtype = dtype;
+            const Footprint f  = footprint(c, layout_of(c, 1, 1), 0, 0);
+            const double    before = allocated_bytes();
+            double          during = 0;
+            {
+                model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 0,
+                               model::PrecisionPolicy::from_config(c.precision));
+                during = allocated_bytes() - before;
+            }
+            const Memory& m       = f.memory;
+            const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
+            EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype << " moe_every " << moe_every;
         }
-        const Memory& m       = f.memory;
-        const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
-        EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << "moe_every " << moe_every;
     }
 }
 
@@ -101,11 +135,25 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     const Footprint   f = footprint(c, layout_of(c, 2, 2), 1000, 12345);
     const Memory&     m = f.memory;
     EXPECT_DOUBLE_EQ(m.total(), m.baseline + m.parameters + m.gradients + m.optimizer +
-                                    m.activations + m.comm_buffers + m.data);
-    EXPECT_DOUBLE_EQ(m.optimizer, 2 * m.parameters);
+                                    m.activations + m.comm_buffers + m.data + m.checkpoint);
+    // ParO over 2 ranks (optimizer.partition = "auto"): the optimizer's own shard maps
+    const model::ParamLayout lay = model::make_layout(c.model, 2, 0);
+    const model::PrecisionPolicy fp32;
+    EXPECT_DOUBLE_EQ(m.optimizer, static_cast<double>(train::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
+    EXPECT_LT(m.optimizer, 2 * m.parameters);
     EXPECT_DOUBLE_EQ(m.baseline, 12345);
-    // 1000 data tokens as int32, the global batch (2 ranks x 2 x 10 tokens) staged twice
-    EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 10 * 2 * 4);
+    // 1000 data tokens as int32; the loader's two micro-batches of 2 windows of 11 tokens; the
+    // trainer's inputs and targets (2 x 10 tokens each, 64-byte rounded)
+    EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 11 * 4 + 2 * 128);
+    EXPECT_EQ(m.checkpoint, 0);
+    TrainConfig replicated = c;
+    replicated.optimizer.partition = "off";
+    replicated.checkpoint.every    = 5;
+    const Memory& r = footprint(replicated, layout_of(replicated, 2, 2), 1000, 12345).memory;
+    EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
+    // the snapshot: master, m and v of rank 0's part of each space, less than a whole copy
+    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(train::state_piece_floats(lay, fp32, false, 2, 1)));
+    EXPECT_LT(r.checkpoint, 3 * r.parameters);
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
     mach.node.memory_gib           = 1;
@@ -119,7 +167,8 @@ TEST(PlanMemory, CategoriesSumAndScale) {
 TEST(PlanComm, BytesByHand) {
     // P = 4, EP = 2: micro-batch 2 x 10 tokens, 2 micro-batches, one MoE layer of 4 experts
     // (block 1 of 3), top-2, C = 24
-    const TrainConfig c = small_config(2);
+    TrainConfig c           = small_config(2);
+    c.optimizer.partition   = "off";  // the replicated optimizer's all-reduces
     const Footprint   f = footprint(c, layout_of(c, 4, 2), 0, 0);
     EXPECT_EQ(f.layout.micro_batch, 2);
     EXPECT_EQ(f.layout.accum, 1);
@@ -140,6 +189,155 @@ TEST(PlanComm, BytesByHand) {
               (5 * E + 3) * 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
     // one rank: nothing
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
+}
+
+// ParO's calls and bytes against the trainer's own shard maps: the spaces PartitionedAdamW
+// builds (float32 / half-stored x dense / experts), each split over its group in buckets.
+TEST(PlanComm, ParoMatchesShardMaps) {
+    struct Policy {
+        const char* dtype;
+        const char* level;  // "" = the default BaGuaLu levels
+    };
+    for (const Policy pol : {Policy{"fp32", ""}, Policy{"bf16", ""}, Policy{"fp16", "O2"}, Policy{"bf16", "O3"}}) {
+        for (const auto& [P, ep] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
+            for (const size_t bucket : {size_t{1} << 20, size_t{1000}}) {
+                TrainConfig c     = small_config(2);
+                c.precision.dtype = pol.dtype;
+                if (*pol.level) {
+                    c.precision.embedding = c.precision.attention = c.precision.ffn = c.precision.head = pol.level;
+                }
+                c.parallel.expert_parallel = ep;
+                Layout L                   = make_layout(c, P, P, 1);
+                L.bucket_floats            = bucket;
+                ASSERT_EQ(L.opt_shards, P);
+                ASSERT_EQ(L.opt_shards_expert, P / ep);
+                const dist::CommTally t = per_kind(footprint(c, L, 0, 0).collectives);
+
+                const model::ParamLayout     layout = model::make_layout(c.model, ep, 0);
+                const model::PrecisionPolicy prec   = model::PrecisionPolicy::from_config(c.precision);
+                std::vector<train::FlatRun>  runs[4];
+                bool                         any_half = false;
+                for (const model::ParamSpec& s : layout.specs()) {
+                    const bool half = prec.master_mode(s) != model::MasterMode::none;
+                    any_half        = any_half || half;
+                    auto&        r   = runs[(half ? 2 : 0) + (s.expert ? 1 : 0)];
+                    const size_t end = s.offset + (s.numel + 15) / 16 * 16;
+                    if (!r.empty() && r.back().end == s.offset) {
+                        r.back().end = end;
+                    } else {
+                        r.push_back({s.offset, end});
+                    }
+                }
+                uint64_t rs_calls = 0, rs_bytes = 0, ag_calls = 0, ag_bytes = 0, hops = 0, hop_bytes = 0;
+                for (int sp = 0; sp < (any_half ? 4 : 2); ++sp) {
+                    const int G = sp % 2 == 1 ? P / ep : P;
+                    if (runs[sp].empty() || G == 1) continue;
+                    const train::ShardMap map(runs[sp], layout, G, 0, bucket);
+                    const uint64_t elem = sp >= 2 ? 2 : 4, nb = map.num_buckets(), n = map.bucket_size();
+                    rs_calls += nb;
+                    rs_bytes += nb * n * 4;
+                    ag_calls += nb;
+                    ag_bytes += nb * n * elem;
+                    for (const uint64_t e : {uint64_t{4}, elem}) {
+                        const auto algo = dist::resolve_algo(dist::CollAlgo::automatic, G, n * e);
+                        hops += nb * static_cast<uint64_t>(dist::sendrecv_hops(algo, G));
+                        hop_bytes += nb * (n - map.piece_size()) * e;
+                    }
+                }
+                const std::string at = fmt::format("{} {} P={} EP={} bucket {}", pol.dtype, pol.level, P, ep, bucket);
+                EXPECT_EQ(t[dist::CommKind::reduce_scatter].calls, rs_calls) << at;
+                EXPECT_EQ(t[dist::CommKind::reduce_scatter].bytes, rs_bytes) << at;
+                EXPECT_EQ(t[dist::CommKind::all_gather].calls, ag_calls) << at;
+                EXPECT_EQ(t[dist::CommKind::all_gather].bytes, ag_bytes) << at;
+                EXPECT_EQ(t[dist::CommKind::sendrecv].calls, hops) << at;
+                EXPECT_EQ(t[dist::CommKind::sendrecv].bytes, hop_bytes) << at;
+                if (bucket == 1000) {
+                    EXPECT_GT(rs_calls, 4u) << at;  // several buckets per space
+                }
+                // no all-reduce of gradients under ParO: gate statistics, loss, the norm
+                EXPECT_EQ(t[dist::CommKind::allreduce].calls, static_cast<uint64_t>(L.accum) + 2) << at;
+            }
+        }
+    }
+}
+
+TEST(PlanComm, GateCountsAndReaderScatter) {
+    const uint64_t E = 4, K = 2, MB = 2, T = 10;
+    {  // SWIPE, EP = 2: per-expert counts, then K rounds of (E + 1) counts per virtual worker
+        TrainConfig c              = small_config(2);
+        c.model.gate               = "swipe";
+        c.parallel.expert_parallel = 2;
+        c.parallel.virtual_workers = 2;
+        const dist::CommTally t    = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::allgather].calls, 1 + K);
+        EXPECT_EQ(t[dist::CommKind::allgather].bytes, E * 8 + K * 2 * (E + 1) * 8);
+    }
+    {  // switch, EP = 1: the K x E first-choice counts over the world, no all-to-all (P = 4: one
+       // micro-batch per step, as for every case here)
+        TrainConfig c           = small_config(2);
+        c.model.gate            = "switch";
+        c.model.top_k           = 1;
+        const dist::CommTally t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::allgather].calls, 1u);
+        EXPECT_EQ(t[dist::CommKind::allgather].bytes, 1 * E * 8);
+        EXPECT_EQ(t[dist::CommKind::alltoallv].calls, 0u);
+    }
+    {  // readers: MB windows of T + 1 tokens per member and micro-batch
+        TrainConfig c  = small_config(2);
+        c.data.readers = 1;
+        dist::CommTally t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::scatter].calls, 1u);
+        EXPECT_EQ(t[dist::CommKind::scatter].bytes, MB * (T + 1) * 4);
+        c.data.readers = 3;  // groups {0}, {1}, {2, 3}: half the ranks scatter
+        const Footprint f = footprint(c, make_layout(c, 4, 4, 1), 0, 0);
+        bool found = false;
+        for (const Collective& x : f.collectives) {
+            if (x.kind != dist::CommKind::scatter) continue;
+            found = true;
+            EXPECT_DOUBLE_EQ(x.calls, 0.5);
+            EXPECT_DOUBLE_EQ(x.bytes, 0.5 * MB * (T + 1) * 4);
+        }
+        EXPECT_TRUE(found);
+        c.data.readers = 4;  // every rank reads for itself
+        t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
+    }
+    {  // half payloads: dispatch in the FFN's GEMM dtype (O1 up), combine in its activation
+       // dtype (O2 up)
+        TrainConfig c              = small_config(2);
+        c.parallel.expert_parallel = 2;
+        c.precision.dtype          = "bf16";
+        const uint64_t N = MB * T, C = 24, rows = N * K * C;
+        c.precision.ffn = "O1";
+        EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+                  2 * rows * 2 + 2 * rows * 4);
+        c.precision.ffn = "O2";
+        EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+                  4 * rows * 2);
+    }
+}
+
+TEST(PlanTime, OverlapFollowsTheConfig) {
+    TrainConfig c = small_config(0);
+    c.model.d_model = 256;            // gradients large enough to take time
+    c.parallel.bucket_mib = 0.25;     // several ParO buckets: all but the first can hide
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    const Footprint f = footprint(c, make_layout(c, 4, 4, 1), 0, 0);
+    ASSERT_TRUE(f.layout.overlap);
+    const Estimate on = estimate(f, c, mach);
+    double         reduce = 0;
+    for (size_t i = 0; i < f.collectives.size(); ++i) {
+        if (f.collectives[i].reduction) reduce += on.comm[i].seconds;
+    }
+    EXPECT_GT(on.t_overlap, 0);
+    EXPECT_LT(on.t_overlap, reduce);  // the unit holding the embeddings is never hidden
+    EXPECT_DOUBLE_EQ(estimate(f, c, mach, {0.0}).t_overlap, 0);
+    c.parallel.overlap_grad_reduce = false;
+    EXPECT_DOUBLE_EQ(estimate(footprint(c, make_layout(c, 4, 4, 1), 0, 0), c, mach).t_overlap, 0);
 }
 
 TEST(PlanTime, GemmEfficiencyInterpolates) {
