@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/attention_kernels.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel_rows.h"
 
@@ -285,6 +287,10 @@ constexpr int64_t kQBlock = 16;
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
+        avx2::attention_forward(out, lse, qkv, B, T, C, NH);
+        return;
+    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));
@@ -354,6 +360,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
+        avx2::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));

@@ -209,16 +209,18 @@ TEST(OpsVsRef, GeluAndAdd) {
 }
 
 TEST(OpsVsRef, Attention) {
-    // Scores are float dots over hs <= 16 terms of O(1) values (8 lanes), probabilities use
-    // expf, out/dq/dk/dv are float sums over <= 130 key or query rows of O(1) terms: errors are
-    // ~1e-6 of O(1) values (seen: 8e-7); 5e-6 on |d| / (1 + |ref|). A wrong mask, scale or
-    // sign is off by O(0.1) or more.
+    // Scores are float sums over hs <= 64 terms of O(1) values, scaled to O(1); probabilities
+    // use a float exp, out/dq/dk/dv are float sums over <= 130 key or query rows of O(1)
+    // terms: errors are ~1e-6 of O(1) values (seen: 8e-7 at hs <= 16); 5e-6 on
+    // |d| / (1 + |ref|). A wrong mask, scale or sign is off by O(0.1) or more.
+    // hs = 3 runs the portable loops, multiples of 8 the SIMD kernels where the CPU has them;
+    // T = 1, 15, 16, 17 and 130 cover a lone query and ragged or exact 16-row query blocks.
     constexpr double kTol = 5e-6;
     Rng rng(5);
     const int B = 2;
-    for (int T : {1, 5, 64, 130}) {
+    for (int T : {1, 5, 15, 16, 17, 64, 130}) {
         for (int NH : {1, 2, 4}) {
-            for (int hs : {3, 16}) {
+            for (int hs : {3, 8, 16, 24, 64}) {
                 const int C = NH * hs;
                 SCOPED_TRACE(shape({B, T, C, NH}));
                 auto qkv = randn(rng, size_t(B) * T * 3 * C);
@@ -612,6 +614,14 @@ std::vector<std::vector<float>> run_all_kernels() {
     attention_backward(dqkv.data(), adout.data(), qkv.data(), aout.data(), lse.data(), AB, AT, AC,
                        NH);
     keep(aout), keep(lse), keep(dqkv);
+    // A head size the SIMD kernels do not take (the portable loops).
+    const int PC = 3 * NH;
+    auto pqkv = randn(rng, AB * AT * 3 * PC), pdout = randn(rng, AB * AT * PC);
+    std::vector<float> pout(AB * AT * PC), plse(AB * NH * AT), pdqkv(pqkv.size());
+    attention_forward(pout.data(), plse.data(), pqkv.data(), AB, AT, PC, NH);
+    attention_backward(pdqkv.data(), pdout.data(), pqkv.data(), pout.data(), plse.data(), AB, AT,
+                       PC, NH);
+    keep(pout), keep(plse), keep(pdqkv);
 
     auto logits = randn(rng, N * V, 3.0), dl = randn(rng, N);
     auto targets = rand_ints(rng, N, V);
