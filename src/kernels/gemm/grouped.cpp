@@ -67,13 +67,16 @@ UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, d
 }
 
 // Runs unit(g, i0, i1, j0, j1) for every unit, on p.threads threads; rows_of(g) is group g's
-// row count (0: no units).
+// row count (0: no units). Every thread first reserves its packing buffers for the largest unit,
+// whether or not it gets one this time, so that no later call allocates.
 template <typename Rows, typename Unit>
-void run_units(const UnitPlan& p, int G, int N, Rows rows_of, Unit unit) {
+void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows rows_of,
+               Unit unit) {
     int64_t total = 0;
     for (int g = 0; g < G; ++g) total += int64_t(p.strips) * ceil_div(rows_of(g), p.rows);
     std::atomic<int64_t> next{0};
     auto body = [&](int) {
+        reserve_pack_buffers(s, s.mc, p.cols, K);
         int g        = 0;
         int64_t base = 0;  // units before group g
         for (int64_t u = next.fetch_add(1, std::memory_order_relaxed); u < total;
@@ -110,8 +113,7 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
     const UnitPlan p    = plan_units(s, busy, ceil_div(R, busy), N, K, double(R) * N * K);
     const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
     const auto rows_of  = [&](int g) { return offsets[g + 1] - offsets[g]; };
-    run_units(p, G, N, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
-        reserve_pack_buffers(s, s.mc, p.cols, K);
+    run_units(s, p, G, N, K, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
         const PackSrc a{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
         const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
         gemm_rect(s, a, w, i0, i1, j0, j1, K, alpha, beta, C + size_t(offsets[g]) * size_t(ldc),
@@ -124,7 +126,7 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
                        float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                        float* C, int ldc, size_t stride_c) {
     int64_t depth = 0;  // sum of K_g over groups with work
-    int busy = 0, max_k = 0;
+    int busy      = 0;
     for (int g = 0; g < G; ++g) {
         const int kg = offsets[g + 1] - offsets[g];
         if (kg == 0 || alpha == 0.0f) {
@@ -132,16 +134,16 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
         } else {
             depth += kg;
             ++busy;
-            max_k = std::max(max_k, kg);
         }
     }
     if (busy == 0) return;
-    const UnitPlan p   = plan_units(s, busy, M, N, max_k, double(depth) * M * N);
+    // Strips planned for a whole kc block whatever the depths, so that the packing buffers do
+    // not grow when the routing changes.
+    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N);
     const auto rows_of = [&](int g) {
         return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
     };
-    run_units(p, G, N, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
-        reserve_pack_buffers(s, s.mc, p.cols, s.kc);
+    run_units(s, p, G, N, s.kc, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
         const int kg = offsets[g + 1] - offsets[g];
         const PackSrc a{A + size_t(offsets[g]) * size_t(lda), lda, false};
         const PackSrc x{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
