@@ -276,10 +276,12 @@ void add_forward(float* out, const float* a, const float* b, size_t n) {
 }
 
 // ---- attention ----
-// Queries are processed in blocks of kQBlock rows against keys 0 .. (last row of the block), so
-// each key/value row is loaded once per block rather than once per query. Scratch per thread
-// is (T, kQBlock) scores, key-major: s[k * kQBlock + r] for query t0 + r; masked entries
-// (key after query) hold -inf in the forward and probability 0 in the backward.
+// Where the CPU has AVX2+FMA and hs is a multiple of 8, the kernels of kernels/avx2/attention.cpp
+// run instead; the portable loops below are the fallback. Queries are processed in blocks of
+// kQBlock rows against keys 0 .. (last row of the block), so each key/value row is loaded once
+// per block rather than once per query. Scratch per thread is (T, kQBlock) scores, key-major:
+// s[k * kQBlock + r] for query t0 + r; masked entries (key after query) hold -inf in the
+// forward and probability 0 in the backward.
 
 namespace {
 constexpr int64_t kQBlock = 16;
