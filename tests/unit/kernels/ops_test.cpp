@@ -243,6 +243,39 @@ TEST(OpsVsRef, Attention) {
     }
 }
 
+TEST(OpsVsRef, AttentionPeakedScores) {
+    // q, k, v ~ N(0, 16): scaled scores have a spread of ~16 per row (up to ~+-60), so many
+    // probabilities underflow (exp below -87.3 is 0) and each row is dominated by a few keys.
+    // A score is a float sum of hs products of size ~16, off by ~hs * 16 * 2^-24 * 8 ~ 5e-5 at
+    // hs = 64 before the 1/8 scale; a probability is off by that relative, out and its
+    // gradients (values ~4, products of two such) by ~1e-4 relative (seen: 4.4e-5). 3e-4 on
+    // |d| / (1 + |ref|); a wrong mask or an underflow turned into garbage is off by O(1).
+    constexpr double kTol = 3e-4;
+    Rng rng(7);
+    const int B = 2, NH = 2;
+    for (int T : {17, 40}) {
+        for (int hs : {16, 64}) {
+            const int C = NH * hs;
+            SCOPED_TRACE(shape({B, T, C, NH}));
+            auto qkv = randn(rng, size_t(B) * T * 3 * C, 4.0);
+            auto out = nans(size_t(B) * T * C), out_ref = out;
+            auto lse = nans(size_t(B) * NH * T), lse_ref = lse;
+            attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+            ref::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), B, T, C, NH);
+            EXPECT_CLOSE(out, out_ref, kTol);
+            EXPECT_CLOSE(lse, lse_ref, kTol);
+
+            auto dout = randn(rng, out.size());
+            auto dqkv = nans(qkv.size()), dqkv_ref = dqkv;
+            attention_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(),
+                               B, T, C, NH);
+            ref::attention_backward(dqkv_ref.data(), dout.data(), qkv.data(), out_ref.data(),
+                                    lse_ref.data(), B, T, C, NH);
+            EXPECT_CLOSE(dqkv, dqkv_ref, kTol);
+        }
+    }
+}
+
 TEST(OpsVsRef, Crossentropy) {
     // The exponential sums are in double in both; the loss is off by the final rounding of
     // lse ~ 10 (1e-6), probabilities by expf of an argument rounded at |lse| (~1e-6 relative).
