@@ -1,8 +1,9 @@
 // Fast float32 kernels declared in kernels/ops.h. Work is threaded with parallel_for over rows,
 // (batch, head) pairs or column blocks; inner loops are contiguous so the compiler vectorises
-// them (portable x86-64, no intrinsics). Every reduction has a fixed order, independent of the
-// thread count. Matrix products go through gemm_f32. The only allocation is grow-only
-// per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
+// them (portable x86-64, no intrinsics). On a CPU with AVX2+FMA, attention and cross-entropy
+// run the items of kernels/ops_avx2.h instead, on the same threads and scratch. Every reduction
+// has a fixed order, independent of the thread count. Matrix products go through gemm_f32. The
+// only allocation is grow-only per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -13,9 +14,9 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/attention_kernels.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/ops_avx2.h"
 #include "kernels/parallel_rows.h"
 
 namespace bagualu::kernels {
@@ -290,7 +291,14 @@ constexpr int64_t kQBlock = 16;
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
-        avx2::attention_forward(out, lse, qkv, B, T, C, NH);
+        // One item per (b, h, query block): see avx2::attention_forward_items.
+        const int64_t nqb  = (T + avx2::kAttentionQueryBlock - 1) / avx2::kAttentionQueryBlock;
+        const int64_t work = int64_t{avx2::kAttentionQueryBlock} * T * (C / NH);
+        parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> buf;
+            float* scratch = grow(buf, avx2::attention_forward_scratch(T, C / NH));
+            avx2::attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
+        });
         return;
     }
     const int hs      = C / NH;
@@ -363,7 +371,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
-        avx2::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
+        parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> buf;
+            float* scratch = grow(buf, avx2::attention_backward_scratch(T, C / NH));
+            avx2::attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end,
+                                           scratch);
+        });
         return;
     }
     const int hs      = C / NH;
@@ -434,6 +448,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V) {
+    if (cpu_features().avx2_fma) {
+        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+            avx2::crossentropy_forward_rows(losses, logits, targets, begin, end, V);
+        });
+        return;
+    }
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = logits + i * V;
@@ -444,6 +464,12 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V) {
+    if (cpu_features().avx2_fma) {
+        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+            avx2::crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
+        });
+        return;
+    }
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
