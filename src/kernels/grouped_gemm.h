@@ -1,9 +1,9 @@
 // Grouped GEMM, row-major: G independent products in one call, for the local experts of an MoE
 // layer, whose rows lie one group after another in a shared buffer (no padding to a capacity).
-// Both forms run on the compute pool as one balanced set of (group, rows, columns) rectangles:
-// a group with many rows is split, an empty group costs nothing. Never split over the reduction
-// dimension, so results do not depend on the thread count, and each group's result is bitwise
-// what gemm_f32 gives for it alone. Call from outside pool jobs, as gemm_f32.
+// Both forms run on the compute pool as (group, rows, columns) rectangles that the threads take
+// as they come free: a group with many rows is split, an empty group costs nothing. Never split
+// over the reduction dimension, so results do not depend on the thread count, and each group's
+// result is bitwise what gemm_f32 gives for it alone. Call from outside pool jobs, as gemm_f32.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,9 @@
 // Fast float32 kernels declared in kernels/ops.h. Work is threaded with parallel_for over rows,
 // (batch, head) pairs or column blocks; inner loops are contiguous so the compiler vectorises
-// them (portable x86-64, no intrinsics). Every reduction has a fixed order, independent of the
-// thread count. Matrix products go through gemm_f32. The only allocation is grow-only
-// per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
+// them (portable x86-64, no intrinsics). On a CPU with AVX2+FMA, attention and cross-entropy
+// run the items of kernels/ops_avx2.h instead, on the same threads and scratch. Every reduction
+// has a fixed order, independent of the thread count. Matrix products go through gemm_f32. The
+// only allocation is grow-only per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -13,7 +14,9 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/ops_avx2.h"
 #include "kernels/parallel_rows.h"
 
 namespace bagualu::kernels {
@@ -274,10 +277,12 @@ void add_forward(float* out, const float* a, const float* b, size_t n) {
 }
 
 // ---- attention ----
-// Queries are processed in blocks of kQBlock rows against keys 0 .. (last row of the block), so
-// each key/value row is loaded once per block rather than once per query. Scratch per thread
-// is (T, kQBlock) scores, key-major: s[k * kQBlock + r] for query t0 + r; masked entries
-// (key after query) hold -inf in the forward and probability 0 in the backward.
+// Where the CPU has AVX2+FMA and hs is a multiple of 8, the kernels of kernels/avx2/attention.cpp
+// run instead; the portable loops below are the fallback. Queries are processed in blocks of
+// kQBlock rows against keys 0 .. (last row of the block), so each key/value row is loaded once
+// per block rather than once per query. Scratch per thread is (T, kQBlock) scores, key-major:
+// s[k * kQBlock + r] for query t0 + r; masked entries (key after query) hold -inf in the
+// forward and probability 0 in the backward.
 
 namespace {
 constexpr int64_t kQBlock = 16;
@@ -285,6 +290,17 @@ constexpr int64_t kQBlock = 16;
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
+        // One item per (b, h, query block): see avx2::attention_forward_items.
+        const int64_t nqb  = (T + avx2::kAttentionQueryBlock - 1) / avx2::kAttentionQueryBlock;
+        const int64_t work = int64_t{avx2::kAttentionQueryBlock} * T * (C / NH);
+        parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> buf;
+            float* scratch = grow(buf, avx2::attention_forward_scratch(T, C / NH));
+            avx2::attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
+        });
+        return;
+    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));
@@ -354,6 +370,16 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
+        // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
+        parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> buf;
+            float* scratch = grow(buf, avx2::attention_backward_scratch(T, C / NH));
+            avx2::attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end,
+                                           scratch);
+        });
+        return;
+    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));
@@ -422,6 +448,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V) {
+    if (cpu_features().avx2_fma) {
+        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+            avx2::crossentropy_forward_rows(losses, logits, targets, begin, end, V);
+        });
+        return;
+    }
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = logits + i * V;
@@ -432,6 +464,12 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V) {
+    if (cpu_features().avx2_fma) {
+        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+            avx2::crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
+        });
+        return;
+    }
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {

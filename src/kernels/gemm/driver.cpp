@@ -67,40 +67,6 @@ size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
 
 }  // namespace
 
-Range split(int n, int unit, int parts, int i) {
-    const int64_t units = ceil_div(n, unit);
-    const int     b     = static_cast<int>(units * i / parts) * unit;
-    const int     e     = static_cast<int>(units * (i + 1) / parts) * unit;
-    return {std::min(b, n), std::min(e, n)};
-}
-
-Grid choose_grid(const KernelSpec& s, int M, int N, int K, int threads) {
-    constexpr double kPackCost = 16.0;
-    constexpr double kMinWork  = 1 << 18;  // below this many multiply-adds, one thread
-    if (threads <= 1 || double(M) * N * K < kMinWork) return {1, 1};
-    const int mb   = ceil_div(M, s.mr);
-    const int nb   = ceil_div(N, s.nr);
-    Grid      best = {1, 1};
-    double    best_cost = 0.0;
-    for (int t = 1; t <= threads; ++t) {
-        for (int tm = 1; tm <= t; ++tm) {
-            if (t % tm != 0) continue;
-            const int tn = t / tm;
-            if (tm > mb || tn > nb) continue;
-            const double rows  = double(ceil_div(mb, tm)) * s.mr;
-            const double cols  = double(ceil_div(nb, tn)) * s.nr;
-            const double a_packs = ceil_div(static_cast<int>(cols), s.nc);
-            const double cost =
-                rows * cols * K + kPackCost * K * (rows * a_packs + cols);
-            if (t == 1 || cost < best_cost * 0.98) {
-                best      = {tm, tn};
-                best_cost = cost;
-            }
-        }
-    }
-    return best;
-}
-
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
     const size_t elem = static_cast<size_t>(s.elem_bytes);

@@ -45,21 +45,7 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);
 
-// ---- pieces of the grouped driver (gemm/grouped.cpp): one static rectangle per thread ----
-
-// [begin, end) of part `i` of `parts` when n items are dealt out in whole units of `unit`.
-struct Range {
-    int begin, end;
-};
-Range split(int n, int unit, int parts, int i);
-
-// Threads tm x tn over (M, N) minimising the slowest thread's time, modelled as its register
-// tiles times the tile cost plus its packing (each packed element costs about as much as
-// `kPackCost` multiply-adds). Fewer threads win ties; tiny problems run on one thread.
-struct Grid {
-    int tm, tn;
-};
-Grid choose_grid(const KernelSpec& spec, int M, int N, int K, int threads);
+// ---- pieces of the grouped driver (gemm/grouped.cpp) ----
 
 // Rows [m0, m1) x columns [n0, n1) of C = alpha * op(A) @ op(B) + beta * C on the calling
 // thread, with its own packing buffers. The sums of an element do not depend on the rectangle.

@@ -1,10 +1,11 @@
-// grouped_gemm_f32 / grouped_gemm_tn_f32 (kernels/grouped_gemm.h) on the packed driver: every
-// thread gets one rectangle of the groups' concatenated work and runs gemm_rect on each group's
-// part of it, with the same packing and micro-kernel as gemm_f32, so each element is summed in
-// the same order as there. The ref and openblas paths loop over gemm_f32 instead.
-// Packing buffers are reserved for the call's largest rectangle up front, so the row counts
-// changing from call to call (routing) do not make them grow again.
+// grouped_gemm_f32 / grouped_gemm_tn_f32 (kernels/grouped_gemm.h) on the packed driver: units of
+// (group, column strip, row block) handed out to the threads as they come free, each run by
+// gemm_rect with the same packing and micro-kernel as gemm_f32, so each element is summed in the
+// same order as there. The ref and openblas paths loop over gemm_f32 instead.
+// Packing buffers are reserved for the largest unit a call can have (mc rows, a strip, one kc
+// block), so the row counts changing from call to call (routing) do not make them grow again.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,21 +29,76 @@ void check_offsets(int G, const int32_t* offsets) {
     }
 }
 
-// Runs body(tid) on tm * tn threads of the compute pool (on the caller alone for one).
-template <typename F>
-void run_grid(const Grid& grid, F&& body) {
-    if (grid.tm * grid.tn == 1) {
-        body(0);
-        return;
-    }
-    compute_pool().run([&](int tid) {
-        if (tid < grid.tm * grid.tn) body(tid);
-    });
+// Both forms are cut into units, each a (group, column strip, row block) rectangle of C over
+// the group's whole depth, numbered group by group and taken from a shared counter as threads
+// come free (as gemm_packed hands out its units): a thread slowed by other work on its core takes
+// fewer, an empty group has none, a tiny one a single small unit. A unit runs gemm_rect, whose
+// sums do not depend on the rectangle, so neither does any result on the thread count.
+
+// Below this many multiply-adds in all, one thread.
+constexpr double kMinThreadedWork = 1 << 18;
+// Units per thread to aim for, so that a stalled thread's share can be taken over.
+constexpr int kUnitsPerThread = 4;
+// Bytes of one k block of a unit's packed B: with the A block it should stay in L2.
+constexpr size_t kBSliceBytes = size_t(256) << 10;
+
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
+struct UnitPlan {
+    int cols, strips;  // strip width (a multiple of nr) and strips per group
+    int rows;          // row block (a multiple of mr)
+    int threads;
+};
+
+// Units for `busy` groups of about `avg_rows` rows each, N columns and depth up to K (kc-blocked):
+// strips as wide as an L2-sized B slice allows, then row blocks only as short as needed to give
+// every thread kUnitsPerThread units.
+UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds) {
+    UnitPlan p{};
+    p.threads             = madds < kMinThreadedWork ? 1 : compute_pool().size();
+    const int kcp         = round_up(std::min(s.kc, K), s.kstep);
+    p.cols                = int(kBSliceBytes / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
+    p.cols                = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
+    p.strips              = ceil_div(N, p.cols);
+    const int want_blocks = ceil_div(kUnitsPerThread * p.threads, busy * p.strips);
+    p.rows                = round_up(std::max(1, ceil_div(avg_rows, want_blocks)), s.mr);
+    return p;
 }
 
-// Forward form: the groups' rows are one range [offsets[0], offsets[G]) of A and C, so threads
-// split that range (and N) exactly as gemm_packed splits one matrix; a thread's rows may cross
-// group boundaries, and it runs one gemm_rect per group it touches.
+// Runs unit(g, i0, i1, j0, j1) for every unit, on p.threads threads; rows_of(g) is group g's
+// row count (0: no units). Every thread first reserves its packing buffers for the largest unit,
+// whether or not it gets one this time, so that no later call allocates.
+template <typename Rows, typename Unit>
+void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows rows_of,
+               Unit unit) {
+    int64_t total = 0;
+    for (int g = 0; g < G; ++g) total += int64_t(p.strips) * ceil_div(rows_of(g), p.rows);
+    std::atomic<int64_t> next{0};
+    auto body = [&](int) {
+        reserve_pack_buffers(s, s.mc, p.cols, K);
+        int g        = 0;
+        int64_t base = 0;  // units before group g
+        for (int64_t u = next.fetch_add(1, std::memory_order_relaxed); u < total;
+             u         = next.fetch_add(1, std::memory_order_relaxed)) {
+            int mblocks = ceil_div(rows_of(g), p.rows);
+            while (u >= base + int64_t(p.strips) * mblocks) {
+                base += int64_t(p.strips) * mblocks;
+                mblocks = ceil_div(rows_of(++g), p.rows);
+            }
+            const int local = int(u - base), strip = local / mblocks, blk = local % mblocks;
+            const int j0 = strip * p.cols, i0 = blk * p.rows;
+            unit(g, i0, std::min(rows_of(g), i0 + p.rows), j0, std::min(N, j0 + p.cols));
+        }
+    };
+    if (p.threads == 1 || total <= 1) {
+        body(0);
+    } else {
+        compute_pool().run(body);
+    }
+}
+
+// Forward form: group g is rows [offsets[g], offsets[g+1]) of A and C times its own op(B_g).
 void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_t* offsets, int N,
                     int K, float alpha, const float* A, int lda, const float* B, int ldb,
                     size_t stride_b, float beta, float* C, int ldc) {
@@ -52,51 +108,20 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
         scale_c(R, N, beta, C + size_t(row0) * size_t(ldc), ldc);
         return;
     }
+    int busy = 0;
+    for (int g = 0; g < G; ++g) busy += offsets[g + 1] > offsets[g];
+    const UnitPlan p    = plan_units(s, busy, ceil_div(R, busy), N, K, double(R) * N * K);
     const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
-    const Grid grid     = choose_grid(s, R, N, K, compute_pool().size());
-    run_grid(grid, [&](int tid) {
-        const Range rows = split(R, s.mr, grid.tm, tid / grid.tn);
-        const Range cols = split(N, s.nr, grid.tn, tid % grid.tn);
-        if (rows.begin >= rows.end || cols.begin >= cols.end) return;
-        reserve_pack_buffers(s, s.mc, N, K);
-        const int lo = row0 + rows.begin, hi = row0 + rows.end;
-        // the last group starting at or before lo: the first with a row in [lo, hi)
-        int g = static_cast<int>(std::upper_bound(offsets, offsets + G + 1, lo) - offsets) - 1;
-        for (; g < G && offsets[g] < hi; ++g) {
-            const int b = std::max(lo, offsets[g]), e = std::min(hi, offsets[g + 1]);
-            if (b >= e) continue;
-            const PackSrc a{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
-            const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
-            gemm_rect(s, a, w, b - offsets[g], e - offsets[g], cols.begin, cols.end, K, alpha, beta,
-                      C + size_t(offsets[g]) * size_t(ldc), ldc);
-        }
+    const auto rows_of  = [&](int g) { return offsets[g + 1] - offsets[g]; };
+    run_units(s, p, G, N, K, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
+        const PackSrc a{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
+        const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
+        gemm_rect(s, a, w, i0, i1, j0, j1, K, alpha, beta, C + size_t(offsets[g]) * size_t(ldc),
+                  ldc);
     });
 }
 
-// A place in the TN form's concatenated output rows: row r of group g.
-struct Pos {
-    int g, r;
-};
-
-// The first row, in whole register tiles of a group, before which the rows weigh at least
-// `target`; row r of group g weighs K_g (its products' depth), so equal weights are equal work.
-Pos locate(int64_t target, int G, const int32_t* offsets, int M, int mr) {
-    int64_t cum = 0;
-    for (int g = 0; g < G; ++g) {
-        const int64_t kg = offsets[g + 1] - offsets[g];
-        if (kg == 0) continue;
-        if (cum + kg * M > target) {
-            const int64_t r = (target - cum + kg - 1) / kg;
-            const int rr    = static_cast<int>((r + mr - 1) / mr * mr);
-            return rr >= M ? Pos{g + 1, 0} : Pos{g, rr};
-        }
-        cum += kg * M;
-    }
-    return Pos{G, 0};
-}
-
-// Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g. Threads split
-// the groups' concatenated output rows by weight (and N), never a group's depth.
+// Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g, never split.
 void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M, int N,
                        float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                        float* C, int ldc, size_t stride_c) {
@@ -112,26 +137,17 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
         }
     }
     if (busy == 0) return;
-    const int64_t rows   = std::min<int64_t>(int64_t(M) * busy, INT32_MAX);
-    const Grid grid      = choose_grid(s, static_cast<int>(rows), N, static_cast<int>(depth / busy),
-                                       compute_pool().size());
-    const int64_t weight = depth * M;
-    run_grid(grid, [&](int tid) {
-        const int i      = tid / grid.tn;
-        const Range cols = split(N, s.nr, grid.tn, tid % grid.tn);
-        if (cols.begin >= cols.end) return;
-        const Pos b = locate(weight * i / grid.tm, G, offsets, M, s.mr);
-        const Pos e = locate(weight * (i + 1) / grid.tm, G, offsets, M, s.mr);
-        reserve_pack_buffers(s, s.mc, N, s.kc);
-        for (int g = b.g; g <= std::min(e.g, G - 1); ++g) {
-            const int kg = offsets[g + 1] - offsets[g];
-            const int r0 = g == b.g ? b.r : 0, r1 = g == e.g ? e.r : M;
-            if (kg == 0 || r0 >= r1) continue;
-            const PackSrc a{A + size_t(offsets[g]) * size_t(lda), lda, false};
-            const PackSrc x{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
-            gemm_rect(s, a, x, r0, r1, cols.begin, cols.end, kg, alpha, beta,
-                      C + size_t(g) * stride_c, ldc);
-        }
+    // Strips planned for a whole kc block whatever the depths, so that the packing buffers do
+    // not grow when the routing changes.
+    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N);
+    const auto rows_of = [&](int g) {
+        return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
+    };
+    run_units(s, p, G, N, s.kc, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
+        const int kg = offsets[g + 1] - offsets[g];
+        const PackSrc a{A + size_t(offsets[g]) * size_t(lda), lda, false};
+        const PackSrc x{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
+        gemm_rect(s, a, x, i0, i1, j0, j1, kg, alpha, beta, C + size_t(g) * stride_c, ldc);
     });
 }
 
