@@ -1,9 +1,8 @@
 // JSON Lines reading, the loss and expert-load charts of a run directory, and the chart comparing
-// one metric over several runs. The chart file is written to a temp
-// name and renamed, so a viewer refreshing loss.svg never sees half a file.
+// one metric over several runs. Chart files are written to a temp name and renamed, so a viewer
+// refreshing loss.svg never sees half a file.
 #include "report/metrics.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
