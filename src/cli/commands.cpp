@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -249,6 +250,41 @@ int cmd_report(const std::string& run_dir) {
     report::write_loss_chart(run_dir);
     log::info("report: wrote {}/loss.svg", run_dir);
     if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
+    return 0;
+}
+
+int cmd_report_compare(const ReportCompareArgs& a) {
+    if (a.metric != "val_loss" && a.metric != "loss") {
+        input_error("--metric {}: expected val_loss (validation loss) or loss (train loss)",
+                    a.metric);
+    }
+    if (!a.labels.empty() && a.labels.size() != a.run_dirs.size()) {
+        input_error("--labels: got {} label(s) for {} run directories (expected one per --compare "
+                    "directory, comma-separated)",
+                    a.labels.size(), a.run_dirs.size());
+    }
+    if (a.out.empty()) input_error("report --compare: --out FILE.svg is required (the chart to write)");
+    std::vector<report::RunCurve> curves;
+    for (size_t i = 0; i < a.run_dirs.size(); ++i) {
+        const fs::path    dir   = a.run_dirs[i];
+        const std::string label = !a.labels.empty() ? a.labels[i]
+                                  : (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+        curves.push_back(report::read_metric_curve(a.run_dirs[i], a.metric, label));
+    }
+    report::write_comparison_chart(curves, a.metric, a.out);
+
+    size_t width = 3;
+    for (const auto& c : curves) width = std::max(width, c.label.size());
+    const std::string final_head = "final " + a.metric, min_head = "min " + a.metric;
+    fmt::print("{:<{}}  {:>9}  {:>{}}  {:>{}}\n", "run", width, "last step", final_head,
+               final_head.size(), min_head, min_head.size());
+    for (const auto& c : curves) {
+        const report::CurveSummary s = report::summarize(c);
+        fmt::print("{:<{}}  {:>9.0f}  {:>{}.4f}  {:>{}.4f}\n", c.label, width, s.last_step,
+                   s.final_value, final_head.size(), s.min_value, min_head.size());
+    }
+    std::fflush(stdout);
+    log::info("report: wrote {}", a.out);
     return 0;
 }
 

@@ -34,6 +34,15 @@ int cmd_export_checkpoint(const std::string& dir, const std::string& out, const 
 // some file fails its checks.
 int cmd_inspect(const std::string& dir);
 int cmd_report(const std::string& run_dir);
+// `bagualu report --compare DIR...`: one chart of a metric over several runs, and a table of
+// each run's last step, final and smallest value on stdout.
+struct ReportCompareArgs {
+    std::vector<std::string> run_dirs;           // --compare
+    std::vector<std::string> labels;             // --labels (default: the directory names)
+    std::string              metric = "val_loss";  // --metric: val_loss or loss
+    std::string              out;                // --out FILE.svg
+};
+int cmd_report_compare(const ReportCompareArgs& a);
 
 // `bagualu bench ...`. kernels: model shapes from --config (else configs/default.toml when
 // present, else the built-in defaults). comm and train are collective over world.

@@ -73,8 +73,19 @@ int main(int argc, char** argv) {
                         "A checkpoint (step_NNNNNNNN) or a directory of checkpoints")->required();
 
     std::string report_dir;
-    auto* report = app.add_subcommand("report", "Draw loss.svg from a run directory's metrics.jsonl");
-    report->add_option("run_dir", report_dir, "Run directory")->required();
+    cli::ReportCompareArgs rca;
+    auto* report = app.add_subcommand(
+        "report", "Draw loss.svg from a run directory's metrics.jsonl, or compare runs on one chart");
+    report->add_option("run_dir", report_dir, "Run directory");
+    auto* report_compare = report->add_option(
+        "--compare", rca.run_dirs, "Draw one metric of these run directories on one chart instead");
+    auto* report_labels = report->add_option(
+        "--labels", rca.labels, "Legend labels, comma-separated (default: the directory names)")
+        ->delimiter(',');
+    auto* report_metric = report->add_option(
+        "--metric", rca.metric, "val_loss (validation loss) or loss (train loss)")->capture_default_str();
+    auto* report_out = report->add_option("--out", rca.out, "SVG file to write the comparison to")
+        ->type_name("FILE.svg");
 
     cli::BenchArgs ba;
     auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps, checkpoint I/O");
@@ -175,7 +186,21 @@ int main(int argc, char** argv) {
         if (*exp) return from_ckpt.empty() ? cli::cmd_export(from, out, dtype)
                                            : cli::cmd_export_checkpoint(from_ckpt, out, dtype);
         if (*inspect) return cli::cmd_inspect(inspect_dir);
-        if (*report) return cli::cmd_report(report_dir);
+        if (*report) {
+            if (report_compare->count() == 0) {
+                if (report_labels->count() || report_metric->count() || report_out->count()) {
+                    throw InputError("report: --labels, --metric and --out go with --compare DIR ...");
+                }
+                if (report_dir.empty()) {
+                    throw InputError("report: give a run directory, or --compare DIR ... --out FILE.svg");
+                }
+                return cli::cmd_report(report_dir);
+            }
+            if (!report_dir.empty()) {
+                throw InputError(fmt::format("report {}: give either one run directory or --compare DIR ..., not both", report_dir));
+            }
+            return cli::cmd_report_compare(rca);
+        }
         if (*bench_kernels) return cli::cmd_bench_kernels(common, ba);
         if (*bench_io) {
             io_options.bytes = static_cast<size_t>(io_mib) << 20;

@@ -1,8 +1,10 @@
-// JSON Lines reading and the loss and expert-load charts of a run directory. The chart file is written to a temp
-// name and renamed, so a viewer refreshing loss.svg never sees half a file.
+// JSON Lines reading, the loss and expert-load charts of a run directory, and the chart comparing
+// one metric over several runs. Chart files are written to a temp name and renamed, so a viewer
+// refreshing loss.svg never sees half a file.
 #include "report/metrics.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +112,57 @@ void write_loss_chart(const std::string& run_dir) {
         (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
     write_text_file(dir / "loss.svg",
                     line_chart_svg(fmt::format("Loss: {}", run_name), "step", "loss", series));
+}
+
+RunCurve read_metric_curve(const std::string& run_dir, const std::string& metric,
+                           const std::string& label) {
+    const fs::path dir = run_dir;
+    if (!fs::is_directory(dir)) {
+        input_error("{}: no such directory (expected a run directory with metrics.jsonl)", run_dir);
+    }
+    const std::string metrics = (dir / "metrics.jsonl").string();
+    if (!fs::exists(metrics))
+        input_error("{}: no such file (expected the run's metrics log)", metrics);
+    RunCurve curve{label, {}, {}};
+    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
+        if (!r.contains(metric)) continue;
+        if (!r.contains("step") || !r["step"].is_number()) {
+            input_error("{}:{}: has \"{}\" but no numeric \"step\"", metrics, line_no, metric);
+        }
+        curve.steps.push_back(r["step"].get<double>());
+        curve.values.push_back(number_at(r, metric.c_str(), metrics, line_no));
+    }
+    if (curve.steps.empty()) {
+        input_error("{}: no line has \"{}\" (expected a metrics log that records it)", metrics,
+                    metric);
+    }
+    return curve;
+}
+
+CurveSummary summarize(const RunCurve& curve) {
+    BGL_CHECK(!curve.steps.empty() && curve.steps.size() == curve.values.size(),
+              "curve {} has {} steps and {} values", curve.label, curve.steps.size(),
+              curve.values.size());
+    double min_value = std::numeric_limits<double>::quiet_NaN();
+    for (double v : curve.values) {
+        if (std::isfinite(v) && (std::isnan(min_value) || v < min_value)) min_value = v;
+    }
+    return {curve.steps.back(), curve.values.back(), min_value};
+}
+
+void write_comparison_chart(std::span<const RunCurve> curves, const std::string& metric,
+                            const std::string& out_path) {
+    std::vector<Series> series;
+    for (const RunCurve& c : curves) series.push_back({c.label, "", c.steps, c.values});
+    const std::string axis  = metric == "loss"       ? "train loss"
+                              : metric == "val_loss" ? "val loss"
+                                                     : metric;
+    const std::string title = metric == "loss"       ? "Train loss"
+                              : metric == "val_loss" ? "Validation loss"
+                                                     : metric;
+    write_text_file(out_path, line_chart_svg(fmt::format("{} of {} runs", title, curves.size()),
+                                             "step", axis, series));
 }
 
 bool write_expert_load_chart(const std::string& run_dir) {

@@ -2,6 +2,7 @@
 // turning it into charts next to it. Only reads and plots; the trainer owns the log format.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,29 @@ void write_loss_chart(const std::string& run_dir);
 // expert_tokens (a dense model). Throws InputError as write_loss_chart does, or naming a line
 // whose expert_tokens is not an array of arrays of numbers.
 bool write_expert_load_chart(const std::string& run_dir);
+
+// One run's curve of one metric, for drawing several runs on one chart (`report --compare`).
+struct RunCurve {
+    std::string         label;
+    std::vector<double> steps, values;  // in log order; a null value (NaN or inf logged) is NaN
+};
+
+// The curve of `metric` ("val_loss", "loss", ...) against "step" in run_dir/metrics.jsonl,
+// labelled `label`. Throws InputError naming run_dir when it is not a directory, metrics.jsonl
+// when it is missing or no line has `metric`, or a line as write_loss_chart does.
+RunCurve read_metric_curve(const std::string& run_dir, const std::string& metric,
+                           const std::string& label);
+
+// What the comparison table shows of a curve: the step and value of its last point (the value
+// may be NaN: a run that ended diverged), and its smallest finite value (NaN when none is).
+struct CurveSummary {
+    double last_step, final_value, min_value;
+};
+CurveSummary summarize(const RunCurve& curve);
+
+// Writes out_path: one line chart of every curve, `metric` against step, the labels as legend.
+// Throws InputError naming out_path when it cannot be written.
+void write_comparison_chart(std::span<const RunCurve> curves, const std::string& metric,
+                            const std::string& out_path);
 
 }  // namespace bagualu::report

@@ -23,6 +23,7 @@ constexpr std::size_t kMaxLabelChars           = 28;
 constexpr std::array<const char*, 10> kPalette = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                                   "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                                                   "#bcbd22", "#17becf"};
+constexpr std::array<const char*, 3> kDashes = {"6 3", "2 3", "8 3 2 3"};
 
 // Sequential colour scale (viridis), evenly spaced stops from low to high.
 constexpr std::array<std::array<int, 3>, 9> kScale = {{{0x44, 0x01, 0x54},
@@ -73,11 +74,11 @@ class Canvas {
                             escape_xml(s));
     }
     void line(double x1, double y1, double x2, double y2, const std::string& stroke,
-              double width = 1) {
+              double width = 1, const std::string& extra_attrs = "") {
         out_ += fmt::format(
             "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
-            "stroke-width=\"{}\"/>\n",
-            x1, y1, x2, y2, stroke, width);
+            "stroke-width=\"{}\"{}/>\n",
+            x1, y1, x2, y2, stroke, width, extra_attrs);
     }
     // Title centred on top, x label under the plot, y label rotated left of it.
     void labels(const std::string& title, const std::string& xlabel, const std::string& ylabel,
@@ -269,6 +270,12 @@ std::string line_chart_svg(const std::string& title, const std::string& xlabel,
         const Series& s = series[k];
         const std::string color =
             escape_xml(s.color.empty() ? kPalette[k % kPalette.size()] : s.color);
+        // Past the palette, colours repeat with a dash pattern, so that every series differs.
+        const std::size_t round = s.color.empty() ? k / kPalette.size() : 0;
+        const std::string dash =
+            round == 0 ? ""
+                       : fmt::format(" stroke-dasharray=\"{}\"",
+                                     kDashes[(round - 1) % kDashes.size()]);
         // One path; a skipped point breaks the line, and a point alone in its run is a dot.
         std::string path;
         std::vector<std::pair<double, double>> run, dots;
@@ -294,8 +301,8 @@ std::string line_chart_svg(const std::string& title, const std::string& xlabel,
         if (!path.empty()) {
             c.raw(
                 fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" "
-                            "stroke-linejoin=\"round\"/>\n",
-                            path, color));
+                            "stroke-linejoin=\"round\"{}/>\n",
+                            path, color, dash));
         }
         if (finite <= 50) {  // sparse series (e.g. validation) get a dot on every point
             dots.clear();
@@ -310,7 +317,7 @@ std::string line_chart_svg(const std::string& title, const std::string& xlabel,
         c.raw("</g>\n");
 
         const double ly = top + 10 + 20 * static_cast<double>(k);
-        c.line(right + 12, ly, right + 34, ly, color, 2.5);
+        c.line(right + 12, ly, right + 34, ly, color, 2.5, dash);
         c.text(right + 40, ly + 4, truncate_label(s.name) + (finite == 0 ? " (no data)" : ""),
                "font-size=\"12\"");
     }

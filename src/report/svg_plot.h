@@ -10,11 +10,13 @@ namespace bagualu::report {
 
 struct Series {
     std::string name;
-    std::string color;         // any SVG colour; empty picks one from a fixed palette
+    std::string color;  // any SVG colour; empty picks one from a fixed palette of 10 (series k
+                        // gets colour k % 10, dashed from the 11th series on)
     std::vector<double> x, y;  // same length; points with a non-finite coordinate are skipped
 };
 
-// A line chart of `series` with nice-valued ticks, a grid and a legend. With `log_y`, points with
+// A line chart of `series` with nice-valued ticks, a grid and a legend (one entry per series,
+// top to bottom in order). With `log_y`, points with
 // y <= 0 are skipped too. Empty input gives empty axes marked "no data"; an isolated point is
 // drawn as a dot.
 std::string line_chart_svg(const std::string& title, const std::string& xlabel,

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 #include "core/error.h"
@@ -123,6 +126,70 @@ TEST_F(MetricsTest, ExpertLoadChartHasOneRowPerLayerAndExpert) {
     EXPECT_FALSE(fs::exists(dir_ / "expert_load.svg"));
     write("metrics.jsonl", "{\"step\":1,\"expert_tokens\":[3]}\n");
     EXPECT_THROW(write_expert_load_chart(dir_.string()), InputError);
+}
+
+TEST_F(MetricsTest, MetricCurveOfOneRunAndItsSummary) {
+    write("metrics.jsonl",
+          "{\"step\":1,\"loss\":5.0}\n"
+          "{\"step\":2,\"loss\":null}\n"
+          "{\"step\":2,\"val_loss\":4.5}\n"
+          "{\"step\":3,\"loss\":3.0}\n"
+          "{\"step\":4,\"loss\":3.5}\n"
+          "{\"event\":\"done\"}\n");
+    const RunCurve loss = read_metric_curve(dir_.string(), "loss", "a");
+    EXPECT_EQ(loss.label, "a");
+    EXPECT_EQ(loss.steps, (std::vector<double>{1, 2, 3, 4}));
+    ASSERT_EQ(loss.values.size(), 4u);
+    EXPECT_TRUE(std::isnan(loss.values[1]));
+    const CurveSummary s = summarize(loss);
+    EXPECT_EQ(s.last_step, 4);
+    EXPECT_EQ(s.final_value, 3.5);  // the last point, not the best
+    EXPECT_EQ(s.min_value, 3.0);    // the NaN is not a minimum
+    const RunCurve val = read_metric_curve(dir_.string(), "val_loss", "a");
+    EXPECT_EQ(val.steps, (std::vector<double>{2}));
+
+    const RunCurve nan_only{"n", {7}, {std::numeric_limits<double>::quiet_NaN()}};
+    EXPECT_TRUE(std::isnan(summarize(nan_only).min_value));
+}
+
+TEST_F(MetricsTest, ComparisonChartHasOneSeriesPerRun) {
+    const std::vector<RunCurve> curves = {{"FP32", {0, 100, 200}, {5, 4, 3.5}},
+                                          {"BF16 & co", {0, 100, 200}, {5.1, 4.1, 3.6}},
+                                          {"FP16", {0, 100}, {5.2, std::numeric_limits<double>::quiet_NaN()}}};
+    const std::string out = (dir_ / "cmp.svg").string();
+    write_comparison_chart(curves, "val_loss", out);
+    const std::string svg = read("cmp.svg");
+    EXPECT_TRUE(svg.ends_with("</svg>\n"));
+    EXPECT_NE(svg.find(">Validation loss of 3 runs<"), std::string::npos);
+    for (const char* label : {">FP32<", ">BF16 &amp; co<", ">FP16<"}) {
+        EXPECT_NE(svg.find(label), std::string::npos) << label;
+    }
+    size_t paths = 0;
+    for (size_t i = svg.find("<path "); i != std::string::npos; i = svg.find("<path ", i + 1)) ++paths;
+    EXPECT_EQ(paths, 2u);  // FP16 has one finite point: a dot, no line
+    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    const std::string bad = (dir_ / "no_such_dir" / "cmp.svg").string();
+    EXPECT_NE(error_of([&] { write_comparison_chart(curves, "loss", bad); }).find(bad + ": cannot write"),
+              std::string::npos);
+}
+
+TEST_F(MetricsTest, MetricCurveErrorsNameTheDirectoryOrLog) {
+    const std::string missing = (dir_ / "nope").string();
+    EXPECT_NE(error_of([&] { read_metric_curve(missing, "loss", "x"); })
+                  .find(missing + ": no such directory"),
+              std::string::npos);
+    const std::string log = (dir_ / "metrics.jsonl").string();
+    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "loss", "x"); })
+                  .find(log + ": no such file"),
+              std::string::npos);
+    write("metrics.jsonl", "{\"step\":1,\"loss\":5.0}\n");
+    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "val_loss", "x"); })
+                  .find(log + ": no line has \"val_loss\""),
+              std::string::npos);
+    write("metrics.jsonl", "{\"val_loss\":5.0}\n");
+    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "val_loss", "x"); })
+                  .find(log + ":1: has \"val_loss\" but no numeric \"step\""),
+              std::string::npos);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 
@@ -248,6 +249,46 @@ TEST(LineChart, LogScaleSkipsNonPositiveValues) {
     const XmlSummary n =
         expect_well_formed(line_chart_svg("t", "x", "y", std::span(&negative, 1), true));
     EXPECT_TRUE(has_text(n, "no data"));
+}
+
+TEST(LineChart, ManySeriesGetDistinctStrokesAndOneLegendEntryEach) {
+    // 12 runs: more than the 10 palette colours, so the last two must differ by dash pattern.
+    std::vector<Series> series;
+    for (int k = 0; k < 12; ++k) {
+        Series s{fmt::format("run {}", k), "", {}, {}};
+        for (int step = 0; step <= 100; step += 20) {
+            s.x.push_back(step);
+            s.y.push_back(k == 3 && step == 40 ? kNaN : 5.0 - 0.01 * step + 0.1 * k);
+        }
+        series.push_back(s);
+    }
+    const std::string svg = line_chart_svg("Val loss", "step", "val loss", series);
+    const XmlSummary x    = expect_well_formed(svg);
+    for (int k = 0; k < 12; ++k) EXPECT_TRUE(has_text(x, fmt::format("run {}", k))) << k;
+    EXPECT_EQ(x.elements.at("path"), 12);
+    EXPECT_EQ(x.elements.at("title"), 12);  // one hover group per series
+    // 6 points per series, all dotted (sparse), less the NaN of run 3.
+    EXPECT_EQ(x.elements.at("circle"), 12 * 6 - 1);
+
+    std::set<std::string> strokes;
+    const std::regex path_re("<path d=\"([^\"]*)\" fill=\"none\" stroke=\"([^\"]*)\"[^>]*?"
+                             "(stroke-dasharray=\"([^\"]*)\")?/>");
+    std::vector<std::string> paths;
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), path_re);
+         it != std::sregex_iterator(); ++it) {
+        strokes.insert((*it)[2].str() + "/" + (*it)[4].str());
+        paths.push_back((*it)[1]);
+    }
+    ASSERT_EQ(paths.size(), 12u);
+    EXPECT_EQ(strokes.size(), 12u) << "two series share colour and dash pattern";
+    // Run 3's NaN at step 40 breaks its line into two pieces; the others are one piece each.
+    EXPECT_EQ(std::count(paths[3].begin(), paths[3].end(), 'M'), 2);
+    EXPECT_EQ(std::count(paths[2].begin(), paths[2].end(), 'M'), 1);
+    // The legend draws a sample line per series, dashed like its series.
+    const std::regex legend_re("<line [^>]*stroke-width=\"2.5\"( stroke-dasharray=\"[^\"]*\")?/>");
+    EXPECT_EQ(std::distance(std::sregex_iterator(svg.begin(), svg.end(), legend_re),
+                            std::sregex_iterator()),
+              12);
 }
 
 TEST(LineChart, MismatchedSeriesIsAnInternalError) {
