@@ -303,17 +303,17 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
     }
     {  // half payloads: dispatch in the FFN's GEMM dtype (O1 up), combine in its activation
-       // dtype (O2 up)
+       // dtype (O2 up); the per-expert counts (E int64) go by all-to-all as well
         TrainConfig c              = small_config(2);
         c.parallel.expert_parallel = 2;
         c.precision.dtype          = "bf16";
         const uint64_t N = MB * T, C = 24, rows = N * K * C;
         c.precision.ffn = "O1";
         EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
-                  2 * rows * 2 + 2 * rows * 4);
+                  2 * rows * 2 + 2 * rows * 4 + E * 8);
         c.precision.ffn = "O2";
         EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
-                  4 * rows * 2);
+                  4 * rows * 2 + E * 8);
     }
 }
 
