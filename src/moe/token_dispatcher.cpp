@@ -15,10 +15,11 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
       C_(C),
       max_rows_(max_rows),
       ep_size_(par.ep_size()),
-      ep_rank_(par.ep_rank()),
       max_recv_(max_recv > 0 ? max_recv : static_cast<int64_t>(par.ep_size()) * max_rows),
       mine_(static_cast<size_t>(E)),
-      counts_(static_cast<size_t>(par.ep_size() * E)),
+      counts_(static_cast<size_t>(E)),  // ep_size * El
+      count_counts_(static_cast<size_t>(par.ep_size()), E / par.ep_size()),
+      count_displs_(static_cast<size_t>(par.ep_size())),
       send_counts_(static_cast<size_t>(par.ep_size())),
       send_displs_(static_cast<size_t>(par.ep_size())),
       recv_counts_(static_cast<size_t>(par.ep_size())),
@@ -28,7 +29,12 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
 
 void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     std::copy(tokens_per_expert, tokens_per_expert + E_, mine_.begin());
-    par_.ep().allgather(mine_.data(), sizeof(int64_t) * static_cast<size_t>(E_), counts_.data());
+    // peer q needs only the counts of its own El experts (mine_ is expert-major, so they are
+    // consecutive): E int64 in and out per rank, where gathering every rank's E counts would
+    // receive EP * E
+    for (int q = 0; q < ep_size_; ++q) count_displs_[static_cast<size_t>(q)] = int64_t{q} * El_;
+    par_.ep().alltoallv_bytes(mine_.data(), count_counts_, count_displs_, counts_.data(),
+                              count_counts_, count_displs_, sizeof(int64_t));
     int64_t off = 0;
     for (int q = 0; q < ep_size_; ++q) {
         int64_t rows = 0;
@@ -40,7 +46,7 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     off = 0;
     for (int s = 0; s < ep_size_; ++s) {
         int64_t rows = 0;
-        for (int e = 0; e < El_; ++e) rows += counts_[static_cast<size_t>(s * E_ + ep_rank_ * El_ + e)];
+        for (int e = 0; e < El_; ++e) rows += counts_[static_cast<size_t>(s * El_ + e)];
         recv_counts_[static_cast<size_t>(s)] = rows * C_;
         recv_displs_[static_cast<size_t>(s)] = off * C_;
         off += rows;
@@ -49,7 +55,7 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     local_offsets_[0] = 0;
     for (int e = 0; e < El_; ++e) {
         int64_t rows = 0;
-        for (int s = 0; s < ep_size_; ++s) rows += counts_[static_cast<size_t>(s * E_ + ep_rank_ * El_ + e)];
+        for (int s = 0; s < ep_size_; ++s) rows += counts_[static_cast<size_t>(s * El_ + e)];
         local_offsets_[static_cast<size_t>(e) + 1] = local_offsets_[static_cast<size_t>(e)] + static_cast<int32_t>(rows);
     }
 }
@@ -57,15 +63,15 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
 // Copies between the [source][local expert] staging layout and [local expert][source]:
 // kToLocal: staging -> local; otherwise local -> staging.
 template <bool kToLocal>
+// counts: [ep_size * El] rows from rank s to local expert e.
 static void reorder(const float* from, float* to, const std::vector<int64_t>& counts,
-                    const std::vector<int64_t>& recv_displs, int ep_size, int E, int El, int ep_rank,
-                    int C) {
+                    const std::vector<int64_t>& recv_displs, int ep_size, int El, int C) {
     int64_t dst = 0;
     for (int e = 0; e < El; ++e) {
         for (int s = 0; s < ep_size; ++s) {
             int64_t src = recv_displs[static_cast<size_t>(s)] / C;
-            for (int e2 = 0; e2 < e; ++e2) src += counts[static_cast<size_t>(s * E + ep_rank * El + e2)];
-            const int64_t rows  = counts[static_cast<size_t>(s * E + ep_rank * El + e)];
+            for (int e2 = 0; e2 < e; ++e2) src += counts[static_cast<size_t>(s * El + e2)];
+            const int64_t rows  = counts[static_cast<size_t>(s * El + e)];
             const size_t  bytes = sizeof(float) * static_cast<size_t>(rows * C);
             if (bytes == 0) continue;
             if constexpr (kToLocal) {
@@ -110,11 +116,11 @@ void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payloa
         exchange_half(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
                       payload);
     }
-    reorder<true>(staging_.data(), x_local, counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
+    reorder<true>(staging_.data(), x_local, counts_, recv_displs_, ep_size_, El_, C_);
 }
 
 void TokenDispatcher::combine(float* y_perm, const float* y_local, Dtype payload) {
-    reorder<false>(y_local, staging_.data(), counts_, recv_displs_, ep_size_, E_, El_, ep_rank_, C_);
+    reorder<false>(y_local, staging_.data(), counts_, recv_displs_, ep_size_, El_, C_);
     if (payload == Dtype::float32) {
         par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_,
                           send_displs_, sizeof(float));

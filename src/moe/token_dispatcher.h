@@ -1,6 +1,7 @@
 // Moves routed token rows between the ranks of an expert-parallel group (EP > 1), in the
 // Megatron stages, local steps apart from the communication:
-//   dispatch_preprocess  exchange per-expert counts (allgather in the EP group), derive
+//   dispatch_preprocess  exchange per-expert counts (all-to-all in the EP group: each peer
+//                        gets the counts of its own experts), derive
 //                        send/recv counts and the local experts' row offsets
 //   token_dispatch       all-to-all: rows for global experts of peer q go to q
 //   dispatch_postprocess reorder received rows from [source][local expert] to
@@ -42,10 +43,11 @@ class TokenDispatcher {
 
    private:
     dist::ParallelContext& par_;
-    int                    E_, El_, C_, max_rows_, ep_size_, ep_rank_;
+    int                    E_, El_, C_, max_rows_, ep_size_;
     int64_t                max_recv_;
     std::vector<int64_t>   mine_;             // [E] this rank's rows per global expert
-    std::vector<int64_t>   counts_;           // [ep_size * E] rows from rank s to global expert e
+    std::vector<int64_t>   counts_;           // [ep_size * El] rows from rank s to local expert e
+    std::vector<int64_t>   count_counts_, count_displs_;  // [ep_size]: El each, q * El
     std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
     std::vector<int32_t>   local_offsets_;    // [El + 1]
     Buffer<float>          staging_;          // (max(max_recv, max_rows), C), [source][local expert] order

@@ -70,9 +70,9 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     a += 2 * buf(N * K * C, 4) + buf(N * K, 4) + buf(N * E, 4);  // dy_perm_, dx_perm_, dprobs_, dlogits_
     if (ep > 1) {
         a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
-        // TokenDispatcher: staging_ (EP * max_rows, C), counts_ [EP * E], 4 x [EP], offsets
+        // TokenDispatcher: staging_ (max(R, N*K), C), counts_ [E], 6 x [EP], offsets
         const double staging = std::max(R, N * K) * C;
-        b.comm_buffers += buf(staging, 4) + ep * E * 8 + 4 * ep * 8 + (E / ep + 1) * 4;
+        b.comm_buffers += buf(staging, 4) + E * 8 + 6 * ep * 8 + (E / ep + 1) * 4;
         if (half_payload) b.comm_buffers += 2 * buf(staging, 2);  // send16_, recv16_
 
     }
@@ -220,7 +220,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // forward and in backward with GEMM-dtype payloads (half from FFN level O1), combine in
         // both with activation-dtype payloads (half from O2): N*K rows of C values each, the
         // mean over ranks (slots dropped by a capacity gate are not sent: an upper bound there)
-        add("moe expert counts", dist::CommKind::allgather, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
+        // counts: each peer gets its El experts' counts, E int64 sent per rank in all
+        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
         const double rows = N * K * C * n_moe * A;
         const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
