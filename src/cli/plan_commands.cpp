@@ -301,9 +301,11 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         if (!f) input_error("{}: cannot write", out);
         f << to_toml(m, "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
         fmt::print("calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), triad {:.1f} GB/s per core, "
-                   "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; baseline {:.1f} MiB -> {}\n",
+                   "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; optimizer {:.2f} ns/float; "
+                   "baseline {:.1f} MiB -> {}\n",
                    c.cores, c.peak_core_gflops, c.triad_core_gbs, c.triad_node_gbs, c.gemm_efficiency.front(),
-                   c.gemm_efficiency.back(), c.attention_efficiency, m.node.baseline_rss_mib, out);
+                   c.gemm_efficiency.back(), c.attention_efficiency, c.optimizer_ns_per_float,
+                   m.node.baseline_rss_mib, out);
         return 0;
     }
     // what MPI adds: resident memory after its start-up and collectives, beyond a process that

@@ -110,6 +110,28 @@ ComputeCalibration calibrate_compute(double seconds) {
         },
         seconds / 2);
     c.attention_efficiency = std::min(1.0, 6.0 * N * T * C / t * 1e-9 / c.peak_core_gflops);
+
+    // the optimizer's passes over one float (train/optimizer.cpp): the gradient norm, the clip
+    // scale, AdamW reading p, g, m, v and writing p, m, v; 4M floats, beyond the caches
+    {
+        const size_t  nf = size_t{1} << 22;
+        Buffer<float> p(nf), g(nf), m(nf), v(nf);
+        for (size_t i = 0; i < nf; ++i) {
+            p[i] = 0.01f * static_cast<float>(i % 113);
+            g[i] = 1e-3f * static_cast<float>(i % 71) - 0.03f;
+            m[i] = v[i] = 0;
+        }
+        int        step = 0;
+        const double to = time_per_call(
+            [&] {
+                const double norm = kernels::sum_squares(g.data(), nf);
+                kernels::scale_inplace(g.data(), static_cast<float>(1.0 / (1.0 + norm)), nf);
+                kernels::adamw_update(p.data(), g.data(), m.data(), v.data(), nf, 1e-3f, 0.9f,
+                                      0.95f, 1e-8f, 0.1f, ++step);
+            },
+            seconds / 2);
+        c.optimizer_ns_per_float = to / static_cast<double>(nf) * 1e9;
+    }
     return c;
 }
 
@@ -208,6 +230,7 @@ void apply(MachineSpec& m, const ComputeCalibration& c) {
     m.node.gemm_sizes                = c.gemm_sizes;
     m.node.gemm_efficiency           = c.gemm_efficiency;
     m.node.attention_efficiency      = c.attention_efficiency;
+    m.node.optimizer_ns_per_float    = c.optimizer_ns_per_float;
 }
 
 void apply(MachineSpec& m, const CommCalibration& c, int ranks) {

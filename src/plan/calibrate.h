@@ -1,5 +1,6 @@
 // Measurements of the local machine for its machine file (`bagualu calibrate`): per-core FMA
-// peak, GEMM and attention efficiency of our kernels, STREAM-triad bandwidth on one core and on
+// peak, GEMM and attention efficiency of our kernels, the optimizer's time per float (norm,
+// clip, AdamW), STREAM-triad bandwidth on one core and on
 // all cores, the idle resident memory of a process, and, over a Comm of several ranks, the
 // latency and bandwidth of all-to-all and all-reduce. Runs on the compute pool, which must have
 // one thread (set_compute_threads(1)) so per-core numbers are per core.
@@ -17,6 +18,7 @@ struct ComputeCalibration {
     double triad_core_gbs = 0, triad_node_gbs = 0;
     std::vector<double> gemm_sizes, gemm_efficiency;
     double attention_efficiency = 0;
+    double optimizer_ns_per_float = 0;
 };
 // seconds: time spent per measurement (a few measurements each, the median kept).
 ComputeCalibration calibrate_compute(double seconds);

@@ -28,6 +28,7 @@ void visit_fields(M& m, V&& v) {
     v("node", "gemm_sizes", m.node.gemm_sizes);
     v("node", "gemm_efficiency", m.node.gemm_efficiency);
     v("node", "attention_efficiency", m.node.attention_efficiency);
+    v("node", "optimizer_ns_per_float", m.node.optimizer_ns_per_float);
     v("node", "baseline_rss_mib", m.node.baseline_rss_mib);
     v("node", "mpi_rss_mib", m.node.mpi_rss_mib);
     v("network", "intra_node_bandwidth_gbs", m.network.intra_node_bandwidth_gbs);
@@ -146,6 +147,9 @@ void validate(const MachineSpec& m) {
         }
     }
     fraction("node.attention_efficiency", m.node.attention_efficiency);
+    if (!(m.node.optimizer_ns_per_float >= 0)) {
+        input_error("{}: node.optimizer_ns_per_float = {}: must be >= 0", src, m.node.optimizer_ns_per_float);
+    }
     if (m.node.baseline_rss_mib < 0 || m.node.mpi_rss_mib < 0) {
         input_error("{}: node.baseline_rss_mib and node.mpi_rss_mib must be >= 0", src);
     }

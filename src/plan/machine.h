@@ -21,6 +21,9 @@ struct NodeSpec {
     std::vector<double> gemm_sizes      = {1024};
     std::vector<double> gemm_efficiency = {0.5};
     double attention_efficiency = 0.2;  // causal attention kernel, fraction of peak
+    // The optimizer's per-float work on one core, in ns: gradient norm, clip and AdamW over
+    // p, g, m, v (0 = bounded by memory bandwidth alone)
+    double optimizer_ns_per_float = 0;
     double baseline_rss_mib     = 0;    // resident memory of an idle bagualu process
     double mpi_rss_mib          = 0;    // added per process by MPI start-up and first collectives
 };
