@@ -313,7 +313,7 @@ Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int th
         L.opt_shards        = ranks;
         L.opt_shards_expert = ranks / L.ep;
     }
-    L.bucket_floats = cfg.bucket_floats();
+    L.bucket_floats = train::paro_bucket_floats(cfg, ranks);
     L.policy        = model::PrecisionPolicy::from_config(cfg.precision);
     // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
     // MPI_THREAD_MULTIPLE, assumed here)

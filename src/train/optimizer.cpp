@@ -501,6 +501,10 @@ MemoryFootprint PartitionedAdamW::footprint() const {
     return f;
 }
 
+size_t paro_bucket_floats(const TrainConfig& cfg, int ranks) {
+    return std::max(cfg.bucket_floats(), static_cast<size_t>(ranks) * kMinPieceFloats);
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
                                           dist::ParallelContext& par, HelperThread* helper) {
     const TrainSection& t = cfg.train;
@@ -509,7 +513,7 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                            t.grad_clip};
     const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     if (cfg.partition_optimizer(par.size())) {
-        return std::make_unique<PartitionedAdamW>(layout, par, hyper, cfg.bucket_floats(), helper,
+        return std::make_unique<PartitionedAdamW>(layout, par, hyper, paro_bucket_floats(cfg, par.size()), helper,
                                                   prec);
     }
     return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);

@@ -199,6 +199,13 @@ size_t state_piece_floats(const model::ParamLayout& layout, const model::Precisi
                           bool partitioned, int world_size, int edp_size,
                           size_t bucket_floats = PartitionedAdamW::kDefaultBucketFloats);
 
+// ParO's bucket target on `ranks` ranks: parallel.bucket_mib, but at least kMinPieceFloats for
+// each rank. Every bucket is a reduce-scatter and an all-gather over all the ranks of its space,
+// whose latency grows with them; a fixed size would shrink to a few floats per rank at scale
+// (4 MiB over 96,000 ranks is 11 floats each) and make the step latency-bound.
+inline constexpr size_t kMinPieceFloats = 1024;  // 4 KiB per rank
+size_t paro_bucket_floats(const TrainConfig& cfg, int ranks);
+
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
 // cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
 // reduces gradients during backward (nullptr: no overlap). Collective over the world.
