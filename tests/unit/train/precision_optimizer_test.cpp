@@ -111,5 +111,15 @@ TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterWindow) {
     EXPECT_EQ(off.scale(), 1);
 }
 
+// ParO's bucket target: parallel.bucket_mib up to 1,024 ranks, then 4 KiB per rank.
+TEST(ParoBuckets, TargetHasAFloorPerRank) {
+    const TrainConfig cfg = default_config();
+    EXPECT_EQ(paro_bucket_floats(cfg, 2), size_t{1} << 20);
+    EXPECT_EQ(paro_bucket_floats(cfg, 1024), size_t{1} << 20);
+    EXPECT_EQ(paro_bucket_floats(cfg, 96000), size_t{96000} * kMinPieceFloats);
+    const TrainConfig big = default_config({"parallel.bucket_mib=4096"});
+    EXPECT_EQ(paro_bucket_floats(big, 96000), size_t{4096} << 18);
+}
+
 }  // namespace
 }  // namespace bagualu::train
