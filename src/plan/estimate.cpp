@@ -104,7 +104,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const Layout&      L = fp.layout;
     const ModelConfig& m = cfg.model;
     const NodeSpec&    nd = mach.node;
-    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+    const model::PrecisionPolicy& prec = L.policy;  // [precision], set by make_layout
     // the fraction of peak is against the peak of the run's precision
     const bool half        = prec.mixed() && nd.peak_half_gflops > 0;
     const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
