@@ -1,6 +1,8 @@
-// AVX2/FMA versions of some kernels of kernels/ops.h (sources in kernels/avx2/), called by
-// ops.cpp when the CPU has AVX2+FMA, which also owns the threads and scratch: each function here
-// runs a range of work items on the calling thread. Same shapes and =/+= conventions as ops.h.
+// AVX2/FMA versions of some kernels of kernels/ops.h. The item functions (sources in
+// kernels/avx2/, built with -mavx2 -mfma) run a range of work items on the calling thread; the
+// drivers at the end (kernels/ops_avx2.cpp, built for any x86-64) own the threads and scratch
+// and are what the AVX2 and AVX-512 tables of kernels/dispatch.cpp point to. Call either only
+// on a CPU with AVX2+FMA. Same shapes and =/+= conventions as ops.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,5 +31,16 @@ void crossentropy_forward_rows(float* losses, const float* logits, const int32_t
 // dlogits may alias logits.
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
                                 const float* dlosses, int64_t begin, int64_t end, int V);
+
+// ---- drivers: ops.h signatures, threaded on the compute pool ----
+// Attention with a head size the items do not take (attention_shape_supported) runs
+// generic::attention_forward / attention_backward.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V);
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V);
 
 }  // namespace bagualu::kernels::avx2

@@ -1,0 +1,60 @@
+// Threaded drivers of the AVX2 attention and cross-entropy items (kernels/ops_avx2.h). Built
+// for any x86-64 like the rest of kernels/, so the library templates instantiated here
+// (parallel_for, std::vector) are portable code; only the item functions in kernels/avx2/ use
+// AVX2 instructions. Work splits and scratch are the ones the items document.
+#include "kernels/ops_avx2.h"
+
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ops_generic.h"
+#include "kernels/parallel_rows.h"
+
+namespace bagualu::kernels::avx2 {
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (!attention_shape_supported(C / NH)) {
+        generic::attention_forward(out, lse, qkv, B, T, C, NH);
+        return;
+    }
+    // One item per (b, h, query block): see attention_forward_items.
+    const int64_t nqb  = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+    const int64_t work = int64_t{kAttentionQueryBlock} * T * (C / NH);
+    parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, attention_forward_scratch(T, C / NH));
+        attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
+    });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (!attention_shape_supported(C / NH)) {
+        generic::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
+    // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
+    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
+        attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    });
+}
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        crossentropy_forward_rows(losses, logits, targets, begin, end, V);
+    });
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
+    });
+}
+
+}  // namespace bagualu::kernels::avx2
