@@ -1,7 +1,8 @@
 // Tests for kernels/ops.h: every fast kernel against the scalar oracle kernels/ref/ops_ref.h on
 // ragged shapes; every ref backward (in double) against central finite differences; the += / =
 // conventions of each backward; AdamW against a hand computation; and bitwise independence of
-// the thread count. Does not benchmark.
+// the thread count. The families kernels/dispatch.h chooses an implementation for are tested on
+// every ISA's table (IsaTest: skipped where the CPU lacks the ISA). Does not benchmark.
 #include "kernels/ops.h"
 
 #include <gtest/gtest.h>
@@ -23,9 +24,12 @@
 #pragma GCC diagnostic pop
 #include "core/thread_pool.h"
 #include "kernels/ref/ops_ref.h"
+#include "isa_params.h"
 
 namespace bagualu::kernels {
 namespace {
+
+using testing::IsaTest;
 
 // ---- helpers ----
 
@@ -71,6 +75,11 @@ const int kRows[] = {1, 7, 64, 129};
 const int kCols[] = {1, 15, 16, 257};
 
 // ---- 1. fast kernels vs ref<float> ----
+// OpsVsRef: the kernels with one implementation; OpsIsaVsRef: the dispatched families, once per
+// ISA (the tolerances hold for every ISA: each states what its error comes from).
+
+class OpsIsaVsRef : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsIsaVsRef);
 
 TEST(OpsVsRef, Linear) {
     // gemm sums K = IC (forward), OC (dinp) or N (dweight) <= 257 products of O(1) values in
@@ -141,7 +150,7 @@ TEST(OpsVsRef, Embedding) {
     }
 }
 
-TEST(OpsVsRef, Layernorm) {
+TEST_P(OpsIsaVsRef, Layernorm) {
     // Row statistics are summed in double in both; the float part is a handful of operations
     // per element on values of size |x - mean| * rstd * w ~ O(3), plus double column sums over
     // N <= 129 rows: a few ulp, 1e-5 leaves a wide margin.
@@ -177,7 +186,7 @@ TEST(OpsVsRef, Layernorm) {
     }
 }
 
-TEST(OpsVsRef, GeluAndAdd) {
+TEST_P(OpsIsaVsRef, GeluAndAdd) {
     // GELU in float: exp within 1 ulp and a handful of float operations on values of
     // O(|x|) <= 15: ~1e-7 on |d| / (1 + |ref|) (seen: 1.5e-7), 1e-6 leaves a 6x margin.
     // add: one float addition, exact against the double sum rounded to float.
@@ -230,12 +239,12 @@ void check_attention(Rng& rng, int B, int T, int NH, int hs, double scale, doubl
     EXPECT_CLOSE(dqkv, dqkv_ref, tol);
 }
 
-TEST(OpsVsRef, Attention) {
+TEST_P(OpsIsaVsRef, Attention) {
     // Scores are float sums over hs <= 64 terms of O(1) values, scaled to O(1); probabilities
     // use a float exp, out/dq/dk/dv are float sums over <= 130 key or query rows of O(1)
     // terms: errors are ~1e-6 of O(1) values (seen: 8e-7 at hs <= 16); 5e-6 on
     // |d| / (1 + |ref|). A wrong mask, scale or sign is off by O(0.1) or more.
-    // hs = 3 runs the portable loops, multiples of 8 the SIMD kernels where the CPU has them;
+    // hs = 3 runs the portable loops, multiples of 8 the SIMD kernels where the ISA has them;
     // T = 1, 15, 16, 17 and 130 cover a lone query and ragged or exact 16-row query blocks.
     constexpr double kTol = 5e-6;
     Rng rng(5);
@@ -247,7 +256,7 @@ TEST(OpsVsRef, Attention) {
     }
 }
 
-TEST(OpsVsRef, AttentionPeakedScores) {
+TEST_P(OpsIsaVsRef, AttentionPeakedScores) {
     // q, k, v ~ N(0, 16): scaled scores have a spread of ~16 per row (up to ~+-60), so many
     // probabilities underflow (exp below -87.3 is 0) and each row is dominated by a few keys.
     // A score is a float sum of hs products of size ~16, off by ~hs * 16 * 2^-24 * 8 ~ 5e-5 at
@@ -262,7 +271,7 @@ TEST(OpsVsRef, AttentionPeakedScores) {
     }
 }
 
-TEST(OpsVsRef, Crossentropy) {
+TEST_P(OpsIsaVsRef, Crossentropy) {
     // The exponential sums are in double in both; the loss is off by the final rounding of
     // lse ~ 10 (1e-6), probabilities by expf of an argument rounded at |lse| (~1e-6 relative).
     constexpr double kTol = 2e-6;
@@ -291,7 +300,7 @@ TEST(OpsVsRef, Crossentropy) {
     }
 }
 
-TEST(OpsVsRef, AdamwNormsScale) {
+TEST_P(OpsIsaVsRef, AdamwNormsScale) {
     // AdamW: a few float operations per element, 1e-6 relative. sum_squares: both in double,
     // only the summation order differs: 1e-12 relative. scale: one float multiplication, exact.
     Rng rng(7);
@@ -465,6 +474,10 @@ TEST(OpsRefGrad, Crossentropy) {
 }
 
 // ---- 3. += and = conventions: a second backward call doubles += outputs only ----
+// Once per ISA: the dispatched families' conventions hold for every table.
+
+class OpsAccumulate : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsAccumulate);
 
 // x + x is exact, but the second call adds a freshly rounded sum to the first: 1e-6 relative.
 constexpr double kTwiceTol = 1e-6;
@@ -474,7 +487,7 @@ std::vector<float> doubled(std::vector<float> x) {
     return x;
 }
 
-TEST(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
+TEST_P(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
     Rng rng(21);
     const int N = 7, IC = 15, OC = 16;
     auto inp = randn(rng, N * IC), w = randn(rng, OC * IC), dout = randn(rng, N * OC);
@@ -489,7 +502,7 @@ TEST(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
     EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, LayernormAllAccumulate) {
+TEST_P(OpsAccumulate, LayernormAllAccumulate) {
     Rng rng(22);
     const int N = 7, C = 15;
     auto inp = randn(rng, N * C), w = randn(rng, C), b = randn(rng, C), dout = randn(rng, N * C);
@@ -507,7 +520,7 @@ TEST(OpsAccumulate, LayernormAllAccumulate) {
     EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, EmbeddingAccumulates) {
+TEST_P(OpsAccumulate, EmbeddingAccumulates) {
     Rng rng(23);
     const int B = 2, T = 7, C = 16, V = 5;
     auto tokens = rand_ints(rng, B * T, V);
@@ -520,7 +533,7 @@ TEST(OpsAccumulate, EmbeddingAccumulates) {
     EXPECT_CLOSE(dwpe, doubled(dwpe1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, ActivationGradsOverwrite) {
+TEST_P(OpsAccumulate, ActivationGradsOverwrite) {
     Rng rng(24);
     const int B = 2, T = 5, C = 8, NH = 2, V = 11;
     auto qkv = randn(rng, B * T * 3 * C), dout = randn(rng, B * T * C);
@@ -546,7 +559,7 @@ TEST(OpsAccumulate, ActivationGradsOverwrite) {
     EXPECT_EQ(dx, dx1);
 }
 
-TEST(OpsAccumulate, RefParamsAccumulate) {
+TEST_P(OpsAccumulate, RefParamsAccumulate) {
     Rng rng(25);
     const int N = 3, IC = 4, OC = 5;
     Vec inp = randn<double>(rng, N * IC), w = randn<double>(rng, OC * IC);
@@ -561,9 +574,12 @@ TEST(OpsAccumulate, RefParamsAccumulate) {
     for (size_t i = 0; i < db.size(); ++i) EXPECT_DOUBLE_EQ(db[i], 2 * db1[i]);
 }
 
-// ---- 4. AdamW by hand ----
+// ---- 4. AdamW by hand, on every ISA's table ----
 
-TEST(OpsAdamw, MatchesHandComputation) {
+class OpsAdamw : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsAdamw);
+
+TEST_P(OpsAdamw, MatchesHandComputation) {
     // lr = 0.1, wd = 0.01, eps = 1e-8, and betas that are short binary fractions, b1 = 7/8 and
     // b2 = 127/128, so every moment and bias correction below is exact in float.
     // With a constant gradient g: m_k = g (1 - b1^k), v_k = g^2 (1 - b2^k), so the corrected
@@ -589,7 +605,10 @@ TEST(OpsAdamw, MatchesHandComputation) {
     EXPECT_EQ(v[2], 0.f);
 }
 
-// ---- 5. results do not depend on the thread count ----
+// ---- 5. results do not depend on the thread count, on every ISA's table ----
+
+class OpsThreads : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsThreads);
 
 // Runs every fast kernel on shapes large enough to be threaded and returns all outputs.
 std::vector<std::vector<float>> run_all_kernels() {
@@ -661,7 +680,7 @@ std::vector<std::vector<float>> run_all_kernels() {
     return res;
 }
 
-TEST(OpsThreads, ResultsIndependentOfThreadCount) {
+TEST_P(OpsThreads, ResultsIndependentOfThreadCount) {
     set_compute_threads(1);
     const auto one = run_all_kernels();
     set_compute_threads(2);
