@@ -1,7 +1,7 @@
 // The kernel tables of kernels/dispatch.h and the choice of the active one. Each ISA's table
 // names, per family, the widest implementation it has at or below that ISA: generic (ops.cpp),
-// avx2 (the drivers of ops_avx2.cpp over the items in kernels/avx2/). Adding a version is one
-// line in the table of its ISA and those above it.
+// avx2 and avx512 (the drivers of ops_avx2.cpp / ops_avx512.cpp over the items in kernels/avx2/
+// and kernels/avx512/). Adding a version is a line in the table of its ISA and those above it.
 #include "kernels/dispatch.h"
 
 #include <fmt/format.h>
@@ -14,6 +14,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/ops_avx2.h"
+#include "kernels/ops_avx512.h"
 #include "kernels/ops_generic.h"
 
 namespace bagualu::kernels {
@@ -43,14 +44,14 @@ constexpr KernelTable kGeneric = {
 constexpr KernelTable kAvx2 = {
     .isa                   = Isa::avx2,
     .layernorm_isa         = Isa::generic,
-    .gelu_isa              = Isa::generic,
+    .gelu_isa              = Isa::avx2,
     .attention_isa         = Isa::avx2,
     .crossentropy_isa      = Isa::avx2,
     .adamw_isa             = Isa::generic,
     .layernorm_forward     = generic::layernorm_forward,
     .layernorm_backward    = generic::layernorm_backward,
-    .gelu_forward          = generic::gelu_forward,
-    .gelu_backward         = generic::gelu_backward,
+    .gelu_forward          = avx2::gelu_forward,
+    .gelu_backward         = avx2::gelu_backward,
     .attention_forward     = avx2::attention_forward,
     .attention_backward    = avx2::attention_backward,
     .crossentropy_forward  = avx2::crossentropy_forward,
@@ -58,10 +59,13 @@ constexpr KernelTable kAvx2 = {
     .adamw_update          = generic::adamw_update,
 };
 
-// No AVX-512 kernels of these families yet: the AVX2 ones.
+// AVX-512 GELU; attention and cross-entropy are the AVX2 kernels.
 constexpr KernelTable kAvx512 = [] {
-    KernelTable t = kAvx2;
-    t.isa         = Isa::avx512;
+    KernelTable t   = kAvx2;
+    t.isa           = Isa::avx512;
+    t.gelu_isa      = Isa::avx512;
+    t.gelu_forward  = avx512::gelu_forward;
+    t.gelu_backward = avx512::gelu_backward;
     return t;
 }();
 

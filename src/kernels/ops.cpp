@@ -246,11 +246,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // gelu'(x) = sg + 2 x sg (1 - sg) du/dx, with sg (1 - sg) = sg^2 e. No cancellation anywhere,
 // and exp_f32 vectorises where tanhf does not.
 
-namespace {
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-}  // namespace
-
 namespace generic {
 
 void gelu_forward(float* out, const float* inp, size_t n) {
@@ -288,9 +283,9 @@ void add_forward(float* out, const float* a, const float* b, size_t n) {
 
 // ---- attention ----
 // The portable kernels; the AVX2 ones (kernels/ops_avx2.h) fall back to them for head sizes that
-// are not a multiple of 8. Queries are processed in blocks of
-// kQBlock rows against keys 0 .. (last row of the block), so each key/value row is loaded once
-// per block rather than once per query. Scratch per thread is (T, kQBlock) scores, key-major:
+// are not a multiple of 8. Queries are processed in blocks of kQBlock rows against keys
+// 0 .. (last row of the block), so each key/value row is loaded once per block rather than once
+// per query. Scratch per thread is (T, kQBlock) scores, key-major:
 // s[k * kQBlock + r] for query t0 + r; masked entries (key after query) hold -inf in the
 // forward and probability 0 in the backward.
 

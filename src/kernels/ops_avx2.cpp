@@ -1,4 +1,4 @@
-// Threaded drivers of the AVX2 attention and cross-entropy items (kernels/ops_avx2.h). Built
+// Threaded drivers of the AVX2 attention, GELU and cross-entropy items (kernels/ops_avx2.h). Built
 // for any x86-64 like the rest of kernels/, so the library templates instantiated here
 // (parallel_for, std::vector) are portable code; only the item functions in kernels/avx2/ use
 // AVX2 instructions. Work splits and scratch are the ones the items document.
@@ -40,6 +40,17 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         thread_local std::vector<float> buf;
         float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
         attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    });
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+    parallel_rows(int64_t(n), 1,
+                  [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        gelu_backward_range(dinp, inp, dout, begin, end);
     });
 }
 

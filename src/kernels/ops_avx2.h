@@ -32,12 +32,20 @@ void crossentropy_forward_rows(float* losses, const float* logits, const int32_t
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
                                 const float* dlosses, int64_t begin, int64_t end, int V);
 
+// ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
+void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
+// dinp may alias dout.
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
+                         int64_t end);
+
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 // Attention with a head size the items do not take (attention_shape_supported) runs
 // generic::attention_forward / attention_backward.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V);
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,

@@ -8,6 +8,11 @@
 
 namespace bagualu::kernels::generic {
 
+// GELU's constants, shared with the SIMD versions (which compute the same float operations in
+// the same order, so their results are bitwise those of the generic kernels).
+inline constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+inline constexpr float kGeluA = 0.044715f;
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

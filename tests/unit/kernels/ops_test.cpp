@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #pragma GCC diagnostic pop
 #include "core/thread_pool.h"
+#include "kernels/ops_generic.h"
 #include "kernels/ref/ops_ref.h"
 #include "isa_params.h"
 
@@ -214,6 +215,43 @@ TEST_P(OpsIsaVsRef, GeluAndAdd) {
         EXPECT_EQ(sum, sum_ref);
         add_forward(x.data(), x.data(), dout.data(), n);  // out aliasing a
         EXPECT_EQ(x, sum);
+    }
+}
+
+// The first index where a and b differ in their bits, or -1.
+int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return int64_t(i);
+    }
+    return a.size() == b.size() ? -1 : int64_t(std::min(a.size(), b.size()));
+}
+
+TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
+    // The SIMD GELUs do the generic kernel's float operations in its order, without FMA, so
+    // they give its bits exactly, on every value: the default path's results do not depend on
+    // which ISA the CPU has. Ragged lengths around the 8- and 16-lane steps, and the values
+    // where exp_f32 clamps, underflows or passes NaN through.
+    Rng rng(9);
+    const float inf      = std::numeric_limits<float>::infinity();
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.f, -0.f,
+                              1e-40f, -1e-40f, 100.f, -100.f, 20.f, -20.f, 9.53f, -9.53f,
+                              -5.2f, 1e20f, -1e20f, 3.4e38f, -3.4e38f};
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(15), size_t(16),
+                     size_t(17), size_t(31), size_t(33), size_t(40000)}) {
+        SCOPED_TRACE(n);
+        auto x = randn(rng, n, 6.0), dout = randn(rng, n);
+        for (size_t i = 0; i < n && i < std::size(specials); ++i) x[n - 1 - i] = specials[i];
+        auto out = nans(n), out_gen = out, dinp = out, dinp_gen = out;
+        gelu_forward(out.data(), x.data(), n);
+        generic::gelu_forward(out_gen.data(), x.data(), n);
+        int64_t i = first_bit_difference(out, out_gen);
+        EXPECT_EQ(i, -1) << "x " << x[size_t(i)] << ": " << out[size_t(i)] << " vs generic "
+                         << out_gen[size_t(i)];
+        gelu_backward(dinp.data(), x.data(), dout.data(), n);
+        generic::gelu_backward(dinp_gen.data(), x.data(), dout.data(), n);
+        i = first_bit_difference(dinp, dinp_gen);
+        EXPECT_EQ(i, -1) << "x " << x[size_t(i)] << ": " << dinp[size_t(i)] << " vs generic "
+                         << dinp_gen[size_t(i)];
     }
 }
 
