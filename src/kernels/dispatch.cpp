@@ -43,13 +43,13 @@ constexpr KernelTable kGeneric = {
 
 constexpr KernelTable kAvx2 = {
     .isa                   = Isa::avx2,
-    .layernorm_isa         = Isa::generic,
+    .layernorm_isa         = Isa::avx2,
     .gelu_isa              = Isa::avx2,
     .attention_isa         = Isa::avx2,
     .crossentropy_isa      = Isa::avx2,
     .adamw_isa             = Isa::generic,
-    .layernorm_forward     = generic::layernorm_forward,
-    .layernorm_backward    = generic::layernorm_backward,
+    .layernorm_forward     = avx2::layernorm_forward,
+    .layernorm_backward    = avx2::layernorm_backward,
     .gelu_forward          = avx2::gelu_forward,
     .gelu_backward         = avx2::gelu_backward,
     .attention_forward     = avx2::attention_forward,
@@ -59,7 +59,7 @@ constexpr KernelTable kAvx2 = {
     .adamw_update          = generic::adamw_update,
 };
 
-// AVX-512 GELU; attention and cross-entropy are the AVX2 kernels.
+// AVX-512 GELU; layernorm, attention and cross-entropy are the AVX2 kernels.
 constexpr KernelTable kAvx512 = [] {
     KernelTable t   = kAvx2;
     t.isa           = Isa::avx512;

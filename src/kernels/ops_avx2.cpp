@@ -1,4 +1,4 @@
-// Threaded drivers of the AVX2 attention, GELU and cross-entropy items (kernels/ops_avx2.h). Built
+// Threaded drivers of the AVX2 items (kernels/ops_avx2.h). Built
 // for any x86-64 like the rest of kernels/, so the library templates instantiated here
 // (parallel_for, std::vector) are portable code; only the item functions in kernels/avx2/ use
 // AVX2 instructions. Work splits and scratch are the ones the items document.
@@ -40,6 +40,27 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         thread_local std::vector<float> buf;
         float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
         attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    });
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        layernorm_forward_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
+    });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        layernorm_backward_rows(dinp, dout, inp, weight, mean, rstd, begin, end, C);
+    });
+    // The column split of the generic kernel; each column's sum runs over all rows in order.
+    parallel_cols(C, N, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<double> buf;
+        double* scratch = grow(buf, size_t(2 * (c1 - c0)));
+        layernorm_backward_cols(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1, scratch);
     });
 }
 

@@ -32,6 +32,21 @@ void crossentropy_forward_rows(float* losses, const float* logits, const int32_t
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
                                 const float* dlosses, int64_t begin, int64_t end, int V);
 
+// ---- layernorm; bitwise the generic kernels' results ----
+// Forward rows [begin, end).
+void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t begin, int64_t end,
+                            int C);
+// dinp (+=) of rows [begin, end).
+void layernorm_backward_rows(float* dinp, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd,
+                             int64_t begin, int64_t end, int C);
+// dweight, dbias (+=) of columns [c0, c1), summed over all N rows in order. scratch: 2 (c1 - c0)
+// doubles.
+void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* mean, const float* rstd, int N, int C, int64_t c0,
+                             int64_t c1, double* scratch);
+
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
 // dinp may alias dout.
@@ -44,6 +59,11 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,

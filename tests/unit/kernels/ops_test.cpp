@@ -255,6 +255,40 @@ TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
     }
 }
 
+TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
+    // The SIMD layernorms keep the generic kernel's summation lanes and operation order, without
+    // FMA, so they give its bits exactly. C around the 4-double and 8-float steps and the
+    // 16-column blocks of the column sums; N large enough to be threaded.
+    Rng rng(10);
+    for (int N : {1, 7, 129}) {
+        for (int C : {1, 3, 4, 5, 8, 15, 16, 17, 33, 257}) {
+            SCOPED_TRACE(shape({N, C}));
+            auto inp = randn(rng, size_t(N) * C, 2.0, 0.5);
+            auto w = randn(rng, size_t(C), 1.0, 1.0), b = randn(rng, size_t(C));
+            auto out = nans(inp.size()), out_gen = out;
+            auto mean = nans(size_t(N)), mean_gen = mean, rstd = mean, rstd_gen = mean;
+            layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                              N, C);
+            generic::layernorm_forward(out_gen.data(), mean_gen.data(), rstd_gen.data(),
+                                       inp.data(), w.data(), b.data(), N, C);
+            EXPECT_EQ(first_bit_difference(out, out_gen), -1);
+            EXPECT_EQ(first_bit_difference(mean, mean_gen), -1);
+            EXPECT_EQ(first_bit_difference(rstd, rstd_gen), -1);
+
+            auto dout = randn(rng, inp.size());
+            auto dinp = randn(rng, inp.size()), dinp_gen = dinp;  // += onto existing values
+            auto dw = randn(rng, size_t(C)), dw_gen = dw, db = randn(rng, size_t(C)), db_gen = db;
+            layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                               mean.data(), rstd.data(), N, C);
+            generic::layernorm_backward(dinp_gen.data(), dw_gen.data(), db_gen.data(), dout.data(),
+                                        inp.data(), w.data(), mean.data(), rstd.data(), N, C);
+            EXPECT_EQ(first_bit_difference(dinp, dinp_gen), -1);
+            EXPECT_EQ(first_bit_difference(dw, dw_gen), -1);
+            EXPECT_EQ(first_bit_difference(db, db_gen), -1);
+        }
+    }
+}
+
 // Attention forward and backward on random (B, T, 3C) qkv of standard deviation `scale`
 // against the reference, within tol; backward from the reference's out and lse.
 void check_attention(Rng& rng, int B, int T, int NH, int hs, double scale, double tol) {
