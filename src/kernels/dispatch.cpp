@@ -47,7 +47,7 @@ constexpr KernelTable kAvx2 = {
     .gelu_isa              = Isa::avx2,
     .attention_isa         = Isa::avx2,
     .crossentropy_isa      = Isa::avx2,
-    .adamw_isa             = Isa::generic,
+    .adamw_isa             = Isa::avx2,
     .layernorm_forward     = avx2::layernorm_forward,
     .layernorm_backward    = avx2::layernorm_backward,
     .gelu_forward          = avx2::gelu_forward,
@@ -56,16 +56,18 @@ constexpr KernelTable kAvx2 = {
     .attention_backward    = avx2::attention_backward,
     .crossentropy_forward  = avx2::crossentropy_forward,
     .crossentropy_backward = avx2::crossentropy_backward,
-    .adamw_update          = generic::adamw_update,
+    .adamw_update          = avx2::adamw_update,
 };
 
-// AVX-512 GELU; layernorm, attention and cross-entropy are the AVX2 kernels.
+// AVX-512 GELU and AdamW; layernorm, attention and cross-entropy are the AVX2 kernels.
 constexpr KernelTable kAvx512 = [] {
     KernelTable t   = kAvx2;
     t.isa           = Isa::avx512;
     t.gelu_isa      = Isa::avx512;
     t.gelu_forward  = avx512::gelu_forward;
     t.gelu_backward = avx512::gelu_backward;
+    t.adamw_isa     = Isa::avx512;
+    t.adamw_update  = avx512::adamw_update;
     return t;
 }();
 

@@ -4,6 +4,7 @@
 // AVX2 instructions. Work splits and scratch are the ones the items document.
 #include "kernels/ops_avx2.h"
 
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -86,6 +87,17 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
                            const float* dlosses, int N, int V) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
+    });
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step) {
+    // The bias corrections as the generic kernel rounds them.
+    const float c1 = float(1.0 - std::pow(double(beta1), step));
+    const float c2 = float(1.0 - std::pow(double(beta2), step));
+    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
+        adamw_update_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1,
+                           c2);
     });
 }
 

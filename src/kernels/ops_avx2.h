@@ -53,6 +53,12 @@ void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end
 void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
                          int64_t end);
 
+// ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
+// c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2);
+
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 // Attention with a head size the items do not take (attention_shape_supported) runs
 // generic::attention_forward / attention_backward.
@@ -70,5 +76,7 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
                           int V);
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
 
 }  // namespace bagualu::kernels::avx2

@@ -15,8 +15,16 @@ void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end
 void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
                          int64_t end);
 
+// ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
+// c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2);
+
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
 
 }  // namespace bagualu::kernels::avx512
