@@ -150,7 +150,8 @@ Isa isa_from_env(const char* value, const CpuFeatures& cpu) {
             if (isa_supported(s, cpu)) here += fmt::format("{}{}", here.empty() ? "" : ", ",
                                                            isa_name(s));
         }
-        input_error("BGL_ISA={}: this CPU lacks {} (it runs {})", value, isa_requirement(isa), here);
+        input_error("BGL_ISA={}: this CPU lacks {} (it runs {})", value, isa_requirement(isa),
+                    here);
     }
     input_error("BGL_ISA={}: expected generic, avx2 or avx512", value);
 }

@@ -2,9 +2,10 @@
 // pointers per ISA (generic x86-64, AVX2+FMA, AVX-512), one of them active. The active table is
 // chosen once, at first use: BGL_ISA=generic|avx2|avx512 if set (an unknown name, or an ISA this
 // CPU lacks, is an InputError), otherwise the best ISA the CPU supports. A family without its
-// own version for an ISA runs the next lower one (AVX-512 attention is the AVX2 kernel, AVX2
-// layernorm the generic one); describe() says which. GEMM keeps its own override, BGL_GEMM
-// (kernels/gemm/dispatch.h); describe() reports its choice next to the rest.
+// own version for an ISA runs the next lower one (AVX-512 attention is the AVX2 kernel);
+// describe() says which. The SIMD layernorm, GELU and AdamW give the generic kernels' results
+// bit for bit, so on those the choice changes only the speed. GEMM keeps its own override,
+// BGL_GEMM (kernels/gemm/dispatch.h); describe() reports its choice next to the rest.
 // Dimension letters and =/+= conventions as in kernels/ops.h, whose entry points call the active
 // table. Tests and benchmarks may call one ISA's table directly or switch the active one.
 #pragma once
@@ -52,8 +53,8 @@ struct KernelTable {
     void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, int step);
 
-    // "isa avx512: gemm avx512, layernorm generic, gelu generic, attention avx2 (head size a
-    // multiple of 8; generic otherwise), crossentropy avx2, adamw generic".
+    // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx2 (head size a
+    // multiple of 8, else generic), crossentropy avx2, adamw avx512".
     std::string describe() const;
 };
 

@@ -35,20 +35,20 @@ inline __m256 exp_exact(__m256 x) {
     const __m256i above = _mm256_cmpgt_epi32(xb, bits(88.f));  // x > 88, +inf, +NaN
     const __m256i nan   = _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7fffffff)),
                                              _mm256_set1_epi32(0x7f800000));
-    __m256 xc = _mm256_blendv_ps(x, set(-87.3f), _mm256_castsi256_ps(below));
-    xc        = _mm256_blendv_ps(xc, set(88.f), _mm256_castsi256_ps(above));
-    const __m256 magic = set(12582912.f);
-    const __m256 t     = add(mul(xc, set(1.44269504088896341f)), magic);
-    const __m256 n     = sub(t, magic);
-    const __m256 r     = sub(sub(xc, mul(n, set(0.693359375f))), mul(n, set(-2.12194440e-4f)));
-    __m256 p           = set(1.9875691500e-4f);
-    p                  = add(mul(p, r), set(1.3981999507e-3f));
-    p                  = add(mul(p, r), set(8.3334519073e-3f));
-    p                  = add(mul(p, r), set(4.1665795894e-2f));
-    p                  = add(mul(p, r), set(1.6666665459e-1f));
-    p                  = add(mul(p, r), set(5.0000001201e-1f));
-    p                  = add(add(mul(p, mul(r, r)), r), set(1.f));
-    const __m256i ni   = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
+    __m256 xc           = _mm256_blendv_ps(x, set(-87.3f), _mm256_castsi256_ps(below));
+    xc                  = _mm256_blendv_ps(xc, set(88.f), _mm256_castsi256_ps(above));
+    const __m256 magic  = set(12582912.f);
+    const __m256 t      = add(mul(xc, set(1.44269504088896341f)), magic);
+    const __m256 n      = sub(t, magic);
+    const __m256 r      = sub(sub(xc, mul(n, set(0.693359375f))), mul(n, set(-2.12194440e-4f)));
+    __m256 p            = set(1.9875691500e-4f);
+    p                   = add(mul(p, r), set(1.3981999507e-3f));
+    p                   = add(mul(p, r), set(8.3334519073e-3f));
+    p                   = add(mul(p, r), set(4.1665795894e-2f));
+    p                   = add(mul(p, r), set(1.6666665459e-1f));
+    p                   = add(mul(p, r), set(5.0000001201e-1f));
+    p                   = add(add(mul(p, mul(r, r)), r), set(1.f));
+    const __m256i ni    = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
     const __m256 two_n =
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
     const __m256 y = _mm256_andnot_ps(_mm256_castsi256_ps(below), mul(p, two_n));
@@ -64,10 +64,10 @@ inline __m256 gelu_exp(__m256 x) {
 inline __m256 forward8(__m256 x) { return _mm256_div_ps(x, add(set(1.f), gelu_exp(x))); }
 
 inline __m256 backward8(__m256 x, __m256 dy) {
-    const __m256 e     = gelu_exp(x);
-    const __m256 sg    = _mm256_div_ps(set(1.f), add(set(1.f), e));
-    const __m256 du_dx = mul(set(generic::kGeluK),
-                             add(set(1.f), mul(mul(set(3.f * generic::kGeluA), x), x)));
+    const __m256 e  = gelu_exp(x);
+    const __m256 sg = _mm256_div_ps(set(1.f), add(set(1.f), e));
+    const __m256 du_dx =
+        mul(set(generic::kGeluK), add(set(1.f), mul(mul(set(3.f * generic::kGeluA), x), x)));
     return mul(add(sg, mul(mul(mul(set(2.f), x), mul(mul(sg, sg), e)), du_dx)), dy);
 }
 
@@ -88,12 +88,11 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
                          int64_t end) {
     int64_t i = begin;
     for (; i + 8 <= end; i += 8) {
-        _mm256_storeu_ps(dinp + i,
-                         backward8(_mm256_loadu_ps(inp + i), _mm256_loadu_ps(dout + i)));
+        _mm256_storeu_ps(dinp + i, backward8(_mm256_loadu_ps(inp + i), _mm256_loadu_ps(dout + i)));
     }
     if (i == end) return;
     alignas(32) float x[8] = {}, dy[8] = {};
-    const size_t rest      = size_t(end - i);
+    const size_t rest = size_t(end - i);
     std::memcpy(x, inp + i, rest * sizeof(float));
     std::memcpy(dy, dout + i, rest * sizeof(float));
     _mm256_store_ps(x, backward8(_mm256_load_ps(x), _mm256_load_ps(dy)));

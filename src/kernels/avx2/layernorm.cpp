@@ -15,7 +15,8 @@ namespace bagualu::kernels::avx2 {
 
 namespace {
 
-// sum_f64 of ops.cpp with term(c) = f(double(x[c])) for a vector f and its scalar twin g.
+// sum_f64 of ops.cpp over c in [0, C): the terms of x[c .. c + 3] as f(their doubles, c) on
+// four lanes, those of the last C % 4 as g(double(x[c]), c), f's scalar twin.
 template <typename F, typename G>
 inline double sum4(const float* x, int C, F f, G g) {
     __m256d acc = _mm256_setzero_pd();
@@ -33,29 +34,26 @@ void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* i
                             const float* weight, const float* bias, int64_t begin, int64_t end,
                             int C) {
     for (int64_t i = begin; i < end; ++i) {
-        const float* x = inp + i * C;
-        float* o       = out + i * C;
-        const double m = sum4(x, C, [](__m256d v, int) { return v; }, [](double v, int) {
-                             return v;
-                         }) / C;
-        const __m256d mv = _mm256_set1_pd(m);
-        const double var =
-            sum4(
-                x, C,
-                [&](__m256d v, int) {
-                    const __m256d d = _mm256_sub_pd(v, mv);
-                    return _mm256_mul_pd(d, d);
-                },
-                [&](double v, int) {
-                    const double d = v - m;
-                    return d * d;
-                }) /
-            C;
-        const double s  = 1.0 / __builtin_sqrt(var + 1e-5);
-        const float mf  = float(m);
-        const float sf  = float(s);
+        const float* x     = inp + i * C;
+        float* o           = out + i * C;
+        const auto value4  = [](__m256d v, int) { return v; };
+        const auto value1  = [](double v, int) { return v; };
+        const double m     = sum4(x, C, value4, value1) / C;
+        const __m256d mv   = _mm256_set1_pd(m);
+        const auto sq_dev4 = [&](__m256d v, int) {
+            const __m256d d = _mm256_sub_pd(v, mv);
+            return _mm256_mul_pd(d, d);
+        };
+        const auto sq_dev1 = [&](double v, int) {
+            const double d = v - m;
+            return d * d;
+        };
+        const double var = sum4(x, C, sq_dev4, sq_dev1) / C;
+        const double s   = 1.0 / __builtin_sqrt(var + 1e-5);
+        const float mf   = float(m);
+        const float sf   = float(s);
         const __m256 m8 = _mm256_set1_ps(mf), s8 = _mm256_set1_ps(sf);
-        int c           = 0;
+        int c = 0;
         for (; c + 8 <= C; c += 8) {
             const __m256 xn = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), m8), s8);
             _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_mul_ps(xn, _mm256_loadu_ps(weight + c)),
@@ -67,34 +65,31 @@ void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* i
     }
 }
 
-void layernorm_backward_rows(float* dinp, const float* dout, const float* inp,
-                             const float* weight, const float* mean, const float* rstd,
-                             int64_t begin, int64_t end, int C) {
+void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, int64_t begin, int64_t end,
+                             int C) {
     for (int64_t i = begin; i < end; ++i) {
         const float* x  = inp + i * C;
         const float* dy = dout + i * C;
         float* dx       = dinp + i * C;
         const float m = mean[i], s = rstd[i];
         const __m256 m8 = _mm256_set1_ps(m), s8 = _mm256_set1_ps(s);
+        const __m128 m4 = _mm_set1_ps(m), s4 = _mm_set1_ps(s);
         // dnorm = double(w) double(dy), summed over the row as sum_f64 does.
-        const double dnorm_mean =
-            sum4(
-                dy, C,
-                [&](__m256d d, int c) {
-                    return _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(weight + c)), d);
-                },
-                [&](double d, int c) { return double(weight[c]) * d; }) /
-            C;
+        const auto dnorm4 = [&](__m256d d, int c) {
+            return _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(weight + c)), d);
+        };
+        const auto dnorm1       = [&](double d, int c) { return double(weight[c]) * d; };
+        const double dnorm_mean = sum4(dy, C, dnorm4, dnorm1) / C;
         // dnorm * double((x - m) s): the float normalisation first, then double products.
         double lane[4] = {0.0, 0.0, 0.0, 0.0};
         __m256d acc    = _mm256_setzero_pd();
         int c          = 0;
         for (; c + 4 <= C; c += 4) {
-            const __m128 xn = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + c), _mm256_castps256_ps128(m8)),
-                                         _mm256_castps256_ps128(s8));
+            const __m128 xn     = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + c), m4), s4);
             const __m256d dnorm = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(weight + c)),
                                                 _mm256_cvtps_pd(_mm_loadu_ps(dy + c)));
-            acc = _mm256_add_pd(acc, _mm256_mul_pd(dnorm, _mm256_cvtps_pd(xn)));
+            acc                 = _mm256_add_pd(acc, _mm256_mul_pd(dnorm, _mm256_cvtps_pd(xn)));
         }
         _mm256_storeu_pd(lane, acc);
         for (; c < C; ++c) {
@@ -131,11 +126,12 @@ void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, co
         const float* dy = dout + i * C + c0;
         const float m = mean[i], s = rstd[i];
         const __m128 m4 = _mm_set1_ps(m), s4 = _mm_set1_ps(s);
-        int64_t c       = 0;
+        int64_t c = 0;
         for (; c + 4 <= w; c += 4) {
-            const __m256d xn  = _mm256_cvtps_pd(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + c), m4), s4));
+            const __m256d xn = _mm256_cvtps_pd(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + c), m4), s4));
             const __m256d dyd = _mm256_cvtps_pd(_mm_loadu_ps(dy + c));
-            _mm256_storeu_pd(aw + c, _mm256_add_pd(_mm256_loadu_pd(aw + c), _mm256_mul_pd(xn, dyd)));
+            _mm256_storeu_pd(aw + c,
+                             _mm256_add_pd(_mm256_loadu_pd(aw + c), _mm256_mul_pd(xn, dyd)));
             _mm256_storeu_pd(ab + c, _mm256_add_pd(_mm256_loadu_pd(ab + c), dyd));
         }
         for (; c < w; ++c) {

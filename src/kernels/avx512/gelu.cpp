@@ -32,7 +32,7 @@ inline __m512 exp_exact(__m512 x) {
     const __mmask16 below = _mm512_cmpgt_epu32_mask(xb, bits(-87.3f));
     const __mmask16 above = _mm512_cmpgt_epi32_mask(xb, bits(88.f));  // x > 88, +inf, +NaN
     const __mmask16 nan   = _mm512_cmpgt_epi32_mask(
-        _mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+          _mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     __m512 xc          = _mm512_mask_mov_ps(x, below, set(-87.3f));
     xc                 = _mm512_mask_mov_ps(xc, above, set(88.f));
     const __m512 magic = set(12582912.f);
@@ -48,9 +48,9 @@ inline __m512 exp_exact(__m512 x) {
     p                  = add(add(mul(p, mul(r, r)), r), set(1.f));
     const __m512i ni   = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic));
     // The zero-masked shift: the plain one trips a GCC 12 -Wmaybe-uninitialized in its header.
-    const __m512 two_n = _mm512_castsi512_ps(
-        _mm512_maskz_slli_epi32(__mmask16(0xffff), _mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
-    const __m512 y = _mm512_mask_mov_ps(mul(p, two_n), below, _mm512_setzero_ps());
+    const __m512 two_n = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+        __mmask16(0xffff), _mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
+    const __m512 y     = _mm512_mask_mov_ps(mul(p, two_n), below, _mm512_setzero_ps());
     return _mm512_mask_mov_ps(y, nan, x);
 }
 
@@ -63,10 +63,10 @@ inline __m512 gelu_exp(__m512 x) {
 inline __m512 forward16(__m512 x) { return _mm512_div_ps(x, add(set(1.f), gelu_exp(x))); }
 
 inline __m512 backward16(__m512 x, __m512 dy) {
-    const __m512 e     = gelu_exp(x);
-    const __m512 sg    = _mm512_div_ps(set(1.f), add(set(1.f), e));
-    const __m512 du_dx = mul(set(generic::kGeluK),
-                             add(set(1.f), mul(mul(set(3.f * generic::kGeluA), x), x)));
+    const __m512 e  = gelu_exp(x);
+    const __m512 sg = _mm512_div_ps(set(1.f), add(set(1.f), e));
+    const __m512 du_dx =
+        mul(set(generic::kGeluK), add(set(1.f), mul(mul(set(3.f * generic::kGeluA), x), x)));
     return mul(add(sg, mul(mul(mul(set(2.f), x), mul(mul(sg, sg), e)), du_dx)), dy);
 }
 
@@ -86,14 +86,13 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
                          int64_t end) {
     int64_t i = begin;
     for (; i + 16 <= end; i += 16) {
-        _mm512_storeu_ps(dinp + i,
-                         backward16(_mm512_loadu_ps(inp + i), _mm512_loadu_ps(dout + i)));
+        _mm512_storeu_ps(dinp + i, backward16(_mm512_loadu_ps(inp + i), _mm512_loadu_ps(dout + i)));
     }
     if (i == end) return;
     const __mmask16 m = __mmask16((1u << (end - i)) - 1u);
-    _mm512_mask_storeu_ps(dinp + i, m,
-                          backward16(_mm512_maskz_loadu_ps(m, inp + i),
-                                     _mm512_maskz_loadu_ps(m, dout + i)));
+    _mm512_mask_storeu_ps(
+        dinp + i, m,
+        backward16(_mm512_maskz_loadu_ps(m, inp + i), _mm512_maskz_loadu_ps(m, dout + i)));
 }
 
 }  // namespace bagualu::kernels::avx512

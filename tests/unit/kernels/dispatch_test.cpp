@@ -84,8 +84,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
 
 TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
     const std::string d = kernel_table(Isa::avx2).describe();
-    EXPECT_EQ(d.rfind("isa avx2: gemm " + gemm_backend_name() + ", layernorm avx2, ", 0), 0u)
-        << d;
+    EXPECT_EQ(d.rfind("isa avx2: gemm " + gemm_backend_name() + ", layernorm avx2, ", 0), 0u) << d;
     for (const char* family : {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2"}) {
         EXPECT_NE(d.find(family), std::string::npos) << family << " not in: " << d;
     }
@@ -159,8 +158,8 @@ class DispatchEnv : public ::testing::Test {
             std::string("cd ") + BGL_SOURCE_DIR + " && " + env + " " + BGL_BINARY +
             " train --config configs/tiny.toml --run-dir " + (dir_ / "run") +
             " --set model.vocab_size=128 --set data.train=" + (dir_ / "train.bin") +
-            " --set data.val=" + (dir_ / "val.bin") + " --set data.tokenizer=" +
-            (dir_ / "none.model") + " --set train.steps=2");
+            " --set data.val=" + (dir_ / "val.bin") +
+            " --set data.tokenizer=" + (dir_ / "none.model") + " --set train.steps=2");
     }
     bagualu::testing::TempDir dir_;
 };

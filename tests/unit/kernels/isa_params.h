@@ -36,9 +36,9 @@ inline std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) {
 }  // namespace bagualu::kernels::testing
 
 // Runs the TEST_Ps of `suite` (a subclass of IsaTest) once per ISA, named by the ISA.
-#define BGL_INSTANTIATE_ISAS(suite)                                                          \
-    INSTANTIATE_TEST_SUITE_P(Isa, suite,                                                     \
-                             ::testing::Values(::bagualu::kernels::Isa::generic,             \
-                                               ::bagualu::kernels::Isa::avx2,                \
-                                               ::bagualu::kernels::Isa::avx512),             \
-                             ::bagualu::kernels::testing::isa_param_name)
+#define BGL_INSTANTIATE_ISAS(suite)                                                        \
+    INSTANTIATE_TEST_SUITE_P(                                                              \
+        Isa, suite,                                                                        \
+        ::testing::Values(::bagualu::kernels::Isa::generic, ::bagualu::kernels::Isa::avx2, \
+                          ::bagualu::kernels::Isa::avx512),                                \
+        ::bagualu::kernels::testing::isa_param_name)
