@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/peak.h"
 #include "core/phase_timer.h"
@@ -176,6 +177,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["expert_parallel"]      = par.ep_size();
         j["threads_per_rank"]     = compute_pool().size();
         j["gemm_backend"]         = kernels::gemm_backend_name();
+        j["kernels"]              = kernels::dispatch().describe();
         j["steps"]                = o.steps;
         j["warmup"]               = o.warmup;
         j["tokens_per_step"]      = tokens_per_step;
@@ -199,8 +201,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         std::fflush(stdout);
         return 0;
     }
-    fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank, gemm {}\n",
-               cfg.name, P, par.ep_size(), compute_pool().size(), kernels::gemm_backend_name());
+    fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank\nkernels {}\n",
+               cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe());
     fmt::print("{} timed steps after {} warm-up, {:.0f} tokens per step\n", o.steps, o.warmup,
                tokens_per_step);
     fmt::print("step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "

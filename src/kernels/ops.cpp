@@ -1,9 +1,11 @@
-// Fast float32 kernels declared in kernels/ops.h. Work is threaded with parallel_for over rows,
-// (batch, head) pairs or column blocks; inner loops are contiguous so the compiler vectorises
-// them (portable x86-64, no intrinsics). On a CPU with AVX2+FMA, attention and cross-entropy
-// run the items of kernels/ops_avx2.h instead, on the same threads and scratch. Every reduction
-// has a fixed order, independent of the thread count. Matrix products go through gemm_f32. The
-// only allocation is grow-only per-thread scratch. The scalar oracle is kernels/ref/ops_ref.h.
+// Fast float32 kernels declared in kernels/ops.h, and the portable versions (namespace generic,
+// kernels/ops_generic.h) of the families kernels/dispatch.h chooses an implementation for:
+// layernorm, GELU, attention, cross-entropy and AdamW, whose ops.h entry points call the active
+// table. Work is threaded with parallel_for over rows, (batch, head) pairs or column blocks;
+// inner loops are contiguous so the compiler vectorises them (portable x86-64, no intrinsics).
+// Every reduction has a fixed order, independent of the thread count. Matrix products go
+// through gemm_f32. The only allocation is grow-only per-thread scratch. The scalar oracle is
+// kernels/ref/ops_ref.h.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -14,9 +16,9 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
-#include "kernels/ops_avx2.h"
+#include "kernels/dispatch.h"
+#include "kernels/ops_generic.h"
 #include "kernels/parallel_rows.h"
 
 namespace bagualu::kernels {
@@ -165,6 +167,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // ---- layernorm ----
 
+namespace generic {
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
     parallel_rows(N, C, [&](int64_t begin, int64_t end) {
@@ -235,15 +239,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     });
 }
 
+}  // namespace generic
+
 // ---- GELU ----
 // 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x sg with sg = 1 / (1 + e), e = exp(-2u), and
 // gelu'(x) = sg + 2 x sg (1 - sg) du/dx, with sg (1 - sg) = sg^2 e. No cancellation anywhere,
 // and exp_f32 vectorises where tanhf does not.
 
-namespace {
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-}  // namespace
+namespace generic {
 
 void gelu_forward(float* out, const float* inp, size_t n) {
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
@@ -268,6 +271,8 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
     });
 }
 
+}  // namespace generic
+
 // ---- residual ----
 
 void add_forward(float* out, const float* a, const float* b, size_t n) {
@@ -277,10 +282,10 @@ void add_forward(float* out, const float* a, const float* b, size_t n) {
 }
 
 // ---- attention ----
-// Where the CPU has AVX2+FMA and hs is a multiple of 8, the kernels of kernels/avx2/attention.cpp
-// run instead; the portable loops below are the fallback. Queries are processed in blocks of
-// kQBlock rows against keys 0 .. (last row of the block), so each key/value row is loaded once
-// per block rather than once per query. Scratch per thread is (T, kQBlock) scores, key-major:
+// The portable kernels; the AVX2 ones (kernels/ops_avx2.h) fall back to them for head sizes that
+// are not a multiple of 8. Queries are processed in blocks of kQBlock rows against keys
+// 0 .. (last row of the block), so each key/value row is loaded once per block rather than once
+// per query. Scratch per thread is (T, kQBlock) scores, key-major:
 // s[k * kQBlock + r] for query t0 + r; masked entries (key after query) hold -inf in the
 // forward and probability 0 in the backward.
 
@@ -288,19 +293,10 @@ namespace {
 constexpr int64_t kQBlock = 16;
 }  // namespace
 
+namespace generic {
+
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
-        // One item per (b, h, query block): see avx2::attention_forward_items.
-        const int64_t nqb  = (T + avx2::kAttentionQueryBlock - 1) / avx2::kAttentionQueryBlock;
-        const int64_t work = int64_t{avx2::kAttentionQueryBlock} * T * (C / NH);
-        parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
-            thread_local std::vector<float> buf;
-            float* scratch = grow(buf, avx2::attention_forward_scratch(T, C / NH));
-            avx2::attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
-        });
-        return;
-    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));
@@ -370,16 +366,6 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    if (cpu_features().avx2_fma && avx2::attention_shape_supported(C / NH)) {
-        // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
-        parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
-            thread_local std::vector<float> buf;
-            float* scratch = grow(buf, avx2::attention_backward_scratch(T, C / NH));
-            avx2::attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end,
-                                           scratch);
-        });
-        return;
-    }
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const float scale = 1.f / std::sqrt(float(hs));
@@ -448,12 +434,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V) {
-    if (cpu_features().avx2_fma) {
-        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-            avx2::crossentropy_forward_rows(losses, logits, targets, begin, end, V);
-        });
-        return;
-    }
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = logits + i * V;
@@ -464,12 +444,6 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V) {
-    if (cpu_features().avx2_fma) {
-        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-            avx2::crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
-        });
-        return;
-    }
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
@@ -505,6 +479,51 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
             pp[i] -= lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + weight_decay * pp[i]);
         }
     });
+}
+
+}  // namespace generic
+
+// ---- dispatched families: the active table of kernels/dispatch.h ----
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    dispatch().layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+    dispatch().layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) { dispatch().gelu_forward(out, inp, n); }
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    dispatch().gelu_backward(dinp, inp, dout, n);
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    dispatch().attention_forward(out, lse, qkv, B, T, C, NH);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+    dispatch().attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V) {
+    dispatch().crossentropy_forward(losses, logits, targets, N, V);
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V) {
+    dispatch().crossentropy_backward(dlogits, logits, targets, dlosses, N, V);
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step) {
+    dispatch().adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
 // ---- norms and scaling ----

@@ -5,9 +5,13 @@
 // grads are overwritten (=) unless stated otherwise (the residual stream uses +=).
 // Threaded with parallel_for over rows/heads; results do not depend on the thread count.
 // The scalar, double-accumulating oracle for every kernel here is kernels/ref/ops_ref.h.
+// Layernorm, GELU, attention, cross-entropy and AdamW run the implementation of the active
+// table of kernels/dispatch.h (per ISA, BGL_ISA overrides); the rest have one implementation.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/dispatch.h"
 
 namespace bagualu::kernels {
 

@@ -1,6 +1,8 @@
-// AVX2/FMA versions of some kernels of kernels/ops.h (sources in kernels/avx2/), called by
-// ops.cpp when the CPU has AVX2+FMA, which also owns the threads and scratch: each function here
-// runs a range of work items on the calling thread. Same shapes and =/+= conventions as ops.h.
+// AVX2/FMA versions of some kernels of kernels/ops.h. The item functions (sources in
+// kernels/avx2/, built with -mavx2 -mfma) run a range of work items on the calling thread; the
+// drivers at the end (kernels/ops_avx2.cpp, built for any x86-64) own the threads and scratch
+// and are what the AVX2 and AVX-512 tables of kernels/dispatch.cpp point to. Call either only
+// on a CPU with AVX2+FMA. Same shapes and =/+= conventions as ops.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,5 +31,52 @@ void crossentropy_forward_rows(float* losses, const float* logits, const int32_t
 // dlogits may alias logits.
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
                                 const float* dlosses, int64_t begin, int64_t end, int V);
+
+// ---- layernorm; bitwise the generic kernels' results ----
+// Forward rows [begin, end).
+void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t begin, int64_t end,
+                            int C);
+// dinp (+=) of rows [begin, end).
+void layernorm_backward_rows(float* dinp, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd,
+                             int64_t begin, int64_t end, int C);
+// dweight, dbias (+=) of columns [c0, c1), summed over all N rows in order. scratch: 2 (c1 - c0)
+// doubles.
+void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* mean, const float* rstd, int N, int C, int64_t c0,
+                             int64_t c1, double* scratch);
+
+// ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
+void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
+// dinp may alias dout.
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
+                         int64_t end);
+
+// ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
+// c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2);
+
+// ---- drivers: ops.h signatures, threaded on the compute pool ----
+// Attention with a head size the items do not take (attention_shape_supported) runs
+// generic::attention_forward / attention_backward.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V);
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
 
 }  // namespace bagualu::kernels::avx2

@@ -224,8 +224,8 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   mem.comm_bytes / kMiB);
         log::info("precision: {}{}", prec.describe(),
                   scaler.enabled() ? fmt::format(", dynamic loss scale from {}", scaler.scale()) : "");
-        log::info("compute: {} threads per rank, gemm {}, measured peak {:.1f} GFLOP/s fp32",
-                  compute_pool().size(), kernels::gemm_backend_name(), peak_gflops);
+        log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s fp32",
+                  compute_pool().size(), kernels::dispatch().describe(), peak_gflops);
         if (P > 1) {
             log::info("gradient reduction: {}", optimizer->overlapped()
                                                     ? "overlapped with backward (helper thread)"

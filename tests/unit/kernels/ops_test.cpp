@@ -1,7 +1,8 @@
 // Tests for kernels/ops.h: every fast kernel against the scalar oracle kernels/ref/ops_ref.h on
 // ragged shapes; every ref backward (in double) against central finite differences; the += / =
 // conventions of each backward; AdamW against a hand computation; and bitwise independence of
-// the thread count. Does not benchmark.
+// the thread count. The families kernels/dispatch.h chooses an implementation for are tested on
+// every ISA's table (IsaTest: skipped where the CPU lacks the ISA). Does not benchmark.
 #include "kernels/ops.h"
 
 #include <gtest/gtest.h>
@@ -22,10 +23,14 @@
 #include "core/rng.h"
 #pragma GCC diagnostic pop
 #include "core/thread_pool.h"
+#include "kernels/ops_generic.h"
 #include "kernels/ref/ops_ref.h"
+#include "isa_params.h"
 
 namespace bagualu::kernels {
 namespace {
+
+using testing::IsaTest;
 
 // ---- helpers ----
 
@@ -71,6 +76,11 @@ const int kRows[] = {1, 7, 64, 129};
 const int kCols[] = {1, 15, 16, 257};
 
 // ---- 1. fast kernels vs ref<float> ----
+// OpsVsRef: the kernels with one implementation; OpsIsaVsRef: the dispatched families, once per
+// ISA (the tolerances hold for every ISA: each states what its error comes from).
+
+class OpsIsaVsRef : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsIsaVsRef);
 
 TEST(OpsVsRef, Linear) {
     // gemm sums K = IC (forward), OC (dinp) or N (dweight) <= 257 products of O(1) values in
@@ -141,7 +151,7 @@ TEST(OpsVsRef, Embedding) {
     }
 }
 
-TEST(OpsVsRef, Layernorm) {
+TEST_P(OpsIsaVsRef, Layernorm) {
     // Row statistics are summed in double in both; the float part is a handful of operations
     // per element on values of size |x - mean| * rstd * w ~ O(3), plus double column sums over
     // N <= 129 rows: a few ulp, 1e-5 leaves a wide margin.
@@ -177,7 +187,7 @@ TEST(OpsVsRef, Layernorm) {
     }
 }
 
-TEST(OpsVsRef, GeluAndAdd) {
+TEST_P(OpsIsaVsRef, GeluAndAdd) {
     // GELU in float: exp within 1 ulp and a handful of float operations on values of
     // O(|x|) <= 15: ~1e-7 on |d| / (1 + |ref|) (seen: 1.5e-7), 1e-6 leaves a 6x margin.
     // add: one float addition, exact against the double sum rounded to float.
@@ -208,6 +218,99 @@ TEST(OpsVsRef, GeluAndAdd) {
     }
 }
 
+// The first index where a and b differ in their bits, or -1.
+int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return int64_t(i);
+    }
+    return a.size() == b.size() ? -1 : int64_t(std::min(a.size(), b.size()));
+}
+
+TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
+    // The SIMD GELUs do the generic kernel's float operations in its order, without FMA, so
+    // they give its bits exactly, on every value: the default path's results do not depend on
+    // which ISA the CPU has. Ragged lengths around the 8- and 16-lane steps, and the values
+    // where exp_f32 clamps, underflows or passes NaN through.
+    Rng rng(9);
+    const float inf      = std::numeric_limits<float>::infinity();
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.f, -0.f,
+                              1e-40f, -1e-40f, 100.f, -100.f, 20.f, -20.f, 9.53f, -9.53f,
+                              -5.2f, 1e20f, -1e20f, 3.4e38f, -3.4e38f};
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(15), size_t(16),
+                     size_t(17), size_t(31), size_t(33), size_t(40000)}) {
+        SCOPED_TRACE(n);
+        auto x = randn(rng, n, 6.0), dout = randn(rng, n);
+        for (size_t i = 0; i < n && i < std::size(specials); ++i) x[n - 1 - i] = specials[i];
+        auto out = nans(n), out_gen = out, dinp = out, dinp_gen = out;
+        gelu_forward(out.data(), x.data(), n);
+        generic::gelu_forward(out_gen.data(), x.data(), n);
+        int64_t i = first_bit_difference(out, out_gen);
+        EXPECT_EQ(i, -1) << "x " << x[size_t(i)] << ": " << out[size_t(i)] << " vs generic "
+                         << out_gen[size_t(i)];
+        gelu_backward(dinp.data(), x.data(), dout.data(), n);
+        generic::gelu_backward(dinp_gen.data(), x.data(), dout.data(), n);
+        i = first_bit_difference(dinp, dinp_gen);
+        EXPECT_EQ(i, -1) << "x " << x[size_t(i)] << ": " << dinp[size_t(i)] << " vs generic "
+                         << dinp_gen[size_t(i)];
+    }
+}
+
+TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
+    // The SIMD layernorms keep the generic kernel's summation lanes and operation order, without
+    // FMA, so they give its bits exactly. C around the 4-double and 8-float steps and the
+    // 16-column blocks of the column sums; N large enough to be threaded.
+    Rng rng(10);
+    for (int N : {1, 7, 129}) {
+        for (int C : {1, 3, 4, 5, 8, 15, 16, 17, 33, 257}) {
+            SCOPED_TRACE(shape({N, C}));
+            auto inp = randn(rng, size_t(N) * C, 2.0, 0.5);
+            auto w = randn(rng, size_t(C), 1.0, 1.0), b = randn(rng, size_t(C));
+            auto out = nans(inp.size()), out_gen = out;
+            auto mean = nans(size_t(N)), mean_gen = mean, rstd = mean, rstd_gen = mean;
+            layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                              N, C);
+            generic::layernorm_forward(out_gen.data(), mean_gen.data(), rstd_gen.data(),
+                                       inp.data(), w.data(), b.data(), N, C);
+            EXPECT_EQ(first_bit_difference(out, out_gen), -1);
+            EXPECT_EQ(first_bit_difference(mean, mean_gen), -1);
+            EXPECT_EQ(first_bit_difference(rstd, rstd_gen), -1);
+
+            auto dout = randn(rng, inp.size());
+            auto dinp = randn(rng, inp.size()), dinp_gen = dinp;  // += onto existing values
+            auto dw = randn(rng, size_t(C)), dw_gen = dw, db = randn(rng, size_t(C)), db_gen = db;
+            layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                               mean.data(), rstd.data(), N, C);
+            generic::layernorm_backward(dinp_gen.data(), dw_gen.data(), db_gen.data(), dout.data(),
+                                        inp.data(), w.data(), mean.data(), rstd.data(), N, C);
+            EXPECT_EQ(first_bit_difference(dinp, dinp_gen), -1);
+            EXPECT_EQ(first_bit_difference(dw, dw_gen), -1);
+            EXPECT_EQ(first_bit_difference(db, db_gen), -1);
+        }
+    }
+}
+
+TEST_P(OpsIsaVsRef, AdamwIsBitwiseTheGenericKernel) {
+    // The SIMD AdamWs do the generic kernel's float operations in its order, without FMA, with
+    // IEEE division and square root: its bits exactly, over several steps, lengths around the
+    // 8- and 16-lane steps and one large enough to be threaded.
+    Rng rng(11);
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(17), size_t(33), size_t(100003)}) {
+        SCOPED_TRACE(n);
+        auto p = randn(rng, n), m = randn(rng, n, 0.1), v = randn(rng, n, 0.0, 0.01);
+        auto p_gen = p, m_gen = m, v_gen = v;
+        for (int step = 1; step <= 3; ++step) {
+            auto g = randn(rng, n);
+            adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                         step);
+            generic::adamw_update(p_gen.data(), g.data(), m_gen.data(), v_gen.data(), n, 1e-2f,
+                                  0.9f, 0.95f, 1e-8f, 0.1f, step);
+        }
+        EXPECT_EQ(first_bit_difference(p, p_gen), -1);
+        EXPECT_EQ(first_bit_difference(m, m_gen), -1);
+        EXPECT_EQ(first_bit_difference(v, v_gen), -1);
+    }
+}
+
 // Attention forward and backward on random (B, T, 3C) qkv of standard deviation `scale`
 // against the reference, within tol; backward from the reference's out and lse.
 void check_attention(Rng& rng, int B, int T, int NH, int hs, double scale, double tol) {
@@ -230,12 +333,12 @@ void check_attention(Rng& rng, int B, int T, int NH, int hs, double scale, doubl
     EXPECT_CLOSE(dqkv, dqkv_ref, tol);
 }
 
-TEST(OpsVsRef, Attention) {
+TEST_P(OpsIsaVsRef, Attention) {
     // Scores are float sums over hs <= 64 terms of O(1) values, scaled to O(1); probabilities
     // use a float exp, out/dq/dk/dv are float sums over <= 130 key or query rows of O(1)
     // terms: errors are ~1e-6 of O(1) values (seen: 8e-7 at hs <= 16); 5e-6 on
     // |d| / (1 + |ref|). A wrong mask, scale or sign is off by O(0.1) or more.
-    // hs = 3 runs the portable loops, multiples of 8 the SIMD kernels where the CPU has them;
+    // hs = 3 runs the portable loops, multiples of 8 the SIMD kernels where the ISA has them;
     // T = 1, 15, 16, 17 and 130 cover a lone query and ragged or exact 16-row query blocks.
     constexpr double kTol = 5e-6;
     Rng rng(5);
@@ -247,7 +350,7 @@ TEST(OpsVsRef, Attention) {
     }
 }
 
-TEST(OpsVsRef, AttentionPeakedScores) {
+TEST_P(OpsIsaVsRef, AttentionPeakedScores) {
     // q, k, v ~ N(0, 16): scaled scores have a spread of ~16 per row (up to ~+-60), so many
     // probabilities underflow (exp below -87.3 is 0) and each row is dominated by a few keys.
     // A score is a float sum of hs products of size ~16, off by ~hs * 16 * 2^-24 * 8 ~ 5e-5 at
@@ -262,7 +365,7 @@ TEST(OpsVsRef, AttentionPeakedScores) {
     }
 }
 
-TEST(OpsVsRef, Crossentropy) {
+TEST_P(OpsIsaVsRef, Crossentropy) {
     // The exponential sums are in double in both; the loss is off by the final rounding of
     // lse ~ 10 (1e-6), probabilities by expf of an argument rounded at |lse| (~1e-6 relative).
     constexpr double kTol = 2e-6;
@@ -291,7 +394,7 @@ TEST(OpsVsRef, Crossentropy) {
     }
 }
 
-TEST(OpsVsRef, AdamwNormsScale) {
+TEST_P(OpsIsaVsRef, AdamwNormsScale) {
     // AdamW: a few float operations per element, 1e-6 relative. sum_squares: both in double,
     // only the summation order differs: 1e-12 relative. scale: one float multiplication, exact.
     Rng rng(7);
@@ -465,6 +568,10 @@ TEST(OpsRefGrad, Crossentropy) {
 }
 
 // ---- 3. += and = conventions: a second backward call doubles += outputs only ----
+// Once per ISA: the dispatched families' conventions hold for every table.
+
+class OpsAccumulate : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsAccumulate);
 
 // x + x is exact, but the second call adds a freshly rounded sum to the first: 1e-6 relative.
 constexpr double kTwiceTol = 1e-6;
@@ -474,7 +581,7 @@ std::vector<float> doubled(std::vector<float> x) {
     return x;
 }
 
-TEST(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
+TEST_P(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
     Rng rng(21);
     const int N = 7, IC = 15, OC = 16;
     auto inp = randn(rng, N * IC), w = randn(rng, OC * IC), dout = randn(rng, N * OC);
@@ -489,7 +596,7 @@ TEST(OpsAccumulate, LinearParamsAccumulateDinpOverwrites) {
     EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, LayernormAllAccumulate) {
+TEST_P(OpsAccumulate, LayernormAllAccumulate) {
     Rng rng(22);
     const int N = 7, C = 15;
     auto inp = randn(rng, N * C), w = randn(rng, C), b = randn(rng, C), dout = randn(rng, N * C);
@@ -507,7 +614,7 @@ TEST(OpsAccumulate, LayernormAllAccumulate) {
     EXPECT_CLOSE(db, doubled(db1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, EmbeddingAccumulates) {
+TEST_P(OpsAccumulate, EmbeddingAccumulates) {
     Rng rng(23);
     const int B = 2, T = 7, C = 16, V = 5;
     auto tokens = rand_ints(rng, B * T, V);
@@ -520,7 +627,7 @@ TEST(OpsAccumulate, EmbeddingAccumulates) {
     EXPECT_CLOSE(dwpe, doubled(dwpe1), kTwiceTol);
 }
 
-TEST(OpsAccumulate, ActivationGradsOverwrite) {
+TEST_P(OpsAccumulate, ActivationGradsOverwrite) {
     Rng rng(24);
     const int B = 2, T = 5, C = 8, NH = 2, V = 11;
     auto qkv = randn(rng, B * T * 3 * C), dout = randn(rng, B * T * C);
@@ -546,7 +653,7 @@ TEST(OpsAccumulate, ActivationGradsOverwrite) {
     EXPECT_EQ(dx, dx1);
 }
 
-TEST(OpsAccumulate, RefParamsAccumulate) {
+TEST_P(OpsAccumulate, RefParamsAccumulate) {
     Rng rng(25);
     const int N = 3, IC = 4, OC = 5;
     Vec inp = randn<double>(rng, N * IC), w = randn<double>(rng, OC * IC);
@@ -561,9 +668,12 @@ TEST(OpsAccumulate, RefParamsAccumulate) {
     for (size_t i = 0; i < db.size(); ++i) EXPECT_DOUBLE_EQ(db[i], 2 * db1[i]);
 }
 
-// ---- 4. AdamW by hand ----
+// ---- 4. AdamW by hand, on every ISA's table ----
 
-TEST(OpsAdamw, MatchesHandComputation) {
+class OpsAdamw : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsAdamw);
+
+TEST_P(OpsAdamw, MatchesHandComputation) {
     // lr = 0.1, wd = 0.01, eps = 1e-8, and betas that are short binary fractions, b1 = 7/8 and
     // b2 = 127/128, so every moment and bias correction below is exact in float.
     // With a constant gradient g: m_k = g (1 - b1^k), v_k = g^2 (1 - b2^k), so the corrected
@@ -589,7 +699,10 @@ TEST(OpsAdamw, MatchesHandComputation) {
     EXPECT_EQ(v[2], 0.f);
 }
 
-// ---- 5. results do not depend on the thread count ----
+// ---- 5. results do not depend on the thread count, on every ISA's table ----
+
+class OpsThreads : public IsaTest {};
+BGL_INSTANTIATE_ISAS(OpsThreads);
 
 // Runs every fast kernel on shapes large enough to be threaded and returns all outputs.
 std::vector<std::vector<float>> run_all_kernels() {
@@ -661,7 +774,7 @@ std::vector<std::vector<float>> run_all_kernels() {
     return res;
 }
 
-TEST(OpsThreads, ResultsIndependentOfThreadCount) {
+TEST_P(OpsThreads, ResultsIndependentOfThreadCount) {
     set_compute_threads(1);
     const auto one = run_all_kernels();
     set_compute_threads(2);

@@ -1,0 +1,75 @@
+// One place that decides which implementation of each kernel family runs: a table of function
+// pointers per ISA (generic x86-64, AVX2+FMA, AVX-512), one of them active. The active table is
+// chosen once, at first use: BGL_ISA=generic|avx2|avx512 if set (an unknown name, or an ISA this
+// CPU lacks, is an InputError), otherwise the best ISA the CPU supports. A family without its
+// own version for an ISA runs the next lower one (AVX-512 attention is the AVX2 kernel);
+// describe() says which. The SIMD layernorm, GELU and AdamW give the generic kernels' results
+// bit for bit, so on those the choice changes only the speed. GEMM keeps its own override,
+// BGL_GEMM (kernels/gemm/dispatch.h); describe() reports its choice next to the rest.
+// Dimension letters and =/+= conventions as in kernels/ops.h, whose entry points call the active
+// table. Tests and benchmarks may call one ISA's table directly or switch the active one.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace bagualu::kernels {
+
+struct CpuFeatures;
+
+enum class Isa { generic, avx2, avx512 };
+
+// "generic", "avx2", "avx512": the names BGL_ISA takes (and BGL_GEMM's names for the same ISAs).
+const char* isa_name(Isa isa);
+bool        isa_supported(Isa isa, const CpuFeatures& cpu);
+bool        isa_supported(Isa isa);
+// What the CPU must have for isa, as a message says it ("AVX2+FMA", "AVX-512F/BW/VL/DQ").
+const char* isa_requirement(Isa isa);
+// The widest ISA cpu (by default this CPU) supports.
+Isa best_isa(const CpuFeatures& cpu);
+Isa best_isa();
+
+// Signatures of ops.h.
+struct KernelTable {
+    Isa isa;  // the ISA this table was built for
+    // The ISA of the implementation each family runs (at most isa).
+    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa;
+
+    void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C);
+    void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int N, int C);
+    void (*gelu_forward)(float* out, const float* inp, size_t n);
+    void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n);
+    void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int C,
+                              int NH);
+    void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
+                               const float* lse, int B, int T, int C, int NH);
+    void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
+                                 int N, int V);
+    void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
+                                  const float* dlosses, int N, int V);
+    void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int step);
+
+    // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx2 (head size a
+    // multiple of 8, else generic), crossentropy avx2, adamw avx512".
+    std::string describe() const;
+};
+
+// The table of one ISA, whether or not this CPU supports it (calling an entry the CPU lacks
+// the instructions for is undefined behaviour: check isa_supported first).
+const KernelTable& kernel_table(Isa isa);
+
+// The active table: chosen at first use from BGL_ISA (see isa_from_env) or best_isa().
+const KernelTable& dispatch();
+// Throws InternalError when the CPU does not support isa.
+void set_active_isa(Isa isa);
+
+// The ISA BGL_ISA names: value nullptr or empty gives best_isa() of cpu; a name that is not an
+// ISA, or one cpu lacks, is an InputError naming BGL_ISA, the value and the accepted names or
+// the missing feature.
+Isa isa_from_env(const char* value, const CpuFeatures& cpu);
+
+}  // namespace bagualu::kernels

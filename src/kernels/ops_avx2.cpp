@@ -1,0 +1,104 @@
+// Threaded drivers of the AVX2 items (kernels/ops_avx2.h). Built
+// for any x86-64 like the rest of kernels/, so the library templates instantiated here
+// (parallel_for, std::vector) are portable code; only the item functions in kernels/avx2/ use
+// AVX2 instructions. Work splits and scratch are the ones the items document.
+#include "kernels/ops_avx2.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ops_generic.h"
+#include "kernels/parallel_rows.h"
+
+namespace bagualu::kernels::avx2 {
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (!attention_shape_supported(C / NH)) {
+        generic::attention_forward(out, lse, qkv, B, T, C, NH);
+        return;
+    }
+    // One item per (b, h, query block): see attention_forward_items.
+    const int64_t nqb  = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+    const int64_t work = int64_t{kAttentionQueryBlock} * T * (C / NH);
+    parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, attention_forward_scratch(T, C / NH));
+        attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
+    });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (!attention_shape_supported(C / NH)) {
+        generic::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
+    // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
+    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
+        attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    });
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        layernorm_forward_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
+    });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        layernorm_backward_rows(dinp, dout, inp, weight, mean, rstd, begin, end, C);
+    });
+    // The column split of the generic kernel; each column's sum runs over all rows in order.
+    parallel_cols(C, N, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<double> buf;
+        double* scratch = grow(buf, size_t(2 * (c1 - c0)));
+        layernorm_backward_cols(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1, scratch);
+    });
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+    parallel_rows(int64_t(n), 1,
+                  [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        gelu_backward_range(dinp, inp, dout, begin, end);
+    });
+}
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                          int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        crossentropy_forward_rows(losses, logits, targets, begin, end, V);
+    });
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V) {
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
+    });
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step) {
+    // The bias corrections as the generic kernel rounds them.
+    const float c1 = float(1.0 - std::pow(double(beta1), step));
+    const float c2 = float(1.0 - std::pow(double(beta2), step));
+    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
+        adamw_update_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1,
+                           c2);
+    });
+}
+
+}  // namespace bagualu::kernels::avx2

@@ -1,0 +1,30 @@
+// AVX-512 versions of some kernels of kernels/ops.h, as kernels/ops_avx2.h: item functions
+// (kernels/avx512/, built with the AVX-512 flags) that run a range on the calling thread, and
+// drivers (kernels/ops_avx512.cpp, built for any x86-64) that own the threads and are what the
+// AVX-512 table of kernels/dispatch.cpp points to. Call either only on a CPU with AVX-512
+// F/BW/VL/DQ. Same shapes and =/+= conventions as ops.h.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace bagualu::kernels::avx512 {
+
+// ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
+void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
+// dinp may alias dout.
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
+                         int64_t end);
+
+// ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
+// c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2);
+
+// ---- drivers: ops.h signatures, threaded on the compute pool ----
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
+
+}  // namespace bagualu::kernels::avx512

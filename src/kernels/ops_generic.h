@@ -1,0 +1,32 @@
+// Portable versions of the dispatched kernel families of kernels/ops.h (sources in ops.cpp):
+// plain C++ loops the compiler vectorises for any x86-64, threaded on the compute pool. Every
+// ISA's table in kernels/dispatch.cpp falls back to these where it has no version of its own.
+// Same signatures, shapes and =/+= conventions as ops.h.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace bagualu::kernels::generic {
+
+// GELU's constants, shared with the SIMD versions (which compute the same float operations in
+// the same order, so their results are bitwise those of the generic kernels).
+inline constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+inline constexpr float kGeluA = 0.044715f;
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           const float* dlosses, int N, int V);
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
+
+}  // namespace bagualu::kernels::generic
