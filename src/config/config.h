@@ -163,6 +163,10 @@ TrainConfig default_config(const std::vector<std::string>& overrides = {});
 void validate(const TrainConfig& cfg);
 // The checks that depend on the number of ranks: batch and expert divisibility.
 void validate_layout(const TrainConfig& cfg, int ranks);
+// What a process that runs the model checks besides validate_layout: one rank's micro-batch
+// activations (tokens x the widest row) fit the kernels' int32 indexing. `plan` does not call
+// it: it sizes models no single process here could run.
+void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 
