@@ -436,11 +436,16 @@ void validate_layout(const TrainConfig& c, int ranks) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
     }
+    if (c.train.batch_size % ranks != 0) {
+        input_error("{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
+                    "trains batch_size / ranks sequences a step: use a rank count that divides it)",
+                    src, c.train.batch_size, ranks);
+    }
     const int64_t mb = c.micro_batch(ranks);
-    if (mb < 1 || c.train.batch_size % (static_cast<int64_t>(ranks) * mb) != 0) {
-        input_error("{}: train.batch_size = {} must be a multiple of ranks ({}) x "
-                    "train.micro_batch_size ({})",
-                    src, c.train.batch_size, ranks, mb);
+    if (c.train.batch_size / ranks % mb != 0) {
+        input_error("{}: train.batch_size / ranks = {} sequences per rank must be a multiple of "
+                    "train.micro_batch_size = {}",
+                    src, c.train.batch_size / ranks, mb);
     }
     if (c.data.readers > ranks) {
         input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,
