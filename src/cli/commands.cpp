@@ -109,6 +109,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
         if (!run_dir.empty()) cfg.train.run_dir = run_dir;
         if (resume) cfg.checkpoint.resume = "auto";
         validate_layout(cfg, world.size());
+        validate_micro_batch(cfg, world.size());
     });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
     train::TrainOptions   opt;
@@ -134,6 +135,7 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     TrainConfig cfg = resolve_config(ca);
     cfg.model       = lm.config;
     if (!val_path.empty()) cfg.data.val = val_path;
+    validate_micro_batch(cfg, 1);
     set_compute_threads(cfg.train.threads);
     const data::TokenShards val =
         data::TokenShards::open(cfg.data.val, "data.val", cfg.model.vocab_size, cfg.model.seq_len);
@@ -338,6 +340,7 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
     check_on_every_rank(world, [&] {
         cfg = resolve_config(a);
         validate_layout(cfg, world.size());
+        validate_micro_batch(cfg, world.size());
     });
     dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
     bench::TrainBenchOptions o;

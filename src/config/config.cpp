@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -129,6 +132,8 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
             out = static_cast<T>(*node.value_exact<int64_t>());
         } else if (node.is_floating_point()) {
             out = static_cast<T>(*node.value_exact<double>());
+            // TOML allows inf and nan; no key of ours means anything by them.
+            if (!std::isfinite(out)) input_error("{}: expected a finite number, got {}", where, out);
         } else {
             mismatch();
         }
@@ -208,6 +213,51 @@ TrainConfig from_table(toml::table root, const std::string& source, const std::s
     if (cfg.train.run_dir.empty()) cfg.train.run_dir = "runs/" + name;
     validate(cfg);
     return cfg;
+}
+
+// ---- upper bounds ----
+// Kernels index activations with 32-bit integers and the trainer holds the per-rank
+// micro-batch in an int, so every count a rank derives from the config must fit in int32;
+// numbers past a bound no run could mean (a learning rate of 1e30, a million threads) are
+// refused here rather than ending later in std::terminate or as "training diverged".
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+void validate_limits(const TrainConfig& c) {
+    const std::string& src = c.source;
+    auto at_most = [&](const char* key, auto v, auto hi, const char* why) {
+        if (v > hi) input_error("{}: {} = {}: must be <= {} ({})", src, key, v, hi, why);
+    };
+    const ModelConfig& m = c.model;
+    at_most("model.vocab_size", m.vocab_size, 1 << 24, "token ids are stored as int32");
+    at_most("model.d_model", m.d_model, 1 << 20, "model dimension");
+    at_most("model.d_ff", m.d_ff, 1 << 22, "FFN width");
+    at_most("model.seq_len", m.seq_len, 1 << 20, "sequence length");
+    at_most("model.n_layer", m.n_layer, 1 << 12, "layers");
+    at_most("model.n_experts", m.n_experts, 1 << 24, "experts per MoE layer");
+    at_most("model.top_k", m.top_k, 256, "experts per token");
+    at_most("model.aux_loss_coef", m.aux_loss_coef, 100.0, "a weight of the loss");
+    at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
+    at_most("model.init_std", m.init_std, 10.0, "initial weights' standard deviation");
+
+    const TrainSection& t = c.train;
+    at_most("train.batch_size", t.batch_size, kMaxInt32, "sequences per step");
+    at_most("train.micro_batch_size", t.micro_batch_size, kMaxInt32, "sequences per micro-batch");
+    at_most("train.lr", t.lr, 10.0, "a learning rate");
+    at_most("train.weight_decay", t.weight_decay, 100.0, "decoupled weight decay");
+    at_most("train.eps", t.eps, 1.0, "AdamW's epsilon");
+    at_most("train.threads", t.threads, 4096, "compute threads per rank");
+    at_most("train.eval_batches", t.eval_batches, kMaxInt32, "validation batches");
+
+    at_most("data.readers", c.data.readers, 1 << 24, "reader ranks");
+    at_most("parallel.expert_parallel", c.parallel.expert_parallel, 1 << 24, "ranks");
+    at_most("parallel.virtual_workers", c.parallel.virtual_workers, 1 << 16, "workers per rank");
+    at_most("parallel.bucket_mib", c.parallel.bucket_mib, 1048576.0, "1 TiB");
+    at_most("precision.loss_scale", c.precision.loss_scale, 0x1p64, "2^64");
+    at_most("precision.loss_scale_growth", c.precision.loss_scale_growth, 1024.0, "per window");
+    at_most("sample.n_samples", c.sample.n_samples, 1 << 16, "samples");
+    at_most("sample.max_new_tokens", c.sample.max_new_tokens, 1 << 24, "tokens per sample");
+    at_most("sample.temperature", c.sample.temperature, 1e3, "a softmax temperature");
+    at_most("sample.top_k", c.sample.top_k, 1 << 24, "candidates per token");
 }
 
 }  // namespace
@@ -376,6 +426,7 @@ void validate(const TrainConfig& c) {
     positive("sample.max_new_tokens", s.max_new_tokens);
     non_negative("sample.temperature", s.temperature);
     non_negative("sample.top_k", s.top_k);
+    validate_limits(c);
 }
 
 void validate_layout(const TrainConfig& c, int ranks) {
@@ -385,15 +436,39 @@ void validate_layout(const TrainConfig& c, int ranks) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
     }
+    if (c.train.batch_size % ranks != 0) {
+        input_error("{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
+                    "trains batch_size / ranks sequences a step: use a rank count that divides it)",
+                    src, c.train.batch_size, ranks);
+    }
     const int64_t mb = c.micro_batch(ranks);
-    if (mb < 1 || c.train.batch_size % (static_cast<int64_t>(ranks) * mb) != 0) {
-        input_error("{}: train.batch_size = {} must be a multiple of ranks ({}) x "
-                    "train.micro_batch_size ({})",
-                    src, c.train.batch_size, ranks, mb);
+    if (c.train.batch_size / ranks % mb != 0) {
+        input_error("{}: train.batch_size / ranks = {} sequences per rank must be a multiple of "
+                    "train.micro_batch_size = {}",
+                    src, c.train.batch_size / ranks, mb);
     }
     if (c.data.readers > ranks) {
         input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,
                     ranks);
+    }
+}
+
+void validate_micro_batch(const TrainConfig& c, int ranks) {
+    const std::string& src = c.source;
+    const int64_t      mb  = c.micro_batch(ranks);
+    // Tokens of one micro-batch, and the widest activation row over them, on one rank.
+    const int64_t tokens = mb * int64_t{c.model.seq_len};
+    const ModelConfig& m = c.model;
+    const int64_t width  = std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model},
+                                     int64_t{m.d_ff}, m.moe_every > 0 ? int64_t{m.n_experts} : 0,
+                                     m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0});
+    // (tokens is at most 2^31 x 2^20 and width at most 2^30 here: the product cannot overflow
+    // once tokens is known to fit in int32)
+    if (tokens > kMaxInt32 || tokens * width > kMaxInt32) {
+        input_error("{}: train.micro_batch_size = {} x model.seq_len = {} tokens per rank is too "
+                    "many for this model: an activation of (tokens x {}) values must hold at "
+                    "most {} (lower train.micro_batch_size)",
+                    src, mb, m.seq_len, width, kMaxInt32);
     }
 }
 

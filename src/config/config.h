@@ -31,7 +31,7 @@ struct ModelConfig {
 
 struct TrainSection {
     int64_t     batch_size       = 32;  // global, in sequences
-    int64_t     micro_batch_size = 0;   // sequences per forward/backward; 0 = batch_size
+    int64_t     micro_batch_size = 0;   // most sequences per rank per forward/backward; 0 = no cap
     int64_t     steps            = 1000;
     double      lr               = 1e-3;
     double      min_lr           = 1e-4;  // cosine decays from lr to min_lr
@@ -129,9 +129,14 @@ struct TrainConfig {
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file
 
-    // Sequences per rank per forward pass, for a run over `ranks` processes.
+    // Sequences per rank per forward pass, for a run over `ranks` processes: micro_batch_size
+    // caps it, and it is never more than the rank's share of the batch, so one config runs on
+    // any rank count that divides the batch (0: the whole share, no accumulation).
     int64_t micro_batch(int ranks = 1) const {
-        return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / ranks;
+        const int64_t share = train.batch_size / ranks;
+        return train.micro_batch_size > 0 && train.micro_batch_size < share
+                   ? train.micro_batch_size
+                   : share;
     }
     // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
     bool partition_optimizer(int ranks) const {
@@ -163,6 +168,10 @@ TrainConfig default_config(const std::vector<std::string>& overrides = {});
 void validate(const TrainConfig& cfg);
 // The checks that depend on the number of ranks: batch and expert divisibility.
 void validate_layout(const TrainConfig& cfg, int ranks);
+// What a process that runs the model checks besides validate_layout: one rank's micro-batch
+// activations (tokens x the widest row) fit the kernels' int32 indexing. `plan` does not call
+// it: it sizes models no single process here could run.
+void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 

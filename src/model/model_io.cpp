@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -43,7 +44,11 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
     ModelConfig m;
     auto get_int = [&](const char* key, int& out) {
         if (!j.contains(key) || !j[key].is_number_integer()) input_error("{}: {} must be an integer", source, key);
-        out = j[key].get<int>();
+        const auto v = j[key].get<int64_t>();  // an unsigned 2^64-1 reads as -1: refused below
+        if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+            input_error("{}: {} = {} is out of range for a 32-bit integer", source, key, v);
+        }
+        out = static_cast<int>(v);
     };
     auto get_num = [&](const char* key, double& out) {
         if (!j.contains(key) || !j[key].is_number()) input_error("{}: {} must be a number", source, key);
@@ -125,9 +130,19 @@ LoadedModel load_model(const std::string& dir) {
     }
     LoadedModel out;
     out.config = model_config_from_json(j, cfg_path);
-    const ParamLayout     layout = make_layout(out.config);
-    io::SafetensorsFile   st(dir + "/model.safetensors");
-    out.params = Buffer<float>(layout.total_floats());
+    io::SafetensorsFile st(dir + "/model.safetensors");
+    // The number of tensors the config implies must be the file's before the layout is built:
+    // a crafted config.json (a million experts in each of thousands of layers) would otherwise
+    // make us list more tensors than any file holds.
+    uint64_t implied = 0;
+    for_each_param_kind(out.config, 1, [&](const ParamSpec&, uint64_t count) { implied += count; });
+    if (implied != st.names().size()) {
+        input_error("{}: holds {} tensors, {} implies {}", st.path(), st.names().size(), cfg_path,
+                    implied);
+    }
+    const ParamLayout layout = make_layout(out.config);
+    // Every tensor the config implies is checked against the file before anything is
+    // allocated, so a crafted config.json cannot make us allocate more than the file holds.
     for (const ParamSpec& s : layout.specs()) {
         if (!st.contains(s.name)) input_error("{}: missing tensor {}", st.path(), s.name);
         const io::TensorInfo& ti = st.info(s.name);
@@ -135,6 +150,9 @@ LoadedModel load_model(const std::string& dir) {
             input_error("{}: tensor {} has shape [{}], config.json implies [{}]", st.path(), s.name,
                         fmt::join(ti.shape, ", "), fmt::join(s.shape, ", "));
         }
+    }
+    out.params = Buffer<float>(layout.total_floats());
+    for (const ParamSpec& s : layout.specs()) {
         const std::vector<float> v = st.read_f32(s.name);
         std::copy(v.begin(), v.end(), out.params.data() + s.offset);
     }

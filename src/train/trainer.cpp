@@ -160,6 +160,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         std::string error;
         try {
             validate_layout(cfg, P);
+            validate_micro_batch(cfg, P);
             loader = std::make_unique<data::DataLoader>(cfg, *par);
             ds     = data::load_dataset(cfg);
             if (writer) prepare_run_dir(cfg, opt.force, resume);

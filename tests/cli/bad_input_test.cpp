@@ -177,5 +177,49 @@ TEST_F(BadInputTest, RunDirectoryIsNotOverwritten) {
     EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), before);
 }
 
+// 64-bit values are not narrowed: a batch of 2^32 + 4 sequences is refused, not trained as 4.
+TEST_F(BadInputTest, IntegersBeyondInt32) {
+    expect_error(base + " --set train.batch_size=4294967300",
+                 {"train.batch_size = 4294967300", "must be <= 2147483647"});
+    expect_error(base + " --set train.micro_batch_size=4294967300",
+                 {"train.micro_batch_size = 4294967300"});
+    expect_error(base + " --set model.d_model=4294967360", {"model.d_model", "out of range"});
+    expect_error(base + " --set train.threads=100000000", {"train.threads = 100000000", "<= 4096"});
+}
+
+// inf and nan are valid TOML floats; no key accepts them, and absurd values fail up front.
+TEST_F(BadInputTest, NonFiniteAndAbsurdNumbers) {
+    expect_error(base + " --set train.lr=inf", {"train.lr", "expected a finite number"});
+    expect_error(base + " --set train.lr=nan", {"train.lr", "expected a finite number"});
+    expect_error(base + " --set model.init_std=-inf", {"model.init_std", "finite"});
+    expect_error(base + " --set train.lr=1e30", {"train.lr = 1e+30", "must be <= 10"});
+    expect_error(base + " --set sample.temperature=1e300", {"sample.temperature"});
+}
+
+// One micro-batch whose activations exceed the kernels' int32 indexing is refused before any
+// allocation (here 2^25 sequences of 64 tokens: 2^31 tokens).
+TEST_F(BadInputTest, MicroBatchTooLargeForTheModel) {
+    expect_error(base + " --set train.batch_size=33554432 --set train.micro_batch_size=0",
+                 {"train.micro_batch_size = 33554432", "too many", "lower train.micro_batch_size"});
+}
+
+// A crafted config.json cannot narrow a dimension or make the reader list more tensors than
+// model.safetensors holds.
+TEST_F(BadInputTest, CraftedModelConfigJson) {
+    ASSERT_EQ(bagualu(base).status, 0);
+    const std::string model = dir / "run/model";
+    const std::string json  = read_file(model + "/config.json");
+    auto with = [&](const std::string& key, const std::string& value) {
+        const size_t at  = json.find("\"" + key + "\"");
+        const size_t end = json.find_first_of(",}", at);
+        std::string  j   = json.substr(0, json.find(':', at) + 1) + " " + value + json.substr(end);
+        write_file(model + "/config.json", j);
+    };
+    with("d_model", "4294967360");
+    expect_error("eval --model " + model, {"config.json", "d_model = 4294967360", "out of range"});
+    with("n_experts", "16777216");
+    expect_error("eval --model " + model, {"model.safetensors", "tensors", "config.json implies"});
+}
+
 }  // namespace
 }  // namespace bagualu::testing
