@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <span>
-#include <string>
 
 #include "core/error.h"
 #include "dist/comm/collectives.h"
@@ -517,14 +515,6 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                                                   prec);
     }
     return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);
-}
-
-size_t peak_rss_bytes() {
-    std::ifstream in("/proc/self/status");
-    for (std::string line; std::getline(in, line);) {
-        if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // kB
-    }
-    return 0;
 }
 
 }  // namespace bagualu::train

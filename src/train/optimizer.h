@@ -213,7 +213,4 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                                           dist::ParallelContext& par,
                                           HelperThread* helper = nullptr);
 
-// This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 when unknown.
-size_t peak_rss_bytes();
-
 }  // namespace bagualu::train

@@ -32,6 +32,7 @@
 #include "train/loss_scale.h"
 #include "train/lr_schedule.h"
 #include "core/phase_timer.h"
+#include "core/proc_memory.h"
 #include "train/progress.h"
 #include "train/resources.h"
 #include "train/samples.h"
