@@ -28,9 +28,9 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/full_params.h"
-#include "train/optimizer.h"
-#include "train/loss_scale.h"
-#include "train/lr_schedule.h"
+#include "dist/paro/optimizer.h"
+#include "optim/loss_scale.h"
+#include "optim/lr_schedule.h"
 #include "core/phase_timer.h"
 #include "core/proc_memory.h"
 #include "train/progress.h"
@@ -183,7 +183,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
 
     const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
-    LossScaler                   scaler(cfg.precision, prec.loss_scaling());
+    optim::LossScaler            scaler(cfg.precision, prec.loss_scaling());
     model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers, prec);
     model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
@@ -195,9 +195,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                   "not overlapped with it (parallel.overlap_grad_reduce)");
     }
     std::unique_ptr<HelperThread> helper = overlap ? std::make_unique<HelperThread>() : nullptr;
-    const std::unique_ptr<Optimizer> optimizer =
-        make_optimizer(cfg, gpt.layout(), *par, helper.get());
-    const MemoryFootprint            mem       = optimizer->footprint();
+    const std::unique_ptr<dist::paro::Optimizer> optimizer =
+        dist::paro::make_optimizer(cfg, gpt.layout(), *par, helper.get());
+    const dist::paro::MemoryFootprint            mem       = optimizer->footprint();
 
     // This rank's slice of each micro-step of the global order (data/loader.h).
     std::vector<int32_t> inputs(static_cast<size_t>(MB) * T), targets(inputs.size());
@@ -326,7 +326,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
                 step + 1, loss));
         }
         PhaseScope   optimizer_phase(Phase::optimizer);
-        const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
+        const double lr = optim::lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
                                 cfg.train.min_lr);
         const double norm    = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
         const bool   skipped = optimizer->skipped();

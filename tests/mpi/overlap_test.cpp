@@ -12,9 +12,9 @@
 #include "core/rng.h"
 #include "dist/parallel.h"
 #include "mpi_world.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // Dense and expert tensors interleaved, sizes not multiples of 16.
@@ -95,4 +95,4 @@ TEST(Overlap, BitwiseSameAsReducingInStep) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

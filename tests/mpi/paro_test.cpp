@@ -9,12 +9,12 @@
 #include "core/rng.h"
 #include "dist/parallel.h"
 #include "mpi_world.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
 
 #include <fmt/format.h>
 #include <string>
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // Dense and "local expert" tensors interleaved, sizes not multiples of 16.
@@ -142,4 +142,4 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

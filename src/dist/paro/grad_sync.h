@@ -13,7 +13,7 @@
 #include "dist/parallel.h"
 #include "model/param_layout.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 struct Segment {
     size_t begin = 0, end = 0;  // floats
@@ -25,4 +25,4 @@ std::vector<Segment> make_segments(const model::ParamLayout& layout);
 double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
                         dist::ParallelContext* par);
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

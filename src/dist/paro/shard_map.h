@@ -12,7 +12,7 @@
 
 #include "model/param_layout.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 // Floats [begin, end) of the flat parameter (and gradient) array.
 struct FlatRun {
@@ -87,4 +87,4 @@ class ShardMap {
     std::vector<std::vector<BucketCopy>> copies_;  // [NB][copies, all owners]
 };
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

@@ -1,11 +1,11 @@
-#include "train/grad_sync.h"
+#include "dist/paro/grad_sync.h"
 
 #include <cmath>
 #include <span>
 
 #include "kernels/ops.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 std::vector<Segment> make_segments(const model::ParamLayout& layout) {
     std::vector<Segment> segs;
@@ -30,4 +30,4 @@ double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
     return std::sqrt(dense + expert);
 }
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

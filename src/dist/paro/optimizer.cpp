@@ -2,7 +2,7 @@
 // buckets, AdamW on this rank's shard, all-gather). The gradient scaling of both is that of
 // grad_sync.h: dense gradients are the mean over all P ranks, expert gradients the sum over
 // their edp group / P, i.e. the edp mean / EP.
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include "dist/comm/collectives.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
-#include "train/grad_sync.h"
+#include "dist/paro/grad_sync.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 void Optimizer::begin_reduction(float* grads) {
     BGL_CHECK(!schedule_->armed(), "begin_reduction twice before step()");
@@ -517,4 +517,4 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
     return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);
 }
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

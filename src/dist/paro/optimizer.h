@@ -16,11 +16,11 @@
 #include "core/helper_thread.h"
 #include "dist/parallel.h"
 #include "model/param_layout.h"
-#include "train/reduce_schedule.h"
+#include "dist/paro/reduce_schedule.h"
 #include "model/precision.h"
-#include "train/shard_map.h"
+#include "dist/paro/shard_map.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 // Bytes this rank holds for training state (not activations).
 struct MemoryFootprint {
@@ -213,4 +213,4 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::P
                                           dist::ParallelContext& par,
                                           HelperThread* helper = nullptr);
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro
