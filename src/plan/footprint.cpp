@@ -14,7 +14,7 @@
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
-#include "dist/paro/optimizer.h"
+#include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
 namespace {
@@ -31,7 +31,7 @@ int n_moe_layers(const ModelConfig& m) {
 // Bytes of one element of a payload of dtype d.
 double elem_bytes(Dtype d) { return d == Dtype::float32 ? 4 : 2; }
 
-// ParO's spaces (train/optimizer.cpp PartitionedAdamW::PartitionedAdamW): tensors split by
+// ParO's spaces (dist/paro/partitioned_adamw.cpp PartitionedAdamW::PartitionedAdamW): tensors split by
 // (half-stored, expert) into [dense, expert] of float32 tensors and, when any tensor is
 // half-stored, [dense, expert] of half ones; floats per space, tensor padding included.
 struct ParoSpaces {
@@ -98,7 +98,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     mem.baseline   = baseline_bytes;
     const model::PrecisionPolicy& prec = L.policy;
     const model::ParamLayout      lay  = model::make_layout(m, L.ep, 0);
-    // dist/paro/optimizer.h: the same spaces and shard maps the optimizer builds
+    // dist/paro/spaces.h: the same spaces and shard maps the optimizer builds
     const dist::paro::MemoryFootprint opt = dist::paro::optimizer_footprint(
         lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats);
     mem.parameters = buf(n, 4);  // GPT params_ (half values are stored in float arrays)

@@ -30,4 +30,18 @@ double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
     return std::sqrt(dense + expert);
 }
 
+void scale_floats(float* x, float s, size_t n, bool on_helper) {
+    if (!on_helper) {
+        kernels::scale_inplace(x, s, n);
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+std::unique_ptr<dist::Comm> reduction_comm(dist::Comm& c) {
+    std::unique_ptr<dist::Comm> d = c.split(0, c.rank());
+    d->set_background(true);
+    return d;
+}
+
 }  // namespace bagualu::dist::paro

@@ -16,7 +16,7 @@
 #include "model/precision.h"
 #include "plan/estimate.h"
 #include "dist/paro/grad_sync.h"
-#include "dist/paro/optimizer.h"
+#include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
 namespace {

@@ -12,6 +12,7 @@
 #include "core/buffer.h"
 #include "dist/parallel.h"
 #include "dist/paro/optimizer.h"
+#include "dist/paro/spaces.h"
 
 namespace bagualu::dist::paro {
 namespace {
