@@ -4,6 +4,7 @@
 #include <span>
 
 #include "kernels/ops.h"
+#include "optim/grad_clip.h"
 
 namespace bagualu::dist::paro {
 
@@ -26,8 +27,7 @@ double global_grad_norm(const float* grads, const std::vector<Segment>& segs,
     for (const Segment& s : segs) {
         (s.expert ? expert : dense) += kernels::sum_squares(grads + s.begin, s.end - s.begin);
     }
-    if (par && par->ep_size() > 1) par->ep().allreduce_sum(std::span<double>(&expert, 1));
-    return std::sqrt(dense + expert);
+    return optim::global_norm(dense, expert, par && par->ep_size() > 1 ? &par->ep() : nullptr);
 }
 
 void scale_floats(float* x, float s, size_t n, bool on_helper) {

@@ -11,6 +11,7 @@
 #include "dist/paro/grad_sync.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
+#include "optim/grad_clip.h"
 
 namespace bagualu::dist::paro {
 
@@ -108,9 +109,24 @@ void PartitionedAdamW::masters_loaded(float* params) {
 }
 
 double PartitionedAdamW::step(float* params, float* grads, double lr, int64_t step) {
-    // ---- reduce-scatter: this rank's shard of the mean gradient, back into grads (the buckets
-    // were maybe started during backward); a space of one rank is only scaled ----
+    // reduce-scatter: this rank's shard of the mean gradient, back into grads (the buckets were
+    // maybe started during backward)
     finish_reduction(grads);
+    scale_unsplit_spaces(grads);
+    const double norm = shard_grad_norm(grads);
+    skipped_          = !std::isfinite(norm);  // the same on every rank: the squares are all-reduced
+    if (skipped_) {
+        ++n_skipped_;
+        return norm;
+    }
+    update_shards(params, grads, static_cast<float>(lr), static_cast<int>(step - n_skipped_),
+                  optim::clip_factor(norm, hyper_.grad_clip));
+    for (size_t sp = 0; sp < shards_.size(); ++sp) all_gather_space(sp, params);
+    return norm;
+}
+
+void PartitionedAdamW::scale_unsplit_spaces(float* grads) {
+    // a space of one rank has no reduce-scatter: only the mean's and the loss scale's scaling
     for (const ShardState& st : shards_) {
         const float scale = st.grad_scale * static_cast<float>(1.0 / loss_scale_);
         if (st.map.numel() == 0 || st.map.ranks() > 1 || scale == 1.0f) continue;
@@ -118,26 +134,21 @@ double PartitionedAdamW::step(float* params, float* grads, double lr, int64_t st
             kernels::scale_inplace(grads + r.begin, scale, r.end - r.begin);
         }
     }
+}
 
-    // ---- global norm: every float of every tensor lies in exactly one rank's shard ----
+double PartitionedAdamW::shard_grad_norm(const float* grads) {
+    // every float of every tensor lies in exactly one rank's shard
     double sq = 0;
     for (const ShardState& st : shards_) {
         for (const ShardPiece& p : st.map.pieces()) {
             sq += kernels::sum_squares(grads + p.flat_offset, p.len);
         }
     }
-    if (par_.size() > 1) par_.world().allreduce_sum(std::span<double>(&sq, 1));
-    const double norm = std::sqrt(sq);
-    skipped_          = !std::isfinite(norm);  // the same on every rank: sq is all-reduced
-    if (skipped_) {
-        ++n_skipped_;
-        return norm;
-    }
-    const float  clip = hyper_.grad_clip > 0 && norm > hyper_.grad_clip
-                            ? static_cast<float>(hyper_.grad_clip / norm)
-                            : 1.0f;
+    return optim::global_norm(0.0, sq, par_.size() > 1 ? &par_.world() : nullptr);
+}
 
-    // ---- AdamW on the shard: on the parameters (float32) or on the FP32 master shard ----
+void PartitionedAdamW::update_shards(float* params, float* grads, float lr, int step, float clip) {
+    // AdamW on the shard: on the parameters (float32) or on the FP32 master shard
     for (ShardState& st : shards_) {
         for (const ShardPiece& p : st.map.pieces()) {
             if (clip != 1.0f) kernels::scale_inplace(grads + p.flat_offset, clip, p.len);
@@ -145,43 +156,42 @@ double PartitionedAdamW::step(float* params, float* grads, double lr, int64_t st
             if (modes_[p.spec] == MasterMode::master && !masters_ready_) {
                 std::copy(params + p.flat_offset, params + p.flat_offset + p.len, master);
             }
-            optim::adamw_update(modes_[p.spec], st.dtype, prec_.fp64_sensitive, params + p.flat_offset, master,
-                   grads + p.flat_offset, st.m.data() + p.shard_offset,
-                   st.v.data() + p.shard_offset, p.len, static_cast<float>(lr), hyper_, p.decay,
-                   static_cast<int>(step - n_skipped_));
+            optim::adamw_update(modes_[p.spec], st.dtype, prec_.fp64_sensitive,
+                                params + p.flat_offset, master, grads + p.flat_offset,
+                                st.m.data() + p.shard_offset, st.v.data() + p.shard_offset, p.len,
+                                lr, hyper_, p.decay, step);
         }
     }
     masters_ready_ = true;
+}
 
-    // ---- all-gather: every rank's updated shard into the full local parameter array ----
-    for (size_t sp = 0; sp < shards_.size(); ++sp) {
-        const ShardMap& map = shards_[sp].map;
-        if (map.numel() == 0 || map.ranks() == 1) continue;
-        const size_t own_at = static_cast<size_t>(map.rank()) * map.piece_size();
-        const Dtype  dt     = shards_[sp].dtype;
-        for (size_t b = 0; b < map.num_buckets(); ++b) {
-            map.pack_own(b, params, bucket_.data());
-            if (dt == Dtype::float32) {
-                dist::all_gather(comm_of(sp), {bucket_.data() + own_at, map.piece_size()},
-                                 {bucket_.data(), map.bucket_size()});
-            } else {
-                // half payload: the shard's parameters already hold values of dtype (exact)
-                const bool bf  = dt == Dtype::bfloat16;
-                float*     buf = bucket_.data();
-                uint16_t*  h   = bucket16_.data();
-                for (size_t i = own_at; i < own_at + map.piece_size(); ++i) {
-                    h[i] = bf ? bf16_from_float(buf[i]) : fp16_from_float(buf[i]);
-                }
-                dist::all_gather(comm_of(sp), std::span<const uint16_t>(h + own_at, map.piece_size()),
-                                 std::span<uint16_t>(h, map.bucket_size()));
-                for (size_t i = 0; i < map.bucket_size(); ++i) {
-                    buf[i] = bf ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
-                }
+void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
+    // every rank's updated shard into the full local parameter array
+    const ShardMap& map = shards_[sp].map;
+    if (map.numel() == 0 || map.ranks() == 1) return;
+    const size_t own_at = static_cast<size_t>(map.rank()) * map.piece_size();
+    const Dtype  dt     = shards_[sp].dtype;
+    for (size_t b = 0; b < map.num_buckets(); ++b) {
+        map.pack_own(b, params, bucket_.data());
+        if (dt == Dtype::float32) {
+            dist::all_gather(comm_of(sp), {bucket_.data() + own_at, map.piece_size()},
+                             {bucket_.data(), map.bucket_size()});
+        } else {
+            // half payload: the shard's parameters already hold values of dtype (exact)
+            const bool bf  = dt == Dtype::bfloat16;
+            float*     buf = bucket_.data();
+            uint16_t*  h   = bucket16_.data();
+            for (size_t i = own_at; i < own_at + map.piece_size(); ++i) {
+                h[i] = bf ? bf16_from_float(buf[i]) : fp16_from_float(buf[i]);
             }
-            map.unpack(b, bucket_.data(), params, false);
+            dist::all_gather(comm_of(sp), std::span<const uint16_t>(h + own_at, map.piece_size()),
+                             std::span<uint16_t>(h, map.bucket_size()));
+            for (size_t i = 0; i < map.bucket_size(); ++i) {
+                buf[i] = bf ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+            }
         }
+        map.unpack(b, bucket_.data(), params, false);
     }
-    return norm;
 }
 
 MemoryFootprint PartitionedAdamW::footprint() const {

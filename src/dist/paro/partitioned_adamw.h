@@ -61,6 +61,12 @@ class PartitionedAdamW final : public Optimizer {
     const model::ParamLayout& layout_;
     // Reduce-scatter of one bucket into this rank's shard of grads_.
     void reduce_bucket(const Unit& u, bool on_helper);
+    // The steps of step(): scaling of the spaces on one rank (no reduce-scatter), the global
+    // norm, AdamW on this rank's shard (gradients times clip), the all-gather of one space.
+    void   scale_unsplit_spaces(float* grads);
+    double shard_grad_norm(const float* grads);
+    void   update_shards(float* params, float* grads, float lr, int step, float clip);
+    void   all_gather_space(size_t space, float* params);
     dist::Comm& comm_of(size_t space);
     dist::ParallelContext&  par_;
     // The reductions' own communicators (duplicates of world and edp), so the helper thread's

@@ -7,6 +7,7 @@
 #include "dist/paro/spaces.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
+#include "optim/grad_clip.h"
 
 namespace bagualu::dist::paro {
 
@@ -52,10 +53,8 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
         ++n_skipped_;
         return norm;
     }
-    if (hyper_.grad_clip > 0 && norm > hyper_.grad_clip) {
-        kernels::scale_inplace(grads, static_cast<float>(hyper_.grad_clip / norm),
-                               layout_.total_floats());
-    }
+    const float clip = optim::clip_factor(norm, hyper_.grad_clip);
+    if (clip != 1.0f) kernels::scale_inplace(grads, clip, layout_.total_floats());
     for (size_t i = 0; i < layout_.specs().size(); ++i) {
         const model::ParamSpec& s = layout_.spec(i);
         float* master = master_.data() + master_at_[i];
