@@ -234,7 +234,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         add("loss", dist::CommKind::allreduce, "world", Pi, 1, 16);
     }
     if (Pi > 1 && L.opt_shards <= 1) {
-        // train/optimizer.cpp ReplicatedAdamW: one allreduce per run of dense tensors (n_moe + 1
+        // dist/paro/replicated_adamw.cpp: one allreduce per run of dense tensors (n_moe + 1
         // runs) over the world, one per run of expert tensors over the expert-data-parallel
         // group; global_grad_norm adds the expert squares over the EP group
         const double dense = static_cast<double>(ls.dense_floats) * 4,
