@@ -8,8 +8,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,21 +18,12 @@
 #include "kernels/gemm.h"
 #include "kernels/peak.h"
 #include "core/phase_timer.h"
+#include "core/proc_memory.h"
 #include "train/trainer.h"
 
 namespace bagualu::bench {
 
 namespace {
-
-// Peak resident set size of this process in MiB (VmHWM of /proc/self/status; 0 if absent).
-double peak_rss_mb() {
-    std::ifstream f("/proc/self/status");
-    for (std::string line; std::getline(f, line);) {
-        long long kb = 0;
-        if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) return static_cast<double>(kb) / 1024.0;
-    }
-    return 0.0;
-}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -138,7 +127,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     par.world().allreduce_max(std::span<double>(&waited, 1));
 
     std::vector<double> rss(static_cast<size_t>(P));
-    const double        own_rss = peak_rss_mb();
+    const double        own_rss = static_cast<double>(peak_rss_bytes()) / 1048576.0;
     par.world().allgather(&own_rss, sizeof(double), rss.data());
     if (par.rank() != 0) return 0;
 

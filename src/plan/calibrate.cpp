@@ -111,7 +111,7 @@ ComputeCalibration calibrate_compute(double seconds) {
         seconds / 2);
     c.attention_efficiency = std::min(1.0, 6.0 * N * T * C / t * 1e-9 / c.peak_core_gflops);
 
-    // the optimizer's passes over one float (train/optimizer.cpp): the gradient norm, the clip
+    // the optimizer's passes over one float (dist/paro/, optim/): the gradient norm, the clip
     // scale, AdamW reading p, g, m, v and writing p, m, v; 4M floats, beyond the caches
     {
         const size_t  nf = size_t{1} << 22;

@@ -10,11 +10,11 @@
 #include "data/loader.h"
 #include "dist/comm/collectives.h"
 #include "moe/router.h"
-#include "train/shard_map.h"
+#include "dist/paro/shard_map.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
-#include "train/optimizer.h"
+#include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
 namespace {
@@ -31,7 +31,7 @@ int n_moe_layers(const ModelConfig& m) {
 // Bytes of one element of a payload of dtype d.
 double elem_bytes(Dtype d) { return d == Dtype::float32 ? 4 : 2; }
 
-// ParO's spaces (train/optimizer.cpp PartitionedAdamW::PartitionedAdamW): tensors split by
+// ParO's spaces (dist/paro/partitioned_adamw.cpp PartitionedAdamW::PartitionedAdamW): tensors split by
 // (half-stored, expert) into [dense, expert] of float32 tensors and, when any tensor is
 // half-stored, [dense, expert] of half ones; floats per space, tensor padding included.
 struct ParoSpaces {
@@ -98,8 +98,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     mem.baseline   = baseline_bytes;
     const model::PrecisionPolicy& prec = L.policy;
     const model::ParamLayout      lay  = model::make_layout(m, L.ep, 0);
-    // train/optimizer.h: the same spaces and shard maps the optimizer builds
-    const train::MemoryFootprint opt = train::optimizer_footprint(
+    // dist/paro/spaces.h: the same spaces and shard maps the optimizer builds
+    const dist::paro::MemoryFootprint opt = dist::paro::optimizer_footprint(
         lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats);
     mem.parameters = buf(n, 4);  // GPT params_ (half values are stored in float arrays)
     mem.gradients  = buf(n, 4);  // GPT grads_
@@ -145,7 +145,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
     // even split of it (replicated)
     if (cfg.checkpoint.every > 0) {
-        mem.checkpoint = 3 * 4 * static_cast<double>(train::state_piece_floats(
+        mem.checkpoint = 3 * 4 * static_cast<double>(dist::paro::state_piece_floats(
                                 lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
     }
     // Data (data/loader.cpp, data/dataset.cpp): the train shards are memory-mapped and val is
@@ -234,7 +234,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         add("loss", dist::CommKind::allreduce, "world", Pi, 1, 16);
     }
     if (Pi > 1 && L.opt_shards <= 1) {
-        // train/optimizer.cpp ReplicatedAdamW: one allreduce per run of dense tensors (n_moe + 1
+        // dist/paro/replicated_adamw.cpp: one allreduce per run of dense tensors (n_moe + 1
         // runs) over the world, one per run of expert tensors over the expert-data-parallel
         // group; global_grad_norm adds the expert squares over the EP group
         const double dense = static_cast<double>(ls.dense_floats) * 4,
@@ -262,8 +262,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         for (int i = 0; i < (sp.any_half ? 4 : 2); ++i) {
             const int G = i % 2 == 1 ? L.opt_shards_expert : L.opt_shards;
             if (sp.floats[i] == 0 || G <= 1) continue;
-            const train::ShardGeometry g =
-                train::shard_geometry(static_cast<size_t>(sp.floats[i]), G, L.bucket_floats);
+            const dist::paro::ShardGeometry g =
+                dist::paro::shard_geometry(static_cast<size_t>(sp.floats[i]), G, L.bucket_floats);
             spaces.push_back({i, Space{G, static_cast<double>(g.nb), static_cast<double>(g.q),
                                        i >= 2 ? pol.dtype : Dtype::float32}});
         }
@@ -307,13 +307,13 @@ Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int th
     L.micro_batch    = cfg.micro_batch(ranks);
     L.accum          = std::max<int64_t>(1, cfg.grad_accum_steps(ranks));
     L.threads        = threads;
-    // train/optimizer.cpp make_optimizer: ParO splits dense tensors over the world, experts
+    // dist/paro/optimizer.cpp make_optimizer: ParO splits dense tensors over the world, experts
     // over their expert-data-parallel group
     if (cfg.partition_optimizer(ranks)) {
         L.opt_shards        = ranks;
         L.opt_shards_expert = ranks / L.ep;
     }
-    L.bucket_floats = train::paro_bucket_floats(cfg, ranks);
+    L.bucket_floats = dist::paro::paro_bucket_floats(cfg, ranks);
     L.policy        = model::PrecisionPolicy::from_config(cfg.precision);
     // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
     // MPI_THREAD_MULTIPLE, assumed here)

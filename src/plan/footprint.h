@@ -4,7 +4,7 @@
 // functions the implementation uses (model::activation_floats, model::layout_size,
 // model::forward_flops_per_token); the MoE buffers mirror MoELayer / TokenDispatcher and are
 // checked against real allocations in tests/unit/plan. The collectives mirror the trainer call
-// for call: ParO's buckets (train::shard_geometry), the algorithm and hops of our own
+// for call: ParO's buckets (dist::paro::shard_geometry), the algorithm and hops of our own
 // reduce-scatter / all-gather (dist::resolve_algo, dist::sendrecv_hops), the half payloads of
 // mixed precision (model::PrecisionPolicy), the gates' count exchanges and the reader groups'
 // scatter (data::reader_group); tests/moda/plan_bytes_test.cpp compares them with what runs

@@ -16,6 +16,9 @@ namespace bagualu::train {
 
 namespace fs = std::filesystem;
 using Clock  = std::chrono::steady_clock;
+using dist::paro::ShardMap;
+using dist::paro::ShardPiece;
+using dist::paro::StateSpace;
 
 namespace {
 
@@ -65,8 +68,8 @@ void allgather_space(const StateSpace& sp, float* params) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout, Optimizer& opt,
-                           dist::ParallelContext& par)
+Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout,
+                           dist::paro::Optimizer& opt, dist::ParallelContext& par)
     : cfg_(cfg), layout_(layout), opt_(opt), par_(par), root_(cfg.checkpoint_dir()) {
     write_job_ = [this] {  // runs on io_; reads only the snapshot
         const auto      t0 = Clock::now();

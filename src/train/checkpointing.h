@@ -24,7 +24,7 @@
 #include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
 #include "model/param_layout.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
 
 namespace bagualu::train {
 
@@ -38,8 +38,8 @@ class Checkpointer {
    public:
     // layout: this rank's parameter layout. Collective over par.world() (rank 0 removes
     // unfinished step_*.tmp directories of an earlier run).
-    Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout, Optimizer& opt,
-                 dist::ParallelContext& par);
+    Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout,
+                 dist::paro::Optimizer& opt, dist::ParallelContext& par);
     ~Checkpointer();  // waits for a write in progress; does not finalize it
     Checkpointer(const Checkpointer&)            = delete;
     Checkpointer& operator=(const Checkpointer&) = delete;
@@ -82,7 +82,7 @@ class Checkpointer {
 
     const TrainConfig&          cfg_;
     const model::ParamLayout&   layout_;
-    Optimizer&                  opt_;
+    dist::paro::Optimizer&      opt_;
     dist::ParallelContext&      par_;
     std::string                 root_;
     std::function<void()>       write_job_, commit_job_;  // io_'s jobs (alive for FunctionRef)

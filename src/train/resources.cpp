@@ -9,7 +9,7 @@ namespace bagualu::train {
 
 nlohmann::json resource_report(const dist::CommTally& steps_comm, int64_t steps,
                                dist::ParallelContext& par) {
-    const uint64_t       hwm = peak_resident_bytes();
+    const uint64_t       hwm = peak_rss_bytes();
     std::vector<int64_t> counts;
     for (const dist::CommCount& c : steps_comm.by_kind) {
         counts.push_back(static_cast<int64_t>(c.calls));

@@ -1,98 +1,61 @@
+// run_training: a Trainer, whose members each do one stage of a run: set-up, resume, one step,
+// evaluation, finish (see trainer.h).
 #include "train/trainer.h"
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
-#include <optional>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/helper_thread.h"
 #include "core/log.h"
+#include "core/phase_timer.h"
+#include "core/proc_memory.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/comm/checks.h"
+#include "dist/paro/optimizer.h"
 #include "kernels/gemm.h"
-#include "kernels/ops.h"
 #include "kernels/peak.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
+#include "optim/loss_scale.h"
+#include "optim/lr_schedule.h"
 #include "report/metrics.h"
-#include "io/checkpoint/checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/full_params.h"
-#include "train/optimizer.h"
-#include "train/loss_scale.h"
-#include "train/lr_schedule.h"
-#include "core/phase_timer.h"
 #include "train/progress.h"
 #include "train/resources.h"
+#include "train/run_dir.h"
 #include "train/samples.h"
 
 namespace bagualu::train {
 
-namespace fs = std::filesystem;
-using Clock  = std::chrono::steady_clock;
+using Clock = std::chrono::steady_clock;
 
-static double seconds_since(Clock::time_point t0) {
+namespace {
+
+double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Refuses to mix a new run into a directory that holds an earlier one (its metrics or its
-// checkpoints), unless resuming it or forced to replace it.
-static void prepare_run_dir(const TrainConfig& cfg, bool force, bool resume) {
-    const std::string& dir = cfg.train.run_dir;
-    std::error_code    ec;
-    if (!resume) {
-        if (fs::exists(dir + "/metrics.jsonl") && !force) {
-            input_error("{}: already holds a run (metrics.jsonl); pass --resume to continue it, "
-                        "--force to replace it, or choose another --run-dir",
-                        dir);
-        }
-        const std::vector<std::string> old = io::ckpt::list_complete(cfg.checkpoint_dir());
-        if (!old.empty() && !force) {
-            input_error("{}: holds {} checkpoint(s) of an earlier run; pass --resume to continue "
-                        "it, --force to replace it, or set checkpoint.dir elsewhere",
-                        cfg.checkpoint_dir(), old.size());
-        }
-        for (const std::string& c : old) fs::remove_all(c, ec);
-        if (!old.empty()) log::info("--force: removed {} checkpoint(s) of the replaced run", old.size());
-    }
-    fs::create_directories(dir, ec);
-    if (ec) input_error("{}: cannot create run directory: {}", dir, ec.message());
-}
-
-// Keeps the lines of a resumed run's metrics.jsonl up to its checkpoint's step (the steps after
-// it are trained again), through a temporary file and a rename.
-static void trim_metrics(const std::string& path, int64_t step) {
-    std::ifstream in(path);
-    if (!in) return;
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        for (std::string line; std::getline(in, line);) {
-            if (line.empty()) continue;
-            const auto j = nlohmann::json::parse(line, nullptr, false);
-            if (j.is_discarded()) break;  // a line cut by the crash: everything after it goes too
-            if (j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
-            out << line << "\n";
-        }
-        if (!out) input_error("{}: cannot write", tmp);
-    }
-    fs::rename(tmp, path);
 }
 
 // Test hook for crash recovery: BAGUALU_FAULT_KILL_AT_STEP=N sends SIGKILL to rank
 // BAGUALU_FAULT_KILL_RANK (default 0) after the backward pass of step N (1-based), i.e. in the
 // middle of that step, exactly like `kill -9`.
-static void maybe_inject_kill(int64_t step, int rank) {
+void maybe_inject_kill(int64_t step, int rank) {
     static const char* at = std::getenv("BAGUALU_FAULT_KILL_AT_STEP");
     if (!at || std::atoll(at) != step) return;
     const char* r = std::getenv("BAGUALU_FAULT_KILL_RANK");
@@ -100,14 +63,14 @@ static void maybe_inject_kill(int64_t step, int rank) {
 }
 
 // A hash of this executable, so ranks can check they run the same build.
-static uint64_t binary_hash() {
+uint64_t binary_hash() {
     std::ifstream     f("/proc/self/exe", std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), {});
     return XXH64(bytes.data(), bytes.size(), 0);
 }
 
 // Per-expert load of one MoE layer: max over mean of the rows each expert received (all ranks).
-static double load_max_over_mean(const int64_t* tpe, int E) {
+double load_max_over_mean(const int64_t* tpe, int E) {
     double mx = 0, total = 0;
     for (int e = 0; e < E; ++e) {
         mx = std::max(mx, static_cast<double>(tpe[e]));
@@ -117,7 +80,7 @@ static double load_max_over_mean(const int64_t* tpe, int E) {
 }
 
 // Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step).
-static void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
+void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
     nlohmann::json loads = nlohmann::json::array(), dropped = loads, reassigned = loads,
                    entropy = loads, tokens = loads;
     for (const auto& layer : gpt.moe_layers()) {
@@ -136,311 +99,443 @@ static void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E)
     j["expert_tokens"]             = tokens;
 }
 
-TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
-                          dist::ParallelContext* par_in) {
-    const auto t_start = Clock::now();
-    std::unique_ptr<dist::ParallelContext> single;
-    dist::ParallelContext* par = par_in;
-    if (!par) {
-        single = dist::ParallelContext::single();
-        par    = single.get();
-    }
-    const int  P      = par->size();
-    const bool root   = par->rank() == 0;
-    const bool writer = root && !opt.dry_run;  // logs, run directory, metrics, model
-    set_compute_threads(cfg.train.threads);
-    const ModelConfig& m = cfg.model;
-    const int          T = m.seq_len;
-    const bool resume = cfg.checkpoint.resume == "auto" && !opt.dry_run;
+// One training run from set-up to export. The constructor does the set-up (inputs checked on
+// every rank before the model's first collective, the model, the optimizer, the start-up log);
+// run() resumes from a checkpoint, trains the steps and finishes (final evaluation, resource
+// report, export). Members are declared in the order they are built: the checkpointer goes before
+// the optimizer it saves, the optimizer before the helper thread and the model it uses.
+class Trainer {
+   public:
+    Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::ParallelContext* par_in);
+    TrainSummary run();
 
-    // ---- set-up: every input check before the first collective of the model ----
-    data::Dataset                     ds;
-    std::unique_ptr<data::DataLoader> loader;
-    {
-        std::string error;
-        try {
-            validate_layout(cfg, P);
-            validate_micro_batch(cfg, P);
-            loader = std::make_unique<data::DataLoader>(cfg, *par);
-            ds     = data::load_dataset(cfg);
-            if (writer) prepare_run_dir(cfg, opt.force, resume);
-        } catch (const InputError& e) {
-            error = e.what();
-        }
-        dist::fail_together(par->world(), error);
-        if (P > 1) {
-            const std::string toml = to_toml(cfg);
-            dist::check_same_everywhere(par->world(), XXH64(toml.data(), toml.size(), 0),
-                                        "the resolved config");
-            dist::check_same_everywhere(par->world(), binary_hash(), "the bagualu binary");
-        }
-    }
-    const int     MB    = static_cast<int>(cfg.micro_batch(P));
-    const int64_t accum = cfg.grad_accum_steps(P);
-    if (writer) {
+   private:
+    struct StepRecord {  // what a step's metrics line reports
+        int64_t step       = 0;  // 0-based
+        double  loss       = 0, aux = 0, lr = 0, grad_norm = 0;
+        double  loss_scale = 1;  // the scale the step ran with
+        bool    skipped    = false;
+    };
+
+    void   check_inputs();
+    void   build_model(const TrainConfig& cfg);
+    void   log_setup() const;
+    void   resume();
+    void   open_metrics();
+    void   train_step(int64_t step);
+    double forward_backward(int64_t step, double& aux);
+    double reduce_loss(double local_loss, int64_t step);
+    void   save_checkpoint(int64_t step);
+    void   log_step(const StepRecord& r);
+    double evaluate_at(int64_t step);
+    void   emit(const nlohmann::json& j);
+    TrainSummary finish();
+    void   report_checkpoints();
+    void   report_peak_rss();
+    void   write_outputs(const Buffer<float>& full);
+
+    const TrainConfig&                     cfg_;
+    const TrainOptions&                    opt_;
+    const Clock::time_point                t_start_;
+    std::unique_ptr<dist::ParallelContext> single_;  // the context of a plain one-process run
+    dist::ParallelContext*                 par_;
+    const int                              P_;
+    const bool                             root_;
+    const bool                             writer_;  // logs, run directory, metrics, model
+    const bool                             resume_;
+    const int                              T_;
+    int                                    MB_    = 0;  // micro-batch per rank
+    int64_t                                accum_ = 0;  // micro-steps per step
+    data::Dataset                          ds_;
+    std::unique_ptr<data::DataLoader>      loader_;
+    model::PrecisionPolicy                 prec_;
+    optim::LossScaler                      scaler_;
+    std::unique_ptr<model::GPT>            gpt_;
+    std::unique_ptr<HelperThread>          helper_;  // reduces gradients during backward
+    std::unique_ptr<dist::paro::Optimizer> optimizer_;
+    dist::paro::MemoryFootprint            mem_;
+    std::vector<int32_t>                   inputs_, targets_;  // (MB, T): this rank's micro-step
+    double                                 peak_gflops_     = 0;
+    double                                 flops_per_token_ = 0;  // forward + backward
+    int64_t                                tokens_per_step_ = 0;  // all ranks
+    std::optional<Checkpointer>            ckpt_;
+    int64_t                                start_step_ = 0;
+    std::ofstream                          metrics_;
+    Progress                               progress_;
+    TrainSummary                           sum_;
+    dist::CommTally                        eval_comm_;   // evaluation's collectives, left out
+    dist::CommTally                        comm_start_;  // of the steps' counts
+    Clock::time_point                      t_train_;
+    double                                 window_time_ = 0, window_wait_ = 0;  // since the last
+    int64_t                                window_steps_ = 0;                   // metrics line
+};
+
+// After the set-up (the constructor): resume, the steps, finish.
+TrainSummary Trainer::run() {
+    resume();
+    open_metrics();
+    comm_start_ = dist::comm_tally();
+    t_train_    = Clock::now();
+    for (int64_t step = start_step_; step < cfg_.train.steps; ++step) train_step(step);
+    return finish();
+}
+
+// ---- set-up ----
+
+Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::ParallelContext* par_in)
+    : cfg_(cfg),
+      opt_(opt),
+      t_start_(Clock::now()),
+      single_(par_in ? nullptr : dist::ParallelContext::single()),
+      par_(par_in ? par_in : single_.get()),
+      P_(par_->size()),
+      root_(par_->rank() == 0),
+      writer_(root_ && !opt.dry_run),
+      resume_(cfg.checkpoint.resume == "auto" && !opt.dry_run),
+      T_(cfg.model.seq_len),
+      progress_(opt.quiet || !writer_ ? Progress::Mode::Quiet : Progress::Mode::Auto) {
+    set_compute_threads(cfg.train.threads);
+    check_inputs();
+    MB_    = static_cast<int>(cfg.micro_batch(P_));
+    accum_ = cfg.grad_accum_steps(P_);
+    if (writer_) {
         std::ofstream f(cfg.train.run_dir + "/config.toml");
         f << to_toml(cfg);
     }
+    build_model(cfg);
+    inputs_.resize(static_cast<size_t>(MB_) * T_);
+    targets_.resize(inputs_.size());
+    peak_gflops_     = kernels::measure_peak_gflops_f32(0.2);
+    flops_per_token_ = 3.0 * gpt_->flops_per_token(T_);
+    tokens_per_step_ = cfg.train.batch_size * T_;
+    if (writer_) log_setup();
+    sum_.peak_gflops         = peak_gflops_;
+    sum_.flops_per_token     = flops_per_token_;
+    sum_.run_dir             = cfg.train.run_dir;
+    sum_.val_unigram_entropy = ds_.val_unigram_entropy;
+}
 
-    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
-    LossScaler                   scaler(cfg.precision, prec.loss_scaling());
-    model::GPT gpt(m, MB, par, cfg.parallel.virtual_workers, prec);
-    model::init_params(gpt.params(), gpt.layout(), m, cfg.train.seed);
+// Every input check before the first collective of the model: a problem on any rank ends every
+// rank with one message (exit 2). More than one rank: all run the same config and binary.
+void Trainer::check_inputs() {
+    std::string error;
+    try {
+        validate_layout(cfg_, P_);
+        validate_micro_batch(cfg_, P_);
+        loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
+        ds_     = data::load_dataset(cfg_);
+        if (writer_) prepare_run_dir(cfg_, opt_.force, resume_);
+    } catch (const InputError& e) {
+        error = e.what();
+    }
+    dist::fail_together(par_->world(), error);
+    if (P_ > 1) {
+        const std::string toml = to_toml(cfg_);
+        dist::check_same_everywhere(par_->world(), XXH64(toml.data(), toml.size(), 0),
+                                    "the resolved config");
+        dist::check_same_everywhere(par_->world(), binary_hash(), "the bagualu binary");
+    }
+}
+
+// The model, its initial parameters, the loss scaler and the optimizer.
+void Trainer::build_model(const TrainConfig& cfg) {
+    prec_   = model::PrecisionPolicy::from_config(cfg.precision);
+    scaler_ = optim::LossScaler(cfg.precision, prec_.loss_scaling());
+    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_);
+    model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
-    const bool overlap_wanted = cfg.parallel.overlap_grad_reduce && P > 1;
-    const bool overlap        = overlap_wanted && par->world().threads_multiple();
-    if (overlap_wanted && !overlap && root) {
+    const bool overlap_wanted = cfg.parallel.overlap_grad_reduce && P_ > 1;
+    const bool overlap        = overlap_wanted && par_->world().threads_multiple();
+    if (overlap_wanted && !overlap && root_) {
         log::warn("MPI does not provide MPI_THREAD_MULTIPLE: gradients are reduced after backward, "
                   "not overlapped with it (parallel.overlap_grad_reduce)");
     }
-    std::unique_ptr<HelperThread> helper = overlap ? std::make_unique<HelperThread>() : nullptr;
-    const std::unique_ptr<Optimizer> optimizer =
-        make_optimizer(cfg, gpt.layout(), *par, helper.get());
-    const MemoryFootprint            mem       = optimizer->footprint();
+    helper_    = overlap ? std::make_unique<HelperThread>() : nullptr;
+    optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, helper_.get());
+    mem_       = optimizer_->footprint();
+}
 
-    // This rank's slice of each micro-step of the global order (data/loader.h).
-    std::vector<int32_t> inputs(static_cast<size_t>(MB) * T), targets(inputs.size());
+void Trainer::log_setup() const {
+    const ModelConfig& m = cfg_.model;
+    log::info("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
+              model::make_layout(m).num_params(), m.n_layer,
+              m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
+    log::info("layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
+              "per MoE layer",
+              P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
+    log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
+              "tokens = {} micro-batch(es) of {} per rank",
+              loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),
+              cfg_.train.batch_size, T_, accum_, MB_);
+    constexpr double kMiB = 1 << 20;
+    log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
+              "state {:.1f} MiB ({}), bucket buffers {:.1f} MiB",
+              mem_.param_bytes / kMiB, mem_.grad_bytes / kMiB, mem_.optim_bytes / kMiB,
+              optimizer_->partitioned() ? fmt::format("ParO over {} rank(s)", P_) : "replicated",
+              mem_.comm_bytes / kMiB);
+    log::info("precision: {}{}", prec_.describe(),
+              scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
+    log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s fp32",
+              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_);
+    if (P_ > 1) {
+        log::info("gradient reduction: {}", optimizer_->overlapped()
+                                                ? "overlapped with backward (helper thread)"
+                                                : "after backward");
+    }
+}
 
-    const double  peak_gflops     = kernels::measure_peak_gflops_f32(0.2);
-    const double  flops_per_token = 3.0 * gpt.flops_per_token(T);  // forward + backward
-    const int64_t tokens_per_step = cfg.train.batch_size * T;       // all ranks
+// ---- resume ----
 
-    if (writer) {
-        log::info("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
-                  model::make_layout(m).num_params(), m.n_layer,
-                  m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
-        log::info("layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
-                  "per MoE layer",
-                  P, par->ep_size(), par->edp_size(), m.n_experts / par->ep_size());
-        log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
-                  "tokens = {} micro-batch(es) of {} per rank",
-                  loader->num_tokens(), loader->num_windows(), T + 1, ds.val.num_tokens(),
-                  cfg.train.batch_size, T, accum, MB);
-        constexpr double kMiB = 1 << 20;
-        log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
-                  "state {:.1f} MiB ({}), bucket buffers {:.1f} MiB",
-                  mem.param_bytes / kMiB, mem.grad_bytes / kMiB, mem.optim_bytes / kMiB,
-                  optimizer->partitioned() ? fmt::format("ParO over {} rank(s)", P) : "replicated",
-                  mem.comm_bytes / kMiB);
-        log::info("precision: {}{}", prec.describe(),
-                  scaler.enabled() ? fmt::format(", dynamic loss scale from {}", scaler.scale()) : "");
-        log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s fp32",
-                  compute_pool().size(), kernels::dispatch().describe(), peak_gflops);
-        if (P > 1) {
-            log::info("gradient reduction: {}", optimizer->overlapped()
-                                                    ? "overlapped with backward (helper thread)"
-                                                    : "after backward");
+// Checkpoints: resume from the newest usable one (parameters, optimizer state, data cursor,
+// loss scale, skipped steps).
+void Trainer::resume() {
+    if (opt_.dry_run || (cfg_.checkpoint.every <= 0 && !resume_)) return;
+    ckpt_.emplace(cfg_, gpt_->layout(), *optimizer_, *par_);
+    if (!resume_) return;
+    const std::optional<ResumePoint> rp = ckpt_->load_latest(gpt_->params());
+    if (!rp) {
+        if (writer_) log::info("no checkpoint in {}: training from the start", ckpt_->root());
+        return;
+    }
+    start_step_             = rp->step;
+    const nlohmann::json& c = rp->state.at("sampler");
+    loader_->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
+    if (rp->state.contains("loss_scale")) {  // absent in checkpoints of FP32 runs' first format
+        const nlohmann::json& ls = rp->state.at("loss_scale");
+        scaler_.restore(ls.at("scale").get<double>(), ls.at("clean_steps").get<int64_t>());
+        optimizer_->set_steps_skipped(rp->state.at("steps_skipped").get<int64_t>());
+    }
+    if (writer_) log::info("resumed from {} (step {})", rp->dir, start_step_);
+}
+
+// metrics.jsonl: a resumed run's is cut back to its checkpoint and appended to.
+void Trainer::open_metrics() {
+    const std::string metrics_path = cfg_.train.run_dir + "/metrics.jsonl";
+    if (writer_ && start_step_ > 0) trim_metrics(metrics_path, start_step_);
+    if (writer_) {
+        metrics_.open(metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
+        if (!metrics_) throw InputError(cfg_.train.run_dir + "/metrics.jsonl: cannot write");
+    }
+}
+
+void Trainer::emit(const nlohmann::json& j) {
+    if (writer_) metrics_ << j.dump() << "\n" << std::flush;
+}
+
+// ---- step ----
+
+void Trainer::train_step(int64_t step) {
+    const auto t0 = Clock::now();
+    StepRecord r;
+    r.step       = step;
+    r.loss_scale = scaler_.scale();
+    const double local_loss = forward_backward(step, r.aux);
+    maybe_inject_kill(step + 1, par_->rank());
+    r.loss = reduce_loss(local_loss, step);
+    PhaseScope optimizer_phase(Phase::optimizer);
+    r.lr = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
+                        cfg_.train.min_lr);
+    r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
+    r.skipped   = optimizer_->skipped();
+    scaler_.update(r.skipped);
+    sum_.skipped_steps += r.skipped ? 1 : 0;
+    optimizer_phase.stop();
+    const double dt = seconds_since(t0);
+    window_time_ += dt;
+    window_wait_ += optimizer_->reduce_wait_s();
+    ++window_steps_;
+    sum_.final_loss = r.loss;
+    if (opt_.data_wait_s) *opt_.data_wait_s = loader_->wait_seconds();
+    if (opt_.on_step) opt_.on_step(step, dt, optimizer_->reduce_wait_s());
+
+    const bool last = step + 1 == cfg_.train.steps;
+    if (ckpt_ && cfg_.checkpoint.every > 0 && ((step + 1) % cfg_.checkpoint.every == 0 || last)) {
+        save_checkpoint(step);
+    }
+    if ((step + 1) % cfg_.train.log_every == 0 || last || step == 0 || r.skipped) log_step(r);
+    if (cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0 && !last &&
+        !opt_.dry_run) {
+        evaluate_at(step + 1);
+    }
+}
+
+// The step's micro-batches: forward, and backward with the loss scale; the reduction of the
+// gradients starts during the last backward. Returns this rank's mean loss; aux: the mean aux loss.
+double Trainer::forward_backward(int64_t step, double& aux) {
+    gpt_->zero_grad();
+    // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
+    optimizer_->set_loss_scale(scaler_.scale());
+    const auto grads_ready = [this](size_t from) { optimizer_->grads_ready(from); };
+    const auto backward_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
+    double     loss           = 0;
+    for (int64_t micro = 0; micro < accum_; ++micro) {
+        {
+            PhaseScope data_phase(Phase::data);
+            loader_->next(inputs_.data(), targets_.data());
+        }
+        gpt_->set_routing_context({cfg_.train.seed, step * accum_ + micro, true});
+        loss += gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
+        aux += gpt_->aux_loss() / static_cast<double>(accum_);
+        if (micro + 1 < accum_) {
+            gpt_->backward(backward_scale);
+        } else {  // the last backward of the step: reduce what it has finished meanwhile
+            optimizer_->begin_reduction(gpt_->grads());
+            gpt_->backward(backward_scale, grads_ready);
         }
     }
+    return loss;
+}
 
-    // ---- checkpoints: resume from the newest usable one ----
-    std::optional<Checkpointer> ckpt;
-    int64_t                     start_step = 0;
-    if (!opt.dry_run && (cfg.checkpoint.every > 0 || resume)) {
-        ckpt.emplace(cfg, gpt.layout(), *optimizer, *par);
-        if (resume) {
-            if (const std::optional<ResumePoint> rp = ckpt->load_latest(gpt.params())) {
-                start_step = rp->step;
-                const nlohmann::json& c = rp->state.at("sampler");
-                loader->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
-                if (rp->state.contains("loss_scale")) {  // absent in checkpoints of FP32 runs' first format
-                    const nlohmann::json& ls = rp->state.at("loss_scale");
-                    scaler.restore(ls.at("scale").get<double>(), ls.at("clean_steps").get<int64_t>());
-                    optimizer->set_steps_skipped(rp->state.at("steps_skipped").get<int64_t>());
-                }
-                if (writer) log::info("resumed from {} (step {})", rp->dir, start_step);
-            } else if (writer) {
-                log::info("no checkpoint in {}: training from the start", ckpt->root());
-            }
-        }
+// The mean loss over ranks. The step's one small collective also tells whether every rank's
+// checkpoint write is done, and then finalizes that checkpoint. A loss that is not finite ends
+// the run.
+double Trainer::reduce_loss(double local_loss, int64_t step) {
+    double sums[2] = {local_loss, ckpt_ ? ckpt_->busy() : 0.0};
+    if (P_ > 1) par_->world().allreduce_sum(std::span<double>(sums, 2));
+    const double loss = sums[0] / P_;
+    if (ckpt_ && ckpt_->pending() && sums[1] == 0) ckpt_->finalize();
+    if (!std::isfinite(loss)) {
+        throw InternalError(fmt::format(
+            "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
+            step + 1, loss));
     }
-    const std::string metrics_path = cfg.train.run_dir + "/metrics.jsonl";
-    if (writer && start_step > 0) trim_metrics(metrics_path, start_step);
+    return loss;
+}
 
-    std::ofstream metrics;
-    if (writer) {
-        metrics.open(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
-        if (!metrics) throw InputError(cfg.train.run_dir + "/metrics.jsonl: cannot write");
+void Trainer::save_checkpoint(int64_t step) {
+    const data::SamplerCursor c = loader_->cursor();
+    // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
+    // index), so the RNG state is the seed and the count of micro-steps taken.
+    ckpt_->save(step + 1,
+                {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
+                 {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
+                 {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
+                 {"steps_skipped", optimizer_->steps_skipped()}},
+                gpt_->params());
+}
+
+// One metrics line (throughput over the steps since the last one) and the progress line.
+void Trainer::log_step(const StepRecord& r) {
+    const int64_t  step = r.step;
+    const double   tps  = static_cast<double>(tokens_per_step_ * window_steps_) / window_time_;
+    const double   mfu  = peak_gflops_ > 0 ? tps * flops_per_token_ / (P_ * peak_gflops_ * 1e9) : 0;
+    nlohmann::json j    = {{"step", step + 1},        {"loss", r.loss},     {"lr", r.lr},
+                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
+                           {"elapsed_s", seconds_since(t_start_)}};
+    if (P_ > 1) j["grad_reduce_wait_s"] = window_wait_ / static_cast<double>(window_steps_);
+    if (scaler_.enabled()) j["loss_scale"] = r.loss_scale;
+    if (scaler_.enabled() || r.skipped) j["skipped"] = r.skipped;
+    if (step == 0) {
+        j["param_bytes"] = mem_.param_bytes;
+        j["grad_bytes"]  = mem_.grad_bytes;
+        j["optim_bytes"] = mem_.optim_bytes;
     }
-    auto emit = [&](const nlohmann::json& j) {
-        if (writer) metrics << j.dump() << "\n" << std::flush;
-    };
-
-    Progress     progress(opt.quiet || !writer ? Progress::Mode::Quiet : Progress::Mode::Auto);
-    TrainSummary sum;
-    sum.peak_gflops         = peak_gflops;
-    sum.flops_per_token     = flops_per_token;
-    sum.run_dir             = cfg.train.run_dir;
-    sum.val_unigram_entropy = ds.val_unigram_entropy;
-
-    dist::CommTally eval_comm;  // evaluation's collectives, left out of the step counts
-    auto run_eval = [&](int64_t step) {
-        gpt.set_routing_context(moe::RoutingContext{});  // inference routing: plain top-k
-        const dist::CommTally c0 = dist::comm_tally();
-        const EvalResult r = evaluate(gpt, ds.val, MB, cfg.train.eval_batches, par);
-        emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
-              {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start)}});
-        progress.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,
-                                     std::exp(r.loss)));
-        eval_comm = eval_comm + (dist::comm_tally() - c0);
-        return r.loss;
-    };
-
-    const dist::CommTally comm_start = dist::comm_tally();
-    const auto t_train      = Clock::now();
-    double     window_time  = 0, window_wait = 0;
-    int64_t    window_steps = 0;
-    const auto grads_ready  = [&](size_t from) { optimizer->grads_ready(from); };
-    for (int64_t step = start_step; step < cfg.train.steps; ++step) {
-        const auto t0 = Clock::now();
-        gpt.zero_grad();
-        // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
-        const double loss_scale = scaler.scale();
-        optimizer->set_loss_scale(loss_scale);
-        double loss = 0, aux = 0;
-        for (int64_t micro = 0; micro < accum; ++micro) {
-            {
-                PhaseScope data_phase(Phase::data);
-                loader->next(inputs.data(), targets.data());
-            }
-            gpt.set_routing_context({cfg.train.seed, step * accum + micro, true});
-            loss += gpt.forward(inputs.data(), targets.data(), MB, T) / static_cast<double>(accum);
-            aux += gpt.aux_loss() / static_cast<double>(accum);
-            if (micro + 1 < accum) {
-                gpt.backward(static_cast<float>(scaler.scale()) / static_cast<float>(accum));
-            } else {  // the last backward of the step: reduce what it has finished meanwhile
-                optimizer->begin_reduction(gpt.grads());
-                gpt.backward(static_cast<float>(scaler.scale()) / static_cast<float>(accum), grads_ready);
-            }
-        }
-        maybe_inject_kill(step + 1, par->rank());
-        // the step's one small collective also tells whether every rank's checkpoint write is done
-        double sums[2] = {loss, ckpt ? ckpt->busy() : 0.0};
-        if (P > 1) par->world().allreduce_sum(std::span<double>(sums, 2));
-        loss = sums[0] / P;
-        if (ckpt && ckpt->pending() && sums[1] == 0) ckpt->finalize();
-        if (!std::isfinite(loss)) {
-            throw InternalError(fmt::format(
-                "training diverged at step {}: loss = {} (lower train.lr or raise warmup_steps)",
-                step + 1, loss));
-        }
-        PhaseScope   optimizer_phase(Phase::optimizer);
-        const double lr = lr_at(step, cfg.train.steps, cfg.train.warmup_steps, cfg.train.lr,
-                                cfg.train.min_lr);
-        const double norm    = optimizer->step(gpt.params(), gpt.grads(), lr, step + 1);
-        const bool   skipped = optimizer->skipped();
-        scaler.update(skipped);
-        sum.skipped_steps += skipped ? 1 : 0;
-        optimizer_phase.stop();
-        const double dt = seconds_since(t0);
-        window_time += dt;
-        window_wait += optimizer->reduce_wait_s();
-        ++window_steps;
-        sum.final_loss = loss;
-        if (opt.data_wait_s) *opt.data_wait_s = loader->wait_seconds();
-        if (opt.on_step) opt.on_step(step, dt, optimizer->reduce_wait_s());
-
-        const bool last = step + 1 == cfg.train.steps;
-        if (ckpt && cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
-            const data::SamplerCursor c = loader->cursor();
-            // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
-            // index), so the RNG state is the seed and the count of micro-steps taken.
-            ckpt->save(step + 1,
-                       {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
-                        {"rng", {{"seed", cfg.train.seed}, {"micro_steps", (step + 1) * accum}}},
-                        {"loss_scale", {{"scale", scaler.scale()}, {"clean_steps", scaler.clean_steps()}}},
-                        {"steps_skipped", optimizer->steps_skipped()}},
-                       gpt.params());
-        }
-        if ((step + 1) % cfg.train.log_every == 0 || last || step == 0 || skipped) {
-            const double   tps = static_cast<double>(tokens_per_step * window_steps) / window_time;
-            const double   mfu = peak_gflops > 0 ? tps * flops_per_token / (P * peak_gflops * 1e9) : 0;
-            nlohmann::json j   = {{"step", step + 1},    {"loss", loss}, {"lr", lr},
-                                  {"grad_norm", norm},   {"tokens_per_s", tps}, {"mfu", mfu},
-                                  {"elapsed_s", seconds_since(t_start)}};
-            if (P > 1) j["grad_reduce_wait_s"] = window_wait / static_cast<double>(window_steps);
-            if (scaler.enabled()) j["loss_scale"] = loss_scale;  // the scale this step ran with
-            if (scaler.enabled() || skipped) j["skipped"] = skipped;
-            if (step == 0) {
-                j["param_bytes"] = mem.param_bytes;
-                j["grad_bytes"]  = mem.grad_bytes;
-                j["optim_bytes"] = mem.optim_bytes;
-            }
-            if (!gpt.moe_layers().empty()) {
-                j["aux_loss"] = aux;
-                add_routing_metrics(j, gpt, m.n_experts);
-            }
-            emit(j);
-            sum.tokens_per_s = tps;
-            const double eta = (seconds_since(t_train) / static_cast<double>(step + 1)) *
-                               static_cast<double>(cfg.train.steps - step - 1);
-            progress.update(step + 1, cfg.train.steps, loss, tps, mfu, eta);
-            window_time  = 0;
-            window_wait  = 0;
-            window_steps = 0;
-        }
-        if (cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0 && !last &&
-            !opt.dry_run) {
-            run_eval(step + 1);
-        }
+    if (!gpt_->moe_layers().empty()) {
+        j["aux_loss"] = r.aux;
+        add_routing_metrics(j, *gpt_, cfg_.model.n_experts);
     }
-    if (ckpt) ckpt->close();
-    emit(resource_report(dist::comm_tally() - comm_start - eval_comm,
-                         std::max<int64_t>(cfg.train.steps - start_step, 1), *par));
-    if (ckpt && cfg.checkpoint.every > 0) {
-        emit({{"step", cfg.train.steps},
-              {"checkpoint_stall_s", ckpt->stall_seconds()},
-              {"checkpoint_write_s", ckpt->write_seconds()},
-              {"checkpoint_bytes", ckpt->bytes_written()}});
-        if (writer) {
-            log::info("checkpoints: {} (the step loop waited {:.3f} s for them)",
-                      ckpt->last_committed().empty() ? "none written" : ckpt->last_committed(),
-                      ckpt->stall_seconds());
-        }
-    }
-    sum.steps          = cfg.train.steps;
-    sum.data_wait_s    = loader->wait_seconds();
-    sum.final_loss_scale = scaler.scale();
-    if (opt.dry_run) return sum;
-    sum.final_val_loss = run_eval(cfg.train.steps);
-    {
-        std::vector<int64_t> rss(static_cast<size_t>(P));
-        const auto           mine = static_cast<int64_t>(peak_rss_bytes());
-        par->world().allgather(&mine, sizeof(mine), rss.data());
-        emit({{"step", cfg.train.steps}, {"peak_rss_bytes", rss}});
-        if (root) {
-            std::string mib;
-            for (const int64_t b : rss) mib += fmt::format("{}{}", mib.empty() ? "" : ", ", b >> 20);
-            log::info("peak resident memory per rank (VmHWM): {} MiB", mib);
-        }
-    }
+    emit(j);
+    sum_.tokens_per_s = tps;
+    const double eta = (seconds_since(t_train_) / static_cast<double>(step + 1)) *
+                       static_cast<double>(cfg_.train.steps - step - 1);
+    progress_.update(step + 1, cfg_.train.steps, r.loss, tps, mfu, eta);
+    window_time_  = 0;
+    window_wait_  = 0;
+    window_steps_ = 0;
+}
 
-    const Buffer<float> full = gather_full_params(gpt, par);
-    sum.model_dir            = cfg.train.run_dir + "/model";
-    if (root) {
-        model::save_model(sum.model_dir, m, full.data(), false,
-                          ds.has_tokenizer ? cfg.data.tokenizer : std::string(),
-                          {{"step", std::to_string(cfg.train.steps)},
-                           {"val_loss", fmt::format("{:.9g}", sum.final_val_loss)}});
-        metrics.close();
-        report::write_loss_chart(cfg.train.run_dir);
-        if (!gpt.moe_layers().empty()) report::write_expert_load_chart(cfg.train.run_dir);
-        progress.finish();
-        log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
-                  sum.final_val_loss, std::exp(sum.final_val_loss), sum.steps,
-                  seconds_since(t_start));
-        if (sum.val_unigram_entropy >= 0) {
-            log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
-                      sum.val_unigram_entropy, sum.val_unigram_entropy - sum.final_val_loss);
-        }
-        log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg.train.run_dir,
-                  gpt.moe_layers().empty() ? "" : " expert_load.svg");
-        if (!opt.quiet && ds.has_tokenizer && cfg.sample.n_samples > 0) {
-            print_samples(m, full.data(), cfg.data.tokenizer, cfg.sample);
-        }
+// ---- evaluation ----
+
+// Validation loss after `step` steps, with inference routing (plain top-k); its collectives are
+// kept out of the steps' communication counts.
+double Trainer::evaluate_at(int64_t step) {
+    gpt_->set_routing_context(moe::RoutingContext{});
+    const dist::CommTally c0 = dist::comm_tally();
+    const EvalResult      r  = evaluate(*gpt_, ds_.val, MB_, cfg_.train.eval_batches, par_);
+    emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
+          {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start_)}});
+    progress_.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,
+                                  std::exp(r.loss)));
+    eval_comm_ = eval_comm_ + (dist::comm_tally() - c0);
+    return r.loss;
+}
+
+// ---- finish ----
+
+TrainSummary Trainer::finish() {
+    if (ckpt_) ckpt_->close();
+    emit(resource_report(dist::comm_tally() - comm_start_ - eval_comm_,
+                         std::max<int64_t>(cfg_.train.steps - start_step_, 1), *par_));
+    report_checkpoints();
+    sum_.steps            = cfg_.train.steps;
+    sum_.data_wait_s      = loader_->wait_seconds();
+    sum_.final_loss_scale = scaler_.scale();
+    if (opt_.dry_run) return sum_;
+    sum_.final_val_loss = evaluate_at(cfg_.train.steps);
+    report_peak_rss();
+    const Buffer<float> full = gather_full_params(*gpt_, par_);
+    sum_.model_dir           = cfg_.train.run_dir + "/model";
+    if (root_) write_outputs(full);
+    return sum_;
+}
+
+void Trainer::report_checkpoints() {
+    if (!ckpt_ || cfg_.checkpoint.every <= 0) return;
+    emit({{"step", cfg_.train.steps},
+          {"checkpoint_stall_s", ckpt_->stall_seconds()},
+          {"checkpoint_write_s", ckpt_->write_seconds()},
+          {"checkpoint_bytes", ckpt_->bytes_written()}});
+    if (writer_) {
+        log::info("checkpoints: {} (the step loop waited {:.3f} s for them)",
+                  ckpt_->last_committed().empty() ? "none written" : ckpt_->last_committed(),
+                  ckpt_->stall_seconds());
     }
-    return sum;
+}
+
+// Every rank's peak resident memory, into metrics.jsonl and the log. Collective.
+void Trainer::report_peak_rss() {
+    std::vector<int64_t> rss(static_cast<size_t>(P_));
+    const auto           mine = static_cast<int64_t>(peak_rss_bytes());
+    par_->world().allgather(&mine, sizeof(mine), rss.data());
+    emit({{"step", cfg_.train.steps}, {"peak_rss_bytes", rss}});
+    if (root_) {
+        std::string mib;
+        for (const int64_t b : rss) mib += fmt::format("{}{}", mib.empty() ? "" : ", ", b >> 20);
+        log::info("peak resident memory per rank (VmHWM): {} MiB", mib);
+    }
+}
+
+// Rank 0: the exported model, the charts, the closing log lines and the samples.
+void Trainer::write_outputs(const Buffer<float>& full) {
+    const ModelConfig& m = cfg_.model;
+    model::save_model(sum_.model_dir, m, full.data(), false,
+                      ds_.has_tokenizer ? cfg_.data.tokenizer : std::string(),
+                      {{"step", std::to_string(cfg_.train.steps)},
+                       {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}});
+    metrics_.close();
+    report::write_loss_chart(cfg_.train.run_dir);
+    if (!gpt_->moe_layers().empty()) report::write_expert_load_chart(cfg_.train.run_dir);
+    progress_.finish();
+    log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
+              sum_.final_val_loss, std::exp(sum_.final_val_loss), sum_.steps,
+              seconds_since(t_start_));
+    if (sum_.val_unigram_entropy >= 0) {
+        log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
+                  sum_.val_unigram_entropy, sum_.val_unigram_entropy - sum_.final_val_loss);
+    }
+    log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg_.train.run_dir,
+              gpt_->moe_layers().empty() ? "" : " expert_load.svg");
+    if (!opt_.quiet && ds_.has_tokenizer && cfg_.sample.n_samples > 0) {
+        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample);
+    }
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
+                          dist::ParallelContext* par) {
+    return Trainer(cfg, opt, par).run();
 }
 
 }  // namespace bagualu::train

@@ -12,9 +12,10 @@
 #include "core/rng.h"
 #include "dist/parallel.h"
 #include "mpi_world.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
+#include "dist/paro/partitioned_adamw.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // Dense and expert tensors interleaved, sizes not multiples of 16.
@@ -32,7 +33,7 @@ model::ParamLayout layout_for_test() {
 
 std::unique_ptr<Optimizer> make(bool paro, const model::ParamLayout& l, dist::ParallelContext& par,
                                 HelperThread* helper) {
-    const AdamWHyper hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
+    const optim::AdamWHyper hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
     if (paro) return std::make_unique<PartitionedAdamW>(l, par, hyper, 150, helper);
     TrainConfig cfg;
     cfg.optimizer.partition = "off";
@@ -95,4 +96,4 @@ TEST(Overlap, BitwiseSameAsReducingInStep) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

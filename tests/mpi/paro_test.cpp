@@ -9,12 +9,14 @@
 #include "core/rng.h"
 #include "dist/parallel.h"
 #include "mpi_world.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
+#include "dist/paro/partitioned_adamw.h"
+#include "dist/paro/spaces.h"
 
 #include <fmt/format.h>
 #include <string>
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // Dense and "local expert" tensors interleaved, sizes not multiples of 16.
@@ -38,7 +40,7 @@ TEST(Paro, MatchesReplicatedAdamW) {
         dist::ParallelContext    par(w, ep, false);
         const model::ParamLayout l = layout_for_test();
         const size_t             n = l.total_floats();
-        const AdamWHyper         hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
+        const optim::AdamWHyper  hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
         TrainConfig              cfg;
         cfg.optimizer.partition = "off";
         const auto               ref = make_optimizer(cfg, l, par);
@@ -115,7 +117,7 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                 const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
                 const MemoryFootprint real = opt->footprint();
                 const MemoryFootprint pred = optimizer_footprint(
-                    l, prec, opt->partitioned(), P, par.edp_size(), PartitionedAdamW::kDefaultBucketFloats);
+                    l, prec, opt->partitioned(), P, par.edp_size(), kDefaultBucketFloats);
                 const std::string what = fmt::format("P {} EP {} partition {} {}", P, ep, partition, dtype);
                 EXPECT_EQ(pred.param_bytes, real.param_bytes) << what;
                 EXPECT_EQ(pred.grad_bytes, real.grad_bytes) << what;
@@ -142,4 +144,4 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

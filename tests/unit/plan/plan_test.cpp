@@ -11,12 +11,12 @@
 #include "../../common/run_command.h"
 #include "core/error.h"
 #include "dist/comm/collectives.h"
-#include "train/shard_map.h"
+#include "dist/paro/shard_map.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "plan/estimate.h"
-#include "train/grad_sync.h"
-#include "train/optimizer.h"
+#include "dist/paro/grad_sync.h"
+#include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
 namespace {
@@ -53,7 +53,7 @@ TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
             EXPECT_EQ(s.rank_floats(), L.total_floats()) << moe_every << " " << ep;
             EXPECT_EQ(s.full_params, model::make_layout(c.model).num_params());
             uint64_t expert = 0;
-            for (const train::Segment& g : train::make_segments(L)) {
+            for (const dist::paro::Segment& g : dist::paro::make_segments(L)) {
                 if (g.expert) expert += g.end - g.begin;
             }
             EXPECT_EQ(s.expert_floats, expert);
@@ -139,7 +139,7 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     // ParO over 2 ranks (optimizer.partition = "auto"): the optimizer's own shard maps
     const model::ParamLayout lay = model::make_layout(c.model, 2, 0);
     const model::PrecisionPolicy fp32;
-    EXPECT_DOUBLE_EQ(m.optimizer, static_cast<double>(train::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
+    EXPECT_DOUBLE_EQ(m.optimizer, static_cast<double>(dist::paro::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
     EXPECT_LT(m.optimizer, 2 * m.parameters);
     EXPECT_DOUBLE_EQ(m.baseline, 12345);
     // 1000 data tokens as int32; the loader's two micro-batches of 2 windows of 11 tokens; the
@@ -152,7 +152,7 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     const Memory& r = footprint(replicated, layout_of(replicated, 2, 2), 1000, 12345).memory;
     EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
     // the snapshot: master, m and v of rank 0's part of each space, less than a whole copy
-    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(train::state_piece_floats(lay, fp32, false, 2, 1)));
+    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(dist::paro::state_piece_floats(lay, fp32, false, 2, 1)));
     EXPECT_LT(r.checkpoint, 3 * r.parameters);
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
@@ -214,7 +214,7 @@ TEST(PlanComm, ParoMatchesShardMaps) {
 
                 const model::ParamLayout     layout = model::make_layout(c.model, ep, 0);
                 const model::PrecisionPolicy prec   = model::PrecisionPolicy::from_config(c.precision);
-                std::vector<train::FlatRun>  runs[4];
+                std::vector<dist::paro::FlatRun>  runs[4];
                 bool                         any_half = false;
                 for (const model::ParamSpec& s : layout.specs()) {
                     const bool half = prec.master_mode(s) != model::MasterMode::none;
@@ -231,7 +231,7 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                 for (int sp = 0; sp < (any_half ? 4 : 2); ++sp) {
                     const int G = sp % 2 == 1 ? P / ep : P;
                     if (runs[sp].empty() || G == 1) continue;
-                    const train::ShardMap map(runs[sp], layout, G, 0, bucket);
+                    const dist::paro::ShardMap map(runs[sp], layout, G, 0, bucket);
                     const uint64_t elem = sp >= 2 ? 2 : 4, nb = map.num_buckets(), n = map.bucket_size();
                     rs_calls += nb;
                     rs_bytes += nb * n * 4;

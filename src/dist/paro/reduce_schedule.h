@@ -16,7 +16,7 @@
 #include "core/helper_thread.h"
 #include "dist/comm/comm.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 class ReduceSchedule {
    public:
@@ -63,4 +63,4 @@ class ReduceSchedule {
     HelperThread::Ticket last_ = 0;
 };
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace bagualu::train {
+namespace bagualu::optim {
 
 inline double lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr,
                     double min_lr) {
@@ -15,4 +15,4 @@ inline double lr_at(int64_t step, int64_t total_steps, int64_t warmup_steps, dou
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-}  // namespace bagualu::train
+}  // namespace bagualu::optim

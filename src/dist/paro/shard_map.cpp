@@ -1,13 +1,13 @@
 // ShardMap: shard sizes, the per-tensor pieces of this rank's shard and the bucket copy lists,
 // all computed once at start-up; pack/unpack are plain copies in the step loop.
-#include "train/shard_map.h"
+#include "dist/paro/shard_map.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 namespace {
 
@@ -111,4 +111,4 @@ void ShardMap::unpack(size_t b, const float* buf, float* flat, bool own) const {
     }
 }
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

@@ -5,14 +5,14 @@
 // bucket, and its shard (S = NB*q floats) is those pieces in bucket order. A reduce-scatter of
 // bucket b hands each rank piece b of its own shard. Buckets are contiguous in the space, so the
 // late layers' buckets are complete first in backward (reduction overlap, docs/parallelism.md).
-// No communication and no arithmetic here (optimizer.cpp does both).
+// No communication and no arithmetic here (partitioned_adamw.cpp does both).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "model/param_layout.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 // Floats [begin, end) of the flat parameter (and gradient) array.
 struct FlatRun {
@@ -87,4 +87,4 @@ class ShardMap {
     std::vector<std::vector<BucketCopy>> copies_;  // [NB][copies, all owners]
 };
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

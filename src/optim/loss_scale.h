@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 
-namespace bagualu::train {
+namespace bagualu::optim {
 
 class LossScaler {
    public:
@@ -48,4 +48,4 @@ class LossScaler {
     int64_t window_  = 1000, clean_ = 0;
 };
 
-}  // namespace bagualu::train
+}  // namespace bagualu::optim

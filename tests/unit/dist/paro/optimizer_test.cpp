@@ -1,8 +1,7 @@
-// Mixed precision in the optimizer (train/optimizer.h) and dynamic loss scaling
-// (train/loss_scale.h): O2 tensors keep FP32 masters (updates smaller than half a bf16 ulp add
-// up), O3 tensors have none (they are lost); a gradient holding an injected inf skips the step
-// without touching parameters or state; the loss scale is divided out exactly; the scaler backs
-// off on an overflow and grows after its window of clean steps.
+// Mixed precision in the optimizer (dist/paro/optimizer.h): O2 tensors keep FP32 masters
+// (updates smaller than half a bf16 ulp add up), O3 tensors have none (they are lost); a
+// gradient holding an injected inf skips the step without touching parameters or state; the
+// loss scale is divided out exactly. ParO's bucket target has a floor per rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,10 +11,10 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "dist/parallel.h"
-#include "train/loss_scale.h"
-#include "train/optimizer.h"
+#include "dist/paro/optimizer.h"
+#include "dist/paro/spaces.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // One FFN matrix (half-stored from O2) and one layernorm weight (float32 below O3).
@@ -88,29 +87,6 @@ TEST(PrecisionOptimizer, LossScaleIsDividedOut) {
     EXPECT_EQ(run_steps({"dtype=fp16"}, 3, 0.25f, 1024).params, run_steps({"dtype=fp16"}, 3, 0.25f).params);
 }
 
-TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterWindow) {
-    PrecisionSection p;
-    p.loss_scale        = 1024;
-    p.loss_scale_window = 3;
-    LossScaler s(p, true);
-    EXPECT_EQ(s.scale(), 1024);
-    s.update(true);
-    EXPECT_EQ(s.scale(), 512);
-    s.update(false);
-    s.update(false);
-    EXPECT_EQ(s.scale(), 512);
-    s.update(false);
-    EXPECT_EQ(s.scale(), 1024);
-    s.update(false);
-    s.update(true);  // an overflow restarts the window
-    s.update(false);
-    s.update(false);
-    EXPECT_EQ(s.scale(), 512);
-    LossScaler off(p, false);
-    off.update(true);
-    EXPECT_EQ(off.scale(), 1);
-}
-
 // ParO's bucket target: parallel.bucket_mib up to 1,024 ranks, then 4 KiB per rank.
 TEST(ParoBuckets, TargetHasAFloorPerRank) {
     const TrainConfig cfg = default_config();
@@ -122,4 +98,4 @@ TEST(ParoBuckets, TargetHasAFloorPerRank) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

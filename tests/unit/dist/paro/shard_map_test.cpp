@@ -1,8 +1,8 @@
-// ParO bookkeeping (train/shard_map.h) without communication: the pieces of all ranks' shards
+// ParO bookkeeping (dist/paro/shard_map.h) without communication: the pieces of all ranks' shards
 // cover every tensor element of a space exactly once with the right decay flag and offsets, and
 // the bucket copies, used as a simulated reduce-scatter and all-gather, move each float to and
 // from its owner. Odd tensor sizes, odd rank counts and buckets smaller than a tensor.
-#include "train/shard_map.h"
+#include "dist/paro/shard_map.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "train/grad_sync.h"
+#include "dist/paro/grad_sync.h"
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 // Dense and expert tensors interleaved, sizes not multiples of 16.
@@ -159,4 +159,4 @@ TEST(ShardMap, EmptySpaceHasNoShard) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

@@ -1,10 +1,10 @@
-#include "train/reduce_schedule.h"
+#include "dist/paro/reduce_schedule.h"
 
 #include <algorithm>
 #include <chrono>
 #include <numeric>
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 
 ReduceSchedule::ReduceSchedule(std::vector<size_t> ready, HelperThread* helper,
                                std::function<void(size_t unit, bool on_helper)> run)
@@ -51,4 +51,4 @@ void ReduceSchedule::drain() noexcept {
     }
 }
 
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro

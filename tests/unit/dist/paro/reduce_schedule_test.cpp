@@ -1,7 +1,7 @@
-// ReduceSchedule (train/reduce_schedule.h): units run in descending ready point, inline without
+// ReduceSchedule (dist/paro/reduce_schedule.h): units run in descending ready point, inline without
 // begin() and on the helper thread after it; a unit never starts on the helper before backward
 // reported its ready point, and finish() waits for every unit.
-#include "train/reduce_schedule.h"
+#include "dist/paro/reduce_schedule.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace bagualu::train {
+namespace bagualu::dist::paro {
 namespace {
 
 struct Log {
@@ -83,4 +83,4 @@ TEST(ReduceSchedule, FinishRethrowsAUnitsError) {
 }
 
 }  // namespace
-}  // namespace bagualu::train
+}  // namespace bagualu::dist::paro
