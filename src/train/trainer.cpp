@@ -28,6 +28,7 @@
 #include "dist/comm/checks.h"
 #include "dist/paro/optimizer.h"
 #include "kernels/gemm.h"
+#include "kernels/dispatch.h"
 #include "kernels/peak.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
