@@ -34,7 +34,7 @@ ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
         L.add(p + "ln_2.bias", {C}, false);
         if (m.is_moe_block(l)) {
             L.add(p + "moe.gate.weight", {E, C}, true);
-            if (m.gate == "noisy") L.add(p + "moe.noise.weight", {E, C}, true);
+            if (m.gate == GateKind::noisy) L.add(p + "moe.noise.weight", {E, C}, true);
             // one kind of tensor for all experts after the other, so expert e is base + e*stride
             const int64_t e0 = E / ep_size * ep_rank, e1 = E / ep_size * (ep_rank + 1);
             for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
@@ -82,7 +82,7 @@ void for_each_param_kind(const ModelConfig& m, int ep_size,
         kind(p + "ln_2.bias", {C}, false, false, 1);
         if (m.is_moe_block(l)) {
             kind(p + "moe.gate.weight", {E, C}, true, false, 1);
-            if (m.gate == "noisy") kind(p + "moe.noise.weight", {E, C}, true, false, 1);
+            if (m.gate == GateKind::noisy) kind(p + "moe.noise.weight", {E, C}, true, false, 1);
             const auto El = static_cast<uint64_t>(E / ep_size);
             kind(p + "moe.experts.0.c_fc.weight", {F, C}, true, true, El);
             kind(p + "moe.experts.0.c_fc.bias", {F}, false, true, El);
@@ -138,7 +138,7 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
         b.ln2_b  = at(p + "ln_2.bias");
         if (m.is_moe_block(l)) {
             b.gate_w = at(p + "moe.gate.weight");
-            if (m.gate == "noisy") b.noise_w = at(p + "moe.noise.weight");
+            if (m.gate == GateKind::noisy) b.noise_w = at(p + "moe.noise.weight");
             auto ex  = [&](int e, const char* what) { return fmt::format("{}moe.experts.{}.{}", p, e, what); };
             b.experts.fc_w          = at(ex(e0, "c_fc.weight"));
             b.experts.fc_b          = at(ex(e0, "c_fc.bias"));
@@ -287,7 +287,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_->targets = Buffer<int32_t>(N);
 
     moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
-    ms.gate.kind            = moe::parse_gate(cfg.gate);
+    ms.gate.kind            = cfg.gate;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.virtual_workers = virtual_workers;

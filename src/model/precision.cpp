@@ -8,14 +8,6 @@ namespace bagualu::model {
 
 namespace {
 
-Level parse_level(const std::string& s) {
-    if (s == "O0") return Level::O0;
-    if (s == "O1") return Level::O1;
-    if (s == "O2") return Level::O2;
-    BGL_CHECK(s == "O3", "precision level {} (validate() checks them)", s);
-    return Level::O3;
-}
-
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 bool contains(const std::string& s, const char* p) { return s.find(p) != std::string::npos; }
 
@@ -30,11 +22,11 @@ bool is_gate(const std::string& name) {
 
 PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     PrecisionPolicy r;
-    r.dtype = p.dtype == "bf16" ? Dtype::bfloat16 : p.dtype == "fp16" ? Dtype::float16 : Dtype::float32;
-    r.level[static_cast<int>(LayerClass::embedding)] = parse_level(p.embedding);
-    r.level[static_cast<int>(LayerClass::attention)] = parse_level(p.attention);
-    r.level[static_cast<int>(LayerClass::ffn)]       = parse_level(p.ffn);
-    r.level[static_cast<int>(LayerClass::head)]      = parse_level(p.head);
+    r.dtype                                          = p.dtype;
+    r.level[static_cast<int>(LayerClass::embedding)] = p.embedding;
+    r.level[static_cast<int>(LayerClass::attention)] = p.attention;
+    r.level[static_cast<int>(LayerClass::ffn)]       = p.ffn;
+    r.level[static_cast<int>(LayerClass::head)]      = p.head;
     r.fp64_sensitive                                 = p.fp64_sensitive;
     return r;
 }
@@ -86,16 +78,6 @@ std::string PrecisionPolicy::describe() const {
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),
                        level_name(level[0]), level_name(level[1]), level_name(level[2]),
                        level_name(level[3]), fp64_sensitive ? ", fp64 sensitive ops" : "");
-}
-
-const char* level_name(Level l) {
-    switch (l) {
-        case Level::O0: return "O0";
-        case Level::O1: return "O1";
-        case Level::O2: return "O2";
-        case Level::O3: return "O3";
-    }
-    return "?";
 }
 
 }  // namespace bagualu::model

@@ -12,7 +12,7 @@
 
 namespace bagualu::model {
 
-enum class Level { O0, O1, O2, O3 };
+using bagualu::Level;  // config/enums.h
 enum class LayerClass { embedding, attention, ffn, head };
 
 // How the optimizer treats a tensor.
@@ -55,6 +55,6 @@ struct PrecisionPolicy {
     std::string describe() const;
 };
 
-const char* level_name(Level l);
+inline const char* level_name(Level l) { return name_of(l); }
 
 }  // namespace bagualu::model

@@ -207,11 +207,12 @@ inline constexpr size_t kMinPieceFloats = 1024;  // 4 KiB per rank
 size_t paro_bucket_floats(const TrainConfig& cfg, int ranks);
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
-// cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
+// prec, the run's policy (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
 // reduces gradients during backward (nullptr: no overlap). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext& par,
-                                          HelperThread* helper = nullptr);
+                                          dist::ParallelContext&        par,
+                                          const model::PrecisionPolicy& prec,
+                                          HelperThread*                 helper = nullptr);
 
 // This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 when unknown.
 size_t peak_rss_bytes();

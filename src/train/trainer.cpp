@@ -151,7 +151,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     set_compute_threads(cfg.train.threads);
     const ModelConfig& m = cfg.model;
     const int          T = m.seq_len;
-    const bool resume = cfg.checkpoint.resume == "auto" && !opt.dry_run;
+    const bool resume = cfg.checkpoint.resume == Resume::automatic && !opt.dry_run;
 
     // ---- set-up: every input check before the first collective of the model ----
     data::Dataset                     ds;
@@ -195,7 +195,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     std::unique_ptr<HelperThread> helper = overlap ? std::make_unique<HelperThread>() : nullptr;
     const std::unique_ptr<Optimizer> optimizer =
-        make_optimizer(cfg, gpt.layout(), *par, helper.get());
+        make_optimizer(cfg, gpt.layout(), *par, prec, helper.get());
     const MemoryFootprint            mem       = optimizer->footprint();
 
     // This rank's slice of each micro-step of the global order (data/loader.h).
