@@ -92,7 +92,8 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
     const double resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
     std::unordered_map<std::string, const ParamSpec*> held;  // this layout's tensors by name
     for (const ParamSpec& s : layout.specs()) held.emplace(s.name, &s);
-    uint64_t i = 0;  // position in the full layout
+    uint64_t i = 0;     // position in the full layout
+    size_t   done = 0;  // tensors of `layout` initialised
     for (const TensorSlotRef& k : tensor_kinds(m, 1, 0)) {
         const TensorDef& d = tensor_def(k.row);
         for (int64_t e = k.e0; e < k.e1; ++e, ++i) {
@@ -100,6 +101,7 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
             if (it == held.end()) continue;
             const ParamSpec& s = *it->second;
             float*           p = params + s.offset;
+            ++done;
             switch (d.init) {
                 case Init::zeros: std::fill(p, p + s.numel, 0.0f); break;
                 case Init::ones: std::fill(p, p + s.numel, 1.0f); break;
@@ -115,6 +117,8 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
             }
         }
     }
+    BGL_CHECK(done == layout.specs().size(), "init_params: {} of the layout's {} tensors are not "
+              "tensors of this model", layout.specs().size() - done, layout.specs().size());
 }
 
 // ---- activations ----
