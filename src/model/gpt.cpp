@@ -188,6 +188,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     if (prec_.mixed()) {
         // forward computes with a copy of the weights rounded as the policy says
         wc_ = Buffer<float>(layout_.total_floats());
+        for (const ParamSpec& s : layout_.specs()) wc_dtype_.push_back(prec_.compute_dtype(s));
         w_  = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
         head_w_          = w_.wte;
@@ -243,8 +244,9 @@ GPT::~GPT() = default;
 const float* GPT::logits() const { return a_->logits; }
 
 void GPT::refresh_compute_weights() {
-    for (const ParamSpec& s : layout_.specs()) {
-        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, prec_.compute_dtype(s));
+    for (size_t i = 0; i < layout_.specs().size(); ++i) {
+        const ParamSpec& s = layout_.spec(i);
+        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, wc_dtype_[i]);
     }
     if (wte_head_.size() > 0) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),

@@ -106,6 +106,7 @@ class GPT {
     ParamLayout                              layout_;
     Buffer<float>                            params_, grads_;
     PrecisionPolicy                          prec_;
+    std::vector<Dtype>                       wc_dtype_;  // mixed: compute dtype of each tensor
     Buffer<float>                            wc_;        // mixed: the weights as computed with
     Buffer<float>                            wte_head_;  // mixed: wte rounded for the LM head
     Buffer<float>                            dround_;    // mixed: (N, C) rounded GEMM operand
