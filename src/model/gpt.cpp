@@ -20,7 +20,7 @@ using namespace kernels;
 
 ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
     ParamLayout L;
-    for (const TensorSlotRef& k : tensor_kinds(m, ep_size, ep_rank)) {
+    for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
         const TensorDef&           d     = tensor_def(k.row);
         const std::vector<int64_t> shape = tensor_shape(d, m);
         for (int64_t e = k.e0; e < k.e1; ++e) {
@@ -32,7 +32,7 @@ ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
 
 void for_each_param_kind(const ModelConfig& m, int ep_size,
                          FunctionRef<void(const ParamSpec&, uint64_t)> fn) {
-    for (const TensorSlotRef& k : tensor_kinds(m, ep_size, 0)) {
+    for (const TensorKind& k : tensor_kinds(m, ep_size, 0)) {
         const TensorDef& d = tensor_def(k.row);
         ParamSpec        s;
         s.name  = tensor_name(d, k.layer, k.e0);
@@ -66,7 +66,7 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
     };
     ModelTensors<P> t;
     t.blocks.resize(static_cast<size_t>(m.n_layer));
-    for (const TensorSlotRef& k : tensor_kinds(m, ep_size, ep_rank)) {
+    for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
         const TensorRow<P>& r   = kTensorTable<P>[k.row];
         const size_t        off = offset(tensor_name(r.def, k.layer, k.e0));
         switch (r.def.scope) {
@@ -94,7 +94,7 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
     for (const ParamSpec& s : layout.specs()) held.emplace(s.name, &s);
     uint64_t i = 0;     // position in the full layout
     size_t   done = 0;  // tensors of `layout` initialised
-    for (const TensorSlotRef& k : tensor_kinds(m, 1, 0)) {
+    for (const TensorKind& k : tensor_kinds(m, 1, 0)) {
         const TensorDef& d = tensor_def(k.row);
         for (int64_t e = k.e0; e < k.e1; ++e, ++i) {
             const auto it = held.find(tensor_name(d, k.layer, e));

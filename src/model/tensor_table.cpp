@@ -97,10 +97,10 @@ std::optional<size_t> tensor_row_of(std::string_view name) {
     return std::nullopt;
 }
 
-std::vector<TensorSlotRef> tensor_kinds(const ModelConfig& m, int ep_size, int ep_rank) {
+std::vector<TensorKind> tensor_kinds(const ModelConfig& m, int ep_size, int ep_rank) {
     const BlockRows b  = block_rows();
     const int64_t   El = m.n_experts / ep_size, e0 = El * ep_rank;
-    std::vector<TensorSlotRef> out;
+    std::vector<TensorKind> out;
     for (size_t i = 0; i < b.first && i < kNumTensorDefs; ++i) out.push_back({i, -1, 0, 1});
     for (int l = 0; l < m.n_layer; ++l) {
         for (size_t i = b.first; i <= b.last && i < kNumTensorDefs; ++i) {

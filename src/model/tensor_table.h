@@ -133,12 +133,12 @@ std::optional<size_t> tensor_row_of(std::string_view name);
 
 // One tensor kind in layout order: row, block (-1 for model tensors) and the experts
 // [e0, e1) this rank holds (an expert row), else e0 = 0, e1 = 1.
-struct TensorSlotRef {
+struct TensorKind {
     size_t  row;
     int     layer;
     int64_t e0, e1;
 };
 // Every tensor kind of make_layout(m, ep_size, ep_rank) in layout order.
-std::vector<TensorSlotRef> tensor_kinds(const ModelConfig& m, int ep_size, int ep_rank);
+std::vector<TensorKind> tensor_kinds(const ModelConfig& m, int ep_size, int ep_rank);
 
 }  // namespace bagualu::model
