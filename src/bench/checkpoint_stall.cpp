@@ -60,7 +60,7 @@ CheckpointStall measure_checkpoint_stall(TrainConfig cfg, int64_t steps, int64_t
     cfg.train.eval_batches = 1;
     cfg.train.log_every    = steps;
     cfg.sample.n_samples   = 0;
-    cfg.checkpoint.resume  = "never";
+    cfg.checkpoint.resume  = Resume::never;
     cfg.checkpoint.keep    = 2;
 
     cfg.train.run_dir      = tmp + "/plain";

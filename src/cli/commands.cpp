@@ -107,7 +107,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     check_on_every_rank(world, [&] {
         cfg = resolve_config(a);
         if (!run_dir.empty()) cfg.train.run_dir = run_dir;
-        if (resume) cfg.checkpoint.resume = "auto";
+        if (resume) cfg.checkpoint.resume = Resume::automatic;
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });

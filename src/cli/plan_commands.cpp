@@ -76,8 +76,9 @@ struct Inputs {
 
 // The trainer's layout on nodes x R ranks of machine m: threads from the config, else the
 // node's cores shared by its ranks.
-Layout layout_on(const TrainConfig& cfg, const MachineSpec& m, int nodes, int R) {
-    return make_layout(cfg, nodes * R, R,
+Layout layout_on(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
+                 const MachineSpec& m, int nodes, int R) {
+    return make_layout(cfg, policy, nodes * R, R,
                        cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R));
 }
 
@@ -244,7 +245,7 @@ int run_sweep(const Inputs& base, int top, bool json) {
             in.cfg.parallel.expert_parallel      = static_cast<int>(ep);
             in.cfg.train.micro_batch_size        = mb;
             try {
-                in.layout = layout_on(in.cfg, in.machine, base.layout.nodes(), base.layout.ranks_per_node);
+                in.layout = layout_on(in.cfg, base.layout.policy, in.machine, base.layout.nodes(), base.layout.ranks_per_node);
                 in.layout.capacity_factor = base.layout.capacity_factor;
                 const Estimate e = run_estimate(in);
                 (e.fits ? fit : nofit).push_back(e);
@@ -350,7 +351,8 @@ int PlanCommands::run(int* argc, char*** argv) {
         input_error("--nodes {}: {} has {} nodes (network.total_nodes)", nodes_, in.machine.source,
                     in.machine.network.total_nodes);
     }
-    in.layout      = layout_on(in.cfg, in.machine, nodes_, ranks_per_node_);
+    in.layout      = layout_on(in.cfg, model::PrecisionPolicy::from_config(in.cfg.precision),
+                               in.machine, nodes_, ranks_per_node_);
     in.layout.capacity_factor = capacity_;
     in.data_tokens = shard_tokens(in.cfg.data.train) + shard_tokens(in.cfg.data.val);
     in.baseline    = (in.machine.node.baseline_rss_mib + (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) * 1048576;

@@ -23,20 +23,7 @@ namespace {
 // Calls v(section, key, field) for every configuration key.
 template <typename Cfg, typename V>
 void visit_fields(Cfg& c, V&& v) {
-    v("model", "vocab_size", c.model.vocab_size);
-    v("model", "d_model", c.model.d_model);
-    v("model", "n_layer", c.model.n_layer);
-    v("model", "n_head", c.model.n_head);
-    v("model", "seq_len", c.model.seq_len);
-    v("model", "d_ff", c.model.d_ff);
-    v("model", "n_experts", c.model.n_experts);
-    v("model", "top_k", c.model.top_k);
-    v("model", "moe_every", c.model.moe_every);
-    v("model", "aux_loss_coef", c.model.aux_loss_coef);
-    v("model", "gate", c.model.gate);
-    v("model", "capacity_factor", c.model.capacity_factor);
-    v("model", "jitter", c.model.jitter);
-    v("model", "init_std", c.model.init_std);
+    visit_model_fields(c.model, [&](const char* key, auto& field, bool) { v("model", key, field); });
 
     v("train", "batch_size", c.train.batch_size);
     v("train", "micro_batch_size", c.train.micro_batch_size);
@@ -95,12 +82,42 @@ void visit_fields(Cfg& c, V&& v) {
     v("precision", "loss_scale_backoff", c.precision.loss_scale_backoff);
 }
 
+// The spellings of each enumerated value and the error's "expected ..." text.
+template <typename E>
+struct Spelling;
+template <>
+struct Spelling<GateKind> {
+    static constexpr GateKind values[] = {GateKind::topk, GateKind::switch_top1, GateKind::gshard,
+                                          GateKind::noisy, GateKind::swipe};
+    static constexpr const char* expected = "topk, switch, gshard, noisy or swipe";
+};
+template <>
+struct Spelling<Level> {
+    static constexpr Level       values[] = {Level::O0, Level::O1, Level::O2, Level::O3};
+    static constexpr const char* expected = "\"O0\", \"O1\", \"O2\" or \"O3\"";
+};
+template <>
+struct Spelling<Dtype> {
+    static constexpr Dtype       values[] = {Dtype::float32, Dtype::bfloat16, Dtype::float16};
+    static constexpr const char* expected = "\"fp32\", \"bf16\" or \"fp16\"";
+};
+template <>
+struct Spelling<Partition> {
+    static constexpr Partition   values[] = {Partition::automatic, Partition::on, Partition::off};
+    static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
+};
+template <>
+struct Spelling<Resume> {
+    static constexpr Resume      values[] = {Resume::never, Resume::automatic};
+    static constexpr const char* expected = "\"never\" or \"auto\"";
+};
+
 template <typename T>
 constexpr const char* type_name() {
     if constexpr (std::is_same_v<T, bool>) return "a boolean";
     else if constexpr (std::is_integral_v<T>) return "an integer";
     else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) return "a string";
     else return "an array of strings";
 }
 
@@ -141,6 +158,10 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         auto v = node.value_exact<std::string>();
         if (!v) mismatch();
         out = *v;
+    } else if constexpr (std::is_enum_v<T>) {
+        auto v = node.value_exact<std::string>();
+        if (!v) mismatch();
+        out = parse_enum<T>(*v, where);
     } else {
         const toml::array* arr = node.as_array();
         if (!arr) mismatch();
@@ -312,17 +333,13 @@ void validate(const TrainConfig& c) {
         }
     }
     non_negative("model.aux_loss_coef", m.aux_loss_coef);
-    if (m.gate != "topk" && m.gate != "switch" && m.gate != "gshard" && m.gate != "noisy" &&
-        m.gate != "swipe") {
-        input_error("{}: model.gate = \"{}\": expected topk, switch, gshard, noisy or swipe", src, m.gate);
-    }
-    if (m.moe_every > 0 && m.gate == "switch" && m.top_k != 1) {
+    if (m.moe_every > 0 && m.gate == GateKind::switch_top1 && m.top_k != 1) {
         input_error("{}: model.gate = \"switch\" routes to one expert: set model.top_k = 1", src);
     }
-    if (m.moe_every > 0 && m.gate == "gshard" && m.top_k != 2) {
+    if (m.moe_every > 0 && m.gate == GateKind::gshard && m.top_k != 2) {
         input_error("{}: model.gate = \"gshard\" routes to two experts: set model.top_k = 2", src);
     }
-    if (m.moe_every > 0 && m.gate == "noisy" && m.top_k >= m.n_experts) {
+    if (m.moe_every > 0 && m.gate == GateKind::noisy && m.top_k >= m.n_experts) {
         input_error("{}: model.gate = \"noisy\" needs model.top_k < model.n_experts", src);
     }
     if (!(m.capacity_factor > 0)) {
@@ -375,7 +392,7 @@ void validate(const TrainConfig& c) {
     if (c.parallel.virtual_workers < 1) {
         input_error("{}: parallel.virtual_workers = {}: must be >= 1", src, c.parallel.virtual_workers);
     }
-    if (m.moe_every > 0 && m.gate == "swipe" &&
+    if (m.moe_every > 0 && m.gate == GateKind::swipe &&
         m.n_experts % (c.parallel.expert_parallel * c.parallel.virtual_workers) != 0) {
         input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel x "
                     "parallel.virtual_workers = {} (the swipe workers)",
@@ -386,31 +403,9 @@ void validate(const TrainConfig& c) {
                     src, m.n_experts, c.parallel.expert_parallel);
     }
 
-    const std::string& part = c.optimizer.partition;
-    if (part != "auto" && part != "on" && part != "off") {
-        input_error("{}: optimizer.partition = \"{}\": expected \"auto\", \"on\" or \"off\"", src,
-                    part);
-    }
-
     non_negative("checkpoint.every", c.checkpoint.every);
     non_negative("checkpoint.keep", c.checkpoint.keep);
-    if (c.checkpoint.resume != "never" && c.checkpoint.resume != "auto") {
-        input_error("{}: checkpoint.resume = \"{}\": expected \"never\" or \"auto\"", src,
-                    c.checkpoint.resume);
-    }
-
     const PrecisionSection& pr = c.precision;
-    if (pr.dtype != "fp32" && pr.dtype != "bf16" && pr.dtype != "fp16") {
-        input_error("{}: precision.dtype = \"{}\": expected \"fp32\", \"bf16\" or \"fp16\"", src,
-                    pr.dtype);
-    }
-    for (const auto& [key, level] : {std::pair<const char*, const std::string&>{"embedding", pr.embedding},
-                                     {"attention", pr.attention}, {"ffn", pr.ffn}, {"head", pr.head}}) {
-        if (level != "O0" && level != "O1" && level != "O2" && level != "O3") {
-            input_error("{}: precision.{} = \"{}\": expected \"O0\", \"O1\", \"O2\" or \"O3\"", src,
-                        key, level);
-        }
-    }
     if (!(pr.loss_scale >= 1)) input_error("{}: precision.loss_scale = {}: must be >= 1", src, pr.loss_scale);
     positive("precision.loss_scale_window", pr.loss_scale_window);
     if (!(pr.loss_scale_growth >= 1)) {
@@ -484,6 +479,8 @@ std::string to_toml(const TrainConfig& cfg) {
             tbl.insert(key, std::move(arr));
         } else if constexpr (std::is_same_v<T, uint64_t>) {
             tbl.insert(key, static_cast<int64_t>(field));
+        } else if constexpr (std::is_enum_v<T>) {
+            tbl.insert(key, std::string(name_of(field)));
         } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
             tbl.insert(key, static_cast<int64_t>(field));
         } else {
@@ -494,5 +491,18 @@ std::string to_toml(const TrainConfig& cfg) {
     out << root << "\n";
     return out.str();
 }
+
+template <typename E>
+E parse_enum(const std::string& text, const std::string& where) {
+    for (const E e : Spelling<E>::values) {
+        if (text == name_of(e)) return e;
+    }
+    input_error("{} = \"{}\": expected {}", where, text, Spelling<E>::expected);
+}
+template GateKind  parse_enum<GateKind>(const std::string&, const std::string&);
+template Level     parse_enum<Level>(const std::string&, const std::string&);
+template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
+template Partition parse_enum<Partition>(const std::string&, const std::string&);
+template Resume    parse_enum<Resume>(const std::string&, const std::string&);
 
 }  // namespace bagualu

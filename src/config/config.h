@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "config/enums.h"
+
 namespace bagualu {
 
 struct ModelConfig {
@@ -20,7 +22,7 @@ struct ModelConfig {
     int         top_k         = 2;     // K
     int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
     double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
-    std::string gate          = "topk";  // topk | switch | gshard | noisy | swipe (docs/model.md)
+    GateKind    gate          = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
     double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double      init_std      = 0.02;
@@ -28,6 +30,28 @@ struct ModelConfig {
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
     int  head_size() const { return d_model / n_head; }
 };
+
+// Every [model] key once, in order: v(key, field, inference), where inference says whether the
+// value changes what a trained model computes (its tensors or its routing at inference) rather
+// than only how it trains. config.cpp reads and prints the TOML section with it, model_io.cpp
+// the exported model's config.json.
+template <typename M, typename V>
+void visit_model_fields(M& m, V&& v) {
+    v("vocab_size", m.vocab_size, true);
+    v("d_model", m.d_model, true);
+    v("n_layer", m.n_layer, true);
+    v("n_head", m.n_head, true);
+    v("seq_len", m.seq_len, true);
+    v("d_ff", m.d_ff, true);
+    v("n_experts", m.n_experts, true);
+    v("top_k", m.top_k, true);
+    v("moe_every", m.moe_every, true);
+    v("aux_loss_coef", m.aux_loss_coef, false);
+    v("gate", m.gate, true);
+    v("capacity_factor", m.capacity_factor, false);
+    v("jitter", m.jitter, false);
+    v("init_std", m.init_std, false);
+}
 
 struct TrainSection {
     int64_t     batch_size       = 32;  // global, in sequences
@@ -84,7 +108,7 @@ struct ParallelSection {
 struct OptimizerSection {
     // ParO, the partitioned optimizer (docs/parallelism.md): "auto" = on when ranks > 1,
     // "on", "off".
-    std::string partition = "auto";
+    Partition partition = Partition::automatic;
 };
 
 // Sharded, asynchronous checkpoints (docs/checkpoint-format.md).
@@ -92,7 +116,7 @@ struct CheckpointSection {
     std::string dir    = "";       // "" = <train.run_dir>/checkpoints
     int64_t     every  = 0;        // steps between checkpoints (and one at the end); 0 = none
     int64_t     keep   = 3;        // newest complete checkpoints kept; 0 = all
-    std::string resume = "never";  // "auto": continue from the newest usable checkpoint
+    Resume      resume = Resume::never;  // "auto": continue from the newest usable checkpoint
 };
 
 // Mixed precision (docs/precision.md). A level per layer class:
@@ -101,11 +125,11 @@ struct CheckpointSection {
 //   O3 everything half, no master weights (for experiments).
 // dtype = "fp32" runs everything in float32 whatever the levels say (the built-in default).
 struct PrecisionSection {
-    std::string dtype          = "fp32";  // fp32 | bf16 | fp16
-    std::string embedding      = "O0";    // wte, wpe
-    std::string attention      = "O1";    // ln_1, c_attn, attention, c_proj
-    std::string ffn            = "O2";    // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
-    std::string head           = "O1";    // ln_f, the LM head GEMM (its weight is wte)
+    Dtype       dtype          = Dtype::float32;  // fp32 | bf16 | fp16
+    Level       embedding      = Level::O0;  // wte, wpe
+    Level       attention      = Level::O1;  // ln_1, c_attn, attention, c_proj
+    Level       ffn            = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
+    Level       head           = Level::O1;  // ln_f, the LM head GEMM (its weight is wte)
     bool        fp64_sensitive = false;   // softmax, layernorm, gelu, exp, sqrt, loss in FP64
     // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
     // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
@@ -140,7 +164,8 @@ struct TrainConfig {
     }
     // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
     bool partition_optimizer(int ranks) const {
-        return optimizer.partition == "on" || (optimizer.partition == "auto" && ranks > 1);
+        return optimizer.partition == Partition::on ||
+               (optimizer.partition == Partition::automatic && ranks > 1);
     }
     // ParO's bucket target in floats (parallel.bucket_mib; at least 16).
     size_t bucket_floats() const {
@@ -174,5 +199,10 @@ void validate_layout(const TrainConfig& cfg, int ranks);
 void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
+
+// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Dtype) from its spelling in
+// a config file; InputError `<where> = "<text>": expected ...` for anything else.
+template <typename E>
+E parse_enum(const std::string& text, const std::string& where);
 
 }  // namespace bagualu

@@ -81,7 +81,7 @@ const float* Generator::step(int32_t token) {
             // Every gate routes as plain top-k at inference (no capacity, noise or SWIPE);
             // the weights are the softmax over the K selected logits, except for switch, whose
             // weight is the full-softmax probability of its one expert (docs/model.md, Gates).
-            const bool full = cfg_.gate == "switch";
+            const bool full = cfg_.gate == GateKind::switch_top1;
             double     s    = 0;
             for (int k = 0; k < K; ++k) s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
             if (full) {

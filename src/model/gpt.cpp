@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -18,85 +19,30 @@ using namespace kernels;
 // ---- parameter layout ----
 
 ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
-    const int64_t V = m.vocab_size, C = m.d_model, F = m.d_ff, E = m.n_experts, T = m.seq_len;
-    ParamLayout   L;
-    L.add("wte", {V, C}, true);
-    L.add("wpe", {T, C}, true);
-    for (int l = 0; l < m.n_layer; ++l) {
-        const std::string p = fmt::format("h.{}.", l);
-        L.add(p + "ln_1.weight", {C}, false);
-        L.add(p + "ln_1.bias", {C}, false);
-        L.add(p + "attn.c_attn.weight", {3 * C, C}, true);
-        L.add(p + "attn.c_attn.bias", {3 * C}, false);
-        L.add(p + "attn.c_proj.weight", {C, C}, true);
-        L.add(p + "attn.c_proj.bias", {C}, false);
-        L.add(p + "ln_2.weight", {C}, false);
-        L.add(p + "ln_2.bias", {C}, false);
-        if (m.is_moe_block(l)) {
-            L.add(p + "moe.gate.weight", {E, C}, true);
-            if (m.gate == "noisy") L.add(p + "moe.noise.weight", {E, C}, true);
-            // one kind of tensor for all experts after the other, so expert e is base + e*stride
-            const int64_t e0 = E / ep_size * ep_rank, e1 = E / ep_size * (ep_rank + 1);
-            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.weight", p, e), {F, C}, true, true);
-            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_fc.bias", p, e), {F}, false, true);
-            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.weight", p, e), {C, F}, true, true);
-            for (int64_t e = e0; e < e1; ++e) L.add(fmt::format("{}moe.experts.{}.c_proj.bias", p, e), {C}, false, true);
-        } else {
-            L.add(p + "mlp.c_fc.weight", {F, C}, true);
-            L.add(p + "mlp.c_fc.bias", {F}, false);
-            L.add(p + "mlp.c_proj.weight", {C, F}, true);
-            L.add(p + "mlp.c_proj.bias", {C}, false);
+    ParamLayout L;
+    for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
+        const TensorDef&           d     = tensor_def(k.row);
+        const std::vector<int64_t> shape = tensor_shape(d, m);
+        for (int64_t e = k.e0; e < k.e1; ++e) {
+            L.add(tensor_name(d, k.layer, e), shape, d.decay, d.scope == Scope::expert);
         }
     }
-    L.add("ln_f.weight", {C}, false);
-    L.add("ln_f.bias", {C}, false);
     return L;
 }
 
 void for_each_param_kind(const ModelConfig& m, int ep_size,
                          FunctionRef<void(const ParamSpec&, uint64_t)> fn) {
-    const int64_t V = m.vocab_size, C = m.d_model, F = m.d_ff, E = m.n_experts, T = m.seq_len;
-    auto kind = [&](std::string name, std::vector<int64_t> shape, bool decay, bool expert,
-                    uint64_t count) {
-        ParamSpec s;
-        s.name  = std::move(name);
-        s.shape = std::move(shape);
+    for (const TensorKind& k : tensor_kinds(m, ep_size, 0)) {
+        const TensorDef& d = tensor_def(k.row);
+        ParamSpec        s;
+        s.name  = tensor_name(d, k.layer, k.e0);
+        s.shape = tensor_shape(d, m);
         s.numel = 1;
-        for (int64_t d : s.shape) s.numel *= static_cast<size_t>(d);
-        s.decay  = decay;
-        s.expert = expert;
-        fn(s, count);
-    };
-    // as make_layout
-    kind("wte", {V, C}, true, false, 1);
-    kind("wpe", {T, C}, true, false, 1);
-    for (int l = 0; l < m.n_layer; ++l) {
-        const std::string p = fmt::format("h.{}.", l);
-        kind(p + "ln_1.weight", {C}, false, false, 1);
-        kind(p + "ln_1.bias", {C}, false, false, 1);
-        kind(p + "attn.c_attn.weight", {3 * C, C}, true, false, 1);
-        kind(p + "attn.c_attn.bias", {3 * C}, false, false, 1);
-        kind(p + "attn.c_proj.weight", {C, C}, true, false, 1);
-        kind(p + "attn.c_proj.bias", {C}, false, false, 1);
-        kind(p + "ln_2.weight", {C}, false, false, 1);
-        kind(p + "ln_2.bias", {C}, false, false, 1);
-        if (m.is_moe_block(l)) {
-            kind(p + "moe.gate.weight", {E, C}, true, false, 1);
-            if (m.gate == "noisy") kind(p + "moe.noise.weight", {E, C}, true, false, 1);
-            const auto El = static_cast<uint64_t>(E / ep_size);
-            kind(p + "moe.experts.0.c_fc.weight", {F, C}, true, true, El);
-            kind(p + "moe.experts.0.c_fc.bias", {F}, false, true, El);
-            kind(p + "moe.experts.0.c_proj.weight", {C, F}, true, true, El);
-            kind(p + "moe.experts.0.c_proj.bias", {C}, false, true, El);
-        } else {
-            kind(p + "mlp.c_fc.weight", {F, C}, true, false, 1);
-            kind(p + "mlp.c_fc.bias", {F}, false, false, 1);
-            kind(p + "mlp.c_proj.weight", {C, F}, true, false, 1);
-            kind(p + "mlp.c_proj.bias", {C}, false, false, 1);
-        }
+        for (int64_t x : s.shape) s.numel *= static_cast<size_t>(x);
+        s.decay  = d.decay;
+        s.expert = d.scope == Scope::expert;
+        fn(s, static_cast<uint64_t>(k.e1 - k.e0));
     }
-    kind("ln_f.weight", {C}, false, false, 1);
-    kind("ln_f.bias", {C}, false, false, 1);
 }
 
 LayoutSize layout_size(const ModelConfig& m, int ep_size) {
@@ -113,78 +59,66 @@ LayoutSize layout_size(const ModelConfig& m, int ep_size) {
 template <typename P>
 ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base, int ep_size,
                         int ep_rank) {
-    auto at = [&](const std::string& name) -> P* {
+    auto offset = [&](const std::string& name) -> size_t {
         const ParamSpec* s = layout.find(name);
         BGL_CHECK(s != nullptr, "no parameter {}", name);
-        return base + s->offset;
-    };
-    const int El = m.n_experts / ep_size, e0 = El * ep_rank;
-    auto stride = [&](const std::string& a, const std::string& b) -> size_t {
-        return El > 1 ? layout.find(b)->offset - layout.find(a)->offset : 0;
+        return s->offset;
     };
     ModelTensors<P> t;
-    t.wte = at("wte");
-    t.wpe = at("wpe");
-    for (int l = 0; l < m.n_layer; ++l) {
-        const std::string p = fmt::format("h.{}.", l);
-        BlockTensors<P>   b;
-        b.ln1_w  = at(p + "ln_1.weight");
-        b.ln1_b  = at(p + "ln_1.bias");
-        b.qkv_w  = at(p + "attn.c_attn.weight");
-        b.qkv_b  = at(p + "attn.c_attn.bias");
-        b.proj_w = at(p + "attn.c_proj.weight");
-        b.proj_b = at(p + "attn.c_proj.bias");
-        b.ln2_w  = at(p + "ln_2.weight");
-        b.ln2_b  = at(p + "ln_2.bias");
-        if (m.is_moe_block(l)) {
-            b.gate_w = at(p + "moe.gate.weight");
-            if (m.gate == "noisy") b.noise_w = at(p + "moe.noise.weight");
-            auto ex  = [&](int e, const char* what) { return fmt::format("{}moe.experts.{}.{}", p, e, what); };
-            b.experts.fc_w          = at(ex(e0, "c_fc.weight"));
-            b.experts.fc_b          = at(ex(e0, "c_fc.bias"));
-            b.experts.proj_w        = at(ex(e0, "c_proj.weight"));
-            b.experts.proj_b        = at(ex(e0, "c_proj.bias"));
-            b.experts.fc_w_stride   = stride(ex(e0, "c_fc.weight"), ex(e0 + 1, "c_fc.weight"));
-            b.experts.fc_b_stride   = stride(ex(e0, "c_fc.bias"), ex(e0 + 1, "c_fc.bias"));
-            b.experts.proj_w_stride = stride(ex(e0, "c_proj.weight"), ex(e0 + 1, "c_proj.weight"));
-            b.experts.proj_b_stride = stride(ex(e0, "c_proj.bias"), ex(e0 + 1, "c_proj.bias"));
-        } else {
-            b.fc_w     = at(p + "mlp.c_fc.weight");
-            b.fc_b     = at(p + "mlp.c_fc.bias");
-            b.fcproj_w = at(p + "mlp.c_proj.weight");
-            b.fcproj_b = at(p + "mlp.c_proj.bias");
+    t.blocks.resize(static_cast<size_t>(m.n_layer));
+    for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
+        const TensorRow<P>& r   = kTensorTable<P>[k.row];
+        const size_t        off = offset(tensor_name(r.def, k.layer, k.e0));
+        switch (r.def.scope) {
+            case Scope::model: t.*r.model_slot = base + off; break;
+            case Scope::block:
+                t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = base + off;
+                break;
+            case Scope::expert: {
+                moe::ExpertTensors<P>& ex = t.blocks[static_cast<size_t>(k.layer)].experts;
+                ex.*r.expert_slot         = base + off;
+                ex.*r.stride_slot =
+                    k.e1 - k.e0 > 1 ? offset(tensor_name(r.def, k.layer, k.e0 + 1)) - off : 0;
+                break;
+            }
         }
-        t.blocks.push_back(b);
     }
-    t.lnf_w = at("ln_f.weight");
-    t.lnf_b = at("ln_f.bias");
     return t;
 }
 template ModelTensors<float>       resolve(const ParamLayout&, const ModelConfig&, float*, int, int);
 template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*, int, int);
 
-static bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
-    const double      resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
-    const ParamLayout full      = make_layout(m);
-    std::unordered_map<std::string, size_t> index;  // name -> position in the full layout
-    for (size_t i = 0; i < full.specs().size(); ++i) index.emplace(full.spec(i).name, i);
-    for (const ParamSpec& s : layout.specs()) {
-        const size_t i = index.at(s.name);
-        float*           p = params + s.offset;
-        if (ends_with(s.name, ".bias")) {
-            for (size_t j = 0; j < s.numel; ++j) p[j] = 0.0f;
-        } else if (s.name.rfind("ln_", 0) == 0 || s.name.find(".ln_") != std::string::npos) {
-            for (size_t j = 0; j < s.numel; ++j) p[j] = 1.0f;
-        } else {
-            const double std = ends_with(s.name, "c_proj.weight") ? resid_std : m.init_std;
-            Rng          rng(seed, i + 1);
-            for (size_t j = 0; j < s.numel; ++j) p[j] = static_cast<float>(rng.normal() * std);
+    const double resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
+    std::unordered_map<std::string, const ParamSpec*> held;  // this layout's tensors by name
+    for (const ParamSpec& s : layout.specs()) held.emplace(s.name, &s);
+    uint64_t i = 0;     // position in the full layout
+    size_t   done = 0;  // tensors of `layout` initialised
+    for (const TensorKind& k : tensor_kinds(m, 1, 0)) {
+        const TensorDef& d = tensor_def(k.row);
+        for (int64_t e = k.e0; e < k.e1; ++e, ++i) {
+            const auto it = held.find(tensor_name(d, k.layer, e));
+            if (it == held.end()) continue;
+            const ParamSpec& s = *it->second;
+            float*           p = params + s.offset;
+            ++done;
+            switch (d.init) {
+                case Init::zeros: std::fill(p, p + s.numel, 0.0f); break;
+                case Init::ones: std::fill(p, p + s.numel, 1.0f); break;
+                case Init::normal:
+                case Init::normal_resid: {
+                    const double std = d.init == Init::normal_resid ? resid_std : m.init_std;
+                    Rng          rng(seed, i + 1);
+                    for (size_t j = 0; j < s.numel; ++j) {
+                        p[j] = static_cast<float>(rng.normal() * std);
+                    }
+                    break;
+                }
+            }
         }
     }
+    BGL_CHECK(done == layout.specs().size(), "init_params: {} of the layout's {} tensors are not "
+              "tensors of this model", layout.specs().size() - done, layout.specs().size());
 }
 
 // ---- activations ----
@@ -254,6 +188,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     if (prec_.mixed()) {
         // forward computes with a copy of the weights rounded as the policy says
         wc_ = Buffer<float>(layout_.total_floats());
+        for (const ParamSpec& s : layout_.specs()) wc_dtype_.push_back(prec_.compute_dtype(s));
         w_  = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
         head_w_          = w_.wte;
@@ -287,7 +222,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_->targets = Buffer<int32_t>(N);
 
     moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
-    ms.gate.kind            = moe::parse_gate(cfg.gate);
+    ms.gate.kind            = cfg.gate;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.virtual_workers = virtual_workers;
@@ -309,8 +244,9 @@ GPT::~GPT() = default;
 const float* GPT::logits() const { return a_->logits; }
 
 void GPT::refresh_compute_weights() {
-    for (const ParamSpec& s : layout_.specs()) {
-        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, prec_.compute_dtype(s));
+    for (size_t i = 0; i < layout_.specs().size(); ++i) {
+        const ParamSpec& s = layout_.spec(i);
+        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, wc_dtype_[i]);
     }
     if (wte_head_.size() > 0) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),

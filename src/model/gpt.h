@@ -14,45 +14,16 @@
 #include "core/function_ref.h"
 #include "model/param_layout.h"
 #include "model/precision.h"
+#include "model/tensor_table.h"
 #include "dist/parallel.h"
 #include "moe/moe_layer.h"
 
 namespace bagualu::model {
 
-// Pointers to one block's tensors inside a flat parameter (or gradient) array.
-template <typename P>
-struct BlockTensors {
-    P* ln1_w = nullptr;  // (C)
-    P* ln1_b = nullptr;  // (C)
-    P* qkv_w = nullptr;  // (3C, C)
-    P* qkv_b = nullptr;  // (3C)
-    P* proj_w = nullptr; // (C, C)
-    P* proj_b = nullptr; // (C)
-    P* ln2_w = nullptr;  // (C)
-    P* ln2_b = nullptr;  // (C)
-    // dense MLP blocks
-    P* fc_w = nullptr;      // (F, C)
-    P* fc_b = nullptr;      // (F)
-    P* fcproj_w = nullptr;  // (C, F)
-    P* fcproj_b = nullptr;  // (C)
-    // MoE blocks
-    P*                        gate_w  = nullptr;  // (E, C)
-    P*                        noise_w = nullptr;  // (E, C), noisy gate only
-    moe::ExpertTensors<P>     experts;
-};
-
-template <typename P>
-struct ModelTensors {
-    P*                           wte = nullptr;  // (V, C), also the LM head
-    P*                           wpe = nullptr;  // (seq_len, C)
-    std::vector<BlockTensors<P>> blocks;         // [n_layer]
-    P*                           lnf_w = nullptr;
-    P*                           lnf_b = nullptr;
-};
-
-// The parameter names, shapes and order of a model (docs/model.md lists them). With expert
-// parallelism a rank holds only experts [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of each
-// MoE layer; they keep their global expert ids in their names.
+// The parameter names, shapes and order of a model, from model/tensor_table.h (docs/model.md
+// lists them). With expert parallelism a rank holds only experts
+// [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of each MoE layer; they keep their global
+// expert ids in their names.
 ParamLayout make_layout(const ModelConfig& cfg, int ep_size = 1, int ep_rank = 0);
 // The size of make_layout(cfg, ep_size, any rank) without building it (paper-scale models have
 // millions of expert tensors): floats per rank, padding included, and real parameters of the
@@ -135,6 +106,7 @@ class GPT {
     ParamLayout                              layout_;
     Buffer<float>                            params_, grads_;
     PrecisionPolicy                          prec_;
+    std::vector<Dtype>                       wc_dtype_;  // mixed: compute dtype of each tensor
     Buffer<float>                            wc_;        // mixed: the weights as computed with
     Buffer<float>                            wte_head_;  // mixed: wte rounded for the LM head
     Buffer<float>                            dround_;    // mixed: (N, C) rounded GEMM operand

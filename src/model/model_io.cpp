@@ -15,25 +15,18 @@ namespace bagualu::model {
 namespace fs = std::filesystem;
 
 nlohmann::json model_config_to_json(const ModelConfig& m) {
-    return nlohmann::json{
-        {"model_type", "bagualu-moe-gpt"},
-        {"format_version", 1},
-        {"vocab_size", m.vocab_size},
-        {"d_model", m.d_model},
-        {"n_layer", m.n_layer},
-        {"n_head", m.n_head},
-        {"seq_len", m.seq_len},
-        {"d_ff", m.d_ff},
-        {"n_experts", m.n_experts},
-        {"top_k", m.top_k},
-        {"moe_every", m.moe_every},
-        {"aux_loss_coef", m.aux_loss_coef},
-        {"gate", m.gate},
-        {"init_std", m.init_std},
-        {"layer_norm_epsilon", 1e-5},
-        {"activation", "gelu_tanh"},
-        {"tie_word_embeddings", true},
-    };
+    nlohmann::json j{{"model_type", "bagualu-moe-gpt"}, {"format_version", 1}};
+    visit_model_fields(m, [&](const char* key, const auto& field, bool) {
+        if constexpr (std::is_enum_v<std::decay_t<decltype(field)>>) {
+            j[key] = name_of(field);
+        } else {
+            j[key] = field;
+        }
+    });
+    j["layer_norm_epsilon"]  = 1e-5;
+    j["activation"]          = "gelu_tanh";
+    j["tie_word_embeddings"] = true;
+    return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -42,30 +35,28 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
         input_error("{}: model_type must be \"bagualu-moe-gpt\"", source);
     }
     ModelConfig m;
-    auto get_int = [&](const char* key, int& out) {
-        if (!j.contains(key) || !j[key].is_number_integer()) input_error("{}: {} must be an integer", source, key);
-        const auto v = j[key].get<int64_t>();  // an unsigned 2^64-1 reads as -1: refused below
-        if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
-            input_error("{}: {} = {} is out of range for a 32-bit integer", source, key, v);
+    // A key that changes the model at inference must be there; the training-only ones keep
+    // their defaults when absent (models exported before config.json held every key).
+    visit_model_fields(m, [&](const char* key, auto& field, bool inference) {
+        using T = std::decay_t<decltype(field)>;
+        if (!inference && !j.contains(key)) return;
+        const nlohmann::json* v = j.contains(key) ? &j[key] : nullptr;
+        if constexpr (std::is_integral_v<T>) {
+            if (!v || !v->is_number_integer()) input_error("{}: {} must be an integer", source, key);
+            const auto x = v->get<int64_t>();  // an unsigned 2^64-1 reads as -1: refused below
+            if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) {
+                input_error("{}: {} = {} is out of range for a {}-bit integer", source, key, x,
+                            8 * sizeof(T));
+            }
+            field = static_cast<T>(x);
+        } else if constexpr (std::is_floating_point_v<T>) {
+            if (!v || !v->is_number()) input_error("{}: {} must be a number", source, key);
+            field = v->get<T>();
+        } else {
+            if (!v || !v->is_string()) input_error("{}: {} must be a string", source, key);
+            field = parse_enum<T>(v->get<std::string>(), fmt::format("{}: {}", source, key));
         }
-        out = static_cast<int>(v);
-    };
-    auto get_num = [&](const char* key, double& out) {
-        if (!j.contains(key) || !j[key].is_number()) input_error("{}: {} must be a number", source, key);
-        out = j[key].get<double>();
-    };
-    get_int("vocab_size", m.vocab_size);
-    get_int("d_model", m.d_model);
-    get_int("n_layer", m.n_layer);
-    get_int("n_head", m.n_head);
-    get_int("seq_len", m.seq_len);
-    get_int("d_ff", m.d_ff);
-    get_int("n_experts", m.n_experts);
-    get_int("top_k", m.top_k);
-    get_int("moe_every", m.moe_every);
-    get_num("aux_loss_coef", m.aux_loss_coef);
-    if (!j.contains("gate") || !j["gate"].is_string()) input_error("{}: gate must be a string", source);
-    m.gate = j["gate"].get<std::string>();
+    });
     TrainConfig check;
     check.model  = m;
     check.source = source;

@@ -8,33 +8,22 @@ namespace bagualu::model {
 
 namespace {
 
-Level parse_level(const std::string& s) {
-    if (s == "O0") return Level::O0;
-    if (s == "O1") return Level::O1;
-    if (s == "O2") return Level::O2;
-    BGL_CHECK(s == "O3", "precision level {} (validate() checks them)", s);
-    return Level::O3;
-}
-
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const char* p) { return s.find(p) != std::string::npos; }
-
-bool is_layernorm(const std::string& name) {
-    return starts_with(name, "ln_f.") || contains(name, ".ln_1.") || contains(name, ".ln_2.");
-}
-bool is_gate(const std::string& name) {
-    return contains(name, ".moe.gate.") || contains(name, ".moe.noise.");
+// The tensor table's row of a parameter; an error for a name that is not the model's.
+const TensorDef& def_of(const std::string& name) {
+    const std::optional<size_t> row = tensor_row_of(name);
+    BGL_CHECK(row.has_value(), "no layer class for parameter {}", name);
+    return tensor_def(*row);
 }
 
 }  // namespace
 
 PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     PrecisionPolicy r;
-    r.dtype = p.dtype == "bf16" ? Dtype::bfloat16 : p.dtype == "fp16" ? Dtype::float16 : Dtype::float32;
-    r.level[static_cast<int>(LayerClass::embedding)] = parse_level(p.embedding);
-    r.level[static_cast<int>(LayerClass::attention)] = parse_level(p.attention);
-    r.level[static_cast<int>(LayerClass::ffn)]       = parse_level(p.ffn);
-    r.level[static_cast<int>(LayerClass::head)]      = parse_level(p.head);
+    r.dtype                                          = p.dtype;
+    r.level[static_cast<int>(LayerClass::embedding)] = p.embedding;
+    r.level[static_cast<int>(LayerClass::attention)] = p.attention;
+    r.level[static_cast<int>(LayerClass::ffn)]       = p.ffn;
+    r.level[static_cast<int>(LayerClass::head)]      = p.head;
     r.fp64_sensitive                                 = p.fp64_sensitive;
     return r;
 }
@@ -47,20 +36,14 @@ PrecisionPolicy PrecisionPolicy::uniform(Dtype d, Level l, bool fp64) {
     return r;
 }
 
-LayerClass PrecisionPolicy::class_of(const std::string& name) {
-    if (name == "wte" || name == "wpe") return LayerClass::embedding;
-    if (starts_with(name, "ln_f.")) return LayerClass::head;
-    if (contains(name, ".ln_1.") || contains(name, ".attn.")) return LayerClass::attention;
-    BGL_CHECK(contains(name, ".ln_2.") || contains(name, ".mlp.") || contains(name, ".moe."),
-              "no layer class for parameter {}", name);
-    return LayerClass::ffn;
-}
+LayerClass PrecisionPolicy::class_of(const std::string& name) { return def_of(name).cls; }
 
 Dtype PrecisionPolicy::storage_dtype(const ParamSpec& s) const {
     if (!mixed()) return Dtype::float32;  // any layout, whatever its tensors are called
-    const Level l = of(class_of(s.name));
+    const TensorDef& d = def_of(s.name);
+    const Level      l = of(d.cls);
     if (l == Level::O3) return dtype;
-    if (l == Level::O2 && !is_layernorm(s.name) && !is_gate(s.name)) return dtype;
+    if (l == Level::O2 && d.role == Role::plain) return dtype;  // not layernorm or gate
     return Dtype::float32;
 }
 
@@ -75,8 +58,9 @@ Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
     if (st != Dtype::float32) return st;
     // float32-stored GEMM weights of an O1 class: rounded as GEMM operands. wte is the
     // embedding's table here; the LM head rounds its own copy (GPT).
-    const LayerClass c = class_of(s.name);
-    if (c == LayerClass::embedding || is_layernorm(s.name) || is_gate(s.name)) return Dtype::float32;
+    const TensorDef& d = def_of(s.name);
+    const LayerClass c = d.cls;
+    if (c == LayerClass::embedding || d.role != Role::plain) return Dtype::float32;
     const bool matrix = s.shape.size() == 2;
     return matrix ? gemm_dtype(c) : Dtype::float32;
 }
@@ -86,16 +70,6 @@ std::string PrecisionPolicy::describe() const {
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),
                        level_name(level[0]), level_name(level[1]), level_name(level[2]),
                        level_name(level[3]), fp64_sensitive ? ", fp64 sensitive ops" : "");
-}
-
-const char* level_name(Level l) {
-    switch (l) {
-        case Level::O0: return "O0";
-        case Level::O1: return "O1";
-        case Level::O2: return "O2";
-        case Level::O3: return "O3";
-    }
-    return "?";
 }
 
 }  // namespace bagualu::model

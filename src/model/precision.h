@@ -9,11 +9,11 @@
 #include "config/config.h"
 #include "core/dtype.h"
 #include "model/param_layout.h"
+#include "model/tensor_table.h"
 
 namespace bagualu::model {
 
-enum class Level { O0, O1, O2, O3 };
-enum class LayerClass { embedding, attention, ffn, head };
+using bagualu::Level;  // config/enums.h; LayerClass: model/tensor_table.h
 
 // How the optimizer treats a tensor.
 enum class MasterMode {
@@ -41,7 +41,7 @@ struct PrecisionPolicy {
     // Dynamic loss scaling runs for fp16 only.
     bool loss_scaling() const { return dtype == Dtype::float16; }
 
-    // The class of a parameter tensor, from its name (docs/model.md).
+    // The class of a parameter tensor, from its name: its row of the tensor table.
     static LayerClass class_of(const std::string& name);
     // The dtype a tensor is stored in: the half type for GEMM weights and biases at O2 and up,
     // for every tensor of the class at O3 (layernorm parameters and the MoE gate included);
@@ -55,6 +55,6 @@ struct PrecisionPolicy {
     std::string describe() const;
 };
 
-const char* level_name(Level l);
+inline const char* level_name(Level l) { return name_of(l); }
 
 }  // namespace bagualu::model

@@ -19,15 +19,6 @@ namespace {
 constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3;
 }  // namespace
 
-GateKind parse_gate(const std::string& name) {
-    if (name == "topk") return GateKind::topk;
-    if (name == "switch") return GateKind::switch_top1;
-    if (name == "gshard") return GateKind::gshard;
-    if (name == "noisy") return GateKind::noisy;
-    if (name == "swipe") return GateKind::swipe;
-    input_error("model.gate = \"{}\": expected one of topk, switch, gshard, noisy, swipe", name);
-}
-
 double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
                        int64_t index) {
     uint64_t x = seed;

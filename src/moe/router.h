@@ -9,14 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "config/enums.h"
 #include "core/buffer.h"
 #include "dist/parallel.h"
 
 namespace bagualu::moe {
 
-enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
-// "topk", "switch", "gshard", "noisy", "swipe"; InputError for anything else.
-GateKind parse_gate(const std::string& name);
+using bagualu::GateKind;  // config/enums.h: model.gate
 
 struct GateConfig {
     GateKind kind          = GateKind::topk;

@@ -200,7 +200,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             A * share * window_bytes);
     }
     if (n_moe > 0 && Pi > 1) {
-        const moe::GateKind gate = moe::parse_gate(m.gate);
+        const moe::GateKind gate = m.gate;
         // moe/router.cpp Router::capacity_rounds (switch, gshard in training): the K x E
         // first-choice counts of every rank, allgathered over the world
         if (gate == moe::GateKind::switch_top1 || gate == moe::GateKind::gshard) {
@@ -299,7 +299,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     return f;
 }
 
-Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
+Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
+                   int ranks_per_node, int threads) {
     Layout L;
     L.ranks          = ranks;
     L.ranks_per_node = ranks_per_node;
@@ -314,7 +315,7 @@ Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int th
         L.opt_shards_expert = ranks / L.ep;
     }
     L.bucket_floats = dist::paro::paro_bucket_floats(cfg, ranks);
-    L.policy        = model::PrecisionPolicy::from_config(cfg.precision);
+    L.policy        = policy;
     // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
     // MPI_THREAD_MULTIPLE, assumed here)
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;

@@ -92,7 +92,9 @@ struct Footprint {
 // The layout of a run of cfg over `ranks` processes, R per node, `threads` compute threads per
 // rank (0: the config's, else one per core): everything the trainer derives from the config
 // (micro-batch, accumulation, ParO, precision, bucket size, overlap).
-Layout make_layout(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads);
+// policy: the run's precision policy, built once from cfg.precision by the caller.
+Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
+                   int ranks_per_node, int threads);
 
 // data_tokens: tokens of the train and val shards (0 when the files are absent).
 // baseline_bytes: the process baseline (machine file). Throws InputError when the layout does

@@ -192,7 +192,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
       P_(par_->size()),
       root_(par_->rank() == 0),
       writer_(root_ && !opt.dry_run),
-      resume_(cfg.checkpoint.resume == "auto" && !opt.dry_run),
+      resume_(cfg.checkpoint.resume == Resume::automatic && !opt.dry_run),
       T_(cfg.model.seq_len),
       progress_(opt.quiet || !writer_ ? Progress::Mode::Quiet : Progress::Mode::Auto) {
     set_compute_threads(cfg.train.threads);
@@ -253,7 +253,7 @@ void Trainer::build_model(const TrainConfig& cfg) {
                   "not overlapped with it (parallel.overlap_grad_reduce)");
     }
     helper_    = overlap ? std::make_unique<HelperThread>() : nullptr;
-    optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, helper_.get());
+    optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, prec_, helper_.get());
     mem_       = optimizer_->footprint();
 }
 

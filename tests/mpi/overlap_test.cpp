@@ -36,8 +36,8 @@ std::unique_ptr<Optimizer> make(bool paro, const model::ParamLayout& l, dist::Pa
     const optim::AdamWHyper hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
     if (paro) return std::make_unique<PartitionedAdamW>(l, par, hyper, 150, helper);
     TrainConfig cfg;
-    cfg.optimizer.partition = "off";
-    return make_optimizer(cfg, l, par, helper);
+    cfg.optimizer.partition = Partition::off;
+    return make_optimizer(cfg, l, par, model::PrecisionPolicy::from_config(cfg.precision), helper);
 }
 
 TEST(Overlap, BitwiseSameAsReducingInStep) {

@@ -42,8 +42,8 @@ TEST(Paro, MatchesReplicatedAdamW) {
         const size_t             n = l.total_floats();
         const optim::AdamWHyper  hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
         TrainConfig              cfg;
-        cfg.optimizer.partition = "off";
-        const auto               ref = make_optimizer(cfg, l, par);
+        cfg.optimizer.partition = Partition::off;
+        const auto ref = make_optimizer(cfg, l, par, model::PrecisionPolicy::from_config(cfg.precision));
         PartitionedAdamW         paro(l, par, hyper, 200);
         ASSERT_FALSE(ref->partitioned());
         // dense tensors equal everywhere, experts equal within their edp group, as after init
@@ -113,8 +113,8 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                                                  "precision.dtype=" + d.substr(0, 4)};
                 if (d.size() > 4) sets.push_back(d.substr(5));
                 const TrainConfig cfg = default_config(sets);
-                const auto opt = make_optimizer(cfg, l, par);
                 const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+                const auto opt = make_optimizer(cfg, l, par, prec);
                 const MemoryFootprint real = opt->footprint();
                 const MemoryFootprint pred = optimizer_footprint(
                     l, prec, opt->partitioned(), P, par.edp_size(), kDefaultBucketFloats);

@@ -22,12 +22,12 @@ void Optimizer::finish_reduction(float* grads) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext& par, HelperThread* helper) {
+                                          dist::ParallelContext&        par,
+                                          const model::PrecisionPolicy& prec, HelperThread* helper) {
     const TrainSection& t = cfg.train;
     const optim::AdamWHyper hyper{static_cast<float>(t.beta1), static_cast<float>(t.beta2),
                                   static_cast<float>(t.eps), static_cast<float>(t.weight_decay),
                                   t.grad_clip};
-    const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     if (cfg.partition_optimizer(par.size())) {
         return std::make_unique<PartitionedAdamW>(
             layout, par, hyper, paro_bucket_floats(cfg, par.size()), helper, prec);

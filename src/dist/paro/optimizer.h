@@ -18,6 +18,7 @@
 #include "dist/paro/reduce_schedule.h"
 #include "dist/paro/shard_map.h"
 #include "model/param_layout.h"
+#include "model/precision.h"
 
 namespace bagualu::dist::paro {
 
@@ -96,10 +97,11 @@ class Optimizer {
 };
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
-// cfg.precision (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread that
-// reduces gradients during backward (nullptr: no overlap). Collective over the world.
+// prec, the run's policy (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread
+// that reduces gradients during backward (nullptr: no overlap). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext& par,
-                                          HelperThread* helper = nullptr);
+                                          dist::ParallelContext&        par,
+                                          const model::PrecisionPolicy& prec,
+                                          HelperThread*                 helper = nullptr);
 
 }  // namespace bagualu::dist::paro

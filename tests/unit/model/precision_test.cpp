@@ -17,7 +17,7 @@
 namespace bagualu::model {
 namespace {
 
-PrecisionPolicy bagualu_policy(const std::string& dtype) {
+PrecisionPolicy bagualu_policy(Dtype dtype) {
     PrecisionSection p;  // the default levels: embedding O0, attention O1, ffn O2, head O1
     p.dtype = dtype;
     return PrecisionPolicy::from_config(p);
@@ -27,7 +27,7 @@ bool has(const std::string& s, const char* part) { return s.find(part) != std::s
 
 TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
     const ModelConfig     m   = testing::tiny_moe_config();
-    const PrecisionPolicy bf  = bagualu_policy("bf16");
+    const PrecisionPolicy bf  = bagualu_policy(Dtype::bfloat16);
     const GPT             gpt(m, 1, nullptr, 1, bf);
     size_t                half = 0;
     for (size_t i = 0; i < gpt.layout().specs().size(); ++i) {
@@ -45,7 +45,7 @@ TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
     EXPECT_EQ(half, 4u + 4u * 4u);  // dense MLP: 2 weights 2 biases; 4 experts x 4 tensors
 
     // fp32 ignores the levels; uniform O3 stores everything in the half type.
-    const PrecisionPolicy f32 = bagualu_policy("fp32"), o3 = PrecisionPolicy::uniform(Dtype::float16, Level::O3);
+    const PrecisionPolicy f32 = bagualu_policy(Dtype::float32), o3 = PrecisionPolicy::uniform(Dtype::float16, Level::O3);
     for (const ParamSpec& s : gpt.layout().specs()) {
         EXPECT_EQ(f32.storage_dtype(s), Dtype::float32) << s.name;
         EXPECT_EQ(f32.compute_dtype(s), Dtype::float32) << s.name;
@@ -93,15 +93,16 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(PrecisionModel, Fp32PolicyIsThePlainModel) {
     const auto [l0, g0] = loss_and_grads(PrecisionPolicy{});
-    const auto [l1, g1] = loss_and_grads(bagualu_policy("fp32"));
+    const auto [l1, g1] = loss_and_grads(bagualu_policy(Dtype::float32));
     EXPECT_EQ(l0, l1);
     EXPECT_EQ(g0, g1);
 }
 
 TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
     const auto [l32, g32] = loss_and_grads(PrecisionPolicy{});
-    for (const char* dt : {"bf16", "fp16"}) {
-        const auto [l, g] = loss_and_grads(bagualu_policy(dt));
+    for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
+        const char* dt    = dtype_name(d);
+        const auto [l, g] = loss_and_grads(bagualu_policy(d));
         EXPECT_NE(l, l32) << dt << ": nothing was rounded";
         // bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3 per value); the loss
         // averages many rounded products, so it moves far less; fp16 (11 bits) less still.

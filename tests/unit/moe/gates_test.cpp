@@ -221,7 +221,7 @@ TEST(GatesTest, RoutingUniformIsAPureFunctionOfItsKey) {
 ModelConfig tiny(const std::string& gate, int K) {
     ModelConfig m     = testing::tiny_moe_config();
     m.top_k           = K;
-    m.gate            = gate;
+    m.gate            = parse_enum<GateKind>(gate, "model.gate");
     m.capacity_factor = 1.0;
     m.jitter          = 0.1;
     return m;

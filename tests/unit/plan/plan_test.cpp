@@ -41,7 +41,7 @@ TrainConfig small_config(int moe_every, int E = 4) {
 Layout layout_of(const TrainConfig& c, int P, int ep) {
     TrainConfig with_ep              = c;
     with_ep.parallel.expert_parallel = ep;
-    return make_layout(with_ep, P, P, 1);
+    return make_layout(with_ep, model::PrecisionPolicy::from_config(with_ep.precision), P, P, 1);
 }
 
 TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
@@ -62,7 +62,7 @@ TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
 }
 
 TEST(PlanLayout, ParamKindsExpandToMakeLayout) {
-    for (const char* gate : {"topk", "noisy"}) {
+    for (const GateKind gate : {GateKind::topk, GateKind::noisy}) {
         for (int moe_every : {0, 1, 2}) {
             for (int ep : {1, 2, 4}) {
                 TrainConfig c = small_config(moe_every);
@@ -81,7 +81,7 @@ TEST(PlanLayout, ParamKindsExpandToMakeLayout) {
                     }
                     i += count;
                 });
-                EXPECT_EQ(i, L.specs().size()) << gate << " " << moe_every << " " << ep;
+                EXPECT_EQ(i, L.specs().size()) << name_of(gate) << " " << moe_every << " " << ep;
                 EXPECT_EQ(model::layout_size(c.model, ep).rank_floats(), L.total_floats());
             }
         }
@@ -107,7 +107,7 @@ double allocated_bytes() {
 TEST(PlanMemory, MatchesGptAllocations) {
     // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
     // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
-    for (const char* dtype : {"fp32", "fp16"}) {
+    for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
         for (int moe_every : {0, 1, 2}) {
             TrainConfig c = small_config(moe_every, 8);
             c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
@@ -125,7 +125,7 @@ TEST(PlanMemory, MatchesGptAllocations) {
             }
             const Memory& m       = f.memory;
             const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
-            EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype << " moe_every " << moe_every;
+            EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype_name(dtype) << " moe_every " << moe_every;
         }
     }
 }
@@ -147,7 +147,7 @@ TEST(PlanMemory, CategoriesSumAndScale) {
     EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 11 * 4 + 2 * 128);
     EXPECT_EQ(m.checkpoint, 0);
     TrainConfig replicated = c;
-    replicated.optimizer.partition = "off";
+    replicated.optimizer.partition = Partition::off;
     replicated.checkpoint.every    = 5;
     const Memory& r = footprint(replicated, layout_of(replicated, 2, 2), 1000, 12345).memory;
     EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
@@ -168,7 +168,7 @@ TEST(PlanComm, BytesByHand) {
     // P = 4, EP = 2: micro-batch 2 x 10 tokens, 2 micro-batches, one MoE layer of 4 experts
     // (block 1 of 3), top-2, C = 24
     TrainConfig c           = small_config(2);
-    c.optimizer.partition   = "off";  // the replicated optimizer's all-reduces
+    c.optimizer.partition   = Partition::off;  // the replicated optimizer's all-reduces
     const Footprint   f = footprint(c, layout_of(c, 4, 2), 0, 0);
     EXPECT_EQ(f.layout.micro_batch, 2);
     EXPECT_EQ(f.layout.accum, 1);
@@ -194,19 +194,21 @@ TEST(PlanComm, BytesByHand) {
 // builds (float32 / half-stored x dense / experts), each split over its group in buckets.
 TEST(PlanComm, ParoMatchesShardMaps) {
     struct Policy {
-        const char* dtype;
-        const char* level;  // "" = the default BaGuaLu levels
+        Dtype dtype;
+        bool  uniform;  // false: the default BaGuaLu levels
+        Level level;
     };
-    for (const Policy pol : {Policy{"fp32", ""}, Policy{"bf16", ""}, Policy{"fp16", "O2"}, Policy{"bf16", "O3"}}) {
+    for (const Policy pol : {Policy{Dtype::float32, false, Level::O0}, Policy{Dtype::bfloat16, false, Level::O0},
+                             Policy{Dtype::float16, true, Level::O2}, Policy{Dtype::bfloat16, true, Level::O3}}) {
         for (const auto& [P, ep] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
             for (const size_t bucket : {size_t{1} << 20, size_t{1000}}) {
                 TrainConfig c     = small_config(2);
                 c.precision.dtype = pol.dtype;
-                if (*pol.level) {
+                if (pol.uniform) {
                     c.precision.embedding = c.precision.attention = c.precision.ffn = c.precision.head = pol.level;
                 }
                 c.parallel.expert_parallel = ep;
-                Layout L                   = make_layout(c, P, P, 1);
+                Layout L                   = make_layout(c, model::PrecisionPolicy::from_config(c.precision), P, P, 1);
                 L.bucket_floats            = bucket;
                 ASSERT_EQ(L.opt_shards, P);
                 ASSERT_EQ(L.opt_shards_expert, P / ep);
@@ -243,7 +245,7 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                         hop_bytes += nb * (n - map.piece_size()) * e;
                     }
                 }
-                const std::string at = fmt::format("{} {} P={} EP={} bucket {}", pol.dtype, pol.level, P, ep, bucket);
+                const std::string at = fmt::format("{} {} P={} EP={} bucket {}", dtype_name(pol.dtype), pol.uniform ? name_of(pol.level) : "", P, ep, bucket);
                 EXPECT_EQ(t[dist::CommKind::reduce_scatter].calls, rs_calls) << at;
                 EXPECT_EQ(t[dist::CommKind::reduce_scatter].bytes, rs_bytes) << at;
                 EXPECT_EQ(t[dist::CommKind::all_gather].calls, ag_calls) << at;
@@ -265,19 +267,19 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
     {  // SWIPE, EP = 2: K rounds of (E + 1) counts per virtual worker (the per-expert counts
        // of the dispatcher go by all-to-all)
         TrainConfig c              = small_config(2);
-        c.model.gate               = "swipe";
+        c.model.gate               = GateKind::swipe;
         c.parallel.expert_parallel = 2;
         c.parallel.virtual_workers = 2;
-        const dist::CommTally t    = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        const dist::CommTally t    = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::allgather].calls, K);
         EXPECT_EQ(t[dist::CommKind::allgather].bytes, K * 2 * (E + 1) * 8);
     }
     {  // switch, EP = 1: the K x E first-choice counts over the world, no all-to-all (P = 4: one
        // micro-batch per step, as for every case here)
         TrainConfig c           = small_config(2);
-        c.model.gate            = "switch";
+        c.model.gate            = GateKind::switch_top1;
         c.model.top_k           = 1;
-        const dist::CommTally t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        const dist::CommTally t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::allgather].calls, 1u);
         EXPECT_EQ(t[dist::CommKind::allgather].bytes, 1 * E * 8);
         EXPECT_EQ(t[dist::CommKind::alltoallv].calls, 0u);
@@ -285,11 +287,11 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
     {  // readers: MB windows of T + 1 tokens per member and micro-batch
         TrainConfig c  = small_config(2);
         c.data.readers = 1;
-        dist::CommTally t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        dist::CommTally t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 1u);
         EXPECT_EQ(t[dist::CommKind::scatter].bytes, MB * (T + 1) * 4);
         c.data.readers = 3;  // groups {0}, {1}, {2, 3}: half the ranks scatter
-        const Footprint f = footprint(c, make_layout(c, 4, 4, 1), 0, 0);
+        const Footprint f = footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0);
         bool found = false;
         for (const Collective& x : f.collectives) {
             if (x.kind != dist::CommKind::scatter) continue;
@@ -299,20 +301,20 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         }
         EXPECT_TRUE(found);
         c.data.readers = 4;  // every rank reads for itself
-        t = per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives);
+        t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
     }
     {  // half payloads: dispatch in the FFN's GEMM dtype (O1 up), combine in its activation
        // dtype (O2 up); the per-expert counts (E int64) go by all-to-all as well
         TrainConfig c              = small_config(2);
         c.parallel.expert_parallel = 2;
-        c.precision.dtype          = "bf16";
+        c.precision.dtype          = Dtype::bfloat16;
         const uint64_t N = MB * T, C = 24, rows = N * K * C;
-        c.precision.ffn = "O1";
-        EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+        c.precision.ffn = Level::O1;
+        EXPECT_EQ(per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
                   2 * rows * 2 + 2 * rows * 4 + E * 8);
-        c.precision.ffn = "O2";
-        EXPECT_EQ(per_kind(footprint(c, make_layout(c, 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+        c.precision.ffn = Level::O2;
+        EXPECT_EQ(per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
                   4 * rows * 2 + E * 8);
     }
 }
@@ -326,7 +328,7 @@ TEST(PlanTime, OverlapFollowsTheConfig) {
     mach.node.memory_gib           = 1;
     mach.node.memory_bandwidth_gbs = 10;
     mach.node.cores                = 4;
-    const Footprint f = footprint(c, make_layout(c, 4, 4, 1), 0, 0);
+    const Footprint f = footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0);
     ASSERT_TRUE(f.layout.overlap);
     const Estimate on = estimate(f, c, mach);
     double         reduce = 0;
@@ -337,7 +339,7 @@ TEST(PlanTime, OverlapFollowsTheConfig) {
     EXPECT_LT(on.t_overlap, reduce);  // the unit holding the embeddings is never hidden
     EXPECT_DOUBLE_EQ(estimate(f, c, mach, {0.0}).t_overlap, 0);
     c.parallel.overlap_grad_reduce = false;
-    EXPECT_DOUBLE_EQ(estimate(footprint(c, make_layout(c, 4, 4, 1), 0, 0), c, mach).t_overlap, 0);
+    EXPECT_DOUBLE_EQ(estimate(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0), c, mach).t_overlap, 0);
 }
 
 TEST(PlanTime, GemmEfficiencyInterpolates) {

@@ -39,7 +39,7 @@ Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g, d
     const TrainConfig  cfg    = default_config(sets);
     model::ParamLayout layout = small_layout();
     auto               par    = dist::ParallelContext::single();
-    auto               opt    = make_optimizer(cfg, layout, *par);
+    auto               opt    = make_optimizer(cfg, layout, *par, model::PrecisionPolicy::from_config(cfg.precision));
     Buffer<float>      params(layout.total_floats()), grads(layout.total_floats());
     for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f;
     Trajectory r;

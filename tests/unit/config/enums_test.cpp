@@ -1,0 +1,80 @@
+// The enumerated config keys: every spelling parses to its value, prints back to the same
+// spelling (to_toml, which checkpoints and run directories keep) and survives the round trip;
+// anything else is one InputError naming the file, key, value and what is expected.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+
+namespace bagualu {
+namespace {
+
+template <typename E>
+void expect_round_trip(const char* key, const std::vector<std::pair<const char*, E>>& values) {
+    for (const auto& [text, value] : values) {
+        EXPECT_EQ(parse_enum<E>(text, key), value) << key << " " << text;
+        EXPECT_STREQ(name_of(value), text);
+    }
+}
+
+TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
+    expect_round_trip<GateKind>("model.gate", {{"topk", GateKind::topk},
+                                               {"switch", GateKind::switch_top1},
+                                               {"gshard", GateKind::gshard},
+                                               {"noisy", GateKind::noisy},
+                                               {"swipe", GateKind::swipe}});
+    expect_round_trip<Level>("precision.ffn", {{"O0", Level::O0}, {"O1", Level::O1},
+                                               {"O2", Level::O2}, {"O3", Level::O3}});
+    expect_round_trip<Dtype>("precision.dtype", {{"fp32", Dtype::float32},
+                                                 {"bf16", Dtype::bfloat16},
+                                                 {"fp16", Dtype::float16}});
+    expect_round_trip<Partition>("optimizer.partition", {{"auto", Partition::automatic},
+                                                         {"on", Partition::on},
+                                                         {"off", Partition::off}});
+    expect_round_trip<Resume>("checkpoint.resume",
+                              {{"never", Resume::never}, {"auto", Resume::automatic}});
+}
+
+TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
+    const TrainConfig a = default_config({"model.gate=noisy", "precision.dtype=fp16",
+                                          "precision.embedding=O3", "precision.head=O2",
+                                          "optimizer.partition=off", "checkpoint.resume=auto"});
+    EXPECT_EQ(a.model.gate, GateKind::noisy);
+    EXPECT_EQ(a.precision.dtype, Dtype::float16);
+    EXPECT_EQ(a.precision.embedding, Level::O3);
+    EXPECT_EQ(a.precision.attention, Level::O1);  // the default
+    EXPECT_EQ(a.precision.head, Level::O2);
+    EXPECT_EQ(a.optimizer.partition, Partition::off);
+    EXPECT_EQ(a.checkpoint.resume, Resume::automatic);
+    const std::string toml = to_toml(a);
+    EXPECT_NE(toml.find("gate = 'noisy'"), std::string::npos) << toml;
+    EXPECT_NE(toml.find("dtype = 'fp16'"), std::string::npos) << toml;
+    const TrainConfig b = config_from_text(toml, "config.toml");
+    EXPECT_EQ(to_toml(b), toml);
+    EXPECT_EQ(b.model.gate, GateKind::noisy);
+    EXPECT_EQ(b.precision.head, Level::O2);
+    EXPECT_EQ(b.checkpoint.resume, Resume::automatic);
+}
+
+TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
+    auto message = [](const std::vector<std::string>& sets) -> std::string {
+        try {
+            default_config(sets);
+        } catch (const InputError& e) {
+            return e.what();
+        }
+        return "(no error)";
+    };
+    EXPECT_EQ(message({"precision.attention=O4"}),
+              "<defaults>: precision.attention = \"O4\": expected \"O0\", \"O1\", \"O2\" or \"O3\"");
+    EXPECT_EQ(message({"model.gate=Switch"}),
+              "<defaults>: model.gate = \"Switch\": expected topk, switch, gshard, noisy or swipe");
+    EXPECT_EQ(message({"precision.dtype=3"}), "<defaults>: precision.dtype: expected a string, got 3");
+}
+
+}  // namespace
+}  // namespace bagualu
