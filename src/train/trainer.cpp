@@ -34,6 +34,7 @@
 #include "core/phase_timer.h"
 #include "train/progress.h"
 #include "train/resources.h"
+#include "train/run_dir.h"
 #include "train/samples.h"
 
 namespace bagualu::train {
@@ -43,50 +44,6 @@ using Clock  = std::chrono::steady_clock;
 
 static double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Refuses to mix a new run into a directory that holds an earlier one (its metrics or its
-// checkpoints), unless resuming it or forced to replace it.
-static void prepare_run_dir(const TrainConfig& cfg, bool force, bool resume) {
-    const std::string& dir = cfg.train.run_dir;
-    std::error_code    ec;
-    if (!resume) {
-        if (fs::exists(dir + "/metrics.jsonl") && !force) {
-            input_error("{}: already holds a run (metrics.jsonl); pass --resume to continue it, "
-                        "--force to replace it, or choose another --run-dir",
-                        dir);
-        }
-        const std::vector<std::string> old = io::ckpt::list_complete(cfg.checkpoint_dir());
-        if (!old.empty() && !force) {
-            input_error("{}: holds {} checkpoint(s) of an earlier run; pass --resume to continue "
-                        "it, --force to replace it, or set checkpoint.dir elsewhere",
-                        cfg.checkpoint_dir(), old.size());
-        }
-        for (const std::string& c : old) fs::remove_all(c, ec);
-        if (!old.empty()) log::info("--force: removed {} checkpoint(s) of the replaced run", old.size());
-    }
-    fs::create_directories(dir, ec);
-    if (ec) input_error("{}: cannot create run directory: {}", dir, ec.message());
-}
-
-// Keeps the lines of a resumed run's metrics.jsonl up to its checkpoint's step (the steps after
-// it are trained again), through a temporary file and a rename.
-static void trim_metrics(const std::string& path, int64_t step) {
-    std::ifstream in(path);
-    if (!in) return;
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        for (std::string line; std::getline(in, line);) {
-            if (line.empty()) continue;
-            const auto j = nlohmann::json::parse(line, nullptr, false);
-            if (j.is_discarded()) break;  // a line cut by the crash: everything after it goes too
-            if (j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
-            out << line << "\n";
-        }
-        if (!out) input_error("{}: cannot write", tmp);
-    }
-    fs::rename(tmp, path);
 }
 
 // Test hook for crash recovery: BAGUALU_FAULT_KILL_AT_STEP=N sends SIGKILL to rank
@@ -156,13 +113,14 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     // ---- set-up: every input check before the first collective of the model ----
     data::Dataset                     ds;
     std::unique_ptr<data::DataLoader> loader;
+    RunDirLock                        run_dir_lock;  // held until the run ends
     {
         std::string error;
         try {
             validate_layout(cfg, P);
             loader = std::make_unique<data::DataLoader>(cfg, *par);
             ds     = data::load_dataset(cfg);
-            if (writer) prepare_run_dir(cfg, opt.force, resume);
+            if (writer) run_dir_lock = prepare_run_dir(cfg, opt.force, resume);
         } catch (const InputError& e) {
             error = e.what();
         }
@@ -176,10 +134,7 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     }
     const int     MB    = static_cast<int>(cfg.micro_batch(P));
     const int64_t accum = cfg.grad_accum_steps(P);
-    if (writer) {
-        std::ofstream f(cfg.train.run_dir + "/config.toml");
-        f << to_toml(cfg);
-    }
+    if (writer) write_run_file(cfg.train.run_dir + "/config.toml", to_toml(cfg));
 
     const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
     LossScaler                   scaler(cfg.precision, prec.loss_scaling());
@@ -241,12 +196,11 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
         if (resume) {
             if (const std::optional<ResumePoint> rp = ckpt->load_latest(gpt.params())) {
                 start_step = rp->step;
-                const nlohmann::json& c = rp->state.at("sampler");
-                loader->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
-                if (rp->state.contains("loss_scale")) {  // absent in checkpoints of FP32 runs' first format
-                    const nlohmann::json& ls = rp->state.at("loss_scale");
-                    scaler.restore(ls.at("scale").get<double>(), ls.at("clean_steps").get<int64_t>());
-                    optimizer->set_steps_skipped(rp->state.at("steps_skipped").get<int64_t>());
+                const TrainerState& ts = rp->trainer;
+                loader->set_cursor({ts.epoch, ts.position});
+                if (ts.has_loss_scale) {
+                    scaler.restore(ts.loss_scale, ts.clean_steps);
+                    optimizer->set_steps_skipped(ts.steps_skipped);
                 }
                 if (writer) log::info("resumed from {} (step {})", rp->dir, start_step);
             } else if (writer) {
@@ -257,14 +211,9 @@ TrainSummary run_training(const TrainConfig& cfg, const TrainOptions& opt,
     const std::string metrics_path = cfg.train.run_dir + "/metrics.jsonl";
     if (writer && start_step > 0) trim_metrics(metrics_path, start_step);
 
-    std::ofstream metrics;
-    if (writer) {
-        metrics.open(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
-        if (!metrics) throw InputError(cfg.train.run_dir + "/metrics.jsonl: cannot write");
-    }
-    auto emit = [&](const nlohmann::json& j) {
-        if (writer) metrics << j.dump() << "\n" << std::flush;
-    };
+    MetricsWriter metrics;
+    if (writer) metrics.open(metrics_path, start_step > 0);
+    auto emit = [&](const nlohmann::json& j) { metrics.write(j); };
 
     Progress     progress(opt.quiet || !writer ? Progress::Mode::Quiet : Progress::Mode::Auto);
     TrainSummary sum;
