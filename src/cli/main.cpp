@@ -2,10 +2,12 @@
 // and turns errors into one line and an exit status: 2 for bad input (config, data, command
 // line), 1 for internal failures.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <new>
+#include <thread>
 #include <fmt/format.h>
 #include <memory>
 
@@ -165,7 +167,14 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::Comm> world;
     auto fail = [&](int code, const std::string& msg) {
         std::fflush(stdout);
-        if (world && world->size() > 1) world->abort(code, msg);  // ends every rank
+        if (world && world->size() > 1) {
+            // An error one rank found alone, during the run (set-up errors end the ranks
+            // together in dist::fail_together). The cause is often shared — a token file changed
+            // under the job fails every rank that reads it — so ranks other than 0 give rank 0 a
+            // moment to end the job with its message first: one message, not one per rank.
+            if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            world->abort(code, msg);  // ends every rank
+        }
         fmt::print(stderr, "{}\n", msg);
         return code;
     };
