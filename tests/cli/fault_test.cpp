@@ -127,6 +127,19 @@ TEST_F(FaultTest, ShardThatIsAFifoIsRefusedWithoutBlocking) {
     EXPECT_NE(r.output.find("regular file"), std::string::npos) << r.output;
 }
 
+TEST_F(FaultTest, ModelFilesThatAreFifosAreRefusedWithoutBlocking) {
+    ASSERT_EQ(run(train("")).status, 0);
+    for (const char* name : {"config.json", "model.safetensors"}) {
+        const std::string path = dir / ("run/model/" + std::string(name));
+        fs::rename(path, path + ".keep");
+        ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+        expect_one_error(run("eval --model " + (dir / "run") + " --config configs/tiny.toml --set model.vocab_size=128 --set data.val=" + (dir / "val.bin")),
+                         {name, "not a regular file"});
+        fs::remove(path);
+        fs::rename(path + ".keep", path);
+    }
+}
+
 // ---- 2. run outputs that can be destroyed ----
 
 TEST_F(FaultTest, SecondRunIntoALockedDirectoryFailsAtOnceNamingTheHolder) {
