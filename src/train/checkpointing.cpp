@@ -70,14 +70,17 @@ void allgather_space(const StateSpace& sp, float* params) {
 TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source) {
     const auto field = [&](const nlohmann::json& obj, const char* key,
                            const char* where) -> const nlohmann::json& {
-        if (!obj.is_object() || !obj.contains(key)) input_error("{}: state.{}{} is missing", source, where, key);
+        if (!obj.is_object() || !obj.contains(key)) {
+            input_error("{}: state.{}{} is missing", source, where, key);
+        }
         return obj[key];
     };
     const auto count = [&](const nlohmann::json& obj, const char* key, const char* where) {
         const nlohmann::json& v = field(obj, key, where);
         if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
             v.get<int64_t>() < 0) {
-            input_error("{}: state.{}{} = {} must be a non-negative integer", source, where, key, v.dump());
+            input_error("{}: state.{}{} = {} must be a non-negative integer", source, where, key,
+                        v.dump());
         }
         return v.get<int64_t>();
     };
@@ -89,7 +92,8 @@ TrainerState parse_trainer_state(const nlohmann::json& state, const std::string&
         const nlohmann::json& ls = state["loss_scale"];
         const nlohmann::json& sc = field(ls, "scale", "loss_scale.");
         if (!sc.is_number() || !std::isfinite(sc.get<double>()) || sc.get<double>() <= 0) {
-            input_error("{}: state.loss_scale.scale = {} must be a positive number", source, sc.dump());
+            input_error("{}: state.loss_scale.scale = {} must be a positive number", source,
+                        sc.dump());
         }
         out.has_loss_scale = true;
         out.loss_scale     = sc.get<double>();
@@ -182,7 +186,8 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     try {
         // rank 0 checks every file's hash; the others only sizes (they read what they need)
         reader = std::make_unique<io::ckpt::CheckpointReader>(dir, verify && par_.rank() == 0);
-        out.trainer = parse_trainer_state(reader->manifest().state, dir + "/" + io::ckpt::kManifestName);
+        out.trainer =
+            parse_trainer_state(reader->manifest().state, dir + "/" + io::ckpt::kManifestName);
         for (const StateSpace& sp : spaces) {
             for (const ShardPiece& p : sp.map->pieces()) {
                 const model::ParamSpec& s = layout_.spec(p.spec);

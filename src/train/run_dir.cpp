@@ -137,7 +137,9 @@ RunDirLock prepare_run_dir(const TrainConfig& cfg, bool force, bool resume) {
     }
     if (cfg.checkpoint.every > 0 || resume || !old.empty()) {  // used, or about to be cleared
         fs::create_directories(ckpt_dir, ec);
-        if (ec) input_error("{}: cannot create the checkpoint directory: {}", ckpt_dir, ec.message());
+        if (ec) {
+            input_error("{}: cannot create the checkpoint directory: {}", ckpt_dir, ec.message());
+        }
         if (!same_directory(dir, ckpt_dir)) lock.add(ckpt_dir, "the checkpoint directory");
     }
     if (!resume && !old.empty()) {
@@ -204,7 +206,9 @@ void MetricsWriter::close() {
     fd_            = -1;
     const bool ok  = ::fsync(fd) == 0 || errno == EINVAL;  // EINVAL: a file that cannot sync
     const int  err = errno;
-    if (::close(fd) != 0 || !ok) input_error("{}: cannot write: {}", path_, std::strerror(ok ? errno : err));
+    if (::close(fd) != 0 || !ok) {
+        input_error("{}: cannot write: {}", path_, std::strerror(ok ? errno : err));
+    }
 }
 
 }  // namespace bagualu::train

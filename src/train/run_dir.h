@@ -39,10 +39,10 @@ class RunDirLock {
 
 inline constexpr const char* kLockFileName = ".bagualu-lock";
 
-// Creates and locks the run directory, and the checkpoint directory when the run uses one
-// (checkpoint.every > 0 or resume) or --force clears one, after applying the earlier-run rules above; with force (and
-// not resume) deletes the earlier run's complete checkpoints. The lock lives as long as the
-// returned object.
+// Creates and locks the run directory; applies the earlier-run rules above before creating or
+// deleting anything else; then creates and locks the checkpoint directory when the run uses one
+// (checkpoint.every > 0 or resume) or --force clears one, and with force (not resume) deletes
+// the earlier run's complete checkpoints. The locks live as long as the returned object.
 RunDirLock prepare_run_dir(const TrainConfig& cfg, bool force, bool resume);
 
 // Keeps the lines of a resumed run's metrics.jsonl up to its checkpoint's step (the steps after
