@@ -44,6 +44,11 @@ std::string host_name() {
     return buf;
 }
 
+// flock errors that mean the file system cannot lock at all (rather than: someone holds it).
+bool lock_unsupported(int err) {
+    return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
+}
+
 bool same_directory(const std::string& a, const std::string& b) {
     std::error_code ec;
     const bool      same = fs::equivalent(a, b, ec);
@@ -82,17 +87,24 @@ void RunDirLock::add(const std::string& dir, const std::string& what) {
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
-        char      holder[128] = {};
-        const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
-        ::close(fd);
-        std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-        while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-        if (err == EWOULDBLOCK) {
-            input_error("{}: {} is in use by another bagualu run ({}); wait for it to end or "
-                        "choose another directory",
-                        dir, what, who.empty() ? "pid unknown" : who);
+        if (lock_unsupported(err)) {
+            // A file system mounted without lock support: train unprotected, and say so.
+            log::warn("{}: cannot lock {} ({}): another run into this directory would not be "
+                      "stopped",
+                      dir, kLockFileName, std::strerror(err));
+        } else {
+            char          holder[128] = {};
+            const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+            ::close(fd);
+            std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+            while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+            if (err == EWOULDBLOCK) {
+                input_error("{}: {} is in use by another bagualu run ({}); wait for it to end or "
+                            "choose another directory",
+                            dir, what, who.empty() ? "pid unknown" : who);
+            }
+            input_error("{}: cannot lock {}: {}", dir, path, std::strerror(err));
         }
-        input_error("{}: cannot lock {}: {}", dir, path, std::strerror(err));
     }
     const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host_name());
     if (::ftruncate(fd, 0) != 0 || !write_all(fd, me.data(), me.size()) || ::fsync(fd) != 0) {
