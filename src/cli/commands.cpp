@@ -203,13 +203,7 @@ int cmd_inspect(const std::string& dir_arg) {
         fmt::print("{}: {} complete checkpoint(s); the newest:\n", dir, all.size());
         dir = all.front();
     }
-    nlohmann::json j;
-    {
-        std::ifstream in(fs::path(dir) / io::ckpt::kManifestName);
-        j = nlohmann::json::parse(in, nullptr, false);
-        if (j.is_discarded()) input_error("{}/manifest.json: invalid JSON", dir);
-    }
-    const io::ckpt::Manifest m = io::ckpt::manifest_from_json(j, dir + "/manifest.json");
+    const io::ckpt::Manifest m = io::ckpt::read_manifest(dir);
     const TrainConfig cfg = config_from_text(m.config_toml, dir + "/manifest.json (config)");
     const ModelConfig& mc = cfg.model;
     fmt::print("checkpoint {}\n  step {}  layout: {} rank(s), expert parallel {}\n", dir, m.step,

@@ -2,8 +2,12 @@
 // and turns errors into one line and an exit status: 2 for bad input (config, data, command
 // line), 1 for internal failures.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <new>
+#include <thread>
 #include <fmt/format.h>
 #include <memory>
 
@@ -15,6 +19,17 @@
 
 using namespace bagualu;
 
+// An existing regular file: a FIFO or device named as a file would block or never end.
+static const CLI::Validator kRegularFile(
+    [](std::string& path) -> std::string {
+        std::error_code ec;
+        const auto      st = std::filesystem::status(path, ec);
+        if (st.type() == std::filesystem::file_type::not_found) return "File does not exist: " + path;
+        if (!std::filesystem::is_regular_file(st)) return "Not a regular file: " + path;
+        return {};
+    },
+    "FILE");
+
 int main(int argc, char** argv) {
     CLI::App app{"bagualu: Mixture-of-Experts language-model training on CPU clusters"};
     app.require_subcommand(1);
@@ -23,7 +38,7 @@ int main(int argc, char** argv) {
     cli::CommonArgs common;
     auto add_common = [&](CLI::App* sub) {
         sub->add_option("--config", common.config, "TOML config file (default: built-in defaults)")
-            ->check(CLI::ExistingFile);
+            ->check(kRegularFile);
         sub->add_option("--set", common.overrides,
                         "Override a config key, e.g. --set train.steps=100 (repeatable)")
             ->type_name("SECTION.KEY=VALUE");
@@ -93,7 +108,7 @@ int main(int argc, char** argv) {
     auto* bench_kernels = bench->add_subcommand(
         "kernels", "GEMM GFLOP/s of ours, oneDNN and OpenBLAS on the model's shapes, and the peak");
     bench_kernels->add_option("--config", common.config, "Model shapes from this config (default: configs/default.toml)")
-        ->check(CLI::ExistingFile);
+        ->check(kRegularFile);
     bench_kernels->add_option("--set", common.overrides, "Override a config key (repeatable)")
         ->type_name("SECTION.KEY=VALUE");
     bench_kernels->add_option("--repeats", ba.repeats, "Timed runs per GEMM (median)")
@@ -152,7 +167,14 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::Comm> world;
     auto fail = [&](int code, const std::string& msg) {
         std::fflush(stdout);
-        if (world && world->size() > 1) world->abort(code, msg);  // ends every rank
+        if (world && world->size() > 1) {
+            // An error one rank found alone, during the run (set-up errors end the ranks
+            // together in dist::fail_together). The cause is often shared — a token file changed
+            // under the job fails every rank that reads it — so ranks other than 0 give rank 0 a
+            // moment to end the job with its message first: one message, not one per rank.
+            if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            world->abort(code, msg);  // ends every rank
+        }
         fmt::print(stderr, "{}\n", msg);
         return code;
     };
@@ -215,6 +237,10 @@ int main(int argc, char** argv) {
         }
     } catch (const InputError& e) {
         return fail(2, fmt::format("bagualu: error: {}", e.what()));
+    } catch (const std::bad_alloc&) {
+        // A model, batch or input too large for this machine's memory: the user's to change.
+        return fail(2, "bagualu: error: out of memory (std::bad_alloc): lower the model size, "
+                       "batch or ranks per node, or check that the input files are what they claim");
     } catch (const std::exception& e) {
         return fail(1, fmt::format("bagualu: internal error: {}", e.what()));
     }

@@ -20,6 +20,9 @@ Dataset load_dataset(const TrainConfig& cfg) {
     const int V = cfg.model.vocab_size, T = cfg.model.seq_len;
     Dataset   d;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer)) {
+        if (!std::filesystem::is_regular_file(cfg.data.tokenizer)) {  // a FIFO would block
+            input_error("data.tokenizer = \"{}\": not a regular file", cfg.data.tokenizer);
+        }
         check_tokenizer_vocab(cfg.data.tokenizer, V);
         d.has_tokenizer = true;
     }

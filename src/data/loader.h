@@ -5,9 +5,9 @@
 // Readers (data.readers = N > 0): the P ranks form N contiguous groups (reader_group); only the
 // first rank of each group opens the train files; it reads the whole group's windows and
 // scatters each member its slice over the group's communicator. N = 0: every rank reads its own
-// slice from the mapped files.
+// slice from the files.
 // Prefetch: while step s runs, the helper thread (core/helper_thread.h) copies the windows of the
-// next micro-batch from the mapped files into the other half of a double buffer. MPI stays on
+// next micro-batch from the files into the other half of a double buffer. MPI stays on
 // the main thread: the trainer's own collectives run there while the prefetch is in flight, and
 // MPI is initialised with at most one thread at a time. In a reader group, next() starts the
 // nonblocking scatter of the following micro-batch (Comm::scatter_start), which completes while
@@ -71,7 +71,7 @@ class DataLoader {
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
-    bool reads() const { return reader_; }            // whether this rank maps the files
+    bool reads() const { return reader_; }            // whether this rank opens the files
     // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader
     // group, for the scatter to complete.
     double wait_seconds() const { return wait_s_; }

@@ -98,7 +98,8 @@ TokenFileLayout check_token_header(const std::string& path, const char* bytes, i
 namespace {
 
 template <typename T>
-void check_ids(const std::string& path, const char* body, int64_t count, int vocab_size) {
+void check_ids(const std::string& path, const char* body, int64_t count, int vocab_size,
+               int64_t first) {
     const auto limit = static_cast<uint32_t>(vocab_size);
     for (int64_t i = 0; i < count; ++i) {
         T t;
@@ -108,7 +109,7 @@ void check_ids(const std::string& path, const char* body, int64_t count, int voc
             input_error(
                 "{}: token {} at position {} is >= vocab_size {} (data and model vocab "
                 "disagree)",
-                path, static_cast<uint32_t>(t), i, vocab_size);
+                path, static_cast<uint32_t>(t), first + i, vocab_size);
         }
     }
 }
@@ -116,11 +117,11 @@ void check_ids(const std::string& path, const char* body, int64_t count, int voc
 }  // namespace
 
 void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
-                     int vocab_size) {
+                     int vocab_size, int64_t first) {
     if (layout.version == 1) {
-        check_ids<uint16_t>(path, body, layout.count, vocab_size);
+        check_ids<uint16_t>(path, body, layout.count, vocab_size, first);
     } else {
-        check_ids<uint32_t>(path, body, layout.count, vocab_size);
+        check_ids<uint32_t>(path, body, layout.count, vocab_size, first);
     }
 }
 

@@ -36,8 +36,9 @@ struct TokenFileLayout {
 // Validates magic, version and the file size against the header; throws InputError naming path.
 TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size);
 // Throws InputError naming path and position when a token of `body` (count tokens of width
-// bytes each, as in `layout`) is >= vocab_size.
+// bytes each, as in `layout`) is >= vocab_size. `first` is the position of body's first token in
+// the file (for the message, when body is one chunk of it).
 void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
-                     int vocab_size);
+                     int vocab_size, int64_t first = 0);
 
 }  // namespace bagualu::data

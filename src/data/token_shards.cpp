@@ -1,10 +1,9 @@
-// Memory-mapped token shards (see token_shards.h). POSIX mmap and glob; errno names the reason
-// when a file cannot be opened or mapped.
+// Token shards read with pread (see token_shards.h). POSIX open/pread and glob; errno names the
+// reason when a file cannot be opened or read.
 #include "data/token_shards.h"
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,7 +48,11 @@ std::vector<std::string> resolve_shard_paths(const std::string& spec, const std:
 TokenShards::~TokenShards() { release(); }
 
 TokenShards::TokenShards(TokenShards&& o) noexcept
-    : shards_(std::move(o.shards_)), T_(o.T_), n_windows_(o.n_windows_), n_tokens_(o.n_tokens_) {
+    : shards_(std::move(o.shards_)),
+      T_(o.T_),
+      vocab_size_(o.vocab_size_),
+      n_windows_(o.n_windows_),
+      n_tokens_(o.n_tokens_) {
     o.shards_.clear();
     o.n_windows_ = o.n_tokens_ = 0;
 }
@@ -59,6 +62,7 @@ TokenShards& TokenShards::operator=(TokenShards&& o) noexcept {
         release();
         shards_    = std::move(o.shards_);
         T_         = o.T_;
+        vocab_size_ = o.vocab_size_;
         n_windows_ = o.n_windows_;
         n_tokens_  = o.n_tokens_;
         o.shards_.clear();
@@ -69,39 +73,82 @@ TokenShards& TokenShards::operator=(TokenShards&& o) noexcept {
 
 void TokenShards::release() {
     for (Shard& s : shards_) {
-        if (s.map != nullptr) ::munmap(const_cast<char*>(s.map), s.map_bytes);
+        if (s.fd >= 0) ::close(s.fd);
     }
     shards_.clear();
 }
 
 namespace {
 
-// Maps `path` read-only; returns null for an empty file. Throws InputError naming the path.
-const char* map_file(const std::string& path, size_t* bytes) {
-    std::error_code ec;
-    const fs::file_status st = fs::status(path, ec);
-    if (st.type() == fs::file_type::not_found) {
-        input_error("{}: cannot open token file: no such file", path);
-    }
-    if (fs::is_directory(st)) input_error("{}: is a directory, expected a token file", path);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) input_error("{}: cannot open token file: {}", path, std::strerror(errno));
+const char* file_kind(mode_t mode) {
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+// Opens `path` read-only; refuses what is not a regular file before opening it (opening a FIFO
+// blocks until a writer comes) and again after (O_NONBLOCK: a FIFO swapped in between does not
+// block either). Throws InputError naming the path.
+int open_shard(const std::string& path, int64_t* bytes) {
     struct stat sb {};
-    if (::fstat(fd, &sb) != 0) {
-        const int err = errno;
-        ::close(fd);
-        input_error("{}: cannot stat token file: {}", path, std::strerror(err));
+    if (::stat(path.c_str(), &sb) != 0) {
+        if (errno == ENOENT) input_error("{}: cannot open token file: no such file", path);
+        input_error("{}: cannot open token file: {}", path, std::strerror(errno));
     }
-    *bytes = static_cast<size_t>(sb.st_size);
-    if (*bytes == 0) {
-        ::close(fd);
-        return nullptr;
+    if (S_ISDIR(sb.st_mode)) input_error("{}: is a directory, expected a token file", path);
+    if (!S_ISREG(sb.st_mode)) {
+        input_error("{}: is {}, expected a regular token file", path, file_kind(sb.st_mode));
     }
-    void* p       = ::mmap(nullptr, *bytes, PROT_READ, MAP_SHARED, fd, 0);
-    const int err = errno;
-    ::close(fd);  // the mapping keeps the file open
-    if (p == MAP_FAILED) input_error("{}: cannot map token file: {}", path, std::strerror(err));
-    return static_cast<const char*>(p);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) input_error("{}: cannot open token file: {}", path, std::strerror(errno));
+    if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        ::close(fd);
+        input_error("{}: changed while being opened; expected a regular token file", path);
+    }
+    *bytes = static_cast<int64_t>(sb.st_size);
+    return fd;
+}
+
+// Reads n bytes at offset; returns the bytes read (fewer only at end of file). Throws
+// InputError naming the path on a read error.
+int64_t pread_full(int fd, const std::string& path, char* out, int64_t n, int64_t offset) {
+    int64_t got = 0;
+    while (got < n) {
+        const ssize_t r = ::pread(fd, out + got, static_cast<size_t>(n - got), offset + got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            input_error("{}: read error: {}", path, std::strerror(errno));
+        }
+        if (r == 0) break;
+        got += r;
+    }
+    return got;
+}
+
+// The header and every token id of an open shard, read in chunks.
+TokenFileLayout validate_shard(int fd, const std::string& path, int64_t bytes, int vocab_size) {
+    char header[kTokenFileHeaderBytes] = {};
+    const int64_t got = pread_full(fd, path, header, std::min(bytes, kTokenFileHeaderBytes), 0);
+    const TokenFileLayout layout = check_token_header(path, header, std::max(got, bytes));
+    if (got < std::min(bytes, kTokenFileHeaderBytes)) {
+        input_error("{}: shrank to {} bytes while being read", path, got);
+    }
+    constexpr int64_t kChunkTokens = int64_t{1} << 18;
+    std::vector<char> chunk(static_cast<size_t>(kChunkTokens * layout.width));
+    for (int64_t first = 0; first < layout.count; first += kChunkTokens) {
+        const int64_t n    = std::min(kChunkTokens, layout.count - first);
+        const int64_t want = n * layout.width;
+        if (pread_full(fd, path, chunk.data(), want,
+                       kTokenFileHeaderBytes + first * layout.width) != want) {
+            input_error("{}: shrank while being read (header says {} tokens)", path, layout.count);
+        }
+        TokenFileLayout part = layout;
+        part.count           = n;
+        check_token_ids(path, chunk.data(), part, vocab_size, first);
+    }
+    return layout;
 }
 
 }  // namespace
@@ -110,15 +157,14 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
                               int seq_len) {
     BGL_CHECK(vocab_size > 0 && seq_len > 0, "vocab_size {} seq_len {}", vocab_size, seq_len);
     TokenShards out;
-    out.T_ = seq_len;
+    out.T_          = seq_len;
+    out.vocab_size_ = vocab_size;
     for (const std::string& path : resolve_shard_paths(spec, key)) {
-        Shard& s = out.shards_.emplace_back();
-        s.path   = path;
-        s.map    = map_file(path, &s.map_bytes);
-        s.layout = check_token_header(path, s.map, static_cast<int64_t>(s.map_bytes));
-        check_token_ids(path, s.map + kTokenFileHeaderBytes, s.layout, vocab_size);
-        // Validation touched every page; training reads a window at a time.
-        ::madvise(const_cast<char*>(s.map), s.map_bytes, MADV_DONTNEED);
+        Shard& s      = out.shards_.emplace_back();
+        s.path        = path;
+        int64_t bytes = 0;
+        s.fd          = open_shard(path, &bytes);
+        s.layout      = validate_shard(s.fd, path, bytes, vocab_size);
         s.first_window = out.n_windows_;
         s.windows      = s.layout.count > 0 ? (s.layout.count - 1) / seq_len : 0;
         out.n_windows_ += s.windows;
@@ -142,20 +188,51 @@ void TokenShards::read_window(int64_t w, int32_t* out) const {
     // The last shard whose first window is <= w (shards without windows are never chosen).
     const auto it  = std::upper_bound(shards_.begin(), shards_.end(), w,
                                       [](int64_t v, const Shard& s) { return v < s.first_window; });
-    const Shard& s = *(it - 1);
-    const char* p  = s.map + kTokenFileHeaderBytes + (w - s.first_window) * T_ * s.layout.width;
+    const Shard&  s     = *(it - 1);
+    const int64_t first = (w - s.first_window) * T_;  // the window's first token in the file
+    const int64_t want  = static_cast<int64_t>(T_ + 1) * s.layout.width;
+    // out holds 4 (T + 1) bytes, enough for either width: read in place, then widen.
+    char* bytes = reinterpret_cast<char*>(out);
+    const int64_t got =
+        pread_full(s.fd, s.path, bytes, want, kTokenFileHeaderBytes + first * s.layout.width);
+    if (got != want) {
+        struct stat sb {};
+        const int64_t now = ::fstat(s.fd, &sb) == 0 ? static_cast<int64_t>(sb.st_size) : -1;
+        input_error(
+            "{}: now holds {} bytes, {} when the run started: the token file was truncated while "
+            "training read it",
+            s.path, now, kTokenFileHeaderBytes + s.layout.count * s.layout.width);
+    }
+    const auto limit = static_cast<uint32_t>(vocab_size_);
+    uint32_t   bad   = 0;
+    int        at    = -1;
     if (s.layout.width == 2) {
-        for (int i = 0; i <= T_; ++i) {
+        // Backwards, so that no uint16 is overwritten before it is widened (4 i >= 2 i).
+        for (int i = T_; i >= 0; --i) {
             uint16_t t;
-            std::memcpy(&t, p + 2 * i, 2);
+            std::memcpy(&t, bytes + 2 * i, 2);
+            if (t >= limit) [[unlikely]] {
+                bad = t;
+                at  = i;
+            }
             out[i] = t;
         }
     } else {
-        for (int i = 0; i <= T_; ++i) {
+        for (int i = T_; i >= 0; --i) {
             uint32_t t;
-            std::memcpy(&t, p + 4 * i, 4);
+            std::memcpy(&t, bytes + 4 * i, 4);
+            if (t >= limit) [[unlikely]] {
+                bad = t;
+                at  = i;
+            }
             out[i] = static_cast<int32_t>(t);
         }
+    }
+    if (at >= 0) [[unlikely]] {
+        input_error(
+            "{}: token {} at position {} is >= vocab_size {}: the token file changed after it "
+            "was checked at start-up",
+            s.path, bad, first + at, vocab_size_);
     }
 }
 

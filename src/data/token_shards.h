@@ -1,8 +1,14 @@
 // One split of the token data as training reads it: a set of llm.c token shards (token_file.h),
-// memory-mapped read-only. The split is named by one .bin file, a glob pattern
+// each kept open read-only. The split is named by one .bin file, a glob pattern
 // ("data/x/train_*.bin") or a directory (every *.bin in it); files are taken in sorted order.
-// Opening validates each file like read_token_file (header, size, every token id < vocab_size)
-// and then drops the pages from this process (the page cache keeps them).
+// Opening refuses anything but regular files (a FIFO would block) and validates each file like
+// read_token_file (header, size, every token id < vocab_size), reading it in chunks.
+// A file may change while a run reads it (overwritten in place, truncated): every window is
+// read with pread, never through a mapping (a truncated mapping raises SIGBUS, which no caller
+// could turn into an error message), and its token ids are checked again as it is read, so a
+// shard that shrank or now holds an id >= vocab_size ends the run with an InputError naming it
+// instead of reading or writing out of bounds. A file replaced by a rename is not seen: the
+// open descriptor keeps the file that was validated.
 // Windows: a shard of n tokens holds floor((n - 1) / T) windows of T + 1 tokens starting at
 // k * T (inputs = first T, targets = last T); windows never cross a shard boundary. Window ids
 // run over the shards in order, so one file gives the same ids as the whole-file reader did.
@@ -37,14 +43,15 @@ class TokenShards {
     // Windows of shard i.
     int64_t shard_windows(size_t i) const { return shards_[i].windows; }
 
-    // Copies the T + 1 tokens of window w (0 <= w < num_windows()) to out.
+    // Copies the T + 1 tokens of window w (0 <= w < num_windows()) to out. Throws InputError
+    // naming the file when it has shrunk or a token id is >= vocab_size (it changed since open).
+    // Thread-safe (pread).
     void read_window(int64_t w, int32_t* out) const;
 
    private:
     struct Shard {
         std::string path;
-        const char* map  = nullptr;  // the whole file, mapped; null when empty
-        size_t map_bytes = 0;
+        int fd = -1;  // open read-only while the shards live
         TokenFileLayout layout;
         int64_t first_window = 0;  // id of its first window
         int64_t windows      = 0;
@@ -53,6 +60,7 @@ class TokenShards {
 
     std::vector<Shard> shards_;
     int T_             = 0;
+    int vocab_size_    = 0;
     int64_t n_windows_ = 0;
     int64_t n_tokens_  = 0;
 };

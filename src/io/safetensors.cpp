@@ -221,7 +221,8 @@ SafetensorsFile::SafetensorsFile(std::unique_ptr<Storage> storage, const std::st
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in the file's place is refused below instead of blocking the open.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) input_error("{}: cannot open safetensors file: {}", path, errno_text(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

@@ -110,6 +110,7 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
 LoadedModel load_model(const std::string& dir) {
     const std::string cfg_path = dir + "/config.json";
     if (!fs::exists(cfg_path)) input_error("{}: not found (is {} an exported model?)", cfg_path, dir);
+    if (!fs::is_regular_file(cfg_path)) input_error("{}: not a regular file", cfg_path);  // a FIFO blocks
     nlohmann::json j;
     {
         std::ifstream f(cfg_path);

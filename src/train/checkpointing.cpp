@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -67,6 +69,42 @@ void allgather_space(const StateSpace& sp, float* params) {
 }
 
 }  // namespace
+
+TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source) {
+    const auto field = [&](const nlohmann::json& obj, const char* key,
+                           const char* where) -> const nlohmann::json& {
+        if (!obj.is_object() || !obj.contains(key)) {
+            input_error("{}: state.{}{} is missing", source, where, key);
+        }
+        return obj[key];
+    };
+    const auto count = [&](const nlohmann::json& obj, const char* key, const char* where) {
+        const nlohmann::json& v = field(obj, key, where);
+        if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
+            v.get<int64_t>() < 0) {
+            input_error("{}: state.{}{} = {} must be a non-negative integer", source, where, key,
+                        v.dump());
+        }
+        return v.get<int64_t>();
+    };
+    TrainerState out;
+    const nlohmann::json& sampler = field(state, "sampler", "");
+    out.epoch                     = count(sampler, "epoch", "sampler.");
+    out.position                  = count(sampler, "position", "sampler.");
+    if (state.is_object() && state.contains("loss_scale")) {
+        const nlohmann::json& ls = state["loss_scale"];
+        const nlohmann::json& sc = field(ls, "scale", "loss_scale.");
+        if (!sc.is_number() || !std::isfinite(sc.get<double>()) || sc.get<double>() <= 0) {
+            input_error("{}: state.loss_scale.scale = {} must be a positive number", source,
+                        sc.dump());
+        }
+        out.has_loss_scale = true;
+        out.loss_scale     = sc.get<double>();
+        out.clean_steps    = count(ls, "clean_steps", "loss_scale.");
+        out.steps_skipped  = count(state, "steps_skipped", "");
+    }
+    return out;
+}
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& layout,
                            dist::paro::Optimizer& opt, dist::ParallelContext& par)
@@ -151,6 +189,8 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     try {
         // rank 0 checks every file's hash; the others only sizes (they read what they need)
         reader = std::make_unique<io::ckpt::CheckpointReader>(dir, verify && par_.rank() == 0);
+        out.trainer =
+            parse_trainer_state(reader->manifest().state, dir + "/" + io::ckpt::kManifestName);
         for (const StateSpace& sp : spaces) {
             for (const ShardPiece& p : sp.map->pieces()) {
                 const model::ParamSpec& s = layout_.spec(p.spec);

@@ -28,9 +28,21 @@
 
 namespace bagualu::train {
 
+// What the trainer records in a manifest's state, typed.
+struct TrainerState {
+    int64_t epoch = 0, position = 0;  // the sampler cursor
+    bool    has_loss_scale = false;   // absent in checkpoints of FP32 runs' first format
+    double  loss_scale     = 1;
+    int64_t clean_steps    = 0;
+    int64_t steps_skipped  = 0;
+};
+// Throws InputError naming source and the field when a field is missing or mistyped.
+TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source);
+
 struct ResumePoint {
     int64_t        step = 0;  // optimizer steps done
     nlohmann::json state;     // the manifest's state: sampler cursor and counters
+    TrainerState   trainer;   // the same, checked and typed
     std::string    dir;       // the checkpoint that was loaded
 };
 

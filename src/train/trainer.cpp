@@ -149,6 +149,7 @@ class Trainer {
     int64_t                                accum_ = 0;  // micro-steps per step
     data::Dataset                          ds_;
     std::unique_ptr<data::DataLoader>      loader_;
+    RunDirLock                             run_dir_lock_;  // held until the run ends
     model::PrecisionPolicy                 prec_;
     optim::LossScaler                      scaler_;
     std::unique_ptr<model::GPT>            gpt_;
@@ -161,7 +162,7 @@ class Trainer {
     int64_t                                tokens_per_step_ = 0;  // all ranks
     std::optional<Checkpointer>            ckpt_;
     int64_t                                start_step_ = 0;
-    std::ofstream                          metrics_;
+    MetricsWriter                          metrics_;
     Progress                               progress_;
     TrainSummary                           sum_;
     dist::CommTally                        eval_comm_;   // evaluation's collectives, left out
@@ -199,10 +200,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     check_inputs();
     MB_    = static_cast<int>(cfg.micro_batch(P_));
     accum_ = cfg.grad_accum_steps(P_);
-    if (writer_) {
-        std::ofstream f(cfg.train.run_dir + "/config.toml");
-        f << to_toml(cfg);
-    }
+    if (writer_) write_run_file(cfg.train.run_dir + "/config.toml", to_toml(cfg));
     build_model(cfg);
     inputs_.resize(static_cast<size_t>(MB_) * T_);
     targets_.resize(inputs_.size());
@@ -225,7 +223,7 @@ void Trainer::check_inputs() {
         validate_micro_batch(cfg_, P_);
         loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
         ds_     = data::load_dataset(cfg_);
-        if (writer_) prepare_run_dir(cfg_, opt_.force, resume_);
+        if (writer_) run_dir_lock_ = prepare_run_dir(cfg_, opt_.force, resume_);
     } catch (const InputError& e) {
         error = e.what();
     }
@@ -299,13 +297,12 @@ void Trainer::resume() {
         if (writer_) log::info("no checkpoint in {}: training from the start", ckpt_->root());
         return;
     }
-    start_step_             = rp->step;
-    const nlohmann::json& c = rp->state.at("sampler");
-    loader_->set_cursor({c.at("epoch").get<int64_t>(), c.at("position").get<int64_t>()});
-    if (rp->state.contains("loss_scale")) {  // absent in checkpoints of FP32 runs' first format
-        const nlohmann::json& ls = rp->state.at("loss_scale");
-        scaler_.restore(ls.at("scale").get<double>(), ls.at("clean_steps").get<int64_t>());
-        optimizer_->set_steps_skipped(rp->state.at("steps_skipped").get<int64_t>());
+    start_step_            = rp->step;
+    const TrainerState& ts = rp->trainer;
+    loader_->set_cursor({ts.epoch, ts.position});
+    if (ts.has_loss_scale) {  // absent in checkpoints of FP32 runs' first format
+        scaler_.restore(ts.loss_scale, ts.clean_steps);
+        optimizer_->set_steps_skipped(ts.steps_skipped);
     }
     if (writer_) log::info("resumed from {} (step {})", rp->dir, start_step_);
 }
@@ -314,15 +311,10 @@ void Trainer::resume() {
 void Trainer::open_metrics() {
     const std::string metrics_path = cfg_.train.run_dir + "/metrics.jsonl";
     if (writer_ && start_step_ > 0) trim_metrics(metrics_path, start_step_);
-    if (writer_) {
-        metrics_.open(metrics_path, start_step_ > 0 ? std::ios::app : std::ios::trunc);
-        if (!metrics_) throw InputError(cfg_.train.run_dir + "/metrics.jsonl: cannot write");
-    }
+    if (writer_) metrics_.open(metrics_path, start_step_ > 0);
 }
 
-void Trainer::emit(const nlohmann::json& j) {
-    if (writer_) metrics_ << j.dump() << "\n" << std::flush;
-}
+void Trainer::emit(const nlohmann::json& j) { metrics_.write(j); }
 
 // ---- step ----
 

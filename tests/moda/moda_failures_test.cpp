@@ -5,6 +5,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "../common/run_command.h"
@@ -86,6 +91,46 @@ TEST_F(MoDaFailureTest, RankKilledMidRunEndsTheJobWithinSeconds) {
     EXPECT_NE(rc, 0) << read_file(dir / "kill.log");
     EXPECT_NE(rc, 124) << "the job hung until timeout";
     EXPECT_LE(seconds, 15) << read_file(dir / "kill.log");
+}
+
+TEST_F(MoDaFailureTest, ShardChangedUnderTheJobEndsEveryRankWithinSeconds) {
+    // Overwritten in place with an id >= vocab (every rank reads: data.readers = 0), and
+    // truncated (rank 0 reads for both: data.readers = 1). Every rank must end within 5 s of
+    // the change, with one message and status 2, never a signal.
+    for (const int readers : {0, 1}) {
+        const std::string run = fmt::format("changed{}", readers);
+        auto job = std::async(std::launch::async, [&] {
+            return mpirun(fmt::format(
+                "-np 2 {}", args(run, fmt::format("--set train.steps=100000 --set train.log_every=1 "
+                                                  "--set train.eval_every=0 --set data.readers={}",
+                                                  readers))));
+        });
+        bool started = false;
+        for (int i = 0; i < 600 && !started; ++i) {
+            started = read_file(dir / (run + "/metrics.jsonl")).find("\"loss\"") != std::string::npos;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        ASSERT_TRUE(started) << job.get().output;
+        if (readers == 0) {
+            std::fstream f(dir / "train.bin", std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(data::kTokenFileHeaderBytes);
+            const std::vector<uint16_t> body(4000, 300);
+            f.write(reinterpret_cast<const char*>(body.data()), static_cast<std::streamsize>(body.size() * 2));
+        } else {
+            std::filesystem::resize_file(dir / "train.bin", data::kTokenFileHeaderBytes + 10);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        ASSERT_EQ(job.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+        const double        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const CommandResult r = job.get();
+        std::printf("data.readers = %d: the job ended %.2f s after the change\n", readers, s);
+        EXPECT_LT(s, 5.0) << r.output;
+        EXPECT_EQ(r.status, 2) << r.output;
+        const std::string needle = readers == 0 ? "vocab_size 128" : "was truncated";
+        EXPECT_EQ(count(r.output, needle), 1u) << r.output;
+        EXPECT_EQ(count(r.output, "bagualu: error:"), 1u) << r.output;
+        SetUp();  // a fresh train.bin for the next case
+    }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <fstream>
 #include <map>
 #include <set>
@@ -139,6 +140,10 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
     m.expert_parallel = static_cast<int>(ep);
     const auto& files = f.at(j, "files", "");
     if (!files.is_array()) input_error("{}: files must be an array", source);
+    if (files.size() != static_cast<size_t>(ranks)) {  // every rank writes one shard file
+        input_error("{}: layout ranks = {} but files lists {} shard file(s) (one per rank)", source,
+                    ranks, files.size());
+    }
     // tensor -> sorted ranges, to find overlaps and shape disagreements
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
     std::map<std::string, std::vector<int64_t>>                     shapes;
@@ -218,6 +223,37 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     if (ec) input_error("{}: cannot rename into place: {}", path, ec.message());
 }
 
+Manifest read_manifest(const std::string& dir) {
+    const std::string path = dir + "/" + kManifestName;
+    std::error_code   ec;
+    const auto        st = fs::status(path, ec);
+    if (st.type() == fs::file_type::not_found) {
+        input_error("{}: missing (an incomplete or foreign checkpoint)", path);
+    }
+    // A directory, FIFO or device in its place: refused before opening (a FIFO would block).
+    if (!fs::is_regular_file(st)) input_error("{}: is not a regular file", path);
+    nlohmann::json j;
+    {
+        std::ifstream in(path);
+        if (!in) input_error("{}: cannot open", path);
+        try {
+            j = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+            input_error("{}: invalid JSON: {}", path, e.what());
+        }
+    }
+    Manifest m = manifest_from_json(j, path);
+    // What the manifest records must agree with where it sits.
+    fs::path where = fs::path(dir).lexically_normal();
+    if (where.filename().empty()) where = where.parent_path();  // "step_00000040/"
+    if (const std::optional<int64_t> named = parse_step_dir_name(where.filename().string());
+        named && *named != m.step) {
+        input_error("{}: step = {} but the checkpoint directory is named for step {}", path,
+                    m.step, *named);
+    }
+    return m;
+}
+
 struct CheckpointReader::Files {
     std::mutex                                    mutex;
     std::vector<std::unique_ptr<SafetensorsFile>> open;  // by file index; null until first used
@@ -229,23 +265,15 @@ CheckpointReader::~CheckpointReader()                                      = def
 
 CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes)
     : dir_(dir), files_(std::make_unique<Files>()) {
-    const std::string path = dir + "/" + kManifestName;
-    if (!fs::exists(path)) input_error("{}: missing (an incomplete or foreign checkpoint)", path);
-    nlohmann::json j;
-    {
-        std::ifstream in(path);
-        try {
-            j = nlohmann::json::parse(in);
-        } catch (const nlohmann::json::exception& e) {
-            input_error("{}: invalid JSON: {}", path, e.what());
-        }
-    }
-    manifest_ = manifest_from_json(j, path);
+    manifest_ = read_manifest(dir);
+    std::error_code ec;
     for (const FileRecord& f : manifest_.files) {
         const std::string fp = dir + "/" + f.name;
-        std::error_code   ec;
-        const auto        size = fs::file_size(fp, ec);
-        if (ec) input_error("{}: missing shard file", fp);
+        const auto        fst = fs::status(fp, ec);
+        if (fst.type() == fs::file_type::not_found) input_error("{}: missing shard file", fp);
+        if (!fs::is_regular_file(fst)) input_error("{}: is not a regular file (a shard file)", fp);
+        const auto size = fs::file_size(fp, ec);
+        if (ec) input_error("{}: cannot read shard file: {}", fp, ec.message());
         if (size != f.bytes) input_error("{}: {} bytes, manifest says {} (truncated?)", fp, size, f.bytes);
         if (verify_hashes && file_xxh64(fp) != f.xxh64) {
             input_error("{}: checksum mismatch (xxh64 {} expected {}): corrupted", fp, hex64(file_xxh64(fp)), hex64(f.xxh64));
@@ -300,15 +328,28 @@ void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t en
 
 std::string step_dir(const std::string& root, int64_t step) { return fmt::format("{}/step_{:08d}", root, step); }
 
+std::optional<int64_t> parse_step_dir_name(const std::string& name) {
+    constexpr size_t kDigits = 8;
+    if (name.size() != 5 + kDigits || name.rfind("step_", 0) != 0) return std::nullopt;
+    int64_t step = 0;
+    for (size_t i = 5; i < name.size(); ++i) {
+        if (name[i] < '0' || name[i] > '9') return std::nullopt;
+        step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
 std::vector<std::string> list_complete(const std::string& root) {
     std::vector<std::pair<int64_t, std::string>> found;
     std::error_code                              ec;
     if (!fs::is_directory(root, ec)) return {};
     for (const auto& e : fs::directory_iterator(root, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("step_", 0) != 0 || name.size() != 13 || !e.is_directory()) continue;
-        if (!fs::exists(e.path() / kManifestName)) continue;
-        found.emplace_back(std::stoll(name.substr(5)), e.path().string());
+        const std::optional<int64_t> step = parse_step_dir_name(e.path().filename().string());
+        // Real directories only: a symlinked step_* is never followed (nor pruned through).
+        std::error_code lec;
+        if (!step || !fs::is_directory(e.symlink_status(lec))) continue;
+        if (!fs::exists(e.path() / kManifestName, lec)) continue;
+        found.emplace_back(*step, e.path().string());
     }
     std::sort(found.begin(), found.end(), std::greater<>());
     std::vector<std::string> out;
@@ -334,6 +375,10 @@ void prune(const std::string& root, int keep) {
     const std::vector<std::string> all = list_complete(root);
     for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
         std::error_code ec;
+        // list_complete gives real directories directly under root; checked again right here,
+        // so that nothing outside root is ever deleted (remove and remove_all delete a link
+        // inside, not its target).
+        if (fs::is_symlink(all[i], ec)) continue;
         fs::remove(fs::path(all[i]) / kManifestName, ec);  // incomplete first, so a crash mid-delete is safe
         fs::remove_all(all[i], ec);
     }

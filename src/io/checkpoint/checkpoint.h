@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -59,6 +60,10 @@ nlohmann::json manifest_to_json(const Manifest& m);
 // Strict: every field present and typed; slice ranges inside their shapes; no two slices of a
 // tensor overlap. Throws InputError naming `source` and the offending field.
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& source);
+// Reads and validates dir/manifest.json: a regular file (a FIFO or directory in its place is
+// refused before opening), valid JSON, manifest_from_json's checks, and a step that agrees with
+// dir's name when dir is named step_NNNNNNNN. Throws InputError naming the file.
+Manifest read_manifest(const std::string& dir);
 // Writes dir/manifest.json atomically (the completion marker: write it last).
 void write_manifest(const std::string& dir, const Manifest& m);
 
@@ -92,11 +97,15 @@ class CheckpointReader {
 
 // ---- directories of checkpoints: <root>/step_00000040 ----
 std::string step_dir(const std::string& root, int64_t step);
-// Complete checkpoints (with a manifest) under root, newest first.
+// N for a name "step_" followed by exactly 8 digits; nullopt for any other name.
+std::optional<int64_t> parse_step_dir_name(const std::string& name);
+// Complete checkpoints (with a manifest) under root, newest first: real directories named by
+// step_dir (symbolic links and other names are ignored).
 std::vector<std::string> list_complete(const std::string& root);
 // Moves tmp_dir to final_dir (fsyncing the parent), replacing nothing: final_dir must not exist.
 void commit(const std::string& tmp_dir, const std::string& final_dir);
-// Deletes complete checkpoints beyond the newest `keep` (keep <= 0: keeps all).
+// Deletes complete checkpoints beyond the newest `keep` (keep <= 0: keeps all). Never follows
+// a symbolic link and never deletes anything outside root.
 void prune(const std::string& root, int keep);
 // xxhash64 of a whole file.
 uint64_t file_xxh64(const std::string& path);

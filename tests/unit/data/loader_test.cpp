@@ -1,4 +1,4 @@
-// The data loader over memory-mapped shards: shard resolution and window numbering (uneven
+// The data loader over token shards read with pread: shard resolution and window numbering (uneven
 // shards, windows never crossing a file), the reader groups, and the global order: for P = 1..8
 // simulated ranks, rank r's micro-batch k is windows [k MB P + r MB, ... + MB) of the one-rank
 // sampler, so every rank gets distinct windows, each epoch is covered exactly once, and epoch
@@ -8,7 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
 
@@ -82,6 +86,37 @@ TEST(TokenShards, ErrorsNameTheFileOrTheSpec) {
     dir.write("bad/a.bin", std::string(2000, 'x'));
     expect_input_error([&] { TokenShards::open(dir.path("bad"), "data.train", kVocab, kT); },
                        {"a.bin", "magic"});
+}
+
+// A shard changed after open: each window is checked as it is read. part_00 (uint16) holds
+// windows 0-4 and part_02 (uint32) windows 5-18; part_02's tokens 27..83 start at byte 1024.
+TEST(TokenShards, WindowsOfAFileChangedAfterOpenAreCheckedAsTheyAreRead) {
+    TempDir           dir;
+    const std::string root = write_shards(dir);
+    const TokenShards s    = TokenShards::open(root, "data.train", kVocab, kT);
+    std::vector<int32_t> w(kT + 1);
+    {
+        std::fstream f(root + "/part_02.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(kTokenFileHeaderBytes + 4 * 9);  // token 9 of part_02: window 7's second token
+        const uint32_t bad = 0xFFFFFFFFu;
+        f.write(reinterpret_cast<const char*>(&bad), 4);
+    }
+    s.read_window(6, w.data());  // untouched windows still read
+    EXPECT_EQ(w[0], 27 + 4);
+    expect_input_error([&] { s.read_window(7, w.data()); },
+                       {"part_02.bin", "token 4294967295", "position 9", "changed"});
+    std::filesystem::resize_file(root + "/part_00.bin", kTokenFileHeaderBytes + 2 * 10);
+    s.read_window(1, w.data());  // tokens 4..8: still there
+    expect_input_error([&] { s.read_window(2, w.data()); }, {"part_00.bin", "truncated"});
+}
+
+TEST(TokenShards, FilesThatAreNotRegularAreRefused) {
+    TempDir dir;
+    ASSERT_EQ(::mkfifo(dir.path("fifo.bin").c_str(), 0600), 0);
+    expect_input_error([&] { TokenShards::open(dir.path("fifo.bin"), "data.train", kVocab, kT); },
+                       {"fifo.bin", "a FIFO"});
+    expect_input_error([&] { TokenShards::open("/dev/null", "data.train", kVocab, kT); },
+                       {"/dev/null", "a character device"});
 }
 
 TEST(ReaderGroups, ContiguousGroupsLedByTheirFirstRank) {
