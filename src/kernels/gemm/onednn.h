@@ -2,7 +2,8 @@
 // compute pool: C is cut into one static slice per pool thread (rows, or columns when C is wide)
 // and every thread executes a single-threaded primitive on its slice. oneDNN's own OpenMP
 // threads are never started this way, so nothing spins against our pinned workers; where the
-// CPU has AMX, oneDNN picks its AMX kernels (brg:avx512_core_amx_bf16) by itself.
+// CPU has AMX, oneDNN picks its AMX kernels (brg:avx512_core_amx_bf16) by itself. Side effect:
+// the OpenMP thread count (a per-thread setting) of every thread that ran a call stays 1.
 // Primitives are created once per (slice shape, strides, alpha, beta) and kept in a bounded,
 // thread-safe cache. For a fixed thread count the slices are fixed, so results are bitwise the
 // same run to run; they differ from our kernels' (another summation order).
