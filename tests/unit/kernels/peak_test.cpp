@@ -19,7 +19,9 @@ TEST(Peak, PositiveAndBf16NotBelowF32) {
         bf16 = std::max(bf16, measure_peak_gflops_bf16(0.05));
     }
     EXPECT_GT(f32, 0.1);
-    EXPECT_GT(bf16, 0.5 * f32);  // equal (same loop) or about 2x (vdpbf16ps), with timing noise
+    // Equal (the same loop, no AVX512_BF16), about 2x (vdpbf16ps on Zen 4) or about 0.5x (on
+    // Intel Xeons with AMX, 245 against 492 GFLOP/s measured): 0.25x leaves room for noise.
+    EXPECT_GT(bf16, 0.25 * f32);
 }
 
 TEST(Peak, AmxTilesBeatDotProducts) {
