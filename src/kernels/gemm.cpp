@@ -115,8 +115,7 @@ bool path_supported(Path p) {
     switch (p) {
         case Path::avx2: return cpu_features().avx2_fma;
         case Path::avx512: return cpu_features().avx512;
-        case Path::onednn:
-        case Path::automatic: return onednn::available();
+        case Path::onednn: return onednn::available();  // auto: ours where oneDNN is not
         default: return true;
     }
 }

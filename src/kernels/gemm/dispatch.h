@@ -1,7 +1,8 @@
 // Which GEMM implementation gemm_f32/gemm_bf16 use. Chosen once at first use: BGL_GEMM=
 // ref|generic|avx2|avx512|openblas|onednn|auto if set (an unknown or unsupported name is an
 // error), otherwise the best of ours this CPU supports. "auto" picks per shape between the best
-// of ours and oneDNN (gemm/choice.h). Tests and benchmarks may switch it.
+// of ours and oneDNN (gemm/choice.h); it runs anywhere, on ours alone where oneDNN has no native
+// matmul. Tests and benchmarks may switch it.
 #pragma once
 
 namespace bagualu::kernels::gemm {
