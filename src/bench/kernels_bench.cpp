@@ -1,14 +1,20 @@
-// Kernel benchmark: peak, then GEMM GFLOP/s (2 M N K flops per call) of ours vs oneDNN
-// (dnnl_sgemm; bf16 through a matmul primitive, skipped when oneDNN only has its reference
-// implementation for this CPU) and OpenBLAS (cblas_sgemm; this OpenBLAS has no bf16 GEMM).
-// Each library gets the compute pool's thread count; libraries are timed one after another with
-// a pause between, so one's spinning workers do not steal the next one's cores. Last, the
-// experts' grouped GEMM: one grouped call against a loop of gemm_f32 over skewed experts.
+// Kernel benchmark: peaks, then GEMM GFLOP/s (2 M N K flops per call) of the best of our kernels,
+// oneDNN's matmul primitive as our "onednn" backend runs it (single-threaded primitives on the
+// compute pool, gemm/onednn.h), the same primitive run the way a standalone program runs it
+// (oneDNN's own OpenMP threads) inside this process and, with --standalone-check, in a child
+// process forked before this one has started any OpenMP thread, and OpenBLAS (cblas_sgemm; this
+// OpenBLAS has no bf16 GEMM). Each gets the compute pool's thread count; they are timed one
+// after another with a pause between, so one's spinning workers do not steal the next one's
+// cores. Last, the experts' grouped GEMM: one grouped call against a loop of gemm_f32.
 #include "bench/kernels_bench.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,7 +28,10 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/gemm/onednn.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/peak.h"
 
@@ -38,8 +47,9 @@ using Shape = GemmShape;
 struct Row {
     Shape                 s;
     const char*           dtype;
-    double                ours = 0.0;
-    std::optional<double> onednn, openblas;
+    double                ours = 0.0;  // the best of our kernels
+    // oneDNN: our backend (on the pool), its own OpenMP threads here and in a child process.
+    std::optional<double> onednn, onednn_omp, onednn_standalone, openblas;
 };
 
 const char* trans_name(const Shape& s) {
@@ -97,25 +107,49 @@ Operands make_operands(const Shape& s) {
     return o;
 }
 
-// oneDNN bf16 x bf16 -> f32 matmul with the strides of our row-major operands; nullopt when
-// oneDNN cannot run it natively on this CPU.
-std::optional<double> onednn_bf16(const Shape& s, Operands& o, int repeats) {
+// The calling thread may run on every CPU of the process while it lives; then pinned back. OpenMP
+// threads inherit the mask of the thread that starts them: started from our main thread, pinned
+// to one core, oneDNN's whole team would share that core.
+class WholeMask {
+   public:
+    WholeMask() {
+        pthread_getaffinity_np(pthread_self(), sizeof(saved_), &saved_);
+        cpu_set_t all;
+        CPU_ZERO(&all);
+        for (int c : allowed_cpus()) CPU_SET(c, &all);
+        pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
+    }
+    ~WholeMask() { pthread_setaffinity_np(pthread_self(), sizeof(saved_), &saved_); }
+    WholeMask(const WholeMask&)            = delete;
+    WholeMask& operator=(const WholeMask&) = delete;
+
+   private:
+    cpu_set_t saved_;
+};
+
+// oneDNN's matmul primitive on its own OpenMP threads (`threads` of them), as a standalone
+// program runs it: f32 or bf16 inputs, f32 C, with the strides of our row-major operands;
+// nullopt when oneDNN has only its reference implementation for this CPU.
+std::optional<double> onednn_omp(const Shape& s, bool bf16, Operands& o, int repeats, int threads) {
     try {
+        set_openmp_threads(threads);
         using dt = dnnl::memory::data_type;
+        const dt     in = bf16 ? dt::bf16 : dt::f32;
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         dnnl::stream strm(eng);
         const dnnl::memory::dims a_strides =
             s.ta == Trans::N ? dnnl::memory::dims{o.lda, 1} : dnnl::memory::dims{1, o.lda};
         const dnnl::memory::dims b_strides =
             s.tb == Trans::N ? dnnl::memory::dims{o.ldb, 1} : dnnl::memory::dims{1, o.ldb};
-        const dnnl::memory::desc a_md({s.m, s.k}, dt::bf16, a_strides);
-        const dnnl::memory::desc b_md({s.k, s.n}, dt::bf16, b_strides);
+        const dnnl::memory::desc a_md({s.m, s.k}, in, a_strides);
+        const dnnl::memory::desc b_md({s.k, s.n}, in, b_strides);
         const dnnl::memory::desc c_md({s.m, s.n}, dt::f32, dnnl::memory::dims{o.ldc, 1});
         const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
         if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) return std::nullopt;
-        dnnl::matmul      mm(pd);
-        dnnl::memory      a(a_md, eng, o.A16.data()), b(b_md, eng, o.B16.data());
-        dnnl::memory      c(c_md, eng, o.C.data());
+        dnnl::matmul mm(pd);
+        void*        a_data = bf16 ? static_cast<void*>(o.A16.data()) : o.A.data();
+        void*        b_data = bf16 ? static_cast<void*>(o.B16.data()) : o.B.data();
+        dnnl::memory a(a_md, eng, a_data), b(b_md, eng, b_data), c(c_md, eng, o.C.data());
         return time_gflops(s, repeats, [&] {
             mm.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
             strm.wait();
@@ -125,38 +159,107 @@ std::optional<double> onednn_bf16(const Shape& s, Operands& o, int repeats) {
     }
 }
 
-std::vector<Row> run_shape(const Shape& s, int repeats) {
-    Operands   o = make_operands(s);
-    const char ta = s.ta == Trans::N ? 'N' : 'T', tb = s.tb == Trans::N ? 'N' : 'T';
+// Sets the active GEMM path for its lifetime.
+class PathScope {
+   public:
+    explicit PathScope(kernels::gemm::Path p) : saved_(kernels::gemm::active_path()) {
+        kernels::gemm::set_active_path(p);
+    }
+    ~PathScope() { kernels::gemm::set_active_path(saved_); }
+    PathScope(const PathScope&)            = delete;
+    PathScope& operator=(const PathScope&) = delete;
+
+   private:
+    kernels::gemm::Path saved_;
+};
+
+std::vector<Row> run_shape(const Shape& s, int repeats, int threads) {
+    using kernels::gemm::Path;
+    Operands   o   = make_operands(s);
     const auto cta = s.ta == Trans::N ? CblasNoTrans : CblasTrans;
     const auto ctb = s.tb == Trans::N ? CblasNoTrans : CblasTrans;
-
-    Row f32{s, "f32", 0.0, std::nullopt, std::nullopt};
-    f32.ours = time_gflops(s, repeats, [&] {
+    const bool dnnl = kernels::gemm::path_supported(Path::onednn);
+    const auto f32  = [&] {
         kernels::gemm_f32(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb,
-                          0.0f, o.C.data(), o.ldc);
-    });
-    settle();
-    f32.onednn = time_gflops(s, repeats, [&] {
-        dnnl_sgemm(ta, tb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb, 0.0f,
-                   o.C.data(), o.ldc);
-    });
-    settle();
-    f32.openblas = time_gflops(s, repeats, [&] {
+                           0.0f, o.C.data(), o.ldc);
+    };
+    const auto b16 = [&] {
+        kernels::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A16.data(), o.lda, o.B16.data(),
+                           o.ldb, 0.0f, o.C.data(), o.ldc);
+    };
+
+    Row rf{s, "f32", 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+    Row rb{s, "bf16", 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+    {
+        PathScope ours(kernels::gemm::best_path());
+        rf.ours = time_gflops(s, repeats, f32);
+        settle();
+        rb.ours = time_gflops(s, repeats, b16);
+        settle();
+    }
+    if (dnnl) {
+        PathScope onednn(Path::onednn);
+        rf.onednn = time_gflops(s, repeats, f32);
+        settle();
+        if (kernels::gemm::onednn::bf16_available()) rb.onednn = time_gflops(s, repeats, b16);
+        settle();
+    }
+    {
+        WholeMask whole;
+        rf.onednn_omp = onednn_omp(s, false, o, repeats, threads);
+        settle();
+        rb.onednn_omp = onednn_omp(s, true, o, repeats, threads);
+        settle();
+    }
+    rf.openblas = time_gflops(s, repeats, [&] {
         cblas_sgemm(CblasRowMajor, cta, ctb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(),
                     o.ldb, 0.0f, o.C.data(), o.ldc);
     });
     settle();
+    return {rf, rb};
+}
 
-    Row b16{s, "bf16", 0.0, std::nullopt, std::nullopt};
-    b16.ours = time_gflops(s, repeats, [&] {
-        kernels::gemm_bf16(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A16.data(), o.lda, o.B16.data(),
-                           o.ldb, 0.0f, o.C.data(), o.ldc);
-    });
-    settle();
-    b16.onednn = onednn_bf16(s, o, repeats);
-    settle();
-    return {f32, b16};
+// The oneDNN-on-OpenMP rate of every (shape, f32 then bf16) in a child process that starts from
+// this one before any OpenMP thread exists here, with the process's whole CPU mask and none of
+// our pool's threads (fork copies only the calling thread). This process waits meanwhile.
+std::vector<std::optional<double>> standalone_rates(const std::vector<Shape>& shapes, int repeats,
+                                                    int threads) {
+    std::vector<std::optional<double>> out(shapes.size() * 2);
+    int                                fds[2];
+    if (pipe(fds) != 0) return out;
+    const pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return out;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        cpu_set_t all;
+        CPU_ZERO(&all);
+        for (int c : allowed_cpus()) CPU_SET(c, &all);
+        sched_setaffinity(0, sizeof(all), &all);
+        for (const Shape& s : shapes) {
+            Operands o = make_operands(s);
+            for (bool bf16 : {false, true}) {
+                const std::optional<double> r = onednn_omp(s, bf16, o, repeats, threads);
+                const double v = r ? *r : -1.0;
+                if (write(fds[1], &v, sizeof v) != ssize_t(sizeof v)) _exit(1);
+                settle();
+            }
+        }
+        _exit(0);  // no destructors: the pool's threads do not exist in the child
+    }
+    close(fds[1]);
+    for (auto& r : out) {
+        double v = -1.0;
+        if (read(fds[0], &v, sizeof v) != ssize_t(sizeof v)) break;
+        if (v >= 0.0) r = v;
+    }
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return out;
 }
 
 std::string cell(const std::optional<double>& v) {
@@ -281,20 +384,35 @@ std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batc
 
 int run_kernels_bench(const KernelsBenchOptions& opts) {
     const int threads = compute_pool().size();
-    set_openmp_threads(threads);
     openblas_set_num_threads(threads);
     const int repeats = std::max(1, opts.repeats);
-
-    const double peak_f32  = kernels::measure_peak_gflops_f32(1.0);
-    const double peak_bf16 = kernels::measure_peak_gflops_bf16(1.0);
 
     std::vector<Shape> shapes;
     for (int n : opts.squares) shapes.push_back({"square", n, n, n, Trans::N, Trans::N});
     for (const Shape& s : opts.model_shapes) shapes.push_back(s);
+    std::erase_if(shapes,
+                  [&](const Shape& s) { return s.name.find(opts.filter) == std::string::npos; });
+    // First, while no OpenMP thread exists in this process.
+    std::vector<std::optional<double>> alone;
+    if (opts.standalone_check) alone = standalone_rates(shapes, repeats, threads);
+
+    const kernels::CpuFeatures& cpu       = kernels::cpu_features();
+    const double                peak_f32  = kernels::measure_peak_gflops_f32(1.0);
+    const double                peak_dot  = kernels::measure_peak_gflops_bf16(1.0);
+    const double                peak_amx  = kernels::measure_peak_gflops_amx_bf16(1.0);
+    const double                peak_bf16 = std::max(peak_dot, peak_amx);
+    const std::string           half      = kernels::half_precision_features();
+    const std::string bf16_impl = kernels::gemm::onednn::impl_name(true, 512, 512, 512);
+    const std::string f32_impl  = kernels::gemm::onednn::impl_name(false, 512, 512, 512);
+
     std::vector<Row> rows;
-    for (const Shape& s : shapes) {
-        if (s.name.find(opts.filter) == std::string::npos) continue;
-        for (const Row& r : run_shape(s, repeats)) rows.push_back(r);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        std::vector<Row> pair = run_shape(shapes[i], repeats, threads);
+        if (!alone.empty()) {
+            pair[0].onednn_standalone = alone[2 * i];
+            pair[1].onednn_standalone = alone[2 * i + 1];
+        }
+        for (const Row& r : pair) rows.push_back(r);
     }
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
     std::string                   counts;
@@ -302,14 +420,23 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (int e = 0; e < kGroupedE; ++e) {
         counts += fmt::format("{}{}", e ? " " : "", off[size_t(e) + 1] - off[size_t(e)]);
     }
+    const std::string ours_name = kernels::gemm::path_name(kernels::gemm::best_path());
 
     if (opts.json) {
         nlohmann::json out;
-        out["backend"]          = kernels::gemm_backend_name();
-        out["threads"]          = threads;
-        out["peak_fp32_gflops"] = peak_f32;
-        out["peak_bf16_gflops"] = peak_bf16;
-        out["gemm"]             = nlohmann::json::array();
+        out["backend"]              = kernels::gemm_backend_name();
+        out["ours"]                 = ours_name;
+        out["threads"]              = threads;
+        out["cpu_model"]            = cpu.model;
+        out["half_features"]        = half;
+        out["onednn_version"]       = kernels::gemm::onednn::version();
+        out["onednn_f32_impl"]      = f32_impl;
+        out["onednn_bf16_impl"]     = bf16_impl;
+        out["peak_fp32_gflops"]     = peak_f32;
+        out["peak_bf16_dot_gflops"] = peak_dot;
+        out["peak_amx_bf16_gflops"] = peak_amx;
+        out["peak_bf16_gflops"]     = peak_bf16;
+        out["gemm"]                 = nlohmann::json::array();
         for (const Row& r : rows) {
             out["gemm"].push_back({{"name", r.s.name},
                                    {"m", r.s.m},
@@ -319,6 +446,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                    {"dtype", r.dtype},
                                    {"ours_gflops", r.ours},
                                    {"onednn_gflops", to_json(r.onednn)},
+                                   {"onednn_omp_gflops", to_json(r.onednn_omp)},
+                                   {"onednn_standalone_gflops", to_json(r.onednn_standalone)},
                                    {"openblas_gflops", to_json(r.openblas)}});
         }
         out["grouped_gemm"] = nlohmann::json::array();
@@ -333,16 +462,29 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         fmt::print("{}\n", out.dump(2));
         return 0;
     }
-    fmt::print("gemm backend {}, {} threads, median of {}\n", kernels::gemm_backend_name(),
-               threads, repeats);
-    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s\n", peak_f32, peak_bf16);
-    fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>6} {:>6}\n", "gemm", "m",
-               "n", "k", "op", "dtype", "ours", "onednn", "openblas", "/peak", "/dnnl");
+    fmt::print("cpu {}; 16-bit features: {}\n", cpu.model, half.empty() ? "none" : half);
+    fmt::print("gemm backend {}, ours = {}, {} threads, median of {}; oneDNN {} ({}, {})\n",
+               kernels::gemm_backend_name(), ours_name, threads, repeats,
+               kernels::gemm::onednn::version(), f32_impl, bf16_impl);
+    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s (vdpbf16ps {:.1f}, AMX {})\n",
+               peak_f32, peak_bf16, peak_dot,
+               peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
+    fmt::print("dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "
+               "threads in this process; alone: in a child process (--standalone-check)\n");
+    fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} "
+               "{:>6}\n",
+               "gemm", "m", "n", "k", "op", "dtype", "ours", "dnnl", "omp", "alone", "openblas",
+               "/peak", "/dnnl", "omp/al");
     for (const Row& r : rows) {
         const double peak = r.dtype == std::string("f32") ? peak_f32 : peak_bf16;
-        fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {:6.2f} {}\n", r.s.name, r.s.m,
-                   r.s.n, r.s.k, trans_name(r.s), r.dtype, r.ours, cell(r.onednn), cell(r.openblas),
-                   r.ours / peak, ratio(r.ours, r.onednn));
+        const std::string omp_alone =
+            r.onednn_omp && r.onednn_standalone && *r.onednn_standalone > 0
+                ? fmt::format("{:6.2f}", *r.onednn_omp / *r.onednn_standalone)
+                : fmt::format("{:>6}", "-");
+        fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {} {} {:6.2f} {} {}\n",
+                   r.s.name, r.s.m, r.s.n, r.s.k, trans_name(r.s), r.dtype, r.ours,
+                   cell(r.onednn), cell(r.onednn_omp), cell(r.onednn_standalone),
+                   cell(r.openblas), r.ours / peak, ratio(r.ours, r.onednn), omp_alone);
     }
     fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE,
                kGroupedC, kGroupedF, counts);

@@ -1,9 +1,13 @@
-// `bagualu bench kernels`: measured FP32/BF16 peak, then GEMM throughput of ours, oneDNN and
-// OpenBLAS on squares (NN) and the given model shapes, each the median over `repeats` timed runs
-// with the same thread count (the compute pool's). Prints a table, or one JSON object with
-// json = true: backend, threads, peak_fp32_gflops, peak_bf16_gflops and gemm: a list of
-// {name, m, n, k, trans, dtype, ours_gflops, onednn_gflops, openblas_gflops} (null: not
-// available), then grouped_gemm: one grouped call vs a loop of gemm_f32 over 8 Zipf-skewed
+// `bagualu bench kernels`: the CPU, its 16-bit features and measured FP32/BF16 peaks (BF16: the
+// better of vdpbf16ps and AMX), then GEMM throughput of ours, oneDNN and OpenBLAS on squares
+// (NN) and the given model shapes, each the median over `repeats` timed runs with the same
+// thread count (the compute pool's). Prints a table, or one JSON object with json = true:
+// backend, ours, threads, cpu_model, half_features, onednn_version, onednn_f32_impl,
+// onednn_bf16_impl, peak_fp32_gflops, peak_bf16_dot_gflops, peak_amx_bf16_gflops (0: no AMX),
+// peak_bf16_gflops and gemm: a list of {name, m, n, k, trans, dtype, ours_gflops, onednn_gflops
+// (our onednn backend), onednn_omp_gflops (oneDNN on its OpenMP threads, in this process),
+// onednn_standalone_gflops (the same in a child process; with standalone_check),
+// openblas_gflops} (null: not available), then grouped_gemm: one grouped call vs a loop of gemm_f32 over 8 Zipf-skewed
 // experts at the default model's shape, {product, experts, tokens_per_expert, grouped_gflops,
 // loop_gflops, grouped_over_loop}.
 #pragma once
@@ -28,6 +32,7 @@ struct KernelsBenchOptions {
     std::vector<int>       squares = {512, 1024, 2048};  // m = n = k, NN
     std::vector<GemmShape> model_shapes;
     std::string            filter;  // run only GEMMs whose name contains it ("" = all)
+    bool                   standalone_check = false;  // oneDNN also in a child process
 };
 
 // The GEMMs of one training step of model m on micro-batches of micro_batch sequences

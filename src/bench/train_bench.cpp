@@ -13,9 +13,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "bench/kernels_bench.h"
 #include "core/thread_pool.h"
 #include "kernels/dispatch.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/choice.h"
+#include "kernels/gemm/dispatch.h"
 #include "kernels/peak.h"
 #include "core/phase_timer.h"
 #include "core/proc_memory.h"
@@ -24,6 +28,38 @@
 namespace bagualu::bench {
 
 namespace {
+
+// The backend each GEMM of a training step ran on, per phase (after the steps): under
+// BGL_GEMM=auto the choice recorded for its shape and dtype (absent: that dtype was not called
+// at that shape), otherwise the active path; the experts' grouped GEMM is always ours.
+nlohmann::json gemm_backends(const TrainConfig& cfg) {
+    namespace g    = kernels::gemm;
+    const g::Path active = g::active_path();
+    const bool    automatic = active == g::Path::automatic;
+    const g::Path grouped = active == g::Path::onednn || automatic ? g::best_path() : active;
+    nlohmann::json out = nlohmann::json::array();
+    for (const GemmShape& s :
+         training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()))) {
+        const bool expert = s.name.rfind("expert", 0) == 0;
+        const char* phase = expert                                  ? "experts"
+                            : s.name.rfind("mlp", 0) == 0           ? "mlp"
+                            : s.name.rfind("lm head", 0) == 0       ? "lm_head"
+                                                                    : "attention";
+        nlohmann::json e = {{"phase", phase}, {"gemm", s.name}, {"m", s.m}, {"n", s.n}, {"k", s.k}};
+        for (bool bf16 : {false, true}) {
+            const char* dtype = bf16 ? "bf16" : "f32";
+            if (expert) {
+                e[dtype] = g::path_name(grouped);
+            } else if (!automatic) {
+                e[dtype] = g::path_name(active);
+            } else if (const auto p = g::choice_table().find({bf16, s.ta, s.tb, s.m, s.n, s.k})) {
+                e[dtype] = g::path_name(*p);
+            }
+        }
+        out.push_back(e);
+    }
+    return out;
+}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -167,6 +203,9 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["threads_per_rank"]     = compute_pool().size();
         j["gemm_backend"]         = kernels::gemm_backend_name();
         j["kernels"]              = kernels::dispatch().describe();
+        j["cpu_model"]            = kernels::cpu_features().model;
+        j["half_features"]        = kernels::half_precision_features();
+        j["gemm_backends"]        = gemm_backends(cfg);
         j["steps"]                = o.steps;
         j["warmup"]               = o.warmup;
         j["tokens_per_step"]      = tokens_per_step;

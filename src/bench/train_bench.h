@@ -1,7 +1,9 @@
 // `bagualu bench train`: times real training steps (run_training in its dry-run mode: nothing is
 // written) and reports tokens/s, model FLOP/s, MFU against the measured fp32 peak, peak resident
 // memory (VmHWM) per rank, and the step time split by phase (core/phase_timer.h). Collective
-// over par->world(); rank 0 prints a table or one JSON object. Step times are rank 0's.
+// over par->world(); rank 0 prints a table or one JSON object. Step times are rank 0's. The JSON
+// also names the CPU (cpu_model, half_features: its 16-bit features) and, per GEMM of a step
+// (gemm_backends: phase, gemm, m, n, k, f32, bf16), the backend that GEMM ran on.
 // With compare_overlap it instead times the same steps with parallel.overlap_grad_reduce off and
 // on, alternating runs, and reports the median step time of each and their ratio.
 #pragma once

@@ -295,6 +295,7 @@ int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
     o.json         = b.json;
     if (b.repeats > 0) o.repeats = b.repeats;
     o.filter       = b.filter;
+    o.standalone_check = b.standalone_check;
     o.model_shapes = bench::training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()));
     return bench::run_kernels_bench(o);
 }

@@ -50,6 +50,7 @@ struct BenchArgs {
     bool                     json    = false;
     int                      repeats = 0;   // kernels, comm; 0: the benchmark's default
     std::string              filter;        // kernels: only GEMMs whose name contains it
+    bool                     standalone_check = false;  // kernels: oneDNN also in a child process
     std::vector<std::string> sizes;         // comm: MIN MAX message sizes, e.g. 4K 64M
     int64_t                  steps  = 10;   // train: timed steps
     int64_t                  warmup = 2;    // train: untimed steps first

@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber)->default_str("5");
     bench_kernels->add_option("--filter", ba.filter,
                               "Only GEMMs whose name contains this, e.g. square, qkv, \"lm head\"");
+    bench_kernels->add_flag("--standalone-check", ba.standalone_check,
+                            "Also time oneDNN in a child process without our thread pool");
     bench_kernels->add_flag("--json", ba.json, "Print one JSON object");
     auto* bench_comm = bench->add_subcommand(
         "comm", "All-to-all and reduce-scatter + all-gather bandwidth (run under mpirun)");

@@ -1,8 +1,14 @@
 // CPUID probing. __builtin_cpu_supports covers OS support (XCR0) for AVX and AVX-512 state;
-// AVX512_BF16 is CPUID leaf 7, sub-leaf 1, EAX bit 5, which older compilers do not name.
+// the newer features are read from CPUID directly, which older compilers do not name:
+// AVX512_BF16 leaf 7 sub-leaf 1 EAX bit 5; AMX-BF16, AVX512_FP16, AMX-TILE leaf 7 sub-leaf 0
+// EDX bits 22, 23, 24; the tile state is usable when XCR0 bits 17 and 18 are set.
 #include "kernels/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
 
 namespace bagualu::kernels {
 
@@ -15,6 +21,36 @@ bool cpuid_avx512_bf16() {
     return (eax >> 5) & 1u;
 }
 
+unsigned cpuid7_edx() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return 0;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    return edx;
+}
+
+// XCR0 through xgetbv, when the OS has enabled it (CPUID.1:ECX.OSXSAVE, bit 27).
+unsigned long long xcr0() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __cpuid(1, eax, ebx, ecx, edx);
+    if (!((ecx >> 27) & 1u)) return 0;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+
+std::string brand_string() {
+    unsigned regs[12] = {};
+    if (__get_cpuid_max(0x80000000u, nullptr) < 0x80000004u) return "unknown";
+    for (unsigned i = 0; i < 3; ++i) {
+        __cpuid(0x80000002u + i, regs[4 * i], regs[4 * i + 1], regs[4 * i + 2], regs[4 * i + 3]);
+    }
+    char buf[49] = {};
+    std::memcpy(buf, regs, 48);
+    std::string s(buf);
+    const size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
+    return b == std::string::npos ? "unknown" : s.substr(b, e - b + 1);
+}
+
 CpuFeatures probe() {
     __builtin_cpu_init();
     CpuFeatures f;
@@ -22,7 +58,12 @@ CpuFeatures probe() {
     f.avx512   = f.avx2_fma && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512dq");
-    f.avx512_bf16 = f.avx512 && cpuid_avx512_bf16();
+    f.avx512_bf16   = f.avx512 && cpuid_avx512_bf16();
+    const unsigned edx = cpuid7_edx();
+    f.avx512_fp16   = f.avx512 && ((edx >> 23) & 1u);
+    const bool tile_state = (xcr0() & (3ull << 17)) == (3ull << 17);
+    f.amx_bf16 = ((edx >> 22) & 1u) && ((edx >> 24) & 1u) && tile_state;
+    f.model    = brand_string();
     return f;
 }
 
@@ -31,6 +72,29 @@ CpuFeatures probe() {
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = probe();
     return features;
+}
+
+bool request_amx() {
+    static const bool granted = [] {
+        if (!cpu_features().amx_bf16) return false;
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return granted;
+}
+
+std::string half_precision_features() {
+    const CpuFeatures& f = cpu_features();
+    std::string        out;
+    const auto add = [&](bool on, const char* name) {
+        if (!on) return;
+        if (!out.empty()) out += ' ';
+        out += name;
+    };
+    add(f.avx512_bf16, "avx512_bf16");
+    add(f.amx_bf16, "amx_bf16");
+    add(f.avx512_fp16, "avx512_fp16");
+    return out;
 }
 
 }  // namespace bagualu::kernels

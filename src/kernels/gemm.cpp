@@ -1,21 +1,28 @@
 // gemm_f32 / gemm_bf16 entry points and the choice of implementation (see gemm/dispatch.h).
 // Ours are the packed kernels of gemm/ (avx512, avx2, generic) and the naive ref/; "openblas"
-// calls cblas_sgemm (and cblas_sbgemm for bf16).
+// calls cblas_sgemm (and cblas_sbgemm for bf16); "onednn" runs oneDNN's matmul on our pool
+// (gemm/onednn.h); "auto" picks per shape between the best of ours and oneDNN (gemm/choice.h).
 #include "kernels/gemm.h"
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 #include <vector>
 
 #include "core/error.h"
+#include "core/function_ref.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/driver.h"
 #include "kernels/gemm/kernels.h"
+#include "kernels/gemm/onednn.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace bagualu::kernels {
@@ -24,8 +31,8 @@ namespace gemm {
 
 namespace {
 
-constexpr Path kAllPaths[] = {Path::ref, Path::generic, Path::avx2, Path::avx512,
-                              Path::openblas};
+constexpr Path kAllPaths[] = {Path::ref,      Path::generic, Path::avx2,     Path::avx512,
+                              Path::openblas, Path::onednn,  Path::automatic};
 
 Path initial_path() {
     const char* env = std::getenv("BGL_GEMM");
@@ -36,7 +43,7 @@ Path initial_path() {
             return p;
         }
     }
-    input_error("BGL_GEMM={}: expected ref, generic, avx2, avx512 or openblas", env);
+    input_error("BGL_GEMM={}: expected ref, generic, avx2, avx512, openblas, onednn or auto", env);
 }
 
 std::atomic<Path>& path_slot() {
@@ -98,6 +105,8 @@ const char* path_name(Path p) {
         case Path::avx2: return "avx2";
         case Path::avx512: return "avx512";
         case Path::openblas: return "openblas";
+        case Path::onednn: return "onednn";
+        case Path::automatic: return "auto";
     }
     return "?";
 }
@@ -106,6 +115,7 @@ bool path_supported(Path p) {
     switch (p) {
         case Path::avx2: return cpu_features().avx2_fma;
         case Path::avx512: return cpu_features().avx512;
+        case Path::onednn: return onednn::available();  // auto: ours where oneDNN is not
         default: return true;
     }
 }
@@ -125,36 +135,96 @@ void set_active_path(Path p) {
 
 }  // namespace gemm
 
+namespace gemm {
+
+namespace {
+
+void f32_on(Path p, Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) {
+    if (p == Path::ref) {
+        ref::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else if (p == Path::openblas) {
+        openblas_threads();
+        cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B,
+                    ldb, beta, C, ldc);
+    } else if (p == Path::onednn) {
+        onednn::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        gemm_packed(f32_spec(p), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+void bf16_on(Path p, Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+             const bf16* B, int ldb, float beta, float* C, int ldc) {
+    if (p == Path::ref) {
+        ref::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else if (p == Path::openblas) {
+        openblas_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else if (p == Path::onednn && onednn::bf16_available()) {
+        onednn::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        // onednn without a native bf16 matmul on this CPU: the best of ours.
+        const Path q = p == Path::onednn ? best_path() : p;
+        gemm_packed(bf16_spec(q), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+// BGL_GEMM=auto: the recorded choice for this shape, or the faster of the best of ours and
+// oneDNN, each timed on the real operands into a scratch C (one warm-up call, then up to three
+// timed; only one when a call takes over 0.1 s), recorded for the rest of the process.
+Path choose(const GemmKey& key, FunctionRef<void(Path, float*, int)> run) {
+    if (const std::optional<Path> p = choice_table().find(key)) return *p;
+    const Path ours = best_path();
+    Path       best = ours;
+    if (key.bf16 ? onednn::bf16_available() : onednn::available()) {
+        std::vector<float> scratch(size_t(key.m) * size_t(key.n), 0.0f);
+        const auto         seconds = [&](Path p) {
+            using clock       = std::chrono::steady_clock;
+            const auto call   = [&] {
+                const auto t0 = clock::now();
+                run(p, scratch.data(), key.n);
+                return std::chrono::duration<double>(clock::now() - t0).count();
+            };
+            const double first = call();
+            if (first > 0.1) return first;
+            double fastest = std::numeric_limits<double>::infinity();
+            for (int r = 0; r < 3; ++r) fastest = std::min(fastest, call());
+            return fastest;
+        };
+        if (seconds(Path::onednn) < seconds(ours)) best = Path::onednn;
+    }
+    choice_table().set(key, best);
+    return best;
+}
+
+}  // namespace
+
+}  // namespace gemm
+
 void gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
               const float* B, int ldb, float beta, float* C, int ldc) {
     BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
     if (M == 0 || N == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref) {
-        ref::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    } else if (p == gemm::Path::openblas) {
-        gemm::openblas_threads();
-        cblas_sgemm(CblasRowMajor, gemm::cblas_trans(ta), gemm::cblas_trans(tb), M, N, K, alpha,
-                    A, lda, B, ldb, beta, C, ldc);
-    } else {
-        gemm::gemm_packed(gemm::f32_spec(p), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                          ldc);
+    gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::automatic) {
+        p = gemm::choose({false, ta, tb, M, N, K}, [&](gemm::Path q, float* c, int ldc_q) {
+            gemm::f32_on(q, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c, ldc_q);
+        });
     }
+    gemm::f32_on(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
                const bf16* B, int ldb, float beta, float* C, int ldc) {
     BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
     if (M == 0 || N == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref) {
-        ref::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    } else if (p == gemm::Path::openblas) {
-        gemm::openblas_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    } else {
-        gemm::gemm_packed(gemm::bf16_spec(p), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                          ldc);
+    gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::automatic) {
+        p = gemm::choose({true, ta, tb, M, N, K}, [&](gemm::Path q, float* c, int ldc_q) {
+            gemm::bf16_on(q, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c, ldc_q);
+        });
     }
+    gemm::bf16_on(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 std::string gemm_backend_name() { return gemm::path_name(gemm::active_path()); }

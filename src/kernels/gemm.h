@@ -2,9 +2,11 @@
 //   C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C
 // op(X) is X or X^T. lda/ldb/ldc are row strides (elements) of A, B and C as stored.
 // When beta == 0, C is not read (it may hold NaN). Runs on the compute pool, so call it from
-// outside pool jobs (not inside parallel_for); results do not depend on the thread count.
+// outside pool jobs (not inside parallel_for).
 // The implementation is chosen once at run time from the CPU, or forced with the environment
-// variable BGL_GEMM=ref|generic|avx2|avx512|openblas (see gemm_backend_name()).
+// variable BGL_GEMM=ref|generic|avx2|avx512|openblas|onednn|auto (see gemm/dispatch.h and
+// gemm_backend_name()). Results of ours do not depend on the thread count; onednn and auto give
+// bitwise-equal results for a fixed thread count (and, for auto, a fixed choice table).
 #pragma once
 #include <string>
 
@@ -22,7 +24,7 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
                const bf16* B, int ldb, float beta, float* C, int ldc);
 
 // Name of the implementation gemm_f32/gemm_bf16 dispatch to ("avx512", "avx2", "generic",
-// "ref" or "openblas").
+// "ref", "openblas", "onednn" or "auto").
 std::string gemm_backend_name();
 
 }  // namespace bagualu::kernels

@@ -3,7 +3,10 @@
 // Both forms run on the compute pool as (group, rows, columns) rectangles that the threads take
 // as they come free: a group with many rows is split, an empty group costs nothing. Never split
 // over the reduction dimension, so results do not depend on the thread count, and each group's
-// result is bitwise what gemm_f32 gives for it alone. Call from outside pool jobs, as gemm_f32.
+// result is bitwise what gemm_f32 gives for it alone. Under BGL_GEMM=onednn or auto it runs the
+// best of our kernels (gemm::best_path()), so bitwise what gemm_f32 gives on that path: expert
+// row counts change every step, and neither a primitive nor a timing per count would pay.
+// Call from outside pool jobs, as gemm_f32.
 #pragma once
 #include <cstddef>
 #include <cstdint>

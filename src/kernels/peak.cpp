@@ -72,6 +72,12 @@ double measure(PeakLoop loop, double seconds) {
 
 }  // namespace
 
+double measure_peak_gflops_amx_bf16(double seconds) {
+    if (!request_amx()) return 0.0;
+    // Every worker thread loads its tile configuration in each call and releases it after.
+    return measure({avx512::tile_loop_bf16, avx512::kTileLoopBf16Flops}, seconds);
+}
+
 double measure_peak_gflops_f32(double seconds) { return measure(f32_loop(), seconds); }
 
 double measure_peak_gflops_bf16(double seconds) {

@@ -13,4 +13,7 @@ double measure_peak_gflops_f32(double seconds);
 // CPU has AVX512_BF16. Elsewhere bf16 GEMM runs on float FMAs, so this returns the f32 peak.
 double measure_peak_gflops_bf16(double seconds);
 
+// Same for AMX-BF16 tiles (tdpbf16ps); 0 when the CPU or the OS has no AMX.
+double measure_peak_gflops_amx_bf16(double seconds);
+
 }  // namespace bagualu::kernels

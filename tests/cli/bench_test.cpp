@@ -4,6 +4,7 @@
 // Kept fast: the tiny config, one repeat, two timed steps on token shards written directly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -24,20 +25,30 @@ nlohmann::json json_of(const std::string& output) {
 
 TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     const CommandResult r = bagualu(
-        "bench kernels --json --repeats 1 --config configs/tiny.toml --filter \"qkv\"");
+        "bench kernels --json --repeats 1 --config configs/tiny.toml --filter \"qkv\" "
+        "--standalone-check");
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);
-    for (const char* key : {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm"}) {
+    for (const char* key : {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm",
+                            "cpu_model", "half_features", "onednn_version",
+                            "peak_bf16_dot_gflops", "peak_amx_bf16_gflops"}) {
         EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_GT(j["peak_fp32_gflops"].get<double>(), 0.0);
+    // The 16-bit peak is the better of the dot-product loop and AMX.
+    EXPECT_EQ(j["peak_bf16_gflops"].get<double>(),
+              std::max(j["peak_bf16_dot_gflops"].get<double>(),
+                       j["peak_amx_bf16_gflops"].get<double>()));
     ASSERT_EQ(j["gemm"].size(), 6u);  // qkv fwd, dinp, dw in f32 and bf16
     bool qkv_fwd = false, qkv_dw = false;
     for (const auto& g : j["gemm"]) {
         for (const char* key : {"name", "m", "n", "k", "trans", "dtype", "ours_gflops",
-                                "onednn_gflops", "openblas_gflops"}) {
+                                "onednn_gflops", "onednn_omp_gflops", "onednn_standalone_gflops",
+                                "openblas_gflops"}) {
             EXPECT_TRUE(g.contains(key)) << key;
         }
+        // With --standalone-check the child's number is there wherever oneDNN ran here.
+        EXPECT_EQ(g["onednn_omp_gflops"].is_null(), g["onednn_standalone_gflops"].is_null());
         EXPECT_GT(g["ours_gflops"].get<double>(), 0.0);
         // tiny: micro-batch 4 x 64 tokens = 256 rows, d_model 64
         if (g["name"] == "qkv fwd" && g["dtype"] == "f32") {
@@ -66,8 +77,14 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);  // nothing but the JSON on stdout
     for (const char* key : {"tokens_per_s", "mfu", "model_gflops", "peak_gflops", "peak_rss_mb",
-                            "phases"}) {
+                            "phases", "cpu_model", "half_features", "gemm_backends"}) {
         ASSERT_TRUE(j.contains(key)) << key;
+    }
+    // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend.
+    ASSERT_FALSE(j["gemm_backends"].empty());
+    for (const auto& g : j["gemm_backends"]) {
+        EXPECT_TRUE(g.contains("phase") && g.contains("gemm")) << g.dump();
+        EXPECT_EQ(g["f32"], j["gemm_backend"]) << g.dump();
     }
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
     EXPECT_GT(j["mfu"].get<double>(), 0.0);
@@ -114,6 +131,16 @@ TEST(BenchCli, IoReportsWriteAndReadRatiosAndCleansUp) {
     ASSERT_EQ(table.status, 0) << table.output;
     EXPECT_NE(table.output.find("write ratio checkpoint/plain:"), std::string::npos) << table.output;
     EXPECT_NE(table.output.find("read ratio checkpoint/plain:"), std::string::npos) << table.output;
+}
+
+TEST(BenchCli, UnknownGemmBackendIsOneLineExitTwo) {
+    const CommandResult r = run_command(std::string("cd ") + BGL_SOURCE_DIR + " && BGL_GEMM=turbo " +
+                                        BGL_BINARY + " bench kernels --repeats 1 --filter qkv");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("BGL_GEMM=turbo"), std::string::npos) << r.output;
+    std::string line = r.output;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    EXPECT_EQ(line.find('\n'), std::string::npos) << r.output;
 }
 
 TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {

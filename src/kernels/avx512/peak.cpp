@@ -1,6 +1,9 @@
 // AVX-512 peak loops: 16 independent zmm accumulators, updated with FMA (float) or vdpbf16ps
-// (bf16 pairs into float lanes).
+// (bf16 pairs into float lanes); and the AMX-BF16 loop, compiled for AMX by function attribute
+// so that nothing else in this file may use it.
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "kernels/peak_loops.h"
 
@@ -46,6 +49,60 @@ void dot_loop_bf16(uint64_t iters, float* sink) {
         for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
     }
     *sink = sum_lanes(acc);
+}
+
+namespace {
+
+// The tile configuration of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+    uint8_t  palette_id = 1;
+    uint8_t  start_row  = 0;
+    uint8_t  reserved[14]{};
+    uint16_t colsb[16]{};
+    uint8_t  rows[16]{};
+};
+
+}  // namespace
+
+__attribute__((target("amx-tile,amx-bf16"))) void tile_loop_bf16(uint64_t iters, float* sink) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t]  = 16;
+    }
+    // A tiles hold 2^-7, B tiles 1.0 (bf16 0x3c00, 0x3f80): sums stay finite and normal.
+    alignas(64) uint16_t a[16 * 32], b[16 * 32];
+    alignas(64) float    c[16 * 16];
+    for (int i = 0; i < 16 * 32; ++i) {
+        a[i] = 0x3c00;
+        b[i] = 0x3f80;
+    }
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b, 64);
+    for (uint64_t it = 0; it < iters; ++it) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float total = 0.0f;
+    _tile_stored(0, c, 64);
+    total += c[0];
+    _tile_stored(1, c, 64);
+    total += c[1];
+    _tile_stored(2, c, 64);
+    total += c[2];
+    _tile_stored(3, c, 64);
+    total += c[3];
+    _tile_release();
+    *sink = total;
 }
 
 }  // namespace bagualu::kernels::avx512

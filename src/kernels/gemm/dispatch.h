@@ -1,17 +1,20 @@
 // Which GEMM implementation gemm_f32/gemm_bf16 use. Chosen once at first use: BGL_GEMM=
-// ref|generic|avx2|avx512|openblas if set (an unknown or unsupported name is an error),
-// otherwise the best of ours this CPU supports. Tests and benchmarks may switch it.
+// ref|generic|avx2|avx512|openblas|onednn|auto if set (an unknown or unsupported name is an
+// error), otherwise the best of ours this CPU supports. "auto" picks per shape between the best
+// of ours and oneDNN (gemm/choice.h); it runs anywhere, on ours alone where oneDNN has no native
+// matmul. Tests and benchmarks may switch it.
 #pragma once
 
 namespace bagualu::kernels::gemm {
 
-enum class Path { ref, generic, avx2, avx512, openblas };
+enum class Path { ref, generic, avx2, avx512, openblas, onednn, automatic };
 
 struct KernelSpec;
 
+// "ref", ..., "onednn", "auto".
 const char* path_name(Path p);
 bool        path_supported(Path p);
-// The fastest of ours (never openblas or ref) the CPU supports.
+// The fastest of ours (never openblas, onednn or ref) the CPU supports.
 Path best_path();
 Path active_path();
 // Throws InternalError when p is not supported on this CPU.
