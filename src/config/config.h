@@ -17,7 +17,7 @@ struct ModelConfig {
     int         n_layer       = 4;     // L
     int         n_head        = 4;     // NH
     int         seq_len       = 128;   // T (also the number of learned positions)
-    int         d_ff          = 768;   // H: hidden width of dense MLPs and of each expert
+    int         d_ff          = 768;   // F: hidden width of dense MLPs and of each expert
     int         n_experts     = 8;     // E
     int         top_k         = 2;     // K
     int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../common/run_command.h"
+#include "../common/token_shards.h"
 #include "data/token_file.h"
 
 namespace bagualu::testing {
@@ -15,10 +16,7 @@ namespace {
 class BadInputTest : public ::testing::Test {
    protected:
     void SetUp() override {
-        std::vector<int32_t> tokens(2000);
-        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
-        data::write_token_file(dir / "train.bin", tokens, 128);
-        data::write_token_file(dir / "val.bin", tokens, 128);
+        write_small_shards(dir);
         base = "train --config configs/tiny.toml --run-dir " + (dir / "run") +
                " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
                " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" +

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../common/run_command.h"
+#include "../common/token_shards.h"
 #include "data/token_file.h"
 
 namespace bagualu::testing {
@@ -34,10 +35,7 @@ constexpr int kEndsWithinS = 5;
 class FaultTest : public ::testing::Test {
    protected:
     void SetUp() override {
-        std::vector<int32_t> tokens(2000);
-        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
-        data::write_token_file(dir / "train.bin", tokens, 128);
-        data::write_token_file(dir / "val.bin", tokens, 128);
+        write_small_shards(dir);
     }
     // `train` on the tiny model over dir's shards into dir/run (or `run`).
     std::string train(const std::string& extra, const std::string& run = "run") const {

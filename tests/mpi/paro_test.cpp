@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "dist/parallel.h"
+#include "../common/paro_layout.h"
 #include "mpi_world.h"
 #include "dist/paro/optimizer.h"
 #include "dist/paro/partitioned_adamw.h"
@@ -19,26 +20,13 @@
 namespace bagualu::dist::paro {
 namespace {
 
-// Dense and "local expert" tensors interleaved, sizes not multiples of 16.
-model::ParamLayout layout_for_test() {
-    model::ParamLayout l;
-    l.add("wte", {97, 13}, true);
-    l.add("ln.weight", {13}, false);
-    l.add("experts.0.w", {41, 13}, true, true);
-    l.add("experts.0.b", {41}, false, true);
-    l.add("proj.weight", {13, 29}, true);
-    l.add("experts.1.w", {41, 13}, true, true);
-    l.add("ln_f.bias", {13}, false);
-    return l;
-}
-
 TEST(Paro, MatchesReplicatedAdamW) {
     dist::Comm& w = dist::test_world();
     const int   P = w.size();
     for (int ep = 1; ep <= P; ++ep) {
         if (P % ep != 0) continue;
         dist::ParallelContext    par(w, ep, false);
-        const model::ParamLayout l = layout_for_test();
+        const model::ParamLayout l = testing::paro_test_layout();
         const size_t             n = l.total_floats();
         const optim::AdamWHyper  hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
         TrainConfig              cfg;
