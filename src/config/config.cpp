@@ -34,6 +34,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("model", "capacity_factor", c.model.capacity_factor);
     v("model", "jitter", c.model.jitter);
     v("model", "init_std", c.model.init_std);
+    v("model", "moe_rows_budget", c.model.moe_rows_budget);
+    v("model", "route_override", c.model.route_override);
 
     v("train", "batch_size", c.train.batch_size);
     v("train", "micro_batch_size", c.train.micro_batch_size);
@@ -280,6 +282,15 @@ void validate(const TrainConfig& c) {
     }
     if (!(m.jitter >= 0 && m.jitter < 1)) input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
+    if (!(m.moe_rows_budget >= 0)) {
+        input_error("{}: model.moe_rows_budget = {}: must be >= 0 (0 = unbounded)", src,
+                    m.moe_rows_budget);
+    }
+    if (m.route_override != "none" && m.route_override != "one_expert" &&
+        m.route_override != "one_rank" && m.route_override != "zipf") {
+        input_error("{}: model.route_override = \"{}\": expected none, one_expert, one_rank or zipf",
+                    src, m.route_override);
+    }
 
     const TrainSection& t = c.train;
     positive("train.batch_size", t.batch_size);
