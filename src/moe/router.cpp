@@ -16,7 +16,7 @@ namespace bagualu::moe {
 
 namespace {
 // randomness streams
-constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3;
+constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3, kZipfStream = 4;
 }  // namespace
 
 GateKind parse_gate(const std::string& name) {
@@ -26,6 +26,15 @@ GateKind parse_gate(const std::string& name) {
     if (name == "noisy") return GateKind::noisy;
     if (name == "swipe") return GateKind::swipe;
     input_error("model.gate = \"{}\": expected one of topk, switch, gshard, noisy, swipe", name);
+}
+
+RouteOverride parse_route_override(const std::string& name) {
+    if (name == "none") return RouteOverride::none;
+    if (name == "one_expert") return RouteOverride::one_expert;
+    if (name == "one_rank") return RouteOverride::one_rank;
+    if (name == "zipf") return RouteOverride::zipf;
+    input_error("model.route_override = \"{}\": expected one of none, one_expert, one_rank, zipf",
+                name);
 }
 
 double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
@@ -154,6 +163,36 @@ void Router::swipe_rounds(int N) {
     }
 }
 
+void Router::override_routes(int N, int64_t tok0) {
+    const int El = E_ / (par_ ? par_->ep_size() : 1), span = std::max(El, K_);
+    std::vector<double> w(static_cast<size_t>(E_));
+    for (int64_t t = 0; t < N; ++t) {
+        int32_t* sel = selected_.data() + t * K_;
+        if (gate_.route_override == RouteOverride::one_expert) {
+            for (int k = 0; k < K_; ++k) sel[k] = k;
+        } else if (gate_.route_override == RouteOverride::one_rank) {
+            for (int k = 0; k < K_; ++k) sel[k] = static_cast<int32_t>((tok0 + t + k) % span);
+        } else {
+            for (int e = 0; e < E_; ++e) w[static_cast<size_t>(e)] = 1.0 / (e + 1);
+            for (int k = 0; k < K_; ++k) {
+                double total = 0;
+                for (double x : w) total += x;
+                double u = total * routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kZipfStream,
+                                                   tok0 + t, k);
+                int e = 0;
+                while (e < E_ - 1 && (w[static_cast<size_t>(e)] == 0 || u >= w[static_cast<size_t>(e)])) {
+                    u -= w[static_cast<size_t>(e)];
+                    ++e;
+                }
+                while (w[static_cast<size_t>(e)] == 0) --e;  // rounding at the end of the range
+                sel[k]                      = e;
+                w[static_cast<size_t>(e)] = 0;
+            }
+        }
+        for (int k = 0; k < K_; ++k) expert_idx_[t * K_ + k] = sel[k];
+    }
+}
+
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
     n_          = N;
     const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
@@ -214,6 +253,12 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
             reassigned_[t * K_ + k] = 0;
             ++topk_counts[static_cast<size_t>(e)];
         }
+    }
+    if (gate_.route_override != RouteOverride::none) {
+        override_routes(N, tok0);
+        std::fill(topk_counts.begin(), topk_counts.end(), 0);
+        for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i)
+            ++topk_counts[static_cast<size_t>(selected_[i])];
     }
     if (swipe) {
         swipe_rounds(N);

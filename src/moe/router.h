@@ -18,12 +18,23 @@ enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
 // "topk", "switch", "gshard", "noisy", "swipe"; InputError for anything else.
 GateKind parse_gate(const std::string& name);
 
+// For tests and benchmarks (model.route_override): the routing choice forced, the gate's
+// probabilities over the forced experts computed as usual (so gradients flow). Token t is the
+// global token index. SWIPE in training re-chooses its tokens, so it overrides this.
+//   one_expert: slot k -> expert k (every token on the same K experts)
+//   one_rank:   slot k -> expert (t + k) mod max(El, K), El = E / EP: the experts of EP rank 0
+//   zipf:       K distinct experts drawn, without replacement, with P(e) ~ 1 / (e + 1)
+enum class RouteOverride { none, one_expert, one_rank, zipf };
+// "none", "one_expert", "one_rank", "zipf"; InputError for anything else.
+RouteOverride parse_route_override(const std::string& name);
+
 struct GateConfig {
     GateKind kind          = GateKind::topk;
     double capacity_factor = 1.0;  // switch, gshard: capacity = ceil(cf * N_total * K / E)
     double jitter          = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
     int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
     int layer              = 0;    // index of the MoE layer: a randomness stream
+    RouteOverride route_override = RouteOverride::none;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -71,6 +82,8 @@ class Router {
 
    private:
     void swipe_rounds(int N);
+    // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
+    void override_routes(int N, int64_t tok0);
     void capacity_rounds(int N);
 
     int C_, E_, K_;
