@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "core/error.h"
 
@@ -95,38 +96,62 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     // receive EP * E
     par_.ep().alltoallv_bytes(mine_.data(), count_counts_, count_displs_, counts_.data(),
                               count_counts_, count_displs_, sizeof(int64_t));
-    // tell each source s where its rows start in each local expert's sequence (the rows of
-    // sources before it come first) and the expert's total: 2 E int64 in and out per rank
-    for (int e = 0; e < El_; ++e) {
-        int64_t start = 0, total = 0;
-        for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
-        for (int s = 0; s < ep_size_; ++s) {
-            const size_t i      = 2 * static_cast<size_t>(s * El_ + e);
-            starts_out_[i]      = start;
-            starts_out_[i + 1]  = total;
-            start              += counts_[static_cast<size_t>(s * El_ + e)];
-        }
-    }
-    par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
-                              pair_counts_, pair_displs_, sizeof(int64_t));
-    // every rank now knows every expert's total, so it plans every peer's rounds the same way
-    std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
-    rounds_                      = 1;
-    for (int q = 0; q < ep_size_; ++q) {
+    // One round when no rank of the group receives more than the budget: one all-reduce of the
+    // largest receipt (cheaper than an all-to-all over a large group) decides it for all ranks.
+    int64_t most = 0;
+    for (int64_t c : counts_) most += c;
+    par_.ep().allreduce_max(std::span<int64_t>(&most, 1));
+    rounds_ = 1;
+    if (most > budget_) {
+        // tell each source s where its rows start in each local expert's sequence (the rows of
+        // sources before it come first) and the expert's total: 2 E int64 in and out per rank
         for (int e = 0; e < El_; ++e) {
-            totals[static_cast<size_t>(e)] = starts_in_[2 * static_cast<size_t>(q * El_ + e) + 1];
+            int64_t start = 0, total = 0;
+            for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
+            for (int s = 0; s < ep_size_; ++s) {
+                const size_t i      = 2 * static_cast<size_t>(s * El_ + e);
+                starts_out_[i]      = start;
+                starts_out_[i + 1]  = total;
+                start              += counts_[static_cast<size_t>(s * El_ + e)];
+            }
         }
-        RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
-        rr.reset(totals.data(), El_, budget_, block_);
-        rounds_ = std::max(rounds_, rr.rounds());
+        par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
+                                  pair_counts_, pair_displs_, sizeof(int64_t));
+        // every rank now knows every expert's total, so it plans every peer's rounds alike
+        std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
+        for (int q = 0; q < ep_size_; ++q) {
+            for (int e = 0; e < El_; ++e) {
+                totals[static_cast<size_t>(e)] = starts_in_[2 * static_cast<size_t>(q * El_ + e) + 1];
+            }
+            RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
+            rr.reset(totals.data(), El_, budget_, block_);
+            rounds_ = std::max(rounds_, rr.rounds());
+        }
+        BGL_CHECK(rounds_ > 1 && send_staging_.size() > 0, "{} rows over the budget of {} in {} rounds",
+                  most, budget_, rounds_);
     }
-    BGL_CHECK(rounds_ == 1 || send_staging_.size() > 0, "{} rounds with an unbounded budget",
-              rounds_);
     set_round(0);
 }
 
 void TokenDispatcher::set_round(int r) {
     BGL_CHECK(r >= 0 && r < rounds_, "round {} of {}", r, rounds_);
+    if (rounds_ == 1) {  // everything: every row this rank sends, every row it receives
+        round_counts_ = counts_;
+        int64_t off   = 0;
+        for (int q = 0; q < ep_size_; ++q) {
+            int64_t rows = 0;
+            for (int e = q * El_; e < (q + 1) * El_; ++e) {
+                send_first_[static_cast<size_t>(e)] = off + rows;
+                send_rows_[static_cast<size_t>(e)]  = mine_[static_cast<size_t>(e)];
+                rows += mine_[static_cast<size_t>(e)];
+            }
+            send_counts_[static_cast<size_t>(q)] = rows * C_;
+            send_displs_[static_cast<size_t>(q)] = off * C_;
+            off += rows;
+        }
+        set_recv_counts();
+        return;
+    }
     // a peer with fewer rounds than the group has nothing more to receive after its last
     for (RowRounds& rr : peer_rounds_) {
         if (r < rr.rounds()) rr.set_round(r);
@@ -166,7 +191,12 @@ void TokenDispatcher::set_round(int r) {
             start += counts_[i];
         }
     }
-    off = 0;
+    set_recv_counts();
+}
+
+// recv_counts_, recv_displs_ and local_offsets_ from round_counts_.
+void TokenDispatcher::set_recv_counts() {
+    int64_t off = 0;
     for (int s = 0; s < ep_size_; ++s) {
         int64_t rows = 0;
         for (int e = 0; e < El_; ++e) rows += round_counts_[static_cast<size_t>(s * El_ + e)];

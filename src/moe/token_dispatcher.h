@@ -1,9 +1,10 @@
 // Moves routed token rows between the ranks of an expert-parallel group (EP > 1), in the
 // Megatron stages, local steps apart from the communication:
 //   dispatch_preprocess  exchange per-expert counts (all-to-all in the EP group: each peer
-//                        gets the counts of its own experts), send back to every source where
-//                        its rows start in each expert's sequence and the expert's total, and
-//                        cut every rank's received rows into rounds (RowRounds)
+//                        gets the counts of its own experts) and all-reduce the largest receipt;
+//                        only when it exceeds the budget, send back to every source where its
+//                        rows start in each expert's sequence and the expert's total, and cut
+//                        every rank's received rows into rounds (RowRounds)
 //   set_round            the send/recv counts and the local experts' row offsets of one round
 //   token_dispatch       all-to-all: rows of the round for global experts of peer q go to q
 //   dispatch_postprocess reorder received rows from [source][local expert] to
@@ -16,8 +17,8 @@
 // Expert e's rows, in source order, form one sequence (the order of a single round); round r
 // takes the next contiguous piece of it, starting at a multiple of `block` rows, so each
 // expert's rows reach the experts in the same order and weight-gradient blocks whatever the
-// budget. Every rank learns every expert's total, so all agree on the number of rounds without
-// a further collective.
+// budget. Every rank then learns every expert's total, so all agree on the number of rounds
+// without a further collective.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -101,6 +102,7 @@ class TokenDispatcher {
     Buffer<float>          staging_;          // (budget, C), [source][local expert] order
     Buffer<float>          send_staging_;     // (max_rows, C), a round's outgoing rows (rounds > 1)
     Buffer<uint16_t>       send16_, recv16_;  // half payloads, as large as the larger staging
+    void set_recv_counts();
     void gather_send(const float* x_perm);
     void scatter_back(float* y_perm) const;
     void exchange_half(const float* send, const std::vector<int64_t>& send_counts,

@@ -232,16 +232,19 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         }
     }
     if (n_moe > 0 && L.ep > 1) {
-        // TokenDispatcher::dispatch_preprocess: per-expert counts, then each source's start in
-        // every expert's rows and the expert's total; then MoELayer's dispatch in forward and in
+        // TokenDispatcher::dispatch_preprocess: per-expert counts, the all-reduce of the largest
+        // receipt and, only with several rounds, each source's start in every expert's rows
+        // and the expert's total; then MoELayer's dispatch in forward and in
         // backward with GEMM-dtype payloads (half from FFN level O1), combine in both with
         // activation-dtype payloads (half from O2): N*K rows of C values each, the mean over
         // ranks (slots dropped by a capacity gate are not sent: an upper bound there), one call
         // of each per round; with more than one round backward dispatches the tokens again
         // counts: each peer gets its El experts' counts, E int64 sent per rank in all
         add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
-        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, n_moe * A, 2 * E * 8 * n_moe * A);
+        add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_moe * A, 8 * n_moe * A);
         const double rows = N * K * C * n_moe * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
+        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_moe * A,
+            again * 2 * E * 8 * n_moe * A);
         const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
             "ep", L.ep, (2 + again) * Rr * n_moe * A, (2 + again) * rows * elem_bytes(gd));
