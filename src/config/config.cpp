@@ -288,8 +288,9 @@ void validate(const TrainConfig& c) {
     }
     if (m.route_override != "none" && m.route_override != "one_expert" &&
         m.route_override != "one_rank" && m.route_override != "zipf") {
-        input_error("{}: model.route_override = \"{}\": expected none, one_expert, one_rank or zipf",
-                    src, m.route_override);
+        input_error(
+            "{}: model.route_override = \"{}\": expected none, one_expert, one_rank or zipf", src,
+            m.route_override);
     }
 
     const TrainSection& t = c.train;

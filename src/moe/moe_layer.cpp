@@ -18,7 +18,7 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_toke
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
     const int64_t all = max_local_rows(max_tokens, K, ep);
     if (!(rows_budget > 0)) return all;
-    const double want = std::ceil(rows_budget * static_cast<double>(max_tokens * K));
+    const double  want = std::ceil(rows_budget * static_cast<double>(max_tokens * K));
     const int64_t rows = std::max<int64_t>(kernels::kMaxTnDepthBlock,
                                            static_cast<int64_t>(std::min(want, double(all))));
     return std::min(rows, all);
@@ -119,8 +119,9 @@ void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload) {
     for (int e = 0; e < El_; ++e) {
         const size_t i = static_cast<size_t>(e);
         const size_t n = static_cast<size_t>(local_offsets_[i + 1] - local_offsets_[i]);
-        std::memcpy(x_local + static_cast<size_t>(local_offsets_[i]) * C,
-                    x_perm + (static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e))) * C,
+        const size_t row =
+            static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e));
+        std::memcpy(x_local + static_cast<size_t>(local_offsets_[i]) * C, x_perm + row * C,
                     sizeof(float) * n * C);
     }
 }
@@ -135,8 +136,10 @@ void MoELayer::round_out(float* y_perm, const float* y_local, Dtype payload) {
     for (int e = 0; e < El_; ++e) {
         const size_t i = static_cast<size_t>(e);
         const size_t n = static_cast<size_t>(local_offsets_[i + 1] - local_offsets_[i]);
-        std::memcpy(y_perm + (static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e))) * C,
-                    y_local + static_cast<size_t>(local_offsets_[i]) * C, sizeof(float) * n * C);
+        const size_t row =
+            static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e));
+        std::memcpy(y_perm + row * C, y_local + static_cast<size_t>(local_offsets_[i]) * C,
+                    sizeof(float) * n * C);
     }
 }
 
@@ -208,7 +211,9 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                              x_local_.data(), h_.data(), g_.data(), w.experts, offs, El_, C, s_.F,
                              prec_, bias_acc_.data());
             phase.stop();
-            for (int e = 0; e < El_; ++e) had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
+            for (int e = 0; e < El_; ++e) {
+                had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
+            }
             round_out(dx_perm_.data(), dx_local_.data(), prec_.act);
         }
         experts_bias_grad_flush(dw.experts, bias_acc_.data(), had_rows_.data(), El_, C, s_.F);

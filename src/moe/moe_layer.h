@@ -116,7 +116,8 @@ class MoELayer {
     // saved for backward
     Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
     Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
-    Buffer<float>        x_local_, h_, g_, y_local_;        // (R, C) (R, F) (R, F) (R, C), R = budget_
+    // (R, C) (R, F) (R, F) (R, C), R = budget_ rows
+    Buffer<float>        x_local_, h_, g_, y_local_;
     // backward scratch
     Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
 };

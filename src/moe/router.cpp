@@ -180,13 +180,14 @@ void Router::override_routes(int N, int64_t tok0) {
                 double u = total * routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kZipfStream,
                                                    tok0 + t, k);
                 int e = 0;
-                while (e < E_ - 1 && (w[static_cast<size_t>(e)] == 0 || u >= w[static_cast<size_t>(e)])) {
-                    u -= w[static_cast<size_t>(e)];
+                auto at = [&](int i) -> double& { return w[static_cast<size_t>(i)]; };
+                while (e < E_ - 1 && (at(e) == 0 || u >= at(e))) {
+                    u -= at(e);
                     ++e;
                 }
-                while (w[static_cast<size_t>(e)] == 0) --e;  // rounding at the end of the range
-                sel[k]                      = e;
-                w[static_cast<size_t>(e)] = 0;
+                while (at(e) == 0) --e;  // rounding at the end of the range
+                sel[k] = e;
+                at(e)  = 0;
             }
         }
         for (int k = 0; k < K_; ++k) expert_idx_[t * K_ + k] = sel[k];

@@ -121,14 +121,15 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
         std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
         for (int q = 0; q < ep_size_; ++q) {
             for (int e = 0; e < El_; ++e) {
-                totals[static_cast<size_t>(e)] = starts_in_[2 * static_cast<size_t>(q * El_ + e) + 1];
+                const size_t g                 = static_cast<size_t>(q * El_ + e);
+                totals[static_cast<size_t>(e)] = starts_in_[2 * g + 1];
             }
             RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
             rr.reset(totals.data(), El_, budget_, block_);
             rounds_ = std::max(rounds_, rr.rounds());
         }
-        BGL_CHECK(rounds_ > 1 && send_staging_.size() > 0, "{} rows over the budget of {} in {} rounds",
-                  most, budget_, rounds_);
+        BGL_CHECK(rounds_ > 1 && send_staging_.size() > 0,
+                  "{} rows over the budget of {} in {} rounds", most, budget_, rounds_);
     }
     set_round(0);
 }
@@ -267,7 +268,8 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
                                     const std::vector<int64_t>& recv_counts,
                                     const std::vector<int64_t>& recv_displs, Dtype payload) {
     if (send16_.size() == 0) {
-        const size_t n = std::max(staging_.size(), static_cast<size_t>(max_rows_) * static_cast<size_t>(C_));
+        const size_t n =
+            std::max(staging_.size(), static_cast<size_t>(max_rows_) * static_cast<size_t>(C_));
         send16_        = Buffer<uint16_t>(n);
         recv16_        = Buffer<uint16_t>(n);
     }

@@ -58,7 +58,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
                  C = m.d_model, F = m.d_ff, El = E / ep;
     // rows this rank's experts take per round: the budget MoELayer sizes its buffers with
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
-    const double R      = static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+    const double R =
+        static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
     const bool   rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     MoEBytes b;
     double& a = b.activations;

@@ -32,7 +32,9 @@ Steps read(const std::string& path) {
         if (!j.contains("loss")) continue;
         out.loss_norm.emplace_back(j["loss"], j["grad_norm"]);
         for (const auto& layer : j["expert_tokens"]) {
-            for (const auto& n : layer) out.max_expert_rows = std::max<int64_t>(out.max_expert_rows, n);
+            for (const auto& n : layer) {
+                out.max_expert_rows = std::max<int64_t>(out.max_expert_rows, n);
+            }
         }
     }
     return out;
@@ -51,7 +53,8 @@ void run_pair(const TinyRuns& runs, int ep, const std::string& route, const std:
             runs.data_args(), runs.path(run), ep, route, budget, extra);
     };
     const std::string name = fmt::format("ep{}-{}", ep, route);
-    for (auto [run, budget] : {std::pair{name + "-unbounded", 0.0}, std::pair{name + "-256", 1e-6}}) {
+    for (auto [run, budget] :
+         {std::pair{name + "-unbounded", 0.0}, std::pair{name + "-256", 1e-6}}) {
         const CommandResult r = TinyRuns::run_mpi(4, args(run, budget));
         ASSERT_EQ(r.status, 0) << r.output;
     }

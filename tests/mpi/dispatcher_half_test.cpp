@@ -81,8 +81,9 @@ TEST(DispatcherRounds, RoundsDeliverEachExpertsRowsInSourceOrder) {
         d.dispatch(local.data(), x.data());
         for (int e = 0; e < El; ++e) {
             for (int i = d.local_offsets()[e]; i < d.local_offsets()[e + 1]; ++i) {
-                got[static_cast<size_t>(e)].emplace_back(static_cast<int>(local[static_cast<size_t>(i) * C]),
-                                                         static_cast<int>(local[static_cast<size_t>(i) * C + 1]));
+                const float* row = local.data() + static_cast<size_t>(i) * C;
+                got[static_cast<size_t>(e)].emplace_back(static_cast<int>(row[0]),
+                                                         static_cast<int>(row[1]));
             }
         }
         d.combine(back.data(), local.data());

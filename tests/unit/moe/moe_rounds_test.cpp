@@ -119,7 +119,8 @@ LayerResult run_layer(double rows_budget, RouteOverride route, const ExpertPreci
     return r;
 }
 
-void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b,
+                    const std::string& what) {
     ASSERT_EQ(a.size(), b.size()) << what;
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
 }
