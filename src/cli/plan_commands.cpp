@@ -31,7 +31,7 @@ PlanCommands::PlanCommands(CLI::App& app) {
     plan_->add_option("--nodes", nodes_, "Nodes")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_option("--overlap", overlap_, "What-if: fraction f of min(gradient reduction, last backward) hidden (default: as parallel.overlap_grad_reduce does, docs/scale.md)")->check(CLI::Range(0.0, 1.0));
-    plan_->add_option("--capacity-factor", capacity_, "What-if: MoE buffers bounded to this x N x K rows per rank (0 = as implemented, worst case)")->check(CLI::NonNegativeNumber);
+    plan_->add_option("--capacity-factor", capacity_, "What-if: the MoE row budget, this x N x K rows per rank (as model.moe_rows_budget; 0 = the config's)")->check(CLI::NonNegativeNumber);
     plan_->add_flag("--sweep", sweep_, "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
     plan_->add_option("--top", top_, "Layouts listed by --sweep")->check(CLI::PositiveNumber)->capture_default_str();
     plan_->add_flag("--json", json_, "Print one JSON object");

@@ -107,6 +107,12 @@ struct Spelling<Partition> {
     static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
 };
 template <>
+struct Spelling<RouteOverride> {
+    static constexpr RouteOverride values[] = {RouteOverride::none, RouteOverride::one_expert,
+                                               RouteOverride::one_rank, RouteOverride::zipf};
+    static constexpr const char* expected = "\"none\", \"one_expert\", \"one_rank\" or \"zipf\"";
+};
+template <>
 struct Spelling<Resume> {
     static constexpr Resume      values[] = {Resume::never, Resume::automatic};
     static constexpr const char* expected = "\"never\" or \"auto\"";
@@ -347,6 +353,10 @@ void validate(const TrainConfig& c) {
     }
     if (!(m.jitter >= 0 && m.jitter < 1)) input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
+    if (!(m.moe_rows_budget >= 0)) {
+        input_error("{}: model.moe_rows_budget = {}: must be >= 0 (0 = unbounded)", src,
+                    m.moe_rows_budget);
+    }
 
     const TrainSection& t = c.train;
     positive("train.batch_size", t.batch_size);
@@ -504,5 +514,6 @@ template Level     parse_enum<Level>(const std::string&, const std::string&);
 template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
 template Resume    parse_enum<Resume>(const std::string&, const std::string&);
+template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
 
 }  // namespace bagualu

@@ -26,6 +26,15 @@ struct ModelConfig {
     double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double      init_std      = 0.02;
+    // Rows each rank's local experts take per round, as a multiple of the balanced load (the
+    // N*K rows a rank sends); more arriving rows are processed in further rounds through the
+    // same buffers, with bitwise the same results. 0 = unbounded (sized for every routed row
+    // of the EP group). docs/parallelism.md, "Bounded MoE memory".
+    double      moe_rows_budget = 2.0;
+    // For tests and benchmarks only: force the routing choice (the gate's probabilities stay as
+    // computed): "none", "one_expert" (slot k to expert k), "one_rank" (the experts of EP rank
+    // 0), "zipf" (expert ranks drawn with P(i) ~ 1/(i+1)).
+    RouteOverride route_override = RouteOverride::none;
 
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
     int  head_size() const { return d_model / n_head; }
@@ -51,6 +60,8 @@ void visit_model_fields(M& m, V&& v) {
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
     v("init_std", m.init_std, false);
+    v("moe_rows_budget", m.moe_rows_budget, false);
+    v("route_override", m.route_override, false);
 }
 
 struct TrainSection {

@@ -13,6 +13,8 @@ enum class Level { O0, O1, O2, O3 };
 enum class Partition { automatic, on, off };
 // checkpoint.resume: start afresh, or continue from the newest usable checkpoint.
 enum class Resume { never, automatic };
+// model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).
+enum class RouteOverride { none, one_expert, one_rank, zipf };
 
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
@@ -39,5 +41,14 @@ inline const char* name_of(Partition p) {
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
 inline const char* name_of(Dtype d) { return dtype_name(d); }
+inline const char* name_of(RouteOverride r) {
+    switch (r) {
+        case RouteOverride::none: return "none";
+        case RouteOverride::one_expert: return "one_expert";
+        case RouteOverride::one_rank: return "one_rank";
+        case RouteOverride::zipf: return "zipf";
+    }
+    return "?";
+}
 
 }  // namespace bagualu

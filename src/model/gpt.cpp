@@ -226,6 +226,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.virtual_workers = virtual_workers;
+    ms.rows_budget          = cfg.moe_rows_budget;
+    ms.gate.route_override  = cfg.route_override;
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());

@@ -45,9 +45,9 @@ void add_expert_bias(float* out, const float* bias, size_t stride, const int32_t
 
 // dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
 // Each (expert, column block) is summed in double over its rows in order, as linear_backward
-// sums its bias gradient, then added once.
+// sums its bias gradient, then added once; with acc (E, acc_ld) the sums continue there instead.
 void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const int32_t* offsets,
-                          int E, int D) {
+                          int E, int D, double* acc, int acc_ld) {
     const int nblk      = (D + kColBlock - 1) / kColBlock;
     const int64_t units = int64_t{E} * nblk;
     auto body           = [&](int64_t begin, int64_t end) {
@@ -55,13 +55,15 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
             const int e = static_cast<int>(u / nblk), c0 = static_cast<int>(u % nblk) * kColBlock;
             const int w = std::min(kColBlock, D - c0);
             if (offsets[e + 1] == offsets[e]) continue;
-            double acc[kColBlock] = {};
+            double sum[kColBlock] = {};
+            double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
             for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
                 const float* __restrict d = dout + r * D + c0;
-                for (int c = 0; c < w; ++c) acc[c] += double(d[c]);
+                for (int c = 0; c < w; ++c) s[c] += double(d[c]);
             }
+            if (acc) continue;
             float* db = dbias + static_cast<size_t>(e) * stride + c0;
-            for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + acc[c]);
+            for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
         }
     };
     if (int64_t{offsets[E]} * D < kMinParallelWork) {
@@ -93,8 +95,11 @@ void experts_forward(float* y, float* h, float* g, const float* x, const ExpertW
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const float* h, const float* g, const ExpertWeights& w,
-                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec) {
+                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec,
+                      double* bias_acc) {
     const int64_t rows = offsets[E];
+    // bias_acc rows: (F) fc_b then (C) proj_b
+    double* acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t  RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(dy, RC, prec.gemm);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh
@@ -103,7 +108,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
     kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
                                  dw.proj_w_stride);
-    add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C);
+    add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
     (prec.fp64 ? kernels::gelu_backward_f64 : kernels::gelu_backward)(dh, h, dh, RF);
     kernels::round_inplace(dh, RF, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
@@ -113,7 +118,19 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
     kernels::grouped_gemm_tn_f32(E, offsets, F, C, 1.0f, dh, F, x, C, 1.0f, dw.fc_w, C,
                                  dw.fc_w_stride);
-    add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F);
+    add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F, acc_fc, F + C);
+}
+
+void experts_bias_grad_flush(ExpertGrads& dw, const double* bias_acc, const uint8_t* had_rows,
+                             int E, int C, int F) {
+    for (int e = 0; e < E; ++e) {
+        if (!had_rows[e]) continue;
+        const double* a  = bias_acc + static_cast<size_t>(e) * static_cast<size_t>(F + C);
+        float*        fb = dw.fc_b + static_cast<size_t>(e) * dw.fc_b_stride;
+        float*        pb = dw.proj_b + static_cast<size_t>(e) * dw.proj_b_stride;
+        for (int c = 0; c < F; ++c) fb[c] = float(double(fb[c]) + a[c]);
+        for (int c = 0; c < C; ++c) pb[c] = float(double(pb[c]) + a[F + c]);
+    }
 }
 
 }  // namespace bagualu::moe

@@ -34,8 +34,17 @@ void experts_forward(float* y, float* h, float* g, const float* x, const ExpertW
 
 // dx: (rows, C), overwritten. dh: (rows, F) scratch. Parameter grads +=. dy is rounded to
 // prec.gemm in place.
+// bias_acc: nullptr, or (E, F + C) doubles for a backward split over several calls (rounds):
+// the bias gradients' double sums then continue in it (+=) instead of being added to dw, and
+// experts_bias_grad_flush adds them once, so that the result is bitwise that of one call.
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const float* h, const float* g, const ExpertWeights& w,
-                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec = {});
+                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec = {},
+                      double* bias_acc = nullptr);
+
+// dw.fc_b, dw.proj_b += bias_acc (E, F + C) for the experts with had_rows[e] != 0, as one
+// experts_backward call adds its sums.
+void experts_bias_grad_flush(ExpertGrads& dw, const double* bias_acc, const uint8_t* had_rows,
+                             int E, int C, int F);
 
 }  // namespace bagualu::moe

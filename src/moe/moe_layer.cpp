@@ -1,14 +1,28 @@
 #include "moe/moe_layer.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "core/error.h"
+#include "core/phase_timer.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "moe/dispatch.h"
-#include "core/phase_timer.h"
 
 namespace bagualu::moe {
 
 int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_tokens * K; }
+
+int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
+    const int64_t all = max_local_rows(max_tokens, K, ep);
+    if (!(rows_budget > 0)) return all;
+    const double  want = std::ceil(rows_budget * static_cast<double>(max_tokens * K));
+    const int64_t rows = std::max<int64_t>(kernels::kMaxTnDepthBlock,
+                                           static_cast<int64_t>(std::min(want, double(all))));
+    return std::min(rows, all);
+}
 
 MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
     : s_(s),
@@ -22,11 +36,16 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     const size_t N = static_cast<size_t>(max_tokens), E = static_cast<size_t>(s.E),
                  K = static_cast<size_t>(s.K), C = static_cast<size_t>(s.C),
                  F = static_cast<size_t>(s.F);
-    // rows this rank's experts may receive
-    const size_t R = static_cast<size_t>(max_local_rows(max_tokens, s.K, ep));
+    // rows this rank's experts take per round
+    budget_ = moe_rows_budget(max_tokens, s.K, ep, s.rows_budget);
+    const size_t R = static_cast<size_t>(budget_);
+    // Rounds start on the weight-gradient blocks of the GEMM path; the ref and openblas paths
+    // sum a group's whole depth at once, so there a split into rounds is not bitwise exact.
+    const int blk = kernels::grouped_gemm_tn_depth_block();
+    block_        = std::min<int64_t>(blk > 0 ? blk : kernels::kMaxTnDepthBlock, budget_);
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
-                                                        static_cast<int64_t>(R));
+                                                        budget_, block_);
     }
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);
@@ -39,13 +58,92 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     dy_perm_  = Buffer<float>(N * K * C);
     dx_perm_  = Buffer<float>(N * K * C);
     dprobs_   = Buffer<float>(N * K);
-    if (dispatcher_) {
+    const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
+    if (dispatcher_ || rounds_possible) {
         x_local_  = Buffer<float>(R * C);
         y_local_  = Buffer<float>(R * C);
         dy_local_ = Buffer<float>(R * C);
         dx_local_ = Buffer<float>(R * C);
     }
+    if (rounds_possible) {
+        bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
+        had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
+        if (!dispatcher_) {
+            local_totals_.assign(E, 0);
+            local_offsets_ = Buffer<int32_t>(E + 1);
+        }
+    }
 }
+
+// ---- rounds ----
+
+void MoELayer::begin_rounds() {
+    if (dispatcher_) {
+        dispatcher_->dispatch_preprocess(router_.tokens_per_expert());
+        rounds_ = dispatcher_->rounds();
+        return;
+    }
+    rounds_ = 1;
+    if (local_totals_.empty()) return;  // the budget holds every row
+    const int32_t* tpe = router_.tokens_per_expert();
+    std::copy(tpe, tpe + s_.E, local_totals_.begin());
+    local_rounds_.reset(local_totals_.data(), El_, budget_, block_);
+    rounds_ = local_rounds_.rounds();
+}
+
+void MoELayer::set_round(int r) {
+    if (dispatcher_) {
+        dispatcher_->set_round(r);
+        return;
+    }
+    local_rounds_.set_round(r);
+    local_offsets_[0] = 0;
+    for (int e = 0; e < El_; ++e) {
+        const size_t i        = static_cast<size_t>(e);
+        local_offsets_[i + 1] = local_offsets_[i] +
+                                static_cast<int32_t>(local_rounds_.hi(e) - local_rounds_.lo(e));
+    }
+}
+
+const int32_t* MoELayer::round_offsets() const {
+    return dispatcher_ ? dispatcher_->local_offsets() : local_offsets_.data();
+}
+
+// x_local (round rows, C) <- the current round's rows of x_perm.
+void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload) {
+    if (dispatcher_) {
+        dispatcher_->dispatch(x_local, x_perm, payload);
+        return;
+    }
+    const size_t C = static_cast<size_t>(s_.C);
+    for (int e = 0; e < El_; ++e) {
+        const size_t i = static_cast<size_t>(e);
+        const size_t n = static_cast<size_t>(local_offsets_[i + 1] - local_offsets_[i]);
+        const size_t row =
+            static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e));
+        std::memcpy(x_local + static_cast<size_t>(local_offsets_[i]) * C, x_perm + row * C,
+                    sizeof(float) * n * C);
+    }
+}
+
+// The current round's rows of y_perm <- y_local (round rows, C).
+void MoELayer::round_out(float* y_perm, const float* y_local, Dtype payload) {
+    if (dispatcher_) {
+        dispatcher_->combine(y_perm, y_local, payload);
+        return;
+    }
+    const size_t C = static_cast<size_t>(s_.C);
+    for (int e = 0; e < El_; ++e) {
+        const size_t i = static_cast<size_t>(e);
+        const size_t n = static_cast<size_t>(local_offsets_[i + 1] - local_offsets_[i]);
+        const size_t row =
+            static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e));
+        std::memcpy(y_perm + row * C, y_local + static_cast<size_t>(local_offsets_[i]) * C,
+                    sizeof(float) * n * C);
+    }
+}
+
+// ---- forward / backward ----
 
 double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int N) {
     BGL_CHECK(N <= max_tokens_, "MoE layer sized for {} tokens, got {}", max_tokens_, N);
@@ -56,8 +154,19 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
                   router_.tokens_per_expert(), N, E, K);
     permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
-    if (dispatcher_) {
-        dispatcher_->dispatch_preprocess(router_.tokens_per_expert());
+    begin_rounds();
+    if (rounds_ > 1) {
+        // every round through the same buffers; backward recomputes h and g per round
+        for (int r = 0; r < rounds_; ++r) {
+            set_round(r);
+            round_in(x_local_.data(), x_perm_.data(), prec_.gemm);
+            PhaseScope phase(Phase::experts);
+            experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
+                            round_offsets(), El_, C, s_.F, prec_);
+            phase.stop();
+            round_out(y_perm_.data(), y_local_.data(), prec_.act);
+        }
+    } else if (dispatcher_) {
         dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
         experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
@@ -82,6 +191,33 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         // the adjoint of combine is dispatch, and of dispatch is combine
         kernels::round_inplace(dy_perm_.data(), static_cast<size_t>(offsets_[static_cast<size_t>(s_.E)]) * C,
                                prec_.gemm);
+    }
+    if (rounds_ > 1) {
+        // Per round: the rows again (the same values forward had), the expert forward again
+        // for h and g, then the expert backward. The weight gradients see each expert's rows
+        // in the same order and GEMM depth blocks as one round would, and the bias gradients
+        // sum on in double across rounds, so the gradients are bitwise those of one round.
+        std::fill(bias_acc_.data(), bias_acc_.data() + bias_acc_.size(), 0.0);
+        std::fill(had_rows_.data(), had_rows_.data() + had_rows_.size(), uint8_t{0});
+        for (int r = 0; r < rounds_; ++r) {
+            set_round(r);
+            round_in(x_local_.data(), x_perm_.data(), prec_.gemm);
+            round_in(dy_local_.data(), dy_perm_.data(), prec_.gemm);
+            const int32_t* offs = round_offsets();
+            PhaseScope     phase(Phase::experts);
+            experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts, offs,
+                            El_, C, s_.F, prec_);
+            experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
+                             x_local_.data(), h_.data(), g_.data(), w.experts, offs, El_, C, s_.F,
+                             prec_, bias_acc_.data());
+            phase.stop();
+            for (int e = 0; e < El_; ++e) {
+                had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
+            }
+            round_out(dx_perm_.data(), dx_local_.data(), prec_.act);
+        }
+        experts_bias_grad_flush(dw.experts, bias_acc_.data(), had_rows_.data(), El_, C, s_.F);
+    } else if (dispatcher_) {
         dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(), x_local_.data(),

@@ -2,6 +2,10 @@
 //   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> [dispatch] -> experts
 //             -> [combine] -> unpermute (weighted sum; dropped slots contribute nothing)
 //   backward: the same steps in reverse order.
+// The experts' rows go through buffers of a fixed budget of rows per rank (moe_rows_budget);
+// when more rows than that arrive, the experts run in several rounds through the same buffers
+// (token_dispatcher.h), and backward recomputes each round's expert forward instead of saving
+// it. Results are bitwise the same for any budget (docs/parallelism.md, "Bounded MoE memory").
 // With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
 // the all-to-all moves of TokenDispatcher. The Router (router.h) sums its statistics over all
 // ranks, so the aux loss is the same number on every rank and for any layout.
@@ -34,14 +38,22 @@ struct MoEShape {
     int    C = 0, F = 0, E = 0, K = 0;
     double     aux_coef = 0;
     GateConfig gate     = {};
+    double     rows_budget = 0;  // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
 // max_tokens tokens per rank, EP ranks per expert-parallel group: every routed row of the group
-// arriving at this rank (EP * max_tokens * K). SWIPE balances exactly in training, but
-// evaluation routes by plain top-k through the same buffers, so no gate lowers the bound.
-// MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
+// arriving at this rank (EP * max_tokens * K).
 int64_t max_local_rows(int64_t max_tokens, int K, int ep);
+
+// The rows the local experts of one rank receive per round, which sizes every buffer of the
+// dispatch, the experts and the combine: ceil(rows_budget * max_tokens * K), rows_budget being a
+// multiple of the balanced load (each rank sends max_tokens * K rows, and receives as many when
+// the routing is balanced, as SWIPE makes it in training), raised to kMaxTnDepthBlock (a round
+// holds at least one weight-gradient block) and capped at max_local_rows (one round always
+// suffices there). rows_budget <= 0: max_local_rows, the unbounded sizing.
+// MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
+int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 
 class MoELayer {
    public:
@@ -73,8 +85,18 @@ class MoELayer {
     const int32_t* expert_idx() const { return router_.expert_idx(); }
     const float*   probs() const { return router_.probs(); }
     int            n_local_experts() const { return El_; }
+    // Rows per round (moe_rows_budget) and the rounds the last forward took.
+    int64_t rows_budget() const { return budget_; }
+    int     rounds() const { return rounds_; }
 
    private:
+    // The rounds of the experts: through the dispatcher with EP > 1, by local copies otherwise.
+    void begin_rounds();
+    void set_round(int r);
+    const int32_t* round_offsets() const;
+    void round_in(float* x_local, const float* x_perm, Dtype payload);
+    void round_out(float* y_perm, const float* y_local, Dtype payload);
+
     MoEShape                         s_;
     int                              max_tokens_;
     int                              El_;  // local experts
@@ -82,11 +104,20 @@ class MoELayer {
     std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
     Router                           router_;
     int                              n_ = 0;       // tokens of the last forward
+    int64_t                          budget_ = 0;  // rows per round
+    int64_t                          block_  = 1;  // rows of a weight-gradient block
+    int                              rounds_ = 1;  // of the last forward
+    RowRounds                        local_rounds_;   // EP == 1
+    std::vector<int64_t>             local_totals_;   // [E] EP == 1
+    Buffer<int32_t>                  local_offsets_;  // (El + 1) EP == 1, the current round
+    Buffer<double>                   bias_acc_;       // (El, F + C) bias gradient sums over rounds
+    Buffer<uint8_t>                  had_rows_;       // (El)
     ExpertPrecision                  prec_;
     // saved for backward
     Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
     Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
-    Buffer<float>        x_local_, h_, g_, y_local_;        // (R, C) (R, F) (R, F) (R, C), R local rows
+    // (R, C) (R, F) (R, F) (R, C), R = budget_ rows
+    Buffer<float>        x_local_, h_, g_, y_local_;
     // backward scratch
     Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
 };

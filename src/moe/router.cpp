@@ -16,7 +16,7 @@ namespace bagualu::moe {
 
 namespace {
 // randomness streams
-constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3;
+constexpr int kJitterStream = 1, kNoiseStream = 2, kSecondExpertStream = 3, kZipfStream = 4;
 }  // namespace
 
 double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
@@ -145,6 +145,37 @@ void Router::swipe_rounds(int N) {
     }
 }
 
+void Router::override_routes(int N, int64_t tok0) {
+    const int El = E_ / (par_ ? par_->ep_size() : 1), span = std::max(El, K_);
+    std::vector<double> w(static_cast<size_t>(E_));
+    for (int64_t t = 0; t < N; ++t) {
+        int32_t* sel = selected_.data() + t * K_;
+        if (gate_.route_override == RouteOverride::one_expert) {
+            for (int k = 0; k < K_; ++k) sel[k] = k;
+        } else if (gate_.route_override == RouteOverride::one_rank) {
+            for (int k = 0; k < K_; ++k) sel[k] = static_cast<int32_t>((tok0 + t + k) % span);
+        } else {
+            for (int e = 0; e < E_; ++e) w[static_cast<size_t>(e)] = 1.0 / (e + 1);
+            for (int k = 0; k < K_; ++k) {
+                double total = 0;
+                for (double x : w) total += x;
+                double u = total * routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kZipfStream,
+                                                   tok0 + t, k);
+                int e = 0;
+                auto at = [&](int i) -> double& { return w[static_cast<size_t>(i)]; };
+                while (e < E_ - 1 && (at(e) == 0 || u >= at(e))) {
+                    u -= at(e);
+                    ++e;
+                }
+                while (at(e) == 0) --e;  // rounding at the end of the range
+                sel[k] = e;
+                at(e)  = 0;
+            }
+        }
+        for (int k = 0; k < K_; ++k) expert_idx_[t * K_ + k] = sel[k];
+    }
+}
+
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
     n_          = N;
     const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
@@ -205,6 +236,12 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
             reassigned_[t * K_ + k] = 0;
             ++topk_counts[static_cast<size_t>(e)];
         }
+    }
+    if (gate_.route_override != RouteOverride::none) {
+        override_routes(N, tok0);
+        std::fill(topk_counts.begin(), topk_counts.end(), 0);
+        for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i)
+            ++topk_counts[static_cast<size_t>(selected_[i])];
     }
     if (swipe) {
         swipe_rounds(N);

@@ -15,7 +15,15 @@
 
 namespace bagualu::moe {
 
-using bagualu::GateKind;  // config/enums.h: model.gate
+using bagualu::GateKind;       // config/enums.h: model.gate
+using bagualu::RouteOverride;  // config/enums.h: model.route_override
+
+// For tests and benchmarks (model.route_override): the routing choice forced, the gate's
+// probabilities over the forced experts computed as usual (so gradients flow). Token t is the
+// global token index. SWIPE in training re-chooses its tokens, so it overrides this.
+//   one_expert: slot k -> expert k (every token on the same K experts)
+//   one_rank:   slot k -> expert (t + k) mod max(El, K), El = E / EP: the experts of EP rank 0
+//   zipf:       K distinct experts drawn, without replacement, with P(e) ~ 1 / (e + 1)
 
 struct GateConfig {
     GateKind kind          = GateKind::topk;
@@ -23,6 +31,7 @@ struct GateConfig {
     double jitter          = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
     int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
     int layer              = 0;    // index of the MoE layer: a randomness stream
+    RouteOverride route_override = RouteOverride::none;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -70,6 +79,8 @@ class Router {
 
    private:
     void swipe_rounds(int N);
+    // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
+    void override_routes(int N, int64_t tok0);
     void capacity_rounds(int N);
 
     int C_, E_, K_;

@@ -2,61 +2,238 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "core/error.h"
 
 namespace bagualu::moe {
 
+// ---- RowRounds ----
+
+void RowRounds::reset(const int64_t* totals, int El, int64_t budget, int64_t block) {
+    BGL_CHECK(block >= 1 && budget >= block, "row budget {} below the block of {} rows", budget,
+              block);
+    totals_.assign(totals, totals + El);
+    lo_.assign(static_cast<size_t>(El), 0);
+    hi_.assign(static_cast<size_t>(El), 0);
+    budget_ = budget;
+    block_  = block;
+    rounds_ = 0;
+    for (bool done = false; !done;) {
+        lo_ = hi_;
+        advance();
+        ++rounds_;
+        done = std::equal(hi_.begin(), hi_.end(), totals_.begin());
+    }
+    round_ = -1;
+}
+
+void RowRounds::set_round(int r) {
+    BGL_CHECK(r >= 0 && r < rounds_ && (r == 0 || r == round_ + 1), "round {} after {} of {}", r,
+              round_, rounds_);
+    if (r == 0) std::fill(hi_.begin(), hi_.end(), 0);
+    lo_ = hi_;
+    advance();
+    round_ = r;
+}
+
+void RowRounds::advance() {
+    int64_t space = budget_;
+    for (size_t e = 0; e < totals_.size(); ++e) {
+        const int64_t rest = totals_[e] - lo_[e];
+        const int64_t take = rest <= space ? rest : space / block_ * block_;
+        hi_[e]             = lo_[e] + take;
+        space -= take;
+    }
+}
+
+// ---- TokenDispatcher ----
+
 TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows,
-                                 int64_t max_recv)
+                                 int64_t budget, int64_t block)
     : par_(par),
       E_(E),
       El_(E / par.ep_size()),
       C_(C),
       max_rows_(max_rows),
       ep_size_(par.ep_size()),
-      max_recv_(max_recv > 0 ? max_recv : static_cast<int64_t>(par.ep_size()) * max_rows),
+      budget_(budget),
+      block_(block),
       mine_(static_cast<size_t>(E)),
       counts_(static_cast<size_t>(E)),  // ep_size * El
       count_counts_(static_cast<size_t>(par.ep_size()), E / par.ep_size()),
       count_displs_(static_cast<size_t>(par.ep_size())),
+      starts_out_(2 * static_cast<size_t>(E)),
+      starts_in_(2 * static_cast<size_t>(E)),
+      pair_counts_(static_cast<size_t>(par.ep_size()), 2 * (E / par.ep_size())),
+      pair_displs_(static_cast<size_t>(par.ep_size())),
+      peer_rounds_(static_cast<size_t>(par.ep_size())),
+      round_counts_(static_cast<size_t>(E)),
+      send_rows_(static_cast<size_t>(E)),
+      send_first_(static_cast<size_t>(E)),
       send_counts_(static_cast<size_t>(par.ep_size())),
       send_displs_(static_cast<size_t>(par.ep_size())),
       recv_counts_(static_cast<size_t>(par.ep_size())),
       recv_displs_(static_cast<size_t>(par.ep_size())),
       local_offsets_(static_cast<size_t>(E / par.ep_size() + 1)),
-      staging_(static_cast<size_t>(std::max<int64_t>(max_recv_, max_rows)) * static_cast<size_t>(C)) {}
+      staging_(static_cast<size_t>(budget) * static_cast<size_t>(C)) {
+    BGL_CHECK(budget >= 1 && block >= 1, "row budget {}, block {}", budget, block);
+    for (int q = 0; q < ep_size_; ++q) {
+        count_displs_[static_cast<size_t>(q)] = int64_t{q} * El_;
+        pair_displs_[static_cast<size_t>(q)]  = int64_t{2} * q * El_;
+    }
+    // more than one round is possible only when the budget is below every routed row of the
+    // group arriving here; only then are outgoing rows gathered per round
+    if (budget < static_cast<int64_t>(ep_size_) * max_rows) {
+        send_staging_ = Buffer<float>(static_cast<size_t>(max_rows) * static_cast<size_t>(C));
+    }
+}
 
 void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     std::copy(tokens_per_expert, tokens_per_expert + E_, mine_.begin());
     // peer q needs only the counts of its own El experts (mine_ is expert-major, so they are
     // consecutive): E int64 in and out per rank, where gathering every rank's E counts would
     // receive EP * E
-    for (int q = 0; q < ep_size_; ++q) count_displs_[static_cast<size_t>(q)] = int64_t{q} * El_;
     par_.ep().alltoallv_bytes(mine_.data(), count_counts_, count_displs_, counts_.data(),
                               count_counts_, count_displs_, sizeof(int64_t));
-    int64_t off = 0;
+    // One round when no rank of the group receives more than the budget: one all-reduce of the
+    // largest receipt (cheaper than an all-to-all over a large group) decides it for all ranks.
+    int64_t most = 0;
+    for (int64_t c : counts_) most += c;
+    par_.ep().allreduce_max(std::span<int64_t>(&most, 1));
+    rounds_ = 1;
+    if (most > budget_) {
+        // tell each source s where its rows start in each local expert's sequence (the rows of
+        // sources before it come first) and the expert's total: 2 E int64 in and out per rank
+        for (int e = 0; e < El_; ++e) {
+            int64_t start = 0, total = 0;
+            for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
+            for (int s = 0; s < ep_size_; ++s) {
+                const size_t i      = 2 * static_cast<size_t>(s * El_ + e);
+                starts_out_[i]      = start;
+                starts_out_[i + 1]  = total;
+                start              += counts_[static_cast<size_t>(s * El_ + e)];
+            }
+        }
+        par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
+                                  pair_counts_, pair_displs_, sizeof(int64_t));
+        // every rank now knows every expert's total, so it plans every peer's rounds alike
+        std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
+        for (int q = 0; q < ep_size_; ++q) {
+            for (int e = 0; e < El_; ++e) {
+                const size_t g                 = static_cast<size_t>(q * El_ + e);
+                totals[static_cast<size_t>(e)] = starts_in_[2 * g + 1];
+            }
+            RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
+            rr.reset(totals.data(), El_, budget_, block_);
+            rounds_ = std::max(rounds_, rr.rounds());
+        }
+        BGL_CHECK(rounds_ > 1 && send_staging_.size() > 0,
+                  "{} rows over the budget of {} in {} rounds", most, budget_, rounds_);
+    }
+    set_round(0);
+}
+
+void TokenDispatcher::set_round(int r) {
+    BGL_CHECK(r >= 0 && r < rounds_, "round {} of {}", r, rounds_);
+    if (rounds_ == 1) {  // everything: every row this rank sends, every row it receives
+        round_counts_ = counts_;
+        int64_t off   = 0;
+        for (int q = 0; q < ep_size_; ++q) {
+            int64_t rows = 0;
+            for (int e = q * El_; e < (q + 1) * El_; ++e) {
+                send_first_[static_cast<size_t>(e)] = off + rows;
+                send_rows_[static_cast<size_t>(e)]  = mine_[static_cast<size_t>(e)];
+                rows += mine_[static_cast<size_t>(e)];
+            }
+            send_counts_[static_cast<size_t>(q)] = rows * C_;
+            send_displs_[static_cast<size_t>(q)] = off * C_;
+            off += rows;
+        }
+        set_recv_counts();
+        return;
+    }
+    // a peer with fewer rounds than the group has nothing more to receive after its last
+    for (RowRounds& rr : peer_rounds_) {
+        if (r < rr.rounds()) rr.set_round(r);
+    }
+    // what this rank sends: of its rows [start, start + mine) of each global expert's sequence,
+    // those inside the expert's piece of this round
+    int64_t perm_row = 0, off = 0;
     for (int q = 0; q < ep_size_; ++q) {
-        int64_t rows = 0;
-        for (int e = q * El_; e < (q + 1) * El_; ++e) rows += tokens_per_expert[e];
+        const RowRounds& rr   = peer_rounds_[static_cast<size_t>(q)];
+        const bool       live = r < rr.rounds();
+        int64_t          rows = 0;
+        for (int e = 0; e < El_; ++e) {
+            const size_t  g     = static_cast<size_t>(q * El_ + e);
+            const int64_t start = starts_in_[2 * g];
+            const int64_t a     = live ? std::max(start, rr.lo(e)) : 0;
+            const int64_t b     = live ? std::min(start + mine_[g], rr.hi(e)) : 0;
+            send_rows_[g]       = std::max<int64_t>(0, b - a);
+            send_first_[g]      = perm_row + (a - start);
+            rows               += send_rows_[g];
+            perm_row           += mine_[g];
+        }
         send_counts_[static_cast<size_t>(q)] = rows * C_;
         send_displs_[static_cast<size_t>(q)] = off * C_;
         off += rows;
     }
-    off = 0;
+    // what this rank receives: of source s's rows of local expert e, those inside e's piece
+    const RowRounds& me   = peer_rounds_[static_cast<size_t>(par_.ep_rank())];
+    const bool       live = r < me.rounds();
+    std::fill(round_counts_.begin(), round_counts_.end(), 0);
+    for (int e = 0; e < El_; ++e) {
+        int64_t start = 0;
+        for (int s = 0; s < ep_size_; ++s) {
+            const size_t  i = static_cast<size_t>(s * El_ + e);
+            const int64_t a = live ? std::max(start, me.lo(e)) : 0;
+            const int64_t b = live ? std::min(start + counts_[i], me.hi(e)) : 0;
+            round_counts_[i] = std::max<int64_t>(0, b - a);
+            start += counts_[i];
+        }
+    }
+    set_recv_counts();
+}
+
+// recv_counts_, recv_displs_ and local_offsets_ from round_counts_.
+void TokenDispatcher::set_recv_counts() {
+    int64_t off = 0;
     for (int s = 0; s < ep_size_; ++s) {
         int64_t rows = 0;
-        for (int e = 0; e < El_; ++e) rows += counts_[static_cast<size_t>(s * El_ + e)];
+        for (int e = 0; e < El_; ++e) rows += round_counts_[static_cast<size_t>(s * El_ + e)];
         recv_counts_[static_cast<size_t>(s)] = rows * C_;
         recv_displs_[static_cast<size_t>(s)] = off * C_;
         off += rows;
     }
-    BGL_CHECK(off <= max_recv_, "{} rows exceed the planned {}", off, max_recv_);
+    BGL_CHECK(off <= budget_, "{} rows exceed the budget of {}", off, budget_);
     local_offsets_[0] = 0;
     for (int e = 0; e < El_; ++e) {
         int64_t rows = 0;
-        for (int s = 0; s < ep_size_; ++s) rows += counts_[static_cast<size_t>(s * El_ + e)];
-        local_offsets_[static_cast<size_t>(e) + 1] = local_offsets_[static_cast<size_t>(e)] + static_cast<int32_t>(rows);
+        for (int s = 0; s < ep_size_; ++s) rows += round_counts_[static_cast<size_t>(s * El_ + e)];
+        local_offsets_[static_cast<size_t>(e) + 1] =
+            local_offsets_[static_cast<size_t>(e)] + static_cast<int32_t>(rows);
+    }
+}
+
+// The current round's outgoing rows of x_perm, packed peer by peer into send_staging_.
+void TokenDispatcher::gather_send(const float* x_perm) {
+    float* dst = send_staging_.data();
+    for (size_t g = 0; g < static_cast<size_t>(E_); ++g) {
+        const size_t n = static_cast<size_t>(send_rows_[g]) * static_cast<size_t>(C_);
+        if (n == 0) continue;
+        std::memcpy(dst, x_perm + send_first_[g] * C_, sizeof(float) * n);
+        dst += n;
+    }
+}
+
+// The reverse of gather_send: send_staging_ rows back to their places in y_perm.
+void TokenDispatcher::scatter_back(float* y_perm) const {
+    const float* src = send_staging_.data();
+    for (size_t g = 0; g < static_cast<size_t>(E_); ++g) {
+        const size_t n = static_cast<size_t>(send_rows_[g]) * static_cast<size_t>(C_);
+        if (n == 0) continue;
+        std::memcpy(y_perm + send_first_[g] * C_, src, sizeof(float) * n);
+        src += n;
     }
 }
 
@@ -91,8 +268,10 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
                                     const std::vector<int64_t>& recv_counts,
                                     const std::vector<int64_t>& recv_displs, Dtype payload) {
     if (send16_.size() == 0) {
-        send16_ = Buffer<uint16_t>(staging_.size());
-        recv16_ = Buffer<uint16_t>(staging_.size());
+        const size_t n =
+            std::max(staging_.size(), static_cast<size_t>(max_rows_) * static_cast<size_t>(C_));
+        send16_        = Buffer<uint16_t>(n);
+        recv16_        = Buffer<uint16_t>(n);
     }
     const bool bf = payload == Dtype::bfloat16;
     int64_t    n_send = 0, n_recv = 0;
@@ -109,25 +288,33 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
 }
 
 void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payload) {
+    // one round sends all of x_perm, whose rows are already in peer order
+    const float* send = x_perm;
+    if (rounds_ > 1) {
+        gather_send(x_perm);
+        send = send_staging_.data();
+    }
     if (payload == Dtype::float32) {
-        par_.ep_alltoallv(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_,
+        par_.ep_alltoallv(send, send_counts_, send_displs_, staging_.data(), recv_counts_,
                           recv_displs_, sizeof(float));
     } else {
-        exchange_half(x_perm, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
+        exchange_half(send, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
                       payload);
     }
-    reorder<true>(staging_.data(), x_local, counts_, recv_displs_, ep_size_, El_, C_);
+    reorder<true>(staging_.data(), x_local, round_counts_, recv_displs_, ep_size_, El_, C_);
 }
 
 void TokenDispatcher::combine(float* y_perm, const float* y_local, Dtype payload) {
-    reorder<false>(y_local, staging_.data(), counts_, recv_displs_, ep_size_, El_, C_);
+    reorder<false>(y_local, staging_.data(), round_counts_, recv_displs_, ep_size_, El_, C_);
+    float* recv = rounds_ > 1 ? send_staging_.data() : y_perm;
     if (payload == Dtype::float32) {
-        par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_,
+        par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, recv, send_counts_,
                           send_displs_, sizeof(float));
     } else {
-        exchange_half(staging_.data(), recv_counts_, recv_displs_, y_perm, send_counts_, send_displs_,
+        exchange_half(staging_.data(), recv_counts_, recv_displs_, recv, send_counts_, send_displs_,
                       payload);
     }
+    if (rounds_ > 1) scatter_back(y_perm);
 }
 
 }  // namespace bagualu::moe

@@ -153,6 +153,15 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
         linear("gemm: experts", rows, F, C, n_moe * El, peak_rank);
         linear("gemm: experts", rows, C, F, n_moe * El, peak_rank);
+        if (fp.moe_rounds > 1) {
+            // several rounds: backward recomputes the experts' forward products
+            // (moe/moe_layer.cpp); the balanced load is N K rows per rank
+            for (const auto& [out, in] : {std::pair{F, C}, std::pair{C, F}}) {
+                compute["gemm: experts (recompute)"] +=
+                    n_moe * El * A * 2 * rows * out * in /
+                    (peak_rank * gemm_efficiency(nd, rows, out, in));
+            }
+        }
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
     // the attention kernel (scores, softmax, weighted sum) computes in float32

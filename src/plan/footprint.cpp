@@ -55,10 +55,12 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
                          bool half_payload) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
-                 C = m.d_model, F = m.d_ff;
-    // rows this rank's experts may receive: the bound MoELayer sizes its buffers with
-    double R = static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
-    if (capacity_factor > 0) R = std::ceil(capacity_factor * N * K);
+                 C = m.d_model, F = m.d_ff, El = E / ep;
+    // rows this rank's experts take per round: the budget MoELayer sizes its buffers with
+    const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
+    const double R =
+        static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+    const bool   rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     MoEBytes b;
     double& a = b.activations;
     a += 2 * buf(N * E, 4) + buf(N * K, 4);                    // logits_, softmax_full_, probs_
@@ -68,13 +70,20 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     a += 2 * buf(N * K * C, 4);                                // x_perm_, y_perm_
     a += 3 * buf(R * F, 4);                                    // h_, g_, dh_
     a += 2 * buf(N * K * C, 4) + buf(N * K, 4) + buf(N * E, 4);  // dy_perm_, dx_perm_, dprobs_, dlogits_
+    if (ep > 1 || rounds) a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
+    if (rounds) {
+        a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
+        if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
+    }
     if (ep > 1) {
-        a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
-        // TokenDispatcher: staging_ (max(R, N*K), C), counts_ [E], 6 x [EP], offsets
-        const double staging = std::max(R, N * K) * C;
-        b.comm_buffers += buf(staging, 4) + E * 8 + 6 * ep * 8 + (E / ep + 1) * 4;
-        if (half_payload) b.comm_buffers += 2 * buf(staging, 2);  // send16_, recv16_
-
+        // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible;
+        // counts_, round_counts_, send_rows_, send_first_ [E], starts_out_/in_ [2E], 8 x [EP],
+        // offsets, and each peer's rounds (3 x [El])
+        const double staging = R * C;
+        b.comm_buffers += buf(staging, 4) + (rounds ? buf(N * K * C, 4) : 0) + 4 * E * 8 +
+                          4 * E * 8 + 8 * ep * 8 + (El + 1) * 4 + ep * 3 * El * 8;
+        // send16_, recv16_: as large as the larger staging
+        if (half_payload) b.comm_buffers += 2 * buf(std::max(R, N * K) * C, 2);
     }
     return b;
 }
@@ -139,6 +148,14 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);
     const int      n_moe = n_moe_layers(m);
+    {
+        // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one
+        // round only when the budget is below it (SWIPE in training keeps it exactly balanced)
+        const double budget = L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget;
+        const double R      = static_cast<double>(moe::moe_rows_budget(
+            static_cast<int64_t>(N), m.top_k, L.ep, budget));
+        f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R)) : 1;
+    }
     mem.activations += n_moe * moe.activations;
     mem.comm_buffers += n_moe * moe.comm_buffers;
     // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
@@ -216,18 +233,24 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         }
     }
     if (n_moe > 0 && L.ep > 1) {
-        // TokenDispatcher::dispatch_preprocess: per-expert counts; then MoELayer's dispatch in
-        // forward and in backward with GEMM-dtype payloads (half from FFN level O1), combine in
-        // both with activation-dtype payloads (half from O2): N*K rows of C values each, the
-        // mean over ranks (slots dropped by a capacity gate are not sent: an upper bound there)
+        // TokenDispatcher::dispatch_preprocess: per-expert counts, the all-reduce of the largest
+        // receipt and, only with several rounds, each source's start in every expert's rows
+        // and the expert's total; then MoELayer's dispatch in forward and in
+        // backward with GEMM-dtype payloads (half from FFN level O1), combine in both with
+        // activation-dtype payloads (half from O2): N*K rows of C values each, the mean over
+        // ranks (slots dropped by a capacity gate are not sent: an upper bound there), one call
+        // of each per round; with more than one round backward dispatches the tokens again
         // counts: each peer gets its El experts' counts, E int64 sent per rank in all
         add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
-        const double rows = N * K * C * n_moe * A;
+        add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_moe * A, 8 * n_moe * A);
+        const double rows = N * K * C * n_moe * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
+        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_moe * A,
+            again * 2 * E * 8 * n_moe * A);
         const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
-            "ep", L.ep, 2 * n_moe * A, 2 * rows * elem_bytes(gd));
+            "ep", L.ep, (2 + again) * Rr * n_moe * A, (2 + again) * rows * elem_bytes(gd));
         add(fmt::format("moe combine all-to-all ({})", dtype_name(ad)), dist::CommKind::alltoallv,
-            "ep", L.ep, 2 * n_moe * A, 2 * rows * elem_bytes(ad));
+            "ep", L.ep, 2 * Rr * n_moe * A, 2 * rows * elem_bytes(ad));
     }
     if (Pi > 1) {
         // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint

@@ -37,9 +37,8 @@ struct Layout {
     model::PrecisionPolicy policy;                  // [precision]: dtype and a level per class
     // Gradient reduction on the helper thread during the last backward (parallel.overlap_grad_reduce)
     bool      overlap           = false;
-    // What-if for the MoE buffers: 0 = as implemented (moe::max_local_rows: the worst case of
-    // every routed row of the EP group arriving at one rank, EP * N * K); c > 0 = bounded to
-    // c * N * K rows per rank, as a capacity-limited dispatcher would allocate.
+    // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
+    // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double    capacity_factor = 0;
     int edp() const { return ranks / ep; }
     int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }
@@ -87,6 +86,11 @@ struct Footprint {
     std::vector<Collective> collectives;       // per step, per rank
     double                  model_flops_per_step = 0;  // all ranks: 3 x forward x tokens
     double                  tokens_per_step      = 0;  // all ranks
+    // Rounds of each MoE layer's experts at the balanced load (N x K rows per rank) through
+    // the row budget: 1 unless the budget is below the balanced load. Skewed routing takes more
+    // (top-k; SWIPE in training is exactly balanced). With more than one, backward dispatches
+    // the tokens again and recomputes the experts' forward.
+    double                  moe_rounds           = 1;
 };
 
 // The layout of a run of cfg over `ranks` processes, R per node, `threads` compute threads per
@@ -103,7 +107,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_
                     double baseline_bytes);
 
 // Bytes of the MoE layers' own buffers on one rank (MoELayer + TokenDispatcher), split as
-// activations (saved + scratch) and communication buffers.
+// activations (saved + scratch) and communication buffers. capacity_factor: 0 = the config's
+// model.moe_rows_budget, > 0 = that row budget instead.
 struct MoEBytes {
     double activations  = 0;
     double comm_buffers = 0;

@@ -47,6 +47,8 @@ class TinyRuns {
     }
     const CommandResult& prepare() const { return prepare_; }
     std::string          path(const std::string& name) const { return dir_ / name; }
+    // The --set options that point a run at the prepared data.
+    const std::string&   data_args() const { return data_; }
 
     // 20 steps, every step logged; per-rank micro-batch chosen so that every micro-step covers
     // the same 4 sequences whatever P is (global batch 8 = 2 micro-steps).

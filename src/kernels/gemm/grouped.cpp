@@ -200,4 +200,12 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
                             ldc, stride_c);
 }
 
+int grouped_gemm_tn_depth_block() {
+    const gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::ref || p == gemm::Path::openblas) return 0;
+    const int kc = gemm::f32_spec(gemm::packed_path(p)).kc;
+    BGL_CHECK(kc <= kMaxTnDepthBlock, "kc {} above {}", kc, kMaxTnDepthBlock);
+    return kc;
+}
+
 }  // namespace bagualu::kernels

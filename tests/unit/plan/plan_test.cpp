@@ -2,6 +2,8 @@
 // GPT really allocates (malloc statistics), FLOPs against GPT::flops_per_token, collective bytes
 // against a hand count, and machine files (good, bad, round trip).
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 #include <malloc.h>
 
 #include <cmath>
@@ -108,13 +110,19 @@ TEST(PlanMemory, MatchesGptAllocations) {
     // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
     // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
     for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
-        for (int moe_every : {0, 1, 2}) {
-            TrainConfig c = small_config(moe_every, 8);
+        for (int moe_every : {0, 1, 2, -2}) {
+            // -2: every second block MoE with a row budget of a quarter of the balanced load
+            // (256 rows, the smallest: rounds, with their extra buffers)
+            TrainConfig c = small_config(std::abs(moe_every), 8);
             c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
             c.model.d_ff    = 256;
             c.model.vocab_size = 1000;
             c.model.seq_len = 64;
             c.precision.dtype = dtype;
+            if (moe_every < 0) {  // N K = 2 x 256 x 2 rows, budget 256
+                c.model.seq_len         = 256;
+                c.model.moe_rows_budget = 0.25;
+            }
             const Footprint f  = footprint(c, layout_of(c, 1, 1), 0, 0);
             const double    before = allocated_bytes();
             double          during = 0;
@@ -126,6 +134,12 @@ TEST(PlanMemory, MatchesGptAllocations) {
             const Memory& m       = f.memory;
             const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
             EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype_name(dtype) << " moe_every " << moe_every;
+            if (moe_every < 0) {
+                TrainConfig unbounded = c;
+                unbounded.model.moe_rows_budget = 0;
+                const Memory& u = footprint(unbounded, layout_of(c, 1, 1), 0, 0).memory;
+                EXPECT_LT(predict, u.parameters + u.gradients + u.activations + u.comm_buffers);
+            }
         }
     }
 }
@@ -179,13 +193,14 @@ TEST(PlanComm, BytesByHand) {
     // per-expert counts (int64), each peer's El of them
     EXPECT_EQ(t[dist::CommKind::alltoallv].calls, 4u + 1);
     EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 4 * N * K * C * 4 + E * 8);
+    EXPECT_EQ(f.moe_rounds, 1);
     EXPECT_EQ(t[dist::CommKind::allgather].calls, 0u);
-    // routing statistics (5E + 3) x 8 in one call, loss and checkpoint flag 16, dense gradients
-    // in 2 runs, expert gradients over
+    // routing statistics (5E + 3) x 8 in one call, the dispatcher's largest receipt 8, loss
+    // and checkpoint flag 16, dense gradients in 2 runs, expert gradients over
     // EDP = 2 in 1 run, expert gradient norm 8
-    EXPECT_EQ(t[dist::CommKind::allreduce].calls, 1u + 1 + 2 + 1 + 1);
+    EXPECT_EQ(t[dist::CommKind::allreduce].calls, 1u + 1 + 1 + 2 + 1 + 1);
     EXPECT_EQ(t[dist::CommKind::allreduce].bytes,
-              (5 * E + 3) * 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
+              (5 * E + 3) * 8 + 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
     // one rank: nothing
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
 }
@@ -255,8 +270,10 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                 if (bucket == 1000) {
                     EXPECT_GT(rs_calls, 4u) << at;  // several buckets per space
                 }
-                // no all-reduce of gradients under ParO: gate statistics, loss, the norm
-                EXPECT_EQ(t[dist::CommKind::allreduce].calls, static_cast<uint64_t>(L.accum) + 2) << at;
+                // no all-reduce of gradients under ParO: gate statistics, loss, the norm, and with
+                // EP > 1 the dispatcher's largest receipt
+                EXPECT_EQ(t[dist::CommKind::allreduce].calls,
+                          static_cast<uint64_t>(L.accum) * (ep > 1 ? 2 : 1) + 2) << at;
             }
         }
     }
@@ -317,6 +334,35 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         EXPECT_EQ(per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
                   4 * rows * 2 + E * 8);
     }
+}
+
+// The row budget (model.moe_rows_budget): MoE memory per rank stops growing with EP, and a
+// budget below the balanced load means more rounds, each a dispatch and a combine, and a
+// second dispatch of the tokens in backward.
+TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
+    TrainConfig c              = small_config(2, 8);
+    c.model.seq_len            = 256;  // N K = 2 x 256 x 2 = 1024 rows per rank
+    const uint64_t N = 2 * 256, K = 2, C = 24, E = 8, rows = N * K * C;
+    auto moe_bytes = [&](double budget, int ep) {
+        TrainConfig b            = c;
+        b.model.moe_rows_budget  = budget;
+        const MoEBytes m         = moe_layer_bytes(b.model, static_cast<int64_t>(N), ep);
+        return m.activations + m.comm_buffers;
+    };
+    // unbounded grows with EP by (R, C) and (R, F) buffers; with a budget of twice the
+    // balanced load only the per-peer counts grow (a few int64 per peer and expert)
+    EXPECT_GT(moe_bytes(0, 8), moe_bytes(0, 4) + 4 * 1024 * (C + 40));
+    EXPECT_NEAR(moe_bytes(2, 8), moe_bytes(2, 4), 4096);
+    EXPECT_LT(moe_bytes(2, 8), moe_bytes(0, 8));
+    c.parallel.expert_parallel = 4;
+    c.model.moe_rows_budget    = 0.25;  // 256 rows: 4 rounds at the balanced load
+    const Footprint f          = footprint(c, layout_of(c, 4, 4), 0, 0);
+    EXPECT_EQ(f.moe_rounds, 4);
+    const dist::CommTally t = per_kind(f.collectives);
+    // counts, row starts (several rounds); per round: dispatch + combine forward, dispatch x2 +
+    // combine backward
+    EXPECT_EQ(t[dist::CommKind::alltoallv].calls, 2u + 4 * 5);
+    EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 5 * rows * 4 + E * 8 + 2 * E * 8);
 }
 
 TEST(PlanTime, OverlapFollowsTheConfig) {
