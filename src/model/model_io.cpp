@@ -1,5 +1,7 @@
 #include "model/model_io.h"
 
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 
@@ -37,13 +39,19 @@ nlohmann::json model_config_to_json(const ModelConfig& m) {
 
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source) {
     if (!j.is_object()) input_error("{}: expected a JSON object", source);
-    if (j.value("model_type", "") != "bagualu-moe-gpt") {
+    // value() would throw json's type_error on a model_type that is not a string
+    if (!j.contains("model_type") || j["model_type"] != "bagualu-moe-gpt") {
         input_error("{}: model_type must be \"bagualu-moe-gpt\"", source);
     }
     ModelConfig m;
     auto get_int = [&](const char* key, int& out) {
         if (!j.contains(key) || !j[key].is_number_integer()) input_error("{}: {} must be an integer", source, key);
-        out = j[key].get<int>();
+        // get<int> would wrap a value beyond 32 bits into another, valid-looking one
+        const int64_t v = j[key].is_number_unsigned() && j[key].get<uint64_t>() > INT64_MAX
+                              ? INT64_MAX
+                              : j[key].get<int64_t>();
+        if (v < INT_MIN || v > INT_MAX) input_error("{}: {} = {} is out of range", source, key, j[key].dump());
+        out = static_cast<int>(v);
     };
     auto get_num = [&](const char* key, double& out) {
         if (!j.contains(key) || !j[key].is_number()) input_error("{}: {} must be a number", source, key);
