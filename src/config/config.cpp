@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <utility>
 #include <toml++/toml.h>
 
@@ -207,6 +208,41 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     });
 }
 
+// Whether s is well-formed UTF-8, as every TOML document must be. toml++ checks config files;
+// a --set value taken as a bare string does not go through its parser.
+bool is_utf8(std::string_view s) {
+    for (size_t i = 0; i < s.size();) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        int        n = 0;  // continuation bytes
+        char32_t   cp;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            n = 1, cp = c & 0x1Fu;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 2, cp = c & 0x0Fu;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 3, cp = c & 0x07u;
+        } else {
+            return false;
+        }
+        if (s.size() - i <= static_cast<size_t>(n)) return false;
+        for (int k = 1; k <= n; ++k) {
+            const auto b = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+            if ((b & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (b & 0x3Fu);
+        }
+        // overlong forms, surrogates, beyond U+10FFFF
+        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+            (cp >= 0xD800 && cp <= 0xDFFF)) {
+            return false;
+        }
+        i += static_cast<size_t>(n) + 1;
+    }
+    return true;
+}
+
 // Parses "section.key=value" into root, the value as TOML when it parses, else as a string.
 void apply_override(toml::table& root, const std::string& item) {
     const size_t eq  = item.find('=');
@@ -222,7 +258,9 @@ void apply_override(toml::table& root, const std::string& item) {
     try {
         parsed = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
-        parsed.insert_or_assign("v", value);  // a bare word: take it as a string
+        // a bare word: take it as a string
+        if (!is_utf8(value)) input_error("--set {}: the value is not valid UTF-8", item);
+        parsed.insert_or_assign("v", value);
     }
     if (!root.contains(sec)) root.insert(sec, toml::table{});
     toml::table* tbl = root[sec].as_table();

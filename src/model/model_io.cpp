@@ -1,5 +1,7 @@
 #include "model/model_io.h"
 
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -31,7 +33,8 @@ nlohmann::json model_config_to_json(const ModelConfig& m) {
 
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source) {
     if (!j.is_object()) input_error("{}: expected a JSON object", source);
-    if (j.value("model_type", "") != "bagualu-moe-gpt") {
+    // value() would throw json's type_error on a model_type that is not a string
+    if (!j.contains("model_type") || j["model_type"] != "bagualu-moe-gpt") {
         input_error("{}: model_type must be \"bagualu-moe-gpt\"", source);
     }
     ModelConfig m;
@@ -43,10 +46,13 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
         const nlohmann::json* v = j.contains(key) ? &j[key] : nullptr;
         if constexpr (std::is_integral_v<T>) {
             if (!v || !v->is_number_integer()) input_error("{}: {} must be an integer", source, key);
-            const auto x = v->get<int64_t>();  // an unsigned 2^64-1 reads as -1: refused below
+            // get<T> would wrap a value beyond 32 bits into another, valid-looking one
+            const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX
+                                  ? INT64_MAX
+                                  : v->get<int64_t>();
             if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) {
-                input_error("{}: {} = {} is out of range for a {}-bit integer", source, key, x,
-                            8 * sizeof(T));
+                input_error("{}: {} = {} is out of range for a {}-bit integer", source, key,
+                            v->dump(), 8 * sizeof(T));
             }
             field = static_cast<T>(x);
         } else if constexpr (std::is_floating_point_v<T>) {
