@@ -42,6 +42,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "eval_batches", c.train.eval_batches);
     v("train", "log_every", c.train.log_every);
     v("train", "threads", c.train.threads);
+    v("train", "fused_head", c.train.fused_head);
     v("train", "run_dir", c.train.run_dir);
 
     v("data", "train", c.data.train);

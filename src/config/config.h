@@ -81,6 +81,7 @@ struct TrainSection {
     int64_t     eval_batches     = 8;    // batches of micro_batch_size sequences from val
     int64_t     log_every        = 10;
     int         threads          = 0;  // compute workers; 0 = one per core in the affinity mask
+    bool        fused_head       = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
     std::string run_dir          = "";  // "" = runs/<config file stem>
 };
 

@@ -67,7 +67,38 @@ CpuFeatures probe() {
     return f;
 }
 
+// CPUID leaf 4 (deterministic cache parameters): the size of the data or unified cache of
+// `level`, 0 when the leaf or the level is absent.
+size_t cpuid4_cache_bytes(unsigned level) {
+    if (__get_cpuid_max(0, nullptr) < 4) return 0;
+    for (unsigned i = 0; i < 16; ++i) {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        __cpuid_count(4, i, eax, ebx, ecx, edx);
+        const unsigned type = eax & 0x1fu;  // 0 none, 1 data, 2 instruction, 3 unified
+        if (type == 0) break;
+        if (type == 2 || ((eax >> 5) & 0x7u) != level) continue;
+        const size_t ways = ((ebx >> 22) & 0x3ffu) + 1, parts = ((ebx >> 12) & 0x3ffu) + 1;
+        const size_t line = (ebx & 0xfffu) + 1, sets = size_t(ecx) + 1;
+        return ways * parts * line * sets;
+    }
+    return 0;
+}
+
+size_t cache_bytes(int sysconf_name, unsigned level, size_t fallback) {
+    const long s = ::sysconf(sysconf_name);
+    if (s > 0) return static_cast<size_t>(s);
+    const size_t c = cpuid4_cache_bytes(level);
+    return c > 0 ? c : fallback;
+}
+
 }  // namespace
+
+const CacheSizes& cache_sizes() {
+    static const CacheSizes sizes{cache_bytes(_SC_LEVEL1_DCACHE_SIZE, 1, size_t(32) << 10),
+                                  cache_bytes(_SC_LEVEL2_CACHE_SIZE, 2, size_t(1) << 20),
+                                  cache_bytes(_SC_LEVEL3_CACHE_SIZE, 3, size_t(8) << 20)};
+    return sizes;
+}
 
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = probe();

@@ -1,6 +1,7 @@
 // What the CPU we run on can execute, read once from CPUID (with OS support for the wider
 // registers). Kernels use it to pick an implementation; nothing here is compiled for an ISA.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace bagualu::kernels {
@@ -17,6 +18,13 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
+
+// Data cache sizes in bytes: L1d and L2 of one core, L3 as the CPU reports it (shared). Read
+// once: sysconf(_SC_LEVEL*_CACHE_SIZE), else CPUID leaf 4, else 32 KiB, 1 MiB and 8 MiB.
+struct CacheSizes {
+    size_t l1d = 0, l2 = 0, l3 = 0;
+};
+const CacheSizes& cache_sizes();
 
 // Asks Linux for permission to use the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM), once per
 // process; true when granted. False when the CPU or the kernel has no AMX.

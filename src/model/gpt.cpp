@@ -148,7 +148,7 @@ struct ArenaPlan {
 
 // Reserves the activation slices of a forward/backward over N tokens. The one place that sizes
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
-static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N) {
+static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
@@ -162,24 +162,36 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N) {
         p.blocks.push_back(o);
     }
     p.lnf = A.reserve(N * C); p.lnfm = A.reserve(N); p.lnfr = A.reserve(N);
-    p.logits = A.reserve(N * V); p.losses = A.reserve(N); p.dlosses = A.reserve(N);
+    p.logits = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V); p.losses = A.reserve(N); p.dlosses = A.reserve(N);
     p.dresid = A.reserve(N * C); p.dc = A.reserve(N * C); p.dc2 = A.reserve(N * C);
     p.dqkv = A.reserve(N * 3 * C); p.df = A.reserve(N * F);
     return p;
 }
 
-size_t activation_floats(const ModelConfig& cfg, int64_t max_batch) {
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows) {
     FloatArena A;
-    plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len));
+    plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
+               static_cast<size_t>(head_rows));
     return A.total_floats();
 }
 
+int64_t fused_head_rows(const ModelConfig& cfg) {
+    // 768 is a multiple of the k block (KC) of each of our packed GEMMs (avx512 192 and 384,
+    // avx2 and generic 256): dwte += dlogits^T @ x then adds the same k blocks of N in the same
+    // order as one GEMM over all N rows, and the fused head gives the unfused one's bits.
+    constexpr int64_t kRowMultiple = 768;
+    const int64_t     rows         = (int64_t{1} << 22) / std::max<int64_t>(1, cfg.vocab_size);
+    return std::max<int64_t>(1, rows / kRowMultiple) * kRowMultiple;
+}
+
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
-         const PrecisionPolicy& prec)
+         const PrecisionPolicy& prec, int head_rows)
     : cfg_(cfg),
       max_batch_(max_batch),
       layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)),
-      prec_(prec) {
+      prec_(prec),
+      head_rows_(head_rows) {
+    BGL_CHECK(head_rows >= 0, "GPT: head_rows = {} must be >= 0", head_rows);
     const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
     params_ = Buffer<float>(layout_.total_floats());
     grads_  = Buffer<float>(layout_.total_floats());
@@ -204,7 +216,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_          = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    const ArenaPlan p = plan_arena(A, cfg, N);
+    const ArenaPlan p = plan_arena(A, cfg, N, static_cast<size_t>(head_rows));
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -349,9 +361,16 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
     round_inplace(a.lnf, NC, gh);
     PhaseScope lm_head(Phase::lm_head);
-    linear_forward_half(gh, a.logits, a.lnf, head_w_, nullptr, N, C, V);
-    round_inplace(a.logits, static_cast<size_t>(N) * V, ah);
-    op.ce_fwd(a.losses, a.logits, a.targets.data(), N, V);
+    // fused: the same per-row math over blocks of head_rows_ tokens (the GEMM gives a row the
+    // same sums whatever the number of rows), so the losses are those of the unfused head
+    const int rows = head_rows_ > 0 ? head_rows_ : N;
+    for (int r0 = 0; r0 < N; r0 += rows) {
+        const int n = std::min(rows, N - r0);
+        linear_forward_half(gh, a.logits, a.lnf + static_cast<size_t>(r0) * C, head_w_, nullptr,
+                            n, C, V);
+        round_inplace(a.logits, static_cast<size_t>(n) * V, ah);
+        op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V);
+    }
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += a.losses[i];
     return sum / N;
@@ -375,9 +394,26 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
     {
         PhaseScope phase(Phase::lm_head);
         for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
-        op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
-        round_inplace(a.logits, static_cast<size_t>(N) * V, gh);
-        linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
+        if (head_rows_ == 0) {
+            op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
+            round_inplace(a.logits, static_cast<size_t>(N) * V, gh);
+            linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
+        } else {
+            // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
+            // the unfused ones, dwte sums the blocks' products one after another
+            const Dtype ah = prec_.act_dtype(LayerClass::head);
+            for (int r0 = 0; r0 < N; r0 += head_rows_) {
+                const int    n   = std::min(head_rows_, N - r0);
+                const size_t nv  = static_cast<size_t>(n) * V;
+                const float* lnf = a.lnf + static_cast<size_t>(r0) * C;
+                linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V);
+                round_inplace(a.logits, nv, ah);
+                op.ce_bwd(a.logits, a.logits, a.targets.data() + r0, a.dlosses + r0, n, V);
+                round_inplace(a.logits, nv, gh);
+                linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte, nullptr,
+                                     a.logits, lnf, head_w_, n, C, V);
+            }
+        }
     }
     std::fill(a.dresid, a.dresid + NC, 0.0f);
     op.ln_bwd(a.dresid, g_.lnf_w, g_.lnf_b, a.dc, a.resid.back(), w_.lnf_w, a.lnf_mean, a.lnf_rstd,

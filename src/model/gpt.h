@@ -53,7 +53,12 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& cf
 
 // Floats of GPT's activation arena for forward/backward over max_batch sequences of seq_len
 // (saved activations, logits, backward scratch); the constructor sizes its arena with it.
-size_t activation_floats(const ModelConfig& cfg, int64_t max_batch);
+// head_rows > 0: the fused LM head (GPT's head_rows), whose logits take head_rows x V floats
+// instead of N x V.
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0);
+// Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
+// bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
+int64_t fused_head_rows(const ModelConfig& cfg);
 // Forward FLOPs per token of the matrix products and attention at sequence length T (2 per
 // multiply-add; training = 3x). GPT::flops_per_token and the planner both use it.
 double forward_flops_per_token(const ModelConfig& cfg, int T);
@@ -63,8 +68,12 @@ class GPT {
     // max_batch: the most sequences one forward will see. par: nullptr for one process.
     // virtual_workers: swipe workers each rank of an EP group simulates (parallel section).
     // prec: the mixed-precision policy (model/precision.h); the default is float32 throughout.
+    // head_rows > 0 fuses the LM head with the cross-entropy: the logits of head_rows tokens
+    // at a time are computed, reduced to losses and dropped, and backward recomputes them
+    // block by block, so the (N, V) logits are never stored (logits() then holds only a
+    // block). 0 stores all N x V logits.
     GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
-        int virtual_workers = 1, const PrecisionPolicy& prec = {});
+        int virtual_workers = 1, const PrecisionPolicy& prec = {}, int head_rows = 0);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }
@@ -92,7 +101,7 @@ class GPT {
     // gradient floats [from, n_floats()): after ln_f, after each block (from = the block's first
     // float; blocks go from the last to the first) and at the end (from = 0, the embeddings).
     void backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready = {});
-    // (B*T, V) logits of the last forward (overwritten by backward).
+    // (B*T, V) logits of the last forward (overwritten by backward); unfused head only.
     const float* logits() const;
     // MoE layers in block order, for routing statistics.
     const std::vector<std::unique_ptr<moe::MoELayer>>& moe_layers() const { return moe_; }
@@ -111,6 +120,7 @@ class GPT {
     Buffer<float>                            wte_head_;  // mixed: wte rounded for the LM head
     Buffer<float>                            dround_;    // mixed: (N, C) rounded GEMM operand
     const float*                             head_w_ = nullptr;  // the LM head's weight
+    int                                      head_rows_ = 0;     // fused head: rows per block
     ModelTensors<const float>                w_;
     ModelTensors<float>                      g_;
     std::unique_ptr<Acts>                    a_;

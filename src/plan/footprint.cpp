@@ -128,22 +128,28 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // weight, output gradient), each as large as the largest of its kind
     if (prec.dtype == Dtype::bfloat16) {
         double inp = 0, w = 0, dout = 0;
-        auto   half_linear = [&](model::LayerClass c, double in, double out) {
+        auto   half_linear = [&](model::LayerClass c, double in, double out, double rows) {
             if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
-            inp  = std::max(inp, N * in);
+            inp  = std::max(inp, rows * in);
             w    = std::max(w, in * out);
-            dout = std::max(dout, N * out);
+            dout = std::max(dout, rows * out);
         };
-        half_linear(model::LayerClass::attention, C, 3 * C);
-        half_linear(model::LayerClass::attention, C, C);
+        half_linear(model::LayerClass::attention, C, 3 * C, N);
+        half_linear(model::LayerClass::attention, C, C, N);
         if (n_moe_layers(m) < m.n_layer) {
-            half_linear(model::LayerClass::ffn, C, m.d_ff);
-            half_linear(model::LayerClass::ffn, m.d_ff, C);
+            half_linear(model::LayerClass::ffn, C, m.d_ff, N);
+            half_linear(model::LayerClass::ffn, m.d_ff, C, N);
         }
-        half_linear(model::LayerClass::head, C, V);
+        // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
+        half_linear(model::LayerClass::head, C, V,
+                    cfg.train.fused_head
+                        ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
+                        : N);
         mem.activations += 2 * (inp + w + dout);
     }
-    mem.activations += static_cast<double>(model::activation_floats(m, L.micro_batch)) * 4 +
+    mem.activations += static_cast<double>(model::activation_floats(
+                           m, L.micro_batch,
+                           cfg.train.fused_head ? model::fused_head_rows(m) : 0)) * 4 +
                        2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);

@@ -38,6 +38,7 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/full_params.h"
+#include "train/gemm_choices.h"
 #include "train/progress.h"
 #include "train/resources.h"
 #include "train/run_dir.h"
@@ -161,6 +162,7 @@ class Trainer {
     double                                 flops_per_token_ = 0;  // forward + backward
     int64_t                                tokens_per_step_ = 0;  // all ranks
     std::optional<Checkpointer>            ckpt_;
+    GemmChoiceRecord                       gemm_choices_;  // BGL_GEMM=auto's table of this rank
     int64_t                                start_step_ = 0;
     MetricsWriter                          metrics_;
     Progress                               progress_;
@@ -202,6 +204,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     accum_ = cfg.grad_accum_steps(P_);
     if (writer_) write_run_file(cfg.train.run_dir + "/config.toml", to_toml(cfg));
     build_model(cfg);
+    gemm_choices_ = GemmChoiceRecord(gemm_choice_path(cfg.train.run_dir, par_->rank()), !opt.dry_run);
     inputs_.resize(static_cast<size_t>(MB_) * T_);
     targets_.resize(inputs_.size());
     peak_gflops_     = kernels::measure_peak_gflops_f32(0.2);
@@ -240,7 +243,10 @@ void Trainer::check_inputs() {
 void Trainer::build_model(const TrainConfig& cfg) {
     prec_   = model::PrecisionPolicy::from_config(cfg.precision);
     scaler_ = optim::LossScaler(cfg.precision, prec_.loss_scaling());
-    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_);
+    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
+                                           cfg.train.fused_head
+                                               ? static_cast<int>(model::fused_head_rows(cfg.model))
+                                               : 0);
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
@@ -305,6 +311,15 @@ void Trainer::resume() {
         optimizer_->set_steps_skipped(ts.steps_skipped);
     }
     if (writer_) log::info("resumed from {} (step {})", rp->dir, start_step_);
+    // the backends the interrupted run chose for BGL_GEMM=auto: the same results bit for bit
+    const GemmChoiceRecord::Loaded g = gemm_choices_.load();
+    if (g == GemmChoiceRecord::Loaded::foreign) {
+        log::info("{}: made on another CPU, oneDNN version or thread count: ignored, GEMM "
+                  "backends timed again", gemm_choices_.path());
+    } else if (g == GemmChoiceRecord::Loaded::loaded && writer_) {
+        log::info("GEMM backends of {} shapes from {}", gemm_choices_.saved_shapes(),
+                  gemm_choices_.path());
+    }
 }
 
 // metrics.jsonl: a resumed run's is cut back to its checkpoint and appended to.
@@ -335,6 +350,7 @@ void Trainer::train_step(int64_t step) {
     sum_.skipped_steps += r.skipped ? 1 : 0;
     optimizer_phase.stop();
     const double dt = seconds_since(t0);
+    gemm_choices_.save_if_grown();
     window_time_ += dt;
     window_wait_ += optimizer_->reduce_wait_s();
     ++window_steps_;
@@ -446,6 +462,7 @@ double Trainer::evaluate_at(int64_t step) {
     gpt_->set_routing_context(moe::RoutingContext{});
     const dist::CommTally c0 = dist::comm_tally();
     const EvalResult      r  = evaluate(*gpt_, ds_.val, MB_, cfg_.train.eval_batches, par_);
+    gemm_choices_.save_if_grown();
     emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
           {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start_)}});
     progress_.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,

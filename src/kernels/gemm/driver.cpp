@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 
 namespace bagualu::kernels::gemm {
 
@@ -131,27 +132,50 @@ struct Plan {
     int threads;
 };
 
-// Bytes of one k block of a strip's packed B: with the A block it should stay in L2.
-constexpr size_t kBSliceBytes = size_t(256) << 10;
-// Most bytes a thread's packed strip (all k blocks) may take.
-constexpr size_t kBStripBytes = size_t(8) << 20;
+// The cache budgets of the blocking, from the sizes the CPU reports (kernels/cpu_features.h);
+// KC is the spec's, fixed, so the sums are the same whatever the caches (only which elements
+// of C a unit covers changes).
+//   slice: one k block of a strip's packed B (KC x NC), half of L2, the A block the rest;
+//   a_block: a unit's packed A rows for one k block (MC x KC), a quarter of L2;
+//   strip: a thread's packed strip over all k blocks, its share of half of L3, at most 8 MiB.
+struct Budgets {
+    size_t slice, a_block, strip;
+};
+const CacheSizes* g_blocking_caches = nullptr;  // set_blocking_caches
+
+Budgets budgets(int threads) {
+    const CacheSizes& c = g_blocking_caches ? *g_blocking_caches : cache_sizes();
+    Budgets           b;
+    b.slice   = std::clamp(c.l2 / 2, size_t(64) << 10, size_t(2) << 20);
+    b.a_block = std::clamp(c.l2 / 4, size_t(32) << 10, size_t(1) << 20);
+    b.strip   = std::clamp(c.l3 / 2 / size_t(std::max(threads, 1)), size_t(1) << 20,
+                           size_t(8) << 20);
+    return b;
+}
+
+// MC: rows of a unit, a multiple of mr whose packed A block (one k block) fits its budget.
+int rows_cap(const KernelSpec& s, const Budgets& b, int kcp) {
+    const size_t bytes = size_t(kcp) * size_t(s.elem_bytes) * size_t(s.mr);
+    return std::max(1, static_cast<int>(b.a_block / bytes)) * s.mr;
+}
 // Units per thread to aim for, so that a stalled thread's share can be taken over.
 constexpr int kUnitsPerThread = 4;
 constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
 
 Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
-    const size_t elem = size_t(s.elem_bytes);
-    const int    kcp  = round_up(std::min(s.kc, K), s.kstep);
-    const int    kp   = round_up(K, s.kstep);
-    int cols = static_cast<int>(kBSliceBytes / (size_t(kcp) * elem)) / s.nr * s.nr;
-    cols     = std::min(cols, static_cast<int>(kBStripBytes / (size_t(kp) * elem)) / s.nr * s.nr);
+    const size_t  elem = size_t(s.elem_bytes);
+    const int     kcp  = round_up(std::min(s.kc, K), s.kstep);
+    const int     kp   = round_up(K, s.kstep);
+    const Budgets b    = budgets(threads);
+    int cols = static_cast<int>(b.slice / (size_t(kcp) * elem)) / s.nr * s.nr;
+    cols     = std::min(cols, static_cast<int>(b.strip / (size_t(kp) * elem)) / s.nr * s.nr);
     cols     = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
     Plan p{};
     p.threads = double(M) * N * K < kMinThreadedWork ? 1 : threads;
     p.cols    = cols;
     p.strips  = ceil_div(N, cols);
     const int want = ceil_div(kUnitsPerThread * p.threads, p.strips);
-    p.rows    = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, s.mc);
+    p.rows    = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, rows_cap(s, b, kcp));
     p.mblocks = ceil_div(M, p.rows);
     return p;
 }
@@ -270,6 +294,8 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
 }
 
 }  // namespace
+
+void set_blocking_caches(const CacheSizes* caches) { g_blocking_caches = caches; }
 
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc) {

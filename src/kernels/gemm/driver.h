@@ -5,6 +5,7 @@
 // the spec's functions. Every element of C is summed in the same order (k blocks of kc, in
 // increasing k) for any thread count and whichever thread computes it.
 #pragma once
+#include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 
 namespace bagualu::kernels::gemm {
@@ -41,6 +42,11 @@ inline constexpr int kPackSlack = 256;
 // once for all threads.
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc);
+
+// The cache sizes gemm_packed blocks for (MC and the strip width NC; KC is the spec's): the
+// CPU's (kernels/cpu_features.h) unless a test sets others; nullptr restores the CPU's. Not
+// thread-safe: set it between GEMMs.
+void set_blocking_caches(const CacheSizes* caches);
 
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);
