@@ -111,7 +111,8 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     train::TrainOptions   opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
@@ -337,7 +338,8 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     bench::TrainBenchOptions o;
     o.steps  = b.steps;
     o.warmup = b.warmup;
