@@ -42,6 +42,7 @@ class ParallelContext {
 
     int  nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
     bool two_level() const { return two_level_; }
+    bool hierarchical_a2a() const { return ep_nodes_ != nullptr; }
     const NodeLayout& world_nodes() const { return world_nodes_; }
     const NodeLayout& edp_nodes() const { return edp_nodes_; }
 
