@@ -325,7 +325,12 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
                             b.sizes[1]);
             }
         }
+        if (b.ranks_per_node > 0 && world.size() % b.ranks_per_node != 0) {
+            input_error("--ranks-per-node {}: must divide the number of ranks {}",
+                        b.ranks_per_node, world.size());
+        }
     });
+    o.ranks_per_node = b.ranks_per_node;
     o.json = b.json;
     if (b.repeats > 0) o.repeats = b.repeats;
     return bench::run_comm_bench(world, o);
