@@ -73,7 +73,8 @@ void exchange(Comm& comm, const T* send, size_t send_n, int dest, T* recv, size_
 // s+1 contributions; folding the local value makes s+2. After P-1 steps chunk r holds all P.
 // bd: [P + 1], chunk k is [bd[k], bd[k + 1]).
 template <typename D>
-void reduce_scatter_ring(Comm& comm, const typename D::T* in, const size_t* bd, typename D::T* out) {
+void reduce_scatter_ring(Comm& comm, const typename D::T* in, const size_t* bd,
+                         typename D::T* out) {
     using T      = typename D::T;
     const int P  = comm.size();
     const int r  = comm.rank();
@@ -284,7 +285,9 @@ typename D::T mean_as(typename D::T* v, typename D::T* tmp, int K, int owner, Co
     if (K == 1) return v[0];
     if (a == CollAlgo::ring) {  // chain from owner + 1 around to the owner, weights 1/j
         T m = v[(owner + 1) % K];
-        for (int j = 2; j <= K; ++j) fold<D>(&m, &m, &v[(owner + j) % K], 1, 1.0f / static_cast<float>(j));
+        for (int j = 2; j <= K; ++j) {
+            fold<D>(&m, &m, &v[(owner + j) % K], 1, 1.0f / static_cast<float>(j));
+        }
         return m;
     }
     for (int d = K / 2; d >= 1; d /= 2) {  // every rank's partial at each level
@@ -303,7 +306,9 @@ void reduce_scatter_direct(Comm& comm, const NodeLayout& lay, const typename D::
     const auto r      = static_cast<size_t>(comm.rank());
     int node = 0, local = 0;  // this rank's place in the layout
     for (int k = 0; k < P; ++k) {
-        if (static_cast<size_t>(lay.members[static_cast<size_t>(k)]) == r) node = k / L, local = k % L;
+        if (static_cast<size_t>(lay.members[static_cast<size_t>(k)]) != r) continue;
+        node  = k / L;
+        local = k % L;
     }
     const NodePlan p = node_plan(lay, n, P, local);
     const size_t   s = p.world[r + 1] - p.world[r];
@@ -482,7 +487,8 @@ NodeLayout make_node_layout(Comm& comm, int node_id) {
     lay.per_node = count[0];
     lay.members.resize(ids.size());
     for (size_t q = 0; q < ids.size(); ++q) {
-        lay.members[static_cast<size_t>(node_of[q] * lay.per_node + local_of[q])] = static_cast<int>(q);
+        const auto at   = static_cast<size_t>(node_of[q] * lay.per_node + local_of[q]);
+        lay.members[at] = static_cast<int>(q);
     }
     const auto me = static_cast<size_t>(comm.rank());
     lay.node      = comm.split(node_of[me], comm.rank());
