@@ -38,6 +38,7 @@ double time_median(dist::Comm& comm, const CommBenchOptions& o, Op&& op) {
 struct Row {
     size_t bytes;
     double a2a_s, mpi_s, ours_s;
+    double one_s = 0, two_s = 0;  // over nodes: one level (direct) and two-level, same bits
 };
 
 double gbs(double bytes, double s) { return s > 0 ? bytes / s * 1e-9 : 0.0; }
@@ -51,6 +52,11 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
     const int P         = comm.size();
     const auto up       = static_cast<size_t>(P);
     const double factor = static_cast<double>(P - 1) / P;
+    // the node layout (collectives.h, "over nodes"): a node is named by its first world rank
+    int node_id = o.ranks_per_node > 0 ? comm.rank() / o.ranks_per_node * o.ranks_per_node
+                                       : comm.rank();
+    if (o.ranks_per_node == 0) comm.split_shared()->broadcast(&node_id, sizeof(int), 0);
+    const dist::NodeLayout lay = dist::make_node_layout(comm, node_id);
     std::vector<Row> rows;
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
         // All-to-all: bytes/P to every peer (the own block is a local copy).
@@ -74,7 +80,18 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
             dist::reduce_scatter_mean(comm, x, shard);
             dist::all_gather(comm, shard, full);
         });
-        rows.push_back({bytes, a2a, mpi, ours});
+        Row row{bytes, a2a, mpi, ours};
+        if (lay.nodes > 1) {
+            row.one_s = time_median(comm, o, [&] {
+                dist::reduce_scatter_mean(comm, lay, false, x, shard);
+                dist::all_gather(comm, lay, false, std::span<const float>(shard), full);
+            });
+            row.two_s = time_median(comm, o, [&] {
+                dist::reduce_scatter_mean(comm, lay, true, x, shard);
+                dist::all_gather(comm, lay, true, std::span<const float>(shard), full);
+            });
+        }
+        rows.push_back(row);
     }
     if (comm.rank() != 0) return 0;
 
@@ -82,6 +99,8 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
         nlohmann::json j;
         j["ranks"]   = P;
         j["repeats"] = o.repeats;
+        j["nodes"]    = lay.nodes;
+        j["ranks_per_node"] = lay.per_node;
         j["rows"]    = nlohmann::json::array();
         for (const Row& r : rows) {
             const auto b = static_cast<double>(r.bytes);
@@ -92,22 +111,32 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
                                  {"mpi_rs_ag_busbw_gbs", gbs(2 * b * factor, r.mpi_s)},
                                  {"ours_rs_ag_ms", r.ours_s * 1e3},
                                  {"ours_rs_ag_busbw_gbs", gbs(2 * b * factor, r.ours_s)},
-                                 {"ours_over_mpi", r.mpi_s > 0 ? r.ours_s / r.mpi_s : 0.0}});
+                                 {"ours_over_mpi", r.mpi_s > 0 ? r.ours_s / r.mpi_s : 0.0},
+                                 {"one_level_nodes_rs_ag_ms", r.one_s * 1e3},
+                                 {"two_level_rs_ag_ms", r.two_s * 1e3}});
         }
         fmt::print("{}\n", j.dump());
         std::fflush(stdout);
         return 0;
     }
-    fmt::print("comm bench: {} ranks, median of {} (slowest rank), bus bandwidth in GB/s\n", P,
-               o.repeats);
-    fmt::print("{:>10}  {:>9} {:>7}  {:>12} {:>7}  {:>13} {:>7}  {:>8}\n", "bytes", "a2a ms",
-               "GB/s", "mpi rs+ag ms", "GB/s", "ours rs+ag ms", "GB/s", "ours/mpi");
+    fmt::print("comm bench: {} ranks ({} node(s) of {}), median of {} (slowest rank), bus "
+               "bandwidth in GB/s\n",
+               P, lay.nodes, lay.per_node, o.repeats);
+    fmt::print("{:>10}  {:>9} {:>7}  {:>12} {:>7}  {:>13} {:>7}  {:>8}", "bytes", "a2a ms", "GB/s",
+               "mpi rs+ag ms", "GB/s", "ours rs+ag ms", "GB/s", "ours/mpi");
+    if (lay.nodes > 1) fmt::print("  {:>12} {:>12} {:>7}", "1-level ms", "2-level ms", "2/1");
+    fmt::print("\n");
     for (const Row& r : rows) {
         const auto b = static_cast<double>(r.bytes);
-        fmt::print("{:>10}  {:>9.3f} {:>7.2f}  {:>12.3f} {:>7.2f}  {:>13.3f} {:>7.2f}  {:>8.2f}\n",
+        fmt::print("{:>10}  {:>9.3f} {:>7.2f}  {:>12.3f} {:>7.2f}  {:>13.3f} {:>7.2f}  {:>8.2f}",
                    r.bytes, r.a2a_s * 1e3, gbs(b * factor, r.a2a_s), r.mpi_s * 1e3,
                    gbs(2 * b * factor, r.mpi_s), r.ours_s * 1e3, gbs(2 * b * factor, r.ours_s),
                    r.mpi_s > 0 ? r.ours_s / r.mpi_s : 0.0);
+        if (lay.nodes > 1) {
+            fmt::print("  {:>12.3f} {:>12.3f} {:>7.2f}", r.one_s * 1e3, r.two_s * 1e3,
+                       r.one_s > 0 ? r.two_s / r.one_s : 0.0);
+        }
+        fmt::print("\n");
     }
     std::fflush(stdout);
     return 0;

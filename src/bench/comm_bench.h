@@ -16,6 +16,7 @@ struct CommBenchOptions {
     int repeats      = 10;                // timed runs per size and operation
     int warmup       = 2;                 // untimed runs first
     bool json        = false;             // one JSON object instead of the table
+    int ranks_per_node = 0;               // every R consecutive ranks a node; 0: shared memory
 };
 
 // Returns 0; prints on rank 0 only.

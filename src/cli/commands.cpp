@@ -111,7 +111,8 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     train::TrainOptions   opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
@@ -324,7 +325,12 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
                             b.sizes[1]);
             }
         }
+        if (b.ranks_per_node > 0 && world.size() % b.ranks_per_node != 0) {
+            input_error("--ranks-per-node {}: must divide the number of ranks {}",
+                        b.ranks_per_node, world.size());
+        }
     });
+    o.ranks_per_node = b.ranks_per_node;
     o.json = b.json;
     if (b.repeats > 0) o.repeats = b.repeats;
     return bench::run_comm_bench(world, o);
@@ -337,7 +343,8 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a);
+    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     bench::TrainBenchOptions o;
     o.steps  = b.steps;
     o.warmup = b.warmup;

@@ -52,6 +52,7 @@ struct BenchArgs {
     std::string              filter;        // kernels: only GEMMs whose name contains it
     bool                     standalone_check = false;  // kernels: oneDNN also in a child process
     std::vector<std::string> sizes;         // comm: MIN MAX message sizes, e.g. 4K 64M
+    int                      ranks_per_node = 0;  // comm: a node every R ranks; 0: detect
     int64_t                  steps  = 10;   // train: timed steps
     int64_t                  warmup = 2;    // train: untimed steps first
     bool                     compare_overlap = false;  // train: overlap off vs on

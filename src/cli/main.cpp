@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
         ->expected(2)->type_name("MIN MAX")->default_str("4K 64M");
     bench_comm->add_option("--repeats", ba.repeats, "Timed runs per size and operation (median)")
         ->check(CLI::PositiveNumber)->default_str("10");
+    bench_comm->add_option("--ranks-per-node", ba.ranks_per_node,
+                           "Treat every R consecutive ranks as a node (0: the shared-memory split)")
+        ->check(CLI::NonNegativeNumber)->default_str("0");
     bench_comm->add_flag("--json", ba.json, "Print one JSON object");
     auto* bench_train = bench->add_subcommand(
         "train", "Time training steps (nothing written): tokens/s, MFU, memory, time per phase");

@@ -61,6 +61,8 @@ void visit_fields(Cfg& c, V&& v) {
 
     v("parallel", "expert_parallel", c.parallel.expert_parallel);
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
+    v("parallel", "ranks_per_node", c.parallel.ranks_per_node);
+    v("parallel", "two_level", c.parallel.two_level);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
     v("parallel", "bucket_mib", c.parallel.bucket_mib);
@@ -113,6 +115,11 @@ struct Spelling<RouteOverride> {
     static constexpr RouteOverride values[] = {RouteOverride::none, RouteOverride::one_expert,
                                                RouteOverride::one_rank, RouteOverride::zipf};
     static constexpr const char* expected = "\"none\", \"one_expert\", \"one_rank\" or \"zipf\"";
+};
+template <>
+struct Spelling<NodeSwitch> {
+    static constexpr NodeSwitch  values[] = {NodeSwitch::automatic, NodeSwitch::on, NodeSwitch::off};
+    static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
 };
 template <>
 struct Spelling<Resume> {
@@ -316,6 +323,7 @@ void validate_limits(const TrainConfig& c) {
 
     at_most("data.readers", c.data.readers, 1 << 24, "reader ranks");
     at_most("parallel.expert_parallel", c.parallel.expert_parallel, 1 << 24, "ranks");
+    at_most("parallel.ranks_per_node", c.parallel.ranks_per_node, 1 << 24, "ranks");
     at_most("parallel.virtual_workers", c.parallel.virtual_workers, 1 << 16, "workers per rank");
     at_most("parallel.bucket_mib", c.parallel.bucket_mib, 1048576.0, "1 TiB");
     at_most("precision.loss_scale", c.precision.loss_scale, 0x1p64, "2^64");
@@ -466,6 +474,7 @@ void validate(const TrainConfig& c) {
     }
 
     const SampleSection& s = c.sample;
+    non_negative("parallel.ranks_per_node", c.parallel.ranks_per_node);
     non_negative("sample.n_samples", s.n_samples);
     positive("sample.max_new_tokens", s.max_new_tokens);
     non_negative("sample.temperature", s.temperature);
@@ -479,6 +488,11 @@ void validate_layout(const TrainConfig& c, int ranks) {
     if (ranks % ep != 0) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
+    }
+    const int rpn = c.parallel.ranks_per_node;
+    if (rpn < 0 || (rpn > 0 && ranks % rpn != 0)) {
+        input_error("{}: parallel.ranks_per_node = {} must be 0 (detect) or divide the number of "
+                    "ranks {}", src, rpn, ranks);
     }
     if (c.train.batch_size % ranks != 0) {
         input_error("{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
@@ -552,6 +566,7 @@ template GateKind  parse_enum<GateKind>(const std::string&, const std::string&);
 template Level     parse_enum<Level>(const std::string&, const std::string&);
 template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
+template NodeSwitch parse_enum<NodeSwitch>(const std::string&, const std::string&);
 template Resume    parse_enum<Resume>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
 

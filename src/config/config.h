@@ -107,7 +107,14 @@ struct SampleSection {
 
 struct ParallelSection {
     int  expert_parallel  = 1;      // EP: ranks each MoE layer's experts are spread over
-    bool hierarchical_a2a = false;  // all-to-all via one leader per node (multi-node runs)
+    // All-to-all via one leader per node: "auto" = when the run spans more than one node.
+    NodeSwitch hierarchical_a2a = NodeSwitch::automatic;
+    // Ranks per node: 0 = the MPI shared-memory split; N > 0 treats each N consecutive ranks as
+    // one node (tests run 2 nodes of 2 ranks on one machine). Must divide the number of ranks.
+    int ranks_per_node = 0;
+    // ParO's reduce-scatter / all-gather and the replicated all-reduce inside the node first,
+    // then across nodes: "auto" = when the run spans more than one node (docs/parallelism.md).
+    NodeSwitch two_level = NodeSwitch::automatic;
     int  virtual_workers  = 1;      // swipe: workers each rank of an EP group simulates
     // Reduce gradients on the helper thread during the last backward of each step (needs
     // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.

@@ -11,6 +11,9 @@ enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
 enum class Partition { automatic, on, off };
+// parallel.two_level, parallel.hierarchical_a2a: on when the run spans more than one node,
+// always, never.
+enum class NodeSwitch { automatic, on, off };
 // checkpoint.resume: start afresh, or continue from the newest usable checkpoint.
 enum class Resume { never, automatic };
 // model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).
@@ -38,6 +41,9 @@ inline const char* name_of(Level l) {
 }
 inline const char* name_of(Partition p) {
     return p == Partition::automatic ? "auto" : p == Partition::on ? "on" : "off";
+}
+inline const char* name_of(NodeSwitch p) {
+    return p == NodeSwitch::automatic ? "auto" : p == NodeSwitch::on ? "on" : "off";
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
 inline const char* name_of(Dtype d) { return dtype_name(d); }

@@ -4,12 +4,16 @@
 // Dense parameters are replicated on all P ranks (data parallel over `world`).
 //   ep_rank  = rank % EP     edp_rank = rank / EP
 //   rank r holds global experts [ep_rank * E/EP, (ep_rank + 1) * E/EP) of every MoE layer.
+// Nodes: from the MPI shared-memory split, or every ranks_per_node consecutive ranks (tests);
+// the node layouts of world and edp (node and cross-node comms) serve the two-level collectives.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <span>
 
+#include "config/enums.h"
 #include "dist/comm/alltoallv.h"
+#include "dist/comm/collectives.h"
 #include "dist/comm/comm.h"
 
 namespace bagualu::dist {
@@ -18,6 +22,11 @@ class ParallelContext {
    public:
     // Collective over world. ep_size must divide world.size().
     ParallelContext(Comm& world, int ep_size, bool hierarchical_a2a);
+    // ranks_per_node: 0 = the shared-memory split (real nodes), else every ranks_per_node
+    // consecutive ranks form a node. hierarchical_a2a, two_level: "auto" = when the world spans
+    // more than one node.
+    ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchical_a2a, int ranks_per_node,
+                    NodeSwitch two_level);
     // A single process: every group is the process itself.
     static std::unique_ptr<ParallelContext> single();
 
@@ -31,6 +40,12 @@ class ParallelContext {
     int   edp_size() const { return size_ / ep_size_; }
     int   edp_rank() const { return rank_ / ep_size_; }
 
+    int  nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
+    bool two_level() const { return two_level_; }
+    bool hierarchical_a2a() const { return ep_nodes_ != nullptr; }
+    const NodeLayout& world_nodes() const { return world_nodes_; }
+    const NodeLayout& edp_nodes() const { return edp_nodes_; }
+
     // All-to-all(v) over the expert-parallel group, flat or hierarchical per the config.
     void ep_alltoallv(const void* send, std::span<const int64_t> send_counts,
                       std::span<const int64_t> send_displs, void* recv,
@@ -43,6 +58,8 @@ class ParallelContext {
     std::unique_ptr<Comm>       owned_world_;      // only for single()
     std::unique_ptr<Comm>       ep_, edp_;         // [not null]
     std::unique_ptr<NodeGroups> ep_nodes_;         // [not null iff hierarchical]
+    NodeLayout                  world_nodes_, edp_nodes_;
+    bool                        two_level_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;
 };
 

@@ -95,6 +95,37 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
     return 0;
 }
 
+// Our reduce-scatter / all-gather of a whole array of `bytes` over p ranks at level lv
+// (dist/comm/collectives.cpp): halving/doubling or the ring, as resolve_algo picks.
+double own_collective_seconds(Level lv, int p, double bytes) {
+    if (p <= 1) return 0;
+    const double P = p;
+    if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
+        dist::CollAlgo::halving_doubling) {
+        return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
+    }
+    return (P - 1) * (lv.alpha + bytes / P / lv.beta);
+}
+
+// One call of c (a reduce-scatter or all-gather over a group spanning c.nodes > 1 nodes):
+// two-level, inside the node over the whole array and then across nodes over 1/per_node of
+// it (every rank of a node sends across at once: the injection bandwidth shared by R); or one
+// level, the direct exchange (reduce-scatter) or the ring / halving over the whole group.
+double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, double bytes) {
+    const double sync = m.network.sync_us * 1e-6;
+    if (c.two_level) {
+        return sync + own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes) +
+               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes,
+                                      bytes / c.per_node);
+    }
+    const Level lv = group_level(m, c.group_size, R);
+    if (c.kind == dist::CommKind::reduce_scatter) {
+        const double P = c.group_size;
+        return sync + (P - 1) * (lv.alpha + bytes / P / lv.beta);
+    }
+    return sync + own_collective_seconds(lv, c.group_size, bytes);
+}
+
 }  // namespace
 
 Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& mach,
@@ -232,9 +263,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
         // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
-        const double t = c.hops ? 0
-                                : c.calls * collective_seconds(mach, c.kind, c.group_size,
-                                                               L.ranks_per_node, c.bytes / c.calls);
+        const double t = c.hops        ? 0
+                         : c.nodes > 1 ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node,
+                                                                      c.bytes / c.calls)
+                                       : c.calls * collective_seconds(mach, c.kind, c.group_size,
+                                                                      L.ranks_per_node,
+                                                                      c.bytes / c.calls);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
         if (c.reduction) {

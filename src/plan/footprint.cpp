@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/buffer.h"
 #include "data/loader.h"
@@ -14,6 +15,7 @@
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
+#include "dist/paro/grad_sync.h"
 #include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
@@ -205,6 +207,32 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     };
     const model::PrecisionPolicy& pol  = L.policy;
     const int                     Pi   = L.ranks;
+    // One of our reduce-scatters / all-gathers of a whole array of `bytes` over a group of G
+    // ranks on nn nodes of pn, with its sendrecv hops (dist/comm/collectives.cpp): one level
+    // (ring or halving/doubling), over nodes one-level the direct exchange (reduce-scatter;
+    // the all-gather stays one level), or two-level: inside the node over the whole array,
+    // across nodes over the node rank's region (1/pn of it). Each rank sends, on the mean,
+    // (G-1)/G of the array in one level; (pn-1)/pn inside and (nn-1)/G across in two.
+    auto add_over_nodes = [&](const std::string& what, dist::CommKind kind, const char* group,
+                              int G, int nn, int pn, double bytes, bool reduction, double calls) {
+        f.collectives.push_back({what, kind, group, G, calls, calls * bytes, reduction, false, nn,
+                                 pn, nn > 1 && L.two_level});
+        auto hops = [&](const std::string& w, int p, double array, double sent) {
+            const dist::CollAlgo a = dist::resolve_algo(dist::CollAlgo::automatic, p,
+                                                        static_cast<size_t>(array));
+            add_flagged(w, dist::CommKind::sendrecv, group, p, calls * dist::sendrecv_hops(a, p),
+                        calls * sent, false, true);
+        };
+        if (nn > 1 && L.two_level) {
+            hops(what + " hops (node)", pn, bytes, bytes * (pn - 1) / pn);
+            hops(what + " hops (across nodes)", nn, bytes / pn, bytes * (nn - 1) / G);
+        } else if (nn > 1 && kind == dist::CommKind::reduce_scatter) {
+            add_flagged(what + " hops (direct)", dist::CommKind::sendrecv, group, G,
+                        calls * (G - 1), calls * bytes * (G - 1) / G, false, true);
+        } else {
+            hops(what + " hops", G, bytes, bytes * (G - 1) / G);
+        }
+    };
 
     // data/loader.cpp DataLoader::next: in a reader group of more than one rank, every
     // micro-batch is scattered from the reader, MB windows of T + 1 int32 to each member
@@ -268,11 +296,31 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // group; global_grad_norm adds the expert squares over the EP group
         const double dense = static_cast<double>(ls.dense_floats) * 4,
                      expert = static_cast<double>(ls.expert_floats) * 4;
-        add_flagged("gradient all-reduce (dense)", dist::CommKind::allreduce, "world", Pi, n_moe + 1,
-                    dense, true, false);
-        if (L.edp() > 1 && n_moe > 0) {
-            add_flagged("gradient all-reduce (experts)", dist::CommKind::allreduce, "edp", L.edp(),
-                        n_moe, expert, true, false);
+        const auto [wn, wl] = group_nodes(Pi, 1, L.ranks_per_node);
+        if (wn > 1) {
+            // over nodes: each segment is an allreduce_mean (reduce-scatter + all-gather) of
+            // our own, per level (collectives.h, "over nodes")
+            const model::ParamLayout rank_layout = model::make_layout(m, L.ep, 0);
+            const auto [en, el]          = group_nodes(L.edp(), L.ep, L.ranks_per_node);
+            for (const dist::paro::Segment& sg : dist::paro::make_segments(rank_layout)) {
+                const bool   ex = sg.expert;
+                const int    G  = ex ? L.edp() : Pi;
+                if (G <= 1) continue;
+                const double b  = static_cast<double>(sg.end - sg.begin) * 4;
+                const int    nn = ex ? en : wn, pn = ex ? el : wl;
+                const std::string what = ex ? "gradient all-reduce (experts)" : "gradient all-reduce (dense)";
+                add_over_nodes(what + " reduce-scatter", dist::CommKind::reduce_scatter,
+                               ex ? "edp" : "world", G, nn, pn, b, true, 1);
+                add_over_nodes(what + " all-gather", dist::CommKind::all_gather,
+                               ex ? "edp" : "world", G, nn, pn, b, true, 1);
+            }
+        } else {
+            add_flagged("gradient all-reduce (dense)", dist::CommKind::allreduce, "world", Pi,
+                        n_moe + 1, dense, true, false);
+            if (L.edp() > 1 && n_moe > 0) {
+                add_flagged("gradient all-reduce (experts)", dist::CommKind::allreduce, "edp",
+                            L.edp(), n_moe, expert, true, false);
+            }
         }
         if (L.ep > 1) add("gradient norm (experts)", dist::CommKind::allreduce, "ep", L.ep, 1, 8);
     } else if (Pi > 1) {
@@ -304,12 +352,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                        double elem, bool reduction) {
             const double bucket = s.groups * s.q * elem;  // bytes of one call's whole array
             const char*  group  = i % 2 == 1 ? "edp" : "world";
-            add_flagged(what, kind, group, s.groups, s.nb, s.nb * bucket, reduction, false);
-            const dist::CollAlgo algo = dist::resolve_algo(dist::CollAlgo::automatic, s.groups,
-                                                           static_cast<size_t>(bucket));
-            add_flagged(what + " hops", dist::CommKind::sendrecv, group, s.groups,
-                        s.nb * dist::sendrecv_hops(algo, s.groups),
-                        s.nb * (s.groups - 1) * s.q * elem, false, true);
+            const auto [nn, pn] = group_nodes(s.groups, i % 2 == 1 ? L.ep : 1, L.ranks_per_node);
+            add_over_nodes(what, kind, group, s.groups, nn, pn, bucket, reduction, s.nb);
         };
         for (const auto& [i, s] : spaces) {
             own(label("gradient reduce-scatter", i, s.dtype), dist::CommKind::reduce_scatter, i, s, 4, true);
@@ -326,6 +370,16 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     f.tokens_per_step      = static_cast<double>(cfg.train.batch_size) * T;
     f.model_flops_per_step = 3 * model::forward_flops_per_token(m, m.seq_len) * f.tokens_per_step;
     return f;
+}
+
+std::pair<int, int> group_nodes(int G, int stride, int R) {
+    std::map<int, int> count;  // node -> ranks of the group on it
+    for (int k = 0; k < G; ++k) ++count[k * stride / std::max(1, R)];
+    const int c0 = count.begin()->second;
+    for (const auto& [node, c] : count) {
+        if (c != c0) return {1, G};
+    }
+    return {static_cast<int>(count.size()), c0};
 }
 
 Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
@@ -348,6 +402,9 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
     // MPI_THREAD_MULTIPLE, assumed here)
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
+    // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
+    L.two_level = cfg.parallel.two_level == NodeSwitch::on ||
+                  (cfg.parallel.two_level == NodeSwitch::automatic && L.nodes() > 1);
     return L;
 }
 

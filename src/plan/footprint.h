@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -37,6 +38,9 @@ struct Layout {
     model::PrecisionPolicy policy;                  // [precision]: dtype and a level per class
     // Gradient reduction on the helper thread during the last backward (parallel.overlap_grad_reduce)
     bool      overlap           = false;
+    // parallel.two_level resolved: ParO's and the replicated reductions inside the node first,
+    // then across nodes (the world spans more than one node, or "on")
+    bool      two_level         = false;
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double    capacity_factor = 0;
@@ -75,7 +79,17 @@ struct Collective {
     // The Comm::sendrecv hops of one of our own reduce-scatters / all-gathers: counted by the
     // counters under sendrecv as well, timed with the collective they belong to.
     bool           hops       = false;
+    // A reduce-scatter / all-gather over a group spanning `nodes` nodes of `per_node` of its
+    // ranks (1: one node): two-level (inside the node, then across), else over nodes the
+    // one-level direct exchange (collectives.h, "over nodes").
+    int            nodes      = 1;
+    int            per_node   = 1;
+    bool           two_level  = false;
 };
+
+// The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R
+// consecutive ranks a node: {nodes, ranks per node}; one node when nodes hold different counts.
+std::pair<int, int> group_nodes(int G, int stride, int R);
 
 struct Footprint {
     Layout                  layout;

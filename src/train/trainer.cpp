@@ -269,6 +269,11 @@ void Trainer::log_setup() const {
     log::info("layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
               "per MoE layer",
               P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
+    if (P_ > 1) {
+        log::info("nodes: {} of {} rank(s); gradient reduction {}, all-to-all {}", par_->nodes(),
+                  par_->world_nodes().per_node, par_->two_level() ? "two-level" : "one-level",
+                  par_->hierarchical_a2a() ? "hierarchical" : "flat");
+    }
     log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
               "tokens = {} micro-batch(es) of {} per rank",
               loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),

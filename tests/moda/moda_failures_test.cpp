@@ -65,7 +65,7 @@ TEST_F(MoDaFailureTest, HierarchicalAllToAllTrains) {
     ASSERT_EQ(flat.status, 0) << flat.output;
     const CommandResult hier = mpirun(fmt::format(
         "-np 4 {}", args("hier", "--set train.micro_batch_size=1 --set parallel.expert_parallel=4 "
-                                 "--set parallel.hierarchical_a2a=true")));
+                                 "--set parallel.hierarchical_a2a=on")));
     ASSERT_EQ(hier.status, 0) << hier.output;
     // the same rows arrive in the same order: bit-identical training
     EXPECT_EQ(read_file(dir / "flat/model/model.safetensors"), read_file(dir / "hier/model/model.safetensors"));

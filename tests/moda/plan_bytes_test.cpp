@@ -18,6 +18,7 @@ struct Case {
     int         P           = 2;
     int         steps       = 3;
     bool        skips_steps = false;  // the run must skip a step (fp16 overflow)
+    int         ranks_per_node = 0;   // > 0: the run's parallel.ranks_per_node and plan's; 0 = P
 };
 
 // Steps the run skipped (fp16 loss scaling): they have no ParO all-gather. Every skipped step is
@@ -47,8 +48,10 @@ void expect_counted_equals_predicted(const Case& c) {
                        "--set train.eval_batches=1 --set sample.n_samples=0",
                        common, dir / "run", steps));
     ASSERT_EQ(t.status, 0) << t.output;
+    const int R = c.ranks_per_node > 0 ? c.ranks_per_node : P;
     const CommandResult p = bagualu(fmt::format(
-        "plan {} --machine machines/sunway-oceanlight.toml --nodes 1 --ranks-per-node {} --json", common, P));
+        "plan {} --machine machines/sunway-oceanlight.toml --nodes {} --ranks-per-node {} --json",
+        common, P / R, R));
     ASSERT_EQ(p.status, 0) << p.output;
     const auto      plan = nlohmann::json::parse(p.output);
     const RunReport run  = read_run(dir / "run/metrics.jsonl");
@@ -144,6 +147,33 @@ TEST(PlanBytes, NoisyGateExpertParallel) {
 TEST(PlanBytes, SwitchGateCapacityCounts) {
     // EP = 1: no all-to-all, whose bytes would follow the capacity drops
     expect_counted_equals_predicted({"--set model.gate=switch --set model.top_k=1"});
+}
+
+// Over nodes: 2 nodes of 2 ranks (parallel.ranks_per_node = 2), two-level ("auto") and one
+// level (the direct exchange), ParO and replicated. The hierarchical all-to-all, on by default
+// over several nodes, is not modelled: off here.
+constexpr const char* kTwoNodes =
+    "--set parallel.expert_parallel=2 --set train.micro_batch_size=2 "
+    "--set parallel.ranks_per_node=2 --set parallel.hierarchical_a2a=off ";
+
+TEST(PlanBytes, ParoTwoLevelTwoNodes) { expect_counted_equals_predicted({kTwoNodes, 4, 2, false, 2}); }
+
+TEST(PlanBytes, ParoBf16TwoLevelSeveralBuckets) {
+    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set precision.dtype=bf16 "
+                                     "--set parallel.bucket_mib=0.0625", 4, 2, false, 2});
+}
+
+TEST(PlanBytes, ParoOneLevelOverTwoNodes) {
+    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set parallel.two_level=off", 4, 2, false, 2});
+}
+
+TEST(PlanBytes, ReplicatedTwoLevelTwoNodes) {
+    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set optimizer.partition=off", 4, 2, false, 2});
+}
+
+TEST(PlanBytes, ReplicatedOneLevelOverTwoNodes) {
+    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set optimizer.partition=off "
+                                     "--set parallel.two_level=off", 4, 2, false, 2});
 }
 
 TEST(PlanBytes, OneReaderScatters) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/rng.h"
@@ -67,6 +68,67 @@ TEST(Collectives, ReduceScatterAllGatherEqualsMpiAllreduce) {
             }
             EXPECT_EQ(bad, 0u) << "n=" << n << " algo=" << static_cast<int>(algo);
             EXPECT_TRUE(same_on_every_rank(w, full.data(), n * sizeof(float)));
+        }
+    }
+}
+
+// Over nodes (collectives.h): for every node size k dividing P (k consecutive ranks a node), the
+// two-level and the one-level reduce-scatter give the same bits, f32 and bf16, every algorithm;
+// the f32 mean is the MPI sum / P to float rounding (1e-6 relative: at most 2 log2 P or P folds
+// of values in [0.5, 1.5], each rounding once); the all-gathers place the same bytes; one node
+// is the plain call, bit for bit.
+TEST(Collectives, TwoLevelEqualsOneLevelOverNodes) {
+    Comm& w     = test_world();
+    const int P = w.size();
+    const int r = w.rank();
+    for (int k = 1; k <= P; ++k) {
+        if (P % k != 0) continue;
+        const NodeLayout lay = make_node_layout(w, r / k * k);
+        ASSERT_EQ(lay.nodes, P / k);
+        for (CollAlgo algo : algos_for(P)) {
+            if (algo == CollAlgo::halving_doubling &&
+                (!std::has_single_bit(static_cast<unsigned>(k)) ||
+                 !std::has_single_bit(static_cast<unsigned>(P / k)))) {
+                continue;
+            }
+            for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(P) + 1,
+                             static_cast<size_t>(7 * P + 3), size_t{1001}, size_t{65537}}) {
+                Rng rng(99 + n, static_cast<uint64_t>(r));
+                std::vector<float> x(n);
+                for (auto& v : x) v = static_cast<float>(0.5 + rng.uniform());
+                std::vector<float> ref = x;
+                w.allreduce_sum(std::span<float>(ref));
+                const ShardInfo s = shard_of(n, r, P);
+                std::vector<float> one(s.size), two(s.size), plain(s.size);
+                reduce_scatter_mean(w, lay, false, x, one, algo);
+                reduce_scatter_mean(w, lay, true, x, two, algo);
+                reduce_scatter_mean(w, x, plain, algo);
+                size_t bad = 0;
+                for (size_t i = 0; i < s.size; ++i) {
+                    const float want = ref[s.offset + i] / static_cast<float>(P);
+                    bad += std::bit_cast<uint32_t>(one[i]) != std::bit_cast<uint32_t>(two[i]);
+                    bad += std::abs(two[i] - want) > 1e-6f * want;
+                    if (k == P) bad += std::bit_cast<uint32_t>(plain[i]) != std::bit_cast<uint32_t>(two[i]);
+                }
+                std::vector<uint16_t> h(n), h1(s.size), h2(s.size);
+                for (size_t i = 0; i < n; ++i) h[i] = detail::bf16_from_float(x[i]);
+                reduce_scatter_mean_bf16(w, lay, false, h, h1, algo);
+                reduce_scatter_mean_bf16(w, lay, true, h, h2, algo);
+                bad += h1 != h2;
+                std::vector<float> g1(n), g2(n);
+                all_gather(w, lay, false, std::span<const float>(two), g1, algo);
+                all_gather(w, lay, true, std::span<const float>(two), g2, algo);
+                bad += std::memcmp(g1.data(), g2.data(), n * sizeof(float)) != 0;
+                std::vector<uint16_t> a1(n), a2(n);
+                all_gather(w, lay, false, std::span<const uint16_t>(h2), a1, algo);
+                all_gather(w, lay, true, std::span<const uint16_t>(h2), a2, algo);
+                bad += a1 != a2;
+                std::vector<float> in_place = x;
+                allreduce_mean(w, lay, true, in_place, algo);
+                bad += std::memcmp(in_place.data(), g2.data(), n * sizeof(float)) != 0;
+                EXPECT_EQ(bad, 0u) << "k=" << k << " n=" << n << " algo=" << static_cast<int>(algo);
+                EXPECT_TRUE(same_on_every_rank(w, in_place.data(), n * sizeof(float)));
+            }
         }
     }
 }

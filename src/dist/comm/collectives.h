@@ -8,7 +8,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "dist/comm/comm.h"
 
@@ -57,6 +59,48 @@ void all_gather(Comm& comm, std::span<const uint16_t> shard, std::span<uint16_t>
 void allreduce_mean(Comm& comm, std::span<float> data, CollAlgo algo = CollAlgo::automatic);
 void allreduce_mean_bf16(Comm& comm, std::span<uint16_t> data, CollAlgo algo = CollAlgo::automatic);
 void allreduce_mean_fp16(Comm& comm, std::span<uint16_t> data, CollAlgo algo = CollAlgo::automatic);
+
+// ---- over nodes ----
+// The node layout of a comm: `nodes` nodes of `per_node` ranks each. The node comm holds this
+// rank's node (ordered by rank), the cross comm the ranks with the same node rank (ordered by
+// node). A comm whose nodes hold different numbers of its ranks is treated as one node.
+struct NodeLayout {
+    int nodes = 1, per_node = 1;
+    std::unique_ptr<Comm> node, cross;  // [not null when nodes > 1]
+    std::vector<int> members;           // [node * per_node + node rank] -> rank in the comm
+};
+// Collective over comm. node_id: any number naming this rank's node, equal exactly on the
+// ranks of one node (the world rank of the node's first rank). Nodes are ordered by their
+// lowest rank in comm.
+NodeLayout make_node_layout(Comm& comm, int node_id);
+
+// The mean over the ranks of a comm spanning several nodes (layout.nodes > 1) is defined as the
+// mean over nodes (in node order, by the algorithm `algo` resolves to for N ranks and the
+// node-rank's region) of the means inside each node (by the algorithm for per_node ranks and
+// the whole array), whatever the traffic:
+//   two_level = true:  reduce-scatter inside the node (each node rank gets the region of the
+//                      ranks with its node rank), then across nodes among ranks with the same
+//                      node rank; a rank sends (L-1)/L of the array inside its node and
+//                      (N-1)/N of its region, 1/L of the array, across nodes.
+//   two_level = false: one level: every rank sends each other rank that rank's shard directly
+//                      (P-1 sendrecv hops, (P-1)/P of the array, as the ring), and the owner
+//                      folds the P contributions in the order above. Costs a receive buffer of
+//                      P shards and P-1 messages where halving/doubling would send log2(P).
+// Both give the same bits. With one node both are the plain calls above (same bits as today).
+// The all-gather has no arithmetic: two_level runs it across nodes, then inside the node.
+void reduce_scatter_mean(Comm& comm, const NodeLayout& layout, bool two_level,
+                         std::span<const float> in, std::span<float> out,
+                         CollAlgo algo = CollAlgo::automatic);
+void reduce_scatter_mean_bf16(Comm& comm, const NodeLayout& layout, bool two_level,
+                              std::span<const uint16_t> in, std::span<uint16_t> out,
+                              CollAlgo algo = CollAlgo::automatic);
+void all_gather(Comm& comm, const NodeLayout& layout, bool two_level, std::span<const float> shard,
+                std::span<float> out, CollAlgo algo = CollAlgo::automatic);
+void all_gather(Comm& comm, const NodeLayout& layout, bool two_level,
+                std::span<const uint16_t> shard, std::span<uint16_t> out,
+                CollAlgo algo = CollAlgo::automatic);
+void allreduce_mean(Comm& comm, const NodeLayout& layout, bool two_level, std::span<float> data,
+                    CollAlgo algo = CollAlgo::automatic);
 
 // The online-averaging fold on one buffer: out[i] = mean[i] + (x[i] - mean[i]) * w, computed in
 // float32 (w = contributions in x / total contributions). out may alias mean or x elementwise.

@@ -65,8 +65,9 @@ void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
     const ShardMap&   map = st.map;
     float*            own = bucket_.data() + static_cast<size_t>(map.rank()) * map.piece_size();
     map.pack(u.bucket, grads_, bucket_.data());
-    dist::reduce_scatter_mean(st.expert ? *reduce_edp_ : *reduce_world_,
-                              {bucket_.data(), map.bucket_size()}, {own, map.piece_size()});
+    dist::reduce_scatter_mean(st.expert ? *reduce_edp_ : *reduce_world_, nodes_of(u.space),
+                              par_.two_level(), {bucket_.data(), map.bucket_size()},
+                              {own, map.piece_size()});
     // the mean's scaling, and unscaling by the loss scale, on this rank's shard only
     const float scale = st.grad_scale * static_cast<float>(1.0 / loss_scale_);
     if (scale != 1.0f) scale_floats(own, scale, map.piece_size(), on_helper);
@@ -84,6 +85,10 @@ std::vector<StateSpace> PartitionedAdamW::state_spaces() {
 
 dist::Comm& PartitionedAdamW::comm_of(size_t space) {
     return shards_[space].expert ? par_.edp() : par_.world();
+}
+
+const dist::NodeLayout& PartitionedAdamW::nodes_of(size_t space) const {
+    return shards_[space].expert ? par_.edp_nodes() : par_.world_nodes();
 }
 
 const float* PartitionedAdamW::master_of(size_t space, const ShardPiece& p) const {
@@ -174,7 +179,8 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
     for (size_t b = 0; b < map.num_buckets(); ++b) {
         map.pack_own(b, params, bucket_.data());
         if (dt == Dtype::float32) {
-            dist::all_gather(comm_of(sp), {bucket_.data() + own_at, map.piece_size()},
+            dist::all_gather(comm_of(sp), nodes_of(sp), par_.two_level(),
+                             {bucket_.data() + own_at, map.piece_size()},
                              {bucket_.data(), map.bucket_size()});
         } else {
             // half payload: the shard's parameters already hold values of dtype (exact)
@@ -184,7 +190,8 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
             for (size_t i = own_at; i < own_at + map.piece_size(); ++i) {
                 h[i] = bf ? bf16_from_float(buf[i]) : fp16_from_float(buf[i]);
             }
-            dist::all_gather(comm_of(sp), std::span<const uint16_t>(h + own_at, map.piece_size()),
+            dist::all_gather(comm_of(sp), nodes_of(sp), par_.two_level(),
+                             std::span<const uint16_t>(h + own_at, map.piece_size()),
                              std::span<uint16_t>(h, map.bucket_size()));
             for (size_t i = 0; i < map.bucket_size(); ++i) {
                 buf[i] = bf ? bf16_to_float(h[i]) : fp16_to_float(h[i]);

@@ -68,6 +68,8 @@ class PartitionedAdamW final : public Optimizer {
     void   update_shards(float* params, float* grads, float lr, int step, float clip);
     void   all_gather_space(size_t space, float* params);
     dist::Comm& comm_of(size_t space);
+    // The node layout of that group (two-level collectives, docs/parallelism.md).
+    const dist::NodeLayout& nodes_of(size_t space) const;
     dist::ParallelContext&  par_;
     // The reductions' own communicators (duplicates of world and edp), so the helper thread's
     // collectives never mix with the main thread's on the same communicator.

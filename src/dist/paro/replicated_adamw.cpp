@@ -4,6 +4,7 @@
 #include <cmath>
 #include <span>
 
+#include "dist/comm/collectives.h"
 #include "dist/paro/spaces.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
@@ -100,6 +101,21 @@ void ReplicatedAdamW::reduce_segment(size_t i, bool on_helper) {
     if (par_.size() == 1) return;
     const Segment&   s = segs_[i];
     std::span<float> g(grads_ + s.begin, s.end - s.begin);
+    if (par_.nodes() > 1) {
+        // over nodes: the mean in the node order of collectives.h (two-level or one-level,
+        // the same bits); experts: the edp mean / EP = the edp sum / P
+        if (s.expert) {
+            if (par_.edp_size() > 1) {
+                dist::allreduce_mean(*reduce_edp_, par_.edp_nodes(), par_.two_level(), g);
+            }
+            if (par_.ep_size() > 1) {
+                scale_floats(g.data(), 1.0f / static_cast<float>(par_.ep_size()), g.size(), on_helper);
+            }
+        } else {
+            dist::allreduce_mean(*reduce_world_, par_.world_nodes(), par_.two_level(), g);
+        }
+        return;
+    }
     if (s.expert) {
         if (par_.edp_size() > 1) reduce_edp_->allreduce_sum(g);
     } else {
