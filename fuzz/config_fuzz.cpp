@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "config/config.h"
 #include "core/error.h"
 
@@ -22,21 +23,10 @@ namespace {
 
 std::string g_dir;  // scratch directory holding the config file
 
-void remove_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(g_dir, ec);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "bagualu-config-fuzz-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-        std::perror("mkdtemp");
-        std::abort();
-    }
-    g_dir = tmpl;
-    std::atexit(remove_dir);
+    g_dir = bagualu::fuzz::make_scratch_dir("bagualu-config-fuzz");
     return 0;
 }
 

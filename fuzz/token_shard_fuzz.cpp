@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "core/error.h"
 #include "data/token_file.h"
 #include "data/token_shards.h"
@@ -24,11 +25,6 @@ namespace data = bagualu::data;
 namespace {
 
 std::string g_dir;  // scratch directory holding the shard
-
-void remove_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(g_dir, ec);
-}
 
 constexpr int kSeqLen = 4;
 
@@ -65,13 +61,7 @@ void load_both(const std::string& path, int vocab_size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "bagualu-shard-fuzz-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-        std::perror("mkdtemp");
-        std::abort();
-    }
-    g_dir = tmpl;
-    std::atexit(remove_dir);
+    g_dir = bagualu::fuzz::make_scratch_dir("bagualu-shard-fuzz");
     return 0;
 }
 
