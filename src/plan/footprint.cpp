@@ -68,6 +68,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     a += 2 * buf(N * K * C, 4);                                // x_perm_, y_perm_
     a += 3 * buf(R * F, 4);                                    // h_, g_, dh_
     a += 2 * buf(N * K * C, 4) + buf(N * K, 4) + buf(N * E, 4);  // dy_perm_, dx_perm_, dprobs_, dlogits_
+    if (m.n_shared_experts > 0) {
+        const double S = m.n_shared_experts, FS = m.shared_width();
+        a += 3 * buf(N * C, 4) + 2 * buf(S * N * FS, 4) + buf(N * FS, 4);  // ys_ dys_ dxs_, hs_ gs_, dhs_
+    }
     if (ep > 1) {
         a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
         // TokenDispatcher: staging_ (max(R, N*K), C), counts_ [E], 6 x [EP], offsets
