@@ -92,6 +92,11 @@ struct Spelling<GateKind> {
     static constexpr const char* expected = "topk, switch, gshard, noisy or swipe";
 };
 template <>
+struct Spelling<RouterScore> {
+    static constexpr RouterScore values[] = {RouterScore::softmax, RouterScore::sigmoid};
+    static constexpr const char* expected = "\"softmax\" or \"sigmoid\"";
+};
+template <>
 struct Spelling<Level> {
     static constexpr Level       values[] = {Level::O0, Level::O1, Level::O2, Level::O3};
     static constexpr const char* expected = "\"O0\", \"O1\", \"O2\" or \"O3\"";
@@ -339,6 +344,11 @@ void validate(const TrainConfig& c) {
     non_negative("model.router_z_loss_coef", m.router_z_loss_coef);
     non_negative("model.n_shared_experts", m.n_shared_experts);
     non_negative("model.shared_d_ff", m.shared_d_ff);
+    if (m.moe_every > 0 && m.router_score == RouterScore::sigmoid && m.gate != GateKind::topk &&
+        m.gate != GateKind::swipe) {
+        input_error("{}: model.router_score = \"sigmoid\" needs model.gate = \"topk\" or \"swipe\" "
+                    "(model.gate = \"{}\" has its own weights)", src, name_of(m.gate));
+    }
     if (m.moe_every > 0 && m.gate == GateKind::switch_top1 && m.top_k != 1) {
         input_error("{}: model.gate = \"switch\" routes to one expert: set model.top_k = 1", src);
     }
@@ -507,6 +517,7 @@ E parse_enum(const std::string& text, const std::string& where) {
     input_error("{} = \"{}\": expected {}", where, text, Spelling<E>::expected);
 }
 template GateKind  parse_enum<GateKind>(const std::string&, const std::string&);
+template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template Level     parse_enum<Level>(const std::string&, const std::string&);
 template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

@@ -25,6 +25,7 @@ struct ModelConfig {
     int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
     double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
     double      router_z_loss_coef = 0.0;  // ST-MoE router z-loss weight; 0 disables
+    RouterScore router_score  = RouterScore::softmax;  // weights of the chosen experts (docs/model.md)
     GateKind    gate          = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
     double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
@@ -56,6 +57,8 @@ void visit_model_fields(M& m, V&& v) {
     v("moe_every", m.moe_every, true);
     v("aux_loss_coef", m.aux_loss_coef, false);
     v("router_z_loss_coef", m.router_z_loss_coef, false);
+    // changes the model; absent from models exported before it existed, which used softmax
+    v("router_score", m.router_score, false);
     v("gate", m.gate, true);
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);

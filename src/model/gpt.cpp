@@ -228,6 +228,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
+    ms.gate.score           = cfg.router_score;
     ms.gate.virtual_workers = virtual_workers;
     ms.n_shared             = cfg.n_shared_experts;
     ms.FS                   = cfg.shared_width();

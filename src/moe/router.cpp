@@ -213,6 +213,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     }
     if (gate_.kind == GateKind::switch_top1) {
         full_prob_forward(probs_.data(), selected_.data(), softmax_full_.data(), N, E_);
+    } else if (gate_.score == RouterScore::sigmoid) {
+        selected_sigmoid_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     } else {
         selected_softmax_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     }
@@ -323,6 +325,9 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
         if (gate_.kind == GateKind::switch_top1) {
             full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
                                E_);
+        } else if (gate_.score == RouterScore::sigmoid) {
+            selected_sigmoid_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(),
+                                      logits_.data(), N, E_, K_);
         } else {
             selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N,
                                       E_, K_);

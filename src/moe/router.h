@@ -24,6 +24,7 @@ struct GateConfig {
     int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
     int layer              = 0;    // index of the MoE layer: a randomness stream
     double z_loss_coef     = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
+    RouterScore score      = RouterScore::softmax;  // sigmoid: topk and swipe only
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,

@@ -1,7 +1,8 @@
 // Shared experts (docs/model.md, "Shared experts"): the MoE output is the routed output plus
 // every shared expert's FFN of each token, their tensors sit in the layout where the tensor
 // table says, and the whole model's gradient matches central differences with them on. The
-// router z-loss: its value against the definition and the gradient by central differences.
+// router z-loss and sigmoid scores: values against the definitions and gradients by central
+// differences.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -210,6 +211,52 @@ TEST(RouterZLossTest, FullGradientMatchesCentralDifferences) {
     ModelConfig m        = testing::tiny_moe_config();
     m.aux_loss_coef      = 0;  // the z-loss alone on the gate
     m.router_z_loss_coef = 0.5;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
+
+// sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)
+TEST(RouterSigmoidTest, WeightsAreSigmoidScoresNormalisedOverTheChosen) {
+    const int N = 9, C = 8, F = 12, E = 6, K = 3;
+    Rng       rng(13);
+    MoEShape  sig{C, F, E, K, 0.0};
+    sig.gate.score = RouterScore::sigmoid;
+    MoEShape  soft{C, F, E, K, 0.0};
+    MoELayer  a(sig, N), b(soft, N);
+    const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
+    const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
+    const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
+    MoEWeights w;
+    w.gate_w  = gate.data();
+    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
+                 size_t(C) * F, size_t(C)};
+    std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
+    a.forward(ya.data(), inp.data(), w, N);
+    b.forward(yb.data(), inp.data(), w, N);
+    for (int t = 0; t < N; ++t) {
+        double sum = 0;
+        for (int k = 0; k < K; ++k) {
+            // the same experts as softmax scoring: sigmoid is monotonic
+            ASSERT_EQ(a.expert_idx()[t * K + k], b.expert_idx()[t * K + k]) << t;
+            const int e = a.expert_idx()[t * K + k];
+            double    g = 0;
+            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            sum += 1 / (1 + std::exp(-g));
+        }
+        for (int k = 0; k < K; ++k) {
+            const int e = a.expert_idx()[t * K + k];
+            double    g = 0;
+            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            // float32 logits (length-8 dot products) and weights: a few float ulps
+            EXPECT_NEAR(a.probs()[t * K + k], 1 / (1 + std::exp(-g)) / sum, 1e-6) << t << " " << k;
+        }
+    }
+}
+
+TEST(RouterSigmoidTest, FullGradientMatchesCentralDifferences) {
+    ModelConfig m  = testing::tiny_moe_config();
+    m.router_score = RouterScore::sigmoid;
+    m.top_k        = 3;  // normalising over more than the pair of top-2
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
 }
 
