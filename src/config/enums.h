@@ -7,6 +7,8 @@ namespace bagualu {
 
 // model.gate (docs/model.md, Gates).
 enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
+// model.router_score: the router's scores, softmax or sigmoid of the logits (docs/model.md).
+enum class RouterScore { softmax, sigmoid };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -29,6 +31,9 @@ inline const char* name_of(GateKind g) {
         case GateKind::swipe: return "swipe";
     }
     return "?";
+}
+inline const char* name_of(RouterScore s) {
+    return s == RouterScore::sigmoid ? "sigmoid" : "softmax";
 }
 inline const char* name_of(Level l) {
     switch (l) {

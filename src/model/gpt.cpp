@@ -74,8 +74,10 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
             case Scope::block:
                 t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = base + off;
                 break;
-            case Scope::expert: {
-                moe::ExpertTensors<P>& ex = t.blocks[static_cast<size_t>(k.layer)].experts;
+            case Scope::expert:
+            case Scope::shared: {
+                BlockTensors<P>&       bt = t.blocks[static_cast<size_t>(k.layer)];
+                moe::ExpertTensors<P>& ex = r.def.scope == Scope::expert ? bt.experts : bt.shared;
                 ex.*r.expert_slot         = base + off;
                 ex.*r.stride_slot =
                     k.e1 - k.e0 > 1 ? offset(tensor_name(r.def, k.layer, k.e0 + 1)) - off : 0;
@@ -237,9 +239,13 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.kind            = cfg.gate;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
+    ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
+    ms.gate.score           = cfg.router_score;
     ms.gate.virtual_workers = virtual_workers;
     ms.rows_budget          = cfg.moe_rows_budget;
     ms.gate.route_override  = cfg.route_override;
+    ms.n_shared             = cfg.n_shared_experts;
+    ms.FS                   = cfg.shared_width();
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());
@@ -296,7 +302,7 @@ void GPT::set_routing_context(const moe::RoutingContext& ctx) {
 }
 
 static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
-    return moe::MoEWeights{b.gate_w, b.noise_w, b.experts};
+    return moe::MoEWeights{b.gate_w, b.noise_w, b.experts, b.shared};
 }
 
 // Mixed precision (model/precision.h): each class rounds its GEMMs' operands to its GEMM dtype
@@ -431,7 +437,7 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
         const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
             PhaseScope    phase(Phase::gate_dispatch);  // the layer times its experts itself
-            moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts};
+            moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts, g.shared};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
                                                     loss_scale);
         } else {
@@ -468,6 +474,7 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
         f += 2 * 2 * C * T / 2.0 * 1.0;  // causal attention: scores and weighted sum, T/2 keys on average
         if (cfg.is_moe_block(l)) {
             f += 2 * C * E + K * 2 * (2 * C * F);  // gate, K experts
+            f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());  // shared experts
         } else {
             f += 2 * (2 * C * F);
         }

@@ -1,11 +1,15 @@
 // One MoE feed-forward layer:
-//   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> [dispatch] -> experts
-//             -> [combine] -> unpermute (weighted sum; dropped slots contribute nothing)
+//   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> shared experts
+//             -> [dispatch] -> experts -> [combine] -> unpermute (weighted sum; dropped slots
+//             contribute nothing) + the shared experts' outputs
 //   backward: the same steps in reverse order.
 // The experts' rows go through buffers of a fixed budget of rows per rank (moe_rows_budget);
 // when more rows than that arrive, the experts run in several rounds through the same buffers
 // (token_dispatcher.h), and backward recomputes each round's expert forward instead of saving
 // it. Results are bitwise the same for any budget (docs/parallelism.md, "Bounded MoE memory").
+// The S shared experts (model.n_shared_experts) are FFNs every token passes through, replicated
+// on every rank. Comm has no non-blocking all-to-all, so they run right before the dispatch
+// rather than while the rows travel.
 // With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
 // the all-to-all moves of TokenDispatcher. The Router (router.h) sums its statistics over all
 // ranks, so the aux loss is the same number on every rank and for any layout.
@@ -27,11 +31,13 @@ struct MoEWeights {
     const float*  gate_w  = nullptr;  // (E, C), no bias
     const float*  noise_w = nullptr;  // (E, C), noisy gate only
     ExpertWeights experts;            // the local experts
+    ExpertWeights shared;             // the S shared experts (S > 0 only)
 };
 struct MoEGrads {
     float*      gate_w  = nullptr;
     float*      noise_w = nullptr;
     ExpertGrads experts;
+    ExpertGrads shared;
 };
 
 struct MoEShape {
@@ -39,6 +45,7 @@ struct MoEShape {
     double     aux_coef = 0;
     GateConfig gate     = {};
     double     rows_budget = 0;  // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
+    int        n_shared = 0, FS = 0;  // shared experts S and their width
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -118,8 +125,15 @@ class MoELayer {
     Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
     // (R, C) (R, F) (R, F) (R, C), R = budget_ rows
     Buffer<float>        x_local_, h_, g_, y_local_;
+    Buffer<float>        ys_, hs_, gs_;  // shared experts: (N, C) summed output, (S, N, FS) twice
     // backward scratch
     Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
+    Buffer<float> dys_, dhs_, dxs_;  // shared experts: (N, C) (N, FS) (N, C)
+
+    void shared_forward(const float* inp, const ExpertWeights& w, int N);
+    // dinp += the shared experts' input gradient.
+    void shared_backward(float* dinp, ExpertGrads& dw, const float* dout, const float* inp,
+                         const ExpertWeights& w, int N);
 };
 
 }  // namespace bagualu::moe

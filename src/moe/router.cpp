@@ -64,7 +64,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     f_.resize(Es);
     entropy_     = Buffer<double>(N);
     topk_counts_.resize(Es);
-    stat_sums_.resize(5 * Es + 3);
+    stat_sums_.resize(5 * Es + 4);
+    if (gate.z_loss_coef > 0) lse_ = Buffer<double>(N);
     dimportance_.resize(Es);
     dload_.resize(Es);
     stats_.tokens_per_expert.resize(Es);
@@ -249,6 +250,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     }
     if (gate_.kind == GateKind::switch_top1) {
         full_prob_forward(probs_.data(), selected_.data(), softmax_full_.data(), N, E_);
+    } else if (gate_.score == RouterScore::sigmoid) {
+        selected_sigmoid_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     } else {
         selected_softmax_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     }
@@ -295,6 +298,17 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     s[5 * Es]     = static_cast<double>(stats_.dropped);
     s[5 * Es + 1] = static_cast<double>(stats_.reassigned);
     s[5 * Es + 2] = entropy;
+    if (gate_.z_loss_coef > 0) {
+        // sum over tokens of logsumexp_e(g[t, e])^2 (clean logits, in double)
+        for (int64_t t = 0; t < N; ++t) {
+            const float* g = logits_.data() + t * E_;
+            double       m = g[0], sum = 0;
+            for (int e = 1; e < E_; ++e) m = std::max(m, double(g[e]));
+            for (int e = 0; e < E_; ++e) sum += std::exp(double(g[e]) - m);
+            lse_[t] = m + std::log(sum);
+            s[5 * Es + 3] += lse_[t] * lse_[t];
+        }
+    }
     if (P > 1) par_->world().allreduce_sum(std::span<double>(s));
     for (size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
     stats_.slots      = n_total_ * K_;
@@ -302,14 +316,17 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     stats_.reassigned = std::llround(s[5 * Es + 1]);
     stats_.entropy    = s[5 * Es + 2] / static_cast<double>(n_total_);
 
-    if (aux_coef_ <= 0) return 0.0;
+    const double z = gate_.z_loss_coef > 0
+                         ? gate_.z_loss_coef * s[5 * Es + 3] / static_cast<double>(n_total_)
+                         : 0.0;
+    if (aux_coef_ <= 0) return z;
     if (noisy_) {
         const double imp  = cv_squared(dimportance_.data(), s.data() + 3 * Es, E_);
         const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
-        return aux_coef_ * (imp + load);
+        return aux_coef_ * (imp + load) + z;
     }
     for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
-    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
+    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_) + z;
 }
 
 void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,
@@ -345,9 +362,24 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
         if (gate_.kind == GateKind::switch_top1) {
             full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
                                E_);
+        } else if (gate_.score == RouterScore::sigmoid) {
+            selected_sigmoid_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(),
+                                      logits_.data(), N, E_, K_);
         } else {
             selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N,
                                       E_, K_);
+        }
+    }
+    if (gate_.z_loss_coef > 0) {
+        // d z / d g[t, e] = coef * 2 lse_t softmax(g[t, :])_e / n_total, times daux (and P, as
+        // the aux loss: one number over all ranks' tokens)
+        const double scale = 2.0 * gate_.z_loss_coef * daux * (par_ ? par_->size() : 1) /
+                             static_cast<double>(n_total_);
+        for (int64_t t = 0; t < N; ++t) {
+            const double a = scale * lse_[t];
+            for (int e = 0; e < E_; ++e) {
+                dlogits_[t * E_ + e] += static_cast<float>(a * softmax_full_[t * E_ + e]);
+            }
         }
     }
     kernels::linear_backward(dinp, dgate_w, nullptr, dlogits_.data(), x, gate_w, N, C_, E_);

@@ -32,6 +32,8 @@ struct GateConfig {
     int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
     int layer              = 0;    // index of the MoE layer: a randomness stream
     RouteOverride route_override = RouteOverride::none;
+    double z_loss_coef     = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
+    RouterScore score      = RouterScore::softmax;  // sigmoid: topk and swipe only
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -63,7 +65,7 @@ class Router {
 
     void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
     // inp: (N, C). gate_w, noise_w: (E, C); noise_w only for the noisy gate. Returns the aux loss
-    // (already times aux_coef).
+    // (already times aux_coef) plus the z-loss (already times z_loss_coef).
     double forward(const float* inp, const float* gate_w, const float* noise_w, int N);
     // dinp: (N, C), overwritten (=). dgate_w, dnoise_w: +=. dprobs: (N, K), zero for dropped
     // slots. daux: d loss / d aux.
@@ -104,8 +106,9 @@ class Router {
     std::vector<double> f_, dimportance_, dload_;  // [E]
     // step scratch, sized once so a step allocates nothing
     Buffer<double>       entropy_;      // (N) router entropy per token
+    Buffer<double>       lse_;          // (N) logsumexp of the clean logits, z-loss only
     std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
-    std::vector<double>  stat_sums_;    // [5E + 3] statistics summed over ranks
+    std::vector<double>  stat_sums_;    // [5E + 4] statistics summed over ranks
     // backward scratch
     Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
 };

@@ -193,6 +193,10 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
                     (peak_rank * gemm_efficiency(nd, rows, out, in));
             }
         }
+        // shared experts: every token, grouped products in float32 like the routed ones
+        const double S = m.n_shared_experts, FS = m.shared_width();
+        linear("gemm: shared experts", N, FS, C, n_moe * S, peak_rank);
+        linear("gemm: shared experts", N, C, FS, n_moe * S, peak_rank);
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
     // the attention kernel (scores, softmax, weighted sum) computes in float32
@@ -202,7 +206,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     const double NC = N * C;
     bytes("layernorm + residual", A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
     bytes("embedding", A * 24 * NC);
-    bytes("gelu", A * n_dense * 20 * N * F);
+    bytes("gelu", A * (n_dense * 20 * N * F + n_moe * m.n_shared_experts * 20 * N * m.shared_width()));
     bytes("softmax + cross-entropy", A * 16 * N * V);
     if (n_moe > 0) {
         const double NKC = N * K * C;

@@ -77,6 +77,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
         a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
         if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
     }
+    if (m.n_shared_experts > 0) {
+        const double S = m.n_shared_experts, FS = m.shared_width();
+        a += 3 * buf(N * C, 4) + 2 * buf(S * N * FS, 4) + buf(N * FS, 4);  // ys_ dys_ dxs_, hs_ gs_, dhs_
+    }
     if (ep > 1) {
         // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible;
         // counts_, round_counts_, send_rows_, send_first_ [E], starts_out_/in_ [2E], 8 x [EP],
