@@ -226,6 +226,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.virtual_workers = virtual_workers;
+    ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());

@@ -80,8 +80,9 @@ double load_max_over_mean(const int64_t* tpe, int E) {
     return total > 0 ? mx / (total / E) : 0.0;
 }
 
-// Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step).
-void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
+// Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step); the
+// choice load and the balancing bias over the whole step.
+void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool bias_on) {
     nlohmann::json loads = nlohmann::json::array(), dropped = loads, reassigned = loads,
                    entropy = loads, tokens = loads;
     for (const auto& layer : gpt.moe_layers()) {
@@ -98,6 +99,44 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
     j["reassigned_fraction"]       = reassigned;
     j["routing_entropy"]           = entropy;
     j["expert_tokens"]             = tokens;
+    nlohmann::json violation = nlohmann::json::array(), bmin = violation, bmax = violation,
+                   babs = violation;
+    for (const auto& layer : gpt.moe_layers()) {
+        const moe::BalanceBias& b = layer->balance_bias();
+        const moe::BiasStats    st = b.stats();
+        violation.push_back(b.max_violation());
+        bmin.push_back(st.min);
+        bmax.push_back(st.max);
+        babs.push_back(st.mean_abs);
+    }
+    // the step's top-k choices over all micro-batches and ranks: max / mean - 1
+    j["choice_load_max_violation"] = violation;
+    if (bias_on) {
+        j["balance_bias_min"]      = bmin;
+        j["balance_bias_max"]      = bmax;
+        j["balance_bias_mean_abs"] = babs;
+    }
+}
+
+// After each training micro-batch's forward: its top-k choices per expert (already summed over
+// ranks by the router) into each MoE layer's step load. Once per micro-batch, from the trainer,
+// so a forward run again (recomputation) or an evaluation forward counts nothing.
+void add_choice_loads(model::GPT& gpt) {
+    for (const auto& layer : gpt.moe_layers()) {
+        layer->balance_bias().add_load(layer->routing_stats().topk_per_expert.data());
+    }
+}
+
+// After the optimizer step: each MoE layer's step load measured and, with rate > 0, its bias
+// updated (moe/balance_bias.h). A skipped fp16 step leaves the bias as it is.
+void end_bias_step(model::GPT& gpt, double rate, bool skipped) {
+    for (const auto& layer : gpt.moe_layers()) {
+        if (skipped) {
+            layer->balance_bias().discard_step();
+        } else {
+            layer->balance_bias().end_step(rate);
+        }
+    }
 }
 
 // One training run from set-up to export. The constructor does the set-up (inputs checked on
@@ -332,6 +371,7 @@ void Trainer::train_step(int64_t step) {
     r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);
+    end_bias_step(*gpt_, cfg_.model.balance_bias_rate, r.skipped);
     sum_.skipped_steps += r.skipped ? 1 : 0;
     optimizer_phase.stop();
     const double dt = seconds_since(t0);
@@ -370,6 +410,7 @@ double Trainer::forward_backward(int64_t step, double& aux) {
         gpt_->set_routing_context({cfg_.train.seed, step * accum_ + micro, true});
         loss += gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
         aux += gpt_->aux_loss() / static_cast<double>(accum_);
+        add_choice_loads(*gpt_);
         if (micro + 1 < accum_) {
             gpt_->backward(backward_scale);
         } else {  // the last backward of the step: reduce what it has finished meanwhile
@@ -426,7 +467,7 @@ void Trainer::log_step(const StepRecord& r) {
     }
     if (!gpt_->moe_layers().empty()) {
         j["aux_loss"] = r.aux;
-        add_routing_metrics(j, *gpt_, cfg_.model.n_experts);
+        add_routing_metrics(j, *gpt_, cfg_.model.n_experts, cfg_.model.balance_bias_rate > 0);
     }
     emit(j);
     sum_.tokens_per_s = tps;
