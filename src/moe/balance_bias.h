@@ -16,6 +16,9 @@
 
 namespace bagualu::moe {
 
+// Every MoE layer's bias in block order: [MoE layers][E]. Empty when the bias is off.
+using BalanceBiases = std::vector<std::vector<float>>;
+
 struct BiasStats {
     double min = 0, max = 0, mean_abs = 0;
 };

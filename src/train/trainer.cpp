@@ -343,6 +343,20 @@ void Trainer::resume() {
         scaler_.restore(ts.loss_scale, ts.clean_steps);
         optimizer_->set_steps_skipped(ts.steps_skipped);
     }
+    if (cfg_.model.balance_bias_rate > 0) {
+        if (ts.balance_bias.size() != gpt_->moe_layers().size()) {
+            input_error("{}: state.balance_bias holds {} layers, the model has {} MoE layers "
+                        "(was it written with model.balance_bias_rate = 0?)",
+                        rp->dir, ts.balance_bias.size(), gpt_->moe_layers().size());
+        }
+        for (size_t i = 0; i < ts.balance_bias.size(); ++i) {
+            if (ts.balance_bias[i].size() != static_cast<size_t>(cfg_.model.n_experts)) {
+                input_error("{}: state.balance_bias[{}] holds {} values for {} experts", rp->dir, i,
+                            ts.balance_bias[i].size(), cfg_.model.n_experts);
+            }
+        }
+        gpt_->set_balance_biases(ts.balance_bias);
+    }
     if (writer_) log::info("resumed from {} (step {})", rp->dir, start_step_);
 }
 
@@ -441,12 +455,14 @@ void Trainer::save_checkpoint(int64_t step) {
     const data::SamplerCursor c = loader_->cursor();
     // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
     // index), so the RNG state is the seed and the count of micro-steps taken.
-    ckpt_->save(step + 1,
-                {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
-                 {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
-                 {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
-                 {"steps_skipped", optimizer_->steps_skipped()}},
-                gpt_->params());
+    nlohmann::json state = {
+        {"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
+        {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
+        {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
+        {"steps_skipped", optimizer_->steps_skipped()}};
+    // the routing bias is replicated: every rank holds the same, rank 0's manifest keeps it
+    if (cfg_.model.balance_bias_rate > 0) state["balance_bias"] = gpt_->balance_biases();
+    ckpt_->save(step + 1, state, gpt_->params());
 }
 
 // One metrics line (throughput over the steps since the last one) and the progress line.
@@ -546,7 +562,8 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     model::save_model(sum_.model_dir, m, full.data(), false,
                       ds_.has_tokenizer ? cfg_.data.tokenizer : std::string(),
                       {{"step", std::to_string(cfg_.train.steps)},
-                       {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}});
+                       {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}},
+                      m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     metrics_.close();
     report::write_loss_chart(cfg_.train.run_dir);
     if (!gpt_->moe_layers().empty()) report::write_expert_load_chart(cfg_.train.run_dir);
@@ -561,7 +578,8 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg_.train.run_dir,
               gpt_->moe_layers().empty() ? "" : " expert_load.svg");
     if (!opt_.quiet && ds_.has_tokenizer && cfg_.sample.n_samples > 0) {
-        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample);
+        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample,
+                      m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     }
 }
 
