@@ -247,6 +247,9 @@ int cmd_report(const std::string& run_dir) {
     report::write_loss_chart(run_dir);
     log::info("report: wrote {}/loss.svg", run_dir);
     if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
+    if (report::write_load_violation_chart(run_dir)) {
+        log::info("report: wrote {}/load_violation.svg", run_dir);
+    }
     return 0;
 }
 
