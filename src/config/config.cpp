@@ -318,6 +318,7 @@ void validate_limits(const TrainConfig& c) {
     at_most("model.aux_loss_coef", m.aux_loss_coef, 100.0, "a weight of the loss");
     at_most("model.router_z_loss_coef", m.router_z_loss_coef, 100.0, "a weight of the loss");
     at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
+    at_most("model.balance_bias_rate", m.balance_bias_rate, 1.0, "a step of the routing bias");
     at_most("model.init_std", m.init_std, 10.0, "initial weights' standard deviation");
 
     const TrainSection& t = c.train;
@@ -402,6 +403,7 @@ void validate(const TrainConfig& c) {
         input_error("{}: model.router_score = \"sigmoid\" needs model.gate = \"topk\" or \"swipe\" "
                     "(model.gate = \"{}\" has its own weights)", src, name_of(m.gate));
     }
+    non_negative("model.balance_bias_rate", m.balance_bias_rate);
     if (m.moe_every > 0 && m.gate == GateKind::switch_top1 && m.top_k != 1) {
         input_error("{}: model.gate = \"switch\" routes to one expert: set model.top_k = 1", src);
     }

@@ -29,6 +29,7 @@ struct ModelConfig {
     GateKind    gate          = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
     double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
+    double      balance_bias_rate = 0.0;  // per-expert choice bias step (moe/balance_bias.h); 0 = off
     double      init_std      = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
@@ -71,6 +72,7 @@ void visit_model_fields(M& m, V&& v) {
     v("gate", m.gate, true);
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
+    v("balance_bias_rate", m.balance_bias_rate, false);
     v("init_std", m.init_std, false);
     v("moe_rows_budget", m.moe_rows_budget, false);
     v("route_override", m.route_override, false);

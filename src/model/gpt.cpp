@@ -242,6 +242,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
     ms.gate.score           = cfg.router_score;
     ms.gate.virtual_workers = virtual_workers;
+    ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;
     ms.gate.route_override  = cfg.route_override;
     ms.n_shared             = cfg.n_shared_experts;
@@ -484,5 +485,20 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
 }
 
 double GPT::flops_per_token(int T) const { return forward_flops_per_token(cfg_, T); }
+
+moe::BalanceBiases GPT::balance_biases() const {
+    moe::BalanceBiases out;
+    for (const auto& layer : moe_) {
+        const moe::BalanceBias& b = layer->balance_bias();
+        out.emplace_back(b.values(), b.values() + b.E());
+    }
+    return out;
+}
+
+void GPT::set_balance_biases(const moe::BalanceBiases& b) {
+    if (b.empty()) return;
+    BGL_CHECK(b.size() == moe_.size(), "{} balance biases for {} MoE layers", b.size(), moe_.size());
+    for (size_t i = 0; i < moe_.size(); ++i) moe_[i]->balance_bias().set(b[i]);
+}
 
 }  // namespace bagualu::model

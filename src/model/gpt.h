@@ -105,6 +105,10 @@ class GPT {
     const float* logits() const;
     // MoE layers in block order, for routing statistics.
     const std::vector<std::unique_ptr<moe::MoELayer>>& moe_layers() const { return moe_; }
+    // Every MoE layer's balancing bias (moe/balance_bias.h), in block order; set_ replaces them
+    // (one vector of E per MoE layer, or none to leave them as they are).
+    moe::BalanceBiases balance_biases() const;
+    void               set_balance_biases(const moe::BalanceBiases& b);
     // Forward FLOPs per token of the dense matrix products (for MFU: training = 3x).
     double flops_per_token(int T) const;
 

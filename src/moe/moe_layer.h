@@ -88,6 +88,9 @@ class MoELayer {
     const int64_t* global_tokens_per_expert() const { return router_.stats().tokens_per_expert.data(); }
     // After forward: dropped / reassigned slots and router entropy over all ranks.
     const RoutingStats& routing_stats() const { return router_.stats(); }
+    // The per-expert bias of the choice (balance_bias.h), float32, replicated on every rank.
+    BalanceBias&       balance_bias() { return router_.balance_bias(); }
+    const BalanceBias& balance_bias() const { return router_.balance_bias(); }
     // After forward: (N, K) expert ids (-1: dropped) and gate weights.
     const int32_t* expert_idx() const { return router_.expert_idx(); }
     const float*   probs() const { return router_.probs(); }

@@ -34,7 +34,7 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
 
 Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
                dist::ParallelContext* par)
-    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par) {
+    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par), bias_(E) {
     const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
                  Ks = static_cast<size_t>(K), Cs = static_cast<size_t>(C);
     noisy_ = gate.kind == GateKind::noisy;
@@ -54,6 +54,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         dx_noise_      = Buffer<float>(N * Cs);
     }
     preference_        = Buffer<int32_t>(N * Es);
+    if (gate.balance_bias) biased_ = Buffer<float>(N * Es);
+    if (gate.balance_bias && noisy_) load_pref_ = Buffer<int32_t>(N * Es);
     selected_          = Buffer<int32_t>(N * Ks);
     expert_idx_        = Buffer<int32_t>(N * Ks);
     reassigned_        = Buffer<uint8_t>(N * Ks);
@@ -69,6 +71,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     dimportance_.resize(Es);
     dload_.resize(Es);
     stats_.tokens_per_expert.resize(Es);
+    stats_.topk_per_expert.resize(Es);
     if (gate.kind == GateKind::swipe) {
         const int workers = (par ? par->ep_size() : 1) * gate.virtual_workers;
         BGL_CHECK(E % workers == 0, "swipe: {} experts over {} workers", E, workers);
@@ -226,7 +229,21 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     // selection: the top-R of each token (R = E for SWIPE, which may move tokens anywhere)
     const bool swipe = train && gate_.kind == GateKind::swipe;
     const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
-    rank_experts(preference_.data(), route, N, E_, R);
+    // The choice ranks route + bias when the balancing bias is on; the weights below read route.
+    const int32_t* load_pref = preference_.data();  // the noisy gate's load: unbiased ranking
+    if (gate_.balance_bias) {
+        const float* b = bias_.values();
+        for (int64_t t = 0; t < N; ++t) {
+            for (int e = 0; e < E_; ++e) biased_[t * E_ + e] = route[t * E_ + e] + b[e];
+        }
+        rank_experts(preference_.data(), biased_.data(), N, E_, R);
+        if (noisy_) {
+            rank_experts(load_pref_.data(), route, N, E_, R);
+            load_pref = load_pref_.data();
+        }
+    } else {
+        rank_experts(preference_.data(), route, N, E_, R);
+    }
     std::vector<int64_t>& topk_counts = topk_counts_;
     std::fill(topk_counts.begin(), topk_counts.end(), 0);
     for (int64_t t = 0; t < N; ++t) {
@@ -289,7 +306,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
                 s[3 * Es + static_cast<size_t>(selected_[t * K_ + k])] += probs_[t * K_ + k];
         }
         load_prob_forward(load_prob_.data(), logits_.data(), noise_logits_.data(),
-                          noisy_logits_.data(), preference_.data(), N, E_, K_);
+                          noisy_logits_.data(), load_pref, N, E_, K_);
         for (int64_t t = 0; t < N; ++t) {
             for (int e = 0; e < E_; ++e)
                 s[4 * Es + static_cast<size_t>(e)] += load_prob_[t * E_ + e];
@@ -310,7 +327,10 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         }
     }
     if (P > 1) par_->world().allreduce_sum(std::span<double>(s));
-    for (size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
+    for (size_t e = 0; e < Es; ++e) {
+        stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
+        stats_.topk_per_expert[e]   = std::llround(s[e]);
+    }
     stats_.slots      = n_total_ * K_;
     stats_.dropped    = std::llround(s[5 * Es]);
     stats_.reassigned = std::llround(s[5 * Es + 1]);
@@ -355,7 +375,7 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
         for (double& d : dload) d *= daux_local * aux_coef_;
         load_prob_backward(dlogits_.data(), dnoise_logits_.data(), dload.data(), logits_.data(),
                            noise_logits_.data(), eps_.data(), noisy_logits_.data(),
-                           preference_.data(), N, E_, K_);
+                           gate_.balance_bias ? load_pref_.data() : preference_.data(), N, E_, K_);
     } else {
         aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
                           aux_coef_, daux_local);
