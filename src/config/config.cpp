@@ -42,6 +42,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "log_every", c.train.log_every);
     v("train", "threads", c.train.threads);
     v("train", "run_dir", c.train.run_dir);
+    v("train", "recompute", c.train.recompute);
 
     v("data", "train", c.data.train);
     v("data", "val", c.data.val);
@@ -110,6 +111,12 @@ template <>
 struct Spelling<Resume> {
     static constexpr Resume      values[] = {Resume::never, Resume::automatic};
     static constexpr const char* expected = "\"never\" or \"auto\"";
+};
+
+template <>
+struct Spelling<Recompute> {
+    static constexpr Recompute   values[] = {Recompute::none, Recompute::moe, Recompute::block};
+    static constexpr const char* expected = "\"none\", \"moe\" or \"block\"";
 };
 
 template <typename T>
@@ -349,6 +356,9 @@ void validate(const TrainConfig& c) {
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
 
     const TrainSection& t = c.train;
+    if (t.recompute == Recompute::moe && m.moe_every == 0) {
+        input_error("{}: train.recompute = \"moe\" needs MoE blocks (model.moe_every > 0)", src);
+    }
     positive("train.batch_size", t.batch_size);
     if (t.micro_batch_size < 0) {
         input_error("{}: train.micro_batch_size = {}: must be >= 0 (0 = batch_size)", src,
@@ -504,5 +514,6 @@ template Level     parse_enum<Level>(const std::string&, const std::string&);
 template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
 template Resume    parse_enum<Resume>(const std::string&, const std::string&);
+template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
 
 }  // namespace bagualu

@@ -13,6 +13,10 @@ enum class Level { O0, O1, O2, O3 };
 enum class Partition { automatic, on, off };
 // checkpoint.resume: start afresh, or continue from the newest usable checkpoint.
 enum class Resume { never, automatic };
+// train.recompute: activations kept for backward (docs/model.md, Training): all of them; only
+// each MoE layer's input (router, dispatch and experts run again in backward); only each
+// block's input (the whole block runs again in backward).
+enum class Recompute { none, moe, block };
 
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
@@ -38,6 +42,9 @@ inline const char* name_of(Partition p) {
     return p == Partition::automatic ? "auto" : p == Partition::on ? "on" : "off";
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
+inline const char* name_of(Recompute r) {
+    return r == Recompute::moe ? "moe" : r == Recompute::block ? "block" : "none";
+}
 inline const char* name_of(Dtype d) { return dtype_name(d); }
 
 }  // namespace bagualu

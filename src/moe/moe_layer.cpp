@@ -10,12 +10,14 @@ namespace bagualu::moe {
 
 int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_tokens * K; }
 
-MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
+MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par,
+                   std::shared_ptr<MoEBuffers> shared)
     : s_(s),
       max_tokens_(max_tokens),
       El_(s.E),
       par_(par),
-      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par) {
+      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par),
+      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_ = s.E / ep;
@@ -27,6 +29,11 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         static_cast<int64_t>(R));
+    }
+    if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
+        BGL_CHECK(row_of_.size() == N * K && h_.size() == R * F && x_perm_.size() == N * K * C,
+                  "MoE layers sharing buffers differ in shape");
+        return;
     }
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);

@@ -43,10 +43,23 @@ struct MoEShape {
 // MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
 int64_t max_local_rows(int64_t max_tokens, int K, int ep);
 
+// The routing, permuted rows and expert activations a layer keeps from forward to backward,
+// and its backward scratch: everything of the layer's state but the Router's. Layers of one
+// shape may share one set when each layer's forward is run again right before its backward
+// (train.recompute, model/gpt.h); the Router, whose statistics the trainer reads after forward,
+// stays per layer.
+struct MoEBuffers {
+    Buffer<int32_t> row_of, token_of_row, offsets;
+    Buffer<float>   x_perm, y_perm, x_local, h, g, y_local;
+    Buffer<float>   dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
+};
+
 class MoELayer {
    public:
-    // par: nullptr for a single process.
-    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr);
+    // par: nullptr for a single process. shared: buffers to use instead of the layer's own
+    // (sized by the first layer that gets them); nullptr: the layer's own.
+    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr,
+             std::shared_ptr<MoEBuffers> shared = nullptr);
 
     // out: (N, C), overwritten. inp: (N, C). Returns the aux loss (already times aux_coef).
     double forward(float* out, const float* inp, const MoEWeights& w, int N);
@@ -83,12 +96,24 @@ class MoELayer {
     Router                           router_;
     int                              n_ = 0;       // tokens of the last forward
     ExpertPrecision                  prec_;
+    std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
     // saved for backward
-    Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
-    Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
-    Buffer<float>        x_local_, h_, g_, y_local_;        // (R, C) (R, F) (R, F) (R, C), R local rows
+    Buffer<int32_t>& row_of_ = buf_->row_of;  // (N*K)
+    Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
+    Buffer<int32_t>& offsets_ = buf_->offsets;  // (E+1)
+    Buffer<float>& x_perm_ = buf_->x_perm;  // (N*K, C) global expert-major
+    Buffer<float>& y_perm_ = buf_->y_perm;
+    Buffer<float>& x_local_ = buf_->x_local;  // (R, C), R local rows
+    Buffer<float>& h_ = buf_->h;  // (R, F)
+    Buffer<float>& g_ = buf_->g;  // (R, F)
+    Buffer<float>& y_local_ = buf_->y_local;  // (R, C)
     // backward scratch
-    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
+    Buffer<float>& dy_perm_ = buf_->dy_perm;
+    Buffer<float>& dy_local_ = buf_->dy_local;
+    Buffer<float>& dh_ = buf_->dh;
+    Buffer<float>& dx_local_ = buf_->dx_local;
+    Buffer<float>& dx_perm_ = buf_->dx_perm;
+    Buffer<float>& dprobs_ = buf_->dprobs;
 };
 
 }  // namespace bagualu::moe

@@ -240,7 +240,8 @@ void Trainer::check_inputs() {
 void Trainer::build_model(const TrainConfig& cfg) {
     prec_   = model::PrecisionPolicy::from_config(cfg.precision);
     scaler_ = optim::LossScaler(cfg.precision, prec_.loss_scaling());
-    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_);
+    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
+                                            cfg.train.recompute);
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
