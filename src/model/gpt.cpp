@@ -468,6 +468,21 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
     return f;
 }
 
+Recomputed recomputed(const ModelConfig& cfg, Recompute recompute) {
+    Recomputed r;
+    int n_moe = 0;
+    for (int l = 0; l < cfg.n_layer; ++l) n_moe += cfg.is_moe_block(l) ? 1 : 0;
+    if (recompute == Recompute::block) {
+        for (int l = 0; l + 1 < cfg.n_layer; ++l) {
+            ++r.blocks;
+            ++(cfg.is_moe_block(l) ? r.moe_layers : r.dense_mlps);
+        }
+    } else if (recompute == Recompute::moe) {
+        r.moe_layers = std::max(0, n_moe - 1);
+    }
+    return r;
+}
+
 double GPT::flops_per_token(int T) const { return forward_flops_per_token(cfg_, T); }
 
 }  // namespace bagualu::model

@@ -57,6 +57,13 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& cf
 // forward or backward); none and moe keep every block's activations.
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch,
                          Recompute recompute = Recompute::none);
+// What backward runs forward again for under `recompute` (GPT below): blocks whole (block:
+// all but the last), and of those or alone the MoE layers and dense MLPs (moe: every MoE
+// layer but the last). The planner counts the extra forward with it.
+struct Recomputed {
+    int blocks = 0, moe_layers = 0, dense_mlps = 0;
+};
+Recomputed recomputed(const ModelConfig& cfg, Recompute recompute);
 // Forward FLOPs per token of the matrix products and attention at sequence length T (2 per
 // multiply-add; training = 3x). GPT::flops_per_token and the planner both use it.
 double forward_flops_per_token(const ModelConfig& cfg, int T);

@@ -106,6 +106,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_
 // activations (saved + scratch) and communication buffers.
 struct MoEBytes {
     double activations  = 0;
+    double layer_buffers = 0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
     double comm_buffers = 0;
 };
 // half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more

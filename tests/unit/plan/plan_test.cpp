@@ -107,9 +107,14 @@ double allocated_bytes() {
 TEST(PlanMemory, MatchesGptAllocations) {
     // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
     // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
+    // train.recompute: block's arena holds one block's working set; moe and block share one
+    // set of MoE buffers between the layers
     for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
         for (int moe_every : {0, 1, 2}) {
+          for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
+            if (rc == Recompute::moe && moe_every == 0) continue;  // invalid: no MoE layer
             TrainConfig c = small_config(moe_every, 8);
+            c.train.recompute = rc;
             c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
             c.model.d_ff    = 256;
             c.model.vocab_size = 1000;
@@ -120,14 +125,52 @@ TEST(PlanMemory, MatchesGptAllocations) {
             double          during = 0;
             {
                 model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 0,
-                               model::PrecisionPolicy::from_config(c.precision));
+                               model::PrecisionPolicy::from_config(c.precision), rc);
                 during = allocated_bytes() - before;
             }
             const Memory& m       = f.memory;
             const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
-            EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype_name(dtype) << " moe_every " << moe_every;
+            EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
+                << dtype_name(dtype) << " moe_every " << moe_every << " recompute " << name_of(rc);
+          }
         }
     }
+}
+
+// Recompute lowers the activations by what GPT and the MoE layers stop keeping, and costs one
+// more forward of the recomputed part (a time term of its own, and the MoE collectives of the
+// recomputed layers' forward).
+TEST(PlanMemory, RecomputeKeepsLessAndCostsAForward) {
+    TrainConfig c = small_config(1, 8);  // every block MoE
+    c.model.n_layer = 4;
+    c.parallel.expert_parallel = 2;
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    double act[3], step[3], a2a_calls[3];
+    for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
+        c.train.recompute = rc;
+        const Footprint f = footprint(c, layout_of(c, 2, 2), 0, 0);
+        const Estimate  e = estimate(f, c, mach);
+        const size_t    i = static_cast<size_t>(rc);
+        act[i]            = f.memory.activations;
+        step[i]           = e.t_step;
+        a2a_calls[i] = static_cast<double>(per_kind(f.collectives)[dist::CommKind::alltoallv].calls);
+        bool has_term = false;
+        for (const Term& t : e.compute) has_term = has_term || t.name == "recompute (forward again)";
+        EXPECT_EQ(has_term, rc != Recompute::none) << name_of(rc);
+    }
+    const MoEBytes moe = moe_layer_bytes(c.model, c.micro_batch(2) * c.model.seq_len, 2);
+    EXPECT_DOUBLE_EQ(act[0] - act[1], 3 * moe.layer_buffers);  // 4 layers' buffers -> 1
+    EXPECT_LT(act[2], act[1]);                                  // and 4 block working sets -> 1
+    EXPECT_GT(step[1], step[0]);
+    EXPECT_GT(step[2], step[1]);
+    // per micro-batch and MoE layer: counts, dispatch, combine forward + dispatch, combine
+    // backward = 5 all-to-all calls; each of the 3 recomputed layers adds counts, dispatch, combine
+    EXPECT_DOUBLE_EQ(a2a_calls[1] - a2a_calls[0], 3 * 3 * static_cast<double>(c.grad_accum_steps(2)));
+    EXPECT_DOUBLE_EQ(a2a_calls[2], a2a_calls[1]);
 }
 
 TEST(PlanMemory, CategoriesSumAndScale) {
