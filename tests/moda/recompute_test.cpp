@@ -3,7 +3,8 @@
 // logged lines (loss, grad norm, aux loss, expert counts, dropped / reassigned fractions, router
 // entropy) and the exported model must be the very same bytes. Three MoE blocks with the noisy
 // gate and jitter, so that the routing draws random numbers that must repeat, and one with
-// SWIPE, whose reassignment statistics must not be counted twice.
+// SWIPE, whose reassignment statistics must not be counted twice; and the noisy gate under the
+// bf16 policy, whose all-to-all carries 16-bit rows.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -43,8 +44,9 @@ void expect_same_as_none(const TinyRuns& runs, int P, const std::string& model) 
         const std::string args =
             runs.train_args(run, P, ep, "auto") +
             fmt::format(" --set model.n_layer=3 --set model.moe_every=1 --set train.recompute={} {}",
-                        rc, model == "noisy" ? "--set model.gate=noisy --set model.jitter=0.1"
-                                             : "--set model.gate=swipe");
+                        rc, model == "noisy"  ? "--set model.gate=noisy --set model.jitter=0.1"
+                            : model == "bf16" ? "--set model.gate=noisy --set precision.dtype=bf16"
+                                              : "--set model.gate=swipe");
         const CommandResult r = TinyRuns::run(P, args);
         ASSERT_EQ(r.status, 0) << r.output;
     }
@@ -62,6 +64,8 @@ void expect_same_as_none(const TinyRuns& runs, int P, const std::string& model) 
 
 TEST_P(RecomputeTest, NoisyGateBitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "noisy"); }
 TEST_P(RecomputeTest, SwipeBitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "swipe"); }
+// bf16 with the BaGuaLu policy: the all-to-all carries 16-bit rows (moe_layer.h)
+TEST_P(RecomputeTest, Bf16BitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "bf16"); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RecomputeTest, ::testing::Values(1, 2),
                          [](const auto& p) { return fmt::format("np{}", p.param); });
