@@ -44,6 +44,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "threads", c.train.threads);
     v("train", "fused_head", c.train.fused_head);
     v("train", "run_dir", c.train.run_dir);
+    v("train", "recompute", c.train.recompute);
 
     v("data", "train", c.data.train);
     v("data", "val", c.data.val);
@@ -130,6 +131,12 @@ template <>
 struct Spelling<Resume> {
     static constexpr Resume      values[] = {Resume::never, Resume::automatic};
     static constexpr const char* expected = "\"never\" or \"auto\"";
+};
+
+template <>
+struct Spelling<Recompute> {
+    static constexpr Recompute   values[] = {Recompute::none, Recompute::moe, Recompute::block};
+    static constexpr const char* expected = "\"none\", \"moe\" or \"block\"";
 };
 
 template <typename T>
@@ -424,6 +431,9 @@ void validate(const TrainConfig& c) {
     }
 
     const TrainSection& t = c.train;
+    if (t.recompute == Recompute::moe && m.moe_every == 0) {
+        input_error("{}: train.recompute = \"moe\" needs MoE blocks (model.moe_every > 0)", src);
+    }
     positive("train.batch_size", t.batch_size);
     if (t.micro_batch_size < 0) {
         input_error("{}: train.micro_batch_size = {}: must be >= 0 (0 = batch_size)", src,
@@ -589,5 +599,6 @@ template Partition parse_enum<Partition>(const std::string&, const std::string&)
 template NodeSwitch parse_enum<NodeSwitch>(const std::string&, const std::string&);
 template Resume    parse_enum<Resume>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
+template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
 
 }  // namespace bagualu

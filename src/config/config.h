@@ -97,6 +97,7 @@ struct TrainSection {
     int         threads          = 0;  // compute workers; 0 = one per core in the affinity mask
     bool        fused_head       = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
     std::string run_dir          = "";  // "" = runs/<config file stem>
+    Recompute   recompute        = Recompute::none;  // none | moe | block (docs/model.md)
 };
 
 struct DataSection {
@@ -233,7 +234,7 @@ void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 
-// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Dtype) from its spelling in
+// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Recompute, Dtype) from its spelling in
 // a config file; InputError `<where> = "<text>": expected ...` for anything else.
 template <typename E>
 E parse_enum(const std::string& text, const std::string& where);

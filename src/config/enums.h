@@ -20,6 +20,10 @@ enum class NodeSwitch { automatic, on, off };
 enum class Resume { never, automatic };
 // model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).
 enum class RouteOverride { none, one_expert, one_rank, zipf };
+// train.recompute: activations kept for backward (docs/model.md, Training): all of them; only
+// each MoE layer's input (router, dispatch and experts run again in backward); only each
+// block's input (the whole block runs again in backward).
+enum class Recompute { none, moe, block };
 
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
@@ -51,6 +55,9 @@ inline const char* name_of(NodeSwitch p) {
     return p == NodeSwitch::automatic ? "auto" : p == NodeSwitch::on ? "on" : "off";
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
+inline const char* name_of(Recompute r) {
+    return r == Recompute::moe ? "moe" : r == Recompute::block ? "block" : "none";
+}
 inline const char* name_of(Dtype d) { return dtype_name(d); }
 inline const char* name_of(RouteOverride r) {
     switch (r) {

@@ -24,12 +24,14 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
     return std::min(rows, all);
 }
 
-MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
+MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par,
+                   std::shared_ptr<MoEBuffers> shared)
     : s_(s),
       max_tokens_(max_tokens),
       El_(s.E),
       par_(par),
-      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par) {
+      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par),
+      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_ = s.E / ep;
@@ -46,6 +48,23 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         budget_, block_);
+    }
+    const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
+    if (rounds_possible) {  // per layer: the rounds' plan and the bias gradients' sums
+        bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
+        had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
+        if (!dispatcher_) {
+            local_totals_.assign(E, 0);
+            local_offsets_ = Buffer<int32_t>(E + 1);
+        }
+    }
+    const size_t NS = s.n_shared > 0 ? N * static_cast<size_t>(s.n_shared * s.FS) : 0;
+    if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
+        BGL_CHECK(row_of_.size() == N * K && h_.size() == R * F && x_perm_.size() == N * K * C &&
+                      x_local_.size() == (dispatcher_ || rounds_possible ? R * C : 0) &&
+                      hs_.size() == NS,
+                  "MoE layers sharing buffers differ in shape");
+        return;
     }
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);
@@ -67,20 +86,11 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
         dhs_ = Buffer<float>(N * FS);
         dxs_ = Buffer<float>(N * C);
     }
-    const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
     if (dispatcher_ || rounds_possible) {
         x_local_  = Buffer<float>(R * C);
         y_local_  = Buffer<float>(R * C);
         dy_local_ = Buffer<float>(R * C);
         dx_local_ = Buffer<float>(R * C);
-    }
-    if (rounds_possible) {
-        bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
-        had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
-        if (!dispatcher_) {
-            local_totals_.assign(E, 0);
-            local_offsets_ = Buffer<int32_t>(E + 1);
-        }
     }
 }
 

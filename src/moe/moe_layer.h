@@ -62,10 +62,26 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep);
 // MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 
+// The routing, permuted rows and expert activations a layer keeps from forward to backward,
+// and its backward scratch: everything of the layer's state but the Router's. Layers of one
+// shape may share one set when each layer's forward is run again right before its backward
+// (train.recompute, model/gpt.h); the Router, whose statistics the trainer reads after forward,
+// stays per layer, and so do the few small per-round plans and sums (a forward run again
+// rebuilds its plan; backward zeroes its sums). With several rounds, each layer's backward runs
+// its rounds' expert forward again anyway, from the rows kept here.
+struct MoEBuffers {
+    Buffer<int32_t> row_of, token_of_row, offsets;
+    Buffer<float>   x_perm, y_perm, x_local, h, g, y_local;
+    Buffer<float>   dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
+    Buffer<float>   ys, hs, gs, dys, dhs, dxs;  // shared experts
+};
+
 class MoELayer {
    public:
-    // par: nullptr for a single process.
-    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr);
+    // par: nullptr for a single process. shared: buffers to use instead of the layer's own
+    // (sized by the first layer that gets them); nullptr: the layer's own.
+    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr,
+             std::shared_ptr<MoEBuffers> shared = nullptr);
 
     // out: (N, C), overwritten. inp: (N, C). Returns the aux loss (already times aux_coef).
     double forward(float* out, const float* inp, const MoEWeights& w, int N);
@@ -123,15 +139,32 @@ class MoELayer {
     Buffer<double>                   bias_acc_;       // (El, F + C) bias gradient sums over rounds
     Buffer<uint8_t>                  had_rows_;       // (El)
     ExpertPrecision                  prec_;
+    std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
     // saved for backward
-    Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
-    Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
-    // (R, C) (R, F) (R, F) (R, C), R = budget_ rows
-    Buffer<float>        x_local_, h_, g_, y_local_;
-    Buffer<float>        ys_, hs_, gs_;  // shared experts: (N, C) summed output, (S, N, FS) twice
+    Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
+    Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
+    Buffer<int32_t>& offsets_      = buf_->offsets;       // (E+1)
+    Buffer<float>&   x_perm_       = buf_->x_perm;        // (N*K, C) global expert-major
+    Buffer<float>&   y_perm_       = buf_->y_perm;        // (N*K, C)
+    Buffer<float>&   x_local_      = buf_->x_local;       // (R, C), R = budget_ rows
+    Buffer<float>&   h_            = buf_->h;             // (R, F)
+    Buffer<float>&   g_            = buf_->g;             // (R, F)
+    Buffer<float>&   y_local_      = buf_->y_local;       // (R, C)
+    // shared experts: (N, C) summed output, (S, N, FS) twice
+    Buffer<float>& ys_ = buf_->ys;
+    Buffer<float>& hs_ = buf_->hs;
+    Buffer<float>& gs_ = buf_->gs;
     // backward scratch
-    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
-    Buffer<float> dys_, dhs_, dxs_;  // shared experts: (N, C) (N, FS) (N, C)
+    Buffer<float>& dy_perm_  = buf_->dy_perm;
+    Buffer<float>& dy_local_ = buf_->dy_local;
+    Buffer<float>& dh_       = buf_->dh;
+    Buffer<float>& dx_local_ = buf_->dx_local;
+    Buffer<float>& dx_perm_  = buf_->dx_perm;
+    Buffer<float>& dprobs_   = buf_->dprobs;
+    // shared experts: (N, C) (N, FS) (N, C)
+    Buffer<float>& dys_ = buf_->dys;
+    Buffer<float>& dhs_ = buf_->dhs;
+    Buffer<float>& dxs_ = buf_->dxs;
 
     void shared_forward(const float* inp, const ExpertWeights& w, int N);
     // dinp += the shared experts' input gradient.

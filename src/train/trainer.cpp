@@ -285,7 +285,8 @@ void Trainer::build_model(const TrainConfig& cfg) {
     gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
                                            cfg.train.fused_head
                                                ? static_cast<int>(model::fused_head_rows(cfg.model))
-                                               : 0);
+                                               : 0,
+                                           cfg.train.recompute);
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
