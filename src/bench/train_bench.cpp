@@ -187,6 +187,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         covered += s;
     }
     phases.emplace_back("other", std::max(0.0, mean_s - covered));
+    // train.recompute: the forward backward runs again, inside the phases (rank 0's)
+    const double recompute_s = recompute_seconds() / static_cast<double>(step_s.size());
     double phase_sum = 0;
     for (const auto& p : phases) phase_sum += p.second;
     // Data wait: the time the loader's next() blocked for data (the prefetch, the readers'
@@ -217,6 +219,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["mfu"]                  = mfu;
         j["peak_rss_mb"]          = max_rss;
         j["peak_rss_mb_per_rank"] = rss;
+        j["recompute"]            = name_of(cfg.train.recompute);
+        j["recompute_s_per_step"] = recompute_s;
         j["final_loss"]           = sum.final_loss;
         j["grad_reduce_wait_s_median"] = median(wait_s);
         j["data_wait_s_per_step"] = data_wait_s;
@@ -245,6 +249,10 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
                100.0 * data_fraction);
     fmt::print("peak RSS {:.1f} MiB", max_rss);
     if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
+    fmt::print("\nrecompute {}: {:.2f} ms per step of forward run again in backward ({:.1f}% of "
+               "the step, inside the phases below)",
+               name_of(cfg.train.recompute), recompute_s * 1e3,
+               mean_s > 0 ? 100.0 * recompute_s / mean_s : 0.0);
     fmt::print("\n{:<14} {:>10} {:>8}\n", "phase", "ms/step", "share");
     for (const auto& [name, s] : phases) {
         fmt::print("{:<14} {:>10.2f} {:>7.1f}%\n", name, s * 1e3,

@@ -144,6 +144,7 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     // in the precision the run trained with (config.toml's [precision]), so its val loss repeats
     model::GPT gpt(cfg.model, MB, nullptr, 1, model::PrecisionPolicy::from_config(cfg.precision));
     std::copy(lm.params.data(), lm.params.data() + lm.params.size(), gpt.params());
+    gpt.set_balance_biases(lm.biases);
     const train::EvalResult r = train::evaluate(gpt, val, MB, cfg.train.eval_batches);
     fmt::print("val_loss {:.6f}  perplexity {:.3f}  tokens {}  ({})\n", r.loss, std::exp(r.loss),
                r.tokens, cfg.data.val);
@@ -163,7 +164,7 @@ int cmd_sample(const SampleArgs& a) {
     if (a.top_k >= 0) s.top_k = a.top_k;
     if (a.temperature >= 0) s.temperature = a.temperature;
     if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
-    train::print_samples(lm.config, lm.params.data(), tok, s);
+    train::print_samples(lm.config, lm.params.data(), tok, s, lm.biases);
     return 0;
 }
 
@@ -176,7 +177,7 @@ int cmd_export(const std::string& from, const std::string& out, const std::strin
     }
     model::save_model(out, lm.config, lm.params.data(), dtype == "bf16",
                       (fs::path(model_dir) / "tokenizer.model").string(),
-                      {{"exported_from", model_dir}});
+                      {{"exported_from", model_dir}}, lm.biases);
     log::info("export: wrote {}/model.safetensors ({}), config.json, tokenizer.model", out, dtype);
     return 0;
 }
@@ -189,7 +190,7 @@ int cmd_export_checkpoint(const std::string& dir, const std::string& out, const 
     const train::CheckpointModel cm = train::read_checkpoint_model(dir);
     const std::string tok = fs::exists(cm.cfg.data.tokenizer) ? cm.cfg.data.tokenizer : std::string();
     model::save_model(out, cm.cfg.model, cm.params.data(), dtype == "bf16", tok,
-                      {{"exported_from", dir}, {"step", std::to_string(cm.step)}});
+                      {{"exported_from", dir}, {"step", std::to_string(cm.step)}}, cm.biases);
     log::info("export: wrote {}/model.safetensors ({}) of step {}, config.json{}", out, dtype,
               cm.step, tok.empty() ? " (tokenizer not found: " + cm.cfg.data.tokenizer + ")"
                                    : ", tokenizer.model");
@@ -247,6 +248,9 @@ int cmd_report(const std::string& run_dir) {
     report::write_loss_chart(run_dir);
     log::info("report: wrote {}/loss.svg", run_dir);
     if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
+    if (report::write_load_violation_chart(run_dir)) {
+        log::info("report: wrote {}/load_violation.svg", run_dir);
+    }
     return 0;
 }
 

@@ -180,7 +180,7 @@ void print_text(const Estimate& e, const Inputs& in) {
     fmt::print("plan: {} on {} ({})\n", in.cfg.source, in.machine.name, in.machine.source);
     fmt::print("layout: {} node(s) x {} rank(s) = {} ranks; expert parallel {} x data parallel {}; "
                "{} local expert(s) per MoE layer; micro-batch {} x {} accumulation; {} thread(s) "
-               "per rank; {}; optimizer {}; gradient reduction {}\n",
+               "per rank; {}; optimizer {}; gradient reduction {}; recompute {}\n",
                L.nodes(), L.ranks_per_node, L.ranks, L.ep, L.edp(),
                in.cfg.model.moe_every > 0 ? in.cfg.model.n_experts / L.ep : 0, L.micro_batch,
                L.accum, L.threads, L.policy.describe(),
@@ -189,7 +189,8 @@ void print_text(const Estimate& e, const Inputs& in) {
                                 : "replicated",
                in.opt.comm_overlap >= 0 ? fmt::format("overlap what-if {}", in.opt.comm_overlap)
                : L.overlap              ? "overlapped with the last backward"
-                                        : "after backward");
+                                        : "after backward",
+               name_of(in.cfg.train.recompute));
     fmt::print("model: {} parameters; {} floats per rank ({} in local experts)\n",
                human_count(static_cast<double>(fp.params_full)), human_count(static_cast<double>(fp.rank_floats)),
                human_count(static_cast<double>(fp.expert_floats)));

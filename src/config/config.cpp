@@ -44,6 +44,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "threads", c.train.threads);
     v("train", "fused_head", c.train.fused_head);
     v("train", "run_dir", c.train.run_dir);
+    v("train", "recompute", c.train.recompute);
 
     v("data", "train", c.data.train);
     v("data", "val", c.data.val);
@@ -96,6 +97,11 @@ struct Spelling<GateKind> {
     static constexpr const char* expected = "topk, switch, gshard, noisy or swipe";
 };
 template <>
+struct Spelling<RouterScore> {
+    static constexpr RouterScore values[] = {RouterScore::softmax, RouterScore::sigmoid};
+    static constexpr const char* expected = "\"softmax\" or \"sigmoid\"";
+};
+template <>
 struct Spelling<Level> {
     static constexpr Level       values[] = {Level::O0, Level::O1, Level::O2, Level::O3};
     static constexpr const char* expected = "\"O0\", \"O1\", \"O2\" or \"O3\"";
@@ -125,6 +131,12 @@ template <>
 struct Spelling<Resume> {
     static constexpr Resume      values[] = {Resume::never, Resume::automatic};
     static constexpr const char* expected = "\"never\" or \"auto\"";
+};
+
+template <>
+struct Spelling<Recompute> {
+    static constexpr Recompute   values[] = {Recompute::none, Recompute::moe, Recompute::block};
+    static constexpr const char* expected = "\"none\", \"moe\" or \"block\"";
 };
 
 template <typename T>
@@ -308,8 +320,12 @@ void validate_limits(const TrainConfig& c) {
     at_most("model.n_layer", m.n_layer, 1 << 12, "layers");
     at_most("model.n_experts", m.n_experts, 1 << 24, "experts per MoE layer");
     at_most("model.top_k", m.top_k, 256, "experts per token");
+    at_most("model.n_shared_experts", m.n_shared_experts, 1 << 10, "shared experts per MoE layer");
+    at_most("model.shared_d_ff", m.shared_d_ff, 1 << 22, "FFN width");
     at_most("model.aux_loss_coef", m.aux_loss_coef, 100.0, "a weight of the loss");
+    at_most("model.router_z_loss_coef", m.router_z_loss_coef, 100.0, "a weight of the loss");
     at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
+    at_most("model.balance_bias_rate", m.balance_bias_rate, 1.0, "a step of the routing bias");
     at_most("model.init_std", m.init_std, 10.0, "initial weights' standard deviation");
 
     const TrainSection& t = c.train;
@@ -386,6 +402,15 @@ void validate(const TrainConfig& c) {
         }
     }
     non_negative("model.aux_loss_coef", m.aux_loss_coef);
+    non_negative("model.router_z_loss_coef", m.router_z_loss_coef);
+    non_negative("model.n_shared_experts", m.n_shared_experts);
+    non_negative("model.shared_d_ff", m.shared_d_ff);
+    if (m.moe_every > 0 && m.router_score == RouterScore::sigmoid && m.gate != GateKind::topk &&
+        m.gate != GateKind::swipe) {
+        input_error("{}: model.router_score = \"sigmoid\" needs model.gate = \"topk\" or \"swipe\" "
+                    "(model.gate = \"{}\" has its own weights)", src, name_of(m.gate));
+    }
+    non_negative("model.balance_bias_rate", m.balance_bias_rate);
     if (m.moe_every > 0 && m.gate == GateKind::switch_top1 && m.top_k != 1) {
         input_error("{}: model.gate = \"switch\" routes to one expert: set model.top_k = 1", src);
     }
@@ -406,6 +431,9 @@ void validate(const TrainConfig& c) {
     }
 
     const TrainSection& t = c.train;
+    if (t.recompute == Recompute::moe && m.moe_every == 0) {
+        input_error("{}: train.recompute = \"moe\" needs MoE blocks (model.moe_every > 0)", src);
+    }
     positive("train.batch_size", t.batch_size);
     if (t.micro_batch_size < 0) {
         input_error("{}: train.micro_batch_size = {}: must be >= 0 (0 = batch_size)", src,
@@ -519,7 +547,8 @@ void validate_micro_batch(const TrainConfig& c, int ranks) {
     const ModelConfig& m = c.model;
     const int64_t width  = std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model},
                                      int64_t{m.d_ff}, m.moe_every > 0 ? int64_t{m.n_experts} : 0,
-                                     m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0});
+                                     m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0,
+                                     int64_t{m.shared_width()}});
     // (tokens is at most 2^31 x 2^20 and width at most 2^30 here: the product cannot overflow
     // once tokens is known to fit in int32)
     if (tokens > kMaxInt32 || tokens * width > kMaxInt32) {
@@ -563,11 +592,13 @@ E parse_enum(const std::string& text, const std::string& where) {
     input_error("{} = \"{}\": expected {}", where, text, Spelling<E>::expected);
 }
 template GateKind  parse_enum<GateKind>(const std::string&, const std::string&);
+template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template Level     parse_enum<Level>(const std::string&, const std::string&);
 template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
 template NodeSwitch parse_enum<NodeSwitch>(const std::string&, const std::string&);
 template Resume    parse_enum<Resume>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
+template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
 
 }  // namespace bagualu

@@ -20,11 +20,16 @@ struct ModelConfig {
     int         d_ff          = 768;   // F: hidden width of dense MLPs and of each expert
     int         n_experts     = 8;     // E
     int         top_k         = 2;     // K
+    int         n_shared_experts = 0;  // S: FFNs every token of an MoE block passes through
+    int         shared_d_ff   = 0;     // FS: width of each shared expert; 0 = d_ff
     int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
     double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
+    double      router_z_loss_coef = 0.0;  // ST-MoE router z-loss weight; 0 disables
+    RouterScore router_score  = RouterScore::softmax;  // weights of the chosen experts (docs/model.md)
     GateKind    gate          = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
     double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
+    double      balance_bias_rate = 0.0;  // per-expert choice bias step (moe/balance_bias.h); 0 = off
     double      init_std      = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
@@ -38,6 +43,7 @@ struct ModelConfig {
 
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
     int  head_size() const { return d_model / n_head; }
+    int  shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
 };
 
 // Every [model] key once, in order: v(key, field, inference), where inference says whether the
@@ -54,11 +60,19 @@ void visit_model_fields(M& m, V&& v) {
     v("d_ff", m.d_ff, true);
     v("n_experts", m.n_experts, true);
     v("top_k", m.top_k, true);
+    // these two change the model, but a config.json without them is a model exported before
+    // shared experts existed, which has none: they keep their defaults when absent
+    v("n_shared_experts", m.n_shared_experts, false);
+    v("shared_d_ff", m.shared_d_ff, false);
     v("moe_every", m.moe_every, true);
     v("aux_loss_coef", m.aux_loss_coef, false);
+    v("router_z_loss_coef", m.router_z_loss_coef, false);
+    // changes the model; absent from models exported before it existed, which used softmax
+    v("router_score", m.router_score, false);
     v("gate", m.gate, true);
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
+    v("balance_bias_rate", m.balance_bias_rate, false);
     v("init_std", m.init_std, false);
     v("moe_rows_budget", m.moe_rows_budget, false);
     v("route_override", m.route_override, false);
@@ -83,6 +97,7 @@ struct TrainSection {
     int         threads          = 0;  // compute workers; 0 = one per core in the affinity mask
     bool        fused_head       = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
     std::string run_dir          = "";  // "" = runs/<config file stem>
+    Recompute   recompute        = Recompute::none;  // none | moe | block (docs/model.md)
 };
 
 struct DataSection {
@@ -219,7 +234,7 @@ void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 
-// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Dtype) from its spelling in
+// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Recompute, Dtype) from its spelling in
 // a config file; InputError `<where> = "<text>": expected ...` for anything else.
 template <typename E>
 E parse_enum(const std::string& text, const std::string& where);

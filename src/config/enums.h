@@ -7,6 +7,8 @@ namespace bagualu {
 
 // model.gate (docs/model.md, Gates).
 enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
+// model.router_score: the router's scores, softmax or sigmoid of the logits (docs/model.md).
+enum class RouterScore { softmax, sigmoid };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -18,6 +20,10 @@ enum class NodeSwitch { automatic, on, off };
 enum class Resume { never, automatic };
 // model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).
 enum class RouteOverride { none, one_expert, one_rank, zipf };
+// train.recompute: activations kept for backward (docs/model.md, Training): all of them; only
+// each MoE layer's input (router, dispatch and experts run again in backward); only each
+// block's input (the whole block runs again in backward).
+enum class Recompute { none, moe, block };
 
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
@@ -29,6 +35,9 @@ inline const char* name_of(GateKind g) {
         case GateKind::swipe: return "swipe";
     }
     return "?";
+}
+inline const char* name_of(RouterScore s) {
+    return s == RouterScore::sigmoid ? "sigmoid" : "softmax";
 }
 inline const char* name_of(Level l) {
     switch (l) {
@@ -46,6 +55,9 @@ inline const char* name_of(NodeSwitch p) {
     return p == NodeSwitch::automatic ? "auto" : p == NodeSwitch::on ? "on" : "off";
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
+inline const char* name_of(Recompute r) {
+    return r == Recompute::moe ? "moe" : r == Recompute::block ? "block" : "none";
+}
 inline const char* name_of(Dtype d) { return dtype_name(d); }
 inline const char* name_of(RouteOverride r) {
     switch (r) {

@@ -23,6 +23,7 @@ struct State {
     int                           current = -1;  // index of the open phase, -1: none
     Clock::time_point             since;         // when `current` last started or resumed
     std::array<double, kNumPhases> seconds{};    // [Phase]
+    double                        recompute = 0;  // RecomputeScope seconds
 };
 inline State g_state;
 }  // namespace phase_timer_detail
@@ -32,7 +33,8 @@ inline void enable_phase_timer(bool on) { phase_timer_detail::g_state.enabled = 
 inline void reset_phase_timer() {
     auto& s = phase_timer_detail::g_state;
     s.seconds.fill(0.0);
-    s.since = phase_timer_detail::Clock::now();
+    s.recompute = 0;
+    s.since     = phase_timer_detail::Clock::now();
 }
 // Seconds spent in each phase since the last reset: [Phase].
 inline const std::array<double, kNumPhases>& phase_seconds() {
@@ -75,6 +77,29 @@ class PhaseScope {
     }
     bool active_ = false;
     int  prev_   = -1;
+};
+
+// The forward work backward runs again (train.recompute, model/gpt.h), timed across the phases
+// rather than as one: its attention, experts, ... time stays in those phases, and this sums
+// the whole of it on the side. Seconds since the last reset.
+inline double recompute_seconds() { return phase_timer_detail::g_state.recompute; }
+class RecomputeScope {
+   public:
+    RecomputeScope() : active_(phase_timer_detail::g_state.enabled) {
+        if (active_) [[unlikely]] since_ = phase_timer_detail::Clock::now();
+    }
+    ~RecomputeScope() {
+        if (active_) [[unlikely]] {
+            phase_timer_detail::g_state.recompute +=
+                std::chrono::duration<double>(phase_timer_detail::Clock::now() - since_).count();
+        }
+    }
+    RecomputeScope(const RecomputeScope&)            = delete;
+    RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+   private:
+    bool                          active_;
+    phase_timer_detail::Clock::time_point since_;
 };
 
 }  // namespace bagualu

@@ -11,8 +11,11 @@ namespace bagualu::model {
 
 using namespace kernels;
 
-Generator::Generator(const ModelConfig& cfg, const float* params)
-    : cfg_(cfg), layout_(make_layout(cfg)), w_(resolve<const float>(layout_, cfg_, params)) {
+Generator::Generator(const ModelConfig& cfg, const float* params, moe::BalanceBiases biases)
+    : cfg_(cfg),
+      layout_(make_layout(cfg)),
+      w_(resolve<const float>(layout_, cfg_, params)),
+      biases_(std::move(biases)) {
     const size_t C = static_cast<size_t>(cfg.d_model), T = static_cast<size_t>(cfg.seq_len),
                  L = static_cast<size_t>(cfg.n_layer), F = static_cast<size_t>(cfg.d_ff);
     kcache_      = Buffer<float>(L * T * C);
@@ -28,6 +31,7 @@ Generator::Generator(const ModelConfig& cfg, const float* params)
     scores_      = Buffer<float>(T);
     gate_logits_ = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     order_.resize(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+    choice_.resize(order_.size());
 }
 
 const float* Generator::step(int32_t token) {
@@ -37,6 +41,7 @@ const float* Generator::step(int32_t token) {
     const int p = pos_;
     float     mean, rstd;
     for (int c = 0; c < C; ++c) x_[c] = w_.wte[static_cast<int64_t>(token) * C + c] + w_.wpe[p * C + c];
+    size_t moe_i = 0;  // MoE blocks so far
     for (int l = 0; l < cfg_.n_layer; ++l) {
         const auto& w  = w_.blocks[static_cast<size_t>(l)];
         float*      kc = kcache_.data() + static_cast<int64_t>(l) * T * C;
@@ -74,9 +79,16 @@ const float* Generator::step(int32_t token) {
             const int E = cfg_.n_experts, K = cfg_.top_k;
             linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
             const float* gl = gate_logits_.data();
+            const float* ch = gl;  // the choice ranks logit + balancing bias; weights use gl
+            if (!biases_.empty()) {
+                const std::vector<float>& b = biases_[moe_i];
+                for (int e = 0; e < E; ++e) choice_[static_cast<size_t>(e)] = gl[e] + b[static_cast<size_t>(e)];
+                ch = choice_.data();
+            }
+            ++moe_i;
             std::iota(order_.begin(), order_.end(), 0);
-            std::partial_sort(order_.begin(), order_.begin() + K, order_.end(), [gl](int a, int b) {
-                return gl[a] > gl[b] || (gl[a] == gl[b] && a < b);
+            std::partial_sort(order_.begin(), order_.begin() + K, order_.end(), [ch](int a, int b) {
+                return ch[a] > ch[b] || (ch[a] == ch[b] && a < b);
             });
             // Every gate routes as plain top-k at inference (no capacity, noise or SWIPE);
             // the weights are the softmax over the K selected logits, except for switch, whose

@@ -14,8 +14,9 @@ namespace bagualu::model {
 
 class Generator {
    public:
-    // params: a flat array in make_layout(cfg) order; must outlive the generator.
-    Generator(const ModelConfig& cfg, const float* params);
+    // params: a flat array in make_layout(cfg) order; must outlive the generator. biases: the
+    // MoE blocks' balancing biases (model_io.h), added to the gate logits for the choice only.
+    Generator(const ModelConfig& cfg, const float* params, moe::BalanceBiases biases = {});
     // Feeds the token at position pos (= number of tokens fed before); returns logits (V).
     const float* step(int32_t token);
     int          position() const { return pos_; }
@@ -29,6 +30,8 @@ class Generator {
     Buffer<float>             x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
     Buffer<float>             gate_logits_;
     std::vector<int32_t>      order_;
+    moe::BalanceBiases        biases_;  // [MoE blocks][E] or empty
+    std::vector<float>        choice_;  // (E) gate logits + bias
     int                       pos_ = 0;
 };
 

@@ -74,8 +74,10 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
             case Scope::block:
                 t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = base + off;
                 break;
-            case Scope::expert: {
-                moe::ExpertTensors<P>& ex = t.blocks[static_cast<size_t>(k.layer)].experts;
+            case Scope::expert:
+            case Scope::shared: {
+                BlockTensors<P>&       bt = t.blocks[static_cast<size_t>(k.layer)];
+                moe::ExpertTensors<P>& ex = r.def.scope == Scope::expert ? bt.experts : bt.shared;
                 ex.*r.expert_slot         = base + off;
                 ex.*r.stride_slot =
                     k.e1 - k.e0 > 1 ? offset(tensor_name(r.def, k.layer, k.e0 + 1)) - off : 0;
@@ -148,17 +150,26 @@ struct ArenaPlan {
 
 // Reserves the activation slices of a forward/backward over N tokens. The one place that sizes
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
-static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows) {
+// recompute = block: every block uses one working set (the MLP's slices when any block is dense).
+static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows,
+                            Recompute rc) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
     for (int l = 0; l <= cfg.n_layer; ++l) p.resid.push_back(A.reserve(N * C));
+    bool any_dense = false;
+    for (int l = 0; l < cfg.n_layer; ++l) any_dense = any_dense || !cfg.is_moe_block(l);
     for (int l = 0; l < cfg.n_layer; ++l) {
+        if (rc == Recompute::block && l > 0) {
+            p.blocks.push_back(p.blocks.front());
+            continue;
+        }
+        const bool dense = rc == Recompute::block ? any_dense : !cfg.is_moe_block(l);
         ArenaPlan::BlockOff o{};
         o.ln1 = A.reserve(N * C); o.m1 = A.reserve(N); o.r1 = A.reserve(N);
         o.qkv = A.reserve(N * 3 * C); o.atty = A.reserve(N * C); o.lse = A.reserve(N * NH);
         o.res1 = A.reserve(N * C); o.ln2 = A.reserve(N * C); o.m2 = A.reserve(N); o.r2 = A.reserve(N);
-        if (!cfg.is_moe_block(l)) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
+        if (dense) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
         p.blocks.push_back(o);
     }
     p.lnf = A.reserve(N * C); p.lnfm = A.reserve(N); p.lnfr = A.reserve(N);
@@ -168,10 +179,11 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
     return p;
 }
 
-size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows) {
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows,
+                         Recompute recompute) {
     FloatArena A;
     plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
-               static_cast<size_t>(head_rows));
+               static_cast<size_t>(head_rows), recompute);
     return A.total_floats();
 }
 
@@ -185,12 +197,13 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
 }
 
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
-         const PrecisionPolicy& prec, int head_rows)
+         const PrecisionPolicy& prec, int head_rows, Recompute recompute)
     : cfg_(cfg),
       max_batch_(max_batch),
       layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)),
       prec_(prec),
-      head_rows_(head_rows) {
+      head_rows_(head_rows),
+      recompute_(recompute) {
     BGL_CHECK(head_rows >= 0, "GPT: head_rows = {} must be >= 0", head_rows);
     const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
     params_ = Buffer<float>(layout_.total_floats());
@@ -216,7 +229,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_          = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    const ArenaPlan p = plan_arena(A, cfg, N, static_cast<size_t>(head_rows));
+    const ArenaPlan p = plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_);
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -237,14 +250,22 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.kind            = cfg.gate;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
+    ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
+    ms.gate.score           = cfg.router_score;
     ms.gate.virtual_workers = virtual_workers;
+    ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;
     ms.gate.route_override  = cfg.route_override;
+    ms.n_shared             = cfg.n_shared_experts;
+    ms.FS                   = cfg.shared_width();
+    // recomputed MoE layers run forward right before their backward: one set of buffers serves all
+    const auto shared =
+        recompute_ != Recompute::none ? std::make_shared<moe::MoEBuffers>() : nullptr;
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());
             moe_index_.push_back(static_cast<int>(moe_.size()));
-            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par));
+            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par, shared));
             moe_.back()->set_precision({prec_.gemm_dtype(LayerClass::ffn),
                                         prec_.act_dtype(LayerClass::ffn), prec_.fp64_sensitive});
         } else {
@@ -296,7 +317,7 @@ void GPT::set_routing_context(const moe::RoutingContext& ctx) {
 }
 
 static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
-    return moe::MoEWeights{b.gate_w, b.noise_w, b.experts};
+    return moe::MoEWeights{b.gate_w, b.noise_w, b.experts, b.shared};
 }
 
 // Mixed precision (model/precision.h): each class rounds its GEMMs' operands to its GEMM dtype
@@ -310,54 +331,19 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
               "forward({}, {}) outside the planned {} x {}", B, T, max_batch_, cfg_.seq_len);
     B_ = B;
     T_ = T;
-    const int N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size, NH = cfg_.n_head;
-    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+    const int N = B * T, C = cfg_.d_model, V = cfg_.vocab_size;
+    const size_t NC = static_cast<size_t>(N) * C;
     Acts&     a = *a_;
     std::copy(tokens, tokens + N, a.tokens.data());
     std::copy(targets, targets + N, a.targets.data());
     if (prec_.mixed()) refresh_compute_weights();
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
-    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), aa = prec_.act_dtype(LayerClass::attention);
-    const Dtype gf = prec_.gemm_dtype(LayerClass::ffn), af = prec_.act_dtype(LayerClass::ffn);
     const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
 
     embedding_forward(a.resid[0], a.tokens.data(), w_.wte, w_.wpe, B, T, C);
     round_inplace(a.resid[0], NC, prec_.act_dtype(LayerClass::embedding));
     aux_loss_ = 0;
-    for (int l = 0; l < cfg_.n_layer; ++l) {
-        const auto& w  = w_.blocks[static_cast<size_t>(l)];
-        auto&       b  = a.blocks[static_cast<size_t>(l)];
-        const float* x = a.resid[static_cast<size_t>(l)];
-        float*       y = a.resid[static_cast<size_t>(l) + 1];
-        op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
-        round_inplace(b.ln1, NC, ga);
-        {
-            PhaseScope phase(Phase::attention);
-            linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-            round_inplace(b.qkv, 3 * NC, aa);
-            op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
-            round_inplace(b.atty, NC, ga);
-            linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
-            round_inplace(b.res1, NC, aa);
-        }
-        add_forward(b.res1, b.res1, x, NC);
-        op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
-        round_inplace(b.ln2, NC, gf);
-        const int mi = moe_index_[static_cast<size_t>(l)];
-        if (mi >= 0) {
-            PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
-            aux_loss_ += moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
-        } else {
-            PhaseScope phase(Phase::mlp);
-            linear_forward_half(gf, b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
-            round_inplace(b.fch, NF, af);
-            op.gelu_fwd(b.fcg, b.fch, NF);
-            round_inplace(b.fcg, NF, gf);
-            linear_forward_half(gf, y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
-            round_inplace(y, NC, af);
-        }
-        add_forward(y, y, b.res1, NC);
-    }
+    for (int l = 0; l < cfg_.n_layer; ++l) aux_loss_ += block_forward(l);
     op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
     round_inplace(a.lnf, NC, gh);
     PhaseScope lm_head(Phase::lm_head);
@@ -374,6 +360,49 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += a.losses[i];
     return sum / N;
+}
+
+double GPT::block_forward(int l) {
+    const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, NH = cfg_.n_head;
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+    const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
+    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), aa = prec_.act_dtype(LayerClass::attention);
+    const Dtype gf = prec_.gemm_dtype(LayerClass::ffn), af = prec_.act_dtype(LayerClass::ffn);
+    Acts&        a = *a_;
+    const auto&  w = w_.blocks[static_cast<size_t>(l)];
+    auto&        b = a.blocks[static_cast<size_t>(l)];
+    const float* x = a.resid[static_cast<size_t>(l)];
+    float*       y = a.resid[static_cast<size_t>(l) + 1];
+    double       aux = 0;
+    op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
+    round_inplace(b.ln1, NC, ga);
+    {
+        PhaseScope phase(Phase::attention);
+        linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+        round_inplace(b.qkv, 3 * NC, aa);
+        op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
+        round_inplace(b.atty, NC, ga);
+        linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
+        round_inplace(b.res1, NC, aa);
+    }
+    add_forward(b.res1, b.res1, x, NC);
+    op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
+    round_inplace(b.ln2, NC, gf);
+    const int mi = moe_index_[static_cast<size_t>(l)];
+    if (mi >= 0) {
+        PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
+        aux = moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
+    } else {
+        PhaseScope phase(Phase::mlp);
+        linear_forward_half(gf, b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
+        round_inplace(b.fch, NF, af);
+        op.gelu_fwd(b.fcg, b.fch, NF);
+        round_inplace(b.fcg, NF, gf);
+        linear_forward_half(gf, y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+        round_inplace(y, NC, af);
+    }
+    add_forward(y, y, b.res1, NC);
+    return aux;
 }
 
 void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready) {
@@ -427,11 +456,21 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
         auto&        g = g_.blocks[static_cast<size_t>(l)];
         auto&        b = a.blocks[static_cast<size_t>(l)];
         const float* x = a.resid[static_cast<size_t>(l)];
+        const int    mi = moe_index_[static_cast<size_t>(l)];
+        // recompute: the block's (or its MoE layer's) forward again, unless it ran last
+        if (recompute_ == Recompute::block && l < cfg_.n_layer - 1) {
+            RecomputeScope rs;
+            block_forward(l);  // writes x_{l+1} again, bit for bit; backward no longer reads it
+        } else if (recompute_ == Recompute::moe && mi >= 0 &&
+                   mi < static_cast<int>(moe_.size()) - 1) {
+            RecomputeScope rs;
+            PhaseScope     phase(Phase::gate_dispatch);
+            moe_[static_cast<size_t>(mi)]->forward(a.dc2, b.ln2, moe_weights(w), N);  // dc2: scratch
+        }
         // feed-forward: dresid holds d x_{l+1} = d ffn_out, and flows on to d res1
-        const int mi = moe_index_[static_cast<size_t>(l)];
         if (mi >= 0) {
             PhaseScope    phase(Phase::gate_dispatch);  // the layer times its experts itself
-            moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts};
+            moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts, g.shared};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
                                                     loss_scale);
         } else {
@@ -468,6 +507,7 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
         f += 2 * 2 * C * T / 2.0 * 1.0;  // causal attention: scores and weighted sum, T/2 keys on average
         if (cfg.is_moe_block(l)) {
             f += 2 * C * E + K * 2 * (2 * C * F);  // gate, K experts
+            f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());  // shared experts
         } else {
             f += 2 * (2 * C * F);
         }
@@ -476,6 +516,36 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
     return f;
 }
 
+Recomputed recomputed(const ModelConfig& cfg, Recompute recompute) {
+    Recomputed r;
+    int n_moe = 0;
+    for (int l = 0; l < cfg.n_layer; ++l) n_moe += cfg.is_moe_block(l) ? 1 : 0;
+    if (recompute == Recompute::block) {
+        for (int l = 0; l + 1 < cfg.n_layer; ++l) {
+            ++r.blocks;
+            ++(cfg.is_moe_block(l) ? r.moe_layers : r.dense_mlps);
+        }
+    } else if (recompute == Recompute::moe) {
+        r.moe_layers = std::max(0, n_moe - 1);
+    }
+    return r;
+}
+
 double GPT::flops_per_token(int T) const { return forward_flops_per_token(cfg_, T); }
+
+moe::BalanceBiases GPT::balance_biases() const {
+    moe::BalanceBiases out;
+    for (const auto& layer : moe_) {
+        const moe::BalanceBias& b = layer->balance_bias();
+        out.emplace_back(b.values(), b.values() + b.E());
+    }
+    return out;
+}
+
+void GPT::set_balance_biases(const moe::BalanceBiases& b) {
+    if (b.empty()) return;
+    BGL_CHECK(b.size() == moe_.size(), "{} balance biases for {} MoE layers", b.size(), moe_.size());
+    for (size_t i = 0; i < moe_.size(); ++i) moe_[i]->balance_bias().set(b[i]);
+}
 
 }  // namespace bagualu::model

@@ -54,11 +54,20 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& cf
 // Floats of GPT's activation arena for forward/backward over max_batch sequences of seq_len
 // (saved activations, logits, backward scratch); the constructor sizes its arena with it.
 // head_rows > 0: the fused LM head (GPT's head_rows), whose logits take head_rows x V floats
-// instead of N x V.
-size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0);
+// instead of N x V. recompute = block keeps each block's input and one block's working set (the
+// block running forward or backward); none and moe keep every block's activations.
+size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0,
+                         Recompute recompute = Recompute::none);
 // Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
 // bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
 int64_t fused_head_rows(const ModelConfig& cfg);
+// What backward runs forward again for under `recompute` (GPT below): blocks whole (block:
+// all but the last), and of those or alone the MoE layers and dense MLPs (moe: every MoE
+// layer but the last). The planner counts the extra forward with it.
+struct Recomputed {
+    int blocks = 0, moe_layers = 0, dense_mlps = 0;
+};
+Recomputed recomputed(const ModelConfig& cfg, Recompute recompute);
 // Forward FLOPs per token of the matrix products and attention at sequence length T (2 per
 // multiply-add; training = 3x). GPT::flops_per_token and the planner both use it.
 double forward_flops_per_token(const ModelConfig& cfg, int T);
@@ -72,8 +81,21 @@ class GPT {
     // at a time are computed, reduced to losses and dropped, and backward recomputes them
     // block by block, so the (N, V) logits are never stored (logits() then holds only a
     // block). 0 stores all N x V logits.
+    // recompute (train.recompute): what backward runs forward again for instead of keeping it.
+    //   none:  every activation is kept.
+    //   moe:   of each MoE layer only its input (ln_2's output) is kept; backward runs the
+    //          router, permute, dispatch, experts and combine forward again before the layer's
+    //          backward (the all-to-all too, on every rank in the same order), and the MoE
+    //          layers share one set of buffers (moe::MoEBuffers).
+    //   block: only each block's input (the residual stream) is kept; backward runs the whole
+    //          block forward again into one shared working set.
+    // The routing's randomness is a function of the routing context (seed, micro-step), and
+    // the recomputed forward gives the very values of the first: results are bitwise those of
+    // none. The last block (block) or MoE layer (moe) is not run again: its forward is still
+    // in the buffers. Statistics (routing stats, aux_loss()) are those of forward().
     GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
-        int virtual_workers = 1, const PrecisionPolicy& prec = {}, int head_rows = 0);
+        int virtual_workers = 1, const PrecisionPolicy& prec = {}, int head_rows = 0,
+        Recompute recompute = Recompute::none);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }
@@ -105,6 +127,10 @@ class GPT {
     const float* logits() const;
     // MoE layers in block order, for routing statistics.
     const std::vector<std::unique_ptr<moe::MoELayer>>& moe_layers() const { return moe_; }
+    // Every MoE layer's balancing bias (moe/balance_bias.h), in block order; set_ replaces them
+    // (one vector of E per MoE layer, or none to leave them as they are).
+    moe::BalanceBiases balance_biases() const;
+    void               set_balance_biases(const moe::BalanceBiases& b);
     // Forward FLOPs per token of the dense matrix products (for MFU: training = 3x).
     double flops_per_token(int T) const;
 
@@ -127,7 +153,11 @@ class GPT {
     std::vector<std::unique_ptr<moe::MoELayer>> moe_;  // [n_moe_blocks]
     std::vector<int>                         moe_index_;  // [n_layer] -> index into moe_ or -1
     int                                      B_ = 0, T_ = 0;
+    Recompute                                recompute_ = Recompute::none;
     void refresh_compute_weights();
+    // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].
+    // Returns its MoE aux loss (0 for a dense block).
+    double block_forward(int l);
     double                                   aux_loss_ = 0;
 };
 

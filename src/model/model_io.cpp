@@ -1,5 +1,6 @@
 #include "model/model_io.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <filesystem>
@@ -70,9 +71,23 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
     return m;
 }
 
+std::string balance_bias_name(int layer) { return fmt::format("h.{}.moe.gate.bias", layer); }
+
+namespace {
+// The MoE blocks, in order: where the balancing biases belong.
+std::vector<int> moe_blocks(const ModelConfig& m) {
+    std::vector<int> out;
+    for (int l = 0; l < m.n_layer; ++l) {
+        if (m.is_moe_block(l)) out.push_back(l);
+    }
+    return out;
+}
+}  // namespace
+
 void save_model(const std::string& dir, const ModelConfig& m, const float* params, bool bf16,
                 const std::string& tokenizer_path,
-                const std::map<std::string, std::string>& metadata) {
+                const std::map<std::string, std::string>& metadata,
+                const moe::BalanceBiases& biases) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) input_error("{}: cannot create directory: {}", dir, ec.message());
@@ -91,6 +106,21 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
         r.data  = bf16 ? static_cast<const void*>(half.data() + s.offset)
                        : static_cast<const void*>(params + s.offset);
         refs.push_back(std::move(r));
+    }
+    const std::vector<int> blocks = moe_blocks(m);
+    if (m.balance_bias_rate > 0) {
+        BGL_CHECK(biases.size() == blocks.size(), "{} balance biases for {} MoE blocks",
+                  biases.size(), blocks.size());
+        for (size_t i = 0; i < blocks.size(); ++i) {
+            BGL_CHECK(biases[i].size() == static_cast<size_t>(m.n_experts),
+                      "balance bias of {} values for {} experts", biases[i].size(), m.n_experts);
+            io::TensorRef r;
+            r.name  = balance_bias_name(blocks[i]);
+            r.dtype = io::DType::F32;
+            r.shape = {m.n_experts};
+            r.data  = biases[i].data();
+            refs.push_back(std::move(r));
+        }
     }
     std::map<std::string, std::string> meta = metadata;
     meta["format"]                          = "pt";
@@ -134,6 +164,8 @@ LoadedModel load_model(const std::string& dir) {
     // make us list more tensors than any file holds.
     uint64_t implied = 0;
     for_each_param_kind(out.config, 1, [&](const ParamSpec&, uint64_t count) { implied += count; });
+    const std::vector<int> blocks = moe_blocks(out.config);
+    if (out.config.balance_bias_rate > 0) implied += blocks.size();
     if (implied != st.names().size()) {
         input_error("{}: holds {} tensors, {} implies {}", st.path(), st.names().size(), cfg_path,
                     implied);
@@ -154,8 +186,23 @@ LoadedModel load_model(const std::string& dir) {
         const std::vector<float> v = st.read_f32(s.name);
         std::copy(v.begin(), v.end(), out.params.data() + s.offset);
     }
+    if (out.config.balance_bias_rate > 0) {
+        for (const int l : blocks) {
+            const std::string name = balance_bias_name(l);
+            if (!st.contains(name)) input_error("{}: missing tensor {}", st.path(), name);
+            if (st.info(name).shape != std::vector<int64_t>{out.config.n_experts}) {
+                input_error("{}: tensor {} has shape [{}], config.json implies [{}]", st.path(),
+                            name, fmt::join(st.info(name).shape, ", "), out.config.n_experts);
+            }
+            out.biases.push_back(st.read_f32(name));
+        }
+    }
     for (const std::string& name : st.names()) {
-        if (!layout.find(name)) input_error("{}: unexpected tensor {} for this config.json", st.path(), name);
+        const bool bias = out.config.balance_bias_rate > 0 &&
+                          std::any_of(blocks.begin(), blocks.end(), [&](int l) {
+                              return name == balance_bias_name(l);
+                          });
+        if (!bias && !layout.find(name)) input_error("{}: unexpected tensor {} for this config.json", st.path(), name);
     }
     return out;
 }

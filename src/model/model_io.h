@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "moe/balance_bias.h"
 
 namespace bagualu::model {
 
@@ -17,14 +18,21 @@ nlohmann::json model_config_to_json(const ModelConfig& m);
 // Throws InputError naming `source` and the key on a missing, mistyped or invalid field.
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& source);
 
-// params: a flat array in make_layout(m) order.
+// The name of block `layer`'s balancing bias in model.safetensors (moe/balance_bias.h).
+std::string balance_bias_name(int layer);
+
+// params: a flat array in make_layout(m) order. biases: with model.balance_bias_rate > 0, every
+// MoE block's routing bias, written as h.{l}.moe.gate.bias (E), always F32: it decides the
+// choice of experts, and rounding it would change that choice.
 void save_model(const std::string& dir, const ModelConfig& m, const float* params, bool bf16,
                 const std::string& tokenizer_path,
-                const std::map<std::string, std::string>& metadata = {});
+                const std::map<std::string, std::string>& metadata = {},
+                const moe::BalanceBiases& biases = {});
 
 struct LoadedModel {
-    ModelConfig   config;
-    Buffer<float> params;  // make_layout(config) order
+    ModelConfig        config;
+    Buffer<float>      params;  // make_layout(config) order
+    moe::BalanceBiases biases;  // with model.balance_bias_rate > 0: one (E) per MoE block
 };
 // Throws InputError naming the file on a missing file, a missing tensor or a wrong shape.
 LoadedModel load_model(const std::string& dir);

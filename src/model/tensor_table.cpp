@@ -31,6 +31,7 @@ int64_t dim_of(Dim d, const ModelConfig& m) {
         case Dim::C3: return 3 * static_cast<int64_t>(m.d_model);
         case Dim::F: return m.d_ff;
         case Dim::E: return m.n_experts;
+        case Dim::FS: return m.shared_width();
     }
     return 0;
 }
@@ -50,6 +51,7 @@ bool has_tensor(const TensorDef& d, const ModelConfig& m, int layer) {
         case Blocks::dense: return !m.is_moe_block(layer);
         case Blocks::moe: return m.is_moe_block(layer);
         case Blocks::moe_noisy: return m.is_moe_block(layer) && m.gate == GateKind::noisy;
+        case Blocks::moe_shared: return m.is_moe_block(layer) && m.n_shared_experts > 0;
     }
     return false;
 }
@@ -74,19 +76,21 @@ std::string tensor_name(const TensorDef& d, int layer, int64_t expert) {
 }
 
 std::optional<size_t> tensor_row_of(std::string_view name) {
-    // h.<l>.rest -> h.{l}.rest; moe.experts.<e>.rest -> moe.experts.{e}.rest
+    // h.<l>.rest -> h.{l}.rest; moe.experts.<e>.rest -> moe.experts.{e}.rest,
+    // moe.shared.<i>.rest -> moe.shared.{i}.rest
     std::string pattern;
     size_t      at = 0;
     if (name.substr(0, 2) == "h.") {
         at = 2;
         if (!skip_number(name, at)) return std::nullopt;
         pattern = "h.{l}";
-        constexpr std::string_view kExperts = ".moe.experts.";
-        if (name.substr(at, kExperts.size()) == kExperts) {
-            const size_t e = at + kExperts.size();
-            size_t       after = e;
+        for (const auto& [prefix, with] : {std::pair<std::string_view, std::string_view>{
+                                               ".moe.experts.", ".moe.experts.{e}"},
+                                           {".moe.shared.", ".moe.shared.{i}"}}) {
+            if (name.substr(at, prefix.size()) != prefix) continue;
+            size_t after = at + prefix.size();
             if (!skip_number(name, after)) return std::nullopt;
-            pattern += ".moe.experts.{e}";
+            pattern += with;
             at = after;
         }
     }
@@ -108,6 +112,8 @@ std::vector<TensorKind> tensor_kinds(const ModelConfig& m, int ep_size, int ep_r
             if (!has_tensor(d, m, l)) continue;
             if (d.scope == Scope::expert) {
                 out.push_back({i, l, e0, e0 + El});
+            } else if (d.scope == Scope::shared) {
+                out.push_back({i, l, 0, m.n_shared_experts});
             } else {
                 out.push_back({i, l, 0, 1});
             }

@@ -45,6 +45,7 @@ struct BlockTensors {
     P*                        gate_w  = nullptr;  // (E, C)
     P*                        noise_w = nullptr;  // (E, C), noisy gate only
     moe::ExpertTensors<P>     experts;
+    moe::ExpertTensors<P>     shared;             // the shared experts, every rank all of them
 };
 
 template <typename P>
@@ -57,13 +58,20 @@ struct ModelTensors {
 };
 
 // How many of a tensor there are: one per model, one per block that has it, one per expert of
-// each MoE block.
-enum class Scope { model, block, expert };
+// each MoE block, one per shared expert of each MoE block (model.n_shared_experts, dense: every
+// rank holds all of them).
+enum class Scope { model, block, expert, shared };
 // The blocks that have a block or expert tensor.
-enum class Blocks { every, dense, moe, moe_noisy /* MoE blocks with model.gate = "noisy" */ };
+enum class Blocks {
+    every,
+    dense,
+    moe,
+    moe_noisy,  // MoE blocks with model.gate = "noisy"
+    moe_shared  // MoE blocks with model.n_shared_experts > 0
+};
 // A dimension as a function of the config: V vocab_size, T seq_len, C d_model, C3 = 3 d_model,
-// F d_ff, E n_experts.
-enum class Dim { V, T, C, C3, F, E };
+// F d_ff, E n_experts, FS the shared experts' width (model.shared_d_ff, else d_ff).
+enum class Dim { V, T, C, C3, F, E, FS };
 // zeros, ones, N(0, init_std²), N(0, init_std² / (2 n_layer)) (GPT-2's residual projections).
 enum class Init { zeros, ones, normal, normal_resid };
 // What the precision policy needs to know beyond the class: layernorm and gate parameters stay
@@ -71,7 +79,8 @@ enum class Init { zeros, ones, normal, normal_resid };
 enum class Role { plain, layernorm, gate };
 
 struct TensorDef {
-    // The name in model.safetensors with {l} the block and {e} the expert id.
+    // The name in model.safetensors with {l} the block, {e} the expert id and {i} the shared
+    // expert.
     const char* pattern;
     Scope       scope;
     Blocks      blocks;   // Blocks::every for model tensors
@@ -88,7 +97,8 @@ struct TensorRow {
     TensorDef                          def;
     P* ModelTensors<P>::*              model_slot  = nullptr;  // Scope::model
     P* BlockTensors<P>::*              block_slot  = nullptr;  // Scope::block
-    P* moe::ExpertTensors<P>::*        expert_slot = nullptr;  // Scope::expert: expert e0's tensor
+    P* moe::ExpertTensors<P>::*        expert_slot = nullptr;  // Scope::expert (in experts) and
+                                                               // Scope::shared (in shared): e0's
     size_t moe::ExpertTensors<P>::*    stride_slot = nullptr;  //   and the floats from one expert to the next
 };
 
@@ -111,6 +121,10 @@ inline constexpr TensorRow<P> kTensorTable[] = {
     {{"h.{l}.moe.experts.{e}.c_fc.bias", Scope::expert, Blocks::moe, {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
     {{"h.{l}.moe.experts.{e}.c_proj.weight", Scope::expert, Blocks::moe, {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
     {{"h.{l}.moe.experts.{e}.c_proj.bias", Scope::expert, Blocks::moe, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
+    {{"h.{l}.moe.shared.{i}.c_fc.weight", Scope::shared, Blocks::moe_shared, {Dim::FS, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
+    {{"h.{l}.moe.shared.{i}.c_fc.bias", Scope::shared, Blocks::moe_shared, {Dim::FS}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
+    {{"h.{l}.moe.shared.{i}.c_proj.weight", Scope::shared, Blocks::moe_shared, {Dim::C, Dim::FS}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
+    {{"h.{l}.moe.shared.{i}.c_proj.bias", Scope::shared, Blocks::moe_shared, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
     {{"h.{l}.mlp.c_fc.weight", Scope::block, Blocks::dense, {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain}, nullptr, &BlockTensors<P>::fc_w},
     {{"h.{l}.mlp.c_fc.bias", Scope::block, Blocks::dense, {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, &BlockTensors<P>::fc_b},
     {{"h.{l}.mlp.c_proj.weight", Scope::block, Blocks::dense, {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, &BlockTensors<P>::fcproj_w},
@@ -126,13 +140,15 @@ inline const TensorDef& tensor_def(size_t row) { return kTensorTable<float>[row]
 // Whether block `layer` of m has the block or expert tensor d (model tensors: true).
 bool has_tensor(const TensorDef& d, const ModelConfig& m, int layer);
 std::vector<int64_t> tensor_shape(const TensorDef& d, const ModelConfig& m);
-// The pattern with {l} = layer and {e} = expert.
+// The pattern with {l} = layer and {e} or {i} = expert.
 std::string tensor_name(const TensorDef& d, int layer, int64_t expert);
-// The row whose pattern `name` instantiates (h.<l>. and experts.<e>. replaced), if any.
+// The row whose pattern `name` instantiates (h.<l>., experts.<e>. and shared.<i>. replaced), if
+// any.
 std::optional<size_t> tensor_row_of(std::string_view name);
 
 // One tensor kind in layout order: row, block (-1 for model tensors) and the experts
-// [e0, e1) this rank holds (an expert row), else e0 = 0, e1 = 1.
+// [e0, e1) this rank holds (an expert row), the shared experts [0, n_shared_experts) (a shared
+// row), else e0 = 0, e1 = 1.
 struct TensorKind {
     size_t  row;
     int     layer;

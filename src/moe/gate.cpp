@@ -81,6 +81,40 @@ void selected_softmax_backward(float* dlogits, const float* dprobs, const float*
     });
 }
 
+void selected_sigmoid_forward(float* probs, const int32_t* selected, const float* logits, int N,
+                              int E, int K) {
+    for (int64_t t = 0; t < N; ++t) {
+        const float*   l   = logits + t * E;
+        const int32_t* sel = selected + t * K;
+        double         sum = 0;
+        for (int k = 0; k < K; ++k) sum += 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
+        for (int k = 0; k < K; ++k) {
+            probs[t * K + k] = static_cast<float>(1.0 / (1.0 + std::exp(-double(l[sel[k]]))) / sum);
+        }
+    }
+}
+
+void selected_sigmoid_backward(float* dlogits, const float* dprobs, const float* probs,
+                               const int32_t* selected, const float* logits, int N, int E, int K) {
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float*   p   = probs + t * K;
+            const float*   dp  = dprobs + t * K;
+            const float*   l   = logits + t * E;
+            const int32_t* sel = selected + t * K;
+            double         pd = 0, sum = 0;
+            for (int k = 0; k < K; ++k) {
+                pd += static_cast<double>(p[k]) * dp[k];
+                sum += 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
+            }
+            for (int k = 0; k < K; ++k) {
+                const double s = 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
+                dlogits[t * E + sel[k]] += static_cast<float>(s * (1 - s) * (dp[k] - pd) / sum);
+            }
+        }
+    });
+}
+
 void full_prob_forward(float* probs, const int32_t* selected, const float* softmax_full, int N,
                        int E) {
     for (int64_t t = 0; t < N; ++t) probs[t] = softmax_full[t * E + selected[t]];

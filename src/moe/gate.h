@@ -34,6 +34,13 @@ void selected_softmax_forward(float* probs, const int32_t* selected, const float
 // dlogits: (N, E), accumulated (+=): dl[sel[t,k]] += p_k (dp_k - sum_j p_j dp_j).
 void selected_softmax_backward(float* dlogits, const float* dprobs, const float* probs,
                                const int32_t* selected, int N, int E, int K);
+// probs: (N, K), overwritten: sigmoid(logits[t, selected[t, k]]) normalised over k
+// (DeepSeek-V3): p_k = s_k / sum_j s_j, s = sigmoid(g).
+void selected_sigmoid_forward(float* probs, const int32_t* selected, const float* logits, int N,
+                              int E, int K);
+// dlogits: (N, E), accumulated (+=): dl[sel[t,k]] += s_k (1 - s_k) (dp_k - sum_j p_j dp_j) / sum_j s_j.
+void selected_sigmoid_backward(float* dlogits, const float* dprobs, const float* probs,
+                               const int32_t* selected, const float* logits, int N, int E, int K);
 // Switch weight: probs[t, 0] = softmax_full[t, selected[t, 0]] (K = 1). dlogits +=.
 void full_prob_forward(float* probs, const int32_t* selected, const float* softmax_full, int N,
                        int E);

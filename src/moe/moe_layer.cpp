@@ -24,12 +24,14 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
     return std::min(rows, all);
 }
 
-MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par)
+MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par,
+                   std::shared_ptr<MoEBuffers> shared)
     : s_(s),
       max_tokens_(max_tokens),
       El_(s.E),
       par_(par),
-      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par) {
+      router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par),
+      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_ = s.E / ep;
@@ -47,6 +49,23 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         budget_, block_);
     }
+    const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
+    if (rounds_possible) {  // per layer: the rounds' plan and the bias gradients' sums
+        bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
+        had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
+        if (!dispatcher_) {
+            local_totals_.assign(E, 0);
+            local_offsets_ = Buffer<int32_t>(E + 1);
+        }
+    }
+    const size_t NS = s.n_shared > 0 ? N * static_cast<size_t>(s.n_shared * s.FS) : 0;
+    if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
+        BGL_CHECK(row_of_.size() == N * K && h_.size() == R * F && x_perm_.size() == N * K * C &&
+                      x_local_.size() == (dispatcher_ || rounds_possible ? R * C : 0) &&
+                      hs_.size() == NS,
+                  "MoE layers sharing buffers differ in shape");
+        return;
+    }
     row_of_            = Buffer<int32_t>(N * K);
     token_of_row_      = Buffer<int32_t>(N * K);
     offsets_           = Buffer<int32_t>(E + 1);
@@ -58,20 +77,20 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     dy_perm_  = Buffer<float>(N * K * C);
     dx_perm_  = Buffer<float>(N * K * C);
     dprobs_   = Buffer<float>(N * K);
-    const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
+    if (s.n_shared > 0) {
+        const size_t S = static_cast<size_t>(s.n_shared), FS = static_cast<size_t>(s.FS);
+        ys_  = Buffer<float>(N * C);
+        hs_  = Buffer<float>(S * N * FS);
+        gs_  = Buffer<float>(S * N * FS);
+        dys_ = Buffer<float>(N * C);
+        dhs_ = Buffer<float>(N * FS);
+        dxs_ = Buffer<float>(N * C);
+    }
     if (dispatcher_ || rounds_possible) {
         x_local_  = Buffer<float>(R * C);
         y_local_  = Buffer<float>(R * C);
         dy_local_ = Buffer<float>(R * C);
         dx_local_ = Buffer<float>(R * C);
-    }
-    if (rounds_possible) {
-        bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
-        had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
-        if (!dispatcher_) {
-            local_totals_.assign(E, 0);
-            local_offsets_ = Buffer<int32_t>(E + 1);
-        }
     }
 }
 
@@ -154,6 +173,7 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
                   router_.tokens_per_expert(), N, E, K);
     permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
+    if (s_.n_shared > 0) shared_forward(inp, w.shared, N);
     begin_rounds();
     if (rounds_ > 1) {
         // every round through the same buffers; backward recomputes h and g per round
@@ -179,7 +199,49 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
                         offsets_.data(), El_, C, s_.F, prec_);
     }
     unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
+    if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
     return aux;
+}
+
+// Shared expert i is one expert over all N rows: experts_forward with E = 1 and its weights.
+static ExpertWeights shared_expert(const ExpertWeights& w, int i) {
+    const size_t e = static_cast<size_t>(i);
+    return {w.fc_w + e * w.fc_w_stride,     w.fc_b + e * w.fc_b_stride,
+            w.proj_w + e * w.proj_w_stride, w.proj_b + e * w.proj_b_stride};
+}
+
+void MoELayer::shared_forward(const float* inp, const ExpertWeights& w, int N) {
+    PhaseScope    phase(Phase::experts);
+    const int     C = s_.C, FS = s_.FS;
+    const int32_t offsets[2] = {0, N};
+    const size_t  NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    // y_i into dxs_ (free until backward), summed in expert order into ys_
+    for (int i = 0; i < s_.n_shared; ++i) {
+        float* y = i == 0 ? ys_.data() : dxs_.data();
+        experts_forward(y, hs_.data() + i * NF, gs_.data() + i * NF, inp, shared_expert(w, i),
+                        offsets, 1, C, FS, prec_);
+        if (i > 0) kernels::add_forward(ys_.data(), ys_.data(), y, NC);
+    }
+}
+
+void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, const float* inp,
+                               const ExpertWeights& w, int N) {
+    PhaseScope    phase(Phase::experts);
+    const int     C = s_.C, FS = s_.FS;
+    const int32_t offsets[2] = {0, N};
+    const size_t  NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    // experts_backward rounds its output gradient in place: a copy of dout (rounding twice
+    // changes nothing)
+    std::copy(dout, dout + NC, dys_.data());
+    for (int i = 0; i < s_.n_shared; ++i) {
+        const ExpertWeights wi = shared_expert(w, i);
+        const size_t        e  = static_cast<size_t>(i);
+        ExpertGrads gi{dw.fc_w + e * dw.fc_w_stride, dw.fc_b + e * dw.fc_b_stride,
+                       dw.proj_w + e * dw.proj_w_stride, dw.proj_b + e * dw.proj_b_stride};
+        experts_backward(dxs_.data(), dhs_.data(), gi, dys_.data(), inp, hs_.data() + i * NF,
+                         gs_.data() + i * NF, wi, offsets, 1, C, FS, prec_);
+        kernels::add_forward(dinp, dinp, dxs_.data(), NC);
+    }
 }
 
 void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
@@ -232,6 +294,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
+    if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
 }
 
 }  // namespace bagualu::moe

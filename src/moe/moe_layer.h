@@ -1,11 +1,15 @@
 // One MoE feed-forward layer:
-//   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> [dispatch] -> experts
-//             -> [combine] -> unpermute (weighted sum; dropped slots contribute nothing)
+//   forward:  router (gate, capacity / SWIPE) -> routing -> permute -> shared experts
+//             -> [dispatch] -> experts -> [combine] -> unpermute (weighted sum; dropped slots
+//             contribute nothing) + the shared experts' outputs
 //   backward: the same steps in reverse order.
 // The experts' rows go through buffers of a fixed budget of rows per rank (moe_rows_budget);
 // when more rows than that arrive, the experts run in several rounds through the same buffers
 // (token_dispatcher.h), and backward recomputes each round's expert forward instead of saving
 // it. Results are bitwise the same for any budget (docs/parallelism.md, "Bounded MoE memory").
+// The S shared experts (model.n_shared_experts) are FFNs every token passes through, replicated
+// on every rank. Comm has no non-blocking all-to-all, so they run right before the dispatch
+// rather than while the rows travel.
 // With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
 // the all-to-all moves of TokenDispatcher. The Router (router.h) sums its statistics over all
 // ranks, so the aux loss is the same number on every rank and for any layout.
@@ -27,11 +31,13 @@ struct MoEWeights {
     const float*  gate_w  = nullptr;  // (E, C), no bias
     const float*  noise_w = nullptr;  // (E, C), noisy gate only
     ExpertWeights experts;            // the local experts
+    ExpertWeights shared;             // the S shared experts (S > 0 only)
 };
 struct MoEGrads {
     float*      gate_w  = nullptr;
     float*      noise_w = nullptr;
     ExpertGrads experts;
+    ExpertGrads shared;
 };
 
 struct MoEShape {
@@ -39,6 +45,7 @@ struct MoEShape {
     double     aux_coef = 0;
     GateConfig gate     = {};
     double     rows_budget = 0;  // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
+    int        n_shared = 0, FS = 0;  // shared experts S and their width
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -55,10 +62,26 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep);
 // MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 
+// The routing, permuted rows and expert activations a layer keeps from forward to backward,
+// and its backward scratch: everything of the layer's state but the Router's. Layers of one
+// shape may share one set when each layer's forward is run again right before its backward
+// (train.recompute, model/gpt.h); the Router, whose statistics the trainer reads after forward,
+// stays per layer, and so do the few small per-round plans and sums (a forward run again
+// rebuilds its plan; backward zeroes its sums). With several rounds, each layer's backward runs
+// its rounds' expert forward again anyway, from the rows kept here.
+struct MoEBuffers {
+    Buffer<int32_t> row_of, token_of_row, offsets;
+    Buffer<float>   x_perm, y_perm, x_local, h, g, y_local;
+    Buffer<float>   dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
+    Buffer<float>   ys, hs, gs, dys, dhs, dxs;  // shared experts
+};
+
 class MoELayer {
    public:
-    // par: nullptr for a single process.
-    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr);
+    // par: nullptr for a single process. shared: buffers to use instead of the layer's own
+    // (sized by the first layer that gets them); nullptr: the layer's own.
+    MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr,
+             std::shared_ptr<MoEBuffers> shared = nullptr);
 
     // out: (N, C), overwritten. inp: (N, C). Returns the aux loss (already times aux_coef).
     double forward(float* out, const float* inp, const MoEWeights& w, int N);
@@ -81,6 +104,9 @@ class MoELayer {
     const int64_t* global_tokens_per_expert() const { return router_.stats().tokens_per_expert.data(); }
     // After forward: dropped / reassigned slots and router entropy over all ranks.
     const RoutingStats& routing_stats() const { return router_.stats(); }
+    // The per-expert bias of the choice (balance_bias.h), float32, replicated on every rank.
+    BalanceBias&       balance_bias() { return router_.balance_bias(); }
+    const BalanceBias& balance_bias() const { return router_.balance_bias(); }
     // After forward: (N, K) expert ids (-1: dropped) and gate weights.
     const int32_t* expert_idx() const { return router_.expert_idx(); }
     const float*   probs() const { return router_.probs(); }
@@ -113,13 +139,37 @@ class MoELayer {
     Buffer<double>                   bias_acc_;       // (El, F + C) bias gradient sums over rounds
     Buffer<uint8_t>                  had_rows_;       // (El)
     ExpertPrecision                  prec_;
+    std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
     // saved for backward
-    Buffer<int32_t>      row_of_, token_of_row_, offsets_;  // (N*K) (N*K) (E+1)
-    Buffer<float>        x_perm_, y_perm_;                  // (N*K, C) global expert-major
-    // (R, C) (R, F) (R, F) (R, C), R = budget_ rows
-    Buffer<float>        x_local_, h_, g_, y_local_;
+    Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
+    Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
+    Buffer<int32_t>& offsets_      = buf_->offsets;       // (E+1)
+    Buffer<float>&   x_perm_       = buf_->x_perm;        // (N*K, C) global expert-major
+    Buffer<float>&   y_perm_       = buf_->y_perm;        // (N*K, C)
+    Buffer<float>&   x_local_      = buf_->x_local;       // (R, C), R = budget_ rows
+    Buffer<float>&   h_            = buf_->h;             // (R, F)
+    Buffer<float>&   g_            = buf_->g;             // (R, F)
+    Buffer<float>&   y_local_      = buf_->y_local;       // (R, C)
+    // shared experts: (N, C) summed output, (S, N, FS) twice
+    Buffer<float>& ys_ = buf_->ys;
+    Buffer<float>& hs_ = buf_->hs;
+    Buffer<float>& gs_ = buf_->gs;
     // backward scratch
-    Buffer<float> dy_perm_, dy_local_, dh_, dx_local_, dx_perm_, dprobs_;
+    Buffer<float>& dy_perm_  = buf_->dy_perm;
+    Buffer<float>& dy_local_ = buf_->dy_local;
+    Buffer<float>& dh_       = buf_->dh;
+    Buffer<float>& dx_local_ = buf_->dx_local;
+    Buffer<float>& dx_perm_  = buf_->dx_perm;
+    Buffer<float>& dprobs_   = buf_->dprobs;
+    // shared experts: (N, C) (N, FS) (N, C)
+    Buffer<float>& dys_ = buf_->dys;
+    Buffer<float>& dhs_ = buf_->dhs;
+    Buffer<float>& dxs_ = buf_->dxs;
+
+    void shared_forward(const float* inp, const ExpertWeights& w, int N);
+    // dinp += the shared experts' input gradient.
+    void shared_backward(float* dinp, ExpertGrads& dw, const float* dout, const float* inp,
+                         const ExpertWeights& w, int N);
 };
 
 }  // namespace bagualu::moe

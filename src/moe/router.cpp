@@ -34,7 +34,7 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
 
 Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
                dist::ParallelContext* par)
-    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par) {
+    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par), bias_(E) {
     const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
                  Ks = static_cast<size_t>(K), Cs = static_cast<size_t>(C);
     noisy_ = gate.kind == GateKind::noisy;
@@ -54,6 +54,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         dx_noise_      = Buffer<float>(N * Cs);
     }
     preference_        = Buffer<int32_t>(N * Es);
+    if (gate.balance_bias) biased_ = Buffer<float>(N * Es);
+    if (gate.balance_bias && noisy_) load_pref_ = Buffer<int32_t>(N * Es);
     selected_          = Buffer<int32_t>(N * Ks);
     expert_idx_        = Buffer<int32_t>(N * Ks);
     reassigned_        = Buffer<uint8_t>(N * Ks);
@@ -64,10 +66,12 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     f_.resize(Es);
     entropy_     = Buffer<double>(N);
     topk_counts_.resize(Es);
-    stat_sums_.resize(5 * Es + 3);
+    stat_sums_.resize(5 * Es + 4);
+    if (gate.z_loss_coef > 0) lse_ = Buffer<double>(N);
     dimportance_.resize(Es);
     dload_.resize(Es);
     stats_.tokens_per_expert.resize(Es);
+    stats_.topk_per_expert.resize(Es);
     if (gate.kind == GateKind::swipe) {
         const int workers = (par ? par->ep_size() : 1) * gate.virtual_workers;
         BGL_CHECK(E % workers == 0, "swipe: {} experts over {} workers", E, workers);
@@ -225,7 +229,21 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     // selection: the top-R of each token (R = E for SWIPE, which may move tokens anywhere)
     const bool swipe = train && gate_.kind == GateKind::swipe;
     const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
-    rank_experts(preference_.data(), route, N, E_, R);
+    // The choice ranks route + bias when the balancing bias is on; the weights below read route.
+    const int32_t* load_pref = preference_.data();  // the noisy gate's load: unbiased ranking
+    if (gate_.balance_bias) {
+        const float* b = bias_.values();
+        for (int64_t t = 0; t < N; ++t) {
+            for (int e = 0; e < E_; ++e) biased_[t * E_ + e] = route[t * E_ + e] + b[e];
+        }
+        rank_experts(preference_.data(), biased_.data(), N, E_, R);
+        if (noisy_) {
+            rank_experts(load_pref_.data(), route, N, E_, R);
+            load_pref = load_pref_.data();
+        }
+    } else {
+        rank_experts(preference_.data(), route, N, E_, R);
+    }
     std::vector<int64_t>& topk_counts = topk_counts_;
     std::fill(topk_counts.begin(), topk_counts.end(), 0);
     for (int64_t t = 0; t < N; ++t) {
@@ -249,6 +267,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     }
     if (gate_.kind == GateKind::switch_top1) {
         full_prob_forward(probs_.data(), selected_.data(), softmax_full_.data(), N, E_);
+    } else if (gate_.score == RouterScore::sigmoid) {
+        selected_sigmoid_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     } else {
         selected_softmax_forward(probs_.data(), selected_.data(), route, N, E_, K_);
     }
@@ -286,7 +306,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
                 s[3 * Es + static_cast<size_t>(selected_[t * K_ + k])] += probs_[t * K_ + k];
         }
         load_prob_forward(load_prob_.data(), logits_.data(), noise_logits_.data(),
-                          noisy_logits_.data(), preference_.data(), N, E_, K_);
+                          noisy_logits_.data(), load_pref, N, E_, K_);
         for (int64_t t = 0; t < N; ++t) {
             for (int e = 0; e < E_; ++e)
                 s[4 * Es + static_cast<size_t>(e)] += load_prob_[t * E_ + e];
@@ -295,21 +315,38 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     s[5 * Es]     = static_cast<double>(stats_.dropped);
     s[5 * Es + 1] = static_cast<double>(stats_.reassigned);
     s[5 * Es + 2] = entropy;
+    if (gate_.z_loss_coef > 0) {
+        // sum over tokens of logsumexp_e(g[t, e])^2 (clean logits, in double)
+        for (int64_t t = 0; t < N; ++t) {
+            const float* g = logits_.data() + t * E_;
+            double       m = g[0], sum = 0;
+            for (int e = 1; e < E_; ++e) m = std::max(m, double(g[e]));
+            for (int e = 0; e < E_; ++e) sum += std::exp(double(g[e]) - m);
+            lse_[t] = m + std::log(sum);
+            s[5 * Es + 3] += lse_[t] * lse_[t];
+        }
+    }
     if (P > 1) par_->world().allreduce_sum(std::span<double>(s));
-    for (size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
+    for (size_t e = 0; e < Es; ++e) {
+        stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
+        stats_.topk_per_expert[e]   = std::llround(s[e]);
+    }
     stats_.slots      = n_total_ * K_;
     stats_.dropped    = std::llround(s[5 * Es]);
     stats_.reassigned = std::llround(s[5 * Es + 1]);
     stats_.entropy    = s[5 * Es + 2] / static_cast<double>(n_total_);
 
-    if (aux_coef_ <= 0) return 0.0;
+    const double z = gate_.z_loss_coef > 0
+                         ? gate_.z_loss_coef * s[5 * Es + 3] / static_cast<double>(n_total_)
+                         : 0.0;
+    if (aux_coef_ <= 0) return z;
     if (noisy_) {
         const double imp  = cv_squared(dimportance_.data(), s.data() + 3 * Es, E_);
         const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
-        return aux_coef_ * (imp + load);
+        return aux_coef_ * (imp + load) + z;
     }
     for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
-    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
+    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_) + z;
 }
 
 void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,
@@ -338,16 +375,31 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
         for (double& d : dload) d *= daux_local * aux_coef_;
         load_prob_backward(dlogits_.data(), dnoise_logits_.data(), dload.data(), logits_.data(),
                            noise_logits_.data(), eps_.data(), noisy_logits_.data(),
-                           preference_.data(), N, E_, K_);
+                           gate_.balance_bias ? load_pref_.data() : preference_.data(), N, E_, K_);
     } else {
         aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
                           aux_coef_, daux_local);
         if (gate_.kind == GateKind::switch_top1) {
             full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
                                E_);
+        } else if (gate_.score == RouterScore::sigmoid) {
+            selected_sigmoid_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(),
+                                      logits_.data(), N, E_, K_);
         } else {
             selected_softmax_backward(dlogits_.data(), dprobs, probs_.data(), selected_.data(), N,
                                       E_, K_);
+        }
+    }
+    if (gate_.z_loss_coef > 0) {
+        // d z / d g[t, e] = coef * 2 lse_t softmax(g[t, :])_e / n_total, times daux (and P, as
+        // the aux loss: one number over all ranks' tokens)
+        const double scale = 2.0 * gate_.z_loss_coef * daux * (par_ ? par_->size() : 1) /
+                             static_cast<double>(n_total_);
+        for (int64_t t = 0; t < N; ++t) {
+            const double a = scale * lse_[t];
+            for (int e = 0; e < E_; ++e) {
+                dlogits_[t * E_ + e] += static_cast<float>(a * softmax_full_[t * E_ + e]);
+            }
         }
     }
     kernels::linear_backward(dinp, dgate_w, nullptr, dlogits_.data(), x, gate_w, N, C_, E_);

@@ -12,6 +12,7 @@
 #include "config/enums.h"
 #include "core/buffer.h"
 #include "dist/parallel.h"
+#include "moe/balance_bias.h"
 
 namespace bagualu::moe {
 
@@ -32,6 +33,9 @@ struct GateConfig {
     int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
     int layer              = 0;    // index of the MoE layer: a randomness stream
     RouteOverride route_override = RouteOverride::none;
+    double z_loss_coef     = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
+    RouterScore score      = RouterScore::softmax;  // sigmoid: topk and swipe only
+    bool balance_bias      = false;  // add the per-expert bias to the choice (balance_bias.h)
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -45,6 +49,7 @@ struct RoutingContext {
 // Routing statistics of the last forward, over all ranks.
 struct RoutingStats {
     std::vector<int64_t> tokens_per_expert;  // [E] rows each expert computed (after capacity/SWIPE)
+    std::vector<int64_t> topk_per_expert;    // [E] top-k choices of each expert (before them)
     int64_t slots      = 0;                  // N_total * K
     int64_t dropped    = 0;                  // slots dropped by capacity or random routing
     int64_t reassigned = 0;                  // slots moved by SWIPE
@@ -63,7 +68,7 @@ class Router {
 
     void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
     // inp: (N, C). gate_w, noise_w: (E, C); noise_w only for the noisy gate. Returns the aux loss
-    // (already times aux_coef).
+    // (already times aux_coef) plus the z-loss (already times z_loss_coef).
     double forward(const float* inp, const float* gate_w, const float* noise_w, int N);
     // dinp: (N, C), overwritten (=). dgate_w, dnoise_w: +=. dprobs: (N, K), zero for dropped
     // slots. daux: d loss / d aux.
@@ -76,6 +81,10 @@ class Router {
     // (E) rows this rank sends to each global expert.
     const int32_t* tokens_per_expert() const { return tokens_per_expert_.data(); }
     const RoutingStats& stats() const { return stats_; }
+    // The per-expert bias of the choice, used when GateConfig::balance_bias is set; the trainer
+    // feeds it stats().topk_per_expert once per micro-batch and updates it once per step.
+    BalanceBias&       balance_bias() { return bias_; }
+    const BalanceBias& balance_bias() const { return bias_; }
 
    private:
     void swipe_rounds(int N);
@@ -92,11 +101,14 @@ class Router {
     int64_t n_total_ = 0;
     bool jittered_ = false, noisy_ = false;
     RoutingStats stats_;
+    BalanceBias bias_;
     // saved for backward
     Buffer<float> x_jit_, jit_;            // (N, C) jittered input and its factors
     Buffer<float> logits_, softmax_full_;  // (N, E) clean logits and their softmax
     Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
     Buffer<int32_t> preference_;                                   // (N, R) best experts first
+    Buffer<float>   biased_;     // (N, E) route + bias: the scores the choice ranks (balance_bias)
+    Buffer<int32_t> load_pref_;  // (N, R) noisy gate with bias: the unbiased ranking its load uses
     Buffer<int32_t> selected_, expert_idx_;        // (N, K) weighted experts / routing
     Buffer<uint8_t> reassigned_;                   // (N, K)
     Buffer<float> probs_;                          // (N, K)
@@ -104,8 +116,9 @@ class Router {
     std::vector<double> f_, dimportance_, dload_;  // [E]
     // step scratch, sized once so a step allocates nothing
     Buffer<double>       entropy_;      // (N) router entropy per token
+    Buffer<double>       lse_;          // (N) logsumexp of the clean logits, z-loss only
     std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
-    std::vector<double>  stat_sums_;    // [5E + 3] statistics summed over ranks
+    std::vector<double>  stat_sums_;    // [5E + 4] statistics summed over ranks
     // backward scratch
     Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
 };

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "model/gpt.h"
 #include "model/precision.h"
 #include "dist/comm/collectives.h"
 
@@ -193,16 +194,47 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
                     (peak_rank * gemm_efficiency(nd, rows, out, in));
             }
         }
+        // shared experts: every token, grouped products in float32 like the routed ones
+        const double S = m.n_shared_experts, FS = m.shared_width();
+        if (S > 0) {
+            linear("gemm: shared experts", N, FS, C, n_moe * S, peak_rank);
+            linear("gemm: shared experts", N, C, FS, n_moe * S, peak_rank);
+        }
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
     // the attention kernel (scores, softmax, weighted sum) computes in float32
     compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
+    // train.recompute (model/gpt.h): backward runs the forward of some blocks or MoE layers
+    // again: their forward products and attention once more
+    const model::Recomputed rc = model::recomputed(m, cfg.train.recompute);
+    auto forward_again = [&](double rows, double out, double in, double count, double peak) {
+        if (rows <= 0 || count <= 0) return;
+        compute["recompute (forward again)"] +=
+            count * A * 2 * rows * out * in / (peak * gemm_efficiency(nd, rows, out, in));
+    };
+    forward_again(N, 3 * C, C, rc.blocks, pa);
+    forward_again(N, C, C, rc.blocks, pa);
+    forward_again(N, F, C, rc.dense_mlps, pf);
+    forward_again(N, C, F, rc.dense_mlps, pf);
+    if (n_moe > 0) {
+        const double rows = N * K / El;
+        forward_again(N, E, C, rc.moe_layers, peak_rank);
+        forward_again(rows, F, C, rc.moe_layers * El, peak_rank);
+        forward_again(rows, C, F, rc.moe_layers * El, peak_rank);
+        const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
+        forward_again(N, FS, C, rc.moe_layers * S, peak_rank);
+        forward_again(N, C, FS, rc.moe_layers * S, peak_rank);
+    }
+    if (rc.blocks > 0) {
+        compute["recompute (forward again)"] +=
+            A * rc.blocks * 2 * N * T * C / (peak_rank * nd.attention_efficiency);
+    }
 
     // memory-bound kernels, bytes per micro-batch
     const double NC = N * C;
     bytes("layernorm + residual", A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
     bytes("embedding", A * 24 * NC);
-    bytes("gelu", A * n_dense * 20 * N * F);
+    bytes("gelu", A * (n_dense * 20 * N * F + n_moe * m.n_shared_experts * 20 * N * m.shared_width()));
     bytes("softmax + cross-entropy", A * 16 * N * V);
     if (n_moe > 0) {
         const double NKC = N * K * C;

@@ -65,17 +65,24 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     const bool   rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     MoEBytes b;
     double& a = b.activations;
+    double& s = b.layer_buffers;  // moe::MoEBuffers, counted in activations too
     a += 2 * buf(N * E, 4) + buf(N * K, 4);                    // logits_, softmax_full_, probs_
     a += buf(N * K, 4) + buf(E, 4);                            // expert_idx_, tokens_per_expert_
-    a += 2 * buf(N * K, 4) + buf(E + 1, 4);                    // row_of_, token_of_row_, offsets_
+    s += 2 * buf(N * K, 4) + buf(E + 1, 4);                    // row_of_, token_of_row_, offsets_
     a += 3 * E * 8;                                            // global_tpe_, prob_sum_, f_
-    a += 2 * buf(N * K * C, 4);                                // x_perm_, y_perm_
-    a += 3 * buf(R * F, 4);                                    // h_, g_, dh_
-    a += 2 * buf(N * K * C, 4) + buf(N * K, 4) + buf(N * E, 4);  // dy_perm_, dx_perm_, dprobs_, dlogits_
-    if (ep > 1 || rounds) a += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
+    s += 2 * buf(N * K * C, 4);                                // x_perm_, y_perm_
+    s += 3 * buf(R * F, 4);                                    // h_, g_, dh_
+    s += 2 * buf(N * K * C, 4) + buf(N * K, 4);                // dy_perm_, dx_perm_, dprobs_
+    a += buf(N * E, 4);                                        // dlogits_
+    if (ep > 1 || rounds) s += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
     if (rounds) {
         a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
         if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
+    }
+    if (m.n_shared_experts > 0) {
+        const double S = m.n_shared_experts, FS = m.shared_width();
+        // ys_ dys_ dxs_, hs_ gs_, dhs_
+        s += 3 * buf(N * C, 4) + 2 * buf(S * N * FS, 4) + buf(N * FS, 4);
     }
     if (ep > 1) {
         // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible;
@@ -87,6 +94,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
         // send16_, recv16_: as large as the larger staging
         if (half_payload) b.comm_buffers += 2 * buf(std::max(R, N * K) * C, 2);
     }
+    a += s;
     return b;
 }
 
@@ -149,9 +157,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                         : N);
         mem.activations += 2 * (inp + w + dout);
     }
+    // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
+    // one set of MoE buffers between the layers (the routers stay per layer)
+    const Recompute rc = cfg.train.recompute;
     mem.activations += static_cast<double>(model::activation_floats(
                            m, L.micro_batch,
-                           cfg.train.fused_head ? model::fused_head_rows(m) : 0)) * 4 +
+                           cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc)) * 4 +
                        2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);
@@ -165,6 +176,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R)) : 1;
     }
     mem.activations += n_moe * moe.activations;
+    if (rc != Recompute::none && n_moe > 1) mem.activations -= (n_moe - 1) * moe.layer_buffers;
+    // collectives of the forward: one more for each MoE layer backward runs again
+    const double n_fwd = n_moe + model::recomputed(m, rc).moe_layers;
     mem.comm_buffers += n_moe * moe.comm_buffers;
     // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
     // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
@@ -191,11 +205,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     };
     const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k;
     if (n_moe > 0 && L.ranks > 1) {
-        // Router::forward: one allreduce of 5E + 3 doubles (top-k counts, probability sums,
-        // loads, importance, load estimates, dropped, reassigned, entropy). The capacity and
-        // SWIPE gates exchange counts of their own (below).
-        add("moe routing statistics", dist::CommKind::allreduce, "world", L.ranks, n_moe * A,
-            (5 * E + 3) * 8 * n_moe * A);
+        // Router::forward: one allreduce of 5E + 4 doubles (top-k counts, probability sums,
+        // loads, importance, load estimates, dropped, reassigned, entropy, z-loss sum). The
+        // capacity and SWIPE gates exchange counts of their own (below).
+        add("moe routing statistics", dist::CommKind::allreduce, "world", L.ranks, n_fwd * A,
+            (5 * E + 4) * 8 * n_fwd * A);
     }
     // the same as add, for a unit of gradient reduction or the hops of one of our collectives
     auto add_flagged = [&](std::string what, dist::CommKind kind, std::string group, int size,
@@ -255,15 +269,15 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // moe/router.cpp Router::capacity_rounds (switch, gshard in training): the K x E
         // first-choice counts of every rank, allgathered over the world
         if (gate == moe::GateKind::switch_top1 || gate == moe::GateKind::gshard) {
-            add("moe capacity counts", dist::CommKind::allgather, "world", Pi, n_moe * A,
-                K * E * 8 * n_moe * A);
+            add("moe capacity counts", dist::CommKind::allgather, "world", Pi, n_fwd * A,
+                K * E * 8 * n_fwd * A);
         }
         // Router::swipe_rounds (swipe in training): K rounds, each an allgather in the EP
         // group of (E + 1) counts per virtual worker
         if (gate == moe::GateKind::swipe && L.ep > 1) {
             const double vw = cfg.parallel.virtual_workers;
-            add("moe swipe counts", dist::CommKind::allgather, "ep", L.ep, K * n_moe * A,
-                K * vw * (E + 1) * 8 * n_moe * A);
+            add("moe swipe counts", dist::CommKind::allgather, "ep", L.ep, K * n_fwd * A,
+                K * vw * (E + 1) * 8 * n_fwd * A);
         }
     }
     if (n_moe > 0 && L.ep > 1) {
@@ -275,16 +289,21 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // ranks (slots dropped by a capacity gate are not sent: an upper bound there), one call
         // of each per round; with more than one round backward dispatches the tokens again
         // counts: each peer gets its El experts' counts, E int64 sent per rank in all
-        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_moe * A, E * 8 * n_moe * A);
-        add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_moe * A, 8 * n_moe * A);
-        const double rows = N * K * C * n_moe * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
-        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_moe * A,
-            again * 2 * E * 8 * n_moe * A);
+        // (a layer backward runs again (train.recompute) counts, dispatches and combines its
+        // tokens once more: n_fwd - n_moe extra forwards)
+        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_fwd * A, E * 8 * n_fwd * A);
+        add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_fwd * A, 8 * n_fwd * A);
+        const double rows = N * K * C * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
+        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_fwd * A,
+            again * 2 * E * 8 * n_fwd * A);
         const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
+        // per layer forward: one dispatch and one combine; backward: one of each, and with more
+        // than one round the tokens dispatched again
+        const double n_disp = n_fwd + (1 + again) * n_moe, n_comb = n_fwd + n_moe;
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
-            "ep", L.ep, (2 + again) * Rr * n_moe * A, (2 + again) * rows * elem_bytes(gd));
+            "ep", L.ep, n_disp * Rr * A, n_disp * rows * elem_bytes(gd));
         add(fmt::format("moe combine all-to-all ({})", dtype_name(ad)), dist::CommKind::alltoallv,
-            "ep", L.ep, 2 * Rr * n_moe * A, 2 * rows * elem_bytes(ad));
+            "ep", L.ep, n_comb * Rr * A, n_comb * rows * elem_bytes(ad));
     }
     if (Pi > 1) {
         // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint

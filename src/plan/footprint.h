@@ -125,6 +125,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_
 // model.moe_rows_budget, > 0 = that row budget instead.
 struct MoEBytes {
     double activations  = 0;
+    double layer_buffers = 0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
     double comm_buffers = 0;
 };
 // half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more

@@ -214,4 +214,38 @@ bool write_expert_load_chart(const std::string& run_dir) {
     return true;
 }
 
+bool write_load_violation_chart(const std::string& run_dir) {
+    const fs::path    dir     = run_dir;
+    const std::string metrics = (dir / "metrics.jsonl").string();
+    if (!fs::exists(metrics))
+        input_error("{}: no such file (expected the run's metrics log)", metrics);
+    constexpr const char* kKey = "choice_load_max_violation";
+    std::vector<Series>   series;  // one per MoE layer
+    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
+        if (!r.contains(kKey)) continue;
+        const nlohmann::json& layers = r[kKey];
+        if (!layers.is_array() || !r.contains("step") || !r["step"].is_number()) {
+            input_error("{}:{}: \"{}\" must be an array of numbers (one per MoE layer) beside a "
+                        "numeric \"step\"",
+                        metrics, line_no, kKey);
+        }
+        for (size_t l = 0; l < layers.size(); ++l) {
+            if (!layers[l].is_number()) {
+                input_error("{}:{}: \"{}\"[{}] must be a number", metrics, line_no, kKey, l);
+            }
+            if (l == series.size()) series.push_back({fmt::format("moe {}", l), "", {}, {}});
+            series[l].x.push_back(r["step"].get<double>());
+            series[l].y.push_back(layers[l].get<double>());
+        }
+    }
+    if (series.empty()) return false;
+    const std::string run_name =
+        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+    write_text_file(dir / "load_violation.svg",
+                    line_chart_svg(fmt::format("Expert load max violation: {}", run_name), "step",
+                                   "max load / mean load - 1", series));
+    return true;
+}
+
 }  // namespace bagualu::report

@@ -26,6 +26,12 @@ void write_loss_chart(const std::string& run_dir);
 // whose expert_tokens is not an array of arrays of numbers.
 bool write_expert_load_chart(const std::string& run_dir);
 
+// Reads run_dir/metrics.jsonl and writes run_dir/load_violation.svg: the
+// "choice_load_max_violation" of each logged step (max load / mean load - 1 of the step's
+// top-k choices over all ranks, moe/balance_bias.h), one curve per MoE layer. Returns false,
+// writing nothing, when no line has it. Throws InputError as write_expert_load_chart does.
+bool write_load_violation_chart(const std::string& run_dir);
+
 // One run's curve of one metric, for drawing several runs on one chart (`report --compare`).
 struct RunCurve {
     std::string         label;

@@ -103,6 +103,27 @@ TrainerState parse_trainer_state(const nlohmann::json& state, const std::string&
         out.clean_steps    = count(ls, "clean_steps", "loss_scale.");
         out.steps_skipped  = count(state, "steps_skipped", "");
     }
+    if (state.is_object() && state.contains("balance_bias")) {
+        const nlohmann::json& layers = state["balance_bias"];
+        if (!layers.is_array()) {
+            input_error("{}: state.balance_bias must be an array of arrays of numbers", source);
+        }
+        for (const nlohmann::json& layer : layers) {
+            if (!layer.is_array()) {
+                input_error("{}: state.balance_bias must be an array of arrays of numbers", source);
+            }
+            std::vector<float>& b = out.balance_bias.emplace_back();
+            for (const nlohmann::json& v : layer) {
+                // a float32 value, exactly: finite and unchanged by the round trip through float
+                if (!v.is_number() || !std::isfinite(v.get<double>()) ||
+                    static_cast<double>(static_cast<float>(v.get<double>())) != v.get<double>()) {
+                    input_error("{}: state.balance_bias holds {}: expected float32 values",
+                                source, v.dump());
+                }
+                b.push_back(static_cast<float>(v.get<double>()));
+            }
+        }
+    }
     return out;
 }
 
@@ -358,6 +379,18 @@ CheckpointModel read_checkpoint_model(const std::string& dir) {
                         fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
         }
         reader.read(name, 0, static_cast<int64_t>(s.numel), out.params.data() + s.offset);
+    }
+    out.biases = parse_trainer_state(reader.manifest().state, dir + "/manifest.json").balance_bias;
+    const size_t n_moe =
+        out.cfg.model.moe_every > 0 ? static_cast<size_t>(out.cfg.model.n_layer / out.cfg.model.moe_every) : 0;
+    if (out.cfg.model.balance_bias_rate > 0 &&
+        (out.biases.size() != n_moe ||
+         std::any_of(out.biases.begin(), out.biases.end(), [&](const std::vector<float>& b) {
+             return b.size() != static_cast<size_t>(out.cfg.model.n_experts);
+         }))) {
+        input_error("{}/manifest.json: state.balance_bias must hold {} arrays of {} values "
+                    "(model.balance_bias_rate > 0)",
+                    dir, n_moe, out.cfg.model.n_experts);
     }
     return out;
 }

@@ -24,6 +24,7 @@
 #include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
 #include "model/param_layout.h"
+#include "moe/balance_bias.h"
 #include "dist/paro/optimizer.h"
 
 namespace bagualu::train {
@@ -35,6 +36,9 @@ struct TrainerState {
     double  loss_scale     = 1;
     int64_t clean_steps    = 0;
     int64_t steps_skipped  = 0;
+    // With model.balance_bias_rate > 0: every MoE layer's routing bias (moe/balance_bias.h),
+    // float32 values written as JSON numbers of 17 significant digits, so they read back exactly.
+    moe::BalanceBiases balance_bias;
 };
 // Throws InputError naming source and the field when a field is missing or mistyped.
 TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source);
@@ -117,6 +121,7 @@ struct CheckpointModel {
     TrainConfig   cfg;
     int64_t       step = 0;
     Buffer<float> params;
+    moe::BalanceBiases biases;  // the trainer state's balance_bias (empty when off)
 };
 CheckpointModel read_checkpoint_model(const std::string& dir);
 

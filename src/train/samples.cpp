@@ -10,9 +10,10 @@ namespace bagualu::train {
 
 std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
                                           const std::string& tokenizer_path,
-                                          const SampleSection& s) {
+                                          const SampleSection& s,
+                                          const moe::BalanceBiases& biases) {
     const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path);
-    model::Generator      gen(m, params);
+    model::Generator      gen(m, params, biases);
     Rng                   rng(s.seed, 0xA11CE);
     const model::SampleOptions opt{s.temperature, s.top_k};
     std::vector<std::string>   out;
@@ -39,8 +40,8 @@ std::vector<std::string> generate_samples(const ModelConfig& m, const float* par
 }
 
 void print_samples(const ModelConfig& m, const float* params, const std::string& tokenizer_path,
-                   const SampleSection& s) {
-    const std::vector<std::string> samples = generate_samples(m, params, tokenizer_path, s);
+                   const SampleSection& s, const moe::BalanceBiases& biases) {
+    const std::vector<std::string> samples = generate_samples(m, params, tokenizer_path, s, biases);
     for (size_t i = 0; i < samples.size(); ++i) {
         fmt::print("--- sample {} ---\n{}\n", i + 1, samples[i]);
     }

@@ -6,13 +6,16 @@
 #include <vector>
 
 #include "config/config.h"
+#include "moe/balance_bias.h"
 
 namespace bagualu::train {
 
 std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
                                           const std::string& tokenizer_path,
-                                          const SampleSection& s);
+                                          const SampleSection& s,
+                                          const moe::BalanceBiases& biases = {});
+// biases: the MoE blocks' balancing biases (model/model_io.h), or none.
 void print_samples(const ModelConfig& m, const float* params, const std::string& tokenizer_path,
-                   const SampleSection& s);
+                   const SampleSection& s, const moe::BalanceBiases& biases = {});
 
 }  // namespace bagualu::train

@@ -81,8 +81,9 @@ double load_max_over_mean(const int64_t* tpe, int E) {
     return total > 0 ? mx / (total / E) : 0.0;
 }
 
-// Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step).
-void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
+// Per MoE layer, after capacity and SWIPE, over all ranks (last micro-step of the step); the
+// choice load and the balancing bias over the whole step.
+void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool bias_on) {
     nlohmann::json loads = nlohmann::json::array(), dropped = loads, reassigned = loads,
                    entropy = loads, tokens = loads;
     for (const auto& layer : gpt.moe_layers()) {
@@ -99,6 +100,44 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E) {
     j["reassigned_fraction"]       = reassigned;
     j["routing_entropy"]           = entropy;
     j["expert_tokens"]             = tokens;
+    nlohmann::json violation = nlohmann::json::array(), bmin = violation, bmax = violation,
+                   babs = violation;
+    for (const auto& layer : gpt.moe_layers()) {
+        const moe::BalanceBias& b = layer->balance_bias();
+        const moe::BiasStats    st = b.stats();
+        violation.push_back(b.max_violation());
+        bmin.push_back(st.min);
+        bmax.push_back(st.max);
+        babs.push_back(st.mean_abs);
+    }
+    // the step's top-k choices over all micro-batches and ranks: max / mean - 1
+    j["choice_load_max_violation"] = violation;
+    if (bias_on) {
+        j["balance_bias_min"]      = bmin;
+        j["balance_bias_max"]      = bmax;
+        j["balance_bias_mean_abs"] = babs;
+    }
+}
+
+// After each training micro-batch's forward: its top-k choices per expert (already summed over
+// ranks by the router) into each MoE layer's step load. Once per micro-batch, from the trainer,
+// so a forward run again (recomputation) or an evaluation forward counts nothing.
+void add_choice_loads(model::GPT& gpt) {
+    for (const auto& layer : gpt.moe_layers()) {
+        layer->balance_bias().add_load(layer->routing_stats().topk_per_expert.data());
+    }
+}
+
+// After the optimizer step: each MoE layer's step load measured and, with rate > 0, its bias
+// updated (moe/balance_bias.h). A skipped fp16 step leaves the bias as it is.
+void end_bias_step(model::GPT& gpt, double rate, bool skipped) {
+    for (const auto& layer : gpt.moe_layers()) {
+        if (skipped) {
+            layer->balance_bias().discard_step();
+        } else {
+            layer->balance_bias().end_step(rate);
+        }
+    }
 }
 
 // One training run from set-up to export. The constructor does the set-up (inputs checked on
@@ -246,7 +285,8 @@ void Trainer::build_model(const TrainConfig& cfg) {
     gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
                                            cfg.train.fused_head
                                                ? static_cast<int>(model::fused_head_rows(cfg.model))
-                                               : 0);
+                                               : 0,
+                                           cfg.train.recompute);
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
@@ -315,6 +355,20 @@ void Trainer::resume() {
         scaler_.restore(ts.loss_scale, ts.clean_steps);
         optimizer_->set_steps_skipped(ts.steps_skipped);
     }
+    if (cfg_.model.balance_bias_rate > 0) {
+        if (ts.balance_bias.size() != gpt_->moe_layers().size()) {
+            input_error("{}: state.balance_bias holds {} layers, the model has {} MoE layers "
+                        "(was it written with model.balance_bias_rate = 0?)",
+                        rp->dir, ts.balance_bias.size(), gpt_->moe_layers().size());
+        }
+        for (size_t i = 0; i < ts.balance_bias.size(); ++i) {
+            if (ts.balance_bias[i].size() != static_cast<size_t>(cfg_.model.n_experts)) {
+                input_error("{}: state.balance_bias[{}] holds {} values for {} experts", rp->dir, i,
+                            ts.balance_bias[i].size(), cfg_.model.n_experts);
+            }
+        }
+        gpt_->set_balance_biases(ts.balance_bias);
+    }
     if (writer_) log::info("resumed from {} (step {})", rp->dir, start_step_);
     // the backends the interrupted run chose for BGL_GEMM=auto: the same results bit for bit
     const GemmChoiceRecord::Loaded g = gemm_choices_.load();
@@ -352,6 +406,7 @@ void Trainer::train_step(int64_t step) {
     r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);
+    end_bias_step(*gpt_, cfg_.model.balance_bias_rate, r.skipped);
     sum_.skipped_steps += r.skipped ? 1 : 0;
     optimizer_phase.stop();
     const double dt = seconds_since(t0);
@@ -391,6 +446,7 @@ double Trainer::forward_backward(int64_t step, double& aux) {
         gpt_->set_routing_context({cfg_.train.seed, step * accum_ + micro, true});
         loss += gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
         aux += gpt_->aux_loss() / static_cast<double>(accum_);
+        add_choice_loads(*gpt_);
         if (micro + 1 < accum_) {
             gpt_->backward(backward_scale);
         } else {  // the last backward of the step: reduce what it has finished meanwhile
@@ -421,12 +477,14 @@ void Trainer::save_checkpoint(int64_t step) {
     const data::SamplerCursor c = loader_->cursor();
     // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
     // index), so the RNG state is the seed and the count of micro-steps taken.
-    ckpt_->save(step + 1,
-                {{"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
-                 {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
-                 {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
-                 {"steps_skipped", optimizer_->steps_skipped()}},
-                gpt_->params());
+    nlohmann::json state = {
+        {"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
+        {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
+        {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
+        {"steps_skipped", optimizer_->steps_skipped()}};
+    // the routing bias is replicated: every rank holds the same, rank 0's manifest keeps it
+    if (cfg_.model.balance_bias_rate > 0) state["balance_bias"] = gpt_->balance_biases();
+    ckpt_->save(step + 1, state, gpt_->params());
 }
 
 // One metrics line (throughput over the steps since the last one) and the progress line.
@@ -447,7 +505,7 @@ void Trainer::log_step(const StepRecord& r) {
     }
     if (!gpt_->moe_layers().empty()) {
         j["aux_loss"] = r.aux;
-        add_routing_metrics(j, *gpt_, cfg_.model.n_experts);
+        add_routing_metrics(j, *gpt_, cfg_.model.n_experts, cfg_.model.balance_bias_rate > 0);
     }
     emit(j);
     sum_.tokens_per_s = tps;
@@ -527,10 +585,12 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     model::save_model(sum_.model_dir, m, full.data(), false,
                       ds_.has_tokenizer ? cfg_.data.tokenizer : std::string(),
                       {{"step", std::to_string(cfg_.train.steps)},
-                       {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}});
+                       {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}},
+                      m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     metrics_.close();
     report::write_loss_chart(cfg_.train.run_dir);
     if (!gpt_->moe_layers().empty()) report::write_expert_load_chart(cfg_.train.run_dir);
+    if (!gpt_->moe_layers().empty()) report::write_load_violation_chart(cfg_.train.run_dir);
     progress_.finish();
     log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
               sum_.final_val_loss, std::exp(sum_.final_val_loss), sum_.steps,
@@ -542,7 +602,8 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg_.train.run_dir,
               gpt_->moe_layers().empty() ? "" : " expert_load.svg");
     if (!opt_.quiet && ds_.has_tokenizer && cfg_.sample.n_samples > 0) {
-        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample);
+        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample,
+                      m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     }
 }
 

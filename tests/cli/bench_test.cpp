@@ -105,6 +105,15 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_GE(j["data_wait_fraction"].get<double>(), 0.0);
     EXPECT_LT(j["data_wait_fraction"].get<double>(), 1.0);
     EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "bench train writes nothing";
+    // train.recompute: named, and the forward run again is timed (tiny: block 0 of 2)
+    EXPECT_EQ(j["recompute"], "none");
+    EXPECT_EQ(j["recompute_s_per_step"].get<double>(), 0.0);
+    const CommandResult rb = bagualu("bench train --config configs/tiny.toml --steps 2 --warmup 1 "
+                                     "--json --set train.recompute=block" + data);
+    ASSERT_EQ(rb.status, 0) << rb.output;
+    const nlohmann::json jb = json_of(rb.output);
+    EXPECT_EQ(jb["recompute"], "block");
+    EXPECT_GT(jb["recompute_s_per_step"].get<double>(), 0.0);
 }
 
 TEST(BenchCli, IoReportsWriteAndReadRatiosAndCleansUp) {

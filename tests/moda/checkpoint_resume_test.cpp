@@ -106,6 +106,11 @@ TEST_F(CheckpointTest, KilledRunResumesBitExactTwoRanks) { bit_exact_resume(2); 
 TEST_F(CheckpointTest, KilledBf16RunResumesBitExactTwoRanks) {
     bit_exact_resume(2, "--set precision.dtype=bf16", "_bf16");
 }
+// The balancing bias is trainer state (manifest), restored on resume: the bias and everything
+// it routes continue bit for bit.
+TEST_F(CheckpointTest, KilledRunWithBalanceBiasResumesBitExactTwoRanks) {
+    bit_exact_resume(2, "--set model.balance_bias_rate=0.01", "_bias");
+}
 TEST_F(CheckpointTest, KilledFp16RunResumesBitExactOneRank) {
     bit_exact_resume(1, "--set precision.dtype=fp16 --set precision.loss_scale_window=7", "_fp16");
 }

@@ -12,11 +12,13 @@ namespace {
 class MoDaTest : public TinyRunsSuite<> {
    protected:
 
-    void expect_same_as_single(int P, int ep) {
-        const std::string ref = "ref", run = fmt::format("p{}_ep{}", P, ep);
-        const CommandResult a = bagualu(runs_->train_args(ref, 1, 1, "off"));
+    // extra: more --set options for both runs; tag: their name's suffix
+    void expect_same_as_single(int P, int ep, const std::string& extra = "",
+                               const std::string& tag = "") {
+        const std::string ref = "ref" + tag, run = fmt::format("p{}_ep{}{}", P, ep, tag);
+        const CommandResult a = bagualu(runs_->train_args(ref, 1, 1, "off") + extra);
         ASSERT_EQ(a.status, 0) << a.output;
-        const CommandResult b = TinyRuns::run_mpi(P, runs_->train_args(run, P, ep, "off"));
+        const CommandResult b = TinyRuns::run_mpi(P, runs_->train_args(run, P, ep, "off") + extra);
         ASSERT_EQ(b.status, 0) << b.output;
         expect_same_training(*runs_, ref, run);
     }
@@ -27,6 +29,11 @@ TEST_F(MoDaTest, TwoRanksExpertParallel) { expect_same_as_single(2, 2); }
 TEST_F(MoDaTest, FourRanksExpertParallel) { expect_same_as_single(4, 4); }
 TEST_F(MoDaTest, FourRanksTwoExpertGroups) { expect_same_as_single(4, 2); }
 TEST_F(MoDaTest, TwoRanksDataParallelOnly) { expect_same_as_single(2, 1); }
+// Shared experts are dense tensors beside the routed ones: replicated, gradients all-reduced.
+TEST_F(MoDaTest, TwoRanksExpertParallelWithSharedExperts) {
+    expect_same_as_single(2, 2, " --set model.n_shared_experts=2 --set model.shared_d_ff=48",
+                          "_shared");
+}
 
 TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r = TinyRuns::run_mpi(4, runs_->train_args("bad", 4, 3, "auto"));

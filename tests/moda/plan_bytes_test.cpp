@@ -3,7 +3,8 @@
 // evaluation left out, what plan predicts per rank and step, times ranks and steps. Cases: ParO
 // (the default for P > 1) in fp32, bf16 and fp16, with several buckets, replicated, EP = 1, 2
 // and 4, a P = 4 run whose ParO calls use both of our collective algorithms, the noisy gate's
-// extra tensor, the switch and SWIPE gates' count exchanges, and a reader group's scatter.
+// extra tensor, the switch and SWIPE gates' count exchanges, a reader group's scatter, and the
+// collectives of the MoE forward that train.recompute runs again.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -137,6 +138,18 @@ TEST(PlanBytes, DenseParo) {
 
 TEST(PlanBytes, SwipeGateExpertParallel) {
     expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=swipe"});
+}
+
+TEST(PlanBytes, RecomputeMoeExpertParallel) {
+    // the recomputed MoE layers' forward exchanges its counts, rows and statistics again
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.n_layer=3 "
+                                     "--set model.moe_every=1 --set train.recompute=moe"});
+}
+
+TEST(PlanBytes, RecomputeBlockSwipeExpertParallel) {
+    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.n_layer=3 "
+                                     "--set model.moe_every=1 --set model.gate=swipe "
+                                     "--set train.recompute=block"});
 }
 
 TEST(PlanBytes, NoisyGateExpertParallel) {

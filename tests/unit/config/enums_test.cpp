@@ -37,12 +37,16 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
                                                          {"off", Partition::off}});
     expect_round_trip<Resume>("checkpoint.resume",
                               {{"never", Resume::never}, {"auto", Resume::automatic}});
+    expect_round_trip<Recompute>("train.recompute", {{"none", Recompute::none},
+                                                     {"moe", Recompute::moe},
+                                                     {"block", Recompute::block}});
 }
 
 TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
     const TrainConfig a = default_config({"model.gate=noisy", "precision.dtype=fp16",
                                           "precision.embedding=O3", "precision.head=O2",
-                                          "optimizer.partition=off", "checkpoint.resume=auto"});
+                                          "optimizer.partition=off", "checkpoint.resume=auto",
+                                          "train.recompute=block"});
     EXPECT_EQ(a.model.gate, GateKind::noisy);
     EXPECT_EQ(a.precision.dtype, Dtype::float16);
     EXPECT_EQ(a.precision.embedding, Level::O3);
@@ -58,6 +62,7 @@ TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
     EXPECT_EQ(b.model.gate, GateKind::noisy);
     EXPECT_EQ(b.precision.head, Level::O2);
     EXPECT_EQ(b.checkpoint.resume, Resume::automatic);
+    EXPECT_EQ(b.train.recompute, Recompute::block);
 }
 
 TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
@@ -74,6 +79,12 @@ TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
     EXPECT_EQ(message({"model.gate=Switch"}),
               "<defaults>: model.gate = \"Switch\": expected topk, switch, gshard, noisy or swipe");
     EXPECT_EQ(message({"precision.dtype=3"}), "<defaults>: precision.dtype: expected a string, got 3");
+    EXPECT_EQ(message({"train.recompute=full"}),
+              "<defaults>: train.recompute = \"full\": expected \"none\", \"moe\" or \"block\"");
+    // a value that parses but does not fit the model
+    EXPECT_EQ(message({"train.recompute=moe", "model.moe_every=0"}),
+              "<defaults>: train.recompute = \"moe\" needs MoE blocks (model.moe_every > 0)");
+    EXPECT_EQ(message({"train.recompute=block", "model.moe_every=0"}), "(no error)");
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ std::string dim_text(Dim d) {
         case Dim::C3: return "3C";
         case Dim::F: return "F";
         case Dim::E: return "E";
+        case Dim::FS: return "FS";
     }
     return "?";
 }
@@ -46,6 +47,7 @@ std::string blocks_text(const TensorDef& d) {
         case Blocks::dense: return "dense";
         case Blocks::moe: return "MoE";
         case Blocks::moe_noisy: return "MoE, `gate = \"noisy\"`";
+        case Blocks::moe_shared: return "MoE, `n_shared_experts > 0`";
     }
     return "?";
 }
@@ -145,10 +147,13 @@ std::vector<ModelConfig> configs() {
     std::vector<ModelConfig> out;
     for (GateKind gate : {GateKind::topk, GateKind::noisy}) {
         for (int moe_every : {0, 1, 2}) {
-            ModelConfig m = testing::tiny_moe_config();
-            m.gate        = gate;
-            m.moe_every   = moe_every;
-            out.push_back(m);
+            for (int shared : {0, 2}) {
+                ModelConfig m      = testing::tiny_moe_config();
+                m.gate             = gate;
+                m.moe_every        = moe_every;
+                m.n_shared_experts = shared;
+                out.push_back(m);
+            }
         }
     }
     return out;
@@ -168,14 +173,17 @@ TEST(TensorTable, EveryLayoutNameMapsBackToItsRow) {
             EXPECT_EQ(PrecisionPolicy::class_of(s.name), d.cls) << s.name;
             seen.insert(*row);
         }
-        // the noise row only with the noisy gate, the MLP rows only with dense blocks
-        const bool noise = m.gate == GateKind::noisy && m.moe_every > 0;
-        EXPECT_EQ(seen.size(), kNumTensorDefs - (noise ? 0 : 1) - (m.moe_every == 1 ? 4 : 0) -
-                                   (m.moe_every == 0 ? 5 : 0))
+        // the noise row only with the noisy gate, the shared-expert rows only with shared
+        // experts, the MLP rows only with dense blocks
+        const bool noise  = m.gate == GateKind::noisy && m.moe_every > 0;
+        const bool shared = m.n_shared_experts > 0 && m.moe_every > 0;
+        EXPECT_EQ(seen.size(), kNumTensorDefs - (noise ? 0 : 1) - (shared ? 0 : 4) -
+                                   (m.moe_every == 1 ? 4 : 0) - (m.moe_every == 0 ? 5 : 0))
             << "moe_every " << m.moe_every;
     }
     for (const char* bad : {"h.x.ln_1.weight", "h.0.ln_3.weight", "h.0.moe.experts.ln_1.weight",
-                            "wte.weight", "h.0.moe.experts.1.c_fc.weight.x"}) {
+                            "wte.weight", "h.0.moe.experts.1.c_fc.weight.x",
+                            "h.0.moe.shared.x.c_fc.weight", "h.0.moe.shared.0.experts.0.c_fc.bias"}) {
         EXPECT_FALSE(tensor_row_of(bad).has_value()) << bad;
     }
 }
@@ -201,6 +209,10 @@ TEST(TensorTable, ResolvePointsEverySlotAtItsTensor) {
                 EXPECT_EQ(b.ln2_b, at(p + "ln_2.bias"));
                 EXPECT_EQ(b.fcproj_b, at(p + "mlp.c_proj.bias"));
                 EXPECT_EQ(b.noise_w, at(p + "moe.noise.weight"));
+                EXPECT_EQ(b.shared.fc_b, at(p + "moe.shared.0.c_fc.bias"));
+                if (m.is_moe_block(l) && m.n_shared_experts > 1) {
+                    EXPECT_EQ(b.shared.fc_b + b.shared.fc_b_stride, at(p + "moe.shared.1.c_fc.bias"));
+                }
                 const std::string e = p + "moe.experts.";
                 EXPECT_EQ(b.experts.proj_w, at(e + std::to_string(e0) + ".c_proj.weight"));
                 if (m.is_moe_block(l) && ep < m.n_experts) {

@@ -112,11 +112,16 @@ TEST(PlanMemory, MatchesGptAllocations) {
 #endif
     // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
     // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
+    // train.recompute: block's arena holds one block's working set; moe and block share one
+    // set of MoE buffers between the layers
     for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
         for (int moe_every : {0, 1, 2, -2}) {
+          for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
+            if (rc == Recompute::moe && moe_every == 0) continue;  // invalid: no MoE layer
             // -2: every second block MoE with a row budget of a quarter of the balanced load
             // (256 rows, the smallest: rounds, with their extra buffers)
             TrainConfig c = small_config(std::abs(moe_every), 8);
+            c.train.recompute = rc;
             c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
             c.model.d_ff    = 256;
             c.model.vocab_size = 1000;
@@ -131,20 +136,58 @@ TEST(PlanMemory, MatchesGptAllocations) {
             double          during = 0;
             {
                 model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 0,
-                               model::PrecisionPolicy::from_config(c.precision));
+                               model::PrecisionPolicy::from_config(c.precision), 0, rc);
                 during = allocated_bytes() - before;
             }
             const Memory& m       = f.memory;
             const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
-            EXPECT_NEAR(during, predict, 0.01 * predict + 65536) << dtype_name(dtype) << " moe_every " << moe_every;
+            EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
+                << dtype_name(dtype) << " moe_every " << moe_every << " recompute " << name_of(rc);
             if (moe_every < 0) {
                 TrainConfig unbounded = c;
                 unbounded.model.moe_rows_budget = 0;
                 const Memory& u = footprint(unbounded, layout_of(c, 1, 1), 0, 0).memory;
                 EXPECT_LT(predict, u.parameters + u.gradients + u.activations + u.comm_buffers);
             }
+          }
         }
     }
+}
+
+// Recompute lowers the activations by what GPT and the MoE layers stop keeping, and costs one
+// more forward of the recomputed part (a time term of its own, and the MoE collectives of the
+// recomputed layers' forward).
+TEST(PlanMemory, RecomputeKeepsLessAndCostsAForward) {
+    TrainConfig c = small_config(1, 8);  // every block MoE
+    c.model.n_layer = 4;
+    c.parallel.expert_parallel = 2;
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    double act[3], step[3], a2a_calls[3];
+    for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
+        c.train.recompute = rc;
+        const Footprint f = footprint(c, layout_of(c, 2, 2), 0, 0);
+        const Estimate  e = estimate(f, c, mach);
+        const size_t    i = static_cast<size_t>(rc);
+        act[i]            = f.memory.activations;
+        step[i]           = e.t_step;
+        a2a_calls[i] = static_cast<double>(per_kind(f.collectives)[dist::CommKind::alltoallv].calls);
+        bool has_term = false;
+        for (const Term& t : e.compute) has_term = has_term || t.name == "recompute (forward again)";
+        EXPECT_EQ(has_term, rc != Recompute::none) << name_of(rc);
+    }
+    const MoEBytes moe = moe_layer_bytes(c.model, c.micro_batch(2) * c.model.seq_len, 2);
+    EXPECT_DOUBLE_EQ(act[0] - act[1], 3 * moe.layer_buffers);  // 4 layers' buffers -> 1
+    EXPECT_LT(act[2], act[1]);                                  // and 4 block working sets -> 1
+    EXPECT_GT(step[1], step[0]);
+    EXPECT_GT(step[2], step[1]);
+    // per micro-batch and MoE layer: counts, dispatch, combine forward + dispatch, combine
+    // backward = 5 all-to-all calls; each of the 3 recomputed layers adds counts, dispatch, combine
+    EXPECT_DOUBLE_EQ(a2a_calls[1] - a2a_calls[0], 3 * 3 * static_cast<double>(c.grad_accum_steps(2)));
+    EXPECT_DOUBLE_EQ(a2a_calls[2], a2a_calls[1]);
 }
 
 TEST(PlanMemory, CategoriesSumAndScale) {
@@ -198,12 +241,12 @@ TEST(PlanComm, BytesByHand) {
     EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 4 * N * K * C * 4 + E * 8);
     EXPECT_EQ(f.moe_rounds, 1);
     EXPECT_EQ(t[dist::CommKind::allgather].calls, 0u);
-    // routing statistics (5E + 3) x 8 in one call, the dispatcher's largest receipt 8, loss
+    // routing statistics (5E + 4) x 8 in one call, the dispatcher's largest receipt 8, loss
     // and checkpoint flag 16, dense gradients in 2 runs, expert gradients over
     // EDP = 2 in 1 run, expert gradient norm 8
     EXPECT_EQ(t[dist::CommKind::allreduce].calls, 1u + 1 + 1 + 2 + 1 + 1);
     EXPECT_EQ(t[dist::CommKind::allreduce].bytes,
-              (5 * E + 3) * 8 + 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
+              (5 * E + 4) * 8 + 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
     // one rank: nothing
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
 }

@@ -1,0 +1,264 @@
+// Shared experts (docs/model.md, "Shared experts"): the MoE output is the routed output plus
+// every shared expert's FFN of each token, their tensors sit in the layout where the tensor
+// table says, and the whole model's gradient matches central differences with them on. The
+// router z-loss and sigmoid scores: values against the definitions and gradients by central
+// differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../../common/tiny_model.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "model/gpt.h"
+#include "moe/moe_layer.h"
+
+namespace bagualu::moe {
+namespace {
+
+std::vector<float> normal(size_t n, Rng& rng, double sd = 1.0) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(sd * rng.normal());
+    return v;
+}
+
+// y (C) += W2 gelu(W1 x + b1) + b2 in double: W1 (F, C), W2 (C, F).
+void ffn_reference(std::vector<double>& y, const float* x, const float* w1, const float* b1,
+                   const float* w2, const float* b2, int C, int F) {
+    for (int c = 0; c < C; ++c) y[static_cast<size_t>(c)] += b2[c];
+    for (int f = 0; f < F; ++f) {
+        double h = b1[f];
+        for (int c = 0; c < C; ++c) h += double(w1[f * C + c]) * x[c];
+        const double g = 0.5 * h * (1 + std::tanh(std::sqrt(2 / M_PI) * (h + 0.044715 * h * h * h)));
+        for (int c = 0; c < C; ++c) y[static_cast<size_t>(c)] += double(w2[c * F + f]) * g;
+    }
+}
+
+TEST(SharedExpertsTest, OutputIsRoutedOutputPlusEverySharedExpert) {
+    const int N = 7, C = 8, F = 12, E = 4, K = 2, S = 3, FS = 10;
+    Rng       rng(5);
+    MoEShape  with{C, F, E, K, 0.0};
+    with.n_shared = S;
+    with.FS       = FS;
+    MoEShape without{C, F, E, K, 0.0};
+    MoELayer a(with, N), b(without, N);
+    const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
+    const auto fc_w = normal(size_t(E) * F * C, rng, 0.3), fc_b = normal(size_t(E) * F, rng, 0.1);
+    const auto pw = normal(size_t(E) * C * F, rng, 0.3), pb = normal(size_t(E) * C, rng, 0.1);
+    const auto sfw = normal(size_t(S) * FS * C, rng, 0.3), sfb = normal(size_t(S) * FS, rng, 0.1);
+    const auto spw = normal(size_t(S) * C * FS, rng, 0.3), spb = normal(size_t(S) * C, rng, 0.1);
+    MoEWeights w;
+    w.gate_w  = gate.data();
+    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
+                 size_t(C) * F, size_t(C)};
+    w.shared  = {sfw.data(), sfb.data(), spw.data(), spb.data(), size_t(FS) * C, size_t(FS),
+                 size_t(C) * FS, size_t(C)};
+    std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
+    a.forward(ya.data(), inp.data(), w, N);
+    b.forward(yb.data(), inp.data(), w, N);
+    for (int t = 0; t < N; ++t) {
+        std::vector<double> ref(size_t(C), 0.0);
+        for (int c = 0; c < C; ++c) ref[size_t(c)] = yb[size_t(t) * C + c];
+        for (int i = 0; i < S; ++i) {
+            ffn_reference(ref, inp.data() + t * C, sfw.data() + size_t(i) * FS * C,
+                          sfb.data() + i * FS, spw.data() + size_t(i) * C * FS, spb.data() + i * C,
+                          C, FS);
+        }
+        // float32 GEMMs of length 8-12 on O(1) values against a double reference:
+        // a few float ulps of O(10) sums
+        for (int c = 0; c < C; ++c) {
+            EXPECT_NEAR(ya[size_t(t) * C + c], ref[size_t(c)], 1e-4 * (1 + std::abs(ref[size_t(c)])))
+                << "token " << t << " channel " << c;
+        }
+    }
+}
+
+TEST(SharedExpertsTest, LayoutHoldsEverySharedExpertOnEveryRank) {
+    ModelConfig m      = testing::tiny_moe_config();
+    m.n_shared_experts = 2;
+    m.shared_d_ff      = 20;
+    for (const auto& [ep, rank] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{4, 3}}) {
+        const model::ParamLayout L = model::make_layout(m, ep, rank);
+        for (int i = 0; i < 2; ++i) {
+            const std::string p = "h.1.moe.shared." + std::to_string(i) + ".";
+            const model::ParamSpec* s = L.find(p + "c_fc.weight");
+            ASSERT_NE(s, nullptr) << p << " ep " << ep;
+            EXPECT_EQ(s->shape, (std::vector<int64_t>{20, 16}));
+            EXPECT_FALSE(s->expert);
+            EXPECT_TRUE(s->decay);
+            EXPECT_FALSE(L.find(p + "c_fc.bias")->decay);
+            EXPECT_EQ(L.find(p + "c_proj.weight")->shape, (std::vector<int64_t>{16, 20}));
+        }
+        EXPECT_EQ(L.find("h.0.moe.shared.0.c_fc.weight"), nullptr);  // block 0 is dense
+        EXPECT_EQ(L.find("h.1.moe.shared.2.c_fc.weight"), nullptr);
+        std::vector<float> params(L.total_floats());
+        const auto         t = model::resolve<float>(L, m, params.data(), ep, rank);
+        EXPECT_EQ(t.blocks[1].shared.proj_w + t.blocks[1].shared.proj_w_stride,
+                  params.data() + L.find("h.1.moe.shared.1.c_proj.weight")->offset);
+    }
+    // without shared experts the layout is the one without the keys, tensor for tensor
+    ModelConfig off = testing::tiny_moe_config();
+    off.shared_d_ff = 20;
+    const model::ParamLayout a = model::make_layout(off), b = model::make_layout(testing::tiny_moe_config());
+    ASSERT_EQ(a.specs().size(), b.specs().size());
+    for (size_t i = 0; i < a.specs().size(); ++i) EXPECT_EQ(a.spec(i).name, b.spec(i).name);
+}
+
+// The whole model's gradient (loss + aux) along each tensor's gradient against central
+// differences in double; returns how many tensors whose name holds `part` were checked.
+int expect_gradient_matches(const ModelConfig& m, const std::string& part) {
+    const int B = 2, T = 12, K = m.top_k;
+    model::GPT gpt(m, B);
+    model::init_params(gpt.params(), gpt.layout(), m, 7);
+    Rng rng(99);
+    for (size_t i = 0; i < gpt.n_floats(); ++i)
+        gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (auto& v : x) v = static_cast<int32_t>(rng.below(61));
+    for (auto& v : y) v = static_cast<int32_t>(rng.below(61));
+    auto objective = [&] { return gpt.forward(x.data(), y.data(), B, T) + gpt.aux_loss(); };
+    objective();
+    gpt.zero_grad();
+    gpt.backward(1.0f);
+    const std::vector<float> grad(gpt.grads(), gpt.grads() + gpt.n_floats());
+    auto routing = [&] {
+        const auto& layer = gpt.moe_layers()[0];
+        return std::vector<int32_t>(layer->expert_idx(), layer->expert_idx() + B * T * K);
+    };
+    const std::vector<int32_t> base = routing();
+    int checked = 0, named = 0, skipped = 0;
+    for (const model::ParamSpec& s : gpt.layout().specs()) {
+        double gnorm = 0;
+        for (size_t i = 0; i < s.numel; ++i) gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
+        gnorm = std::sqrt(gnorm);
+        if (gnorm < 1e-3) continue;
+        std::vector<float> saved(gpt.params() + s.offset, gpt.params() + s.offset + s.numel);
+        bool crossed = false;
+        auto shift   = [&](double t) {
+            for (size_t i = 0; i < s.numel; ++i)
+                gpt.params()[s.offset + i] = saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
+            const double v = objective();
+            crossed        = crossed || routing() != base;
+            return v;
+        };
+        // central differences in double along the gradient; a step that changes the routing
+        // leaves the piece the derivative lives on: retried at a quarter, else skipped
+        double h = 1e-2, num = 0;
+        for (int attempt = 0; attempt < 2; ++attempt, h /= 4) {
+            crossed = false;
+            num     = (shift(h) - shift(-h)) / (2 * h);
+            if (!crossed) break;
+        }
+        std::copy(saved.begin(), saved.end(), gpt.params() + s.offset);
+        if (crossed) {
+            ++skipped;
+            continue;
+        }
+        // float32 forward: ~1e-6 relative noise in the loss, so 2e-4 absolute at h = 1e-2
+        EXPECT_NEAR(gnorm, num, 2e-4 * 1e-2 / h + 2e-2 * gnorm) << s.name << " along its gradient";
+        ++checked;
+        named += s.name.find(part) != std::string::npos ? 1 : 0;
+    }
+    EXPECT_LE(skipped, 3);
+    EXPECT_GT(checked, 20);
+    return named;
+}
+
+TEST(SharedExpertsTest, FullGradientMatchesCentralDifferences) {
+    ModelConfig m      = testing::tiny_moe_config();
+    m.n_shared_experts = 2;
+    m.shared_d_ff      = 20;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.shared."), 8) << "every shared-expert tensor";
+}
+
+// z-loss = coef * mean_t (logsumexp_e g[t, e])^2 over the layer's tokens (docs/model.md)
+TEST(RouterZLossTest, ValueMatchesDefinition) {
+    const int N = 9, C = 8, F = 12, E = 5, K = 2;
+    Rng       rng(11);
+    MoEShape  z{C, F, E, K, 0.0};
+    z.gate.z_loss_coef = 0.25;
+    MoEShape  off{C, F, E, K, 0.0};
+    MoELayer  a(z, N), b(off, N);
+    const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
+    const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
+    const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
+    MoEWeights w;
+    w.gate_w  = gate.data();
+    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
+                 size_t(C) * F, size_t(C)};
+    std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
+    const double za = a.forward(ya.data(), inp.data(), w, N), zb = b.forward(yb.data(), inp.data(), w, N);
+    EXPECT_EQ(zb, 0.0);
+    EXPECT_EQ(ya, yb) << "the z-loss changes no routing or output";
+    double ref = 0;
+    for (int t = 0; t < N; ++t) {
+        double sum = 0;
+        for (int e = 0; e < E; ++e) {
+            double g = 0;
+            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            sum += std::exp(g);
+        }
+        ref += std::log(sum) * std::log(sum);
+    }
+    ref *= 0.25 / N;
+    // float32 logits of length-8 dot products: ~1e-6 relative in each logit
+    EXPECT_NEAR(za, ref, 1e-5 * ref);
+}
+
+TEST(RouterZLossTest, FullGradientMatchesCentralDifferences) {
+    ModelConfig m        = testing::tiny_moe_config();
+    m.aux_loss_coef      = 0;  // the z-loss alone on the gate
+    m.router_z_loss_coef = 0.5;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
+
+// sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)
+TEST(RouterSigmoidTest, WeightsAreSigmoidScoresNormalisedOverTheChosen) {
+    const int N = 9, C = 8, F = 12, E = 6, K = 3;
+    Rng       rng(13);
+    MoEShape  sig{C, F, E, K, 0.0};
+    sig.gate.score = RouterScore::sigmoid;
+    MoEShape  soft{C, F, E, K, 0.0};
+    MoELayer  a(sig, N), b(soft, N);
+    const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
+    const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
+    const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
+    MoEWeights w;
+    w.gate_w  = gate.data();
+    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
+                 size_t(C) * F, size_t(C)};
+    std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
+    a.forward(ya.data(), inp.data(), w, N);
+    b.forward(yb.data(), inp.data(), w, N);
+    for (int t = 0; t < N; ++t) {
+        double sum = 0;
+        for (int k = 0; k < K; ++k) {
+            // the same experts as softmax scoring: sigmoid is monotonic
+            ASSERT_EQ(a.expert_idx()[t * K + k], b.expert_idx()[t * K + k]) << t;
+            const int e = a.expert_idx()[t * K + k];
+            double    g = 0;
+            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            sum += 1 / (1 + std::exp(-g));
+        }
+        for (int k = 0; k < K; ++k) {
+            const int e = a.expert_idx()[t * K + k];
+            double    g = 0;
+            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            // float32 logits (length-8 dot products) and weights: a few float ulps
+            EXPECT_NEAR(a.probs()[t * K + k], 1 / (1 + std::exp(-g)) / sum, 1e-6) << t << " " << k;
+        }
+    }
+}
+
+TEST(RouterSigmoidTest, FullGradientMatchesCentralDifferences) {
+    ModelConfig m  = testing::tiny_moe_config();
+    m.router_score = RouterScore::sigmoid;
+    m.top_k        = 3;  // normalising over more than the pair of top-2
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
+}  // namespace
+}  // namespace bagualu::moe
