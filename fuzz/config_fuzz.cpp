@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "scratch_dir.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "scratch_dir.h"
 
 namespace {
 
@@ -31,9 +31,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    const std::string        input(reinterpret_cast<const char*>(data), size);
-    const size_t             nul  = input.find('\0');
-    const std::string        toml = input.substr(0, nul);
+    const std::string input(reinterpret_cast<const char*>(data), size);
+    const size_t nul       = input.find('\0');
+    const std::string toml = input.substr(0, nul);
     std::vector<std::string> overrides;
     for (size_t at = nul; at != std::string::npos && at < input.size();) {
         const size_t next = input.find('\0', at + 1);
@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         out.write(toml.data(), static_cast<std::streamsize>(toml.size()));
     }
     try {
-        const bagualu::TrainConfig cfg  = bagualu::load_config(path, overrides);
-        const std::string          text = bagualu::to_toml(cfg);
+        const bagualu::TrainConfig cfg = bagualu::load_config(path, overrides);
+        const std::string text         = bagualu::to_toml(cfg);
         // A resolved config must load again (resume reads it from the checkpoint), unchanged.
         const bagualu::TrainConfig again = bagualu::config_from_text(text, "fuzz (round trip)");
         if (bagualu::to_toml(again) != text) {

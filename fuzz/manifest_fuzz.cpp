@@ -35,16 +35,16 @@ void remove_dir() {
 void write_shards() {
     static const float a[6] = {1, 2, 3, 4, 5, 6};
     static const float s[1] = {7};
-    const ckpt::Slice  r0[] = {{"param/a", {2, 3}, 0, 2, a}, {"param/s", {}, 0, 1, s}};
-    const ckpt::Slice  r1[] = {{"param/a", {2, 3}, 2, 6, a + 2}};
-    ckpt::Manifest     m;
+    const ckpt::Slice r0[]  = {{"param/a", {2, 3}, 0, 2, a}, {"param/s", {}, 0, 1, s}};
+    const ckpt::Slice r1[]  = {{"param/a", {2, 3}, 2, 6, a + 2}};
+    ckpt::Manifest m;
     m.step        = 1;
     m.config_toml = "[model]\n";
     m.ranks       = 2;
     m.files.push_back(ckpt::write_slices(g_dir, "rank_00000.safetensors", r0));
     m.files.push_back(ckpt::write_slices(g_dir, "rank_00001.safetensors", r1));
-    const uint16_t               bf16[2] = {0x3f80, 0x4000};
-    const bagualu::io::TensorRef t[]     = {{"param/b[0:2]", bagualu::io::DType::BF16, {2}, bf16}};
+    const uint16_t bf16[2]           = {0x3f80, 0x4000};
+    const bagualu::io::TensorRef t[] = {{"param/b[0:2]", bagualu::io::DType::BF16, {2}, bf16}};
     bagualu::io::write_safetensors(g_dir + "/bf16.safetensors", t);
     m.state["sampler"] = {{"epoch", 0}, {"position", 3}};
     if (const char* seed = std::getenv("BGL_FUZZ_WRITE_SEED")) {
@@ -58,7 +58,7 @@ void read_everything(const ckpt::CheckpointReader& r) {
         for (const ckpt::SliceRecord& s : f.slices) {
             (void)r.has(s.tensor);
             const auto& shape = r.shape(s.tensor);
-            int64_t     numel = 1;
+            int64_t numel     = 1;
             for (int64_t d : shape) numel *= d;  // validated: at most 2^50
             try {
                 if (s.end - s.begin <= 4096) {
@@ -78,7 +78,8 @@ void read_everything(const ckpt::CheckpointReader& r) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "bagualu-manifest-fuzz-XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "bagualu-manifest-fuzz-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) {
         std::perror("mkdtemp");
         std::abort();

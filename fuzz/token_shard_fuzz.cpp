@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "scratch_dir.h"
 #include "core/error.h"
 #include "data/token_file.h"
 #include "data/token_shards.h"
+#include "scratch_dir.h"
 
 namespace data = bagualu::data;
 

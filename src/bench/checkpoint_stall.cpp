@@ -1,12 +1,13 @@
 #include "bench/checkpoint_stall.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
@@ -29,13 +30,14 @@ double median(std::vector<double> v) {
 // Seconds between consecutive steps: [i] ends at step i + 2 (1-based), starts after step i + 1.
 std::vector<double> step_intervals(const TrainConfig& cfg, dist::ParallelContext& par) {
     std::vector<Clock::time_point> at;
-    train::TrainOptions            opt;
+    train::TrainOptions opt;
     opt.force   = true;
     opt.quiet   = true;
     opt.on_step = [&](int64_t, double, double) { at.push_back(Clock::now()); };
     train::run_training(cfg, opt, &par);
     std::vector<double> out;
-    for (size_t i = 1; i < at.size(); ++i) out.push_back(std::chrono::duration<double>(at[i] - at[i - 1]).count());
+    for (size_t i = 1; i < at.size(); ++i)
+        out.push_back(std::chrono::duration<double>(at[i] - at[i - 1]).count());
     return out;
 }
 
@@ -63,18 +65,19 @@ CheckpointStall measure_checkpoint_stall(TrainConfig cfg, int64_t steps, int64_t
     cfg.checkpoint.resume  = Resume::never;
     cfg.checkpoint.keep    = 2;
 
-    cfg.train.run_dir      = tmp + "/plain";
-    cfg.checkpoint.every   = 0;
+    cfg.train.run_dir               = tmp + "/plain";
+    cfg.checkpoint.every            = 0;
     const std::vector<double> plain = step_intervals(cfg, par);
 
-    cfg.train.run_dir    = tmp + "/ckpt";
-    cfg.checkpoint.every = every;
+    cfg.train.run_dir              = tmp + "/ckpt";
+    cfg.checkpoint.every           = every;
     const std::vector<double> with = step_intervals(cfg, par);
 
     CheckpointStall r;
     std::vector<double> after;
     for (size_t i = 0; i < with.size(); ++i) {
-        if ((i + 1) % static_cast<size_t>(every) == 0) after.push_back(with[i]);  // follows step i+1
+        if ((i + 1) % static_cast<size_t>(every) == 0)
+            after.push_back(with[i]);  // follows step i+1
     }
     r.checkpoints  = steps / every + (steps % every ? 1 : 0);
     r.step_s       = median(plain);
@@ -91,8 +94,13 @@ CheckpointStall measure_checkpoint_stall(TrainConfig cfg, int64_t steps, int64_t
             r.bytes_per_rank = j["checkpoint_bytes"].get<double>() / n;
         }
     }
-    double v[7] = {static_cast<double>(r.checkpoints), r.step_s, r.after_ckpt_s, r.stall_s,
-                   r.snapshot_s, r.write_s, r.bytes_per_rank};
+    double v[7] = {static_cast<double>(r.checkpoints),
+                   r.step_s,
+                   r.after_ckpt_s,
+                   r.stall_s,
+                   r.snapshot_s,
+                   r.write_s,
+                   r.bytes_per_rank};
     par.world().broadcast(v, sizeof(v), 0);
     r = CheckpointStall{static_cast<int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6]};
     par.world().barrier();

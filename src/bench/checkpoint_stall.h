@@ -14,12 +14,12 @@ namespace bagualu::bench {
 
 struct CheckpointStall {
     int64_t checkpoints   = 0;  // written in the run with checkpoints
-    double  step_s        = 0;  // median time between steps, run without checkpoints
-    double  after_ckpt_s  = 0;  // median time between a checkpoint step and the next one
-    double  stall_s       = 0;  // after_ckpt_s - step_s: what a checkpoint costs the loop
-    double  snapshot_s    = 0;  // per checkpoint: the loop's own time in save/finalize
-    double  write_s       = 0;  // per checkpoint: the I/O helper's write time (rank 0)
-    double  bytes_per_rank = 0;  // per checkpoint (rank 0)
+    double step_s         = 0;  // median time between steps, run without checkpoints
+    double after_ckpt_s   = 0;  // median time between a checkpoint step and the next one
+    double stall_s        = 0;  // after_ckpt_s - step_s: what a checkpoint costs the loop
+    double snapshot_s     = 0;  // per checkpoint: the loop's own time in save/finalize
+    double write_s        = 0;  // per checkpoint: the I/O helper's write time (rank 0)
+    double bytes_per_rank = 0;  // per checkpoint (rank 0)
 };
 
 // dir: where the temporary run directories go.

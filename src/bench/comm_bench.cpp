@@ -53,8 +53,8 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
     const auto up       = static_cast<size_t>(P);
     const double factor = static_cast<double>(P - 1) / P;
     // the node layout (collectives.h, "over nodes"): a node is named by its first world rank
-    int node_id = o.ranks_per_node > 0 ? comm.rank() / o.ranks_per_node * o.ranks_per_node
-                                       : comm.rank();
+    int node_id =
+        o.ranks_per_node > 0 ? comm.rank() / o.ranks_per_node * o.ranks_per_node : comm.rank();
     if (o.ranks_per_node == 0) comm.split_shared()->broadcast(&node_id, sizeof(int), 0);
     const dist::NodeLayout lay = dist::make_node_layout(comm, node_id);
     std::vector<Row> rows;
@@ -97,11 +97,11 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
 
     if (o.json) {
         nlohmann::json j;
-        j["ranks"]   = P;
-        j["repeats"] = o.repeats;
-        j["nodes"]    = lay.nodes;
+        j["ranks"]          = P;
+        j["repeats"]        = o.repeats;
+        j["nodes"]          = lay.nodes;
         j["ranks_per_node"] = lay.per_node;
-        j["rows"]    = nlohmann::json::array();
+        j["rows"]           = nlohmann::json::array();
         for (const Row& r : rows) {
             const auto b = static_cast<double>(r.bytes);
             j["rows"].push_back({{"bytes", r.bytes},
@@ -119,9 +119,10 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
         std::fflush(stdout);
         return 0;
     }
-    fmt::print("comm bench: {} ranks ({} node(s) of {}), median of {} (slowest rank), bus "
-               "bandwidth in GB/s\n",
-               P, lay.nodes, lay.per_node, o.repeats);
+    fmt::print(
+        "comm bench: {} ranks ({} node(s) of {}), median of {} (slowest rank), bus "
+        "bandwidth in GB/s\n",
+        P, lay.nodes, lay.per_node, o.repeats);
     fmt::print("{:>10}  {:>9} {:>7}  {:>12} {:>7}  {:>13} {:>7}  {:>8}", "bytes", "a2a ms", "GB/s",
                "mpi rs+ag ms", "GB/s", "ours rs+ag ms", "GB/s", "ours/mpi");
     if (lay.nodes > 1) fmt::print("  {:>12} {:>12} {:>7}", "1-level ms", "2-level ms", "2/1");

@@ -11,12 +11,12 @@
 namespace bagualu::bench {
 
 struct CommBenchOptions {
-    size_t min_bytes = size_t{4} << 10;   // per-rank message size, first row
-    size_t max_bytes = size_t{64} << 20;  // last row (sizes grow x4)
-    int repeats      = 10;                // timed runs per size and operation
-    int warmup       = 2;                 // untimed runs first
-    bool json        = false;             // one JSON object instead of the table
-    int ranks_per_node = 0;               // every R consecutive ranks a node; 0: shared memory
+    size_t min_bytes   = size_t{4} << 10;   // per-rank message size, first row
+    size_t max_bytes   = size_t{64} << 20;  // last row (sizes grow x4)
+    int repeats        = 10;                // timed runs per size and operation
+    int warmup         = 2;                 // untimed runs first
+    bool json          = false;             // one JSON object instead of the table
+    int ranks_per_node = 0;                 // every R consecutive ranks a node; 0: shared memory
 };
 
 // Returns 0; prints on rank 0 only.

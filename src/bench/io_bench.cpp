@@ -15,13 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-
-#include "bench/checkpoint_stall.h"
-#include "dist/parallel.h"
 #include <string>
 #include <vector>
 
+#include "bench/checkpoint_stall.h"
 #include "core/error.h"
+#include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
 
 namespace bagualu::bench {
@@ -37,10 +36,12 @@ class ScratchDir {
    public:
     explicit ScratchDir(const std::string& parent) {
         std::error_code ec;
-        const fs::path  base = parent.empty() ? fs::temp_directory_path(ec) : fs::path(parent);
-        if (ec || !fs::is_directory(base, ec)) input_error("io bench: --dir {}: not a directory", base.string());
+        const fs::path base = parent.empty() ? fs::temp_directory_path(ec) : fs::path(parent);
+        if (ec || !fs::is_directory(base, ec))
+            input_error("io bench: --dir {}: not a directory", base.string());
         std::string tmpl = (base / "bagualu-io-bench-XXXXXX").string();
-        if (::mkdtemp(tmpl.data()) == nullptr) input_error("io bench: cannot create a directory in {}", base.string());
+        if (::mkdtemp(tmpl.data()) == nullptr)
+            input_error("io bench: cannot create a directory in {}", base.string());
         path_ = tmpl;
     }
     ScratchDir(const ScratchDir&)            = delete;
@@ -57,7 +58,7 @@ class ScratchDir {
 
 struct Tensor {
     std::string name;
-    size_t      offset = 0, numel = 0;  // into the one payload buffer
+    size_t offset = 0, numel = 0;  // into the one payload buffer
 };
 
 // 3 kinds x 38 tensors covering exactly n floats.
@@ -66,23 +67,30 @@ std::vector<Tensor> split(size_t n) {
     std::vector<std::pair<std::string, int>> names = {{"wte", 16}};
     for (int l = 0; l < 4; ++l) {
         const std::string h = fmt::format("h.{}.", l);
-        for (auto [suffix, w] : std::initializer_list<std::pair<const char*, int>>{
-                 {"ln_1.weight", 0}, {"ln_1.bias", 0}, {"attn.c_attn.weight", 3}, {"attn.c_proj.weight", 1},
-                 {"ln_2.weight", 0}, {"ln_2.bias", 0}, {"moe.router.weight", 0}, {"moe.experts.c_fc.weight", 4},
-                 {"moe.experts.c_proj.weight", 4}}) {
+        for (auto [suffix, w] :
+             std::initializer_list<std::pair<const char*, int>>{{"ln_1.weight", 0},
+                                                                {"ln_1.bias", 0},
+                                                                {"attn.c_attn.weight", 3},
+                                                                {"attn.c_proj.weight", 1},
+                                                                {"ln_2.weight", 0},
+                                                                {"ln_2.bias", 0},
+                                                                {"moe.router.weight", 0},
+                                                                {"moe.experts.c_fc.weight", 4},
+                                                                {"moe.experts.c_proj.weight", 4}}) {
             names.emplace_back(h + suffix, w);
         }
     }
     names.emplace_back("ln_f.weight", 0);
-    int    weights = 0, norms = 0;
+    int weights = 0, norms = 0;
     for (const auto& [name, w] : names) (w > 0 ? weights : norms) += w > 0 ? w : 1;
     const size_t per_kind = n / 3, norm = std::min<size_t>(256, per_kind / (2 * names.size()));
-    const size_t big      = per_kind - norm * static_cast<size_t>(norms);
+    const size_t big = per_kind - norm * static_cast<size_t>(norms);
     std::vector<Tensor> out;
-    size_t              offset = 0;
+    size_t offset = 0;
     for (const char* kind : {"param", "adam_m", "adam_v"}) {
         for (const auto& [name, w] : names) {
-            const size_t numel = w > 0 ? big * static_cast<size_t>(w) / static_cast<size_t>(weights) : norm;
+            const size_t numel =
+                w > 0 ? big * static_cast<size_t>(w) / static_cast<size_t>(weights) : norm;
             out.push_back({fmt::format("{}/{}", kind, name), offset, numel});
             offset += numel;
         }
@@ -91,7 +99,9 @@ std::vector<Tensor> split(size_t n) {
     return out;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 void drop_cache(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -141,11 +151,12 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int run_io_bench(const IoBenchOptions& o) {
-    if (o.bytes < 4096 || o.repeats < 1) input_error("io bench: need at least 4096 bytes and one repeat");
-    const size_t              n       = o.bytes / sizeof(float);
-    const size_t              bytes   = n * sizeof(float);
+    if (o.bytes < 4096 || o.repeats < 1)
+        input_error("io bench: need at least 4096 bytes and one repeat");
+    const size_t n                    = o.bytes / sizeof(float);
+    const size_t bytes                = n * sizeof(float);
     const std::vector<Tensor> tensors = split(n);
-    std::vector<float>        payload(n), back(n);
+    std::vector<float> payload(n), back(n);
     for (size_t i = 0; i < n; ++i) payload[i] = static_cast<float>(i % 65521) * 1e-3f;
     std::vector<ckpt::Slice> slices;
     for (const Tensor& t : tensors) {
@@ -153,13 +164,13 @@ int run_io_bench(const IoBenchOptions& o) {
         slices.push_back({t.name, {numel}, 0, numel, payload.data() + t.offset});
     }
 
-    const ScratchDir    scratch(o.dir);
+    const ScratchDir scratch(o.dir);
     std::vector<double> ckpt_w, plain_w, ckpt_r, plain_r;
     for (int rep = 0; rep < o.repeats; ++rep) {
         const std::string final_dir = ckpt::step_dir(scratch.str(), rep);
         const std::string plain     = fmt::format("{}/plain_{}.bin", scratch.str(), rep);
-        auto              write_ckpt = [&] {
-            const auto        t0  = Clock::now();
+        auto write_ckpt             = [&] {
+            const auto t0         = Clock::now();
             const std::string tmp = final_dir + ".tmp";
             fs::create_directory(tmp);
             ckpt::Manifest m;
@@ -185,13 +196,14 @@ int run_io_bench(const IoBenchOptions& o) {
         drop_cache(final_dir + "/rank_00000.safetensors");
         drop_cache(plain);
         auto read_ckpt = [&] {
-            const auto                   t0 = Clock::now();
+            const auto t0 = Clock::now();
             const ckpt::CheckpointReader r(final_dir);
             for (const Tensor& t : tensors) {
                 r.read(t.name, 0, static_cast<int64_t>(t.numel), back.data() + t.offset);
             }
             ckpt_r.push_back(seconds_since(t0));
-            BGL_CHECK(std::equal(back.begin(), back.end(), payload.begin()), "checkpoint read back differs");
+            BGL_CHECK(std::equal(back.begin(), back.end(), payload.begin()),
+                      "checkpoint read back differs");
         };
         auto read_flat = [&] {
             const auto t0 = Clock::now();
@@ -210,8 +222,9 @@ int run_io_bench(const IoBenchOptions& o) {
         fs::remove(plain, ec);
     }
 
-    auto mbs = [&](double s) { return s > 0 ? static_cast<double>(bytes) / s * 1e-6 : 0.0; };
-    const double cw = median(ckpt_w), pw = median(plain_w), cr = median(ckpt_r), pr = median(plain_r);
+    auto mbs        = [&](double s) { return s > 0 ? static_cast<double>(bytes) / s * 1e-6 : 0.0; };
+    const double cw = median(ckpt_w), pw = median(plain_w), cr = median(ckpt_r),
+                 pr          = median(plain_r);
     const double write_ratio = cw > 0 ? pw / cw : 0.0, read_ratio = cr > 0 ? pr / cr : 0.0;
     std::optional<CheckpointStall> stall;
     if (o.stall_config) {
@@ -249,8 +262,9 @@ int run_io_bench(const IoBenchOptions& o) {
         std::fflush(stdout);
         return 0;
     }
-    fmt::print("io bench: {:.1f} MiB in {} tensors, median of {}, in {}\n", static_cast<double>(bytes) / (1 << 20),
-               tensors.size(), o.repeats, fs::path(scratch.str()).parent_path().string());
+    fmt::print("io bench: {:.1f} MiB in {} tensors, median of {}, in {}\n",
+               static_cast<double>(bytes) / (1 << 20), tensors.size(), o.repeats,
+               fs::path(scratch.str()).parent_path().string());
     fmt::print("{:<36} {:>9} {:>9}\n", "", "s", "MB/s");
     fmt::print("{:<36} {:>9.3f} {:>9.1f}\n", "write checkpoint (slices+manifest)", cw, mbs(cw));
     fmt::print("{:<36} {:>9.3f} {:>9.1f}\n", "write plain (write+fsync)", pw, mbs(pw));
@@ -260,14 +274,17 @@ int run_io_bench(const IoBenchOptions& o) {
     fmt::print("read ratio checkpoint/plain:  {:.2f}\n", read_ratio);
     if (stall) {
         fmt::print("training stall ({}, {} steps, a checkpoint of {:.1f} MiB every {}):\n",
-                   o.stall_config->source, o.stall_steps, stall->bytes_per_rank / (1 << 20), o.stall_every);
-        fmt::print("  median step {:.3f} s without checkpoints; {:.3f} s for the step after a checkpoint "
-                   "(stall {:+.3f} s = {:+.1f}% of a step)\n",
-                   stall->step_s, stall->after_ckpt_s, stall->stall_s,
-                   stall->step_s > 0 ? 100 * stall->stall_s / stall->step_s : 0.0);
-        fmt::print("  the loop's own share (snapshot copy, completion) {:.3f} s per checkpoint; the "
-                   "background write took {:.3f} s (a synchronous checkpoint's stall)\n",
-                   stall->snapshot_s, stall->write_s);
+                   o.stall_config->source, o.stall_steps, stall->bytes_per_rank / (1 << 20),
+                   o.stall_every);
+        fmt::print(
+            "  median step {:.3f} s without checkpoints; {:.3f} s for the step after a checkpoint "
+            "(stall {:+.3f} s = {:+.1f}% of a step)\n",
+            stall->step_s, stall->after_ckpt_s, stall->stall_s,
+            stall->step_s > 0 ? 100 * stall->stall_s / stall->step_s : 0.0);
+        fmt::print(
+            "  the loop's own share (snapshot copy, completion) {:.3f} s per checkpoint; the "
+            "background write took {:.3f} s (a synchronous checkpoint's stall)\n",
+            stall->snapshot_s, stall->write_s);
     } else {
         fmt::print("training stall: not measured (pass --config FILE with prepared data)\n");
     }

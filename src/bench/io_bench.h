@@ -17,14 +17,14 @@
 namespace bagualu::bench {
 
 struct IoBenchOptions {
-    size_t      bytes   = size_t{256} << 20;  // payload per checkpoint (float data)
-    int         repeats = 5;                  // timed rounds (median); each writes and reads both
-    std::string dir;                          // parent of the scratch directory; empty: system temp dir
-    bool        json = false;                 // one JSON object instead of the table
+    size_t bytes = size_t{256} << 20;  // payload per checkpoint (float data)
+    int repeats  = 5;                  // timed rounds (median); each writes and reads both
+    std::string dir;                   // parent of the scratch directory; empty: system temp dir
+    bool json = false;                 // one JSON object instead of the table
     // The step-loop pause of asynchronous checkpoints (bench/checkpoint_stall.h), measured by
     // training this config twice: stall_steps steps, a checkpoint every stall_every.
     std::optional<TrainConfig> stall_config;
-    int64_t                    stall_steps = 12, stall_every = 4;
+    int64_t stall_steps = 12, stall_every = 4;
 };
 
 // Returns 0. Throws InputError when `dir` is unusable or the options are out of range.

@@ -45,9 +45,9 @@ using clock = std::chrono::steady_clock;
 using Shape = GemmShape;
 
 struct Row {
-    Shape                 s;
-    const char*           dtype;
-    double                ours = 0.0;  // the best of our kernels
+    Shape s;
+    const char* dtype;
+    double ours = 0.0;  // the best of our kernels
     // oneDNN: our backend (on the pool), its own OpenMP threads here and in a child process.
     std::optional<double> onednn, onednn_omp, onednn_standalone, openblas;
 };
@@ -70,8 +70,8 @@ double time_gflops(const Shape& s, int repeats, const std::function<void()>& fn)
     fn();
     const auto t0 = clock::now();
     fn();
-    const double once  = std::chrono::duration<double>(clock::now() - t0).count();
-    const int    calls = std::max(1, static_cast<int>(0.05 / std::max(once, 1e-6)));
+    const double once = std::chrono::duration<double>(clock::now() - t0).count();
+    const int calls   = std::max(1, static_cast<int>(0.05 / std::max(once, 1e-6)));
     std::vector<double> rates;
     for (int r = 0; r < repeats; ++r) {
         const auto start = clock::now();
@@ -86,9 +86,9 @@ double time_gflops(const Shape& s, int repeats, const std::function<void()>& fn)
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
 struct Operands {
-    int                lda, ldb, ldc;
+    int lda, ldb, ldc;
     std::vector<float> A, B, C;
-    std::vector<bf16>  A16, B16;
+    std::vector<bf16> A16, B16;
 };
 
 Operands make_operands(const Shape& s) {
@@ -133,8 +133,8 @@ class WholeMask {
 std::optional<double> onednn_omp(const Shape& s, bool bf16, Operands& o, int repeats, int threads) {
     try {
         set_openmp_threads(threads);
-        using dt = dnnl::memory::data_type;
-        const dt     in = bf16 ? dt::bf16 : dt::f32;
+        using dt    = dnnl::memory::data_type;
+        const dt in = bf16 ? dt::bf16 : dt::f32;
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         dnnl::stream strm(eng);
         const dnnl::memory::dims a_strides =
@@ -147,8 +147,8 @@ std::optional<double> onednn_omp(const Shape& s, bool bf16, Operands& o, int rep
         const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
         if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) return std::nullopt;
         dnnl::matmul mm(pd);
-        void*        a_data = bf16 ? static_cast<void*>(o.A16.data()) : o.A.data();
-        void*        b_data = bf16 ? static_cast<void*>(o.B16.data()) : o.B.data();
+        void* a_data = bf16 ? static_cast<void*>(o.A16.data()) : o.A.data();
+        void* b_data = bf16 ? static_cast<void*>(o.B16.data()) : o.B.data();
         dnnl::memory a(a_md, eng, a_data), b(b_md, eng, b_data), c(c_md, eng, o.C.data());
         return time_gflops(s, repeats, [&] {
             mm.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
@@ -175,9 +175,9 @@ class PathScope {
 
 std::vector<Row> run_shape(const Shape& s, int repeats, int threads) {
     using kernels::gemm::Path;
-    Operands   o   = make_operands(s);
-    const auto cta = s.ta == Trans::N ? CblasNoTrans : CblasTrans;
-    const auto ctb = s.tb == Trans::N ? CblasNoTrans : CblasTrans;
+    Operands o      = make_operands(s);
+    const auto cta  = s.ta == Trans::N ? CblasNoTrans : CblasTrans;
+    const auto ctb  = s.tb == Trans::N ? CblasNoTrans : CblasTrans;
     const bool dnnl = kernels::gemm::path_supported(Path::onednn);
     const auto f32  = [&] {
         kernels::gemm_f32(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb,
@@ -225,7 +225,7 @@ std::vector<Row> run_shape(const Shape& s, int repeats, int threads) {
 std::vector<std::optional<double>> standalone_rates(const std::vector<Shape>& shapes, int repeats,
                                                     int threads) {
     std::vector<std::optional<double>> out(shapes.size() * 2);
-    int                                fds[2];
+    int fds[2];
     if (pipe(fds) != 0) return out;
     const pid_t pid = fork();
     if (pid < 0) {
@@ -243,7 +243,7 @@ std::vector<std::optional<double>> standalone_rates(const std::vector<Shape>& sh
             Operands o = make_operands(s);
             for (bool bf16 : {false, true}) {
                 const std::optional<double> r = onednn_omp(s, bf16, o, repeats, threads);
-                const double v = r ? *r : -1.0;
+                const double v                = r ? *r : -1.0;
                 if (write(fds[1], &v, sizeof v) != ssize_t(sizeof v)) _exit(1);
                 settle();
             }
@@ -281,8 +281,8 @@ nlohmann::json to_json(const std::optional<double>& v) {
 constexpr int kGroupedE = 8, kGroupedC = 256, kGroupedF = 768, kGroupedRows = 4096;
 
 struct GroupedRow {
-    const char* name;                       // which product
-    double      grouped = 0.0, loop = 0.0;  // GFLOP/s, 2 rows F C flops per call
+    const char* name;                  // which product
+    double grouped = 0.0, loop = 0.0;  // GFLOP/s, 2 rows F C flops per call
 };
 
 std::vector<int32_t> zipf_offsets(int E, int rows) {
@@ -300,16 +300,16 @@ std::vector<int32_t> zipf_offsets(int E, int rows) {
 std::vector<GroupedRow> run_grouped(int repeats) {
     const int E = kGroupedE, C = kGroupedC, F = kGroupedF, R = kGroupedRows;
     const std::vector<int32_t> off = zipf_offsets(E, R);
-    Rng                        rng(2);
-    auto                       random = [&](size_t n) {
+    Rng rng(2);
+    auto random = [&](size_t n) {
         std::vector<float> v(n);
         for (float& x : v) x = float(rng.uniform() - 0.5);
         return v;
     };
     const std::vector<float> x = random(size_t(R) * C), w = random(size_t(E) * F * C);
     const std::vector<float> dh = random(size_t(R) * F);
-    std::vector<float>       h(size_t(R) * F), dw(size_t(E) * F * C);
-    const size_t             ws = size_t(F) * C;
+    std::vector<float> h(size_t(R) * F), dw(size_t(E) * F * C);
+    const size_t ws = size_t(F) * C;
 
     // forward: h_e (rows_e, F) = x_e (rows_e, C) @ w_e^T
     GroupedRow fwd{"x W1^T"};
@@ -353,7 +353,7 @@ std::vector<GroupedRow> run_grouped(int repeats) {
 std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batch) {
     const int N = micro_batch * m.seq_len, C = m.d_model, F = m.d_ff, V = m.vocab_size;
     const int Ne = std::max(1, N * m.top_k / std::max(1, m.n_experts));
-    bool      dense = false, moe = false;
+    bool dense = false, moe = false;
     for (int l = 0; l < m.n_layer; ++l) (m.is_moe_block(l) ? moe : dense) = true;
     std::vector<GemmShape> out;
     // linear layer (rows, in, out): out = inp @ w^T; dinp = dout @ w; dw += dout^T @ inp
@@ -396,14 +396,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     std::vector<std::optional<double>> alone;
     if (opts.standalone_check) alone = standalone_rates(shapes, repeats, threads);
 
-    const kernels::CpuFeatures& cpu       = kernels::cpu_features();
-    const double                peak_f32  = kernels::measure_peak_gflops_f32(1.0);
-    const double                peak_dot  = kernels::measure_peak_gflops_bf16(1.0);
-    const double                peak_amx  = kernels::measure_peak_gflops_amx_bf16(1.0);
-    const double                peak_bf16 = std::max(peak_dot, peak_amx);
-    const std::string           half      = kernels::half_precision_features();
-    const std::string bf16_impl = kernels::gemm::onednn::impl_name(true, 512, 512, 512);
-    const std::string f32_impl  = kernels::gemm::onednn::impl_name(false, 512, 512, 512);
+    const kernels::CpuFeatures& cpu = kernels::cpu_features();
+    const double peak_f32           = kernels::measure_peak_gflops_f32(1.0);
+    const double peak_dot           = kernels::measure_peak_gflops_bf16(1.0);
+    const double peak_amx           = kernels::measure_peak_gflops_amx_bf16(1.0);
+    const double peak_bf16          = std::max(peak_dot, peak_amx);
+    const std::string half          = kernels::half_precision_features();
+    const std::string bf16_impl     = kernels::gemm::onednn::impl_name(true, 512, 512, 512);
+    const std::string f32_impl      = kernels::gemm::onednn::impl_name(false, 512, 512, 512);
 
     std::vector<Row> rows;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -415,8 +415,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         for (const Row& r : pair) rows.push_back(r);
     }
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
-    std::string                   counts;
-    const std::vector<int32_t>    off = zipf_offsets(kGroupedE, kGroupedRows);
+    std::string counts;
+    const std::vector<int32_t> off = zipf_offsets(kGroupedE, kGroupedRows);
     for (int e = 0; e < kGroupedE; ++e) {
         counts += fmt::format("{}{}", e ? " " : "", off[size_t(e) + 1] - off[size_t(e)]);
     }
@@ -469,12 +469,14 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s (vdpbf16ps {:.1f}, AMX {})\n",
                peak_f32, peak_bf16, peak_dot,
                peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
-    fmt::print("dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "
-               "threads in this process; alone: in a child process (--standalone-check)\n");
-    fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} "
-               "{:>6}\n",
-               "gemm", "m", "n", "k", "op", "dtype", "ours", "dnnl", "omp", "alone", "openblas",
-               "/peak", "/dnnl", "omp/al");
+    fmt::print(
+        "dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "
+        "threads in this process; alone: in a child process (--standalone-check)\n");
+    fmt::print(
+        "{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} "
+        "{:>6}\n",
+        "gemm", "m", "n", "k", "op", "dtype", "ours", "dnnl", "omp", "alone", "openblas", "/peak",
+        "/dnnl", "omp/al");
     for (const Row& r : rows) {
         const double peak = r.dtype == std::string("f32") ? peak_f32 : peak_bf16;
         const std::string omp_alone =
@@ -482,12 +484,12 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                 ? fmt::format("{:6.2f}", *r.onednn_omp / *r.onednn_standalone)
                 : fmt::format("{:>6}", "-");
         fmt::print("{:<16} {:>6} {:>6} {:>6} {:>3} {:>5} {:8.1f} {} {} {} {} {:6.2f} {} {}\n",
-                   r.s.name, r.s.m, r.s.n, r.s.k, trans_name(r.s), r.dtype, r.ours,
-                   cell(r.onednn), cell(r.onednn_omp), cell(r.onednn_standalone),
-                   cell(r.openblas), r.ours / peak, ratio(r.ours, r.onednn), omp_alone);
+                   r.s.name, r.s.m, r.s.n, r.s.k, trans_name(r.s), r.dtype, r.ours, cell(r.onednn),
+                   cell(r.onednn_omp), cell(r.onednn_standalone), cell(r.openblas), r.ours / peak,
+                   ratio(r.ours, r.onednn), omp_alone);
     }
-    fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE,
-               kGroupedC, kGroupedF, counts);
+    fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE, kGroupedC,
+               kGroupedF, counts);
     fmt::print("{:>8} {:>8} {:>8} {:>8}\n", "product", "grouped", "loop", "ratio");
     for (const GroupedRow& g : grouped) {
         fmt::print("{:>8} {:8.1f} {:8.1f} {:8.2f}\n", g.name, g.grouped, g.loop,

@@ -7,9 +7,9 @@
 // peak_bf16_gflops and gemm: a list of {name, m, n, k, trans, dtype, ours_gflops, onednn_gflops
 // (our onednn backend), onednn_omp_gflops (oneDNN on its OpenMP threads, in this process),
 // onednn_standalone_gflops (the same in a child process; with standalone_check),
-// openblas_gflops} (null: not available), then grouped_gemm: one grouped call vs a loop of gemm_f32 over 8 Zipf-skewed
-// experts at the default model's shape, {product, experts, tokens_per_expert, grouped_gflops,
-// loop_gflops, grouped_over_loop}.
+// openblas_gflops} (null: not available), then grouped_gemm: one grouped call vs a loop of gemm_f32
+// over 8 Zipf-skewed experts at the default model's shape, {product, experts, tokens_per_expert,
+// grouped_gflops, loop_gflops, grouped_over_loop}.
 #pragma once
 #include <string>
 #include <vector>
@@ -21,18 +21,18 @@ namespace bagualu::bench {
 
 // C (m, n) = op(A) @ op(B), op = transpose where ta / tb say so.
 struct GemmShape {
-    std::string    name;  // what it is, e.g. "qkv fwd"
-    int            m = 0, n = 0, k = 0;
+    std::string name;  // what it is, e.g. "qkv fwd"
+    int m = 0, n = 0, k = 0;
     kernels::Trans ta = kernels::Trans::N, tb = kernels::Trans::N;
 };
 
 struct KernelsBenchOptions {
-    bool                   json    = false;
-    int                    repeats = 5;
-    std::vector<int>       squares = {512, 1024, 2048};  // m = n = k, NN
+    bool json                = false;
+    int repeats              = 5;
+    std::vector<int> squares = {512, 1024, 2048};  // m = n = k, NN
     std::vector<GemmShape> model_shapes;
-    std::string            filter;  // run only GEMMs whose name contains it ("" = all)
-    bool                   standalone_check = false;  // oneDNN also in a child process
+    std::string filter;             // run only GEMMs whose name contains it ("" = all)
+    bool standalone_check = false;  // oneDNN also in a child process
 };
 
 // The GEMMs of one training step of model m on micro-batches of micro_batch sequences

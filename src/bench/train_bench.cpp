@@ -12,17 +12,17 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "bench/kernels_bench.h"
+#include "core/error.h"
+#include "core/phase_timer.h"
+#include "core/proc_memory.h"
 #include "core/thread_pool.h"
-#include "kernels/dispatch.h"
 #include "kernels/cpu_features.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/peak.h"
-#include "core/phase_timer.h"
-#include "core/proc_memory.h"
 #include "train/trainer.h"
 
 namespace bagualu::bench {
@@ -33,18 +33,18 @@ namespace {
 // BGL_GEMM=auto the choice recorded for its shape and dtype (absent: that dtype was not called
 // at that shape), otherwise the active path; the experts' grouped GEMM is always ours.
 nlohmann::json gemm_backends(const TrainConfig& cfg) {
-    namespace g    = kernels::gemm;
-    const g::Path active = g::active_path();
-    const bool    automatic = active == g::Path::automatic;
+    namespace g           = kernels::gemm;
+    const g::Path active  = g::active_path();
+    const bool automatic  = active == g::Path::automatic;
     const g::Path grouped = active == g::Path::onednn || automatic ? g::best_path() : active;
-    nlohmann::json out = nlohmann::json::array();
+    nlohmann::json out    = nlohmann::json::array();
     for (const GemmShape& s :
          training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()))) {
         const bool expert = s.name.rfind("expert", 0) == 0;
-        const char* phase = expert                                  ? "experts"
-                            : s.name.rfind("mlp", 0) == 0           ? "mlp"
-                            : s.name.rfind("lm head", 0) == 0       ? "lm_head"
-                                                                    : "attention";
+        const char* phase = expert                            ? "experts"
+                            : s.name.rfind("mlp", 0) == 0     ? "mlp"
+                            : s.name.rfind("lm head", 0) == 0 ? "lm_head"
+                                                              : "attention";
         nlohmann::json e = {{"phase", phase}, {"gemm", s.name}, {"m", s.m}, {"n", s.n}, {"k", s.k}};
         for (bool bf16 : {false, true}) {
             const char* dtype = bf16 ? "bf16" : "f32";
@@ -72,7 +72,7 @@ int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelC
     std::vector<double> step_s[2], wait_s[2];  // [overlap off, on]
     for (int r = 0; r < o.repeats; ++r) {
         for (int i = 0; i < 2; ++i) {
-            const int on = (i + r) % 2;
+            const int on                     = (i + r) % 2;
             cfg.parallel.overlap_grad_reduce = on == 1;
             train::TrainOptions opt;
             opt.dry_run = true;
@@ -87,30 +87,31 @@ int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelC
     if (par.rank() != 0) return 0;
     const double off_s = median(step_s[0]), on_s = median(step_s[1]);
     const double off_w = median(wait_s[0]), on_w = median(wait_s[1]);
-    const bool   multiple = par.world().threads_multiple();
+    const bool multiple = par.world().threads_multiple();
     if (o.json) {
         nlohmann::json j;
-        j["config"]          = cfg.name;
-        j["ranks"]           = par.size();
-        j["expert_parallel"] = par.ep_size();
-        j["threads_per_rank"] = compute_pool().size();
-        j["optimizer"]       = cfg.partition_optimizer(par.size()) ? "paro" : "replicated";
-        j["steps"]           = o.steps;
-        j["warmup"]          = o.warmup;
-        j["repeats"]         = o.repeats;
+        j["config"]              = cfg.name;
+        j["ranks"]               = par.size();
+        j["expert_parallel"]     = par.ep_size();
+        j["threads_per_rank"]    = compute_pool().size();
+        j["optimizer"]           = cfg.partition_optimizer(par.size()) ? "paro" : "replicated";
+        j["steps"]               = o.steps;
+        j["warmup"]              = o.warmup;
+        j["repeats"]             = o.repeats;
         j["mpi_thread_multiple"] = multiple;
-        j["overlap_off"] = {{"step_s_median", off_s}, {"grad_reduce_wait_s_median", off_w}};
-        j["overlap_on"]  = {{"step_s_median", on_s}, {"grad_reduce_wait_s_median", on_w}};
+        j["overlap_off"]         = {{"step_s_median", off_s}, {"grad_reduce_wait_s_median", off_w}};
+        j["overlap_on"]          = {{"step_s_median", on_s}, {"grad_reduce_wait_s_median", on_w}};
         j["step_ratio_on_over_off"] = off_s > 0 ? on_s / off_s : 0.0;
         fmt::print("{}\n", j.dump(2));
         std::fflush(stdout);
         return 0;
     }
-    fmt::print("bench train {} --compare-overlap: {} rank(s), expert parallel {}, {} threads per "
-               "rank, {} optimizer, {} x ({} + {} warm-up) steps per setting{}\n",
-               cfg.name, par.size(), par.ep_size(), compute_pool().size(),
-               cfg.partition_optimizer(par.size()) ? "ParO" : "replicated", o.repeats, o.steps,
-               o.warmup, multiple ? "" : " (no MPI_THREAD_MULTIPLE: on runs without overlap)");
+    fmt::print(
+        "bench train {} --compare-overlap: {} rank(s), expert parallel {}, {} threads per "
+        "rank, {} optimizer, {} x ({} + {} warm-up) steps per setting{}\n",
+        cfg.name, par.size(), par.ep_size(), compute_pool().size(),
+        cfg.partition_optimizer(par.size()) ? "ParO" : "replicated", o.repeats, o.steps, o.warmup,
+        multiple ? "" : " (no MPI_THREAD_MULTIPLE: on runs without overlap)");
     fmt::print("{:<12} {:>14} {:>24}\n", "overlap", "step ms (med)", "grad reduce wait ms (med)");
     fmt::print("{:<12} {:>14.2f} {:>24.2f}\n", "off", off_s * 1e3, off_w * 1e3);
     fmt::print("{:<12} {:>14.2f} {:>24.2f}\n", "on", on_s * 1e3, on_w * 1e3);
@@ -136,7 +137,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
 
     std::vector<double> step_s, wait_s;
     train::TrainOptions opt;
-    double              data_wait = 0, wait_at_warmup = 0;
+    double data_wait = 0, wait_at_warmup = 0;
     opt.dry_run     = true;
     opt.data_wait_s = &data_wait;
     opt.on_step     = [&](int64_t step, double seconds, double wait) {
@@ -163,13 +164,13 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     par.world().allreduce_max(std::span<double>(&waited, 1));
 
     std::vector<double> rss(static_cast<size_t>(P));
-    const double        own_rss = static_cast<double>(peak_rss_bytes()) / 1048576.0;
+    const double own_rss = static_cast<double>(peak_rss_bytes()) / 1048576.0;
     par.world().allgather(&own_rss, sizeof(double), rss.data());
     if (par.rank() != 0) return 0;
 
-    const auto   T               = static_cast<double>(cfg.model.seq_len);
+    const auto T                 = static_cast<double>(cfg.model.seq_len);
     const double tokens_per_step = static_cast<double>(cfg.train.batch_size) * T;  // all ranks
-    double       mean_s          = 0;
+    double mean_s                = 0;
     for (double s : step_s) mean_s += s;
     mean_s /= static_cast<double>(step_s.size());
     const double med_s        = median(step_s);
@@ -189,7 +190,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     phases.emplace_back("other", std::max(0.0, mean_s - covered));
     // train.recompute: the forward backward runs again, inside the phases (rank 0's)
     const double recompute_s = recompute_seconds() / static_cast<double>(step_s.size());
-    double phase_sum = 0;
+    double phase_sum         = 0;
     for (const auto& p : phases) phase_sum += p.second;
     // Data wait: the time the loader's next() blocked for data (the prefetch, the readers'
     // scatter), the most of any rank; the goal is well under 1% of the step. Phase "data" is
@@ -199,35 +200,36 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
 
     if (o.json) {
         nlohmann::json j;
-        j["config"]               = cfg.name;
-        j["ranks"]                = P;
-        j["expert_parallel"]      = par.ep_size();
-        j["threads_per_rank"]     = compute_pool().size();
-        j["gemm_backend"]         = kernels::gemm_backend_name();
-        j["kernels"]              = kernels::dispatch().describe();
-        j["cpu_model"]            = kernels::cpu_features().model;
-        j["half_features"]        = kernels::half_precision_features();
-        j["gemm_backends"]        = gemm_backends(cfg);
-        j["steps"]                = o.steps;
-        j["warmup"]               = o.warmup;
-        j["tokens_per_step"]      = tokens_per_step;
-        j["step_s_median"]        = med_s;
-        j["step_s_mean"]          = mean_s;
-        j["tokens_per_s"]         = tokens_per_s;
-        j["model_gflops"]         = model_gflops;
-        j["peak_gflops"]          = peak;
-        j["mfu"]                  = mfu;
-        j["peak_rss_mb"]          = max_rss;
-        j["peak_rss_mb_per_rank"] = rss;
-        j["recompute"]            = name_of(cfg.train.recompute);
-        j["recompute_s_per_step"] = recompute_s;
-        j["final_loss"]           = sum.final_loss;
+        j["config"]                    = cfg.name;
+        j["ranks"]                     = P;
+        j["expert_parallel"]           = par.ep_size();
+        j["threads_per_rank"]          = compute_pool().size();
+        j["gemm_backend"]              = kernels::gemm_backend_name();
+        j["kernels"]                   = kernels::dispatch().describe();
+        j["cpu_model"]                 = kernels::cpu_features().model;
+        j["half_features"]             = kernels::half_precision_features();
+        j["gemm_backends"]             = gemm_backends(cfg);
+        j["steps"]                     = o.steps;
+        j["warmup"]                    = o.warmup;
+        j["tokens_per_step"]           = tokens_per_step;
+        j["step_s_median"]             = med_s;
+        j["step_s_mean"]               = mean_s;
+        j["tokens_per_s"]              = tokens_per_s;
+        j["model_gflops"]              = model_gflops;
+        j["peak_gflops"]               = peak;
+        j["mfu"]                       = mfu;
+        j["peak_rss_mb"]               = max_rss;
+        j["peak_rss_mb_per_rank"]      = rss;
+        j["recompute"]                 = name_of(cfg.train.recompute);
+        j["recompute_s_per_step"]      = recompute_s;
+        j["final_loss"]                = sum.final_loss;
         j["grad_reduce_wait_s_median"] = median(wait_s);
-        j["data_wait_s_per_step"] = data_wait_s;
-        j["data_wait_fraction"]   = data_fraction;
-        j["phases"]               = nlohmann::json::object();
+        j["data_wait_s_per_step"]      = data_wait_s;
+        j["data_wait_fraction"]        = data_fraction;
+        j["phases"]                    = nlohmann::json::object();
         for (const auto& [name, s] : phases) {
-            j["phases"][name] = {{"s_per_step", s}, {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
+            j["phases"][name] = {{"s_per_step", s},
+                                 {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
         }
         fmt::print("{}\n", j.dump(2));
         std::fflush(stdout);
@@ -237,22 +239,23 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
                cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe());
     fmt::print("{} timed steps after {} warm-up, {:.0f} tokens per step\n", o.steps, o.warmup,
                tokens_per_step);
-    fmt::print("step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
-               "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
-               med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
+    fmt::print(
+        "step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
+        "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
+        med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
     if (P > 1) {
         fmt::print("gradient reduction after backward (exposed): {:.2f} ms median\n",
                    median(wait_s) * 1e3);
     }
     fmt::print("data wait {:.3f} ms per step (most of any rank): {:.3f}% of the step\n",
-               data_wait_s * 1e3,
-               100.0 * data_fraction);
+               data_wait_s * 1e3, 100.0 * data_fraction);
     fmt::print("peak RSS {:.1f} MiB", max_rss);
     if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
-    fmt::print("\nrecompute {}: {:.2f} ms per step of forward run again in backward ({:.1f}% of "
-               "the step, inside the phases below)",
-               name_of(cfg.train.recompute), recompute_s * 1e3,
-               mean_s > 0 ? 100.0 * recompute_s / mean_s : 0.0);
+    fmt::print(
+        "\nrecompute {}: {:.2f} ms per step of forward run again in backward ({:.1f}% of "
+        "the step, inside the phases below)",
+        name_of(cfg.train.recompute), recompute_s * 1e3,
+        mean_s > 0 ? 100.0 * recompute_s / mean_s : 0.0);
     fmt::print("\n{:<14} {:>10} {:>8}\n", "phase", "ms/step", "share");
     for (const auto& [name, s] : phases) {
         fmt::print("{:<14} {:>10.2f} {:>7.1f}%\n", name, s * 1e3,

@@ -17,10 +17,10 @@ namespace bagualu::bench {
 struct TrainBenchOptions {
     int64_t steps  = 10;  // timed steps
     int64_t warmup = 2;   // untimed steps first
-    bool    json   = false;
+    bool json      = false;
     // Off/on pairs of runs of warmup + steps each (compare_overlap only).
-    bool    compare_overlap = false;
-    int     repeats         = 3;
+    bool compare_overlap = false;
+    int repeats          = 3;
 };
 
 // Returns 0. cfg: the run to time; its steps, evaluation and logging settings are replaced.

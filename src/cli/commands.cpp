@@ -9,13 +9,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "bench/comm_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/train_bench.h"
-
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -26,11 +25,11 @@
 #include "data/token_shards.h"
 #include "dist/comm/checks.h"
 #include "dist/parallel.h"
+#include "io/checkpoint/checkpoint.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
-#include "io/checkpoint/checkpoint.h"
-#include "train/checkpointing.h"
 #include "report/metrics.h"
+#include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/samples.h"
 #include "train/trainer.h"
@@ -51,7 +50,7 @@ static bool prepared_data_current(const TrainConfig& cfg) {
         return false;
     }
     try {
-        std::ifstream  f(meta);
+        std::ifstream f(meta);
         nlohmann::json j = nlohmann::json::parse(f);
         return j.value("vocab_size", -1) == cfg.model.vocab_size &&
                j.value("corpus", std::vector<std::string>{}) == cfg.data.corpus &&
@@ -82,9 +81,10 @@ int cmd_prepare(const CommonArgs& a, bool force) {
     const data::PrepareResult r = data::prepare_corpus(o);
     log::info("prepare: {} entries -> {} train / {} val; {} train tokens, {} val tokens",
               r.n_entries, r.n_train_entries, r.n_val_entries, r.train_tokens, r.val_tokens);
-    log::info("prepare: val unigram entropy {:.4f} nats/token (the best a context-blind model "
-              "can do)",
-              r.val_unigram_entropy);
+    log::info(
+        "prepare: val unigram entropy {:.4f} nats/token (the best a context-blind model "
+        "can do)",
+        r.val_unigram_entropy);
     log::info("prepare: wrote {}, {}, {}", o.train_path, o.val_path, o.tokenizer_path);
     return 0;
 }
@@ -113,7 +113,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
-    train::TrainOptions   opt;
+    train::TrainOptions opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
     return 0;
@@ -122,15 +122,16 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
 // A run directory holds model/; a model directory holds config.json.
 static std::string model_dir_of(const std::string& dir) {
     if (fs::exists(fs::path(dir) / "config.json")) return dir;
-    if (fs::exists(fs::path(dir) / "model" / "config.json")) return (fs::path(dir) / "model").string();
+    if (fs::exists(fs::path(dir) / "model" / "config.json"))
+        return (fs::path(dir) / "model").string();
     input_error("{}: neither an exported model (config.json) nor a run directory (model/)", dir);
 }
 
 int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::string& val_path) {
-    const std::string  model_dir = model_dir_of(model_dir_arg);
-    model::LoadedModel lm        = model::load_model(model_dir);
+    const std::string model_dir = model_dir_of(model_dir_arg);
+    model::LoadedModel lm       = model::load_model(model_dir);
     // Evaluation settings: --config if given, else the run's own config.toml beside model/.
-    CommonArgs ca = a;
+    CommonArgs ca          = a;
     const fs::path run_cfg = fs::path(model_dir).parent_path() / "config.toml";
     if (ca.config.empty() && fs::exists(run_cfg)) ca.config = run_cfg.string();
     TrainConfig cfg = resolve_config(ca);
@@ -140,7 +141,7 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     set_compute_threads(cfg.train.threads);
     const data::TokenShards val =
         data::TokenShards::open(cfg.data.val, "data.val", cfg.model.vocab_size, cfg.model.seq_len);
-    const int  MB = static_cast<int>(cfg.micro_batch());
+    const int MB = static_cast<int>(cfg.micro_batch());
     // in the precision the run trained with (config.toml's [precision]), so its val loss repeats
     model::GPT gpt(cfg.model, MB, nullptr, 1, model::PrecisionPolicy::from_config(cfg.precision));
     std::copy(lm.params.data(), lm.params.data() + lm.params.size(), gpt.params());
@@ -152,9 +153,9 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
 }
 
 int cmd_sample(const SampleArgs& a) {
-    const std::string  model_dir = model_dir_of(a.model_dir);
-    model::LoadedModel lm        = model::load_model(model_dir);
-    const std::string  tok       = (fs::path(model_dir) / "tokenizer.model").string();
+    const std::string model_dir = model_dir_of(a.model_dir);
+    model::LoadedModel lm       = model::load_model(model_dir);
+    const std::string tok       = (fs::path(model_dir) / "tokenizer.model").string();
     if (!fs::exists(tok)) input_error("{}: not found (sampling needs the tokenizer)", tok);
     data::check_tokenizer_vocab(tok, lm.config.vocab_size);
     SampleSection s;
@@ -170,10 +171,11 @@ int cmd_sample(const SampleArgs& a) {
 
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype) {
     if (dtype != "f32" && dtype != "bf16") input_error("--dtype {}: expected f32 or bf16", dtype);
-    const std::string  model_dir = model_dir_of(from);
-    model::LoadedModel lm        = model::load_model(model_dir);
+    const std::string model_dir = model_dir_of(from);
+    model::LoadedModel lm       = model::load_model(model_dir);
     if (fs::exists(out) && !fs::is_empty(out)) {
-        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)", out);
+        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)",
+                    out);
     }
     model::save_model(out, lm.config, lm.params.data(), dtype == "bf16",
                       (fs::path(model_dir) / "tokenizer.model").string(),
@@ -182,18 +184,22 @@ int cmd_export(const std::string& from, const std::string& out, const std::strin
     return 0;
 }
 
-int cmd_export_checkpoint(const std::string& dir, const std::string& out, const std::string& dtype) {
+int cmd_export_checkpoint(const std::string& dir, const std::string& out,
+                          const std::string& dtype) {
     if (dtype != "f32" && dtype != "bf16") input_error("--dtype {}: expected f32 or bf16", dtype);
     if (fs::exists(out) && !fs::is_empty(out)) {
-        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)", out);
+        input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)",
+                    out);
     }
     const train::CheckpointModel cm = train::read_checkpoint_model(dir);
-    const std::string tok = fs::exists(cm.cfg.data.tokenizer) ? cm.cfg.data.tokenizer : std::string();
+    const std::string tok =
+        fs::exists(cm.cfg.data.tokenizer) ? cm.cfg.data.tokenizer : std::string();
     model::save_model(out, cm.cfg.model, cm.params.data(), dtype == "bf16", tok,
                       {{"exported_from", dir}, {"step", std::to_string(cm.step)}}, cm.biases);
     log::info("export: wrote {}/model.safetensors ({}) of step {}, config.json{}", out, dtype,
-              cm.step, tok.empty() ? " (tokenizer not found: " + cm.cfg.data.tokenizer + ")"
-                                   : ", tokenizer.model");
+              cm.step,
+              tok.empty() ? " (tokenizer not found: " + cm.cfg.data.tokenizer + ")"
+                          : ", tokenizer.model");
     return 0;
 }
 
@@ -201,33 +207,41 @@ int cmd_inspect(const std::string& dir_arg) {
     std::string dir = dir_arg;
     if (!fs::exists(fs::path(dir) / io::ckpt::kManifestName)) {
         const std::vector<std::string> all = io::ckpt::list_complete(dir);
-        if (all.empty()) input_error("{}: neither a checkpoint (manifest.json) nor a directory of complete checkpoints", dir);
+        if (all.empty())
+            input_error(
+                "{}: neither a checkpoint (manifest.json) nor a directory of complete checkpoints",
+                dir);
         fmt::print("{}: {} complete checkpoint(s); the newest:\n", dir, all.size());
         dir = all.front();
     }
     const io::ckpt::Manifest m = io::ckpt::read_manifest(dir);
-    const TrainConfig cfg = config_from_text(m.config_toml, dir + "/manifest.json (config)");
-    const ModelConfig& mc = cfg.model;
+    const TrainConfig cfg      = config_from_text(m.config_toml, dir + "/manifest.json (config)");
+    const ModelConfig& mc      = cfg.model;
     fmt::print("checkpoint {}\n  step {}  layout: {} rank(s), expert parallel {}\n", dir, m.step,
                m.ranks, m.expert_parallel);
-    fmt::print("  model: {} layers, d_model {}, {} experts top-{} every {} layer(s), vocab {}, "
-               "seq_len {}\n",
-               mc.n_layer, mc.d_model, mc.n_experts, mc.top_k, mc.moe_every, mc.vocab_size, mc.seq_len);
+    fmt::print(
+        "  model: {} layers, d_model {}, {} experts top-{} every {} layer(s), vocab {}, "
+        "seq_len {}\n",
+        mc.n_layer, mc.d_model, mc.n_experts, mc.top_k, mc.moe_every, mc.vocab_size, mc.seq_len);
     fmt::print("  state: {}\n", m.state.dump());
     std::map<std::string, int64_t> per_kind;  // elements per kind
-    std::set<std::string>          tensors;
-    int                            bad = 0;
-    uint64_t                       total = 0;
+    std::set<std::string> tensors;
+    int bad        = 0;
+    uint64_t total = 0;
     fmt::print("  {:<28} {:>12} {:>7}  {}\n", "file", "bytes", "slices", "status");
     for (const io::ckpt::FileRecord& f : m.files) {
-        const fs::path   p = fs::path(dir) / f.name;
-        std::error_code  ec;
-        const uintmax_t  size = fs::file_size(p, ec);
-        std::string      status;
-        if (ec) status = "MISSING";
-        else if (size != f.bytes) status = fmt::format("TRUNCATED ({} bytes on disk)", size);
-        else if (io::ckpt::file_xxh64(p.string()) != f.xxh64) status = "CHECKSUM MISMATCH";
-        else status = "ok (xxh64)";
+        const fs::path p = fs::path(dir) / f.name;
+        std::error_code ec;
+        const uintmax_t size = fs::file_size(p, ec);
+        std::string status;
+        if (ec)
+            status = "MISSING";
+        else if (size != f.bytes)
+            status = fmt::format("TRUNCATED ({} bytes on disk)", size);
+        else if (io::ckpt::file_xxh64(p.string()) != f.xxh64)
+            status = "CHECKSUM MISMATCH";
+        else
+            status = "ok (xxh64)";
         bad += status.rfind("ok", 0) != 0;
         total += f.bytes;
         for (const io::ckpt::SliceRecord& s : f.slices) {
@@ -239,15 +253,18 @@ int cmd_inspect(const std::string& dir_arg) {
     fmt::print("  {} file(s), {:.2f} MiB, {} logical tensors", m.files.size(),
                static_cast<double>(total) / (1 << 20), tensors.size());
     for (const auto& [kind, n] : per_kind) fmt::print(", {} {} values", kind, n);
-    fmt::print("\n  {}\n", bad == 0 ? "all files pass their size and checksum checks"
-                                      : fmt::format("{} file(s) FAIL their checks: this checkpoint is not usable", bad));
+    fmt::print(
+        "\n  {}\n",
+        bad == 0 ? "all files pass their size and checksum checks"
+                 : fmt::format("{} file(s) FAIL their checks: this checkpoint is not usable", bad));
     return bad == 0 ? 0 : 1;
 }
 
 int cmd_report(const std::string& run_dir) {
     report::write_loss_chart(run_dir);
     log::info("report: wrote {}/loss.svg", run_dir);
-    if (report::write_expert_load_chart(run_dir)) log::info("report: wrote {}/expert_load.svg", run_dir);
+    if (report::write_expert_load_chart(run_dir))
+        log::info("report: wrote {}/expert_load.svg", run_dir);
     if (report::write_load_violation_chart(run_dir)) {
         log::info("report: wrote {}/load_violation.svg", run_dir);
     }
@@ -260,19 +277,25 @@ int cmd_report_compare(const ReportCompareArgs& a) {
                     a.metric);
     }
     if (!a.labels.empty() && a.labels.size() != a.run_dirs.size()) {
-        input_error("--labels: got {} label(s) for {} run directories (expected one per --compare "
-                    "directory, comma-separated)",
-                    a.labels.size(), a.run_dirs.size());
+        input_error(
+            "--labels: got {} label(s) for {} run directories (expected one per --compare "
+            "directory, comma-separated)",
+            a.labels.size(), a.run_dirs.size());
     }
-    if (a.out.empty()) input_error("report --compare: --out FILE.svg is required (the chart to write)");
+    if (a.out.empty())
+        input_error("report --compare: --out FILE.svg is required (the chart to write)");
     std::vector<report::RunCurve> curves;
     for (size_t i = 0; i < a.run_dirs.size(); ++i) {
-        const fs::path    dir   = a.run_dirs[i];
-        const std::string label = !a.labels.empty() ? a.labels[i]
-                                  : (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+        const fs::path dir = a.run_dirs[i];
+        const std::string label =
+            !a.labels.empty()
+                ? a.labels[i]
+                : (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
         curves.push_back(report::read_metric_curve(a.run_dirs[i], a.metric, label));
     }
-    report::write_comparison_chart(curves, a.metric, a.out);
+    const bool val = a.metric == "val_loss";  // checked above: val_loss or loss
+    report::write_comparison_chart(curves, val ? "Validation loss" : "Train loss",
+                                   val ? "val loss" : "train loss", a.out);
 
     size_t width = 3;
     for (const auto& c : curves) width = std::max(width, c.label.size());
@@ -297,9 +320,9 @@ int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
     const TrainConfig cfg = resolve_config(ca);
     set_compute_threads(cfg.train.threads);
     bench::KernelsBenchOptions o;
-    o.json         = b.json;
+    o.json = b.json;
     if (b.repeats > 0) o.repeats = b.repeats;
-    o.filter       = b.filter;
+    o.filter           = b.filter;
     o.standalone_check = b.standalone_check;
     o.model_shapes = bench::training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()));
     return bench::run_kernels_bench(o);
@@ -307,13 +330,14 @@ int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
 
 // "4096", "64K", "16M", "1G" (powers of 1024) -> bytes.
 static size_t parse_bytes(const std::string& text) {
-    char*              end = nullptr;
-    const long long    v   = std::strtoll(text.c_str(), &end, 10);
-    const std::string  suffix(end);
-    const std::string  units = "KMG";
-    const size_t       pos   = suffix.size() == 1 ? units.find(suffix[0]) : std::string::npos;
+    char* end         = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    const std::string suffix(end);
+    const std::string units = "KMG";
+    const size_t pos        = suffix.size() == 1 ? units.find(suffix[0]) : std::string::npos;
     if (end == text.c_str() || v <= 0 || (!suffix.empty() && pos == std::string::npos)) {
-        input_error("--sizes {}: expected a positive byte count such as 4096, 64K, 16M or 1G", text);
+        input_error("--sizes {}: expected a positive byte count such as 4096, 64K, 16M or 1G",
+                    text);
     }
     return static_cast<size_t>(v) << (suffix.empty() ? 0 : 10 * (pos + 1));
 }
@@ -330,12 +354,12 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
             }
         }
         if (b.ranks_per_node > 0 && world.size() % b.ranks_per_node != 0) {
-            input_error("--ranks-per-node {}: must divide the number of ranks {}",
-                        b.ranks_per_node, world.size());
+            input_error("--ranks-per-node {}: must divide the number of ranks {}", b.ranks_per_node,
+                        world.size());
         }
     });
     o.ranks_per_node = b.ranks_per_node;
-    o.json = b.json;
+    o.json           = b.json;
     if (b.repeats > 0) o.repeats = b.repeats;
     return bench::run_comm_bench(world, o);
 }
@@ -347,12 +371,12 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext    par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     bench::TrainBenchOptions o;
-    o.steps  = b.steps;
-    o.warmup = b.warmup;
-    o.json   = b.json;
+    o.steps           = b.steps;
+    o.warmup          = b.warmup;
+    o.json            = b.json;
     o.compare_overlap = b.compare_overlap;
     if (b.repeats > 0) o.repeats = b.repeats;
     return bench::run_train_bench(cfg, o, par);

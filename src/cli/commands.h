@@ -10,7 +10,7 @@
 namespace bagualu::cli {
 
 struct CommonArgs {
-    std::string              config;     // --config FILE ("" = defaults)
+    std::string config;                  // --config FILE ("" = defaults)
     std::vector<std::string> overrides;  // --set section.key=value
 };
 
@@ -20,11 +20,11 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
               dist::Comm& world);
 int cmd_eval(const CommonArgs& a, const std::string& model_dir, const std::string& val_path);
 struct SampleArgs {
-    std::string              model_dir;
+    std::string model_dir;
     std::vector<std::string> prompts;
-    int                      n = -1, max_new_tokens = -1, top_k = -1;
-    double                   temperature = -1;
-    long long                seed        = -1;
+    int n = -1, max_new_tokens = -1, top_k = -1;
+    double temperature = -1;
+    long long seed     = -1;
 };
 int cmd_sample(const SampleArgs& a);
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype);
@@ -37,25 +37,25 @@ int cmd_report(const std::string& run_dir);
 // `bagualu report --compare DIR...`: one chart of a metric over several runs, and a table of
 // each run's last step, final and smallest value on stdout.
 struct ReportCompareArgs {
-    std::vector<std::string> run_dirs;           // --compare
-    std::vector<std::string> labels;             // --labels (default: the directory names)
-    std::string              metric = "val_loss";  // --metric: val_loss or loss
-    std::string              out;                // --out FILE.svg
+    std::vector<std::string> run_dirs;  // --compare
+    std::vector<std::string> labels;    // --labels (default: the directory names)
+    std::string metric = "val_loss";    // --metric: val_loss or loss
+    std::string out;                    // --out FILE.svg
 };
 int cmd_report_compare(const ReportCompareArgs& a);
 
 // `bagualu bench ...`. kernels: model shapes from --config (else configs/default.toml when
 // present, else the built-in defaults). comm and train are collective over world.
 struct BenchArgs {
-    bool                     json    = false;
-    int                      repeats = 0;   // kernels, comm; 0: the benchmark's default
-    std::string              filter;        // kernels: only GEMMs whose name contains it
-    bool                     standalone_check = false;  // kernels: oneDNN also in a child process
-    std::vector<std::string> sizes;         // comm: MIN MAX message sizes, e.g. 4K 64M
-    int                      ranks_per_node = 0;  // comm: a node every R ranks; 0: detect
-    int64_t                  steps  = 10;   // train: timed steps
-    int64_t                  warmup = 2;    // train: untimed steps first
-    bool                     compare_overlap = false;  // train: overlap off vs on
+    bool json   = false;
+    int repeats = 0;                 // kernels, comm; 0: the benchmark's default
+    std::string filter;              // kernels: only GEMMs whose name contains it
+    bool standalone_check = false;   // kernels: oneDNN also in a child process
+    std::vector<std::string> sizes;  // comm: MIN MAX message sizes, e.g. 4K 64M
+    int ranks_per_node   = 0;        // comm: a node every R ranks; 0: detect
+    int64_t steps        = 10;       // train: timed steps
+    int64_t warmup       = 2;        // train: untimed steps first
+    bool compare_overlap = false;    // train: overlap off vs on
 };
 int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b);
 int cmd_bench_comm(const BenchArgs& b, dist::Comm& world);

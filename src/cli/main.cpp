@@ -1,15 +1,16 @@
 // bagualu: command-line entry point. Parses the command line (CLI11), runs one subcommand,
 // and turns errors into one line and an exit status: 2 for bad input (config, data, command
 // line), 1 for internal failures.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <new>
 #include <thread>
-#include <fmt/format.h>
-#include <memory>
 
 #include "bench/io_bench.h"
 #include "cli/commands.h"
@@ -23,8 +24,9 @@ using namespace bagualu;
 static const CLI::Validator kRegularFile(
     [](std::string& path) -> std::string {
         std::error_code ec;
-        const auto      st = std::filesystem::status(path, ec);
-        if (st.type() == std::filesystem::file_type::not_found) return "File does not exist: " + path;
+        const auto st = std::filesystem::status(path, ec);
+        if (st.type() == std::filesystem::file_type::not_found)
+            return "File does not exist: " + path;
         if (!std::filesystem::is_regular_file(st)) return "Not a regular file: " + path;
         return {};
     },
@@ -45,7 +47,8 @@ int main(int argc, char** argv) {
     };
 
     bool force = false;
-    auto* prepare = app.add_subcommand("prepare", "Train the tokenizer and write train/val token shards");
+    auto* prepare =
+        app.add_subcommand("prepare", "Train the tokenizer and write train/val token shards");
     add_common(prepare);
     prepare->add_flag("--force", force, "Rebuild even if the outputs are up to date");
 
@@ -66,53 +69,70 @@ int main(int argc, char** argv) {
 
     cli::SampleArgs sa;
     auto* sample = app.add_subcommand("sample", "Generate text from an exported model");
-    sample->add_option("--model", sa.model_dir, "Exported model directory or run directory")->required();
+    sample->add_option("--model", sa.model_dir, "Exported model directory or run directory")
+        ->required();
     sample->add_option("--prompt", sa.prompts, "Prompt text (repeatable)");
-    sample->add_option("-n,--num-samples", sa.n, "Number of samples")->check(CLI::NonNegativeNumber);
-    sample->add_option("--max-new-tokens", sa.max_new_tokens, "Tokens to generate per sample")->check(CLI::PositiveNumber);
-    sample->add_option("--temperature", sa.temperature, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
-    sample->add_option("--top-k", sa.top_k, "Sample from the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+    sample->add_option("-n,--num-samples", sa.n, "Number of samples")
+        ->check(CLI::NonNegativeNumber);
+    sample->add_option("--max-new-tokens", sa.max_new_tokens, "Tokens to generate per sample")
+        ->check(CLI::PositiveNumber);
+    sample->add_option("--temperature", sa.temperature, "Sampling temperature (0 = greedy)")
+        ->check(CLI::NonNegativeNumber);
+    sample->add_option("--top-k", sa.top_k, "Sample from the k most likely tokens (0 = all)")
+        ->check(CLI::NonNegativeNumber);
     sample->add_option("--seed", sa.seed, "Random seed")->check(CLI::NonNegativeNumber);
 
     std::string from, out, dtype = "f32", from_ckpt;
-    auto* exp = app.add_subcommand("export", "Write a model as safetensors + config.json");
+    auto* exp      = app.add_subcommand("export", "Write a model as safetensors + config.json");
     auto* exp_from = exp->add_option("--from", from, "Run directory or model directory");
-    exp->add_option("--checkpoint", from_ckpt, "A checkpoint directory (step_NNNNNNNN)")->excludes(exp_from);
+    exp->add_option("--checkpoint", from_ckpt, "A checkpoint directory (step_NNNNNNNN)")
+        ->excludes(exp_from);
     exp->add_option("--out", out, "Output directory (must not exist or be empty)")->required();
     exp->add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
 
     std::string inspect_dir;
     auto* inspect = app.add_subcommand(
         "inspect", "Print a checkpoint's manifest, tensors, sizes and checksum status");
-    inspect->add_option("dir", inspect_dir,
-                        "A checkpoint (step_NNNNNNNN) or a directory of checkpoints")->required();
+    inspect
+        ->add_option("dir", inspect_dir,
+                     "A checkpoint (step_NNNNNNNN) or a directory of checkpoints")
+        ->required();
 
     std::string report_dir;
     cli::ReportCompareArgs rca;
     auto* report = app.add_subcommand(
-        "report", "Draw loss.svg from a run directory's metrics.jsonl, or compare runs on one chart");
+        "report",
+        "Draw loss.svg from a run directory's metrics.jsonl, or compare runs on one chart");
     report->add_option("run_dir", report_dir, "Run directory");
     auto* report_compare = report->add_option(
         "--compare", rca.run_dirs, "Draw one metric of these run directories on one chart instead");
-    auto* report_labels = report->add_option(
-        "--labels", rca.labels, "Legend labels, comma-separated (default: the directory names)")
-        ->delimiter(',');
-    auto* report_metric = report->add_option(
-        "--metric", rca.metric, "val_loss (validation loss) or loss (train loss)")->capture_default_str();
+    auto* report_labels =
+        report
+            ->add_option("--labels", rca.labels,
+                         "Legend labels, comma-separated (default: the directory names)")
+            ->delimiter(',');
+    auto* report_metric =
+        report
+            ->add_option("--metric", rca.metric, "val_loss (validation loss) or loss (train loss)")
+            ->capture_default_str();
     auto* report_out = report->add_option("--out", rca.out, "SVG file to write the comparison to")
-        ->type_name("FILE.svg");
+                           ->type_name("FILE.svg");
 
     cli::BenchArgs ba;
-    auto* bench = app.add_subcommand("bench", "Benchmarks: GEMM kernels, collectives, training steps, checkpoint I/O");
+    auto* bench = app.add_subcommand(
+        "bench", "Benchmarks: GEMM kernels, collectives, training steps, checkpoint I/O");
     bench->require_subcommand(1);
     auto* bench_kernels = bench->add_subcommand(
         "kernels", "GEMM GFLOP/s of ours, oneDNN and OpenBLAS on the model's shapes, and the peak");
-    bench_kernels->add_option("--config", common.config, "Model shapes from this config (default: configs/default.toml)")
+    bench_kernels
+        ->add_option("--config", common.config,
+                     "Model shapes from this config (default: configs/default.toml)")
         ->check(kRegularFile);
     bench_kernels->add_option("--set", common.overrides, "Override a config key (repeatable)")
         ->type_name("SECTION.KEY=VALUE");
     bench_kernels->add_option("--repeats", ba.repeats, "Timed runs per GEMM (median)")
-        ->check(CLI::PositiveNumber)->default_str("5");
+        ->check(CLI::PositiveNumber)
+        ->default_str("5");
     bench_kernels->add_option("--filter", ba.filter,
                               "Only GEMMs whose name contains this, e.g. square, qkv, \"lm head\"");
     bench_kernels->add_flag("--standalone-check", ba.standalone_check,
@@ -121,40 +141,56 @@ int main(int argc, char** argv) {
     auto* bench_comm = bench->add_subcommand(
         "comm", "All-to-all and reduce-scatter + all-gather bandwidth (run under mpirun)");
     bench_comm->add_option("--sizes", ba.sizes, "Smallest and largest message per rank (x4 steps)")
-        ->expected(2)->type_name("MIN MAX")->default_str("4K 64M");
+        ->expected(2)
+        ->type_name("MIN MAX")
+        ->default_str("4K 64M");
     bench_comm->add_option("--repeats", ba.repeats, "Timed runs per size and operation (median)")
-        ->check(CLI::PositiveNumber)->default_str("10");
-    bench_comm->add_option("--ranks-per-node", ba.ranks_per_node,
-                           "Treat every R consecutive ranks as a node (0: the shared-memory split)")
-        ->check(CLI::NonNegativeNumber)->default_str("0");
+        ->check(CLI::PositiveNumber)
+        ->default_str("10");
+    bench_comm
+        ->add_option("--ranks-per-node", ba.ranks_per_node,
+                     "Treat every R consecutive ranks as a node (0: the shared-memory split)")
+        ->check(CLI::NonNegativeNumber)
+        ->default_str("0");
     bench_comm->add_flag("--json", ba.json, "Print one JSON object");
     auto* bench_train = bench->add_subcommand(
         "train", "Time training steps (nothing written): tokens/s, MFU, memory, time per phase");
     add_common(bench_train);
     bench_train->get_option("--config")->required();
-    bench_train->add_option("--steps", ba.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-    bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+    bench_train->add_option("--steps", ba.steps, "Timed steps")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     bench_train->add_flag("--json", ba.json, "Print one JSON object");
-    bench_train->add_flag("--compare-overlap", ba.compare_overlap,
-                          "Time the steps with parallel.overlap_grad_reduce off and on, side by side");
+    bench_train->add_flag(
+        "--compare-overlap", ba.compare_overlap,
+        "Time the steps with parallel.overlap_grad_reduce off and on, side by side");
     bench_train->add_option("--repeats", ba.repeats,
                             "Runs of each setting for --compare-overlap (default 3)");
     bench::IoBenchOptions io_options;
-    int64_t               io_mib = 256;
+    int64_t io_mib = 256;
     auto* bench_io = bench->add_subcommand(
         "io", "Checkpoint write/read MB/s against a plain write+fsync/read of the same bytes");
     bench_io->add_option("--mib", io_mib, "Checkpoint payload in MiB, split over many tensors")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+        ->capture_default_str();
     bench_io->add_option("--repeats", io_options.repeats, "Timed rounds (median)")
-        ->check(CLI::PositiveNumber)->capture_default_str();
-    bench_io->add_option("--dir", io_options.dir, "Scratch space goes in a temporary directory here (default: system temp dir)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    bench_io
+        ->add_option("--dir", io_options.dir,
+                     "Scratch space goes in a temporary directory here (default: system temp dir)")
         ->check(CLI::ExistingDirectory);
     bench_io->add_flag("--json", io_options.json, "Print one JSON object");
     add_common(bench_io);  // --config: also the training stall of checkpoints on that config
     bench_io->add_option("--stall-steps", io_options.stall_steps, "Steps of each stall run")
-        ->check(CLI::Range(int64_t{2}, int64_t{100000}))->capture_default_str();
+        ->check(CLI::Range(int64_t{2}, int64_t{100000}))
+        ->capture_default_str();
     bench_io->add_option("--stall-every", io_options.stall_every, "A checkpoint every N steps")
-        ->check(CLI::PositiveNumber)->capture_default_str();
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     cli::PlanCommands plan_commands(app);
 
     try {
@@ -185,7 +221,7 @@ int main(int argc, char** argv) {
     };
     try {
         if (*train) {
-            world      = dist::init_world(&argc, &argv);
+            world        = dist::init_world(&argc, &argv);
             const int rc = cli::cmd_train(common, run_dir, force, resume, *world);
             world.reset();
             dist::finalize_world();
@@ -202,7 +238,9 @@ int main(int argc, char** argv) {
         if (plan_commands.selected()) return plan_commands.run(&argc, &argv);
         if (dist::launched_by_mpi() && std::getenv("OMPI_COMM_WORLD_SIZE") &&
             std::string(std::getenv("OMPI_COMM_WORLD_SIZE")) != "1") {
-            throw InputError("only `bagualu train`, `bench comm` and `bench train` run on several ranks; run this command without mpirun");
+            throw InputError(
+                "only `bagualu train`, `bench comm` and `bench train` run on several ranks; run "
+                "this command without mpirun");
         }
         if (*prepare) return cli::cmd_prepare(common, force);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
@@ -210,21 +248,26 @@ int main(int argc, char** argv) {
         if (*exp && from.empty() == from_ckpt.empty()) {
             throw InputError("export: give either --from DIR (a run or model) or --checkpoint DIR");
         }
-        if (*exp) return from_ckpt.empty() ? cli::cmd_export(from, out, dtype)
-                                           : cli::cmd_export_checkpoint(from_ckpt, out, dtype);
+        if (*exp)
+            return from_ckpt.empty() ? cli::cmd_export(from, out, dtype)
+                                     : cli::cmd_export_checkpoint(from_ckpt, out, dtype);
         if (*inspect) return cli::cmd_inspect(inspect_dir);
         if (*report) {
             if (report_compare->count() == 0) {
                 if (report_labels->count() || report_metric->count() || report_out->count()) {
-                    throw InputError("report: --labels, --metric and --out go with --compare DIR ...");
+                    throw InputError(
+                        "report: --labels, --metric and --out go with --compare DIR ...");
                 }
                 if (report_dir.empty()) {
-                    throw InputError("report: give a run directory, or --compare DIR ... --out FILE.svg");
+                    throw InputError(
+                        "report: give a run directory, or --compare DIR ... --out FILE.svg");
                 }
                 return cli::cmd_report(report_dir);
             }
             if (!report_dir.empty()) {
-                throw InputError(fmt::format("report {}: give either one run directory or --compare DIR ..., not both", report_dir));
+                throw InputError(fmt::format(
+                    "report {}: give either one run directory or --compare DIR ..., not both",
+                    report_dir));
             }
             return cli::cmd_report_compare(rca);
         }
@@ -244,8 +287,9 @@ int main(int argc, char** argv) {
         return fail(2, fmt::format("bagualu: error: {}", e.what()));
     } catch (const std::bad_alloc&) {
         // A model, batch or input too large for this machine's memory: the user's to change.
-        return fail(2, "bagualu: error: out of memory (std::bad_alloc): lower the model size, "
-                       "batch or ranks per node, or check that the input files are what they claim");
+        return fail(2,
+                    "bagualu: error: out of memory (std::bad_alloc): lower the model size, "
+                    "batch or ranks per node, or check that the input files are what they claim");
     } catch (const std::exception& e) {
         return fail(1, fmt::format("bagualu: internal error: {}", e.what()));
     }

@@ -24,22 +24,45 @@ namespace bagualu::cli {
 using namespace plan;
 
 PlanCommands::PlanCommands(CLI::App& app) {
-    plan_ = app.add_subcommand("plan", "Predict memory, step time and FLOPS of a config on a machine");
-    plan_->add_option("--config", config_, "TOML config file")->required()->check(CLI::ExistingFile);
-    plan_->add_option("--set", overrides_, "Override a config key (repeatable)")->type_name("SECTION.KEY=VALUE");
+    plan_ =
+        app.add_subcommand("plan", "Predict memory, step time and FLOPS of a config on a machine");
+    plan_->add_option("--config", config_, "TOML config file")
+        ->required()
+        ->check(CLI::ExistingFile);
+    plan_->add_option("--set", overrides_, "Override a config key (repeatable)")
+        ->type_name("SECTION.KEY=VALUE");
     plan_->add_option("--machine", machine_, "Machine file (machines/*.toml)")->required();
-    plan_->add_option("--nodes", nodes_, "Nodes")->check(CLI::PositiveNumber)->capture_default_str();
-    plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")->check(CLI::PositiveNumber)->capture_default_str();
-    plan_->add_option("--overlap", overlap_, "What-if: fraction f of min(gradient reduction, last backward) hidden (default: as parallel.overlap_grad_reduce does, docs/scale.md)")->check(CLI::Range(0.0, 1.0));
-    plan_->add_option("--capacity-factor", capacity_, "What-if: the MoE row budget, this x N x K rows per rank (as model.moe_rows_budget; 0 = the config's)")->check(CLI::NonNegativeNumber);
-    plan_->add_flag("--sweep", sweep_, "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
-    plan_->add_option("--top", top_, "Layouts listed by --sweep")->check(CLI::PositiveNumber)->capture_default_str();
+    plan_->add_option("--nodes", nodes_, "Nodes")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    plan_
+        ->add_option("--overlap", overlap_,
+                     "What-if: fraction f of min(gradient reduction, last backward) hidden "
+                     "(default: as parallel.overlap_grad_reduce does, docs/scale.md)")
+        ->check(CLI::Range(0.0, 1.0));
+    plan_
+        ->add_option("--capacity-factor", capacity_,
+                     "What-if: the MoE row budget, this x N x K rows per rank (as "
+                     "model.moe_rows_budget; 0 = the config's)")
+        ->check(CLI::NonNegativeNumber);
+    plan_->add_flag("--sweep", sweep_,
+                    "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
+    plan_->add_option("--top", top_, "Layouts listed by --sweep")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     plan_->add_flag("--json", json_, "Print one JSON object");
 
-    calibrate_ = app.add_subcommand("calibrate", "Measure this machine and write its machine file (under mpirun: the network)");
-    out_       = "machines/local.toml";
-    calibrate_->add_option("--out", out_, "Machine file to write (updated in place under mpirun)")->capture_default_str();
-    calibrate_->add_option("--seconds", seconds_, "Time per measurement")->check(CLI::PositiveNumber)->capture_default_str();
+    calibrate_ = app.add_subcommand(
+        "calibrate", "Measure this machine and write its machine file (under mpirun: the network)");
+    out_ = "machines/local.toml";
+    calibrate_->add_option("--out", out_, "Machine file to write (updated in place under mpirun)")
+        ->capture_default_str();
+    calibrate_->add_option("--seconds", seconds_, "Time per measurement")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
 }
 
 namespace {
@@ -58,26 +81,27 @@ uint64_t shard_tokens(const std::string& spec) {
     uint64_t n = 0;
     for (const std::string& path : paths) {
         std::ifstream f(path, std::ios::binary);
-        int32_t       h[3] = {0, 0, 0};
-        if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic) continue;
+        int32_t h[3] = {0, 0, 0};
+        if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic)
+            continue;
         n += static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
     }
     return n;
 }
 
 struct Inputs {
-    TrainConfig     cfg;
-    MachineSpec     machine;
-    Layout          layout;
-    uint64_t        data_tokens = 0;
-    double          baseline    = 0;
+    TrainConfig cfg;
+    MachineSpec machine;
+    Layout layout;
+    uint64_t data_tokens = 0;
+    double baseline      = 0;
     EstimateOptions opt;
 };
 
 // The trainer's layout on nodes x R ranks of machine m: threads from the config, else the
 // node's cores shared by its ranks.
-Layout layout_on(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
-                 const MachineSpec& m, int nodes, int R) {
+Layout layout_on(const TrainConfig& cfg, const model::PrecisionPolicy& policy, const MachineSpec& m,
+                 int nodes, int R) {
     return make_layout(cfg, policy, nodes * R, R,
                        cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R));
 }
@@ -110,8 +134,9 @@ std::string human_flops(double f) {
 std::string fit_line(const Estimate& e) {
     const int R = e.fp.layout.ranks_per_node;
     if (e.fits) {
-        return fmt::format("fits: {} per node ({} rank(s) x {}), node has {}", gib(e.node_memory_bytes),
-                           R, gib(e.fp.memory.total()), gib(e.node_capacity));
+        return fmt::format("fits: {} per node ({} rank(s) x {}), node has {}",
+                           gib(e.node_memory_bytes), R, gib(e.fp.memory.total()),
+                           gib(e.node_capacity));
     }
     return fmt::format("does not fit: needs {} per node ({} rank(s) x {}), node has {}",
                        gib(e.node_memory_bytes), R, gib(e.fp.memory.total()), gib(e.node_capacity));
@@ -119,26 +144,35 @@ std::string fit_line(const Estimate& e) {
 
 nlohmann::json to_json(const Estimate& e, const Inputs& in) {
     const Footprint& fp = e.fp;
-    const Memory&    m  = fp.memory;
-    nlohmann::json   j;
-    j["config"]  = in.cfg.source;
-    j["machine"] = in.machine.source;
-    j["layout"]  = {{"nodes", fp.layout.nodes()}, {"ranks", fp.layout.ranks},
-                    {"ranks_per_node", fp.layout.ranks_per_node}, {"expert_parallel", fp.layout.ep},
-                    {"expert_data_parallel", fp.layout.edp()}, {"micro_batch", fp.layout.micro_batch},
-                    {"grad_accum", fp.layout.accum}, {"threads", fp.layout.threads},
-                    {"optimizer_shards", fp.layout.opt_shards},
-                    {"optimizer_shards_expert", fp.layout.opt_shards_expert},
-                    {"bucket_floats", fp.layout.bucket_floats},
-                    {"overlap_grad_reduce", fp.layout.overlap},
-                    {"capacity_factor", fp.layout.capacity_factor},
-                    {"precision", fp.layout.policy.describe()}};
-    j["params"] = {{"total", fp.params_full}, {"per_rank_floats", fp.rank_floats},
-                   {"per_rank_expert_floats", fp.expert_floats}};
-    j["memory_bytes_per_rank"] = {{"baseline", m.baseline}, {"parameters", m.parameters},
-                                  {"gradients", m.gradients}, {"optimizer", m.optimizer},
-                                  {"activations", m.activations}, {"comm_buffers", m.comm_buffers},
-                                  {"data", m.data}, {"checkpoint", m.checkpoint},
+    const Memory& m     = fp.memory;
+    nlohmann::json j;
+    j["config"]                = in.cfg.source;
+    j["machine"]               = in.machine.source;
+    j["layout"]                = {{"nodes", fp.layout.nodes()},
+                                  {"ranks", fp.layout.ranks},
+                                  {"ranks_per_node", fp.layout.ranks_per_node},
+                                  {"expert_parallel", fp.layout.ep},
+                                  {"expert_data_parallel", fp.layout.edp()},
+                                  {"micro_batch", fp.layout.micro_batch},
+                                  {"grad_accum", fp.layout.accum},
+                                  {"threads", fp.layout.threads},
+                                  {"optimizer_shards", fp.layout.opt_shards},
+                                  {"optimizer_shards_expert", fp.layout.opt_shards_expert},
+                                  {"bucket_floats", fp.layout.bucket_floats},
+                                  {"overlap_grad_reduce", fp.layout.overlap},
+                                  {"capacity_factor", fp.layout.capacity_factor},
+                                  {"precision", fp.layout.policy.describe()}};
+    j["params"]                = {{"total", fp.params_full},
+                                  {"per_rank_floats", fp.rank_floats},
+                                  {"per_rank_expert_floats", fp.expert_floats}};
+    j["memory_bytes_per_rank"] = {{"baseline", m.baseline},
+                                  {"parameters", m.parameters},
+                                  {"gradients", m.gradients},
+                                  {"optimizer", m.optimizer},
+                                  {"activations", m.activations},
+                                  {"comm_buffers", m.comm_buffers},
+                                  {"data", m.data},
+                                  {"checkpoint", m.checkpoint},
                                   {"total", m.total()}};
     j["memory_per_node_bytes"] = e.node_memory_bytes;
     j["node_capacity_bytes"]   = e.node_capacity;
@@ -146,8 +180,12 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
     nlohmann::json cs          = nlohmann::json::array();
     for (size_t i = 0; i < fp.collectives.size(); ++i) {
         const Collective& c = fp.collectives[i];
-        cs.push_back({{"what", c.what}, {"kind", dist::comm_kind_name(c.kind)}, {"group", c.group},
-                      {"group_size", c.group_size}, {"calls", c.calls}, {"bytes", c.bytes},
+        cs.push_back({{"what", c.what},
+                      {"kind", dist::comm_kind_name(c.kind)},
+                      {"group", c.group},
+                      {"group_size", c.group_size},
+                      {"calls", c.calls},
+                      {"bytes", c.bytes},
                       {"seconds", e.comm[i].seconds}});
     }
     j["collectives_per_step_per_rank"] = cs;
@@ -161,9 +199,13 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
     j["comm_per_step_per_rank"] = kinds;
     nlohmann::json terms        = nlohmann::json::object();
     for (const Term& x : e.compute) terms[x.name] = x.seconds;
-    j["time"] = {{"terms", terms},          {"compute_s", e.t_compute}, {"memory_s", e.t_memory},
-                 {"comm_s", e.t_comm},      {"overlap_s", e.t_overlap}, {"step_s", e.t_step},
-                 {"bottleneck", e.bottleneck}};
+    j["time"]                 = {{"terms", terms},
+                                 {"compute_s", e.t_compute},
+                                 {"memory_s", e.t_memory},
+                                 {"comm_s", e.t_comm},
+                                 {"overlap_s", e.t_overlap},
+                                 {"step_s", e.t_step},
+                                 {"bottleneck", e.bottleneck}};
     j["model_flops_per_step"] = fp.model_flops_per_step;
     j["tokens_per_step"]      = fp.tokens_per_step;
     j["tokens_per_s"]         = e.tokens_per_s;
@@ -175,32 +217,37 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
 
 void print_text(const Estimate& e, const Inputs& in) {
     const Footprint& fp = e.fp;
-    const Layout&    L  = fp.layout;
-    const Memory&    m  = fp.memory;
+    const Layout& L     = fp.layout;
+    const Memory& m     = fp.memory;
     fmt::print("plan: {} on {} ({})\n", in.cfg.source, in.machine.name, in.machine.source);
-    fmt::print("layout: {} node(s) x {} rank(s) = {} ranks; expert parallel {} x data parallel {}; "
-               "{} local expert(s) per MoE layer; micro-batch {} x {} accumulation; {} thread(s) "
-               "per rank; {}; optimizer {}; gradient reduction {}; recompute {}\n",
-               L.nodes(), L.ranks_per_node, L.ranks, L.ep, L.edp(),
-               in.cfg.model.moe_every > 0 ? in.cfg.model.n_experts / L.ep : 0, L.micro_batch,
-               L.accum, L.threads, L.policy.describe(),
-               L.opt_shards > 1 ? fmt::format("ParO over {} (experts over {}), buckets of {} floats",
-                                              L.opt_shards, L.opt_shards_expert, L.bucket_floats)
-                                : "replicated",
-               in.opt.comm_overlap >= 0 ? fmt::format("overlap what-if {}", in.opt.comm_overlap)
-               : L.overlap              ? "overlapped with the last backward"
-                                        : "after backward",
-               name_of(in.cfg.train.recompute));
+    fmt::print(
+        "layout: {} node(s) x {} rank(s) = {} ranks; expert parallel {} x data parallel {}; "
+        "{} local expert(s) per MoE layer; micro-batch {} x {} accumulation; {} thread(s) "
+        "per rank; {}; optimizer {}; gradient reduction {}; recompute {}\n",
+        L.nodes(), L.ranks_per_node, L.ranks, L.ep, L.edp(),
+        in.cfg.model.moe_every > 0 ? in.cfg.model.n_experts / L.ep : 0, L.micro_batch, L.accum,
+        L.threads, L.policy.describe(),
+        L.opt_shards > 1 ? fmt::format("ParO over {} (experts over {}), buckets of {} floats",
+                                       L.opt_shards, L.opt_shards_expert, L.bucket_floats)
+                         : "replicated",
+        in.opt.comm_overlap >= 0 ? fmt::format("overlap what-if {}", in.opt.comm_overlap)
+        : L.overlap              ? "overlapped with the last backward"
+                                 : "after backward",
+        name_of(in.cfg.train.recompute));
     fmt::print("model: {} parameters; {} floats per rank ({} in local experts)\n",
-               human_count(static_cast<double>(fp.params_full)), human_count(static_cast<double>(fp.rank_floats)),
+               human_count(static_cast<double>(fp.params_full)),
+               human_count(static_cast<double>(fp.rank_floats)),
                human_count(static_cast<double>(fp.expert_floats)));
     fmt::print("\nmemory per rank\n");
-    const std::pair<const char*, double> rows[] = {
-        {"baseline (process, MPI)", m.baseline}, {"parameters", m.parameters},
-        {"gradients", m.gradients},              {"optimizer state", m.optimizer},
-        {"activations", m.activations},          {"communication buffers", m.comm_buffers},
-        {"data", m.data},                        {"checkpoint snapshot", m.checkpoint},
-        {"total", m.total()}};
+    const std::pair<const char*, double> rows[] = {{"baseline (process, MPI)", m.baseline},
+                                                   {"parameters", m.parameters},
+                                                   {"gradients", m.gradients},
+                                                   {"optimizer state", m.optimizer},
+                                                   {"activations", m.activations},
+                                                   {"communication buffers", m.comm_buffers},
+                                                   {"data", m.data},
+                                                   {"checkpoint snapshot", m.checkpoint},
+                                                   {"total", m.total()}};
     for (const auto& [name, b] : rows) fmt::print("  {:<26}{:>14}\n", name, human_bytes(b));
     fmt::print("  {}\n", fit_line(e));
     fmt::print("\ncollectives per step and rank\n");
@@ -213,13 +260,15 @@ void print_text(const Estimate& e, const Inputs& in) {
     if (fp.collectives.empty()) fmt::print("  none (one rank)\n");
     fmt::print("\ntime per step\n");
     for (const Term& t : e.compute) fmt::print("  {:<54}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
-    fmt::print("  compute {:.3f} ms + memory-bound {:.3f} ms + communication {:.3f} ms - overlap "
-               "{:.3f} ms = {:.3f} ms\n",
-               e.t_compute * 1e3, e.t_memory * 1e3, e.t_comm * 1e3, e.t_overlap * 1e3, e.t_step * 1e3);
-    fmt::print("\nthroughput: {:.4g} tokens/s; {} model FLOPs per step; sustained {} = {:.1f}% of "
-               "the {} peak\nbottleneck: {}\n",
-               e.tokens_per_s, human_count(fp.model_flops_per_step), human_flops(e.sustained_flops),
-               100 * e.fraction_of_peak, human_flops(e.peak_flops), e.bottleneck);
+    fmt::print(
+        "  compute {:.3f} ms + memory-bound {:.3f} ms + communication {:.3f} ms - overlap "
+        "{:.3f} ms = {:.3f} ms\n",
+        e.t_compute * 1e3, e.t_memory * 1e3, e.t_comm * 1e3, e.t_overlap * 1e3, e.t_step * 1e3);
+    fmt::print(
+        "\nthroughput: {:.4g} tokens/s; {} model FLOPs per step; sustained {} = {:.1f}% of "
+        "the {} peak\nbottleneck: {}\n",
+        e.tokens_per_s, human_count(fp.model_flops_per_step), human_flops(e.sustained_flops),
+        100 * e.fraction_of_peak, human_flops(e.peak_flops), e.bottleneck);
 }
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -235,50 +284,58 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 int run_sweep(const Inputs& base, int top, bool json) {
-    const int     P     = base.layout.ranks;
-    const int64_t per   = base.cfg.train.batch_size / P;
-    const bool    moe   = base.cfg.model.moe_every > 0;
+    const int P       = base.layout.ranks;
+    const int64_t per = base.cfg.train.batch_size / P;
+    const bool moe    = base.cfg.model.moe_every > 0;
     std::vector<Estimate> fit, nofit;
     for (int64_t ep : divisors(P)) {
         if (moe ? base.cfg.model.n_experts % ep != 0 : ep != 1) continue;
         for (int64_t mb : divisors(std::max<int64_t>(1, per))) {
-            Inputs in                            = base;
-            in.cfg.parallel.expert_parallel      = static_cast<int>(ep);
-            in.cfg.train.micro_batch_size        = mb;
+            Inputs in                       = base;
+            in.cfg.parallel.expert_parallel = static_cast<int>(ep);
+            in.cfg.train.micro_batch_size   = mb;
             try {
-                in.layout = layout_on(in.cfg, base.layout.policy, in.machine, base.layout.nodes(), base.layout.ranks_per_node);
+                in.layout = layout_on(in.cfg, base.layout.policy, in.machine, base.layout.nodes(),
+                                      base.layout.ranks_per_node);
                 in.layout.capacity_factor = base.layout.capacity_factor;
-                const Estimate e = run_estimate(in);
+                const Estimate e          = run_estimate(in);
                 (e.fits ? fit : nofit).push_back(e);
             } catch (const InputError&) {
                 continue;  // layout invalid for this batch
             }
         }
     }
-    auto by_speed = [](const Estimate& a, const Estimate& b) { return a.tokens_per_s > b.tokens_per_s; };
+    auto by_speed = [](const Estimate& a, const Estimate& b) {
+        return a.tokens_per_s > b.tokens_per_s;
+    };
     std::sort(fit.begin(), fit.end(), by_speed);
-    std::sort(nofit.begin(), nofit.end(),
-              [](const Estimate& a, const Estimate& b) { return a.node_memory_bytes < b.node_memory_bytes; });
+    std::sort(nofit.begin(), nofit.end(), [](const Estimate& a, const Estimate& b) {
+        return a.node_memory_bytes < b.node_memory_bytes;
+    });
     if (json) {
         nlohmann::json j = {{"fitting", nlohmann::json::array()}, {"not_fitting", nofit.size()}};
-        for (size_t i = 0; i < fit.size() && i < static_cast<size_t>(top); ++i) j["fitting"].push_back(to_json(fit[i], base));
+        for (size_t i = 0; i < fit.size() && i < static_cast<size_t>(top); ++i)
+            j["fitting"].push_back(to_json(fit[i], base));
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
     fmt::print("sweep: {} ranks ({} node(s) x {}), global batch {}: {} layouts fit, {} do not\n", P,
-               base.layout.nodes(), base.layout.ranks_per_node, base.cfg.train.batch_size, fit.size(), nofit.size());
-    fmt::print("  {:>4} {:>8} {:>8} {:>8} {:>6} {:>12} {:>12} {:>12} {:>8}  {}\n", "rank", "EP", "experts",
-               "micro", "accum", "GiB/node", "step s", "tokens/s", "%peak", "bottleneck");
+               base.layout.nodes(), base.layout.ranks_per_node, base.cfg.train.batch_size,
+               fit.size(), nofit.size());
+    fmt::print("  {:>4} {:>8} {:>8} {:>8} {:>6} {:>12} {:>12} {:>12} {:>8}  {}\n", "rank", "EP",
+               "experts", "micro", "accum", "GiB/node", "step s", "tokens/s", "%peak",
+               "bottleneck");
     for (size_t i = 0; i < fit.size() && i < static_cast<size_t>(top); ++i) {
         const Estimate& e = fit[i];
-        const Layout&   L = e.fp.layout;
-        fmt::print("  {:>4} {:>8} {:>8} {:>8} {:>6} {:>12.2f} {:>12.4g} {:>12.4g} {:>8.2f}  {}\n", i + 1, L.ep,
-                   moe ? base.cfg.model.n_experts / L.ep : 0, L.micro_batch, L.accum,
-                   e.node_memory_bytes / kGiB, e.t_step, e.tokens_per_s, 100 * e.fraction_of_peak, e.bottleneck);
+        const Layout& L   = e.fp.layout;
+        fmt::print("  {:>4} {:>8} {:>8} {:>8} {:>6} {:>12.2f} {:>12.4g} {:>12.4g} {:>8.2f}  {}\n",
+                   i + 1, L.ep, moe ? base.cfg.model.n_experts / L.ep : 0, L.micro_batch, L.accum,
+                   e.node_memory_bytes / kGiB, e.t_step, e.tokens_per_s, 100 * e.fraction_of_peak,
+                   e.bottleneck);
     }
     if (fit.empty() && !nofit.empty()) {
-        fmt::print("  no layout fits; the smallest: EP {} micro-batch {}: {}\n", nofit[0].fp.layout.ep,
-                   nofit[0].fp.layout.micro_batch, fit_line(nofit[0]));
+        fmt::print("  no layout fits; the smallest: EP {} micro-batch {}: {}\n",
+                   nofit[0].fp.layout.ep, nofit[0].fp.layout.micro_batch, fit_line(nofit[0]));
     }
     return 0;
 }
@@ -288,51 +345,63 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
     if (!dist::launched_by_mpi()) {
         MachineSpec m;
         if (std::filesystem::exists(out)) m = load_machine(out);
-        m.name                   = "local";
-        m.source                 = out;
+        m.name   = "local";
+        m.source = out;
         warm_up_kernels();
-        m.node.baseline_rss_mib = static_cast<double>(resident_bytes()) / 1048576;
+        m.node.baseline_rss_mib    = static_cast<double>(resident_bytes()) / 1048576;
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);
         std::ifstream mem("/proc/meminfo");
-        std::string   key;
-        double        kib = 0;
+        std::string key;
+        double kib = 0;
         if (mem >> key >> kib && key == "MemTotal:") m.node.memory_gib = kib / 1048576;
-        if (m.notes.empty()) m.notes = "measured by bagualu calibrate; network: run it under mpirun";
+        if (m.notes.empty())
+            m.notes = "measured by bagualu calibrate; network: run it under mpirun";
         std::ofstream f(out);
         if (!f) input_error("{}: cannot write", out);
-        f << to_toml(m, "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
-        fmt::print("calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), triad {:.1f} GB/s per core, "
-                   "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; optimizer {:.2f} ns/float; "
-                   "baseline {:.1f} MiB -> {}\n",
-                   c.cores, c.peak_core_gflops, c.triad_core_gbs, c.triad_node_gbs, c.gemm_efficiency.front(),
-                   c.gemm_efficiency.back(), c.attention_efficiency, c.optimizer_ns_per_float,
-                   m.node.baseline_rss_mib, out);
+        f << to_toml(
+            m,
+            "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
+        fmt::print(
+            "calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), triad {:.1f} GB/s per core, "
+            "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; optimizer {:.2f} "
+            "ns/float; "
+            "baseline {:.1f} MiB -> {}\n",
+            c.cores, c.peak_core_gflops, c.triad_core_gbs, c.triad_node_gbs,
+            c.gemm_efficiency.front(), c.gemm_efficiency.back(), c.attention_efficiency,
+            c.optimizer_ns_per_float, m.node.baseline_rss_mib, out);
         return 0;
     }
     // what MPI adds: resident memory after its start-up and collectives, beyond a process that
     // has run the kernels (the baseline measured without mpirun)
     warm_up_kernels();
-    const uint64_t              rss0  = resident_bytes();
+    const uint64_t rss0               = resident_bytes();
     std::unique_ptr<dist::Comm> world = dist::init_world(argc, argv);
-    int rc = 0;
+    int rc                            = 0;
     {
         std::vector<double> warm(1 << 16, 1.0);
         world->allreduce_sum(std::span<double>(warm));
         const CommCalibration c = calibrate_comm(*world);
-        double mpi_mib = static_cast<double>(resident_bytes() - std::min(resident_bytes(), rss0)) / 1048576;
+        double mpi_mib =
+            static_cast<double>(resident_bytes() - std::min(resident_bytes(), rss0)) / 1048576;
         world->allreduce_max(std::span<double>(&mpi_mib, 1));
         if (world->rank() == 0) {
-            if (!std::filesystem::exists(out)) input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
+            if (!std::filesystem::exists(out))
+                input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
             MachineSpec m = load_machine(out);
             apply(m, c, world->size());
             m.node.mpi_rss_mib = mpi_mib;
             std::ofstream f(out);
-            f << to_toml(m, "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
-            fmt::print("calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce {:.1f} us + "
-                       "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} MiB per process -> {}\n",
-                       world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us, c.allreduce_gbs,
-                       c.sync_us, mpi_mib, out);
+            f << to_toml(m,
+                         "# The local machine, measured by `bagualu calibrate` (per-core numbers x "
+                         "cores).\n");
+            fmt::print(
+                "calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce "
+                "{:.1f} us + "
+                "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} MiB "
+                "per process -> {}\n",
+                world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us,
+                c.allreduce_gbs, c.sync_us, mpi_mib, out);
         }
         world->barrier();
     }
@@ -352,11 +421,13 @@ int PlanCommands::run(int* argc, char*** argv) {
         input_error("--nodes {}: {} has {} nodes (network.total_nodes)", nodes_, in.machine.source,
                     in.machine.network.total_nodes);
     }
-    in.layout      = layout_on(in.cfg, model::PrecisionPolicy::from_config(in.cfg.precision),
-                               in.machine, nodes_, ranks_per_node_);
+    in.layout = layout_on(in.cfg, model::PrecisionPolicy::from_config(in.cfg.precision), in.machine,
+                          nodes_, ranks_per_node_);
     in.layout.capacity_factor = capacity_;
-    in.data_tokens = shard_tokens(in.cfg.data.train) + shard_tokens(in.cfg.data.val);
-    in.baseline    = (in.machine.node.baseline_rss_mib + (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) * 1048576;
+    in.data_tokens            = shard_tokens(in.cfg.data.train) + shard_tokens(in.cfg.data.val);
+    in.baseline               = (in.machine.node.baseline_rss_mib +
+                   (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) *
+                  1048576;
     in.opt.comm_overlap = overlap_;
     if (sweep_) return run_sweep(in, top_, json_);
     const Estimate e = run_estimate(in);

@@ -16,13 +16,13 @@ class PlanCommands {
     int run(int* argc, char*** argv);
 
    private:
-    CLI::App*                plan_      = nullptr;
-    CLI::App*                calibrate_ = nullptr;
-    std::string              config_, machine_, out_;
+    CLI::App* plan_      = nullptr;
+    CLI::App* calibrate_ = nullptr;
+    std::string config_, machine_, out_;
     std::vector<std::string> overrides_;
-    int                      nodes_ = 1, ranks_per_node_ = 1, top_ = 10;
-    double                   seconds_ = 2, overlap_ = -1, capacity_ = 0;
-    bool                     sweep_ = false, json_ = false;
+    int nodes_ = 1, ranks_per_node_ = 1, top_ = 10;
+    double seconds_ = 2, overlap_ = -1, capacity_ = 0;
+    bool sweep_ = false, json_ = false;
 };
 
 }  // namespace bagualu::cli

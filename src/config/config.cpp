@@ -4,6 +4,7 @@
 #include "config/config.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +14,6 @@
 #include <sstream>
 #include <string_view>
 #include <utility>
-#include <toml++/toml.h>
 
 #include "config/toml_file.h"
 #include "core/error.h"
@@ -24,7 +24,8 @@ namespace {
 // Calls v(section, key, field) for every configuration key.
 template <typename Cfg, typename V>
 void visit_fields(Cfg& c, V&& v) {
-    visit_model_fields(c.model, [&](const char* key, auto& field, bool) { v("model", key, field); });
+    visit_model_fields(c.model,
+                       [&](const char* key, auto& field, bool) { v("model", key, field); });
 
     v("train", "batch_size", c.train.batch_size);
     v("train", "micro_batch_size", c.train.micro_batch_size);
@@ -103,49 +104,54 @@ struct Spelling<RouterScore> {
 };
 template <>
 struct Spelling<Level> {
-    static constexpr Level       values[] = {Level::O0, Level::O1, Level::O2, Level::O3};
+    static constexpr Level values[]       = {Level::O0, Level::O1, Level::O2, Level::O3};
     static constexpr const char* expected = "\"O0\", \"O1\", \"O2\" or \"O3\"";
 };
 template <>
 struct Spelling<Dtype> {
-    static constexpr Dtype       values[] = {Dtype::float32, Dtype::bfloat16, Dtype::float16};
+    static constexpr Dtype values[]       = {Dtype::float32, Dtype::bfloat16, Dtype::float16};
     static constexpr const char* expected = "\"fp32\", \"bf16\" or \"fp16\"";
 };
 template <>
 struct Spelling<Partition> {
-    static constexpr Partition   values[] = {Partition::automatic, Partition::on, Partition::off};
+    static constexpr Partition values[]   = {Partition::automatic, Partition::on, Partition::off};
     static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
 };
 template <>
 struct Spelling<RouteOverride> {
     static constexpr RouteOverride values[] = {RouteOverride::none, RouteOverride::one_expert,
                                                RouteOverride::one_rank, RouteOverride::zipf};
-    static constexpr const char* expected = "\"none\", \"one_expert\", \"one_rank\" or \"zipf\"";
+    static constexpr const char* expected   = "\"none\", \"one_expert\", \"one_rank\" or \"zipf\"";
 };
 template <>
 struct Spelling<NodeSwitch> {
-    static constexpr NodeSwitch  values[] = {NodeSwitch::automatic, NodeSwitch::on, NodeSwitch::off};
+    static constexpr NodeSwitch values[] = {NodeSwitch::automatic, NodeSwitch::on, NodeSwitch::off};
     static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
 };
 template <>
 struct Spelling<Resume> {
-    static constexpr Resume      values[] = {Resume::never, Resume::automatic};
+    static constexpr Resume values[]      = {Resume::never, Resume::automatic};
     static constexpr const char* expected = "\"never\" or \"auto\"";
 };
 
 template <>
 struct Spelling<Recompute> {
-    static constexpr Recompute   values[] = {Recompute::none, Recompute::moe, Recompute::block};
+    static constexpr Recompute values[]   = {Recompute::none, Recompute::moe, Recompute::block};
     static constexpr const char* expected = "\"none\", \"moe\" or \"block\"";
 };
 
 template <typename T>
 constexpr const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "a boolean";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) return "a string";
-    else return "an array of strings";
+    if constexpr (std::is_same_v<T, bool>)
+        return "a boolean";
+    else if constexpr (std::is_integral_v<T>)
+        return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+        return "a number";
+    else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>)
+        return "a string";
+    else
+        return "an array of strings";
 }
 
 // Reads one TOML node into a typed field; throws with `where` (file and key) on a type mismatch.
@@ -167,7 +173,8 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
             if (*v < 0) input_error("{}: expected a non-negative integer, got {}", where, *v);
         } else if constexpr (sizeof(T) < sizeof(int64_t)) {
             if (*v < std::numeric_limits<T>::min() || *v > std::numeric_limits<T>::max()) {
-                input_error("{}: {} is out of range for a {}-bit integer", where, *v, 8 * sizeof(T));
+                input_error("{}: {} is out of range for a {}-bit integer", where, *v,
+                            8 * sizeof(T));
             }
         }
         out = static_cast<T>(*v);
@@ -177,7 +184,8 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         } else if (node.is_floating_point()) {
             out = static_cast<T>(*node.value_exact<double>());
             // TOML allows inf and nan; no key of ours means anything by them.
-            if (!std::isfinite(out)) input_error("{}: expected a finite number, got {}", where, out);
+            if (!std::isfinite(out))
+                input_error("{}: expected a finite number, got {}", where, out);
         } else {
             mismatch();
         }
@@ -212,8 +220,10 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
-            input_error("{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, optimizer, precision)",
-                        source, sec);
+            input_error(
+                "{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, "
+                "optimizer, precision)",
+                source, sec);
         }
         const toml::table* tbl = sec_node.as_table();
         if (!tbl) input_error("{}: '{}' must be a table [{}]", source, sec, sec);
@@ -224,7 +234,8 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     }
     visit_fields(cfg, [&](const char* sec, const char* key, auto& field) {
         const toml::node* node = root[sec][key].node();
-        if (node) read_node(*node, field, fmt::format("{}: {}", source, std::string(sec) + "." + key));
+        if (node)
+            read_node(*node, field, fmt::format("{}: {}", source, std::string(sec) + "." + key));
     });
 }
 
@@ -233,8 +244,8 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
 bool is_utf8(std::string_view s) {
     for (size_t i = 0; i < s.size();) {
         const auto c = static_cast<unsigned char>(s[i]);
-        int        n = 0;  // continuation bytes
-        char32_t   cp;
+        int n        = 0;  // continuation bytes
+        char32_t cp;
         if (c < 0x80) {
             ++i;
             continue;
@@ -274,7 +285,7 @@ void apply_override(toml::table& root, const std::string& item) {
     const std::string sec   = item.substr(0, dot);
     const std::string key   = item.substr(dot + 1, eq - dot - 1);
     const std::string value = item.substr(eq + 1);
-    toml::table       parsed;
+    toml::table parsed;
     try {
         parsed = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
@@ -309,7 +320,7 @@ constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 void validate_limits(const TrainConfig& c) {
     const std::string& src = c.source;
-    auto at_most = [&](const char* key, auto v, auto hi, const char* why) {
+    auto at_most           = [&](const char* key, auto v, auto hi, const char* why) {
         if (v > hi) input_error("{}: {} = {}: must be <= {} ({})", src, key, v, hi, why);
     };
     const ModelConfig& m = c.model;
@@ -375,7 +386,7 @@ TrainConfig default_config(const std::vector<std::string>& overrides) {
 
 void validate(const TrainConfig& c) {
     const std::string& src = c.source;
-    auto positive = [&](const char* key, int64_t v) {
+    auto positive          = [&](const char* key, int64_t v) {
         if (v <= 0) input_error("{}: {} = {}: must be > 0", src, key, v);
     };
     auto non_negative = [&](const char* key, double v) {
@@ -389,8 +400,8 @@ void validate(const TrainConfig& c) {
     positive("model.seq_len", m.seq_len);
     positive("model.d_ff", m.d_ff);
     if (m.d_model % m.n_head != 0) {
-        input_error("{}: model.d_model = {} must be divisible by model.n_head = {}", src,
-                    m.d_model, m.n_head);
+        input_error("{}: model.d_model = {} must be divisible by model.n_head = {}", src, m.d_model,
+                    m.n_head);
     }
     if (m.moe_every < 0) input_error("{}: model.moe_every = {}: must be >= 0", src, m.moe_every);
     if (m.moe_every > 0) {
@@ -407,8 +418,10 @@ void validate(const TrainConfig& c) {
     non_negative("model.shared_d_ff", m.shared_d_ff);
     if (m.moe_every > 0 && m.router_score == RouterScore::sigmoid && m.gate != GateKind::topk &&
         m.gate != GateKind::swipe) {
-        input_error("{}: model.router_score = \"sigmoid\" needs model.gate = \"topk\" or \"swipe\" "
-                    "(model.gate = \"{}\" has its own weights)", src, name_of(m.gate));
+        input_error(
+            "{}: model.router_score = \"sigmoid\" needs model.gate = \"topk\" or \"swipe\" "
+            "(model.gate = \"{}\" has its own weights)",
+            src, name_of(m.gate));
     }
     non_negative("model.balance_bias_rate", m.balance_bias_rate);
     if (m.moe_every > 0 && m.gate == GateKind::switch_top1 && m.top_k != 1) {
@@ -423,7 +436,8 @@ void validate(const TrainConfig& c) {
     if (!(m.capacity_factor > 0)) {
         input_error("{}: model.capacity_factor = {}: must be > 0", src, m.capacity_factor);
     }
-    if (!(m.jitter >= 0 && m.jitter < 1)) input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
+    if (!(m.jitter >= 0 && m.jitter < 1))
+        input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
     if (!(m.moe_rows_budget >= 0)) {
         input_error("{}: model.moe_rows_budget = {}: must be >= 0 (0 = unbounded)", src,
@@ -446,17 +460,21 @@ void validate(const TrainConfig& c) {
     positive("train.steps", t.steps);
     if (!(t.lr > 0)) input_error("{}: train.lr = {}: must be > 0", src, t.lr);
     non_negative("train.min_lr", t.min_lr);
-    if (t.min_lr > t.lr) input_error("{}: train.min_lr = {} must be <= train.lr = {}", src, t.min_lr, t.lr);
+    if (t.min_lr > t.lr)
+        input_error("{}: train.min_lr = {} must be <= train.lr = {}", src, t.min_lr, t.lr);
     non_negative("train.warmup_steps", static_cast<double>(t.warmup_steps));
     non_negative("train.weight_decay", t.weight_decay);
-    if (!(t.beta1 >= 0 && t.beta1 < 1)) input_error("{}: train.beta1 = {}: must be in [0, 1)", src, t.beta1);
-    if (!(t.beta2 >= 0 && t.beta2 < 1)) input_error("{}: train.beta2 = {}: must be in [0, 1)", src, t.beta2);
+    if (!(t.beta1 >= 0 && t.beta1 < 1))
+        input_error("{}: train.beta1 = {}: must be in [0, 1)", src, t.beta1);
+    if (!(t.beta2 >= 0 && t.beta2 < 1))
+        input_error("{}: train.beta2 = {}: must be in [0, 1)", src, t.beta2);
     if (!(t.eps > 0)) input_error("{}: train.eps = {}: must be > 0", src, t.eps);
     non_negative("train.grad_clip", t.grad_clip);
     non_negative("train.eval_every", static_cast<double>(t.eval_every));
     positive("train.eval_batches", t.eval_batches);
     positive("train.log_every", t.log_every);
-    if (t.threads < 0) input_error("{}: train.threads = {}: must be >= 0 (0 = all cores)", src, t.threads);
+    if (t.threads < 0)
+        input_error("{}: train.threads = {}: must be >= 0 (0 = all cores)", src, t.threads);
 
     const DataSection& d = c.data;
     if (d.train.empty()) input_error("{}: data.train must not be empty", src);
@@ -469,19 +487,22 @@ void validate(const TrainConfig& c) {
     }
 
     if (c.parallel.expert_parallel < 1) {
-        input_error("{}: parallel.expert_parallel = {}: must be >= 1", src, c.parallel.expert_parallel);
+        input_error("{}: parallel.expert_parallel = {}: must be >= 1", src,
+                    c.parallel.expert_parallel);
     }
     if (!(c.parallel.bucket_mib > 0)) {
         input_error("{}: parallel.bucket_mib = {}: must be > 0", src, c.parallel.bucket_mib);
     }
     if (c.parallel.virtual_workers < 1) {
-        input_error("{}: parallel.virtual_workers = {}: must be >= 1", src, c.parallel.virtual_workers);
+        input_error("{}: parallel.virtual_workers = {}: must be >= 1", src,
+                    c.parallel.virtual_workers);
     }
     if (m.moe_every > 0 && m.gate == GateKind::swipe &&
         m.n_experts % (c.parallel.expert_parallel * c.parallel.virtual_workers) != 0) {
-        input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel x "
-                    "parallel.virtual_workers = {} (the swipe workers)",
-                    src, m.n_experts, c.parallel.expert_parallel * c.parallel.virtual_workers);
+        input_error(
+            "{}: model.n_experts = {} must be divisible by parallel.expert_parallel x "
+            "parallel.virtual_workers = {} (the swipe workers)",
+            src, m.n_experts, c.parallel.expert_parallel * c.parallel.virtual_workers);
     }
     if (m.moe_every > 0 && m.n_experts % c.parallel.expert_parallel != 0) {
         input_error("{}: model.n_experts = {} must be divisible by parallel.expert_parallel = {}",
@@ -491,10 +512,12 @@ void validate(const TrainConfig& c) {
     non_negative("checkpoint.every", c.checkpoint.every);
     non_negative("checkpoint.keep", c.checkpoint.keep);
     const PrecisionSection& pr = c.precision;
-    if (!(pr.loss_scale >= 1)) input_error("{}: precision.loss_scale = {}: must be >= 1", src, pr.loss_scale);
+    if (!(pr.loss_scale >= 1))
+        input_error("{}: precision.loss_scale = {}: must be >= 1", src, pr.loss_scale);
     positive("precision.loss_scale_window", pr.loss_scale_window);
     if (!(pr.loss_scale_growth >= 1)) {
-        input_error("{}: precision.loss_scale_growth = {}: must be >= 1", src, pr.loss_scale_growth);
+        input_error("{}: precision.loss_scale_growth = {}: must be >= 1", src,
+                    pr.loss_scale_growth);
     }
     if (!(pr.loss_scale_backoff > 0 && pr.loss_scale_backoff < 1)) {
         input_error("{}: precision.loss_scale_backoff = {}: must be in (0, 1)", src,
@@ -512,26 +535,30 @@ void validate(const TrainConfig& c) {
 
 void validate_layout(const TrainConfig& c, int ranks) {
     const std::string& src = c.source;
-    const int          ep  = c.parallel.expert_parallel;
+    const int ep           = c.parallel.expert_parallel;
     if (ranks % ep != 0) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
     }
     const int rpn = c.parallel.ranks_per_node;
     if (rpn < 0 || (rpn > 0 && ranks % rpn != 0)) {
-        input_error("{}: parallel.ranks_per_node = {} must be 0 (detect) or divide the number of "
-                    "ranks {}", src, rpn, ranks);
+        input_error(
+            "{}: parallel.ranks_per_node = {} must be 0 (detect) or divide the number of "
+            "ranks {}",
+            src, rpn, ranks);
     }
     if (c.train.batch_size % ranks != 0) {
-        input_error("{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
-                    "trains batch_size / ranks sequences a step: use a rank count that divides it)",
-                    src, c.train.batch_size, ranks);
+        input_error(
+            "{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
+            "trains batch_size / ranks sequences a step: use a rank count that divides it)",
+            src, c.train.batch_size, ranks);
     }
     const int64_t mb = c.micro_batch(ranks);
     if (c.train.batch_size / ranks % mb != 0) {
-        input_error("{}: train.batch_size / ranks = {} sequences per rank must be a multiple of "
-                    "train.micro_batch_size = {}",
-                    src, c.train.batch_size / ranks, mb);
+        input_error(
+            "{}: train.batch_size / ranks = {} sequences per rank must be a multiple of "
+            "train.micro_batch_size = {}",
+            src, c.train.batch_size / ranks, mb);
     }
     if (c.data.readers > ranks) {
         input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,
@@ -541,21 +568,22 @@ void validate_layout(const TrainConfig& c, int ranks) {
 
 void validate_micro_batch(const TrainConfig& c, int ranks) {
     const std::string& src = c.source;
-    const int64_t      mb  = c.micro_batch(ranks);
+    const int64_t mb       = c.micro_batch(ranks);
     // Tokens of one micro-batch, and the widest activation row over them, on one rank.
     const int64_t tokens = mb * int64_t{c.model.seq_len};
     const ModelConfig& m = c.model;
-    const int64_t width  = std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model},
-                                     int64_t{m.d_ff}, m.moe_every > 0 ? int64_t{m.n_experts} : 0,
-                                     m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0,
-                                     int64_t{m.shared_width()}});
+    const int64_t width =
+        std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model}, int64_t{m.d_ff},
+                  m.moe_every > 0 ? int64_t{m.n_experts} : 0,
+                  m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0, int64_t{m.shared_width()}});
     // (tokens is at most 2^31 x 2^20 and width at most 2^30 here: the product cannot overflow
     // once tokens is known to fit in int32)
     if (tokens > kMaxInt32 || tokens * width > kMaxInt32) {
-        input_error("{}: train.micro_batch_size = {} x model.seq_len = {} tokens per rank is too "
-                    "many for this model: an activation of (tokens x {}) values must hold at "
-                    "most {} (lower train.micro_batch_size)",
-                    src, mb, m.seq_len, width, kMaxInt32);
+        input_error(
+            "{}: train.micro_batch_size = {} x model.seq_len = {} tokens per rank is too "
+            "many for this model: an activation of (tokens x {}) values must hold at "
+            "most {} (lower train.micro_batch_size)",
+            src, mb, m.seq_len, width, kMaxInt32);
     }
 }
 
@@ -591,13 +619,13 @@ E parse_enum(const std::string& text, const std::string& where) {
     }
     input_error("{} = \"{}\": expected {}", where, text, Spelling<E>::expected);
 }
-template GateKind  parse_enum<GateKind>(const std::string&, const std::string&);
+template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
-template Level     parse_enum<Level>(const std::string&, const std::string&);
-template Dtype     parse_enum<Dtype>(const std::string&, const std::string&);
+template Level parse_enum<Level>(const std::string&, const std::string&);
+template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
 template NodeSwitch parse_enum<NodeSwitch>(const std::string&, const std::string&);
-template Resume    parse_enum<Resume>(const std::string&, const std::string&);
+template Resume parse_enum<Resume>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
 template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
 

@@ -12,38 +12,39 @@
 namespace bagualu {
 
 struct ModelConfig {
-    int         vocab_size    = 8192;
-    int         d_model       = 256;   // C
-    int         n_layer       = 4;     // L
-    int         n_head        = 4;     // NH
-    int         seq_len       = 128;   // T (also the number of learned positions)
-    int         d_ff          = 768;   // F: hidden width of dense MLPs and of each expert
-    int         n_experts     = 8;     // E
-    int         top_k         = 2;     // K
-    int         n_shared_experts = 0;  // S: FFNs every token of an MoE block passes through
-    int         shared_d_ff   = 0;     // FS: width of each shared expert; 0 = d_ff
-    int         moe_every     = 2;     // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
-    double      aux_loss_coef = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
-    double      router_z_loss_coef = 0.0;  // ST-MoE router z-loss weight; 0 disables
-    RouterScore router_score  = RouterScore::softmax;  // weights of the chosen experts (docs/model.md)
-    GateKind    gate          = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
-    double      capacity_factor = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
-    double      jitter          = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
-    double      balance_bias_rate = 0.0;  // per-expert choice bias step (moe/balance_bias.h); 0 = off
-    double      init_std      = 0.02;
+    int vocab_size       = 8192;
+    int d_model          = 256;  // C
+    int n_layer          = 4;    // L
+    int n_head           = 4;    // NH
+    int seq_len          = 128;  // T (also the number of learned positions)
+    int d_ff             = 768;  // F: hidden width of dense MLPs and of each expert
+    int n_experts        = 8;    // E
+    int top_k            = 2;    // K
+    int n_shared_experts = 0;    // S: FFNs every token of an MoE block passes through
+    int shared_d_ff      = 0;    // FS: width of each shared expert; 0 = d_ff
+    int moe_every = 2;  // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
+    double aux_loss_coef      = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
+    double router_z_loss_coef = 0.0;   // ST-MoE router z-loss weight; 0 disables
+    RouterScore router_score =
+        RouterScore::softmax;         // weights of the chosen experts (docs/model.md)
+    GateKind gate = GateKind::topk;   // topk | switch | gshard | noisy | swipe (docs/model.md)
+    double capacity_factor   = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
+    double jitter            = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
+    double balance_bias_rate = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
+    double init_std          = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
     // same buffers, with bitwise the same results. 0 = unbounded (sized for every routed row
     // of the EP group). docs/parallelism.md, "Bounded MoE memory".
-    double      moe_rows_budget = 2.0;
+    double moe_rows_budget = 2.0;
     // For tests and benchmarks only: force the routing choice (the gate's probabilities stay as
     // computed): "none", "one_expert" (slot k to expert k), "one_rank" (the experts of EP rank
     // 0), "zipf" (expert ranks drawn with P(i) ~ 1/(i+1)).
     RouteOverride route_override = RouteOverride::none;
 
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
-    int  head_size() const { return d_model / n_head; }
-    int  shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
+    int head_size() const { return d_model / n_head; }
+    int shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
 };
 
 // Every [model] key once, in order: v(key, field, inference), where inference says whether the
@@ -79,49 +80,49 @@ void visit_model_fields(M& m, V&& v) {
 }
 
 struct TrainSection {
-    int64_t     batch_size       = 32;  // global, in sequences
-    int64_t     micro_batch_size = 0;   // most sequences per rank per forward/backward; 0 = no cap
-    int64_t     steps            = 1000;
-    double      lr               = 1e-3;
-    double      min_lr           = 1e-4;  // cosine decays from lr to min_lr
-    int64_t     warmup_steps     = 50;
-    double      weight_decay     = 0.1;
-    double      beta1            = 0.9;
-    double      beta2            = 0.95;
-    double      eps              = 1e-8;
-    double      grad_clip        = 1.0;  // global-norm clip; 0 disables
-    uint64_t    seed             = 1337;
-    int64_t     eval_every       = 100;  // steps; 0 = only at the end
-    int64_t     eval_batches     = 8;    // batches of micro_batch_size sequences from val
-    int64_t     log_every        = 10;
-    int         threads          = 0;  // compute workers; 0 = one per core in the affinity mask
-    bool        fused_head       = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
-    std::string run_dir          = "";  // "" = runs/<config file stem>
-    Recompute   recompute        = Recompute::none;  // none | moe | block (docs/model.md)
+    int64_t batch_size       = 32;  // global, in sequences
+    int64_t micro_batch_size = 0;   // most sequences per rank per forward/backward; 0 = no cap
+    int64_t steps            = 1000;
+    double lr                = 1e-3;
+    double min_lr            = 1e-4;  // cosine decays from lr to min_lr
+    int64_t warmup_steps     = 50;
+    double weight_decay      = 0.1;
+    double beta1             = 0.9;
+    double beta2             = 0.95;
+    double eps               = 1e-8;
+    double grad_clip         = 1.0;  // global-norm clip; 0 disables
+    uint64_t seed            = 1337;
+    int64_t eval_every       = 100;  // steps; 0 = only at the end
+    int64_t eval_batches     = 8;    // batches of micro_batch_size sequences from val
+    int64_t log_every        = 10;
+    int threads              = 0;      // compute workers; 0 = one per core in the affinity mask
+    bool fused_head          = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
+    std::string run_dir      = "";     // "" = runs/<config file stem>
+    Recompute recompute      = Recompute::none;  // none | moe | block (docs/model.md)
 };
 
 struct DataSection {
-    std::string              train     = "data/fortunes/train.bin";
-    std::string              val       = "data/fortunes/val.bin";
-    std::string              tokenizer = "data/fortunes/tokenizer.model";
-    std::vector<std::string> corpus    = {"/usr/share/games/fortunes"};
-    double                   val_fraction = 0.01;
+    std::string train               = "data/fortunes/train.bin";
+    std::string val                 = "data/fortunes/val.bin";
+    std::string tokenizer           = "data/fortunes/tokenizer.model";
+    std::vector<std::string> corpus = {"/usr/share/games/fortunes"};
+    double val_fraction             = 0.01;
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
     // first rank of each of N groups reads for its group and scatters (data/loader.h).
-    int                      readers      = 0;
+    int readers = 0;
 };
 
 struct SampleSection {
-    int                      n_samples      = 3;
-    int                      max_new_tokens = 64;
-    double                   temperature    = 0.8;
-    int                      top_k          = 40;
-    uint64_t                 seed           = 42;
-    std::vector<std::string> prompts        = {"", "The ", "人生"};
+    int n_samples                    = 3;
+    int max_new_tokens               = 64;
+    double temperature               = 0.8;
+    int top_k                        = 40;
+    uint64_t seed                    = 42;
+    std::vector<std::string> prompts = {"", "The ", "人生"};
 };
 
 struct ParallelSection {
-    int  expert_parallel  = 1;      // EP: ranks each MoE layer's experts are spread over
+    int expert_parallel = 1;  // EP: ranks each MoE layer's experts are spread over
     // All-to-all via one leader per node: "auto" = when the run spans more than one node.
     NodeSwitch hierarchical_a2a = NodeSwitch::automatic;
     // Ranks per node: 0 = the MPI shared-memory split; N > 0 treats each N consecutive ranks as
@@ -130,7 +131,7 @@ struct ParallelSection {
     // ParO's reduce-scatter / all-gather and the replicated all-reduce inside the node first,
     // then across nodes: "auto" = when the run spans more than one node (docs/parallelism.md).
     NodeSwitch two_level = NodeSwitch::automatic;
-    int  virtual_workers  = 1;      // swipe: workers each rank of an EP group simulates
+    int virtual_workers  = 1;  // swipe: workers each rank of an EP group simulates
     // Reduce gradients on the helper thread during the last backward of each step (needs
     // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.
     bool overlap_grad_reduce = true;
@@ -147,10 +148,10 @@ struct OptimizerSection {
 
 // Sharded, asynchronous checkpoints (docs/checkpoint-format.md).
 struct CheckpointSection {
-    std::string dir    = "";       // "" = <train.run_dir>/checkpoints
-    int64_t     every  = 0;        // steps between checkpoints (and one at the end); 0 = none
-    int64_t     keep   = 3;        // newest complete checkpoints kept; 0 = all
-    Resume      resume = Resume::never;  // "auto": continue from the newest usable checkpoint
+    std::string dir = "";             // "" = <train.run_dir>/checkpoints
+    int64_t every   = 0;              // steps between checkpoints (and one at the end); 0 = none
+    int64_t keep    = 3;              // newest complete checkpoints kept; 0 = all
+    Resume resume   = Resume::never;  // "auto": continue from the newest usable checkpoint
 };
 
 // Mixed precision (docs/precision.md). A level per layer class:
@@ -159,27 +160,27 @@ struct CheckpointSection {
 //   O3 everything half, no master weights (for experiments).
 // dtype = "fp32" runs everything in float32 whatever the levels say (the built-in default).
 struct PrecisionSection {
-    Dtype       dtype          = Dtype::float32;  // fp32 | bf16 | fp16
-    Level       embedding      = Level::O0;  // wte, wpe
-    Level       attention      = Level::O1;  // ln_1, c_attn, attention, c_proj
-    Level       ffn            = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
-    Level       head           = Level::O1;  // ln_f, the LM head GEMM (its weight is wte)
-    bool        fp64_sensitive = false;   // softmax, layernorm, gelu, exp, sqrt, loss in FP64
+    Dtype dtype     = Dtype::float32;  // fp32 | bf16 | fp16
+    Level embedding = Level::O0;       // wte, wpe
+    Level attention = Level::O1;       // ln_1, c_attn, attention, c_proj
+    Level ffn       = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
+    Level head      = Level::O1;  // ln_f, the LM head GEMM (its weight is wte)
+    bool fp64_sensitive = false;  // softmax, layernorm, gelu, exp, sqrt, loss in FP64
     // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
     // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
     // multiply it by loss_scale_growth.
-    double  loss_scale         = 65536.0;
-    int64_t loss_scale_window  = 1000;
-    double  loss_scale_growth  = 2.0;
-    double  loss_scale_backoff = 0.5;
+    double loss_scale         = 65536.0;
+    int64_t loss_scale_window = 1000;
+    double loss_scale_growth  = 2.0;
+    double loss_scale_backoff = 0.5;
 };
 
 struct TrainConfig {
-    ModelConfig      model;
-    TrainSection     train;
-    DataSection      data;
-    SampleSection    sample;
-    ParallelSection  parallel;
+    ModelConfig model;
+    TrainSection train;
+    DataSection data;
+    SampleSection sample;
+    ParallelSection parallel;
     OptimizerSection optimizer;
     CheckpointSection checkpoint;
     PrecisionSection precision;
@@ -192,9 +193,8 @@ struct TrainConfig {
     // any rank count that divides the batch (0: the whole share, no accumulation).
     int64_t micro_batch(int ranks = 1) const {
         const int64_t share = train.batch_size / ranks;
-        return train.micro_batch_size > 0 && train.micro_batch_size < share
-                   ? train.micro_batch_size
-                   : share;
+        return train.micro_batch_size > 0 && train.micro_batch_size < share ? train.micro_batch_size
+                                                                            : share;
     }
     // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
     bool partition_optimizer(int ranks) const {
@@ -234,8 +234,8 @@ void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 
-// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Recompute, Dtype) from its spelling in
-// a config file; InputError `<where> = "<text>": expected ...` for anything else.
+// One enumerated value (enums.h: GateKind, Level, Partition, Resume, Recompute, Dtype) from its
+// spelling in a config file; InputError `<where> = "<text>": expected ...` for anything else.
 template <typename E>
 E parse_enum(const std::string& text, const std::string& where);
 

@@ -28,11 +28,16 @@ enum class Recompute { none, moe, block };
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
     switch (g) {
-        case GateKind::topk: return "topk";
-        case GateKind::switch_top1: return "switch";
-        case GateKind::gshard: return "gshard";
-        case GateKind::noisy: return "noisy";
-        case GateKind::swipe: return "swipe";
+        case GateKind::topk:
+            return "topk";
+        case GateKind::switch_top1:
+            return "switch";
+        case GateKind::gshard:
+            return "gshard";
+        case GateKind::noisy:
+            return "noisy";
+        case GateKind::swipe:
+            return "swipe";
     }
     return "?";
 }
@@ -41,10 +46,14 @@ inline const char* name_of(RouterScore s) {
 }
 inline const char* name_of(Level l) {
     switch (l) {
-        case Level::O0: return "O0";
-        case Level::O1: return "O1";
-        case Level::O2: return "O2";
-        case Level::O3: return "O3";
+        case Level::O0:
+            return "O0";
+        case Level::O1:
+            return "O1";
+        case Level::O2:
+            return "O2";
+        case Level::O3:
+            return "O3";
     }
     return "?";
 }
@@ -61,10 +70,14 @@ inline const char* name_of(Recompute r) {
 inline const char* name_of(Dtype d) { return dtype_name(d); }
 inline const char* name_of(RouteOverride r) {
     switch (r) {
-        case RouteOverride::none: return "none";
-        case RouteOverride::one_expert: return "one_expert";
-        case RouteOverride::one_rank: return "one_rank";
-        case RouteOverride::zipf: return "zipf";
+        case RouteOverride::none:
+            return "none";
+        case RouteOverride::one_expert:
+            return "one_expert";
+        case RouteOverride::one_rank:
+            return "one_rank";
+        case RouteOverride::zipf:
+            return "zipf";
     }
     return "?";
 }

@@ -2,9 +2,10 @@
 // becomes an InputError naming the file (and line:column). Shared by run configs and machine
 // descriptions; what the keys mean is each caller's business.
 #pragma once
+#include <toml++/toml.h>
+
 #include <filesystem>
 #include <string>
-#include <toml++/toml.h>
 
 #include "core/error.h"
 

@@ -24,7 +24,8 @@ class Buffer {
         std::memset(static_cast<void*>(data_), 0, bytes);
     }
     ~Buffer() { std::free(data_); }
-    Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    Buffer(Buffer&& o) noexcept
+        : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
     Buffer& operator=(Buffer&& o) noexcept {
         if (this != &o) {
             std::free(data_);
@@ -36,17 +37,17 @@ class Buffer {
     Buffer(const Buffer&)            = delete;
     Buffer& operator=(const Buffer&) = delete;
 
-    T*       data() { return data_; }
+    T* data() { return data_; }
     const T* data() const { return data_; }
-    size_t   size() const { return size_; }
-    T&       operator[](size_t i) { return data_[i]; }
+    size_t size() const { return size_; }
+    T& operator[](size_t i) { return data_[i]; }
     const T& operator[](size_t i) const { return data_[i]; }
-    void     zero() {
+    void zero() {
         if (data_) std::memset(static_cast<void*>(data_), 0, size_ * sizeof(T));
     }
 
    private:
-    T*     data_ = nullptr;
+    T* data_     = nullptr;
     size_t size_ = 0;
 };
 
@@ -57,15 +58,16 @@ class FloatArena {
     // Returns the offset of a new slice of n floats.
     size_t reserve(size_t n) {
         const size_t off = total_;
-        total_ += (n + kAlign / sizeof(float) - 1) / (kAlign / sizeof(float)) * (kAlign / sizeof(float));
+        total_ +=
+            (n + kAlign / sizeof(float) - 1) / (kAlign / sizeof(float)) * (kAlign / sizeof(float));
         return off;
     }
-    void   allocate() { buf_ = Buffer<float>(total_); }
+    void allocate() { buf_ = Buffer<float>(total_); }
     float* at(size_t offset) { return buf_.data() + offset; }
     size_t total_floats() const { return total_; }
 
    private:
-    size_t        total_ = 0;
+    size_t total_ = 0;
     Buffer<float> buf_;
 };
 

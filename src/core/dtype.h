@@ -67,9 +67,9 @@ inline fp16 fp16_from_float(float f) {
 
 // f rounded to the nearest value of dtype d (identity for f32).
 inline float round_to(Dtype d, float f) {
-    return d == Dtype::bfloat16 ? bf16_to_float(bf16_from_float(f))
+    return d == Dtype::bfloat16  ? bf16_to_float(bf16_from_float(f))
            : d == Dtype::float16 ? fp16_to_float(fp16_from_float(f))
-                             : f;
+                                 : f;
 }
 
 }  // namespace bagualu

@@ -28,11 +28,11 @@ template <typename... Args>
 
 }  // namespace bagualu
 
-#define BGL_CHECK(cond, ...)                                                                \
-    do {                                                                                    \
-        if (!(cond)) [[unlikely]] {                                                         \
-            throw ::bagualu::InternalError(fmt::format("{}:{}: check failed: {}: {}",        \
-                                                       __FILE__, __LINE__, #cond,           \
-                                                       fmt::format(__VA_ARGS__)));          \
-        }                                                                                   \
+#define BGL_CHECK(cond, ...)                                                                    \
+    do {                                                                                        \
+        if (!(cond)) [[unlikely]] {                                                             \
+            throw ::bagualu::InternalError(fmt::format("{}:{}: check failed: {}: {}", __FILE__, \
+                                                       __LINE__, #cond,                         \
+                                                       fmt::format(__VA_ARGS__)));              \
+        }                                                                                       \
     } while (0)

@@ -24,7 +24,7 @@ class FunctionRef<R(Args...)> {
     explicit operator bool() const { return call_ != nullptr; }
 
    private:
-    void* obj_                  = nullptr;
+    void* obj_                 = nullptr;
     R (*call_)(void*, Args...) = nullptr;
 };
 

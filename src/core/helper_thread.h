@@ -37,14 +37,14 @@ class HelperThread {
    private:
     void loop();
 
-    std::mutex              mutex_;
+    std::mutex mutex_;
     std::condition_variable cv_;
-    FunctionRef<void()>     queue_[kCapacity];  // [ticket % kCapacity]
-    Ticket                  submitted_ = 0;     // tickets handed out; guarded by mutex_
-    std::atomic<Ticket>     finished_{0};
-    std::exception_ptr      error_;  // first failure, rethrown by wait(); guarded by mutex_
-    bool                    stop_ = false;
-    std::thread             thread_;
+    FunctionRef<void()> queue_[kCapacity];  // [ticket % kCapacity]
+    Ticket submitted_ = 0;                  // tickets handed out; guarded by mutex_
+    std::atomic<Ticket> finished_{0};
+    std::exception_ptr error_;  // first failure, rethrown by wait(); guarded by mutex_
+    bool stop_ = false;
+    std::thread thread_;
 };
 
 // The process's helper thread, started on first use (the data loader's prefetch runs on it).

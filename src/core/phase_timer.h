@@ -12,18 +12,18 @@ namespace bagualu {
 
 // data: the data loader's next() (waiting for the prefetch, the readers' scatter, the copy).
 enum class Phase { attention, mlp, experts, gate_dispatch, lm_head, optimizer, data };
-inline constexpr size_t kNumPhases = 7;
+inline constexpr size_t kNumPhases                               = 7;
 inline constexpr std::array<const char*, kNumPhases> kPhaseNames = {
     "attention", "mlp", "experts", "gate_dispatch", "lm_head", "optimizer", "data"};
 
 namespace phase_timer_detail {
 using Clock = std::chrono::steady_clock;
 struct State {
-    bool                          enabled = false;
-    int                           current = -1;  // index of the open phase, -1: none
-    Clock::time_point             since;         // when `current` last started or resumed
-    std::array<double, kNumPhases> seconds{};    // [Phase]
-    double                        recompute = 0;  // RecomputeScope seconds
+    bool enabled = false;
+    int current  = -1;                         // index of the open phase, -1: none
+    Clock::time_point since;                   // when `current` last started or resumed
+    std::array<double, kNumPhases> seconds{};  // [Phase]
+    double recompute = 0;                      // RecomputeScope seconds
 };
 inline State g_state;
 }  // namespace phase_timer_detail
@@ -44,7 +44,8 @@ inline const std::array<double, kNumPhases>& phase_seconds() {
 class PhaseScope {
    public:
     explicit PhaseScope(Phase p) {
-        if (phase_timer_detail::g_state.enabled) [[unlikely]] start(static_cast<int>(p));
+        if (phase_timer_detail::g_state.enabled) [[unlikely]]
+            start(static_cast<int>(p));
     }
     ~PhaseScope() { stop(); }
     PhaseScope(const PhaseScope&)            = delete;
@@ -76,7 +77,7 @@ class PhaseScope {
         active_   = true;
     }
     bool active_ = false;
-    int  prev_   = -1;
+    int prev_    = -1;
 };
 
 // The forward work backward runs again (train.recompute, model/gpt.h), timed across the phases
@@ -86,7 +87,8 @@ inline double recompute_seconds() { return phase_timer_detail::g_state.recompute
 class RecomputeScope {
    public:
     RecomputeScope() : active_(phase_timer_detail::g_state.enabled) {
-        if (active_) [[unlikely]] since_ = phase_timer_detail::Clock::now();
+        if (active_) [[unlikely]]
+            since_ = phase_timer_detail::Clock::now();
     }
     ~RecomputeScope() {
         if (active_) [[unlikely]] {
@@ -98,7 +100,7 @@ class RecomputeScope {
     RecomputeScope& operator=(const RecomputeScope&) = delete;
 
    private:
-    bool                          active_;
+    bool active_;
     phase_timer_detail::Clock::time_point since_;
 };
 

@@ -19,7 +19,7 @@ std::vector<int> allowed_cpus() {
 
 static std::vector<int> read_allowed_cpus() {
     std::vector<int> cpus;
-    cpu_set_t        set;
+    cpu_set_t set;
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof(set), &set) == 0) {
         for (int c = 0; c < CPU_SETSIZE; ++c) {
@@ -42,7 +42,7 @@ static void pin_to(std::thread::native_handle_type h, int cpu) {
 
 ThreadPool::ThreadPool(int n_threads, bool pin) {
     const std::vector<int> cpus = allowed_cpus();
-    n_threads_ = n_threads > 0 ? n_threads : static_cast<int>(cpus.size());
+    n_threads_                  = n_threads > 0 ? n_threads : static_cast<int>(cpus.size());
     // Pinning only makes sense when every worker has a core of its own.
     pin = pin && n_threads_ <= static_cast<int>(cpus.size()) && n_threads_ > 1;
     workers_.reserve(static_cast<size_t>(n_threads_ - 1));
@@ -100,7 +100,7 @@ void ThreadPool::run(FunctionRef<void(int)> fn) {
         __builtin_ia32_pause();
     }
     for (int r = remaining_.load(std::memory_order_acquire); r != 0;
-         r      = remaining_.load(std::memory_order_acquire)) {
+         r     = remaining_.load(std::memory_order_acquire)) {
         remaining_.wait(r, std::memory_order_acquire);
     }
     if (own) std::rethrow_exception(own);

@@ -33,26 +33,26 @@ class ThreadPool {
    private:
     void worker_loop(int tid);
 
-    int                      n_threads_;
+    int n_threads_;
     std::vector<std::thread> workers_;
-    FunctionRef<void(int)>   job_;
-    std::atomic<uint64_t>    generation_{0};
-    std::atomic<int>         remaining_{0};
-    std::atomic<bool>        stop_{false};
-    std::mutex               error_mutex_;
-    std::exception_ptr       error_;
+    FunctionRef<void(int)> job_;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> remaining_{0};
+    std::atomic<bool> stop_{false};
+    std::mutex error_mutex_;
+    std::exception_ptr error_;
 };
 
 // The process-wide compute pool used by kernels. Created on first use with the default size,
 // or explicitly (before first use) by set_compute_threads.
 ThreadPool& compute_pool();
-void        set_compute_threads(int n_threads, bool pin = true);
+void set_compute_threads(int n_threads, bool pin = true);
 
 // Splits [0, n) into size() contiguous chunks and calls f(begin, end) for each non-empty one.
 template <typename F>
 void parallel_for(int64_t n, F&& f) {
     ThreadPool& pool = compute_pool();
-    const int   nt   = pool.size();
+    const int nt     = pool.size();
     if (nt == 1 || n <= 1) {
         if (n > 0) f(int64_t{0}, n);
         return;

@@ -18,7 +18,7 @@ void check_tokenizer_vocab(const std::string& path, int vocab_size) {
 
 Dataset load_dataset(const TrainConfig& cfg) {
     const int V = cfg.model.vocab_size, T = cfg.model.seq_len;
-    Dataset   d;
+    Dataset d;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer)) {
         if (!std::filesystem::is_regular_file(cfg.data.tokenizer)) {  // a FIFO would block
             input_error("data.tokenizer = \"{}\": not a regular file", cfg.data.tokenizer);

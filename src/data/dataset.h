@@ -12,8 +12,8 @@ namespace bagualu::data {
 
 struct Dataset {
     TokenShards val;
-    double      val_unigram_entropy = -1;  // from meta.json beside val; < 0 if absent
-    bool        has_tokenizer       = false;
+    double val_unigram_entropy = -1;  // from meta.json beside val; < 0 if absent
+    bool has_tokenizer         = false;
 };
 
 // Throws InputError naming the file and what is expected.

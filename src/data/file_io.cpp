@@ -33,7 +33,8 @@ std::string read_file_bytes(const std::string& path, std::string_view what) {
     if (ec) input_error("{}: cannot open {}: {}", path, what, ec.message());
     if (fs::is_directory(st)) input_error("{}: is a directory, expected a {}", path, what);
     // A FIFO or device would block or never end: only regular files are read.
-    if (!fs::is_regular_file(st)) input_error("{}: is not a regular file, expected a {}", path, what);
+    if (!fs::is_regular_file(st))
+        input_error("{}: is not a regular file, expected a {}", path, what);
     FilePtr f(std::fopen(path.c_str(), "rb"));
     if (!f) input_error("{}: cannot open {}: {}", path, what, std::strerror(errno));
     std::string bytes;

@@ -82,7 +82,7 @@ TokenFileLayout check_token_header(const std::string& path, const char* bytes, i
     }
     const int64_t count = header[2];
     if (count < 0) input_error("{}: bad token count {} in header", path, count);
-    const int     width    = version == 1 ? 2 : 4;
+    const int width        = version == 1 ? 2 : 4;
     const int64_t expected = kTokenFileHeaderBytes + count * width;
     if (size < expected) {
         input_error("{}: truncated: header says {} tokens ({} bytes) but file has {} bytes", path,
@@ -127,9 +127,9 @@ void check_token_ids(const std::string& path, const char* body, const TokenFileL
 
 TokenFile read_token_file(const std::string& path, int vocab_size) {
     BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
-    const std::string     bytes  = read_file_bytes(path, "token file");
-    const TokenFileLayout layout = check_token_header(path, bytes.data(),
-                                                      static_cast<int64_t>(bytes.size()));
+    const std::string bytes = read_file_bytes(path, "token file");
+    const TokenFileLayout layout =
+        check_token_header(path, bytes.data(), static_cast<int64_t>(bytes.size()));
     const char* body = bytes.data() + kTokenFileHeaderBytes;
     check_token_ids(path, body, layout, vocab_size);
     TokenFile out;

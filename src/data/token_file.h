@@ -29,9 +29,9 @@ TokenFile read_token_file(const std::string& path, int vocab_size);
 
 // What a valid header says; `bytes` (the whole file, `size` bytes) must match it exactly.
 struct TokenFileLayout {
-    int     version = 1;
-    int64_t count   = 0;  // tokens
-    int     width   = 2;  // bytes per token
+    int version   = 1;
+    int64_t count = 0;  // tokens
+    int width     = 2;  // bytes per token
 };
 // Validates magic, version and the file size against the header; throws InputError naming path.
 TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size);

@@ -60,11 +60,11 @@ TokenShards::TokenShards(TokenShards&& o) noexcept
 TokenShards& TokenShards::operator=(TokenShards&& o) noexcept {
     if (this != &o) {
         release();
-        shards_    = std::move(o.shards_);
-        T_         = o.T_;
+        shards_     = std::move(o.shards_);
+        T_          = o.T_;
         vocab_size_ = o.vocab_size_;
-        n_windows_ = o.n_windows_;
-        n_tokens_  = o.n_tokens_;
+        n_windows_  = o.n_windows_;
+        n_tokens_   = o.n_tokens_;
         o.shards_.clear();
         o.n_windows_ = o.n_tokens_ = 0;
     }
@@ -160,11 +160,11 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
     out.T_          = seq_len;
     out.vocab_size_ = vocab_size;
     for (const std::string& path : resolve_shard_paths(spec, key)) {
-        Shard& s      = out.shards_.emplace_back();
-        s.path        = path;
-        int64_t bytes = 0;
-        s.fd          = open_shard(path, &bytes);
-        s.layout      = validate_shard(s.fd, path, bytes, vocab_size);
+        Shard& s       = out.shards_.emplace_back();
+        s.path         = path;
+        int64_t bytes  = 0;
+        s.fd           = open_shard(path, &bytes);
+        s.layout       = validate_shard(s.fd, path, bytes, vocab_size);
         s.first_window = out.n_windows_;
         s.windows      = s.layout.count > 0 ? (s.layout.count - 1) / seq_len : 0;
         out.n_windows_ += s.windows;
@@ -186,9 +186,9 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
 void TokenShards::read_window(int64_t w, int32_t* out) const {
     BGL_CHECK(w >= 0 && w < n_windows_, "window {} of {}", w, n_windows_);
     // The last shard whose first window is <= w (shards without windows are never chosen).
-    const auto it  = std::upper_bound(shards_.begin(), shards_.end(), w,
-                                      [](int64_t v, const Shard& s) { return v < s.first_window; });
-    const Shard&  s     = *(it - 1);
+    const auto before   = [](int64_t v, const Shard& sh) { return v < sh.first_window; };
+    const auto it       = std::upper_bound(shards_.begin(), shards_.end(), w, before);
+    const Shard& s      = *(it - 1);
     const int64_t first = (w - s.first_window) * T_;  // the window's first token in the file
     const int64_t want  = static_cast<int64_t>(T_ + 1) * s.layout.width;
     // out holds 4 (T + 1) bytes, enough for either width: read in place, then widen.
@@ -204,8 +204,8 @@ void TokenShards::read_window(int64_t w, int32_t* out) const {
             s.path, now, kTokenFileHeaderBytes + s.layout.count * s.layout.width);
     }
     const auto limit = static_cast<uint32_t>(vocab_size_);
-    uint32_t   bad   = 0;
-    int        at    = -1;
+    uint32_t bad     = 0;
+    int at           = -1;
     if (s.layout.width == 2) {
         // Backwards, so that no uint16 is overwritten before it is widened (4 i >= 2 i).
         for (int i = T_; i >= 0; --i) {

@@ -11,7 +11,8 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, bool hierarchical_a2a
 ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchical_a2a,
                                  int ranks_per_node, NodeSwitch two_level)
     : world_(&world), rank_(world.rank()), size_(world.size()), ep_size_(ep_size) {
-    BGL_CHECK(ep_size >= 1 && size_ % ep_size == 0, "EP {} does not divide {} ranks", ep_size, size_);
+    BGL_CHECK(ep_size >= 1 && size_ % ep_size == 0, "EP {} does not divide {} ranks", ep_size,
+              size_);
     BGL_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || size_ % ranks_per_node == 0),
               "{} ranks per node do not divide {} ranks", ranks_per_node, size_);
     ep_rank_ = rank_ % ep_size;
@@ -20,24 +21,24 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchic
     // a node is named by the world rank of its first rank
     int node_id = rank_ - (ranks_per_node > 0 ? rank_ % ranks_per_node : 0);
     if (ranks_per_node == 0) world.split_shared()->broadcast(&node_id, sizeof(int), 0);
-    world_nodes_   = make_node_layout(world, node_id);
-    edp_nodes_     = make_node_layout(*edp_, node_id);
+    world_nodes_     = make_node_layout(world, node_id);
+    edp_nodes_       = make_node_layout(*edp_, node_id);
     const bool multi = world_nodes_.nodes > 1;
-    two_level_ = two_level == NodeSwitch::on || (two_level == NodeSwitch::automatic && multi);
-    const bool hier = hierarchical_a2a == NodeSwitch::on ||
-                      (hierarchical_a2a == NodeSwitch::automatic && multi);
+    two_level_       = two_level == NodeSwitch::on || (two_level == NodeSwitch::automatic && multi);
+    const bool hier =
+        hierarchical_a2a == NodeSwitch::on || (hierarchical_a2a == NodeSwitch::automatic && multi);
     if (hier && ep_size > 1) {
-        ep_nodes_ = std::make_unique<NodeGroups>(
-            make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));
+        ep_nodes_ =
+            std::make_unique<NodeGroups>(make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));
     }
 }
 
 std::unique_ptr<ParallelContext> ParallelContext::single() {
     std::unique_ptr<ParallelContext> p(new ParallelContext());
-    p->owned_world_ = make_local_comm();
-    p->world_       = p->owned_world_.get();
-    p->ep_          = make_local_comm();
-    p->edp_         = make_local_comm();
+    p->owned_world_         = make_local_comm();
+    p->world_               = p->owned_world_.get();
+    p->ep_                  = make_local_comm();
+    p->edp_                 = make_local_comm();
     p->world_nodes_.members = {0};
     p->edp_nodes_.members   = {0};
     return p;

@@ -33,14 +33,14 @@ class ParallelContext {
     Comm& world() { return *world_; }
     Comm& ep() { return *ep_; }
     Comm& edp() { return *edp_; }
-    int   rank() const { return rank_; }
-    int   size() const { return size_; }
-    int   ep_size() const { return ep_size_; }
-    int   ep_rank() const { return ep_rank_; }
-    int   edp_size() const { return size_ / ep_size_; }
-    int   edp_rank() const { return rank_ / ep_size_; }
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    int ep_size() const { return ep_size_; }
+    int ep_rank() const { return ep_rank_; }
+    int edp_size() const { return size_ / ep_size_; }
+    int edp_rank() const { return rank_ / ep_size_; }
 
-    int  nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
+    int nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
     bool two_level() const { return two_level_; }
     bool hierarchical_a2a() const { return ep_nodes_ != nullptr; }
     const NodeLayout& world_nodes() const { return world_nodes_; }
@@ -54,12 +54,12 @@ class ParallelContext {
 
    private:
     ParallelContext() = default;
-    Comm*                       world_ = nullptr;  // [not null]
-    std::unique_ptr<Comm>       owned_world_;      // only for single()
-    std::unique_ptr<Comm>       ep_, edp_;         // [not null]
-    std::unique_ptr<NodeGroups> ep_nodes_;         // [not null iff hierarchical]
-    NodeLayout                  world_nodes_, edp_nodes_;
-    bool                        two_level_ = false;
+    Comm* world_      = nullptr;            // [not null]
+    std::unique_ptr<Comm> owned_world_;     // only for single()
+    std::unique_ptr<Comm> ep_, edp_;        // [not null]
+    std::unique_ptr<NodeGroups> ep_nodes_;  // [not null iff hierarchical]
+    NodeLayout world_nodes_, edp_nodes_;
+    bool two_level_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;
 };
 

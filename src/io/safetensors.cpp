@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,8 +21,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_set>
-
-#include <xxhash.h>
 
 #include "core/error.h"
 

@@ -31,7 +31,7 @@ struct TensorRef {
 // `xxh64` is given it receives the XXH64 (seed 0) of the whole file, computed while writing.
 void write_safetensors(const std::string& path, std::span<const TensorRef> tensors,
                        const std::map<std::string, std::string>& metadata = {},
-                       uint64_t* xxh64 = nullptr);
+                       uint64_t* xxh64                                    = nullptr);
 
 struct TensorInfo {
     std::string name;

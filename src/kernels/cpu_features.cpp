@@ -58,12 +58,12 @@ CpuFeatures probe() {
     f.avx512   = f.avx2_fma && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512dq");
-    f.avx512_bf16   = f.avx512 && cpuid_avx512_bf16();
-    const unsigned edx = cpuid7_edx();
-    f.avx512_fp16   = f.avx512 && ((edx >> 23) & 1u);
+    f.avx512_bf16         = f.avx512 && cpuid_avx512_bf16();
+    const unsigned edx    = cpuid7_edx();
+    f.avx512_fp16         = f.avx512 && ((edx >> 23) & 1u);
     const bool tile_state = (xcr0() & (3ull << 17)) == (3ull << 17);
-    f.amx_bf16 = ((edx >> 22) & 1u) && ((edx >> 24) & 1u) && tile_state;
-    f.model    = brand_string();
+    f.amx_bf16            = ((edx >> 22) & 1u) && ((edx >> 24) & 1u) && tile_state;
+    f.model               = brand_string();
     return f;
 }
 
@@ -116,7 +116,7 @@ bool request_amx() {
 
 std::string half_precision_features() {
     const CpuFeatures& f = cpu_features();
-    std::string        out;
+    std::string out;
     const auto add = [&](bool on, const char* name) {
         if (!on) return;
         if (!out.empty()) out += ' ';

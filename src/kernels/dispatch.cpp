@@ -81,18 +81,24 @@ std::atomic<const KernelTable*>& active_slot() {
 
 const char* isa_name(Isa isa) {
     switch (isa) {
-        case Isa::generic: return "generic";
-        case Isa::avx2: return "avx2";
-        case Isa::avx512: return "avx512";
+        case Isa::generic:
+            return "generic";
+        case Isa::avx2:
+            return "avx2";
+        case Isa::avx512:
+            return "avx512";
     }
     return "?";
 }
 
 bool isa_supported(Isa isa, const CpuFeatures& cpu) {
     switch (isa) {
-        case Isa::generic: return true;
-        case Isa::avx2: return cpu.avx2_fma;
-        case Isa::avx512: return cpu.avx512;
+        case Isa::generic:
+            return true;
+        case Isa::avx2:
+            return cpu.avx2_fma;
+        case Isa::avx512:
+            return cpu.avx512;
     }
     return false;
 }
@@ -101,9 +107,12 @@ bool isa_supported(Isa isa) { return isa_supported(isa, cpu_features()); }
 
 const char* isa_requirement(Isa isa) {
     switch (isa) {
-        case Isa::generic: return "x86-64";
-        case Isa::avx2: return "AVX2+FMA";
-        case Isa::avx512: return "AVX-512F/BW/VL/DQ";
+        case Isa::generic:
+            return "x86-64";
+        case Isa::avx2:
+            return "AVX2+FMA";
+        case Isa::avx512:
+            return "AVX-512F/BW/VL/DQ";
     }
     return "?";
 }
@@ -127,9 +136,12 @@ std::string KernelTable::describe() const {
 
 const KernelTable& kernel_table(Isa isa) {
     switch (isa) {
-        case Isa::avx2: return kAvx2;
-        case Isa::avx512: return kAvx512;
-        default: return kGeneric;
+        case Isa::avx2:
+            return kAvx2;
+        case Isa::avx512:
+            return kAvx512;
+        default:
+            return kGeneric;
     }
 }
 
@@ -147,8 +159,8 @@ Isa isa_from_env(const char* value, const CpuFeatures& cpu) {
         if (isa_supported(isa, cpu)) return isa;
         std::string here;
         for (Isa s : kAllIsas) {
-            if (isa_supported(s, cpu)) here += fmt::format("{}{}", here.empty() ? "" : ", ",
-                                                           isa_name(s));
+            if (isa_supported(s, cpu))
+                here += fmt::format("{}{}", here.empty() ? "" : ", ", isa_name(s));
         }
         input_error("BGL_ISA={}: this CPU lacks {} (it runs {})", value, isa_requirement(isa),
                     here);

@@ -21,8 +21,8 @@ enum class Isa { generic, avx2, avx512 };
 
 // "generic", "avx2", "avx512": the names BGL_ISA takes (and BGL_GEMM's names for the same ISAs).
 const char* isa_name(Isa isa);
-bool        isa_supported(Isa isa, const CpuFeatures& cpu);
-bool        isa_supported(Isa isa);
+bool isa_supported(Isa isa, const CpuFeatures& cpu);
+bool isa_supported(Isa isa);
 // What the CPU must have for isa, as a message says it ("AVX2+FMA", "AVX-512F/BW/VL/DQ").
 const char* isa_requirement(Isa isa);
 // The widest ISA cpu (by default this CPU) supports.
@@ -46,8 +46,8 @@ struct KernelTable {
                               int NH);
     void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, int B, int T, int C, int NH);
-    void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
-                                 int N, int V);
+    void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets, int N,
+                                 int V);
     void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
                                   const float* dlosses, int N, int V);
     void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr,

@@ -83,8 +83,10 @@ const KernelSpec& bf16_spec(Path p) {
     switch (p) {
         case Path::avx512:
             return cpu_features().avx512_bf16 ? avx512::bf16_dot_kernel() : avx512::bf16_kernel();
-        case Path::avx2: return avx2::bf16_kernel();
-        default: return generic::bf16_kernel();
+        case Path::avx2:
+            return avx2::bf16_kernel();
+        default:
+            return generic::bf16_kernel();
     }
 }
 
@@ -92,31 +94,45 @@ const KernelSpec& bf16_spec(Path p) {
 
 const KernelSpec& f32_spec(Path p) {
     switch (p) {
-        case Path::avx512: return avx512::f32_kernel();
-        case Path::avx2: return avx2::f32_kernel();
-        default: return generic::f32_kernel();
+        case Path::avx512:
+            return avx512::f32_kernel();
+        case Path::avx2:
+            return avx2::f32_kernel();
+        default:
+            return generic::f32_kernel();
     }
 }
 
 const char* path_name(Path p) {
     switch (p) {
-        case Path::ref: return "ref";
-        case Path::generic: return "generic";
-        case Path::avx2: return "avx2";
-        case Path::avx512: return "avx512";
-        case Path::openblas: return "openblas";
-        case Path::onednn: return "onednn";
-        case Path::automatic: return "auto";
+        case Path::ref:
+            return "ref";
+        case Path::generic:
+            return "generic";
+        case Path::avx2:
+            return "avx2";
+        case Path::avx512:
+            return "avx512";
+        case Path::openblas:
+            return "openblas";
+        case Path::onednn:
+            return "onednn";
+        case Path::automatic:
+            return "auto";
     }
     return "?";
 }
 
 bool path_supported(Path p) {
     switch (p) {
-        case Path::avx2: return cpu_features().avx2_fma;
-        case Path::avx512: return cpu_features().avx512;
-        case Path::onednn: return onednn::available();  // auto: ours where oneDNN is not
-        default: return true;
+        case Path::avx2:
+            return cpu_features().avx2_fma;
+        case Path::avx512:
+            return cpu_features().avx512;
+        case Path::onednn:
+            return onednn::available();  // auto: ours where oneDNN is not
+        default:
+            return true;
     }
 }
 
@@ -145,8 +161,8 @@ void f32_on(Path p, Trans ta, Trans tb, int M, int N, int K, float alpha, const 
         ref::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     } else if (p == Path::openblas) {
         openblas_threads();
-        cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B,
-                    ldb, beta, C, ldc);
+        cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, A, lda, B, ldb,
+                    beta, C, ldc);
     } else if (p == Path::onednn) {
         onednn::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
@@ -175,12 +191,12 @@ void bf16_on(Path p, Trans ta, Trans tb, int M, int N, int K, float alpha, const
 Path choose(const GemmKey& key, FunctionRef<void(Path, float*, int)> run) {
     if (const std::optional<Path> p = choice_table().find(key)) return *p;
     const Path ours = best_path();
-    Path       best = ours;
+    Path best       = ours;
     if (key.bf16 ? onednn::bf16_available() : onednn::available()) {
         std::vector<float> scratch(size_t(key.m) * size_t(key.n), 0.0f);
-        const auto         seconds = [&](Path p) {
-            using clock       = std::chrono::steady_clock;
-            const auto call   = [&] {
+        const auto seconds = [&](Path p) {
+            using clock     = std::chrono::steady_clock;
+            const auto call = [&] {
                 const auto t0 = clock::now();
                 run(p, scratch.data(), key.n);
                 return std::chrono::duration<double>(clock::now() - t0).count();

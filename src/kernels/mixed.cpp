@@ -17,7 +17,7 @@ namespace bagualu::kernels {
 
 namespace {
 
-const double kGeluK = std::sqrt(2.0 / std::numbers::pi);
+const double kGeluK     = std::sqrt(2.0 / std::numbers::pi);
 constexpr double kGeluA = 0.044715;
 
 }  // namespace
@@ -110,7 +110,7 @@ void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* in
     parallel_rows(N, 4 * C, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = inp + i * C;
-            double m = 0;
+            double m       = 0;
             for (int c = 0; c < C; ++c) m += double(x[c]);
             m /= C;
             double var = 0;
@@ -118,7 +118,8 @@ void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* in
             var /= C;
             const double s = 1.0 / std::sqrt(var + 1e-5);
             for (int c = 0; c < C; ++c) {
-                out[i * C + c] = float((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
+                out[i * C + c] =
+                    float((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
             }
             mean[i] = float(m);
             rstd[i] = float(s);
@@ -145,8 +146,8 @@ void layernorm_backward_f64(float* dinp, float* dweight, float* dbias, const flo
             for (int c = 0; c < C; ++c) {
                 const double norm  = (double(x[c]) - m) * s;
                 const double dnorm = double(weight[c]) * double(dy[c]);
-                dinp[i * C + c] =
-                    float(double(dinp[i * C + c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+                dinp[i * C + c]    = float(double(dinp[i * C + c]) +
+                                        (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
             }
         }
     });
@@ -177,7 +178,7 @@ void gelu_forward_f64(float* out, const float* inp, size_t n) {
     parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const double x = inp[i];
-            out[i] = float(0.5 * x * (1.0 + std::tanh(kGeluK * (x + kGeluA * x * x * x))));
+            out[i]         = float(0.5 * x * (1.0 + std::tanh(kGeluK * (x + kGeluA * x * x * x))));
         }
     });
 }
@@ -198,20 +199,20 @@ void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t 
 
 void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     const int64_t hs = C / NH, C3 = 3 * int64_t(C);
-    const double  scale = 1.0 / std::sqrt(double(hs));
+    const double scale = 1.0 / std::sqrt(double(hs));
     parallel_rows(int64_t(B) * NH, int64_t(T) * T * hs, [&](int64_t begin, int64_t end) {
         thread_local std::vector<double> sbuf, obuf;
         double* s = grow(sbuf, size_t(T));
         double* o = grow(obuf, size_t(hs));
         for (int64_t bh = begin; bh < end; ++bh) {
             const int64_t b = bh / NH, h = bh % NH;
-            const float*  base = qkv + b * T * C3 + h * hs;
+            const float* base = qkv + b * T * C3 + h * hs;
             for (int64_t t = 0; t < T; ++t) {
                 const float* q = base + t * C3;
-                double       m = -INFINITY;
+                double m       = -INFINITY;
                 for (int64_t j = 0; j <= t; ++j) {
                     const float* k = base + j * C3 + C;
-                    double       d = 0;
+                    double d       = 0;
                     for (int64_t e = 0; e < hs; ++e) d += double(q[e]) * double(k[e]);
                     s[j] = d * scale;
                     m    = std::max(m, s[j]);
@@ -236,20 +237,20 @@ void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int 
 void attention_backward_f64(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int B, int T, int C, int NH) {
     const int64_t hs = C / NH, C3 = 3 * int64_t(C);
-    const double  scale = 1.0 / std::sqrt(double(hs));
+    const double scale = 1.0 / std::sqrt(double(hs));
     parallel_rows(int64_t(B) * NH, 2 * int64_t(T) * T * hs, [&](int64_t begin, int64_t end) {
         thread_local std::vector<double> gbuf;
         double* g = grow(gbuf, size_t(T * 3 * hs));  // [t][q | k | v] of this head
         for (int64_t bh = begin; bh < end; ++bh) {
             const int64_t b = bh / NH, h = bh % NH;
-            const float*  base = qkv + b * T * C3 + h * hs;
+            const float* base = qkv + b * T * C3 + h * hs;
             std::fill(g, g + T * 3 * hs, 0.0);
             for (int64_t t = 0; t < T; ++t) {
                 const float* q  = base + t * C3;
                 const float* dy = dout + (b * T + t) * C + h * hs;
                 const float* y  = out + (b * T + t) * C + h * hs;
                 const double l  = lse[bh * T + t];
-                double       D  = 0;
+                double D        = 0;
                 for (int64_t e = 0; e < hs; ++e) D += double(dy[e]) * double(y[e]);
                 double* gq = g + t * 3 * hs;
                 for (int64_t j = 0; j <= t; ++j) {
@@ -311,10 +312,10 @@ void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x  = logits + i * V;
-            float*       d  = dlogits + i * V;
+            float* d        = dlogits + i * V;
             const double l  = row_logsumexp_f64(x, V);
             const double dl = dlosses[i];
-            const int    tg = targets[i];
+            const int tg    = targets[i];
             for (int j = 0; j < V; ++j) {
                 d[j] = float((std::exp(double(x[j]) - l) - (j == tg ? 1.0 : 0.0)) * dl);
             }

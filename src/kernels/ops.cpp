@@ -16,8 +16,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/gemm.h"
 #include "kernels/dispatch.h"
+#include "kernels/gemm.h"
 #include "kernels/ops_generic.h"
 #include "kernels/parallel_rows.h"
 

@@ -21,26 +21,26 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                     int IC, int OC);
 // dinp: (N, IC), overwritten (=); skipped when nullptr. dweight: (OC, IC) +=. dbias: (OC) +=,
 // skipped when nullptr.
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int IC, int OC);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC);
 
 // ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] ----
 // out: (B, T, C). tokens: (B, T). wte: (V, C). wpe: (maxT, C) with maxT >= T.
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C);
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C);
 // dwte: (V, C) +=. dwpe: (maxT, C) +=. Deterministic (no atomics; fixed summation order).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C);
 
 // ---- layernorm over the last dimension, eps = 1e-5 ----
 // out, inp: (N, C). weight, bias: (C). mean, rstd: (N), saved for backward.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int N, int C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
 // dinp: (N, C), accumulated (+=): layernorm inputs are the residual stream.
 // dweight, dbias: (C) +=.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
 
 // ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
 void gelu_forward(float* out, const float* inp, size_t n);
@@ -62,8 +62,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // ---- softmax cross-entropy over logits ----
 // losses: (N), losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]].
 // logits: (N, V). targets: (N), each in [0, V).
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                          int V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
 // dlogits: (N, V), overwritten (=): (softmax(logits[i]) - onehot(targets[i])) * dlosses[i].
 // dlogits may alias logits.
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,

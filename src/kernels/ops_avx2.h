@@ -38,9 +38,9 @@ void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* i
                             const float* weight, const float* bias, int64_t begin, int64_t end,
                             int C);
 // dinp (+=) of rows [begin, end).
-void layernorm_backward_rows(float* dinp, const float* dout, const float* inp,
-                             const float* weight, const float* mean, const float* rstd,
-                             int64_t begin, int64_t end, int C);
+void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, int64_t begin, int64_t end,
+                             int C);
 // dweight, dbias (+=) of columns [c0, c1), summed over all N rows in order. scratch: 2 (c1 - c0)
 // doubles.
 void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, const float* inp,
@@ -65,15 +65,14 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int N, int C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                          int V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,

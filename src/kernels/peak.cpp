@@ -22,7 +22,7 @@ struct PeakLoop {
 // Baseline x86-64 has no FMA: 8 independent 4-float chains of multiply then add (2 flops a lane).
 void mul_add_loop_f32(uint64_t iters, float* sink) {
     constexpr int kAcc = 8, kW = 4;
-    float         acc[kAcc][kW];
+    float acc[kAcc][kW];
     for (int i = 0; i < kAcc; ++i) {
         for (int l = 0; l < kW; ++l) acc[i][l] = float(i * kW + l) * 1e-3f;
     }
@@ -45,16 +45,16 @@ PeakLoop f32_loop() {
 }
 
 double measure(PeakLoop loop, double seconds) {
-    using clock            = std::chrono::steady_clock;
+    using clock               = std::chrono::steady_clock;
     constexpr uint64_t kIters = 1 << 14;
-    ThreadPool&         pool = compute_pool();
+    ThreadPool& pool          = compute_pool();
     std::vector<double> gflops(static_cast<size_t>(pool.size()), 0.0);
     pool.run([&](int tid) {
-        float      sink = 0.0f;
+        float sink         = 0.0f;
         const auto run_for = [&](double s) {
-            const auto t0    = clock::now();
-            uint64_t   calls = 0;
-            double     dt    = 0.0;
+            const auto t0  = clock::now();
+            uint64_t calls = 0;
+            double dt      = 0.0;
             do {
                 loop.run(kIters, &sink);
                 ++calls;

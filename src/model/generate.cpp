@@ -39,24 +39,25 @@ const float* Generator::step(int32_t token) {
     BGL_CHECK(token >= 0 && token < cfg_.vocab_size, "token {} outside the vocabulary", token);
     const int C = cfg_.d_model, F = cfg_.d_ff, NH = cfg_.n_head, hs = C / NH, T = cfg_.seq_len;
     const int p = pos_;
-    float     mean, rstd;
-    for (int c = 0; c < C; ++c) x_[c] = w_.wte[static_cast<int64_t>(token) * C + c] + w_.wpe[p * C + c];
+    float mean, rstd;
+    for (int c = 0; c < C; ++c)
+        x_[c] = w_.wte[static_cast<int64_t>(token) * C + c] + w_.wpe[p * C + c];
     size_t moe_i = 0;  // MoE blocks so far
     for (int l = 0; l < cfg_.n_layer; ++l) {
-        const auto& w  = w_.blocks[static_cast<size_t>(l)];
-        float*      kc = kcache_.data() + static_cast<int64_t>(l) * T * C;
-        float*      vc = vcache_.data() + static_cast<int64_t>(l) * T * C;
+        const auto& w = w_.blocks[static_cast<size_t>(l)];
+        float* kc     = kcache_.data() + static_cast<int64_t>(l) * T * C;
+        float* vc     = vcache_.data() + static_cast<int64_t>(l) * T * C;
         layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln1_w, w.ln1_b, 1, C);
         linear_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, 1, C, 3 * C);
         std::copy(qkv_.data() + C, qkv_.data() + 2 * C, kc + static_cast<int64_t>(p) * C);
         std::copy(qkv_.data() + 2 * C, qkv_.data() + 3 * C, vc + static_cast<int64_t>(p) * C);
         const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
         for (int h = 0; h < NH; ++h) {
-            const float* q  = qkv_.data() + h * hs;
-            double       mx = -INFINITY;
+            const float* q = qkv_.data() + h * hs;
+            double mx      = -INFINITY;
             for (int j = 0; j <= p; ++j) {
                 const float* k = kc + static_cast<int64_t>(j) * C + h * hs;
-                double       s = 0;
+                double s       = 0;
                 for (int i = 0; i < hs; ++i) s += static_cast<double>(q[i]) * k[i];
                 scores_[j] = static_cast<float>(s * scale);
                 mx         = std::max(mx, static_cast<double>(scores_[j]));
@@ -67,7 +68,8 @@ const float* Generator::step(int32_t token) {
             for (int i = 0; i < hs; ++i) {
                 double acc = 0;
                 for (int j = 0; j <= p; ++j) {
-                    acc += std::exp(scores_[j] - mx) / sum * vc[static_cast<int64_t>(j) * C + h * hs + i];
+                    acc += std::exp(scores_[j] - mx) / sum *
+                           vc[static_cast<int64_t>(j) * C + h * hs + i];
                 }
                 o[i] = static_cast<float>(acc);
             }
@@ -82,7 +84,8 @@ const float* Generator::step(int32_t token) {
             const float* ch = gl;  // the choice ranks logit + balancing bias; weights use gl
             if (!biases_.empty()) {
                 const std::vector<float>& b = biases_[moe_i];
-                for (int e = 0; e < E; ++e) choice_[static_cast<size_t>(e)] = gl[e] + b[static_cast<size_t>(e)];
+                for (int e = 0; e < E; ++e)
+                    choice_[static_cast<size_t>(e)] = gl[e] + b[static_cast<size_t>(e)];
                 ch = choice_.data();
             }
             ++moe_i;
@@ -94,8 +97,9 @@ const float* Generator::step(int32_t token) {
             // the weights are the softmax over the K selected logits, except for switch, whose
             // weight is the full-softmax probability of its one expert (docs/model.md, Gates).
             const bool full = cfg_.gate == GateKind::switch_top1;
-            double     s    = 0;
-            for (int k = 0; k < K; ++k) s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
+            double s        = 0;
+            for (int k = 0; k < K; ++k)
+                s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
             if (full) {
                 s = 0;
                 for (int e = 0; e < E; ++e) s += std::exp(gl[e] - gl[order_[0]]);
@@ -103,11 +107,13 @@ const float* Generator::step(int32_t token) {
             std::fill(atty_.data(), atty_.data() + C, 0.0f);
             const auto& ex = w.experts;
             for (int k = 0; k < K; ++k) {
-                const int   e  = order_[static_cast<size_t>(k)];
+                const int e    = order_[static_cast<size_t>(k)];
                 const float pk = static_cast<float>(std::exp(gl[e] - gl[order_[0]]) / s);
-                linear_forward(h_.data(), ln_.data(), ex.fc_w + e * ex.fc_w_stride, ex.fc_b + e * ex.fc_b_stride, 1, C, F);
+                linear_forward(h_.data(), ln_.data(), ex.fc_w + e * ex.fc_w_stride,
+                               ex.fc_b + e * ex.fc_b_stride, 1, C, F);
                 gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(F));
-                linear_forward(tmp_.data(), h2_.data(), ex.proj_w + e * ex.proj_w_stride, ex.proj_b + e * ex.proj_b_stride, 1, F, C);
+                linear_forward(tmp_.data(), h2_.data(), ex.proj_w + e * ex.proj_w_stride,
+                               ex.proj_b + e * ex.proj_b_stride, 1, F, C);
                 for (int c = 0; c < C; ++c) atty_[c] += pk * tmp_[c];
             }
             add_forward(x_.data(), x_.data(), atty_.data(), static_cast<size_t>(C));
@@ -135,10 +141,11 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& opt, Rng& 
         return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
     std::vector<double> p(static_cast<size_t>(k));
-    const double        mx  = logits[idx[0]];
-    double              sum = 0;
+    const double mx = logits[idx[0]];
+    double sum      = 0;
     for (int i = 0; i < k; ++i) {
-        p[static_cast<size_t>(i)] = std::exp((logits[idx[static_cast<size_t>(i)]] - mx) / opt.temperature);
+        p[static_cast<size_t>(i)] =
+            std::exp((logits[idx[static_cast<size_t>(i)]] - mx) / opt.temperature);
         sum += p[static_cast<size_t>(i)];
     }
     double u = rng.uniform() * sum;

@@ -19,25 +19,25 @@ class Generator {
     Generator(const ModelConfig& cfg, const float* params, moe::BalanceBiases biases = {});
     // Feeds the token at position pos (= number of tokens fed before); returns logits (V).
     const float* step(int32_t token);
-    int          position() const { return pos_; }
-    void         reset() { pos_ = 0; }
+    int position() const { return pos_; }
+    void reset() { pos_ = 0; }
 
    private:
-    ModelConfig               cfg_;
-    ParamLayout               layout_;
+    ModelConfig cfg_;
+    ParamLayout layout_;
     ModelTensors<const float> w_;
-    Buffer<float>             kcache_, vcache_;  // (L, seq_len, C) each
-    Buffer<float>             x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
-    Buffer<float>             gate_logits_;
-    std::vector<int32_t>      order_;
-    moe::BalanceBiases        biases_;  // [MoE blocks][E] or empty
-    std::vector<float>        choice_;  // (E) gate logits + bias
-    int                       pos_ = 0;
+    Buffer<float> kcache_, vcache_;  // (L, seq_len, C) each
+    Buffer<float> x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
+    Buffer<float> gate_logits_;
+    std::vector<int32_t> order_;
+    moe::BalanceBiases biases_;  // [MoE blocks][E] or empty
+    std::vector<float> choice_;  // (E) gate logits + bias
+    int pos_ = 0;
 };
 
 struct SampleOptions {
-    double   temperature = 0.8;  // 0 = greedy
-    int      top_k       = 40;   // 0 = whole vocabulary
+    double temperature = 0.8;  // 0 = greedy
+    int top_k          = 40;   // 0 = whole vocabulary
 };
 // Draws a token from logits (V).
 int32_t sample_token(const float* logits, int V, const SampleOptions& opt, Rng& rng);

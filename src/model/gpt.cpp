@@ -7,10 +7,10 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/phase_timer.h"
 #include "core/rng.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
-#include "core/phase_timer.h"
 
 namespace bagualu::model {
 
@@ -21,7 +21,7 @@ using namespace kernels;
 ParamLayout make_layout(const ModelConfig& m, int ep_size, int ep_rank) {
     ParamLayout L;
     for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
-        const TensorDef&           d     = tensor_def(k.row);
+        const TensorDef& d               = tensor_def(k.row);
         const std::vector<int64_t> shape = tensor_shape(d, m);
         for (int64_t e = k.e0; e < k.e1; ++e) {
             L.add(tensor_name(d, k.layer, e), shape, d.decay, d.scope == Scope::expert);
@@ -34,7 +34,7 @@ void for_each_param_kind(const ModelConfig& m, int ep_size,
                          FunctionRef<void(const ParamSpec&, uint64_t)> fn) {
     for (const TensorKind& k : tensor_kinds(m, ep_size, 0)) {
         const TensorDef& d = tensor_def(k.row);
-        ParamSpec        s;
+        ParamSpec s;
         s.name  = tensor_name(d, k.layer, k.e0);
         s.shape = tensor_shape(d, m);
         s.numel = 1;
@@ -52,7 +52,8 @@ LayoutSize layout_size(const ModelConfig& m, int ep_size) {
         (p.expert ? s.expert_floats : s.dense_floats) += count * pad(p.numel);
     });
     // the whole model: every expert of every MoE layer
-    for_each_param_kind(m, 1, [&](const ParamSpec& p, uint64_t count) { s.full_params += count * p.numel; });
+    for_each_param_kind(
+        m, 1, [&](const ParamSpec& p, uint64_t count) { s.full_params += count * p.numel; });
     return s;
 }
 
@@ -67,16 +68,18 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
     ModelTensors<P> t;
     t.blocks.resize(static_cast<size_t>(m.n_layer));
     for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
-        const TensorRow<P>& r   = kTensorTable<P>[k.row];
-        const size_t        off = offset(tensor_name(r.def, k.layer, k.e0));
+        const TensorRow<P>& r = kTensorTable<P>[k.row];
+        const size_t off      = offset(tensor_name(r.def, k.layer, k.e0));
         switch (r.def.scope) {
-            case Scope::model: t.*r.model_slot = base + off; break;
+            case Scope::model:
+                t.*r.model_slot = base + off;
+                break;
             case Scope::block:
                 t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = base + off;
                 break;
             case Scope::expert:
             case Scope::shared: {
-                BlockTensors<P>&       bt = t.blocks[static_cast<size_t>(k.layer)];
+                BlockTensors<P>& bt       = t.blocks[static_cast<size_t>(k.layer)];
                 moe::ExpertTensors<P>& ex = r.def.scope == Scope::expert ? bt.experts : bt.shared;
                 ex.*r.expert_slot         = base + off;
                 ex.*r.stride_slot =
@@ -87,30 +90,35 @@ ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base
     }
     return t;
 }
-template ModelTensors<float>       resolve(const ParamLayout&, const ModelConfig&, float*, int, int);
-template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*, int, int);
+template ModelTensors<float> resolve(const ParamLayout&, const ModelConfig&, float*, int, int);
+template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*,
+                                           int, int);
 
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& m, uint64_t seed) {
     const double resid_std = m.init_std / std::sqrt(2.0 * m.n_layer);
     std::unordered_map<std::string, const ParamSpec*> held;  // this layout's tensors by name
     for (const ParamSpec& s : layout.specs()) held.emplace(s.name, &s);
-    uint64_t i = 0;     // position in the full layout
-    size_t   done = 0;  // tensors of `layout` initialised
+    uint64_t i  = 0;  // position in the full layout
+    size_t done = 0;  // tensors of `layout` initialised
     for (const TensorKind& k : tensor_kinds(m, 1, 0)) {
         const TensorDef& d = tensor_def(k.row);
         for (int64_t e = k.e0; e < k.e1; ++e, ++i) {
             const auto it = held.find(tensor_name(d, k.layer, e));
             if (it == held.end()) continue;
             const ParamSpec& s = *it->second;
-            float*           p = params + s.offset;
+            float* p           = params + s.offset;
             ++done;
             switch (d.init) {
-                case Init::zeros: std::fill(p, p + s.numel, 0.0f); break;
-                case Init::ones: std::fill(p, p + s.numel, 1.0f); break;
+                case Init::zeros:
+                    std::fill(p, p + s.numel, 0.0f);
+                    break;
+                case Init::ones:
+                    std::fill(p, p + s.numel, 1.0f);
+                    break;
                 case Init::normal:
                 case Init::normal_resid: {
                     const double std = d.init == Init::normal_resid ? resid_std : m.init_std;
-                    Rng          rng(seed, i + 1);
+                    Rng rng(seed, i + 1);
                     for (size_t j = 0; j < s.numel; ++j) {
                         p[j] = static_cast<float>(rng.normal() * std);
                     }
@@ -119,8 +127,10 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
             }
         }
     }
-    BGL_CHECK(done == layout.specs().size(), "init_params: {} of the layout's {} tensors are not "
-              "tensors of this model", layout.specs().size() - done, layout.specs().size());
+    BGL_CHECK(done == layout.specs().size(),
+              "init_params: {} of the layout's {} tensors are not "
+              "tensors of this model",
+              layout.specs().size() - done, layout.specs().size());
 }
 
 // ---- activations ----
@@ -130,9 +140,9 @@ struct GPT::Acts {
         float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res1, *ln2, *ln2_mean, *ln2_rstd;
         float *fch = nullptr, *fcg = nullptr;  // dense MLP only: pre- and post-GELU (N, F)
     };
-    FloatArena             arena;
-    std::vector<float*>    resid;  // [L+1] (N, C)
-    std::vector<Block>     blocks;
+    FloatArena arena;
+    std::vector<float*> resid;  // [L+1] (N, C)
+    std::vector<Block> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dlosses;
     float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch
     Buffer<int32_t> tokens, targets;
@@ -143,7 +153,7 @@ struct ArenaPlan {
     struct BlockOff {
         size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch, fcg;
     };
-    std::vector<size_t>   resid;   // [L+1]
+    std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
     size_t lnf, lnfm, lnfr, logits, losses, dlosses, dresid, dc, dc2, dqkv, df;
 };
@@ -166,16 +176,33 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         }
         const bool dense = rc == Recompute::block ? any_dense : !cfg.is_moe_block(l);
         ArenaPlan::BlockOff o{};
-        o.ln1 = A.reserve(N * C); o.m1 = A.reserve(N); o.r1 = A.reserve(N);
-        o.qkv = A.reserve(N * 3 * C); o.atty = A.reserve(N * C); o.lse = A.reserve(N * NH);
-        o.res1 = A.reserve(N * C); o.ln2 = A.reserve(N * C); o.m2 = A.reserve(N); o.r2 = A.reserve(N);
-        if (dense) { o.fch = A.reserve(N * F); o.fcg = A.reserve(N * F); }
+        o.ln1  = A.reserve(N * C);
+        o.m1   = A.reserve(N);
+        o.r1   = A.reserve(N);
+        o.qkv  = A.reserve(N * 3 * C);
+        o.atty = A.reserve(N * C);
+        o.lse  = A.reserve(N * NH);
+        o.res1 = A.reserve(N * C);
+        o.ln2  = A.reserve(N * C);
+        o.m2   = A.reserve(N);
+        o.r2   = A.reserve(N);
+        if (dense) {
+            o.fch = A.reserve(N * F);
+            o.fcg = A.reserve(N * F);
+        }
         p.blocks.push_back(o);
     }
-    p.lnf = A.reserve(N * C); p.lnfm = A.reserve(N); p.lnfr = A.reserve(N);
-    p.logits = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V); p.losses = A.reserve(N); p.dlosses = A.reserve(N);
-    p.dresid = A.reserve(N * C); p.dc = A.reserve(N * C); p.dc2 = A.reserve(N * C);
-    p.dqkv = A.reserve(N * 3 * C); p.df = A.reserve(N * F);
+    p.lnf     = A.reserve(N * C);
+    p.lnfm    = A.reserve(N);
+    p.lnfr    = A.reserve(N);
+    p.logits  = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V);
+    p.losses  = A.reserve(N);
+    p.dlosses = A.reserve(N);
+    p.dresid  = A.reserve(N * C);
+    p.dc      = A.reserve(N * C);
+    p.dc2     = A.reserve(N * C);
+    p.dqkv    = A.reserve(N * 3 * C);
+    p.df      = A.reserve(N * F);
     return p;
 }
 
@@ -192,7 +219,7 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
     // avx2 and generic 256): dwte += dlogits^T @ x then adds the same k blocks of N in the same
     // order as one GEMM over all N rows, and the fused head gives the unfused one's bits.
     constexpr int64_t kRowMultiple = 768;
-    const int64_t     rows         = (int64_t{1} << 22) / std::max<int64_t>(1, cfg.vocab_size);
+    const int64_t rows             = (int64_t{1} << 22) / std::max<int64_t>(1, cfg.vocab_size);
     return std::max<int64_t>(1, rows / kRowMultiple) * kRowMultiple;
 }
 
@@ -206,15 +233,15 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
       recompute_(recompute) {
     BGL_CHECK(head_rows >= 0, "GPT: head_rows = {} must be >= 0", head_rows);
     const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
-    params_ = Buffer<float>(layout_.total_floats());
-    grads_  = Buffer<float>(layout_.total_floats());
-    g_      = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
+    params_        = Buffer<float>(layout_.total_floats());
+    grads_         = Buffer<float>(layout_.total_floats());
+    g_             = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
     const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
     if (prec_.mixed()) {
         // forward computes with a copy of the weights rounded as the policy says
         wc_ = Buffer<float>(layout_.total_floats());
         for (const ParamSpec& s : layout_.specs()) wc_dtype_.push_back(prec_.compute_dtype(s));
-        w_  = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
+        w_               = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
         head_w_          = w_.wte;
         if (head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32) {
@@ -226,7 +253,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
         head_w_ = w_.wte;
     }
-    a_          = std::make_unique<Acts>();
+    a_            = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
     const ArenaPlan p = plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_);
@@ -234,17 +261,27 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
         const ArenaPlan::BlockOff& o = p.blocks[static_cast<size_t>(l)];
-        Acts::Block     b{A.at(o.ln1), A.at(o.m1),  A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
+        Acts::Block b{A.at(o.ln1), A.at(o.m1),   A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
                       A.at(o.lse), A.at(o.res1), A.at(o.ln2), A.at(o.m2),  A.at(o.r2)};
-        if (!cfg.is_moe_block(l)) { b.fch = A.at(o.fch); b.fcg = A.at(o.fcg); }
+        if (!cfg.is_moe_block(l)) {
+            b.fch = A.at(o.fch);
+            b.fcg = A.at(o.fcg);
+        }
         a_->blocks.push_back(b);
     }
-    a_->lnf = A.at(p.lnf); a_->lnf_mean = A.at(p.lnfm); a_->lnf_rstd = A.at(p.lnfr);
-    a_->logits = A.at(p.logits); a_->losses = A.at(p.losses); a_->dlosses = A.at(p.dlosses);
-    a_->dresid = A.at(p.dresid); a_->dc = A.at(p.dc); a_->dc2 = A.at(p.dc2); a_->dqkv = A.at(p.dqkv);
-    a_->df = A.at(p.df);
-    a_->tokens  = Buffer<int32_t>(N);
-    a_->targets = Buffer<int32_t>(N);
+    a_->lnf      = A.at(p.lnf);
+    a_->lnf_mean = A.at(p.lnfm);
+    a_->lnf_rstd = A.at(p.lnfr);
+    a_->logits   = A.at(p.logits);
+    a_->losses   = A.at(p.losses);
+    a_->dlosses  = A.at(p.dlosses);
+    a_->dresid   = A.at(p.dresid);
+    a_->dc       = A.at(p.dc);
+    a_->dc2      = A.at(p.dc2);
+    a_->dqkv     = A.at(p.dqkv);
+    a_->df       = A.at(p.df);
+    a_->tokens   = Buffer<int32_t>(N);
+    a_->targets  = Buffer<int32_t>(N);
 
     moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
     ms.gate.kind            = cfg.gate;
@@ -292,20 +329,20 @@ void GPT::refresh_compute_weights() {
 namespace {
 // The kernels of the numerically sensitive ops: float32, or FP64 inside (kernels/mixed.h).
 struct SensitiveOps {
-    decltype(&layernorm_forward)     ln_fwd;
-    decltype(&layernorm_backward)    ln_bwd;
-    decltype(&gelu_forward)          gelu_fwd;
-    decltype(&gelu_backward)         gelu_bwd;
-    decltype(&attention_forward)     attn_fwd;
-    decltype(&attention_backward)    attn_bwd;
-    decltype(&crossentropy_forward)  ce_fwd;
+    decltype(&layernorm_forward) ln_fwd;
+    decltype(&layernorm_backward) ln_bwd;
+    decltype(&gelu_forward) gelu_fwd;
+    decltype(&gelu_backward) gelu_bwd;
+    decltype(&attention_forward) attn_fwd;
+    decltype(&attention_backward) attn_bwd;
+    decltype(&crossentropy_forward) ce_fwd;
     decltype(&crossentropy_backward) ce_bwd;
 };
 SensitiveOps sensitive_ops(bool fp64) {
     if (fp64) {
-        return {layernorm_forward_f64, layernorm_backward_f64, gelu_forward_f64, gelu_backward_f64,
-                attention_forward_f64, attention_backward_f64, crossentropy_forward_f64,
-                crossentropy_backward_f64};
+        return {layernorm_forward_f64,    layernorm_backward_f64,   gelu_forward_f64,
+                gelu_backward_f64,        attention_forward_f64,    attention_backward_f64,
+                crossentropy_forward_f64, crossentropy_backward_f64};
     }
     return {layernorm_forward, layernorm_backward, gelu_forward,         gelu_backward,
             attention_forward, attention_backward, crossentropy_forward, crossentropy_backward};
@@ -329,11 +366,11 @@ static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
 double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
     BGL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= cfg_.seq_len,
               "forward({}, {}) outside the planned {} x {}", B, T, max_batch_, cfg_.seq_len);
-    B_ = B;
-    T_ = T;
+    B_          = B;
+    T_          = T;
     const int N = B * T, C = cfg_.d_model, V = cfg_.vocab_size;
     const size_t NC = static_cast<size_t>(N) * C;
-    Acts&     a = *a_;
+    Acts& a         = *a_;
     std::copy(tokens, tokens + N, a.tokens.data());
     std::copy(targets, targets + N, a.targets.data());
     if (prec_.mixed()) refresh_compute_weights();
@@ -352,8 +389,8 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     const int rows = head_rows_ > 0 ? head_rows_ : N;
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = std::min(rows, N - r0);
-        linear_forward_half(gh, a.logits, a.lnf + static_cast<size_t>(r0) * C, head_w_, nullptr,
-                            n, C, V);
+        linear_forward_half(gh, a.logits, a.lnf + static_cast<size_t>(r0) * C, head_w_, nullptr, n,
+                            C, V);
         round_inplace(a.logits, static_cast<size_t>(n) * V, ah);
         op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V);
     }
@@ -366,14 +403,15 @@ double GPT::block_forward(int l) {
     const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, NH = cfg_.n_head;
     const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
-    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), aa = prec_.act_dtype(LayerClass::attention);
+    const Dtype ga        = prec_.gemm_dtype(LayerClass::attention),
+                aa        = prec_.act_dtype(LayerClass::attention);
     const Dtype gf = prec_.gemm_dtype(LayerClass::ffn), af = prec_.act_dtype(LayerClass::ffn);
-    Acts&        a = *a_;
-    const auto&  w = w_.blocks[static_cast<size_t>(l)];
-    auto&        b = a.blocks[static_cast<size_t>(l)];
+    Acts& a        = *a_;
+    const auto& w  = w_.blocks[static_cast<size_t>(l)];
+    auto& b        = a.blocks[static_cast<size_t>(l)];
     const float* x = a.resid[static_cast<size_t>(l)];
-    float*       y = a.resid[static_cast<size_t>(l) + 1];
-    double       aux = 0;
+    float* y       = a.resid[static_cast<size_t>(l) + 1];
+    double aux     = 0;
     op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
     round_inplace(b.ln1, NC, ga);
     {
@@ -410,10 +448,10 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
               NH = cfg_.n_head;
     BGL_CHECK(N > 0, "backward without forward");
     const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
-    Acts& a = *a_;
+    Acts& a               = *a_;
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
-    const Dtype ga = prec_.gemm_dtype(LayerClass::attention), gf = prec_.gemm_dtype(LayerClass::ffn),
-                gh = prec_.gemm_dtype(LayerClass::head);
+    const Dtype ga        = prec_.gemm_dtype(LayerClass::attention),
+                gf = prec_.gemm_dtype(LayerClass::ffn), gh = prec_.gemm_dtype(LayerClass::head);
     // d (N, C) as a GEMM operand of dtype d: itself for float32, else a rounded copy.
     auto operand = [&](const float* d, Dtype dt) -> const float* {
         if (dt == Dtype::float32) return d;
@@ -432,7 +470,7 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
             // the unfused ones, dwte sums the blocks' products one after another
             const Dtype ah = prec_.act_dtype(LayerClass::head);
             for (int r0 = 0; r0 < N; r0 += head_rows_) {
-                const int    n   = std::min(head_rows_, N - r0);
+                const int n      = std::min(head_rows_, N - r0);
                 const size_t nv  = static_cast<size_t>(n) * V;
                 const float* lnf = a.lnf + static_cast<size_t>(r0) * C;
                 linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V);
@@ -452,11 +490,11 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
     const auto flat = [&](const float* p) { return static_cast<size_t>(p - grads_.data()); };
     if (grads_ready) grads_ready(flat(g_.lnf_w));
     for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-        const auto&  w = w_.blocks[static_cast<size_t>(l)];
-        auto&        g = g_.blocks[static_cast<size_t>(l)];
-        auto&        b = a.blocks[static_cast<size_t>(l)];
+        const auto& w  = w_.blocks[static_cast<size_t>(l)];
+        auto& g        = g_.blocks[static_cast<size_t>(l)];
+        auto& b        = a.blocks[static_cast<size_t>(l)];
         const float* x = a.resid[static_cast<size_t>(l)];
-        const int    mi = moe_index_[static_cast<size_t>(l)];
+        const int mi   = moe_index_[static_cast<size_t>(l)];
         // recompute: the block's (or its MoE layer's) forward again, unless it ran last
         if (recompute_ == Recompute::block && l < cfg_.n_layer - 1) {
             RecomputeScope rs;
@@ -464,12 +502,13 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
         } else if (recompute_ == Recompute::moe && mi >= 0 &&
                    mi < static_cast<int>(moe_.size()) - 1) {
             RecomputeScope rs;
-            PhaseScope     phase(Phase::gate_dispatch);
-            moe_[static_cast<size_t>(mi)]->forward(a.dc2, b.ln2, moe_weights(w), N);  // dc2: scratch
+            PhaseScope phase(Phase::gate_dispatch);
+            moe_[static_cast<size_t>(mi)]->forward(a.dc2, b.ln2, moe_weights(w),
+                                                   N);  // dc2: scratch
         }
         // feed-forward: dresid holds d x_{l+1} = d ffn_out, and flows on to d res1
         if (mi >= 0) {
-            PhaseScope    phase(Phase::gate_dispatch);  // the layer times its experts itself
+            PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
             moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts, g.shared};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
                                                     loss_scale);
@@ -501,12 +540,13 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
 double forward_flops_per_token(const ModelConfig& cfg, int T) {
     const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, K = cfg.top_k,
                  E = cfg.n_experts;
-    double f = 0;
+    double f       = 0;
     for (int l = 0; l < cfg.n_layer; ++l) {
         f += 2 * C * 3 * C + 2 * C * C;  // qkv, proj
-        f += 2 * 2 * C * T / 2.0 * 1.0;  // causal attention: scores and weighted sum, T/2 keys on average
+        f += 2 * 2 * C * T / 2.0 *
+             1.0;  // causal attention: scores and weighted sum, T/2 keys on average
         if (cfg.is_moe_block(l)) {
-            f += 2 * C * E + K * 2 * (2 * C * F);  // gate, K experts
+            f += 2 * C * E + K * 2 * (2 * C * F);                          // gate, K experts
             f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());  // shared experts
         } else {
             f += 2 * (2 * C * F);
@@ -544,7 +584,8 @@ moe::BalanceBiases GPT::balance_biases() const {
 
 void GPT::set_balance_biases(const moe::BalanceBiases& b) {
     if (b.empty()) return;
-    BGL_CHECK(b.size() == moe_.size(), "{} balance biases for {} MoE layers", b.size(), moe_.size());
+    BGL_CHECK(b.size() == moe_.size(), "{} balance biases for {} MoE layers", b.size(),
+              moe_.size());
     for (size_t i = 0; i < moe_.size(); ++i) moe_[i]->balance_bias().set(b[i]);
 }
 

@@ -12,10 +12,10 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "core/function_ref.h"
+#include "dist/parallel.h"
 #include "model/param_layout.h"
 #include "model/precision.h"
 #include "model/tensor_table.h"
-#include "dist/parallel.h"
 #include "moe/moe_layer.h"
 
 namespace bagualu::model {
@@ -44,8 +44,8 @@ void for_each_param_kind(const ModelConfig& cfg, int ep_size,
                          FunctionRef<void(const ParamSpec&, uint64_t)> fn);
 // Resolves the layout's offsets into pointers into `base`.
 template <typename P>
-ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base,
-                        int ep_size = 1, int ep_rank = 0);
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base, int ep_size = 1,
+                        int ep_rank = 0);
 // GPT-2 initialisation: weights N(0, init_std), residual projections N(0, init_std/sqrt(2L)),
 // biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, i + 1), i its
 // index in the full (single-process) layout, so every layout initialises identically.
@@ -105,11 +105,11 @@ class GPT {
     // half-stored tensor's values are those of its dtype once the optimizer (which keeps the
     // FP32 masters) has stepped, and forward rounds them regardless.
     Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
-    float*             params() { return params_.data(); }
-    const float*       params() const { return params_.data(); }
-    float*             grads() { return grads_.data(); }
-    size_t             n_floats() const { return layout_.total_floats(); }
-    void               zero_grad() { grads_.zero(); }
+    float* params() { return params_.data(); }
+    const float* params() const { return params_.data(); }
+    float* grads() { return grads_.data(); }
+    size_t n_floats() const { return layout_.total_floats(); }
+    void zero_grad() { grads_.zero(); }
 
     // tokens, targets: (B, T), T <= seq_len. Saves activations. Returns mean cross-entropy.
     double forward(const int32_t* tokens, const int32_t* targets, int B, int T);
@@ -130,35 +130,35 @@ class GPT {
     // Every MoE layer's balancing bias (moe/balance_bias.h), in block order; set_ replaces them
     // (one vector of E per MoE layer, or none to leave them as they are).
     moe::BalanceBiases balance_biases() const;
-    void               set_balance_biases(const moe::BalanceBiases& b);
+    void set_balance_biases(const moe::BalanceBiases& b);
     // Forward FLOPs per token of the dense matrix products (for MFU: training = 3x).
     double flops_per_token(int T) const;
 
    private:
     struct Acts;
-    ModelConfig                              cfg_;
-    int                                      max_batch_;
-    ParamLayout                              layout_;
-    Buffer<float>                            params_, grads_;
-    PrecisionPolicy                          prec_;
-    std::vector<Dtype>                       wc_dtype_;  // mixed: compute dtype of each tensor
-    Buffer<float>                            wc_;        // mixed: the weights as computed with
-    Buffer<float>                            wte_head_;  // mixed: wte rounded for the LM head
-    Buffer<float>                            dround_;    // mixed: (N, C) rounded GEMM operand
-    const float*                             head_w_ = nullptr;  // the LM head's weight
-    int                                      head_rows_ = 0;     // fused head: rows per block
-    ModelTensors<const float>                w_;
-    ModelTensors<float>                      g_;
-    std::unique_ptr<Acts>                    a_;
+    ModelConfig cfg_;
+    int max_batch_;
+    ParamLayout layout_;
+    Buffer<float> params_, grads_;
+    PrecisionPolicy prec_;
+    std::vector<Dtype> wc_dtype_;    // mixed: compute dtype of each tensor
+    Buffer<float> wc_;               // mixed: the weights as computed with
+    Buffer<float> wte_head_;         // mixed: wte rounded for the LM head
+    Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand
+    const float* head_w_ = nullptr;  // the LM head's weight
+    int head_rows_       = 0;        // fused head: rows per block
+    ModelTensors<const float> w_;
+    ModelTensors<float> g_;
+    std::unique_ptr<Acts> a_;
     std::vector<std::unique_ptr<moe::MoELayer>> moe_;  // [n_moe_blocks]
-    std::vector<int>                         moe_index_;  // [n_layer] -> index into moe_ or -1
-    int                                      B_ = 0, T_ = 0;
-    Recompute                                recompute_ = Recompute::none;
+    std::vector<int> moe_index_;                       // [n_layer] -> index into moe_ or -1
+    int B_ = 0, T_ = 0;
+    Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();
     // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].
     // Returns its MoE aux loss (0 for a dense block).
     double block_forward(int l);
-    double                                   aux_loss_ = 0;
+    double aux_loss_ = 0;
 };
 
 }  // namespace bagualu::model

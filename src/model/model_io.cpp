@@ -10,8 +10,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/param_layout.h"
 #include "model/gpt.h"
+#include "model/param_layout.h"
 
 namespace bagualu::model {
 
@@ -46,7 +46,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
         if (!inference && !j.contains(key)) return;
         const nlohmann::json* v = j.contains(key) ? &j[key] : nullptr;
         if constexpr (std::is_integral_v<T>) {
-            if (!v || !v->is_number_integer()) input_error("{}: {} must be an integer", source, key);
+            if (!v || !v->is_number_integer())
+                input_error("{}: {} must be an integer", source, key);
             // get<T> would wrap a value beyond 32 bits into another, valid-looking one
             const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX
                                   ? INT64_MAX
@@ -91,9 +92,9 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) input_error("{}: cannot create directory: {}", dir, ec.message());
-    const ParamLayout           layout = make_layout(m);
-    std::vector<io::TensorRef>  refs;
-    std::vector<uint16_t>       half;  // bf16 copies, one block for all tensors
+    const ParamLayout layout = make_layout(m);
+    std::vector<io::TensorRef> refs;
+    std::vector<uint16_t> half;  // bf16 copies, one block for all tensors
     if (bf16) {
         half.resize(layout.total_floats());
         for (size_t i = 0; i < half.size(); ++i) half[i] = bf16_from_float(params[i]);
@@ -127,7 +128,7 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
     io::write_safetensors(dir + "/model.safetensors", refs, meta);
     {
         const std::string tmp = dir + "/config.json.tmp";
-        std::ofstream     f(tmp);
+        std::ofstream f(tmp);
         f << model_config_to_json(m).dump(2) << "\n";
         f.close();
         if (!f) input_error("{}: cannot write", tmp);
@@ -145,8 +146,10 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
 
 LoadedModel load_model(const std::string& dir) {
     const std::string cfg_path = dir + "/config.json";
-    if (!fs::exists(cfg_path)) input_error("{}: not found (is {} an exported model?)", cfg_path, dir);
-    if (!fs::is_regular_file(cfg_path)) input_error("{}: not a regular file", cfg_path);  // a FIFO blocks
+    if (!fs::exists(cfg_path))
+        input_error("{}: not found (is {} an exported model?)", cfg_path, dir);
+    if (!fs::is_regular_file(cfg_path))
+        input_error("{}: not a regular file", cfg_path);  // a FIFO blocks
     nlohmann::json j;
     {
         std::ifstream f(cfg_path);
@@ -199,10 +202,10 @@ LoadedModel load_model(const std::string& dir) {
     }
     for (const std::string& name : st.names()) {
         const bool bias = out.config.balance_bias_rate > 0 &&
-                          std::any_of(blocks.begin(), blocks.end(), [&](int l) {
-                              return name == balance_bias_name(l);
-                          });
-        if (!bias && !layout.find(name)) input_error("{}: unexpected tensor {} for this config.json", st.path(), name);
+                          std::any_of(blocks.begin(), blocks.end(),
+                                      [&](int l) { return name == balance_bias_name(l); });
+        if (!bias && !layout.find(name))
+            input_error("{}: unexpected tensor {} for this config.json", st.path(), name);
     }
     return out;
 }

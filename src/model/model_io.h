@@ -27,11 +27,11 @@ std::string balance_bias_name(int layer);
 void save_model(const std::string& dir, const ModelConfig& m, const float* params, bool bf16,
                 const std::string& tokenizer_path,
                 const std::map<std::string, std::string>& metadata = {},
-                const moe::BalanceBiases& biases = {});
+                const moe::BalanceBiases& biases                   = {});
 
 struct LoadedModel {
-    ModelConfig        config;
-    Buffer<float>      params;  // make_layout(config) order
+    ModelConfig config;
+    Buffer<float> params;       // make_layout(config) order
     moe::BalanceBiases biases;  // with model.balance_bias_rate > 0: one (E) per MoE block
 };
 // Throws InputError naming the file on a missing file, a missing tensor or a wrong shape.

@@ -4,9 +4,9 @@ namespace bagualu::model {
 
 size_t ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool expert) {
     ParamSpec s;
-    s.name   = std::move(name);
-    s.shape  = std::move(shape);
-    s.numel  = 1;
+    s.name  = std::move(name);
+    s.shape = std::move(shape);
+    s.numel = 1;
     for (int64_t d : s.shape) s.numel *= static_cast<size_t>(d);
     s.offset = total_;
     s.decay  = decay;

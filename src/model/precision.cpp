@@ -41,7 +41,7 @@ LayerClass PrecisionPolicy::class_of(const std::string& name) { return def_of(na
 Dtype PrecisionPolicy::storage_dtype(const ParamSpec& s) const {
     if (!mixed()) return Dtype::float32;  // any layout, whatever its tensors are called
     const TensorDef& d = def_of(s.name);
-    const Level      l = of(d.cls);
+    const Level l      = of(d.cls);
     if (l == Level::O3) return dtype;
     if (l == Level::O2 && d.role == Role::plain) return dtype;  // not layernorm or gate
     return Dtype::float32;

@@ -18,21 +18,22 @@ using bagualu::Level;  // config/enums.h; LayerClass: model/tensor_table.h
 // How the optimizer treats a tensor.
 enum class MasterMode {
     none,    // float32 parameter, updated in place
-    master,  // half parameter (O2): the optimizer keeps an FP32 master copy and rounds after the update
+    master,  // half parameter (O2): the optimizer keeps an FP32 master copy and rounds after the
+             // update
     half,    // half parameter without a master (O3): updated in place, then rounded
 };
 
 struct PrecisionPolicy {
-    Dtype dtype          = Dtype::float32;
-    Level level[4]       = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
-    bool  fp64_sensitive = false;
+    Dtype dtype         = Dtype::float32;
+    Level level[4]      = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
+    bool fp64_sensitive = false;
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).
     static PrecisionPolicy uniform(Dtype d, Level l, bool fp64 = false);
 
     // Anything below float32 anywhere.
-    bool  mixed() const { return dtype != Dtype::float32; }
+    bool mixed() const { return dtype != Dtype::float32; }
     Level of(LayerClass c) const { return mixed() ? level[static_cast<int>(c)] : Level::O0; }
     // Operands of the class's GEMMs (O1 and up).
     Dtype gemm_dtype(LayerClass c) const { return of(c) >= Level::O1 ? dtype : Dtype::float32; }
@@ -46,7 +47,7 @@ struct PrecisionPolicy {
     // The dtype a tensor is stored in: the half type for GEMM weights and biases at O2 and up,
     // for every tensor of the class at O3 (layernorm parameters and the MoE gate included);
     // float32 otherwise.
-    Dtype      storage_dtype(const ParamSpec& s) const;
+    Dtype storage_dtype(const ParamSpec& s) const;
     MasterMode master_mode(const ParamSpec& s) const;
     // The dtype a tensor's values enter the computation in: storage_dtype, or the GEMM dtype
     // for a float32-stored GEMM weight at O1 (never the gate's below O3).

@@ -25,13 +25,20 @@ BlockRows block_rows() {
 
 int64_t dim_of(Dim d, const ModelConfig& m) {
     switch (d) {
-        case Dim::V: return m.vocab_size;
-        case Dim::T: return m.seq_len;
-        case Dim::C: return m.d_model;
-        case Dim::C3: return 3 * static_cast<int64_t>(m.d_model);
-        case Dim::F: return m.d_ff;
-        case Dim::E: return m.n_experts;
-        case Dim::FS: return m.shared_width();
+        case Dim::V:
+            return m.vocab_size;
+        case Dim::T:
+            return m.seq_len;
+        case Dim::C:
+            return m.d_model;
+        case Dim::C3:
+            return 3 * static_cast<int64_t>(m.d_model);
+        case Dim::F:
+            return m.d_ff;
+        case Dim::E:
+            return m.n_experts;
+        case Dim::FS:
+            return m.shared_width();
     }
     return 0;
 }
@@ -47,11 +54,16 @@ bool skip_number(std::string_view s, size_t& at) {
 
 bool has_tensor(const TensorDef& d, const ModelConfig& m, int layer) {
     switch (d.blocks) {
-        case Blocks::every: return true;
-        case Blocks::dense: return !m.is_moe_block(layer);
-        case Blocks::moe: return m.is_moe_block(layer);
-        case Blocks::moe_noisy: return m.is_moe_block(layer) && m.gate == GateKind::noisy;
-        case Blocks::moe_shared: return m.is_moe_block(layer) && m.n_shared_experts > 0;
+        case Blocks::every:
+            return true;
+        case Blocks::dense:
+            return !m.is_moe_block(layer);
+        case Blocks::moe:
+            return m.is_moe_block(layer);
+        case Blocks::moe_noisy:
+            return m.is_moe_block(layer) && m.gate == GateKind::noisy;
+        case Blocks::moe_shared:
+            return m.is_moe_block(layer) && m.n_shared_experts > 0;
     }
     return false;
 }
@@ -79,14 +91,14 @@ std::optional<size_t> tensor_row_of(std::string_view name) {
     // h.<l>.rest -> h.{l}.rest; moe.experts.<e>.rest -> moe.experts.{e}.rest,
     // moe.shared.<i>.rest -> moe.shared.{i}.rest
     std::string pattern;
-    size_t      at = 0;
+    size_t at = 0;
     if (name.substr(0, 2) == "h.") {
         at = 2;
         if (!skip_number(name, at)) return std::nullopt;
         pattern = "h.{l}";
-        for (const auto& [prefix, with] : {std::pair<std::string_view, std::string_view>{
-                                               ".moe.experts.", ".moe.experts.{e}"},
-                                           {".moe.shared.", ".moe.shared.{i}"}}) {
+        for (const auto& [prefix, with] :
+             {std::pair<std::string_view, std::string_view>{".moe.experts.", ".moe.experts.{e}"},
+              {".moe.shared.", ".moe.shared.{i}"}}) {
             if (name.substr(at, prefix.size()) != prefix) continue;
             size_t after = at + prefix.size();
             if (!skip_number(name, after)) return std::nullopt;
@@ -102,8 +114,8 @@ std::optional<size_t> tensor_row_of(std::string_view name) {
 }
 
 std::vector<TensorKind> tensor_kinds(const ModelConfig& m, int ep_size, int ep_rank) {
-    const BlockRows b  = block_rows();
-    const int64_t   El = m.n_experts / ep_size, e0 = El * ep_rank;
+    const BlockRows b = block_rows();
+    const int64_t El = m.n_experts / ep_size, e0 = El * ep_rank;
     std::vector<TensorKind> out;
     for (size_t i = 0; i < b.first && i < kNumTensorDefs; ++i) out.push_back({i, -1, 0, 1});
     for (int l = 0; l < m.n_layer; ++l) {

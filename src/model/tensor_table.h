@@ -28,33 +28,33 @@ enum class LayerClass { embedding, attention, ffn, head };
 // Pointers to one block's tensors inside a flat parameter (or gradient) array.
 template <typename P>
 struct BlockTensors {
-    P* ln1_w = nullptr;  // (C)
-    P* ln1_b = nullptr;  // (C)
-    P* qkv_w = nullptr;  // (3C, C)
-    P* qkv_b = nullptr;  // (3C)
-    P* proj_w = nullptr; // (C, C)
-    P* proj_b = nullptr; // (C)
-    P* ln2_w = nullptr;  // (C)
-    P* ln2_b = nullptr;  // (C)
+    P* ln1_w  = nullptr;  // (C)
+    P* ln1_b  = nullptr;  // (C)
+    P* qkv_w  = nullptr;  // (3C, C)
+    P* qkv_b  = nullptr;  // (3C)
+    P* proj_w = nullptr;  // (C, C)
+    P* proj_b = nullptr;  // (C)
+    P* ln2_w  = nullptr;  // (C)
+    P* ln2_b  = nullptr;  // (C)
     // dense MLP blocks
-    P* fc_w = nullptr;      // (F, C)
-    P* fc_b = nullptr;      // (F)
+    P* fc_w     = nullptr;  // (F, C)
+    P* fc_b     = nullptr;  // (F)
     P* fcproj_w = nullptr;  // (C, F)
     P* fcproj_b = nullptr;  // (C)
     // MoE blocks
-    P*                        gate_w  = nullptr;  // (E, C)
-    P*                        noise_w = nullptr;  // (E, C), noisy gate only
-    moe::ExpertTensors<P>     experts;
-    moe::ExpertTensors<P>     shared;             // the shared experts, every rank all of them
+    P* gate_w  = nullptr;  // (E, C)
+    P* noise_w = nullptr;  // (E, C), noisy gate only
+    moe::ExpertTensors<P> experts;
+    moe::ExpertTensors<P> shared;  // the shared experts, every rank all of them
 };
 
 template <typename P>
 struct ModelTensors {
-    P*                           wte = nullptr;  // (V, C), also the LM head
-    P*                           wpe = nullptr;  // (seq_len, C)
-    std::vector<BlockTensors<P>> blocks;         // [n_layer]
-    P*                           lnf_w = nullptr;
-    P*                           lnf_b = nullptr;
+    P* wte = nullptr;                     // (V, C), also the LM head
+    P* wpe = nullptr;                     // (seq_len, C)
+    std::vector<BlockTensors<P>> blocks;  // [n_layer]
+    P* lnf_w = nullptr;
+    P* lnf_b = nullptr;
 };
 
 // How many of a tensor there are: one per model, one per block that has it, one per expert of
@@ -82,55 +82,108 @@ struct TensorDef {
     // The name in model.safetensors with {l} the block, {e} the expert id and {i} the shared
     // expert.
     const char* pattern;
-    Scope       scope;
-    Blocks      blocks;   // Blocks::every for model tensors
-    Dim         dims[2];  // dims[0 .. rank)
-    int         rank;
-    bool        decay;    // AdamW weight decay
-    LayerClass  cls;
-    Init        init;
-    Role        role;
+    Scope scope;
+    Blocks blocks;  // Blocks::every for model tensors
+    Dim dims[2];    // dims[0 .. rank)
+    int rank;
+    bool decay;  // AdamW weight decay
+    LayerClass cls;
+    Init init;
+    Role role;
 };
 
 template <typename P>
 struct TensorRow {
-    TensorDef                          def;
-    P* ModelTensors<P>::*              model_slot  = nullptr;  // Scope::model
-    P* BlockTensors<P>::*              block_slot  = nullptr;  // Scope::block
-    P* moe::ExpertTensors<P>::*        expert_slot = nullptr;  // Scope::expert (in experts) and
-                                                               // Scope::shared (in shared): e0's
-    size_t moe::ExpertTensors<P>::*    stride_slot = nullptr;  //   and the floats from one expert to the next
+    TensorDef def;
+    P* ModelTensors<P>::*model_slot        = nullptr;  // Scope::model
+    P* BlockTensors<P>::*block_slot        = nullptr;  // Scope::block
+    P* moe::ExpertTensors<P>::*expert_slot = nullptr;  // Scope::expert (in experts) and
+                                                       // Scope::shared (in shared): e0's
+    size_t moe::ExpertTensors<P>::*stride_slot =
+        nullptr;  //   and the floats from one expert to the next
 };
 
 // clang-format off
 template <typename P>
 inline constexpr TensorRow<P> kTensorTable[] = {
-    {{"wte", Scope::model, Blocks::every, {Dim::V, Dim::C}, 2, true, LayerClass::embedding, Init::normal, Role::plain}, &ModelTensors<P>::wte},
-    {{"wpe", Scope::model, Blocks::every, {Dim::T, Dim::C}, 2, true, LayerClass::embedding, Init::normal, Role::plain}, &ModelTensors<P>::wpe},
-    {{"h.{l}.ln_1.weight", Scope::block, Blocks::every, {Dim::C}, 1, false, LayerClass::attention, Init::ones, Role::layernorm}, nullptr, &BlockTensors<P>::ln1_w},
-    {{"h.{l}.ln_1.bias", Scope::block, Blocks::every, {Dim::C}, 1, false, LayerClass::attention, Init::zeros, Role::layernorm}, nullptr, &BlockTensors<P>::ln1_b},
-    {{"h.{l}.attn.c_attn.weight", Scope::block, Blocks::every, {Dim::C3, Dim::C}, 2, true, LayerClass::attention, Init::normal, Role::plain}, nullptr, &BlockTensors<P>::qkv_w},
-    {{"h.{l}.attn.c_attn.bias", Scope::block, Blocks::every, {Dim::C3}, 1, false, LayerClass::attention, Init::zeros, Role::plain}, nullptr, &BlockTensors<P>::qkv_b},
-    {{"h.{l}.attn.c_proj.weight", Scope::block, Blocks::every, {Dim::C, Dim::C}, 2, true, LayerClass::attention, Init::normal_resid, Role::plain}, nullptr, &BlockTensors<P>::proj_w},
-    {{"h.{l}.attn.c_proj.bias", Scope::block, Blocks::every, {Dim::C}, 1, false, LayerClass::attention, Init::zeros, Role::plain}, nullptr, &BlockTensors<P>::proj_b},
-    {{"h.{l}.ln_2.weight", Scope::block, Blocks::every, {Dim::C}, 1, false, LayerClass::ffn, Init::ones, Role::layernorm}, nullptr, &BlockTensors<P>::ln2_w},
-    {{"h.{l}.ln_2.bias", Scope::block, Blocks::every, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::layernorm}, nullptr, &BlockTensors<P>::ln2_b},
-    {{"h.{l}.moe.gate.weight", Scope::block, Blocks::moe, {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate}, nullptr, &BlockTensors<P>::gate_w},
-    {{"h.{l}.moe.noise.weight", Scope::block, Blocks::moe_noisy, {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate}, nullptr, &BlockTensors<P>::noise_w},
-    {{"h.{l}.moe.experts.{e}.c_fc.weight", Scope::expert, Blocks::moe, {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
-    {{"h.{l}.moe.experts.{e}.c_fc.bias", Scope::expert, Blocks::moe, {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
-    {{"h.{l}.moe.experts.{e}.c_proj.weight", Scope::expert, Blocks::moe, {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
-    {{"h.{l}.moe.experts.{e}.c_proj.bias", Scope::expert, Blocks::moe, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
-    {{"h.{l}.moe.shared.{i}.c_fc.weight", Scope::shared, Blocks::moe_shared, {Dim::FS, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
-    {{"h.{l}.moe.shared.{i}.c_fc.bias", Scope::shared, Blocks::moe_shared, {Dim::FS}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
-    {{"h.{l}.moe.shared.{i}.c_proj.weight", Scope::shared, Blocks::moe_shared, {Dim::C, Dim::FS}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
-    {{"h.{l}.moe.shared.{i}.c_proj.bias", Scope::shared, Blocks::moe_shared, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
-    {{"h.{l}.mlp.c_fc.weight", Scope::block, Blocks::dense, {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain}, nullptr, &BlockTensors<P>::fc_w},
-    {{"h.{l}.mlp.c_fc.bias", Scope::block, Blocks::dense, {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, &BlockTensors<P>::fc_b},
-    {{"h.{l}.mlp.c_proj.weight", Scope::block, Blocks::dense, {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain}, nullptr, &BlockTensors<P>::fcproj_w},
-    {{"h.{l}.mlp.c_proj.bias", Scope::block, Blocks::dense, {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain}, nullptr, &BlockTensors<P>::fcproj_b},
-    {{"ln_f.weight", Scope::model, Blocks::every, {Dim::C}, 1, false, LayerClass::head, Init::ones, Role::layernorm}, &ModelTensors<P>::lnf_w},
-    {{"ln_f.bias", Scope::model, Blocks::every, {Dim::C}, 1, false, LayerClass::head, Init::zeros, Role::layernorm}, &ModelTensors<P>::lnf_b},
+    {{"wte", Scope::model, Blocks::every,
+      {Dim::V, Dim::C}, 2, true, LayerClass::embedding, Init::normal, Role::plain},
+     &ModelTensors<P>::wte},
+    {{"wpe", Scope::model, Blocks::every,
+      {Dim::T, Dim::C}, 2, true, LayerClass::embedding, Init::normal, Role::plain},
+     &ModelTensors<P>::wpe},
+    {{"h.{l}.ln_1.weight", Scope::block, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::attention, Init::ones, Role::layernorm},
+     nullptr, &BlockTensors<P>::ln1_w},
+    {{"h.{l}.ln_1.bias", Scope::block, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::attention, Init::zeros, Role::layernorm},
+     nullptr, &BlockTensors<P>::ln1_b},
+    {{"h.{l}.attn.c_attn.weight", Scope::block, Blocks::every,
+      {Dim::C3, Dim::C}, 2, true, LayerClass::attention, Init::normal, Role::plain},
+     nullptr, &BlockTensors<P>::qkv_w},
+    {{"h.{l}.attn.c_attn.bias", Scope::block, Blocks::every,
+      {Dim::C3}, 1, false, LayerClass::attention, Init::zeros, Role::plain},
+     nullptr, &BlockTensors<P>::qkv_b},
+    {{"h.{l}.attn.c_proj.weight", Scope::block, Blocks::every,
+      {Dim::C, Dim::C}, 2, true, LayerClass::attention, Init::normal_resid, Role::plain},
+     nullptr, &BlockTensors<P>::proj_w},
+    {{"h.{l}.attn.c_proj.bias", Scope::block, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::attention, Init::zeros, Role::plain},
+     nullptr, &BlockTensors<P>::proj_b},
+    {{"h.{l}.ln_2.weight", Scope::block, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::ffn, Init::ones, Role::layernorm},
+     nullptr, &BlockTensors<P>::ln2_w},
+    {{"h.{l}.ln_2.bias", Scope::block, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::layernorm},
+     nullptr, &BlockTensors<P>::ln2_b},
+    {{"h.{l}.moe.gate.weight", Scope::block, Blocks::moe,
+      {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},
+     nullptr, &BlockTensors<P>::gate_w},
+    {{"h.{l}.moe.noise.weight", Scope::block, Blocks::moe_noisy,
+      {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},
+     nullptr, &BlockTensors<P>::noise_w},
+    {{"h.{l}.moe.experts.{e}.c_fc.weight", Scope::expert, Blocks::moe,
+      {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
+    {{"h.{l}.moe.experts.{e}.c_fc.bias", Scope::expert, Blocks::moe,
+      {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
+    {{"h.{l}.moe.experts.{e}.c_proj.weight", Scope::expert, Blocks::moe,
+      {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
+    {{"h.{l}.moe.experts.{e}.c_proj.bias", Scope::expert, Blocks::moe,
+      {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
+    {{"h.{l}.moe.shared.{i}.c_fc.weight", Scope::shared, Blocks::moe_shared,
+      {Dim::FS, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
+    {{"h.{l}.moe.shared.{i}.c_fc.bias", Scope::shared, Blocks::moe_shared,
+      {Dim::FS}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
+    {{"h.{l}.moe.shared.{i}.c_proj.weight", Scope::shared, Blocks::moe_shared,
+      {Dim::C, Dim::FS}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
+    {{"h.{l}.moe.shared.{i}.c_proj.bias", Scope::shared, Blocks::moe_shared,
+      {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, nullptr, &moe::ExpertTensors<P>::proj_b, &moe::ExpertTensors<P>::proj_b_stride},
+    {{"h.{l}.mlp.c_fc.weight", Scope::block, Blocks::dense,
+      {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain},
+     nullptr, &BlockTensors<P>::fc_w},
+    {{"h.{l}.mlp.c_fc.bias", Scope::block, Blocks::dense,
+      {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, &BlockTensors<P>::fc_b},
+    {{"h.{l}.mlp.c_proj.weight", Scope::block, Blocks::dense,
+      {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain},
+     nullptr, &BlockTensors<P>::fcproj_w},
+    {{"h.{l}.mlp.c_proj.bias", Scope::block, Blocks::dense,
+      {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+     nullptr, &BlockTensors<P>::fcproj_b},
+    {{"ln_f.weight", Scope::model, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::head, Init::ones, Role::layernorm},
+     &ModelTensors<P>::lnf_w},
+    {{"ln_f.bias", Scope::model, Blocks::every,
+      {Dim::C}, 1, false, LayerClass::head, Init::zeros, Role::layernorm},
+     &ModelTensors<P>::lnf_b},
 };
 // clang-format on
 
@@ -150,8 +203,8 @@ std::optional<size_t> tensor_row_of(std::string_view name);
 // [e0, e1) this rank holds (an expert row), the shared experts [0, n_shared_experts) (a shared
 // row), else e0 = 0, e1 = 1.
 struct TensorKind {
-    size_t  row;
-    int     layer;
+    size_t row;
+    int layer;
     int64_t e0, e1;
 };
 // Every tensor kind of make_layout(m, ep_size, ep_rank) in layout order.

@@ -24,14 +24,15 @@ void BalanceBias::add_load(const int64_t* load) {
 void BalanceBias::discard_step() { std::fill(load_.begin(), load_.end(), 0); }
 
 void BalanceBias::end_step(double rate) {
-    const size_t  Es    = b_.size();
-    const auto    E     = static_cast<int64_t>(Es);
-    int64_t       total = 0, mx = 0;
+    const size_t Es = b_.size();
+    const auto E    = static_cast<int64_t>(Es);
+    int64_t total = 0, mx = 0;
     for (const int64_t l : load_) {
         total += l;
         mx = std::max(mx, l);
     }
-    max_violation_ = total > 0 ? static_cast<double>(mx * E) / static_cast<double>(total) - 1.0 : 0.0;
+    max_violation_ =
+        total > 0 ? static_cast<double>(mx * E) / static_cast<double>(total) - 1.0 : 0.0;
     if (rate <= 0) {
         discard_step();
         return;
@@ -53,7 +54,7 @@ void BalanceBias::end_step(double rate) {
 BiasStats BalanceBias::stats() const {
     BiasStats s;
     if (b_.empty()) return s;
-    s.min = s.max = b_[0];
+    s.min = s.max  = b_[0];
     double abs_sum = 0;
     for (const float v : b_) {
         s.min = std::min(s.min, static_cast<double>(v));

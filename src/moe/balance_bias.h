@@ -46,9 +46,9 @@ class BalanceBias {
     BiasStats stats() const;
 
    private:
-    std::vector<float>   b_;     // (E)
+    std::vector<float> b_;       // (E)
     std::vector<int64_t> load_;  // [E] this step's choices so far
-    double               max_violation_ = 0;
+    double max_violation_ = 0;
 };
 
 }  // namespace bagualu::moe

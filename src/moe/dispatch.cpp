@@ -13,14 +13,15 @@ void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offse
     // e's rows are placed it has moved on to e's end, which is the offset of e + 1.
     expert_offsets[0] = 0;
     if (E > 0) expert_offsets[1] = 0;
-    for (int e = 1; e < E; ++e) expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e - 1];
+    for (int e = 1; e < E; ++e)
+        expert_offsets[e + 1] = expert_offsets[e] + tokens_per_expert[e - 1];
     for (int t = 0; t < N; ++t) {
         for (int k = 0; k < K; ++k) {
             if (expert_idx[t * K + k] < 0) {  // a dropped slot has no row
                 row_of[t * K + k] = -1;
                 continue;
             }
-            const int32_t r = expert_offsets[expert_idx[t * K + k] + 1]++;
+            const int32_t r   = expert_offsets[expert_idx[t * K + k] + 1]++;
             row_of[t * K + k] = r;
             token_of_row[r]   = t;
         }
@@ -44,7 +45,7 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
             for (int c = 0; c < C; ++c) o[c] = 0.0f;
             for (int k = 0; k < K; ++k) {
                 if (row_of[t * K + k] < 0) continue;
-                const float  w = probs[t * K + k];
+                const float w  = probs[t * K + k];
                 const float* y = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
                 for (int c = 0; c < C; ++c) o[c] += w * y[c];
             }
@@ -58,15 +59,15 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
         for (int64_t t = begin; t < end; ++t) {
             const float* d = dout + t * C;
             for (int k = 0; k < K; ++k) {
-                const int64_t r  = row_of[t * K + k];
+                const int64_t r = row_of[t * K + k];
                 if (r < 0) {
                     dprobs[t * K + k] = 0.0f;
                     continue;
                 }
-                const float   w  = probs[t * K + k];
-                const float*  y  = y_perm + r * C;
-                float*        dy = dy_perm + r * C;
-                double        dot = 0;
+                const float w  = probs[t * K + k];
+                const float* y = y_perm + r * C;
+                float* dy      = dy_perm + r * C;
+                double dot     = 0;
                 for (int c = 0; c < C; ++c) {
                     dot += static_cast<double>(d[c]) * y[c];
                     dy[c] = w * d[c];

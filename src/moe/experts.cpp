@@ -82,7 +82,7 @@ void experts_forward(float* y, float* h, float* g, const float* x, const ExpertW
                               w.fc_w_stride, 0.0f, h, F);
     add_expert_bias(h, w.fc_b, w.fc_b_stride, offsets, E, F);
     const int64_t rows = offsets[E];
-    const size_t  RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
+    const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(h, RF, prec.act);
     (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, h, RF);
     kernels::round_inplace(g, RF, prec.gemm);
@@ -99,8 +99,8 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                       double* bias_acc) {
     const int64_t rows = offsets[E];
     // bias_acc rows: (F) fc_b then (C) proj_b
-    double* acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
-    const size_t  RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
+    double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
+    const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(dy, RC, prec.gemm);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
@@ -125,9 +125,9 @@ void experts_bias_grad_flush(ExpertGrads& dw, const double* bias_acc, const uint
                              int E, int C, int F) {
     for (int e = 0; e < E; ++e) {
         if (!had_rows[e]) continue;
-        const double* a  = bias_acc + static_cast<size_t>(e) * static_cast<size_t>(F + C);
-        float*        fb = dw.fc_b + static_cast<size_t>(e) * dw.fc_b_stride;
-        float*        pb = dw.proj_b + static_cast<size_t>(e) * dw.proj_b_stride;
+        const double* a = bias_acc + static_cast<size_t>(e) * static_cast<size_t>(F + C);
+        float* fb       = dw.fc_b + static_cast<size_t>(e) * dw.fc_b_stride;
+        float* pb       = dw.proj_b + static_cast<size_t>(e) * dw.proj_b_stride;
         for (int c = 0; c < F; ++c) fb[c] = float(double(fb[c]) + a[c]);
         for (int c = 0; c < C; ++c) pb[c] = float(double(pb[c]) + a[F + c]);
     }

@@ -12,10 +12,10 @@ namespace bagualu::moe {
 // Expert e's tensors are at base + e * stride (strides in floats).
 template <typename P>
 struct ExpertTensors {
-    P*     fc_w   = nullptr;  // (E, F, C)
-    P*     fc_b   = nullptr;  // (E, F)
-    P*     proj_w = nullptr;  // (E, C, F)
-    P*     proj_b = nullptr;  // (E, C)
+    P* fc_w            = nullptr;  // (E, F, C)
+    P* fc_b            = nullptr;  // (E, F)
+    P* proj_w          = nullptr;  // (E, C, F)
+    P* proj_b          = nullptr;  // (E, C)
     size_t fc_w_stride = 0, fc_b_stride = 0, proj_w_stride = 0, proj_b_stride = 0;
 };
 using ExpertWeights = ExpertTensors<const float>;
@@ -25,7 +25,7 @@ using ExpertGrads   = ExpertTensors<float>;
 // caller passes x and the weights already rounded), GEMM outputs to `act`; fp64: the GELU in FP64.
 struct ExpertPrecision {
     Dtype gemm = Dtype::float32, act = Dtype::float32;
-    bool  fp64 = false;
+    bool fp64 = false;
 };
 
 // y: (rows, C). h: (rows, F) pre-activation and g: (rows, F) = gelu(h), saved for backward.

@@ -15,9 +15,9 @@ void rank_experts(int32_t* preference, const float* logits, int N, int E, int R)
         for (int64_t t = begin; t < end; ++t) {
             // insertion into the output row, in descending logit order; ties keep the lower
             // expert id first (inserted earlier, passed only by a strictly larger logit)
-            const float* l   = logits + t * E;
-            int32_t*     top = preference + t * R;
-            int          n   = 0;
+            const float* l = logits + t * E;
+            int32_t* top   = preference + t * R;
+            int n          = 0;
             for (int32_t e = 0; e < E; ++e) {
                 int j = n;
                 while (j > 0 && l[e] > l[top[j - 1]]) --j;
@@ -84,9 +84,9 @@ void selected_softmax_backward(float* dlogits, const float* dprobs, const float*
 void selected_sigmoid_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K) {
     for (int64_t t = 0; t < N; ++t) {
-        const float*   l   = logits + t * E;
+        const float* l     = logits + t * E;
         const int32_t* sel = selected + t * K;
-        double         sum = 0;
+        double sum         = 0;
         for (int k = 0; k < K; ++k) sum += 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
         for (int k = 0; k < K; ++k) {
             probs[t * K + k] = static_cast<float>(1.0 / (1.0 + std::exp(-double(l[sel[k]]))) / sum);
@@ -98,11 +98,11 @@ void selected_sigmoid_backward(float* dlogits, const float* dprobs, const float*
                                const int32_t* selected, const float* logits, int N, int E, int K) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            const float*   p   = probs + t * K;
-            const float*   dp  = dprobs + t * K;
-            const float*   l   = logits + t * E;
+            const float* p     = probs + t * K;
+            const float* dp    = dprobs + t * K;
+            const float* l     = logits + t * E;
             const int32_t* sel = selected + t * K;
-            double         pd = 0, sum = 0;
+            double pd = 0, sum = 0;
             for (int k = 0; k < K; ++k) {
                 pd += static_cast<double>(p[k]) * dp[k];
                 sum += 1.0 / (1.0 + std::exp(-double(l[sel[k]])));

@@ -38,7 +38,8 @@ void selected_softmax_backward(float* dlogits, const float* dprobs, const float*
 // (DeepSeek-V3): p_k = s_k / sum_j s_j, s = sigmoid(g).
 void selected_sigmoid_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K);
-// dlogits: (N, E), accumulated (+=): dl[sel[t,k]] += s_k (1 - s_k) (dp_k - sum_j p_j dp_j) / sum_j s_j.
+// dlogits: (N, E), accumulated (+=): dl[sel[t,k]] += s_k (1 - s_k) (dp_k - sum_j p_j dp_j) / sum_j
+// s_j.
 void selected_sigmoid_backward(float* dlogits, const float* dprobs, const float* probs,
                                const int32_t* selected, const float* logits, int N, int E, int K);
 // Switch weight: probs[t, 0] = softmax_full[t, selected[t, 0]] (K = 1). dlogits +=.

@@ -18,7 +18,7 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep) { return ep * max_toke
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
     const int64_t all = max_local_rows(max_tokens, K, ep);
     if (!(rows_budget > 0)) return all;
-    const double  want = std::ceil(rows_budget * static_cast<double>(max_tokens * K));
+    const double want  = std::ceil(rows_budget * static_cast<double>(max_tokens * K));
     const int64_t rows = std::max<int64_t>(kernels::kMaxTnDepthBlock,
                                            static_cast<int64_t>(std::min(want, double(all))));
     return std::min(rows, all);
@@ -34,12 +34,12 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
       buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
-    El_ = s.E / ep;
+    El_            = s.E / ep;
     const size_t N = static_cast<size_t>(max_tokens), E = static_cast<size_t>(s.E),
                  K = static_cast<size_t>(s.K), C = static_cast<size_t>(s.C),
                  F = static_cast<size_t>(s.F);
     // rows this rank's experts take per round
-    budget_ = moe_rows_budget(max_tokens, s.K, ep, s.rows_budget);
+    budget_        = moe_rows_budget(max_tokens, s.K, ep, s.rows_budget);
     const size_t R = static_cast<size_t>(budget_);
     // Rounds start on the weight-gradient blocks of the GEMM path; the ref and openblas paths
     // sum a group's whole depth at once, so there a split into rounds is not bitwise exact.
@@ -66,17 +66,17 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
                   "MoE layers sharing buffers differ in shape");
         return;
     }
-    row_of_            = Buffer<int32_t>(N * K);
-    token_of_row_      = Buffer<int32_t>(N * K);
-    offsets_           = Buffer<int32_t>(E + 1);
-    x_perm_   = Buffer<float>(N * K * C);
-    y_perm_   = Buffer<float>(N * K * C);
-    h_        = Buffer<float>(R * F);
-    g_        = Buffer<float>(R * F);
-    dh_       = Buffer<float>(R * F);
-    dy_perm_  = Buffer<float>(N * K * C);
-    dx_perm_  = Buffer<float>(N * K * C);
-    dprobs_   = Buffer<float>(N * K);
+    row_of_       = Buffer<int32_t>(N * K);
+    token_of_row_ = Buffer<int32_t>(N * K);
+    offsets_      = Buffer<int32_t>(E + 1);
+    x_perm_       = Buffer<float>(N * K * C);
+    y_perm_       = Buffer<float>(N * K * C);
+    h_            = Buffer<float>(R * F);
+    g_            = Buffer<float>(R * F);
+    dh_           = Buffer<float>(R * F);
+    dy_perm_      = Buffer<float>(N * K * C);
+    dx_perm_      = Buffer<float>(N * K * C);
+    dprobs_       = Buffer<float>(N * K);
     if (s.n_shared > 0) {
         const size_t S = static_cast<size_t>(s.n_shared), FS = static_cast<size_t>(s.FS);
         ys_  = Buffer<float>(N * C);
@@ -118,9 +118,9 @@ void MoELayer::set_round(int r) {
     local_rounds_.set_round(r);
     local_offsets_[0] = 0;
     for (int e = 0; e < El_; ++e) {
-        const size_t i        = static_cast<size_t>(e);
-        local_offsets_[i + 1] = local_offsets_[i] +
-                                static_cast<int32_t>(local_rounds_.hi(e) - local_rounds_.lo(e));
+        const size_t i = static_cast<size_t>(e);
+        local_offsets_[i + 1] =
+            local_offsets_[i] + static_cast<int32_t>(local_rounds_.hi(e) - local_rounds_.lo(e));
     }
 }
 
@@ -166,8 +166,8 @@ void MoELayer::round_out(float* y_perm, const float* y_local, Dtype payload) {
 
 double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int N) {
     BGL_CHECK(N <= max_tokens_, "MoE layer sized for {} tokens, got {}", max_tokens_, N);
-    n_ = N;
-    const int    C = s_.C, E = s_.E, K = s_.K;
+    n_          = N;
+    const int C = s_.C, E = s_.E, K = s_.K;
     const double aux = router_.forward(inp, w.gate_w, w.noise_w, N);
 
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
@@ -206,15 +206,15 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
 // Shared expert i is one expert over all N rows: experts_forward with E = 1 and its weights.
 static ExpertWeights shared_expert(const ExpertWeights& w, int i) {
     const size_t e = static_cast<size_t>(i);
-    return {w.fc_w + e * w.fc_w_stride,     w.fc_b + e * w.fc_b_stride,
-            w.proj_w + e * w.proj_w_stride, w.proj_b + e * w.proj_b_stride};
+    return {w.fc_w + e * w.fc_w_stride, w.fc_b + e * w.fc_b_stride, w.proj_w + e * w.proj_w_stride,
+            w.proj_b + e * w.proj_b_stride};
 }
 
 void MoELayer::shared_forward(const float* inp, const ExpertWeights& w, int N) {
-    PhaseScope    phase(Phase::experts);
-    const int     C = s_.C, FS = s_.FS;
+    PhaseScope phase(Phase::experts);
+    const int C = s_.C, FS = s_.FS;
     const int32_t offsets[2] = {0, N};
-    const size_t  NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
     // y_i into dxs_ (free until backward), summed in expert order into ys_
     for (int i = 0; i < s_.n_shared; ++i) {
         float* y = i == 0 ? ys_.data() : dxs_.data();
@@ -226,16 +226,16 @@ void MoELayer::shared_forward(const float* inp, const ExpertWeights& w, int N) {
 
 void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, const float* inp,
                                const ExpertWeights& w, int N) {
-    PhaseScope    phase(Phase::experts);
-    const int     C = s_.C, FS = s_.FS;
+    PhaseScope phase(Phase::experts);
+    const int C = s_.C, FS = s_.FS;
     const int32_t offsets[2] = {0, N};
-    const size_t  NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
     // experts_backward rounds its output gradient in place: a copy of dout (rounding twice
     // changes nothing)
     std::copy(dout, dout + NC, dys_.data());
     for (int i = 0; i < s_.n_shared; ++i) {
         const ExpertWeights wi = shared_expert(w, i);
-        const size_t        e  = static_cast<size_t>(i);
+        const size_t e         = static_cast<size_t>(i);
         ExpertGrads gi{dw.fc_w + e * dw.fc_w_stride, dw.fc_b + e * dw.fc_b_stride,
                        dw.proj_w + e * dw.proj_w_stride, dw.proj_b + e * dw.proj_b_stride};
         experts_backward(dxs_.data(), dhs_.data(), gi, dys_.data(), inp, hs_.data() + i * NF,
@@ -251,7 +251,8 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                        row_of_.data(), N, K, C);
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
-        kernels::round_inplace(dy_perm_.data(), static_cast<size_t>(offsets_[static_cast<size_t>(s_.E)]) * C,
+        kernels::round_inplace(dy_perm_.data(),
+                               static_cast<size_t>(offsets_[static_cast<size_t>(s_.E)]) * C,
                                prec_.gemm);
     }
     if (rounds_ > 1) {
@@ -266,7 +267,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
             round_in(x_local_.data(), x_perm_.data(), prec_.gemm);
             round_in(dy_local_.data(), dy_perm_.data(), prec_.gemm);
             const int32_t* offs = round_offsets();
-            PhaseScope     phase(Phase::experts);
+            PhaseScope phase(Phase::experts);
             experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts, offs,
                             El_, C, s_.F, prec_);
             experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
@@ -282,9 +283,9 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     } else if (dispatcher_) {
         dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
-        experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(), x_local_.data(),
-                         h_.data(), g_.data(), w.experts, dispatcher_->local_offsets(), El_, C, s_.F,
-                         prec_);
+        experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
+                         x_local_.data(), h_.data(), g_.data(), w.experts,
+                         dispatcher_->local_offsets(), El_, C, s_.F, prec_);
         phase.stop();
         dispatcher_->combine(dx_perm_.data(), dx_local_.data(), prec_.act);
     } else {

@@ -28,24 +28,24 @@
 namespace bagualu::moe {
 
 struct MoEWeights {
-    const float*  gate_w  = nullptr;  // (E, C), no bias
-    const float*  noise_w = nullptr;  // (E, C), noisy gate only
-    ExpertWeights experts;            // the local experts
-    ExpertWeights shared;             // the S shared experts (S > 0 only)
+    const float* gate_w  = nullptr;  // (E, C), no bias
+    const float* noise_w = nullptr;  // (E, C), noisy gate only
+    ExpertWeights experts;           // the local experts
+    ExpertWeights shared;            // the S shared experts (S > 0 only)
 };
 struct MoEGrads {
-    float*      gate_w  = nullptr;
-    float*      noise_w = nullptr;
+    float* gate_w  = nullptr;
+    float* noise_w = nullptr;
     ExpertGrads experts;
     ExpertGrads shared;
 };
 
 struct MoEShape {
-    int    C = 0, F = 0, E = 0, K = 0;
-    double     aux_coef = 0;
-    GateConfig gate     = {};
-    double     rows_budget = 0;  // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
-    int        n_shared = 0, FS = 0;  // shared experts S and their width
+    int C = 0, F = 0, E = 0, K = 0;
+    double aux_coef    = 0;
+    GateConfig gate    = {};
+    double rows_budget = 0;    // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
+    int n_shared = 0, FS = 0;  // shared experts S and their width
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -71,9 +71,9 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 // its rounds' expert forward again anyway, from the rows kept here.
 struct MoEBuffers {
     Buffer<int32_t> row_of, token_of_row, offsets;
-    Buffer<float>   x_perm, y_perm, x_local, h, g, y_local;
-    Buffer<float>   dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
-    Buffer<float>   ys, hs, gs, dys, dhs, dxs;  // shared experts
+    Buffer<float> x_perm, y_perm, x_local, h, g, y_local;
+    Buffer<float> dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
+    Buffer<float> ys, hs, gs, dys, dhs, dxs;  // shared experts
 };
 
 class MoELayer {
@@ -101,19 +101,21 @@ class MoELayer {
     // After forward, this rank's tokens: (E) rows routed to each global expert.
     const int32_t* tokens_per_expert() const { return router_.tokens_per_expert(); }
     // After forward: (E) rows routed to each expert summed over all ranks.
-    const int64_t* global_tokens_per_expert() const { return router_.stats().tokens_per_expert.data(); }
+    const int64_t* global_tokens_per_expert() const {
+        return router_.stats().tokens_per_expert.data();
+    }
     // After forward: dropped / reassigned slots and router entropy over all ranks.
     const RoutingStats& routing_stats() const { return router_.stats(); }
     // The per-expert bias of the choice (balance_bias.h), float32, replicated on every rank.
-    BalanceBias&       balance_bias() { return router_.balance_bias(); }
+    BalanceBias& balance_bias() { return router_.balance_bias(); }
     const BalanceBias& balance_bias() const { return router_.balance_bias(); }
     // After forward: (N, K) expert ids (-1: dropped) and gate weights.
     const int32_t* expert_idx() const { return router_.expert_idx(); }
-    const float*   probs() const { return router_.probs(); }
-    int            n_local_experts() const { return El_; }
+    const float* probs() const { return router_.probs(); }
+    int n_local_experts() const { return El_; }
     // Rows per round (moe_rows_budget) and the rounds the last forward took.
     int64_t rows_budget() const { return budget_; }
-    int     rounds() const { return rounds_; }
+    int rounds() const { return rounds_; }
 
    private:
     // The rounds of the experts: through the dispatcher with EP > 1, by local copies otherwise.
@@ -123,33 +125,33 @@ class MoELayer {
     void round_in(float* x_local, const float* x_perm, Dtype payload);
     void round_out(float* y_perm, const float* y_local, Dtype payload);
 
-    MoEShape                         s_;
-    int                              max_tokens_;
-    int                              El_;  // local experts
-    dist::ParallelContext*           par_;
+    MoEShape s_;
+    int max_tokens_;
+    int El_;  // local experts
+    dist::ParallelContext* par_;
     std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
-    Router                           router_;
-    int                              n_ = 0;       // tokens of the last forward
-    int64_t                          budget_ = 0;  // rows per round
-    int64_t                          block_  = 1;  // rows of a weight-gradient block
-    int                              rounds_ = 1;  // of the last forward
-    RowRounds                        local_rounds_;   // EP == 1
-    std::vector<int64_t>             local_totals_;   // [E] EP == 1
-    Buffer<int32_t>                  local_offsets_;  // (El + 1) EP == 1, the current round
-    Buffer<double>                   bias_acc_;       // (El, F + C) bias gradient sums over rounds
-    Buffer<uint8_t>                  had_rows_;       // (El)
-    ExpertPrecision                  prec_;
+    Router router_;
+    int n_          = 0;                 // tokens of the last forward
+    int64_t budget_ = 0;                 // rows per round
+    int64_t block_  = 1;                 // rows of a weight-gradient block
+    int rounds_     = 1;                 // of the last forward
+    RowRounds local_rounds_;             // EP == 1
+    std::vector<int64_t> local_totals_;  // [E] EP == 1
+    Buffer<int32_t> local_offsets_;      // (El + 1) EP == 1, the current round
+    Buffer<double> bias_acc_;            // (El, F + C) bias gradient sums over rounds
+    Buffer<uint8_t> had_rows_;           // (El)
+    ExpertPrecision prec_;
     std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
     // saved for backward
     Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
     Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
     Buffer<int32_t>& offsets_      = buf_->offsets;       // (E+1)
-    Buffer<float>&   x_perm_       = buf_->x_perm;        // (N*K, C) global expert-major
-    Buffer<float>&   y_perm_       = buf_->y_perm;        // (N*K, C)
-    Buffer<float>&   x_local_      = buf_->x_local;       // (R, C), R = budget_ rows
-    Buffer<float>&   h_            = buf_->h;             // (R, F)
-    Buffer<float>&   g_            = buf_->g;             // (R, F)
-    Buffer<float>&   y_local_      = buf_->y_local;       // (R, C)
+    Buffer<float>& x_perm_         = buf_->x_perm;        // (N*K, C) global expert-major
+    Buffer<float>& y_perm_         = buf_->y_perm;        // (N*K, C)
+    Buffer<float>& x_local_        = buf_->x_local;       // (R, C), R = budget_ rows
+    Buffer<float>& h_              = buf_->h;             // (R, F)
+    Buffer<float>& g_              = buf_->g;             // (R, F)
+    Buffer<float>& y_local_        = buf_->y_local;       // (R, C)
     // shared experts: (N, C) summed output, (S, N, FS) twice
     Buffer<float>& ys_ = buf_->ys;
     Buffer<float>& hs_ = buf_->hs;

@@ -43,9 +43,12 @@ void load_prob_forward(float* load_prob, const float* clean, const float* noise_
             for (int e = 0; e < E; ++e) {
                 const int32_t j = threshold_expert(preference + t * R, e, E, K);
                 const int64_t i = t * E + e;
-                load_prob[i]    = j < 0 ? 1.0f
-                                        : static_cast<float>(normal_cdf((clean[i] - noisy[t * E + j]) /
-                                                                        softplus(noise_logits[i])));
+                if (j < 0) {
+                    load_prob[i] = 1.0f;
+                } else {
+                    const auto z = (clean[i] - noisy[t * E + j]) / softplus(noise_logits[i]);
+                    load_prob[i] = static_cast<float>(normal_cdf(z));
+                }
             }
         }
     });

@@ -53,7 +53,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         dnoisy_        = Buffer<float>(N * Es);
         dx_noise_      = Buffer<float>(N * Cs);
     }
-    preference_        = Buffer<int32_t>(N * Es);
+    preference_ = Buffer<int32_t>(N * Es);
     if (gate.balance_bias) biased_ = Buffer<float>(N * Es);
     if (gate.balance_bias && noisy_) load_pref_ = Buffer<int32_t>(N * Es);
     selected_          = Buffer<int32_t>(N * Ks);
@@ -64,7 +64,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     dlogits_           = Buffer<float>(N * Es);
     dprobs_aux_        = Buffer<float>(N * Ks);
     f_.resize(Es);
-    entropy_     = Buffer<double>(N);
+    entropy_ = Buffer<double>(N);
     topk_counts_.resize(Es);
     stat_sums_.resize(5 * Es + 4);
     if (gate.z_loss_coef > 0) lse_ = Buffer<double>(N);
@@ -165,8 +165,8 @@ void Router::override_routes(int N, int64_t tok0) {
                 for (double x : w) total += x;
                 double u = total * routing_uniform(ctx_.seed, ctx_.step, gate_.layer, kZipfStream,
                                                    tok0 + t, k);
-                int e = 0;
-                auto at = [&](int i) -> double& { return w[static_cast<size_t>(i)]; };
+                int e    = 0;
+                auto at  = [&](int i) -> double& { return w[static_cast<size_t>(i)]; };
                 while (e < E_ - 1 && (at(e) == 0 || u >= at(e))) {
                     u -= at(e);
                     ++e;
@@ -203,8 +203,9 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         x = x_jit_.data();
     }
     kernels::linear_forward(logits_.data(), x, gate_w, nullptr, N, C_, E_);
-    const double entropy = softmax_rows(softmax_full_.data(), entropy_.data(), logits_.data(), N, E_);
-    const float* route   = logits_.data();  // the logits top-k and the weights use
+    const double entropy =
+        softmax_rows(softmax_full_.data(), entropy_.data(), logits_.data(), N, E_);
+    const float* route = logits_.data();  // the logits top-k and the weights use
     if (noisy_) {
         kernels::linear_forward(noise_logits_.data(), x, noise_w, nullptr, N, C_, E_);
         for (int64_t t = 0; t < N; ++t) {
@@ -292,7 +293,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     }
 
     // statistics over all ranks: [top-k counts | prob sums | load | importance | Load | 3 scalars]
-    const size_t Es = static_cast<size_t>(E_);
+    const size_t Es        = static_cast<size_t>(E_);
     std::vector<double>& s = stat_sums_;
     std::fill(s.begin(), s.end(), 0.0);
     for (int e = 0; e < E_; ++e) {
@@ -319,7 +320,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         // sum over tokens of logsumexp_e(g[t, e])^2 (clean logits, in double)
         for (int64_t t = 0; t < N; ++t) {
             const float* g = logits_.data() + t * E_;
-            double       m = g[0], sum = 0;
+            double m = g[0], sum = 0;
             for (int e = 1; e < E_; ++e) m = std::max(m, double(g[e]));
             for (int e = 0; e < E_; ++e) sum += std::exp(double(g[e]) - m);
             lse_[t] = m + std::log(sum);

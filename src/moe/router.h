@@ -27,15 +27,15 @@ using bagualu::RouteOverride;  // config/enums.h: model.route_override
 //   zipf:       K distinct experts drawn, without replacement, with P(e) ~ 1 / (e + 1)
 
 struct GateConfig {
-    GateKind kind          = GateKind::topk;
-    double capacity_factor = 1.0;  // switch, gshard: capacity = ceil(cf * N_total * K / E)
-    double jitter          = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
-    int virtual_workers    = 1;    // swipe: workers simulated by each rank of the EP group
-    int layer              = 0;    // index of the MoE layer: a randomness stream
+    GateKind kind                = GateKind::topk;
+    double capacity_factor       = 1.0;  // switch, gshard: capacity = ceil(cf * N_total * K / E)
+    double jitter                = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
+    int virtual_workers          = 1;    // swipe: workers simulated by each rank of the EP group
+    int layer                    = 0;    // index of the MoE layer: a randomness stream
     RouteOverride route_override = RouteOverride::none;
-    double z_loss_coef     = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
-    RouterScore score      = RouterScore::softmax;  // sigmoid: topk and swipe only
-    bool balance_bias      = false;  // add the per-expert bias to the choice (balance_bias.h)
+    double z_loss_coef           = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
+    RouterScore score            = RouterScore::softmax;  // sigmoid: topk and swipe only
+    bool balance_bias            = false;  // add the per-expert bias to the choice (balance_bias.h)
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -83,7 +83,7 @@ class Router {
     const RoutingStats& stats() const { return stats_; }
     // The per-expert bias of the choice, used when GateConfig::balance_bias is set; the trainer
     // feeds it stats().topk_per_expert once per micro-batch and updates it once per step.
-    BalanceBias&       balance_bias() { return bias_; }
+    BalanceBias& balance_bias() { return bias_; }
     const BalanceBias& balance_bias() const { return bias_; }
 
    private:
@@ -107,7 +107,7 @@ class Router {
     Buffer<float> logits_, softmax_full_;  // (N, E) clean logits and their softmax
     Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
     Buffer<int32_t> preference_;                                   // (N, R) best experts first
-    Buffer<float>   biased_;     // (N, E) route + bias: the scores the choice ranks (balance_bias)
+    Buffer<float> biased_;       // (N, E) route + bias: the scores the choice ranks (balance_bias)
     Buffer<int32_t> load_pref_;  // (N, R) noisy gate with bias: the unbiased ranking its load uses
     Buffer<int32_t> selected_, expert_idx_;        // (N, K) weighted experts / routing
     Buffer<uint8_t> reassigned_;                   // (N, K)
@@ -115,10 +115,10 @@ class Router {
     Buffer<int32_t> tokens_per_expert_;            // (E)
     std::vector<double> f_, dimportance_, dload_;  // [E]
     // step scratch, sized once so a step allocates nothing
-    Buffer<double>       entropy_;      // (N) router entropy per token
-    Buffer<double>       lse_;          // (N) logsumexp of the clean logits, z-loss only
+    Buffer<double> entropy_;            // (N) router entropy per token
+    Buffer<double> lse_;                // (N) logsumexp of the clean logits, z-loss only
     std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
-    std::vector<double>  stat_sums_;    // [5E + 4] statistics summed over ranks
+    std::vector<double> stat_sums_;     // [5E + 4] statistics summed over ranks
     // backward scratch
     Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
 };

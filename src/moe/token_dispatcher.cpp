@@ -109,10 +109,10 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
             int64_t start = 0, total = 0;
             for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
             for (int s = 0; s < ep_size_; ++s) {
-                const size_t i      = 2 * static_cast<size_t>(s * El_ + e);
-                starts_out_[i]      = start;
-                starts_out_[i + 1]  = total;
-                start              += counts_[static_cast<size_t>(s * El_ + e)];
+                const size_t i     = 2 * static_cast<size_t>(s * El_ + e);
+                starts_out_[i]     = start;
+                starts_out_[i + 1] = total;
+                start += counts_[static_cast<size_t>(s * El_ + e)];
             }
         }
         par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
@@ -161,33 +161,33 @@ void TokenDispatcher::set_round(int r) {
     // those inside the expert's piece of this round
     int64_t perm_row = 0, off = 0;
     for (int q = 0; q < ep_size_; ++q) {
-        const RowRounds& rr   = peer_rounds_[static_cast<size_t>(q)];
-        const bool       live = r < rr.rounds();
-        int64_t          rows = 0;
+        const RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
+        const bool live     = r < rr.rounds();
+        int64_t rows        = 0;
         for (int e = 0; e < El_; ++e) {
-            const size_t  g     = static_cast<size_t>(q * El_ + e);
+            const size_t g      = static_cast<size_t>(q * El_ + e);
             const int64_t start = starts_in_[2 * g];
             const int64_t a     = live ? std::max(start, rr.lo(e)) : 0;
             const int64_t b     = live ? std::min(start + mine_[g], rr.hi(e)) : 0;
             send_rows_[g]       = std::max<int64_t>(0, b - a);
             send_first_[g]      = perm_row + (a - start);
-            rows               += send_rows_[g];
-            perm_row           += mine_[g];
+            rows += send_rows_[g];
+            perm_row += mine_[g];
         }
         send_counts_[static_cast<size_t>(q)] = rows * C_;
         send_displs_[static_cast<size_t>(q)] = off * C_;
         off += rows;
     }
     // what this rank receives: of source s's rows of local expert e, those inside e's piece
-    const RowRounds& me   = peer_rounds_[static_cast<size_t>(par_.ep_rank())];
-    const bool       live = r < me.rounds();
+    const RowRounds& me = peer_rounds_[static_cast<size_t>(par_.ep_rank())];
+    const bool live     = r < me.rounds();
     std::fill(round_counts_.begin(), round_counts_.end(), 0);
     for (int e = 0; e < El_; ++e) {
         int64_t start = 0;
         for (int s = 0; s < ep_size_; ++s) {
-            const size_t  i = static_cast<size_t>(s * El_ + e);
-            const int64_t a = live ? std::max(start, me.lo(e)) : 0;
-            const int64_t b = live ? std::min(start + counts_[i], me.hi(e)) : 0;
+            const size_t i   = static_cast<size_t>(s * El_ + e);
+            const int64_t a  = live ? std::max(start, me.lo(e)) : 0;
+            const int64_t b  = live ? std::min(start + counts_[i], me.hi(e)) : 0;
             round_counts_[i] = std::max<int64_t>(0, b - a);
             start += counts_[i];
         }
@@ -248,8 +248,8 @@ static void reorder(const float* from, float* to, const std::vector<int64_t>& co
         for (int s = 0; s < ep_size; ++s) {
             int64_t src = recv_displs[static_cast<size_t>(s)] / C;
             for (int e2 = 0; e2 < e; ++e2) src += counts[static_cast<size_t>(s * El + e2)];
-            const int64_t rows  = counts[static_cast<size_t>(s * El + e)];
-            const size_t  bytes = sizeof(float) * static_cast<size_t>(rows * C);
+            const int64_t rows = counts[static_cast<size_t>(s * El + e)];
+            const size_t bytes = sizeof(float) * static_cast<size_t>(rows * C);
             if (bytes == 0) continue;
             if constexpr (kToLocal) {
                 std::memcpy(to + dst * C, from + src * C, bytes);
@@ -270,21 +270,25 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
     if (send16_.size() == 0) {
         const size_t n =
             std::max(staging_.size(), static_cast<size_t>(max_rows_) * static_cast<size_t>(C_));
-        send16_        = Buffer<uint16_t>(n);
-        recv16_        = Buffer<uint16_t>(n);
+        send16_ = Buffer<uint16_t>(n);
+        recv16_ = Buffer<uint16_t>(n);
     }
-    const bool bf = payload == Dtype::bfloat16;
-    int64_t    n_send = 0, n_recv = 0;
+    const bool bf  = payload == Dtype::bfloat16;
+    int64_t n_send = 0, n_recv = 0;
     for (int q = 0; q < ep_size_; ++q) {
-        n_send = std::max(n_send, send_displs[static_cast<size_t>(q)] + send_counts[static_cast<size_t>(q)]);
-        n_recv = std::max(n_recv, recv_displs[static_cast<size_t>(q)] + recv_counts[static_cast<size_t>(q)]);
+        n_send = std::max(
+            n_send, send_displs[static_cast<size_t>(q)] + send_counts[static_cast<size_t>(q)]);
+        n_recv = std::max(
+            n_recv, recv_displs[static_cast<size_t>(q)] + recv_counts[static_cast<size_t>(q)]);
     }
     uint16_t* s16 = send16_.data();
-    for (int64_t i = 0; i < n_send; ++i) s16[i] = bf ? bf16_from_float(send[i]) : fp16_from_float(send[i]);
+    for (int64_t i = 0; i < n_send; ++i)
+        s16[i] = bf ? bf16_from_float(send[i]) : fp16_from_float(send[i]);
     par_.ep_alltoallv(s16, send_counts, send_displs, recv16_.data(), recv_counts, recv_displs,
                       sizeof(uint16_t));
     const uint16_t* r16 = recv16_.data();
-    for (int64_t i = 0; i < n_recv; ++i) recv[i] = bf ? bf16_to_float(r16[i]) : fp16_to_float(r16[i]);
+    for (int64_t i = 0; i < n_recv; ++i)
+        recv[i] = bf ? bf16_to_float(r16[i]) : fp16_to_float(r16[i]);
 }
 
 void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payload) {

@@ -47,10 +47,10 @@ class RowRounds {
     int64_t hi(int e) const { return hi_[static_cast<size_t>(e)]; }
 
    private:
-    void                 advance();
+    void advance();
     std::vector<int64_t> totals_, lo_, hi_;  // [El]
-    int64_t              budget_ = 0, block_ = 1;
-    int                  rounds_ = 1, round_ = -1;
+    int64_t budget_ = 0, block_ = 1;
+    int rounds_ = 1, round_ = -1;
 };
 
 class TokenDispatcher {
@@ -69,7 +69,7 @@ class TokenDispatcher {
     // Moves to round r (0 or the one after the current).
     void set_round(int r);
     // Rows received for the local experts in the current round, and their offsets (E_local + 1).
-    int            local_rows() const { return local_offsets_.back(); }
+    int local_rows() const { return local_offsets_.back(); }
     const int32_t* local_offsets() const { return local_offsets_.data(); }
     // Most rows that can arrive in one round.
     int64_t budget() const { return budget_; }
@@ -84,24 +84,25 @@ class TokenDispatcher {
 
    private:
     dist::ParallelContext& par_;
-    int                    E_, El_, C_, max_rows_, ep_size_;
-    int64_t                budget_, block_;
-    int                    rounds_ = 1;
-    std::vector<int64_t>   mine_;             // [E] this rank's rows per global expert
-    std::vector<int64_t>   counts_;           // [ep_size * El] rows from rank s to local expert e
-    std::vector<int64_t>   count_counts_, count_displs_;  // [ep_size]: El each, q * El
-    std::vector<int64_t>   starts_out_, starts_in_;  // [2 E]: (start, total) per expert, out: of
-                                                     // each source in my experts, in: mine
-    std::vector<int64_t>   pair_counts_, pair_displs_;  // [ep_size]: 2 El each, 2 q El
-    std::vector<RowRounds> peer_rounds_;      // [ep_size] the rounds of each peer's experts
-    std::vector<int64_t>   round_counts_;     // [ep_size * El] rows from s to e this round
-    std::vector<int64_t>   send_rows_;        // [E] this round: first row (x_perm) and count
-    std::vector<int64_t>   send_first_;       //     per global expert of what this rank sends
-    std::vector<int64_t>   send_counts_, send_displs_, recv_counts_, recv_displs_;  // [ep_size], floats
-    std::vector<int32_t>   local_offsets_;    // [El + 1]
-    Buffer<float>          staging_;          // (budget, C), [source][local expert] order
-    Buffer<float>          send_staging_;     // (max_rows, C), a round's outgoing rows (rounds > 1)
-    Buffer<uint16_t>       send16_, recv16_;  // half payloads, as large as the larger staging
+    int E_, El_, C_, max_rows_, ep_size_;
+    int64_t budget_, block_;
+    int rounds_ = 1;
+    std::vector<int64_t> mine_;    // [E] this rank's rows per global expert
+    std::vector<int64_t> counts_;  // [ep_size * El] rows from rank s to local expert e
+    std::vector<int64_t> count_counts_, count_displs_;  // [ep_size]: El each, q * El
+    std::vector<int64_t> starts_out_, starts_in_;       // [2 E]: (start, total) per expert, out: of
+                                                        // each source in my experts, in: mine
+    std::vector<int64_t> pair_counts_, pair_displs_;    // [ep_size]: 2 El each, 2 q El
+    std::vector<RowRounds> peer_rounds_;  // [ep_size] the rounds of each peer's experts
+    std::vector<int64_t> round_counts_;   // [ep_size * El] rows from s to e this round
+    std::vector<int64_t> send_rows_;      // [E] this round: first row (x_perm) and count
+    std::vector<int64_t> send_first_;     //     per global expert of what this rank sends
+    std::vector<int64_t> send_counts_, send_displs_, recv_counts_,
+        recv_displs_;                     // [ep_size], floats
+    std::vector<int32_t> local_offsets_;  // [El + 1]
+    Buffer<float> staging_;               // (budget, C), [source][local expert] order
+    Buffer<float> send_staging_;          // (max_rows, C), a round's outgoing rows (rounds > 1)
+    Buffer<uint16_t> send16_, recv16_;    // half payloads, as large as the larger staging
     void set_recv_counts();
     void gather_send(const float* x_perm);
     void scatter_back(float* y_perm) const;

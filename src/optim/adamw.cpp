@@ -14,9 +14,9 @@ std::vector<MasterMode> master_modes(const model::ParamLayout& layout,
     return modes;
 }
 
-void adamw_update(MasterMode mode, Dtype dtype, bool fp64, float* param, float* master,
-                  float* grad, float* m, float* v, size_t n, float lr, const AdamWHyper& h,
-                  bool decay, int step) {
+void adamw_update(MasterMode mode, Dtype dtype, bool fp64, float* param, float* master, float* grad,
+                  float* m, float* v, size_t n, float lr, const AdamWHyper& h, bool decay,
+                  int step) {
     const auto adamw = fp64 ? kernels::adamw_update_f64 : kernels::adamw_update;
     const float wd   = decay ? h.weight_decay : 0.0f;
     switch (mode) {

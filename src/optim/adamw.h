@@ -13,7 +13,7 @@
 namespace bagualu::optim {
 
 struct AdamWHyper {
-    float  beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
     double grad_clip = 1.0;  // global-norm clip; 0 disables
 };
 

@@ -20,7 +20,7 @@ class LossScaler {
           backoff_(p.loss_scale_backoff),
           window_(p.loss_scale_window) {}
 
-    bool   enabled() const { return enabled_; }
+    bool enabled() const { return enabled_; }
     double scale() const { return scale_; }
     // After each optimizer step: whether it was skipped for an inf/NaN gradient.
     void update(bool skipped) {
@@ -36,16 +36,16 @@ class LossScaler {
 
     // Clean steps since the last change of scale; restore() resumes both (checkpoints).
     int64_t clean_steps() const { return clean_; }
-    void    restore(double scale, int64_t clean_steps) {
+    void restore(double scale, int64_t clean_steps) {
         if (!enabled_) return;
         scale_ = scale;
         clean_ = clean_steps;
     }
 
    private:
-    bool    enabled_ = false;
-    double  scale_   = 1, growth_ = 2, backoff_ = 0.5;
-    int64_t window_  = 1000, clean_ = 0;
+    bool enabled_ = false;
+    double scale_ = 1, growth_ = 2, backoff_ = 0.5;
+    int64_t window_ = 1000, clean_ = 0;
 };
 
 }  // namespace bagualu::optim

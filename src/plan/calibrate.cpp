@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -30,8 +32,8 @@ double time_per_call(F&& f, double seconds) {
     f();  // warm-up (page faults, pack buffers)
     std::vector<double> rounds;
     for (int r = 0; r < 5; ++r) {
-        const auto t0    = Clock::now();
-        int        calls = 0;
+        const auto t0 = Clock::now();
+        int calls     = 0;
         do {
             f();
             ++calls;
@@ -50,8 +52,8 @@ double triad_gbs(size_t n, int threads, double seconds) {
     }
     auto pass = [&] {
         auto part = [&](int t) {
-            const size_t lo = n * static_cast<size_t>(t) / static_cast<size_t>(threads),
-                         hi = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+            const size_t lo     = n * static_cast<size_t>(t) / static_cast<size_t>(threads),
+                         hi     = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
             float* __restrict x = a.data();
             const float* __restrict y = b.data();
             const float* __restrict z = c.data();
@@ -70,7 +72,7 @@ double triad_gbs(size_t n, int threads, double seconds) {
 
 ComputeCalibration calibrate_compute(double seconds) {
     ComputeCalibration c;
-    c.cores                 = static_cast<int>(allowed_cpus().size());
+    c.cores = static_cast<int>(allowed_cpus().size());
     std::vector<double> pk;
     for (int r = 0; r < 3; ++r) pk.push_back(kernels::measure_peak_gflops_f32(seconds / 3));
     c.peak_core_gflops      = median(pk);
@@ -80,7 +82,7 @@ ComputeCalibration calibrate_compute(double seconds) {
     c.triad_node_gbs        = triad_gbs(n, c.cores, seconds);
 
     for (int s : {32, 64, 128, 256, 512, 1024}) {
-        const size_t  sz = static_cast<size_t>(s) * static_cast<size_t>(s);
+        const size_t sz = static_cast<size_t>(s) * static_cast<size_t>(s);
         Buffer<float> A(sz), B(sz), Cm(sz);
         for (size_t i = 0; i < sz; ++i) {
             A[i] = 0.001f * static_cast<float>(i % 97);
@@ -97,7 +99,7 @@ ComputeCalibration calibrate_compute(double seconds) {
     }
 
     // causal attention forward + backward at a mid-size shape: 6 N T C flops (docs/scale.md)
-    const int     B = 4, T = 128, C = 256, NH = 4, N = B * T;
+    const int B = 4, T = 128, C = 256, NH = 4, N = B * T;
     Buffer<float> qkv(static_cast<size_t>(N) * 3 * C), out(static_cast<size_t>(N) * C),
         lse(static_cast<size_t>(N) * NH), dqkv(qkv.size()), dout(out.size());
     for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.01f * static_cast<float>(i % 101) - 0.5f;
@@ -114,14 +116,14 @@ ComputeCalibration calibrate_compute(double seconds) {
     // the optimizer's passes over one float (dist/paro/, optim/): the gradient norm, the clip
     // scale, AdamW reading p, g, m, v and writing p, m, v; 4M floats, beyond the caches
     {
-        const size_t  nf = size_t{1} << 22;
+        const size_t nf = size_t{1} << 22;
         Buffer<float> p(nf), g(nf), m(nf), v(nf);
         for (size_t i = 0; i < nf; ++i) {
             p[i] = 0.01f * static_cast<float>(i % 113);
             g[i] = 1e-3f * static_cast<float>(i % 71) - 0.03f;
             m[i] = v[i] = 0;
         }
-        int        step = 0;
+        int step        = 0;
         const double to = time_per_call(
             [&] {
                 const double norm = kernels::sum_squares(g.data(), nf);
@@ -136,13 +138,14 @@ ComputeCalibration calibrate_compute(double seconds) {
 }
 
 CommCalibration calibrate_comm(dist::Comm& comm) {
-    const int    P = comm.size();
+    const int P    = comm.size();
     const double p = P;
-    auto a2a_time = [&](size_t per_peer) {
-        std::vector<char>    send(per_peer * static_cast<size_t>(P)), recv(send.size());
+    auto a2a_time  = [&](size_t per_peer) {
+        std::vector<char> send(per_peer * static_cast<size_t>(P)), recv(send.size());
         std::vector<int64_t> counts(static_cast<size_t>(P), static_cast<int64_t>(per_peer)),
             displs(static_cast<size_t>(P));
-        for (int q = 0; q < P; ++q) displs[static_cast<size_t>(q)] = static_cast<int64_t>(per_peer) * q;
+        for (int q = 0; q < P; ++q)
+            displs[static_cast<size_t>(q)] = static_cast<int64_t>(per_peer) * q;
         std::vector<double> ts;
         for (int r = 0; r < 21; ++r) {
             comm.barrier();
@@ -155,7 +158,7 @@ CommCalibration calibrate_comm(dist::Comm& comm) {
         return median(ts);
     };
     auto ar_time = [&](size_t floats) {
-        std::vector<float>  buf(floats, 1.0f);
+        std::vector<float> buf(floats, 1.0f);
         std::vector<double> ts;
         for (int r = 0; r < 21; ++r) {
             comm.barrier();
@@ -171,25 +174,25 @@ CommCalibration calibrate_comm(dist::Comm& comm) {
     // alpha-beta as estimate.cpp models them: a2a (P-1) alpha + payload (P-1)/P / beta;
     // allreduce (ring) 2 (P-1) alpha + 2 (P-1)/P bytes / beta
     const double a_small = a2a_time(8), big = 4 << 20;
-    const double alpha   = a_small / (p - 1);
-    const double a_big   = a2a_time(static_cast<size_t>(big / p));
-    c.alltoall_latency_us = alpha * 1e6;
-    c.alltoall_gbs        = big * (p - 1) / p / std::max(1e-9, a_big - (p - 1) * alpha) * 1e-9;
-    const double r_small  = ar_time(2);
-    const double ra       = r_small / std::ceil(std::log2(p));
-    const double r_big    = ar_time(static_cast<size_t>(big / 4));
+    const double alpha     = a_small / (p - 1);
+    const double a_big     = a2a_time(static_cast<size_t>(big / p));
+    c.alltoall_latency_us  = alpha * 1e6;
+    c.alltoall_gbs         = big * (p - 1) / p / std::max(1e-9, a_big - (p - 1) * alpha) * 1e-9;
+    const double r_small   = ar_time(2);
+    const double ra        = r_small / std::ceil(std::log2(p));
+    const double r_big     = ar_time(static_cast<size_t>(big / 4));
     c.allreduce_latency_us = ra * 1e6;
     c.allreduce_gbs = 2 * big * (p - 1) / p / std::max(1e-9, r_big - 2 * (p - 1) * ra) * 1e-9;
 
     // Ranks alternate about a millisecond of work with a small all-reduce, as training does;
     // the time beyond the work alone (median of rounds, slowest rank) is the cost of a
     // blocking call when ranks share cores with each other and with other processes.
-    const int     s = 96;
+    const int s = 96;
     Buffer<float> A(s * s), B(s * s), Cm(s * s);
     auto work = [&] {
         for (int i = 0; i < 20; ++i) {
-            kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s, B.data(), s,
-                              0.f, Cm.data(), s);
+            kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s,
+                              B.data(), s, 0.f, Cm.data(), s);
         }
     };
     auto round = [&](bool with_call) {
@@ -213,12 +216,14 @@ CommCalibration calibrate_comm(dist::Comm& comm) {
 
 void warm_up_kernels() {
     (void)kernels::measure_peak_gflops_f32(0.02);
-    const int     s = 64, B = 1, T = 16, C = 64, NH = 2;
-    Buffer<float> A(s * s), Bm(s * s), Cm(s * s), qkv(T * 3 * C), out(T * C), lse(T * NH), dqkv(T * 3 * C);
-    kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s, Bm.data(), s, 0.f,
-                      Cm.data(), s);
+    const int s = 64, B = 1, T = 16, C = 64, NH = 2;
+    Buffer<float> A(s * s), Bm(s * s), Cm(s * s), qkv(T * 3 * C), out(T * C), lse(T * NH),
+        dqkv(T * 3 * C);
+    kernels::gemm_f32(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A.data(), s, Bm.data(), s,
+                      0.f, Cm.data(), s);
     kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    kernels::attention_backward(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    kernels::attention_backward(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), B, T,
+                                C, NH);
 }
 
 void apply(MachineSpec& m, const ComputeCalibration& c) {

@@ -14,10 +14,10 @@ namespace bagualu::plan {
 
 struct ComputeCalibration {
     double peak_core_gflops = 0, peak_core_half_gflops = 0;
-    int    cores            = 1;
+    int cores             = 1;
     double triad_core_gbs = 0, triad_node_gbs = 0;
     std::vector<double> gemm_sizes, gemm_efficiency;
-    double attention_efficiency = 0;
+    double attention_efficiency   = 0;
     double optimizer_ns_per_float = 0;
 };
 // seconds: time spent per measurement (a few measurements each, the median kept).

@@ -6,21 +6,22 @@
 #include <cmath>
 #include <map>
 
+#include "dist/comm/collectives.h"
 #include "model/gpt.h"
 #include "model/precision.h"
-#include "dist/comm/collectives.h"
 
 namespace bagualu::plan {
 
 double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
-    const double s  = 3.0 / (1.0 / M + 1.0 / N + 1.0 / K);
-    const auto&  xs = node.gemm_sizes;
-    const auto&  ys = node.gemm_efficiency;
+    const double s = 3.0 / (1.0 / M + 1.0 / N + 1.0 / K);
+    const auto& xs = node.gemm_sizes;
+    const auto& ys = node.gemm_efficiency;
     if (s <= xs.front()) return ys.front();
     if (s >= xs.back()) return ys.back();
     size_t i = 1;
     while (xs[i] < s) ++i;
-    const double u = (std::log2(s) - std::log2(xs[i - 1])) / (std::log2(xs[i]) - std::log2(xs[i - 1]));
+    const double u =
+        (std::log2(s) - std::log2(xs[i - 1])) / (std::log2(xs[i]) - std::log2(xs[i - 1]));
     return ys[i - 1] + u * (ys[i] - ys[i - 1]);
 }
 
@@ -39,7 +40,8 @@ Level group_level(const MachineSpec& m, int p, int R) {
     if (nodes <= n.nodes_per_supernode) {
         return {n.latency_us * 1e-6, n.injection_bandwidth_gbs * 1e9 / R};
     }
-    return {n.supernode_latency_us * 1e-6, n.injection_bandwidth_gbs * 1e9 / (R * n.oversubscription)};
+    return {n.supernode_latency_us * 1e-6,
+            n.injection_bandwidth_gbs * 1e9 / (R * n.oversubscription)};
 }
 
 double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
@@ -57,12 +59,13 @@ double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int 
 namespace {
 
 double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
-    Level        lv    = group_level(m, p, R);
-    const Level  intra = group_level(m, 1, R);
-    const double P     = p;
+    Level lv          = group_level(m, p, R);
+    const Level intra = group_level(m, 1, R);
+    const double P    = p;
     switch (kind) {
         case dist::CommKind::allreduce: {
-            if (p <= R && m.network.intra_node_reduce_gbs > 0) lv.beta = m.network.intra_node_reduce_gbs * 1e9;
+            if (p <= R && m.network.intra_node_reduce_gbs > 0)
+                lv.beta = m.network.intra_node_reduce_gbs * 1e9;
             const double doubling = log2_ceil(p) * (lv.alpha + bytes / lv.beta);
             const double ring     = 2 * (P - 1) * lv.alpha + 2 * (P - 1) / P * bytes / lv.beta;
             return std::min(doubling, ring);
@@ -72,7 +75,8 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             // payload to ranks of the same node goes through shared memory, the rest through
             // the slowest level; the block to itself is a local copy
             const double local = std::min(P, static_cast<double>(R));
-            return (P - 1) * lv.alpha + bytes * ((local - 1) / P / intra.beta + (P - local) / P / lv.beta);
+            return (P - 1) * lv.alpha +
+                   bytes * ((local - 1) / P / intra.beta + (P - local) / P / lv.beta);
         }
         case dist::CommKind::allgather:
         case dist::CommKind::scatter:  // bytes per rank: the root sends P - 1 blocks
@@ -116,8 +120,7 @@ double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, doub
     const double sync = m.network.sync_us * 1e-6;
     if (c.two_level) {
         return sync + own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes) +
-               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes,
-                                      bytes / c.per_node);
+               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes, bytes / c.per_node);
     }
     const Level lv = group_level(m, c.group_size, R);
     if (c.kind == dist::CommKind::reduce_scatter) {
@@ -131,24 +134,26 @@ double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, doub
 
 Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& mach,
                   const EstimateOptions& opt) {
-    Estimate           e;
-    e.fp                 = fp;
-    const Layout&      L = fp.layout;
-    const ModelConfig& m = cfg.model;
-    const NodeSpec&    nd = mach.node;
+    Estimate e;
+    e.fp                               = fp;
+    const Layout& L                    = fp.layout;
+    const ModelConfig& m               = cfg.model;
+    const NodeSpec& nd                 = mach.node;
     const model::PrecisionPolicy& prec = L.policy;  // [precision], set by make_layout
     // the fraction of peak is against the peak of the run's precision
     const bool half        = prec.mixed() && nd.peak_half_gflops > 0;
     const double node_peak = (half ? nd.peak_half_gflops : nd.peak_fp32_gflops) * 1e9;
     // cores this rank gets: its threads, or its share when ranks x threads oversubscribe the node
-    const double cores     = std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
+    const double cores =
+        std::min<double>(L.threads, static_cast<double>(nd.cores) / L.ranks_per_node);
     const double peak_rank = nd.peak_fp32_gflops * 1e9 * cores / nd.cores;
     const double core_bw   = nd.memory_bandwidth_core_gbs > 0 ? nd.memory_bandwidth_core_gbs
                                                               : nd.memory_bandwidth_gbs / nd.cores;
-    const double bw_rank = std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
+    const double bw_rank =
+        std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
 
-    const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T,
-                 C = m.d_model, F = m.d_ff, V = m.vocab_size, E = m.n_experts, K = m.top_k,
+    const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T, C = m.d_model,
+                 F = m.d_ff, V = m.vocab_size, E = m.n_experts, K = m.top_k,
                  A = static_cast<double>(L.accum), El = E / L.ep;
     const double n = static_cast<double>(fp.rank_floats);
 
@@ -156,9 +161,11 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
     // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
     // rounded operands); the experts' grouped products always run in float32.
-    const double half_peak_rank = nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
+    const double half_peak_rank =
+        nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
     auto peak_of = [&](model::LayerClass c) {
-        return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;
+        return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank
+                                                                           : peak_rank;
     };
     // a linear layer (rows, out, in): forward, dinp and dweight products
     auto linear = [&](const char* group, double rows, double out, double in, double count,
@@ -232,9 +239,11 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
 
     // memory-bound kernels, bytes per micro-batch
     const double NC = N * C;
-    bytes("layernorm + residual", A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
+    bytes("layernorm + residual",
+          A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
     bytes("embedding", A * 24 * NC);
-    bytes("gelu", A * (n_dense * 20 * N * F + n_moe * m.n_shared_experts * 20 * N * m.shared_width()));
+    bytes("gelu",
+          A * (n_dense * 20 * N * F + n_moe * m.n_shared_experts * 20 * N * m.shared_width()));
     bytes("softmax + cross-entropy", A * 16 * N * V);
     if (n_moe > 0) {
         const double NKC = N * K * C;
@@ -252,17 +261,20 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             return (act ? prec.act_dtype(c) : prec.gemm_dtype(c)) != Dtype::float32 ? 8.0 : 0.0;
         };
         const double nl = m.n_layer, NF = N * F, RK = N * K;
-        double       b = 8 * n + (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
+        double b = 8 * n + (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
         b += NC * r(LayerClass::embedding, true);
-        b += nl * (NC * r(LayerClass::attention, false) * 3 + 4 * NC * r(LayerClass::attention, true) +
-                  3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
+        b += nl *
+             (NC * r(LayerClass::attention, false) * 3 + 4 * NC * r(LayerClass::attention, true) +
+              3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
         b += n_dense * (NF * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
                         NC * (r(LayerClass::ffn, true) + r(LayerClass::ffn, false)));
         b += n_moe * (RK * F * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
                       RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
-        b += NC * r(LayerClass::head, false) + N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
+        b += NC * r(LayerClass::head, false) +
+             N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
         auto conv = [&](LayerClass c, double in, double out, double count) {
-            if (prec.gemm_dtype(c) == Dtype::bfloat16) b += count * 6 * (2 * N * in + 2 * in * out + N * out);
+            if (prec.gemm_dtype(c) == Dtype::bfloat16)
+                b += count * 6 * (2 * N * in + 2 * in * out + N * out);
         };
         conv(LayerClass::attention, C, 3 * C, nl);
         conv(LayerClass::attention, C, C, nl);
@@ -295,12 +307,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
         // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
-        const double t = c.hops        ? 0
-                         : c.nodes > 1 ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node,
-                                                                      c.bytes / c.calls)
-                                       : c.calls * collective_seconds(mach, c.kind, c.group_size,
-                                                                      L.ranks_per_node,
-                                                                      c.bytes / c.calls);
+        const double t =
+            c.hops ? 0
+            : c.nodes > 1
+                ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node, c.bytes / c.calls)
+                : c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
+                                               c.bytes / c.calls);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
         if (c.reduction) {
@@ -315,7 +327,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     } else if (L.overlap) {
         e.t_overlap = std::max(0.0, std::min(t_reduce - t_last, t_backward));
     }
-    e.t_step    = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
+    e.t_step = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
 
     e.tokens_per_s     = fp.tokens_per_step / e.t_step;
     e.sustained_flops  = fp.model_flops_per_step / e.t_step;

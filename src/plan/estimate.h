@@ -17,22 +17,22 @@ namespace bagualu::plan {
 
 struct Term {
     std::string name;
-    double      seconds = 0;
+    double seconds = 0;
 };
 
 struct Estimate {
-    Footprint         fp;
-    std::vector<Term> compute;      // per step: GEMM groups, attention, memory-bound groups
-    std::vector<Term> comm;         // per step, one per Collective
-    double            t_compute = 0, t_memory = 0, t_comm = 0, t_overlap = 0, t_step = 0;
-    double            tokens_per_s       = 0;  // all ranks
-    double            sustained_flops    = 0;  // model FLOPs / t_step, all ranks
-    double            peak_flops         = 0;  // nodes x node peak (of the precision)
-    double            fraction_of_peak   = 0;
-    double            node_memory_bytes  = 0;  // ranks_per_node x per-rank total
-    double            node_capacity      = 0;
-    bool              fits               = false;
-    std::string       bottleneck;
+    Footprint fp;
+    std::vector<Term> compute;  // per step: GEMM groups, attention, memory-bound groups
+    std::vector<Term> comm;     // per step, one per Collective
+    double t_compute = 0, t_memory = 0, t_comm = 0, t_overlap = 0, t_step = 0;
+    double tokens_per_s      = 0;  // all ranks
+    double sustained_flops   = 0;  // model FLOPs / t_step, all ranks
+    double peak_flops        = 0;  // nodes x node peak (of the precision)
+    double fraction_of_peak  = 0;
+    double node_memory_bytes = 0;  // ranks_per_node x per-rank total
+    double node_capacity     = 0;
+    bool fits                = false;
+    std::string bottleneck;
 };
 
 struct EstimateOptions {

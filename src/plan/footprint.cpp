@@ -10,13 +10,13 @@
 #include "core/buffer.h"
 #include "data/loader.h"
 #include "dist/comm/collectives.h"
-#include "moe/router.h"
+#include "dist/paro/grad_sync.h"
 #include "dist/paro/shard_map.h"
+#include "dist/paro/spaces.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
-#include "dist/paro/grad_sync.h"
-#include "dist/paro/spaces.h"
+#include "moe/router.h"
 
 namespace bagualu::plan {
 namespace {
@@ -33,12 +33,12 @@ int n_moe_layers(const ModelConfig& m) {
 // Bytes of one element of a payload of dtype d.
 double elem_bytes(Dtype d) { return d == Dtype::float32 ? 4 : 2; }
 
-// ParO's spaces (dist/paro/partitioned_adamw.cpp PartitionedAdamW::PartitionedAdamW): tensors split by
-// (half-stored, expert) into [dense, expert] of float32 tensors and, when any tensor is
+// ParO's spaces (dist/paro/partitioned_adamw.cpp PartitionedAdamW::PartitionedAdamW): tensors split
+// by (half-stored, expert) into [dense, expert] of float32 tensors and, when any tensor is
 // half-stored, [dense, expert] of half ones; floats per space, tensor padding included.
 struct ParoSpaces {
     double floats[4] = {0, 0, 0, 0};
-    bool   any_half  = false;
+    bool any_half    = false;
 };
 
 ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolicy& prec) {
@@ -46,7 +46,8 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
     model::for_each_param_kind(m, ep, [&](const model::ParamSpec& s, uint64_t count) {
         const bool half = prec.master_mode(s) != model::MasterMode::none;
         sp.any_half     = sp.any_half || half;
-        sp.floats[(half ? 2 : 0) + (s.expert ? 1 : 0)] += static_cast<double>(count * ((s.numel + 15) / 16 * 16));
+        sp.floats[(half ? 2 : 0) + (s.expert ? 1 : 0)] +=
+            static_cast<double>(count * ((s.numel + 15) / 16 * 16));
     });
     return sp;
 }
@@ -56,27 +57,26 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
                          bool half_payload) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
-    const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k,
-                 C = m.d_model, F = m.d_ff, El = E / ep;
+    const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
+                 F = m.d_ff, El = E / ep;
     // rows this rank's experts take per round: the budget MoELayer sizes its buffers with
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
-    const double R =
-        static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
-    const bool   rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
+    const double R    = static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+    const bool rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     MoEBytes b;
     double& a = b.activations;
-    double& s = b.layer_buffers;  // moe::MoEBuffers, counted in activations too
-    a += 2 * buf(N * E, 4) + buf(N * K, 4);                    // logits_, softmax_full_, probs_
-    a += buf(N * K, 4) + buf(E, 4);                            // expert_idx_, tokens_per_expert_
-    s += 2 * buf(N * K, 4) + buf(E + 1, 4);                    // row_of_, token_of_row_, offsets_
-    a += 3 * E * 8;                                            // global_tpe_, prob_sum_, f_
-    s += 2 * buf(N * K * C, 4);                                // x_perm_, y_perm_
-    s += 3 * buf(R * F, 4);                                    // h_, g_, dh_
-    s += 2 * buf(N * K * C, 4) + buf(N * K, 4);                // dy_perm_, dx_perm_, dprobs_
-    a += buf(N * E, 4);                                        // dlogits_
+    double& s = b.layer_buffers;                   // moe::MoEBuffers, counted in activations too
+    a += 2 * buf(N * E, 4) + buf(N * K, 4);        // logits_, softmax_full_, probs_
+    a += buf(N * K, 4) + buf(E, 4);                // expert_idx_, tokens_per_expert_
+    s += 2 * buf(N * K, 4) + buf(E + 1, 4);        // row_of_, token_of_row_, offsets_
+    a += 3 * E * 8;                                // global_tpe_, prob_sum_, f_
+    s += 2 * buf(N * K * C, 4);                    // x_perm_, y_perm_
+    s += 3 * buf(R * F, 4);                        // h_, g_, dh_
+    s += 2 * buf(N * K * C, 4) + buf(N * K, 4);    // dy_perm_, dx_perm_, dprobs_
+    a += buf(N * E, 4);                            // dlogits_
     if (ep > 1 || rounds) s += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
     if (rounds) {
-        a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
+        a += buf(El * (F + C), 8) + buf(El, 1);                // bias_acc_, had_rows_
         if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
     }
     if (m.n_shared_experts > 0) {
@@ -102,28 +102,28 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                     double baseline_bytes) {
     validate_layout(cfg, L.ranks);
     const ModelConfig& m = cfg.model;
-    Footprint          f;
-    f.layout = L;
+    Footprint f;
+    f.layout                   = L;
     const model::LayoutSize ls = model::layout_size(m, L.ep);
     f.params_full              = ls.full_params;
     f.rank_floats              = ls.rank_floats();
     f.expert_floats            = ls.expert_floats;
     const double n             = static_cast<double>(ls.rank_floats());
     const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T;
-    const double P  = L.ranks;
+    const double P = L.ranks;
 
     // ---- memory (train/trainer.cpp run_training, model/gpt.cpp GPT::GPT) ----
-    Memory& mem    = f.memory;
-    mem.baseline   = baseline_bytes;
+    Memory& mem                        = f.memory;
+    mem.baseline                       = baseline_bytes;
     const model::PrecisionPolicy& prec = L.policy;
-    const model::ParamLayout      lay  = model::make_layout(m, L.ep, 0);
+    const model::ParamLayout lay       = model::make_layout(m, L.ep, 0);
     // dist/paro/spaces.h: the same spaces and shard maps the optimizer builds
     const dist::paro::MemoryFootprint opt = dist::paro::optimizer_footprint(
         lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats);
-    mem.parameters = buf(n, 4);  // GPT params_ (half values are stored in float arrays)
-    mem.gradients  = buf(n, 4);  // GPT grads_
-    mem.optimizer  = static_cast<double>(opt.optim_bytes);  // m, v (+ FP32 masters of O2 tensors)
-    mem.comm_buffers = static_cast<double>(opt.comm_bytes);  // ParO bucket buffers
+    mem.parameters   = buf(n, 4);  // GPT params_ (half values are stored in float arrays)
+    mem.gradients    = buf(n, 4);  // GPT grads_
+    mem.optimizer    = static_cast<double>(opt.optim_bytes);  // m, v (+ FP32 masters of O2 tensors)
+    mem.comm_buffers = static_cast<double>(opt.comm_bytes);   // ParO bucket buffers
     const double C = m.d_model, V = m.vocab_size;
     if (prec.mixed()) {
         mem.parameters += buf(n, 4);  // wc_: the weights as computed with, rounded per the policy
@@ -138,7 +138,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // weight, output gradient), each as large as the largest of its kind
     if (prec.dtype == Dtype::bfloat16) {
         double inp = 0, w = 0, dout = 0;
-        auto   half_linear = [&](model::LayerClass c, double in, double out, double rows) {
+        auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {
             if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
             inp  = std::max(inp, rows * in);
             w    = std::max(w, in * out);
@@ -151,28 +151,28 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             half_linear(model::LayerClass::ffn, m.d_ff, C, N);
         }
         // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
-        half_linear(model::LayerClass::head, C, V,
-                    cfg.train.fused_head
-                        ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
-                        : N);
+        half_linear(
+            model::LayerClass::head, C, V,
+            cfg.train.fused_head ? std::min(N, static_cast<double>(model::fused_head_rows(m))) : N);
         mem.activations += 2 * (inp + w + dout);
     }
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers stay per layer)
     const Recompute rc = cfg.train.recompute;
-    mem.activations += static_cast<double>(model::activation_floats(
-                           m, L.micro_batch,
-                           cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc)) * 4 +
-                       2 * buf(N, 4);  // arena; tokens, targets
+    mem.activations +=
+        static_cast<double>(model::activation_floats(
+            m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc)) *
+            4 +
+        2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);
-    const int      n_moe = n_moe_layers(m);
+    const int n_moe    = n_moe_layers(m);
     {
         // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one
         // round only when the budget is below it (SWIPE in training keeps it exactly balanced)
         const double budget = L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget;
-        const double R      = static_cast<double>(moe::moe_rows_budget(
-            static_cast<int64_t>(N), m.top_k, L.ep, budget));
+        const double R      = static_cast<double>(
+            moe::moe_rows_budget(static_cast<int64_t>(N), m.top_k, L.ep, budget));
         f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R)) : 1;
     }
     mem.activations += n_moe * moe.activations;
@@ -184,8 +184,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
     // even split of it (replicated)
     if (cfg.checkpoint.every > 0) {
-        mem.checkpoint = 3 * 4 * static_cast<double>(dist::paro::state_piece_floats(
-                                lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
+        mem.checkpoint = 3 * 4 *
+                         static_cast<double>(dist::paro::state_piece_floats(
+                             lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
     }
     // Data (data/loader.cpp, data/dataset.cpp): the train shards are memory-mapped and val is
     // read (counted as resident, 4 bytes a token: an upper bound); the loader of a reader holds
@@ -195,13 +196,15 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     {
         const double W = MB * (T + 1) * 4;
         const double G = cfg.data.readers > 0 ? std::ceil(P / cfg.data.readers) : 1;
-        mem.data = static_cast<double>(data_tokens) * 4 + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
+        mem.data =
+            static_cast<double>(data_tokens) * 4 + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
     }
 
     // ---- collectives per step ----
-    auto add = [&](std::string what, dist::CommKind kind, std::string group, int size,
-                   double calls, double bytes) {
-        if (calls > 0) f.collectives.push_back({std::move(what), kind, std::move(group), size, calls, bytes});
+    auto add = [&](std::string what, dist::CommKind kind, std::string group, int size, double calls,
+                   double bytes) {
+        if (calls > 0)
+            f.collectives.push_back({std::move(what), kind, std::move(group), size, calls, bytes});
     };
     const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k;
     if (n_moe > 0 && L.ranks > 1) {
@@ -219,8 +222,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                 {std::move(what), kind, std::move(group), size, calls, bytes, reduction, hops});
         }
     };
-    const model::PrecisionPolicy& pol  = L.policy;
-    const int                     Pi   = L.ranks;
+    const model::PrecisionPolicy& pol = L.policy;
+    const int Pi                      = L.ranks;
     // One of our reduce-scatters / all-gathers of a whole array of `bytes` over a group of G
     // ranks on nn nodes of pn, with its sendrecv hops (dist/comm/collectives.cpp): one level
     // (ring or halving/doubling), over nodes one-level the direct exchange (reduce-scatter;
@@ -232,8 +235,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         f.collectives.push_back({what, kind, group, G, calls, calls * bytes, reduction, false, nn,
                                  pn, nn > 1 && L.two_level});
         auto hops = [&](const std::string& w, int p, double array, double sent) {
-            const dist::CollAlgo a = dist::resolve_algo(dist::CollAlgo::automatic, p,
-                                                        static_cast<size_t>(array));
+            const dist::CollAlgo a =
+                dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(array));
             add_flagged(w, dist::CommKind::sendrecv, group, p, calls * dist::sendrecv_hops(a, p),
                         calls * sent, false, true);
         };
@@ -253,7 +256,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // (counted on every member). Mean over ranks: only members of such groups scatter.
     if (cfg.data.readers > 0 && Pi > 1) {
         double members = 0;
-        int    largest = 1;
+        int largest    = 1;
         for (int r = 0; r < Pi;) {
             const data::ReaderGroup g = data::reader_group(r, Pi, cfg.data.readers);
             if (g.size > 1) members += g.size;
@@ -291,12 +294,14 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // counts: each peer gets its El experts' counts, E int64 sent per rank in all
         // (a layer backward runs again (train.recompute) counts, dispatches and combines its
         // tokens once more: n_fwd - n_moe extra forwards)
-        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_fwd * A, E * 8 * n_fwd * A);
+        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_fwd * A,
+            E * 8 * n_fwd * A);
         add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_fwd * A, 8 * n_fwd * A);
         const double rows = N * K * C * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
         add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_fwd * A,
             again * 2 * E * 8 * n_fwd * A);
-        const Dtype  gd = pol.gemm_dtype(model::LayerClass::ffn), ad = pol.act_dtype(model::LayerClass::ffn);
+        const Dtype gd = pol.gemm_dtype(model::LayerClass::ffn),
+                    ad = pol.act_dtype(model::LayerClass::ffn);
         // per layer forward: one dispatch and one combine; backward: one of each, and with more
         // than one round the tokens dispatched again
         const double n_disp = n_fwd + (1 + again) * n_moe, n_comb = n_fwd + n_moe;
@@ -313,21 +318,22 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // dist/paro/replicated_adamw.cpp: one allreduce per run of dense tensors (n_moe + 1
         // runs) over the world, one per run of expert tensors over the expert-data-parallel
         // group; global_grad_norm adds the expert squares over the EP group
-        const double dense = static_cast<double>(ls.dense_floats) * 4,
+        const double dense  = static_cast<double>(ls.dense_floats) * 4,
                      expert = static_cast<double>(ls.expert_floats) * 4;
         const auto [wn, wl] = group_nodes(Pi, 1, L.ranks_per_node);
         if (wn > 1) {
             // over nodes: each segment is an allreduce_mean (reduce-scatter + all-gather) of
             // our own, per level (collectives.h, "over nodes")
             const model::ParamLayout rank_layout = model::make_layout(m, L.ep, 0);
-            const auto [en, el]          = group_nodes(L.edp(), L.ep, L.ranks_per_node);
+            const auto [en, el]                  = group_nodes(L.edp(), L.ep, L.ranks_per_node);
             for (const dist::paro::Segment& sg : dist::paro::make_segments(rank_layout)) {
-                const bool   ex = sg.expert;
-                const int    G  = ex ? L.edp() : Pi;
+                const bool ex = sg.expert;
+                const int G   = ex ? L.edp() : Pi;
                 if (G <= 1) continue;
-                const double b  = static_cast<double>(sg.end - sg.begin) * 4;
-                const int    nn = ex ? en : wn, pn = ex ? el : wl;
-                const std::string what = ex ? "gradient all-reduce (experts)" : "gradient all-reduce (dense)";
+                const double b = static_cast<double>(sg.end - sg.begin) * 4;
+                const int nn = ex ? en : wn, pn = ex ? el : wl;
+                const std::string what =
+                    ex ? "gradient all-reduce (experts)" : "gradient all-reduce (dense)";
                 add_over_nodes(what + " reduce-scatter", dist::CommKind::reduce_scatter,
                                ex ? "edp" : "world", G, nn, pn, b, true, 1);
                 add_over_nodes(what + " all-gather", dist::CommKind::all_gather,
@@ -347,12 +353,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // gradients) per bucket, then the norm's allreduce over the world, then one all-gather
         // per bucket (the space's storage dtype: half-stored tensors travel as half values).
         // Our collectives run on Comm::sendrecv: their hops are counted under sendrecv too.
-        const ParoSpaces sp       = paro_spaces(m, L.ep, pol);
-        const char*      names[4] = {"dense", "experts", "dense", "experts"};
+        const ParoSpaces sp  = paro_spaces(m, L.ep, pol);
+        const char* names[4] = {"dense", "experts", "dense", "experts"};
         struct Space {
-            int    groups;
+            int groups;
             double nb, q;
-            Dtype  dtype;
+            Dtype dtype;
         };
         std::vector<std::pair<int, Space>> spaces;
         for (int i = 0; i < (sp.any_half ? 4 : 2); ++i) {
@@ -364,18 +370,20 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                                        i >= 2 ? pol.dtype : Dtype::float32}});
         }
         auto label = [&](const char* what, int i, Dtype d) {
-            return i >= 2 || sp.any_half ? fmt::format("{} ({}, {} tensors)", what, names[i], dtype_name(d))
-                                         : fmt::format("{} ({})", what, names[i]);
+            return i >= 2 || sp.any_half
+                       ? fmt::format("{} ({}, {} tensors)", what, names[i], dtype_name(d))
+                       : fmt::format("{} ({})", what, names[i]);
         };
         auto own = [&](const std::string& what, dist::CommKind kind, int i, const Space& s,
                        double elem, bool reduction) {
             const double bucket = s.groups * s.q * elem;  // bytes of one call's whole array
-            const char*  group  = i % 2 == 1 ? "edp" : "world";
+            const char* group   = i % 2 == 1 ? "edp" : "world";
             const auto [nn, pn] = group_nodes(s.groups, i % 2 == 1 ? L.ep : 1, L.ranks_per_node);
             add_over_nodes(what, kind, group, s.groups, nn, pn, bucket, reduction, s.nb);
         };
         for (const auto& [i, s] : spaces) {
-            own(label("gradient reduce-scatter", i, s.dtype), dist::CommKind::reduce_scatter, i, s, 4, true);
+            own(label("gradient reduce-scatter", i, s.dtype), dist::CommKind::reduce_scatter, i, s,
+                4, true);
         }
         add("gradient norm", dist::CommKind::allreduce, "world", Pi, 1, 8);
         for (const auto& [i, s] : spaces) {

@@ -22,42 +22,43 @@
 namespace bagualu::plan {
 
 struct Layout {
-    int       ranks          = 1;  // P
-    int       ranks_per_node = 1;  // R
-    int       ep             = 1;  // parallel.expert_parallel
-    int64_t   micro_batch    = 1;  // sequences per rank per forward
-    int64_t   accum          = 1;  // micro-batches per step
-    int       threads        = 1;  // compute threads per rank
+    int ranks           = 1;  // P
+    int ranks_per_node  = 1;  // R
+    int ep              = 1;  // parallel.expert_parallel
+    int64_t micro_batch = 1;  // sequences per rank per forward
+    int64_t accum       = 1;  // micro-batches per step
+    int threads         = 1;  // compute threads per rank
     // Ranks the optimizer state is partitioned over (ParO, cfg.partition_optimizer(ranks): the
     // world for dense tensors, opt_shards_expert = EDP for expert tensors; 1 = replicated): m
     // and v shrink by this factor, and gradients are reduce-scattered and parameters
     // all-gathered in buckets instead of all-reduced.
-    int       opt_shards        = 1;
-    int       opt_shards_expert = 1;
-    size_t    bucket_floats     = size_t{1} << 20;  // ParO's bucket target (parallel.bucket_mib)
-    model::PrecisionPolicy policy;                  // [precision]: dtype and a level per class
-    // Gradient reduction on the helper thread during the last backward (parallel.overlap_grad_reduce)
-    bool      overlap           = false;
+    int opt_shards        = 1;
+    int opt_shards_expert = 1;
+    size_t bucket_floats  = size_t{1} << 20;  // ParO's bucket target (parallel.bucket_mib)
+    model::PrecisionPolicy policy;            // [precision]: dtype and a level per class
+    // Gradient reduction on the helper thread during the last backward
+    // (parallel.overlap_grad_reduce)
+    bool overlap = false;
     // parallel.two_level resolved: ParO's and the replicated reductions inside the node first,
     // then across nodes (the world spans more than one node, or "on")
-    bool      two_level         = false;
+    bool two_level = false;
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
-    double    capacity_factor = 0;
+    double capacity_factor = 0;
     int edp() const { return ranks / ep; }
     int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }
 };
 
 // Bytes per rank. Buffers are counted with Buffer's 64-byte rounding.
 struct Memory {
-    double baseline       = 0;  // process: binary, libraries, MPI, thread stacks (machine file)
-    double parameters     = 0;
-    double gradients      = 0;
-    double optimizer      = 0;  // AdamW m and v (+ fp32 master weights under bf16)
-    double activations    = 0;  // GPT arena, token buffers, MoE saved state and scratch
-    double comm_buffers   = 0;  // TokenDispatcher staging and counts
-    double data           = 0;  // token arrays of the data set and the loader's batches
-    double checkpoint     = 0;  // snapshot buffer of asynchronous checkpoints (checkpoint.every > 0)
+    double baseline     = 0;  // process: binary, libraries, MPI, thread stacks (machine file)
+    double parameters   = 0;
+    double gradients    = 0;
+    double optimizer    = 0;  // AdamW m and v (+ fp32 master weights under bf16)
+    double activations  = 0;  // GPT arena, token buffers, MoE saved state and scratch
+    double comm_buffers = 0;  // TokenDispatcher staging and counts
+    double data         = 0;  // token arrays of the data set and the loader's batches
+    double checkpoint   = 0;  // snapshot buffer of asynchronous checkpoints (checkpoint.every > 0)
     double total() const {
         return baseline + parameters + gradients + optimizer + activations + comm_buffers + data +
                checkpoint;
@@ -68,23 +69,23 @@ struct Memory {
 // (the mean over ranks where ranks differ: all-to-all payloads follow the routing, only the
 // members of reader groups scatter).
 struct Collective {
-    std::string    what;   // "moe all-to-all", "gradient all-reduce (dense)", ...
+    std::string what;  // "moe all-to-all", "gradient all-reduce (dense)", ...
     dist::CommKind kind;
-    std::string    group;  // world, ep, edp, readers
-    int            group_size = 1;
-    double         calls      = 0;
-    double         bytes      = 0;
+    std::string group;  // world, ep, edp, readers
+    int group_size = 1;
+    double calls   = 0;
+    double bytes   = 0;
     // A unit of gradient reduction (reduce_schedule.h): may run during the last backward.
-    bool           reduction  = false;
+    bool reduction = false;
     // The Comm::sendrecv hops of one of our own reduce-scatters / all-gathers: counted by the
     // counters under sendrecv as well, timed with the collective they belong to.
-    bool           hops       = false;
+    bool hops = false;
     // A reduce-scatter / all-gather over a group spanning `nodes` nodes of `per_node` of its
     // ranks (1: one node): two-level (inside the node, then across), else over nodes the
     // one-level direct exchange (collectives.h, "over nodes").
-    int            nodes      = 1;
-    int            per_node   = 1;
-    bool           two_level  = false;
+    int nodes      = 1;
+    int per_node   = 1;
+    bool two_level = false;
 };
 
 // The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R
@@ -92,19 +93,19 @@ struct Collective {
 std::pair<int, int> group_nodes(int G, int stride, int R);
 
 struct Footprint {
-    Layout                  layout;
-    uint64_t                params_full = 0;   // whole model
-    uint64_t                rank_floats = 0;   // parameter floats on one rank (padding included)
-    uint64_t                expert_floats = 0; // of them, this rank's experts
-    Memory                  memory;
-    std::vector<Collective> collectives;       // per step, per rank
-    double                  model_flops_per_step = 0;  // all ranks: 3 x forward x tokens
-    double                  tokens_per_step      = 0;  // all ranks
+    Layout layout;
+    uint64_t params_full   = 0;  // whole model
+    uint64_t rank_floats   = 0;  // parameter floats on one rank (padding included)
+    uint64_t expert_floats = 0;  // of them, this rank's experts
+    Memory memory;
+    std::vector<Collective> collectives;  // per step, per rank
+    double model_flops_per_step = 0;      // all ranks: 3 x forward x tokens
+    double tokens_per_step      = 0;      // all ranks
     // Rounds of each MoE layer's experts at the balanced load (N x K rows per rank) through
     // the row budget: 1 unless the budget is below the balanced load. Skewed routing takes more
     // (top-k; SWIPE in training is exactly balanced). With more than one, backward dispatches
     // the tokens again and recomputes the experts' forward.
-    double                  moe_rounds           = 1;
+    double moe_rounds = 1;
 };
 
 // The layout of a run of cfg over `ranks` processes, R per node, `threads` compute threads per
@@ -124,8 +125,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_
 // activations (saved + scratch) and communication buffers. capacity_factor: 0 = the config's
 // model.moe_rows_budget, > 0 = that row budget instead.
 struct MoEBytes {
-    double activations  = 0;
-    double layer_buffers = 0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
+    double activations = 0;
+    double layer_buffers =
+        0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
     double comm_buffers = 0;
 };
 // half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more

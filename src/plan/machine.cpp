@@ -3,11 +3,11 @@
 #include "plan/machine.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <filesystem>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "config/toml_file.h"
 #include "core/error.h"
@@ -68,9 +68,12 @@ void read(const toml::node& n, T& out, const std::string& where) {
         }
         out = static_cast<int>(*v);
     } else if constexpr (std::is_same_v<T, double>) {
-        if (n.is_integer()) out = static_cast<double>(*n.value_exact<int64_t>());
-        else if (n.is_floating_point()) out = *n.value_exact<double>();
-        else input_error("{}: expected a number, got {}", where, node_text(n));
+        if (n.is_integer())
+            out = static_cast<double>(*n.value_exact<int64_t>());
+        else if (n.is_floating_point())
+            out = *n.value_exact<double>();
+        else
+            input_error("{}: expected a number, got {}", where, node_text(n));
     } else {
         const toml::array* a = n.as_array();
         if (!a) input_error("{}: expected an array of numbers, got {}", where, node_text(n));
@@ -87,7 +90,7 @@ void read(const toml::node& n, T& out, const std::string& where) {
 
 MachineSpec load_machine(const std::string& path) {
     toml::table root = parse_toml_file(path, "machine");
-    MachineSpec           m;
+    MachineSpec m;
     std::set<std::string> sections, keys;
     visit_fields(m, [&](const char* sec, const char* key, auto&) {
         if (*sec) sections.insert(sec);
@@ -109,8 +112,9 @@ MachineSpec load_machine(const std::string& path) {
     }
     visit_fields(m, [&](const char* sec, const char* key, auto& field) {
         if (const toml::node* n = find(root, sec, key)) {
-            read(*n, field, *sec ? fmt::format("{}: {}.{}", path, sec, key)
-                                 : fmt::format("{}: {}", path, key));
+            read(
+                *n, field,
+                *sec ? fmt::format("{}: {}.{}", path, sec, key) : fmt::format("{}: {}", path, key));
         }
     });
     m.source = path;
@@ -120,7 +124,7 @@ MachineSpec load_machine(const std::string& path) {
 
 void validate(const MachineSpec& m) {
     const std::string& src = m.source;
-    auto positive = [&](const char* key, double v) {
+    auto positive          = [&](const char* key, double v) {
         if (!(v > 0)) input_error("{}: {} = {}: must be > 0", src, key, v);
     };
     auto fraction = [&](const char* key, double v) {
@@ -135,9 +139,10 @@ void validate(const MachineSpec& m) {
                     m.node.peak_half_gflops);
     }
     if (m.node.gemm_sizes.empty() || m.node.gemm_sizes.size() != m.node.gemm_efficiency.size()) {
-        input_error("{}: node.gemm_sizes and node.gemm_efficiency must be non-empty arrays of the "
-                    "same length (got {} and {})",
-                    src, m.node.gemm_sizes.size(), m.node.gemm_efficiency.size());
+        input_error(
+            "{}: node.gemm_sizes and node.gemm_efficiency must be non-empty arrays of the "
+            "same length (got {} and {})",
+            src, m.node.gemm_sizes.size(), m.node.gemm_efficiency.size());
     }
     for (size_t i = 0; i < m.node.gemm_sizes.size(); ++i) {
         positive("node.gemm_sizes", m.node.gemm_sizes[i]);
@@ -148,7 +153,8 @@ void validate(const MachineSpec& m) {
     }
     fraction("node.attention_efficiency", m.node.attention_efficiency);
     if (!(m.node.optimizer_ns_per_float >= 0)) {
-        input_error("{}: node.optimizer_ns_per_float = {}: must be >= 0", src, m.node.optimizer_ns_per_float);
+        input_error("{}: node.optimizer_ns_per_float = {}: must be >= 0", src,
+                    m.node.optimizer_ns_per_float);
     }
     if (m.node.baseline_rss_mib < 0 || m.node.mpi_rss_mib < 0) {
         input_error("{}: node.baseline_rss_mib and node.mpi_rss_mib must be >= 0", src);

@@ -151,39 +151,34 @@ CurveSummary summarize(const RunCurve& curve) {
     return {curve.steps.back(), curve.values.back(), min_value};
 }
 
-void write_comparison_chart(std::span<const RunCurve> curves, const std::string& metric,
-                            const std::string& out_path) {
+void write_comparison_chart(std::span<const RunCurve> curves, const std::string& title,
+                            const std::string& axis, const std::string& out_path) {
     std::vector<Series> series;
     for (const RunCurve& c : curves) series.push_back({c.label, "", c.steps, c.values});
-    const std::string axis  = metric == "loss"       ? "train loss"
-                              : metric == "val_loss" ? "val loss"
-                                                     : metric;
-    const std::string title = metric == "loss"       ? "Train loss"
-                              : metric == "val_loss" ? "Validation loss"
-                                                     : metric;
     write_text_file(out_path, line_chart_svg(fmt::format("{} of {} runs", title, curves.size()),
                                              "step", axis, series));
 }
 
 bool write_expert_load_chart(const std::string& run_dir) {
-    const fs::path    dir     = run_dir;
+    const fs::path dir        = run_dir;
     const std::string metrics = (dir / "metrics.jsonl").string();
     if (!fs::exists(metrics))
         input_error("{}: no such file (expected the run's metrics log)", metrics);
     std::vector<std::vector<double>> rows;  // [layer * E + expert][logged step]
-    std::vector<std::string>         labels;
-    std::vector<double>              steps;
+    std::vector<std::string> labels;
+    std::vector<double> steps;
     for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
         if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
         if (!r.contains("expert_tokens")) continue;
         const nlohmann::json& layers = r["expert_tokens"];
-        auto bad = [&] {
+        auto bad                     = [&] {
             input_error("{}:{}: \"expert_tokens\" must be an array (layers) of arrays of numbers",
-                        metrics, line_no);
+                                            metrics, line_no);
         };
         if (!layers.is_array()) bad();
         const size_t col = steps.size();
-        steps.push_back(r.contains("step") && r["step"].is_number() ? r["step"].get<double>() : 0.0);
+        steps.push_back(r.contains("step") && r["step"].is_number() ? r["step"].get<double>()
+                                                                    : 0.0);
         size_t row = 0;
         for (size_t l = 0; l < layers.size(); ++l) {
             if (!layers[l].is_array()) bad();
@@ -192,7 +187,8 @@ bool write_expert_load_chart(const std::string& run_dir) {
                 if (!v.is_number()) bad();
                 sum += v.get<double>();
             }
-            const double mean = layers[l].empty() ? 0.0 : sum / static_cast<double>(layers[l].size());
+            const double mean =
+                layers[l].empty() ? 0.0 : sum / static_cast<double>(layers[l].size());
             for (size_t e = 0; e < layers[l].size(); ++e, ++row) {
                 if (row == rows.size()) {
                     rows.emplace_back();
@@ -207,28 +203,30 @@ bool write_expert_load_chart(const std::string& run_dir) {
     const std::string run_name =
         (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
     const std::string xlabel =
-        fmt::format("logged step (columns {} .. {})", format_tick(steps.front(), 1), format_tick(steps.back(), 1));
+        fmt::format("logged step (columns {} .. {})", format_tick(steps.front(), 1),
+                    format_tick(steps.back(), 1));
     write_text_file(dir / "expert_load.svg",
-                    heatmap_svg(fmt::format("Expert load: {}", run_name), xlabel, "MoE layer, expert",
-                                rows, labels, "tokens / layer mean"));
+                    heatmap_svg(fmt::format("Expert load: {}", run_name), xlabel,
+                                "MoE layer, expert", rows, labels, "tokens / layer mean"));
     return true;
 }
 
 bool write_load_violation_chart(const std::string& run_dir) {
-    const fs::path    dir     = run_dir;
+    const fs::path dir        = run_dir;
     const std::string metrics = (dir / "metrics.jsonl").string();
     if (!fs::exists(metrics))
         input_error("{}: no such file (expected the run's metrics log)", metrics);
     constexpr const char* kKey = "choice_load_max_violation";
-    std::vector<Series>   series;  // one per MoE layer
+    std::vector<Series> series;  // one per MoE layer
     for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
         if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
         if (!r.contains(kKey)) continue;
         const nlohmann::json& layers = r[kKey];
         if (!layers.is_array() || !r.contains("step") || !r["step"].is_number()) {
-            input_error("{}:{}: \"{}\" must be an array of numbers (one per MoE layer) beside a "
-                        "numeric \"step\"",
-                        metrics, line_no, kKey);
+            input_error(
+                "{}:{}: \"{}\" must be an array of numbers (one per MoE layer) beside a "
+                "numeric \"step\"",
+                metrics, line_no, kKey);
         }
         for (size_t l = 0; l < layers.size(); ++l) {
             if (!layers[l].is_number()) {

@@ -34,7 +34,7 @@ bool write_load_violation_chart(const std::string& run_dir);
 
 // One run's curve of one metric, for drawing several runs on one chart (`report --compare`).
 struct RunCurve {
-    std::string         label;
+    std::string label;
     std::vector<double> steps, values;  // in log order; a null value (NaN or inf logged) is NaN
 };
 
@@ -51,9 +51,10 @@ struct CurveSummary {
 };
 CurveSummary summarize(const RunCurve& curve);
 
-// Writes out_path: one line chart of every curve, `metric` against step, the labels as legend.
-// Throws InputError naming out_path when it cannot be written.
-void write_comparison_chart(std::span<const RunCurve> curves, const std::string& metric,
-                            const std::string& out_path);
+// Writes out_path: one line chart of every curve against step, titled "<title> of N runs", the
+// y axis `axis`, the labels as legend. Throws InputError naming out_path when it cannot be
+// written.
+void write_comparison_chart(std::span<const RunCurve> curves, const std::string& title,
+                            const std::string& axis, const std::string& out_path);
 
 }  // namespace bagualu::report

@@ -23,7 +23,7 @@ constexpr std::size_t kMaxLabelChars           = 28;
 constexpr std::array<const char*, 10> kPalette = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                                   "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                                                   "#bcbd22", "#17becf"};
-constexpr std::array<const char*, 3> kDashes = {"6 3", "2 3", "8 3 2 3"};
+constexpr std::array<const char*, 3> kDashes   = {"6 3", "2 3", "8 3 2 3"};
 
 // Sequential colour scale (viridis), evenly spaced stops from low to high.
 constexpr std::array<std::array<int, 3>, 9> kScale = {{{0x44, 0x01, 0x54},
@@ -272,10 +272,9 @@ std::string line_chart_svg(const std::string& title, const std::string& xlabel,
             escape_xml(s.color.empty() ? kPalette[k % kPalette.size()] : s.color);
         // Past the palette, colours repeat with a dash pattern, so that every series differs.
         const std::size_t round = s.color.empty() ? k / kPalette.size() : 0;
-        const std::string dash =
-            round == 0 ? ""
-                       : fmt::format(" stroke-dasharray=\"{}\"",
-                                     kDashes[(round - 1) % kDashes.size()]);
+        const std::string dash  = round == 0 ? ""
+                                             : fmt::format(" stroke-dasharray=\"{}\"",
+                                                           kDashes[(round - 1) % kDashes.size()]);
         // One path; a skipped point breaks the line, and a point alone in its run is a dot.
         std::string path;
         std::vector<std::pair<double, double>> run, dots;

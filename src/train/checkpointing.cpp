@@ -30,21 +30,25 @@ double seconds_since(Clock::time_point t0) {
 
 // Every rank's string, on every rank (a length exchange, then one padded all-gather).
 std::vector<std::string> allgather_strings(dist::Comm& comm, const std::string& mine) {
-    const int            P = comm.size();
+    const int P = comm.size();
     std::vector<int64_t> lens(static_cast<size_t>(P));
-    const int64_t        n = static_cast<int64_t>(mine.size());
+    const int64_t n = static_cast<int64_t>(mine.size());
     comm.allgather(&n, sizeof(n), lens.data());
-    const size_t      width = static_cast<size_t>(*std::max_element(lens.begin(), lens.end()));
-    std::string       padded = mine;
+    const size_t width = static_cast<size_t>(*std::max_element(lens.begin(), lens.end()));
+    std::string padded = mine;
     padded.resize(width);
     std::string all(width * static_cast<size_t>(P), '\0');
     if (width > 0) comm.allgather(padded.data(), width, all.data());
     std::vector<std::string> out;
-    for (int r = 0; r < P; ++r) out.push_back(all.substr(width * static_cast<size_t>(r), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+    for (int r = 0; r < P; ++r)
+        out.push_back(all.substr(width * static_cast<size_t>(r),
+                                 static_cast<size_t>(lens[static_cast<size_t>(r)])));
     return out;
 }
 
-std::string tensor_name(const char* kind, const model::ParamSpec& s) { return std::string(kind) + "/" + s.name; }
+std::string tensor_name(const char* kind, const model::ParamSpec& s) {
+    return std::string(kind) + "/" + s.name;
+}
 
 constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
 
@@ -60,7 +64,7 @@ void allgather_space(const StateSpace& sp, float* params) {
     const ShardMap& map = *sp.map;
     if (map.numel() == 0 || map.ranks() == 1) return;
     Buffer<float> bucket(map.bucket_size());
-    const float*  own = bucket.data() + static_cast<size_t>(map.rank()) * map.piece_size();
+    const float* own = bucket.data() + static_cast<size_t>(map.rank()) * map.piece_size();
     for (size_t b = 0; b < map.num_buckets(); ++b) {
         map.pack_own(b, params, bucket.data());
         dist::all_gather(*sp.comm, {own, map.piece_size()}, {bucket.data(), map.bucket_size()});
@@ -117,8 +121,8 @@ TrainerState parse_trainer_state(const nlohmann::json& state, const std::string&
                 // a float32 value, exactly: finite and unchanged by the round trip through float
                 if (!v.is_number() || !std::isfinite(v.get<double>()) ||
                     static_cast<double>(static_cast<float>(v.get<double>())) != v.get<double>()) {
-                    input_error("{}: state.balance_bias holds {}: expected float32 values",
-                                source, v.dump());
+                    input_error("{}: state.balance_bias holds {}: expected float32 values", source,
+                                v.dump());
                 }
                 b.push_back(static_cast<float>(v.get<double>()));
             }
@@ -131,12 +135,12 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
                            dist::paro::Optimizer& opt, dist::ParallelContext& par)
     : cfg_(cfg), layout_(layout), opt_(opt), par_(par), root_(cfg.checkpoint_dir()) {
     write_job_ = [this] {  // runs on io_; reads only the snapshot
-        const auto      t0 = Clock::now();
+        const auto t0 = Clock::now();
         std::error_code ec;
         fs::create_directories(tmp_dir_, ec);
         if (ec) input_error("{}: cannot create: {}", tmp_dir_, ec.message());
-        record_ = io::ckpt::write_slices(tmp_dir_, fmt::format("rank_{:05d}.safetensors", par_.rank()),
-                                         slices_);
+        record_ = io::ckpt::write_slices(
+            tmp_dir_, fmt::format("rank_{:05d}.safetensors", par_.rank()), slices_);
         write_s_ += seconds_since(t0);
         bytes_ += record_.bytes;
     };
@@ -145,11 +149,13 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
         std::error_code ec;
         fs::create_directories(root_, ec);
         if (ec) {
-            error = fmt::format("{}: cannot create the checkpoint directory: {}", root_, ec.message());
+            error =
+                fmt::format("{}: cannot create the checkpoint directory: {}", root_, ec.message());
         } else {
             for (const auto& e : fs::directory_iterator(root_, ec)) {
                 const std::string name = e.path().filename().string();
-                if (name.rfind("step_", 0) == 0 && name.ends_with(".tmp")) fs::remove_all(e.path(), ec);
+                if (name.rfind("step_", 0) == 0 && name.ends_with(".tmp"))
+                    fs::remove_all(e.path(), ec);
             }
         }
     }
@@ -169,15 +175,16 @@ std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
     std::string chosen, error;
     if (par_.rank() == 0) {
         const std::vector<std::string> all = io::ckpt::list_complete(root_);
-        std::vector<std::string>       bad;
-        std::error_code                ec;
+        std::vector<std::string> bad;
+        std::error_code ec;
         for (const auto& e : fs::directory_iterator(root_, ec)) {
             const std::string name = e.path().filename().string();
             if (name.rfind("step_", 0) == 0 && name.size() == 13 &&
                 !fs::exists(e.path() / io::ckpt::kManifestName)) {
-                log::warn("{}: no manifest.json (incomplete: its run stopped before finishing it); "
-                          "skipping it",
-                          e.path().string());
+                log::warn(
+                    "{}: no manifest.json (incomplete: its run stopped before finishing it); "
+                    "skipping it",
+                    e.path().string());
             }
         }
         for (const std::string& dir : all) {
@@ -191,9 +198,10 @@ std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
             }
         }
         if (chosen.empty() && !all.empty()) {
-            error = fmt::format("{}: no usable checkpoint ({} failed their checks); move them away "
-                                "or train without checkpoint.resume",
-                                root_, fmt::join(bad, ", "));
+            error = fmt::format(
+                "{}: no usable checkpoint ({} failed their checks); move them away "
+                "or train without checkpoint.resume",
+                root_, fmt::join(bad, ", "));
         }
     }
     dist::fail_together(par_.world(), error);
@@ -203,10 +211,10 @@ std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
 }
 
 ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verify) {
-    ResumePoint                                 out;
-    std::string                                 error;
+    ResumePoint out;
+    std::string error;
     std::unique_ptr<io::ckpt::CheckpointReader> reader;
-    const std::vector<StateSpace>               spaces = opt_.state_spaces();
+    const std::vector<StateSpace> spaces = opt_.state_spaces();
     try {
         // rank 0 checks every file's hash; the others only sizes (they read what they need)
         reader = std::make_unique<io::ckpt::CheckpointReader>(dir, verify && par_.rank() == 0);
@@ -221,11 +229,13 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
                         input_error("{}: no tensor {} (a checkpoint of another model?)", dir, name);
                     }
                     if (reader->shape(name) != s.shape) {
-                        input_error("{}: tensor {} has shape [{}], the model expects [{}]", dir, name,
-                                    fmt::join(reader->shape(name), ", "), fmt::join(s.shape, ", "));
+                        input_error("{}: tensor {} has shape [{}], the model expects [{}]", dir,
+                                    name, fmt::join(reader->shape(name), ", "),
+                                    fmt::join(s.shape, ", "));
                     }
                     reader->read(name, static_cast<int64_t>(p.elem_offset),
-                                 static_cast<int64_t>(p.elem_offset + p.len), piece_data(sp, p, params, k));
+                                 static_cast<int64_t>(p.elem_offset + p.len),
+                                 piece_data(sp, p, params, k));
                 }
             }
         }
@@ -253,12 +263,12 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
     const auto t0 = Clock::now();
     if (pending_) finalize();
     const std::vector<StateSpace> spaces = opt_.state_spaces();
-    const size_t                  floats = snapshot_floats();
+    const size_t floats                  = snapshot_floats();
     if (snapshot_.size() != floats) snapshot_ = Buffer<float>(floats);
     struct Copy {
         const float* src;
-        float*       dst;
-        size_t       len;
+        float* dst;
+        size_t len;
     };
     std::vector<Copy> copies;
     slices_.clear();
@@ -270,22 +280,24 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
             for (int k = 0; k < 3; ++k) {
                 // the FP32 master weights where the parameters are stored in half precision
                 const float* master = k == 0 ? opt_.master_of(si, p) : nullptr;
-                const float* src = master ? master : piece_data(sp, p, const_cast<float*>(params), k);
+                const float* src =
+                    master ? master : piece_data(sp, p, const_cast<float*>(params), k);
                 constexpr size_t kChunk = size_t{1} << 16;  // floats per copy task
                 for (size_t o = 0; o < p.len; o += kChunk) {
-                    copies.push_back({src + o, snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
+                    copies.push_back(
+                        {src + o, snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
                 }
-                slices_.push_back(io::ckpt::Slice{tensor_name(kKinds[k], s), s.shape,
-                                                  static_cast<int64_t>(p.elem_offset),
-                                                  static_cast<int64_t>(p.elem_offset + p.len),
-                                                  snapshot_.data() + at});
+                slices_.push_back(io::ckpt::Slice{
+                    tensor_name(kKinds[k], s), s.shape, static_cast<int64_t>(p.elem_offset),
+                    static_cast<int64_t>(p.elem_offset + p.len), snapshot_.data() + at});
                 at += p.len;
             }
         }
     }
     // the copy is the step loop's only pause: spread it over the compute workers
     parallel_for(static_cast<int64_t>(copies.size()), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) std::memcpy(copies[i].dst, copies[i].src, copies[i].len * sizeof(float));
+        for (int64_t i = b; i < e; ++i)
+            std::memcpy(copies[i].dst, copies[i].src, copies[i].len * sizeof(float));
     });
     step_    = step;
     state_   = state;
@@ -299,7 +311,7 @@ double Checkpointer::busy() const { return pending_ && !io_.done(ticket_) ? 1.0 
 
 void Checkpointer::finalize() {
     if (!pending_) return;
-    const auto  t0 = Clock::now();
+    const auto t0 = Clock::now();
     std::string error;
     try {
         io_.wait(ticket_);  // this rank's file; on rank 0 also the previous checkpoint's commit
@@ -334,7 +346,8 @@ void Checkpointer::finalize() {
                     const std::string aside =
                         final_dir + fmt::format(".replaced-{}", std::time(nullptr));
                     fs::rename(final_dir, aside);
-                    log::warn("{}: existed already (skipped at resume); moved to {}", final_dir, aside);
+                    log::warn("{}: existed already (skipped at resume); moved to {}", final_dir,
+                              aside);
                 }
                 io::ckpt::commit(tmp, final_dir);
                 io::ckpt::prune(root_, static_cast<int>(cfg_.checkpoint.keep));
@@ -366,14 +379,16 @@ void Checkpointer::close() {
 
 CheckpointModel read_checkpoint_model(const std::string& dir) {
     io::ckpt::CheckpointReader reader(dir, true);
-    CheckpointModel            out;
+    CheckpointModel out;
     out.cfg  = config_from_text(reader.manifest().config_toml, dir + "/manifest.json (config)");
     out.step = reader.manifest().step;
     const model::ParamLayout full = model::make_layout(out.cfg.model);
     out.params                    = Buffer<float>(full.total_floats());
     for (const model::ParamSpec& s : full.specs()) {
         const std::string name = tensor_name("param", s);
-        if (!reader.has(name)) input_error("{}: no tensor {} (the manifest's config disagrees with its tensors)", dir, name);
+        if (!reader.has(name))
+            input_error("{}: no tensor {} (the manifest's config disagrees with its tensors)", dir,
+                        name);
         if (reader.shape(name) != s.shape) {
             input_error("{}: tensor {} has shape [{}], its config says [{}]", dir, name,
                         fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
@@ -381,16 +396,18 @@ CheckpointModel read_checkpoint_model(const std::string& dir) {
         reader.read(name, 0, static_cast<int64_t>(s.numel), out.params.data() + s.offset);
     }
     out.biases = parse_trainer_state(reader.manifest().state, dir + "/manifest.json").balance_bias;
-    const size_t n_moe =
-        out.cfg.model.moe_every > 0 ? static_cast<size_t>(out.cfg.model.n_layer / out.cfg.model.moe_every) : 0;
+    const size_t n_moe = out.cfg.model.moe_every > 0
+                             ? static_cast<size_t>(out.cfg.model.n_layer / out.cfg.model.moe_every)
+                             : 0;
     if (out.cfg.model.balance_bias_rate > 0 &&
         (out.biases.size() != n_moe ||
          std::any_of(out.biases.begin(), out.biases.end(), [&](const std::vector<float>& b) {
              return b.size() != static_cast<size_t>(out.cfg.model.n_experts);
          }))) {
-        input_error("{}/manifest.json: state.balance_bias must hold {} arrays of {} values "
-                    "(model.balance_bias_rate > 0)",
-                    dir, n_moe, out.cfg.model.n_experts);
+        input_error(
+            "{}/manifest.json: state.balance_bias must hold {} arrays of {} values "
+            "(model.balance_bias_rate > 0)",
+            dir, n_moe, out.cfg.model.n_experts);
     }
     return out;
 }

@@ -22,20 +22,20 @@
 #include "core/buffer.h"
 #include "core/helper_thread.h"
 #include "dist/parallel.h"
+#include "dist/paro/optimizer.h"
 #include "io/checkpoint/checkpoint.h"
 #include "model/param_layout.h"
 #include "moe/balance_bias.h"
-#include "dist/paro/optimizer.h"
 
 namespace bagualu::train {
 
 // What the trainer records in a manifest's state, typed.
 struct TrainerState {
     int64_t epoch = 0, position = 0;  // the sampler cursor
-    bool    has_loss_scale = false;   // absent in checkpoints of FP32 runs' first format
-    double  loss_scale     = 1;
-    int64_t clean_steps    = 0;
-    int64_t steps_skipped  = 0;
+    bool has_loss_scale   = false;    // absent in checkpoints of FP32 runs' first format
+    double loss_scale     = 1;
+    int64_t clean_steps   = 0;
+    int64_t steps_skipped = 0;
     // With model.balance_bias_rate > 0: every MoE layer's routing bias (moe/balance_bias.h),
     // float32 values written as JSON numbers of 17 significant digits, so they read back exactly.
     moe::BalanceBiases balance_bias;
@@ -44,10 +44,10 @@ struct TrainerState {
 TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source);
 
 struct ResumePoint {
-    int64_t        step = 0;  // optimizer steps done
-    nlohmann::json state;     // the manifest's state: sampler cursor and counters
-    TrainerState   trainer;   // the same, checked and typed
-    std::string    dir;       // the checkpoint that was loaded
+    int64_t step = 0;      // optimizer steps done
+    nlohmann::json state;  // the manifest's state: sampler cursor and counters
+    TrainerState trainer;  // the same, checked and typed
+    std::string dir;       // the checkpoint that was loaded
 };
 
 class Checkpointer {
@@ -88,7 +88,7 @@ class Checkpointer {
     double stall_seconds() const { return stall_s_; }
     // Seconds this rank's I/O helper spent writing checkpoint files (what a synchronous
     // checkpoint would have stalled the step loop); the bytes they hold.
-    double   write_seconds() const { return write_s_; }
+    double write_seconds() const { return write_s_; }
     uint64_t bytes_written() const { return bytes_; }
     // The last checkpoint committed ("" if none); complete after close().
     const std::string& last_committed() const { return last_; }
@@ -96,30 +96,30 @@ class Checkpointer {
    private:
     size_t snapshot_floats();  // floats of this rank's pieces, three kinds
 
-    const TrainConfig&          cfg_;
-    const model::ParamLayout&   layout_;
-    dist::paro::Optimizer&      opt_;
-    dist::ParallelContext&      par_;
-    std::string                 root_;
-    std::function<void()>       write_job_, commit_job_;  // io_'s jobs (alive for FunctionRef)
-    HelperThread                io_;         // writes snapshots; one per run
-    HelperThread::Ticket        ticket_  = 0, commit_ticket_ = 0;
-    bool                        pending_ = false;
-    int64_t                     step_    = 0;
-    nlohmann::json              state_;
-    Buffer<float>               snapshot_;
+    const TrainConfig& cfg_;
+    const model::ParamLayout& layout_;
+    dist::paro::Optimizer& opt_;
+    dist::ParallelContext& par_;
+    std::string root_;
+    std::function<void()> write_job_, commit_job_;  // io_'s jobs (alive for FunctionRef)
+    HelperThread io_;                               // writes snapshots; one per run
+    HelperThread::Ticket ticket_ = 0, commit_ticket_ = 0;
+    bool pending_ = false;
+    int64_t step_ = 0;
+    nlohmann::json state_;
+    Buffer<float> snapshot_;
     std::vector<io::ckpt::Slice> slices_;
-    io::ckpt::FileRecord        record_;
-    std::string                 tmp_dir_, last_;
-    double                      stall_s_ = 0, write_s_ = 0;
-    uint64_t                    bytes_   = 0;
+    io::ckpt::FileRecord record_;
+    std::string tmp_dir_, last_;
+    double stall_s_ = 0, write_s_ = 0;
+    uint64_t bytes_ = 0;
 };
 
 // A checkpoint's model as one full FP32 parameter array in the layout of model::make_layout
 // (what export writes). Reads the config from the manifest.
 struct CheckpointModel {
-    TrainConfig   cfg;
-    int64_t       step = 0;
+    TrainConfig cfg;
+    int64_t step = 0;
     Buffer<float> params;
     moe::BalanceBiases biases;  // the trainer state's balance_bias (empty when off)
 };

@@ -13,7 +13,7 @@
 namespace bagualu::train {
 
 struct EvalResult {
-    double  loss   = 0;  // nats per token
+    double loss    = 0;  // nats per token
     int64_t tokens = 0;
 };
 

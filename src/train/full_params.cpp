@@ -9,10 +9,10 @@
 namespace bagualu::train {
 
 Buffer<float> gather_full_params(const model::GPT& gpt, dist::ParallelContext* par) {
-    const ModelConfig&        m    = gpt.config();
-    const model::ParamLayout  full = model::make_layout(m);
-    Buffer<float>             out(full.total_floats());
-    const int                 EP   = par ? par->ep_size() : 1;
+    const ModelConfig& m          = gpt.config();
+    const model::ParamLayout full = model::make_layout(m);
+    Buffer<float> out(full.total_floats());
+    const int EP = par ? par->ep_size() : 1;
     // every rank's whole local parameter array, gathered within the EP group
     std::vector<float> all(gpt.n_floats() * static_cast<size_t>(EP));
     if (EP > 1) {

@@ -30,12 +30,12 @@ class GemmChoiceRecord {
     void save_if_grown();
 
     const std::string& path() const { return path_; }
-    size_t             saved_shapes() const { return saved_; }
+    size_t saved_shapes() const { return saved_; }
 
    private:
     std::string path_;
-    bool        active_ = false;
-    size_t      saved_  = 0;
+    bool active_  = false;
+    size_t saved_ = 0;
 };
 
 }  // namespace bagualu::train

@@ -26,7 +26,8 @@ std::string format_duration(double s) {
     return fmt::format("{}s", t);
 }
 
-void Progress::update(int64_t step, int64_t total, double loss, double tps, double mfu, double eta) {
+void Progress::update(int64_t step, int64_t total, double loss, double tps, double mfu,
+                      double eta) {
     if (mode_ == Mode::Quiet) return;
     const std::string line =
         fmt::format("step {:>6}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}", step,

@@ -51,7 +51,7 @@ bool lock_unsupported(int err) {
 
 bool same_directory(const std::string& a, const std::string& b) {
     std::error_code ec;
-    const bool      same = fs::equivalent(a, b, ec);
+    const bool same = fs::equivalent(a, b, ec);
     return !ec && same;
 }
 
@@ -89,19 +89,21 @@ void RunDirLock::add(const std::string& dir, const std::string& what) {
         const int err = errno;
         if (lock_unsupported(err)) {
             // A file system mounted without lock support: train unprotected, and say so.
-            log::warn("{}: cannot lock {} ({}): another run into this directory would not be "
-                      "stopped",
-                      dir, kLockFileName, std::strerror(err));
+            log::warn(
+                "{}: cannot lock {} ({}): another run into this directory would not be "
+                "stopped",
+                dir, kLockFileName, std::strerror(err));
         } else {
-            char          holder[128] = {};
-            const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+            char holder[128] = {};
+            const ssize_t n  = ::pread(fd, holder, sizeof(holder) - 1, 0);
             ::close(fd);
             std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
             while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
             if (err == EWOULDBLOCK) {
-                input_error("{}: {} is in use by another bagualu run ({}); wait for it to end or "
-                            "choose another directory",
-                            dir, what, who.empty() ? "pid unknown" : who);
+                input_error(
+                    "{}: {} is in use by another bagualu run ({}); wait for it to end or "
+                    "choose another directory",
+                    dir, what, who.empty() ? "pid unknown" : who);
             }
             input_error("{}: cannot lock {}: {}", dir, path, std::strerror(err));
         }
@@ -120,32 +122,35 @@ void RunDirLock::add(const std::string& dir, const std::string& what) {
 
 RunDirLock prepare_run_dir(const TrainConfig& cfg, bool force, bool resume) {
     const std::string& dir = cfg.train.run_dir;
-    std::error_code    ec;
+    std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) input_error("{}: cannot create run directory: {}", dir, ec.message());
     RunDirLock lock;
     lock.add(dir, "the run directory");
 
-    const std::string              ckpt_dir    = cfg.checkpoint_dir();
-    const bool                     has_metrics = fs::exists(dir + "/metrics.jsonl", ec);
-    const bool                     has_model   = fs::exists(dir + "/model", ec);
-    const std::vector<std::string> old         = io::ckpt::list_complete(ckpt_dir);
+    const std::string ckpt_dir         = cfg.checkpoint_dir();
+    const bool has_metrics             = fs::exists(dir + "/metrics.jsonl", ec);
+    const bool has_model               = fs::exists(dir + "/model", ec);
+    const std::vector<std::string> old = io::ckpt::list_complete(ckpt_dir);
     // Every refusal comes before anything is created or deleted.
     if (resume && old.empty() && (has_metrics || has_model) && !force) {
-        input_error("{}: --resume found no checkpoint in {}, and training from the start would "
-                    "replace the earlier run's {}; pass --force to do that, or choose another "
-                    "--run-dir",
-                    dir, ckpt_dir, has_metrics ? "metrics.jsonl" : "model/");
+        input_error(
+            "{}: --resume found no checkpoint in {}, and training from the start would "
+            "replace the earlier run's {}; pass --force to do that, or choose another "
+            "--run-dir",
+            dir, ckpt_dir, has_metrics ? "metrics.jsonl" : "model/");
     }
     if (!resume && has_metrics && !force) {
-        input_error("{}: already holds a run (metrics.jsonl); pass --resume to continue it, "
-                    "--force to replace it, or choose another --run-dir",
-                    dir);
+        input_error(
+            "{}: already holds a run (metrics.jsonl); pass --resume to continue it, "
+            "--force to replace it, or choose another --run-dir",
+            dir);
     }
     if (!resume && !old.empty() && !force) {
-        input_error("{}: holds {} checkpoint(s) of an earlier run; pass --resume to continue "
-                    "it, --force to replace it, or set checkpoint.dir elsewhere",
-                    ckpt_dir, old.size());
+        input_error(
+            "{}: holds {} checkpoint(s) of an earlier run; pass --resume to continue "
+            "it, --force to replace it, or set checkpoint.dir elsewhere",
+            ckpt_dir, old.size());
     }
     if (cfg.checkpoint.every > 0 || resume || !old.empty()) {  // used, or about to be cleared
         fs::create_directories(ckpt_dir, ec);
@@ -169,7 +174,8 @@ void trim_metrics(const std::string& path, int64_t step) {
         if (line.empty()) continue;
         const auto j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded()) break;  // a line cut by the crash: everything after it goes too
-        if (j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
+        if (j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step)
+            continue;
         kept += line;
         kept += '\n';
     }
@@ -190,8 +196,8 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::open(const std::string& path, bool append) {
     BGL_CHECK(fd_ < 0, "{} is open already", path_);
     path_ = path;
-    fd_   = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC),
-                   0644);
+    fd_ =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
     if (fd_ < 0) input_error("{}: cannot write: {}", path, std::strerror(errno));
     const off_t end = ::lseek(fd_, 0, SEEK_END);
     size_           = end > 0 ? static_cast<int64_t>(end) : 0;
@@ -214,10 +220,10 @@ void MetricsWriter::write(const nlohmann::json& j) {
 
 void MetricsWriter::close() {
     if (fd_ < 0) return;
-    const int  fd  = fd_;
-    fd_            = -1;
-    const bool ok  = ::fsync(fd) == 0 || errno == EINVAL;  // EINVAL: a file that cannot sync
-    const int  err = errno;
+    const int fd  = fd_;
+    fd_           = -1;
+    const bool ok = ::fsync(fd) == 0 || errno == EINVAL;  // EINVAL: a file that cannot sync
+    const int err = errno;
     if (::close(fd) != 0 || !ok) {
         input_error("{}: cannot write: {}", path_, std::strerror(ok ? errno : err));
     }

@@ -69,8 +69,8 @@ class MetricsWriter {
 
    private:
     std::string path_;
-    int         fd_   = -1;
-    int64_t     size_ = 0;  // bytes of whole lines written
+    int fd_       = -1;
+    int64_t size_ = 0;  // bytes of whole lines written
 };
 
 }  // namespace bagualu::train

@@ -9,17 +9,17 @@
 namespace bagualu::train {
 
 std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
-                                          const std::string& tokenizer_path,
-                                          const SampleSection& s,
+                                          const std::string& tokenizer_path, const SampleSection& s,
                                           const moe::BalanceBiases& biases) {
     const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path);
-    model::Generator      gen(m, params, biases);
-    Rng                   rng(s.seed, 0xA11CE);
+    model::Generator gen(m, params, biases);
+    Rng rng(s.seed, 0xA11CE);
     const model::SampleOptions opt{s.temperature, s.top_k};
-    std::vector<std::string>   out;
+    std::vector<std::string> out;
     for (int i = 0; i < s.n_samples; ++i) {
-        const std::string prompt = s.prompts.empty() ? std::string()
-                                                     : s.prompts[static_cast<size_t>(i) % s.prompts.size()];
+        const std::string prompt = s.prompts.empty()
+                                       ? std::string()
+                                       : s.prompts[static_cast<size_t>(i) % s.prompts.size()];
         std::vector<int32_t> ids = {tok.eos_id()};
         for (int32_t t : tok.encode(prompt)) ids.push_back(t);
         if (static_cast<int>(ids.size()) > m.seq_len) ids.resize(static_cast<size_t>(m.seq_len));

@@ -11,8 +11,7 @@
 namespace bagualu::train {
 
 std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
-                                          const std::string& tokenizer_path,
-                                          const SampleSection& s,
+                                          const std::string& tokenizer_path, const SampleSection& s,
                                           const moe::BalanceBiases& biases = {});
 // biases: the MoE blocks' balancing biases (model/model_io.h), or none.
 void print_samples(const ModelConfig& m, const float* params, const std::string& tokenizer_path,

@@ -27,8 +27,8 @@
 #include "data/loader.h"
 #include "dist/comm/checks.h"
 #include "dist/paro/optimizer.h"
-#include "kernels/gemm.h"
 #include "kernels/dispatch.h"
+#include "kernels/gemm.h"
 #include "kernels/peak.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
@@ -66,7 +66,7 @@ void maybe_inject_kill(int64_t step, int rank) {
 
 // A hash of this executable, so ranks can check they run the same build.
 uint64_t binary_hash() {
-    std::ifstream     f("/proc/self/exe", std::ios::binary);
+    std::ifstream f("/proc/self/exe", std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), {});
     return XXH64(bytes.data(), bytes.size(), 0);
 }
@@ -88,7 +88,7 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool b
                    entropy = loads, tokens = loads;
     for (const auto& layer : gpt.moe_layers()) {
         const moe::RoutingStats& s = layer->routing_stats();
-        const double             slots = static_cast<double>(std::max<int64_t>(s.slots, 1));
+        const double slots         = static_cast<double>(std::max<int64_t>(s.slots, 1));
         loads.push_back(load_max_over_mean(s.tokens_per_expert.data(), E));
         dropped.push_back(static_cast<double>(s.dropped) / slots);
         reassigned.push_back(static_cast<double>(s.reassigned) / slots);
@@ -104,7 +104,7 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool b
                    babs = violation;
     for (const auto& layer : gpt.moe_layers()) {
         const moe::BalanceBias& b = layer->balance_bias();
-        const moe::BiasStats    st = b.stats();
+        const moe::BiasStats st   = b.stats();
         violation.push_back(b.max_violation());
         bmin.push_back(st.min);
         bmax.push_back(st.max);
@@ -151,66 +151,66 @@ class Trainer {
     TrainSummary run();
 
    private:
-    struct StepRecord {  // what a step's metrics line reports
-        int64_t step       = 0;  // 0-based
-        double  loss       = 0, aux = 0, lr = 0, grad_norm = 0;
-        double  loss_scale = 1;  // the scale the step ran with
-        bool    skipped    = false;
+    struct StepRecord {    // what a step's metrics line reports
+        int64_t step = 0;  // 0-based
+        double loss = 0, aux = 0, lr = 0, grad_norm = 0;
+        double loss_scale = 1;  // the scale the step ran with
+        bool skipped      = false;
     };
 
-    void   check_inputs();
-    void   build_model(const TrainConfig& cfg);
-    void   log_setup() const;
-    void   resume();
-    void   open_metrics();
-    void   train_step(int64_t step);
+    void check_inputs();
+    void build_model(const TrainConfig& cfg);
+    void log_setup() const;
+    void resume();
+    void open_metrics();
+    void train_step(int64_t step);
     double forward_backward(int64_t step, double& aux);
     double reduce_loss(double local_loss, int64_t step);
-    void   save_checkpoint(int64_t step);
-    void   log_step(const StepRecord& r);
+    void save_checkpoint(int64_t step);
+    void log_step(const StepRecord& r);
     double evaluate_at(int64_t step);
-    void   emit(const nlohmann::json& j);
+    void emit(const nlohmann::json& j);
     TrainSummary finish();
-    void   report_checkpoints();
-    void   report_peak_rss();
-    void   write_outputs(const Buffer<float>& full);
+    void report_checkpoints();
+    void report_peak_rss();
+    void write_outputs(const Buffer<float>& full);
 
-    const TrainConfig&                     cfg_;
-    const TrainOptions&                    opt_;
-    const Clock::time_point                t_start_;
+    const TrainConfig& cfg_;
+    const TrainOptions& opt_;
+    const Clock::time_point t_start_;
     std::unique_ptr<dist::ParallelContext> single_;  // the context of a plain one-process run
-    dist::ParallelContext*                 par_;
-    const int                              P_;
-    const bool                             root_;
-    const bool                             writer_;  // logs, run directory, metrics, model
-    const bool                             resume_;
-    const int                              T_;
-    int                                    MB_    = 0;  // micro-batch per rank
-    int64_t                                accum_ = 0;  // micro-steps per step
-    data::Dataset                          ds_;
-    std::unique_ptr<data::DataLoader>      loader_;
-    RunDirLock                             run_dir_lock_;  // held until the run ends
-    model::PrecisionPolicy                 prec_;
-    optim::LossScaler                      scaler_;
-    std::unique_ptr<model::GPT>            gpt_;
-    std::unique_ptr<HelperThread>          helper_;  // reduces gradients during backward
+    dist::ParallelContext* par_;
+    const int P_;
+    const bool root_;
+    const bool writer_;  // logs, run directory, metrics, model
+    const bool resume_;
+    const int T_;
+    int MB_        = 0;  // micro-batch per rank
+    int64_t accum_ = 0;  // micro-steps per step
+    data::Dataset ds_;
+    std::unique_ptr<data::DataLoader> loader_;
+    RunDirLock run_dir_lock_;  // held until the run ends
+    model::PrecisionPolicy prec_;
+    optim::LossScaler scaler_;
+    std::unique_ptr<model::GPT> gpt_;
+    std::unique_ptr<HelperThread> helper_;  // reduces gradients during backward
     std::unique_ptr<dist::paro::Optimizer> optimizer_;
-    dist::paro::MemoryFootprint            mem_;
-    std::vector<int32_t>                   inputs_, targets_;  // (MB, T): this rank's micro-step
-    double                                 peak_gflops_     = 0;
-    double                                 flops_per_token_ = 0;  // forward + backward
-    int64_t                                tokens_per_step_ = 0;  // all ranks
-    std::optional<Checkpointer>            ckpt_;
-    GemmChoiceRecord                       gemm_choices_;  // BGL_GEMM=auto's table of this rank
-    int64_t                                start_step_ = 0;
-    MetricsWriter                          metrics_;
-    Progress                               progress_;
-    TrainSummary                           sum_;
-    dist::CommTally                        eval_comm_;   // evaluation's collectives, left out
-    dist::CommTally                        comm_start_;  // of the steps' counts
-    Clock::time_point                      t_train_;
-    double                                 window_time_ = 0, window_wait_ = 0;  // since the last
-    int64_t                                window_steps_ = 0;                   // metrics line
+    dist::paro::MemoryFootprint mem_;
+    std::vector<int32_t> inputs_, targets_;  // (MB, T): this rank's micro-step
+    double peak_gflops_      = 0;
+    double flops_per_token_  = 0;  // forward + backward
+    int64_t tokens_per_step_ = 0;  // all ranks
+    std::optional<Checkpointer> ckpt_;
+    GemmChoiceRecord gemm_choices_;  // BGL_GEMM=auto's table of this rank
+    int64_t start_step_ = 0;
+    MetricsWriter metrics_;
+    Progress progress_;
+    TrainSummary sum_;
+    dist::CommTally eval_comm_;   // evaluation's collectives, left out
+    dist::CommTally comm_start_;  // of the steps' counts
+    Clock::time_point t_train_;
+    double window_time_ = 0, window_wait_ = 0;  // since the last
+    int64_t window_steps_ = 0;                  // metrics line
 };
 
 // After the set-up (the constructor): resume, the steps, finish.
@@ -243,7 +243,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     accum_ = cfg.grad_accum_steps(P_);
     if (writer_) write_run_file(cfg.train.run_dir + "/config.toml", to_toml(cfg));
     build_model(cfg);
-    gemm_choices_ = GemmChoiceRecord(gemm_choice_path(cfg.train.run_dir, par_->rank()), !opt.dry_run);
+    gemm_choices_ =
+        GemmChoiceRecord(gemm_choice_path(cfg.train.run_dir, par_->rank()), !opt.dry_run);
     inputs_.resize(static_cast<size_t>(MB_) * T_);
     targets_.resize(inputs_.size());
     peak_gflops_     = kernels::measure_peak_gflops_f32(0.2);
@@ -282,19 +283,19 @@ void Trainer::check_inputs() {
 void Trainer::build_model(const TrainConfig& cfg) {
     prec_   = model::PrecisionPolicy::from_config(cfg.precision);
     scaler_ = optim::LossScaler(cfg.precision, prec_.loss_scaling());
-    gpt_    = std::make_unique<model::GPT>(cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
-                                           cfg.train.fused_head
-                                               ? static_cast<int>(model::fused_head_rows(cfg.model))
-                                               : 0,
-                                           cfg.train.recompute);
+    gpt_    = std::make_unique<model::GPT>(
+        cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
+        cfg.train.fused_head ? static_cast<int>(model::fused_head_rows(cfg.model)) : 0,
+        cfg.train.recompute);
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
     const bool overlap_wanted = cfg.parallel.overlap_grad_reduce && P_ > 1;
     const bool overlap        = overlap_wanted && par_->world().threads_multiple();
     if (overlap_wanted && !overlap && root_) {
-        log::warn("MPI does not provide MPI_THREAD_MULTIPLE: gradients are reduced after backward, "
-                  "not overlapped with it (parallel.overlap_grad_reduce)");
+        log::warn(
+            "MPI does not provide MPI_THREAD_MULTIPLE: gradients are reduced after backward, "
+            "not overlapped with it (parallel.overlap_grad_reduce)");
     }
     helper_    = overlap ? std::make_unique<HelperThread>() : nullptr;
     optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, prec_, helper_.get());
@@ -306,26 +307,30 @@ void Trainer::log_setup() const {
     log::info("model: {} parameters ({} layers, {} MoE, {} experts top-{}), vocab {}",
               model::make_layout(m).num_params(), m.n_layer,
               m.moe_every > 0 ? m.n_layer / m.moe_every : 0, m.n_experts, m.top_k, m.vocab_size);
-    log::info("layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
-              "per MoE layer",
-              P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
+    log::info(
+        "layout: {} rank(s), expert parallel {} x data parallel {}; {} local experts "
+        "per MoE layer",
+        P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
     if (P_ > 1) {
         log::info("nodes: {} of {} rank(s); gradient reduction {}, all-to-all {}", par_->nodes(),
                   par_->world_nodes().per_node, par_->two_level() ? "two-level" : "one-level",
                   par_->hierarchical_a2a() ? "hierarchical" : "flat");
     }
-    log::info("data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
-              "tokens = {} micro-batch(es) of {} per rank",
-              loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),
-              cfg_.train.batch_size, T_, accum_, MB_);
+    log::info(
+        "data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
+        "tokens = {} micro-batch(es) of {} per rank",
+        loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),
+        cfg_.train.batch_size, T_, accum_, MB_);
     constexpr double kMiB = 1 << 20;
-    log::info("memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
-              "state {:.1f} MiB ({}), bucket buffers {:.1f} MiB",
-              mem_.param_bytes / kMiB, mem_.grad_bytes / kMiB, mem_.optim_bytes / kMiB,
-              optimizer_->partitioned() ? fmt::format("ParO over {} rank(s)", P_) : "replicated",
-              mem_.comm_bytes / kMiB);
-    log::info("precision: {}{}", prec_.describe(),
-              scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
+    log::info(
+        "memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
+        "state {:.1f} MiB ({}), bucket buffers {:.1f} MiB",
+        mem_.param_bytes / kMiB, mem_.grad_bytes / kMiB, mem_.optim_bytes / kMiB,
+        optimizer_->partitioned() ? fmt::format("ParO over {} rank(s)", P_) : "replicated",
+        mem_.comm_bytes / kMiB);
+    log::info(
+        "precision: {}{}", prec_.describe(),
+        scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
     log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s fp32",
               compute_pool().size(), kernels::dispatch().describe(), peak_gflops_);
     if (P_ > 1) {
@@ -357,9 +362,10 @@ void Trainer::resume() {
     }
     if (cfg_.model.balance_bias_rate > 0) {
         if (ts.balance_bias.size() != gpt_->moe_layers().size()) {
-            input_error("{}: state.balance_bias holds {} layers, the model has {} MoE layers "
-                        "(was it written with model.balance_bias_rate = 0?)",
-                        rp->dir, ts.balance_bias.size(), gpt_->moe_layers().size());
+            input_error(
+                "{}: state.balance_bias holds {} layers, the model has {} MoE layers "
+                "(was it written with model.balance_bias_rate = 0?)",
+                rp->dir, ts.balance_bias.size(), gpt_->moe_layers().size());
         }
         for (size_t i = 0; i < ts.balance_bias.size(); ++i) {
             if (ts.balance_bias[i].size() != static_cast<size_t>(cfg_.model.n_experts)) {
@@ -373,8 +379,10 @@ void Trainer::resume() {
     // the backends the interrupted run chose for BGL_GEMM=auto: the same results bit for bit
     const GemmChoiceRecord::Loaded g = gemm_choices_.load();
     if (g == GemmChoiceRecord::Loaded::foreign) {
-        log::info("{}: made on another CPU, oneDNN version or thread count: ignored, GEMM "
-                  "backends timed again", gemm_choices_.path());
+        log::info(
+            "{}: made on another CPU, oneDNN version or thread count: ignored, GEMM "
+            "backends timed again",
+            gemm_choices_.path());
     } else if (g == GemmChoiceRecord::Loaded::loaded && writer_) {
         log::info("GEMM backends of {} shapes from {}", gemm_choices_.saved_shapes(),
                   gemm_choices_.path());
@@ -395,14 +403,14 @@ void Trainer::emit(const nlohmann::json& j) { metrics_.write(j); }
 void Trainer::train_step(int64_t step) {
     const auto t0 = Clock::now();
     StepRecord r;
-    r.step       = step;
-    r.loss_scale = scaler_.scale();
+    r.step                  = step;
+    r.loss_scale            = scaler_.scale();
     const double local_loss = forward_backward(step, r.aux);
     maybe_inject_kill(step + 1, par_->rank());
     r.loss = reduce_loss(local_loss, step);
     PhaseScope optimizer_phase(Phase::optimizer);
-    r.lr = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
-                        cfg_.train.min_lr);
+    r.lr        = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
+                               cfg_.train.min_lr);
     r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);
@@ -435,16 +443,17 @@ double Trainer::forward_backward(int64_t step, double& aux) {
     gpt_->zero_grad();
     // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
     optimizer_->set_loss_scale(scaler_.scale());
-    const auto grads_ready = [this](size_t from) { optimizer_->grads_ready(from); };
+    const auto grads_ready    = [this](size_t from) { optimizer_->grads_ready(from); };
     const auto backward_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
-    double     loss           = 0;
+    double loss               = 0;
     for (int64_t micro = 0; micro < accum_; ++micro) {
         {
             PhaseScope data_phase(Phase::data);
             loader_->next(inputs_.data(), targets_.data());
         }
         gpt_->set_routing_context({cfg_.train.seed, step * accum_ + micro, true});
-        loss += gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
+        loss +=
+            gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
         aux += gpt_->aux_loss() / static_cast<double>(accum_);
         add_choice_loads(*gpt_);
         if (micro + 1 < accum_) {
@@ -489,12 +498,16 @@ void Trainer::save_checkpoint(int64_t step) {
 
 // One metrics line (throughput over the steps since the last one) and the progress line.
 void Trainer::log_step(const StepRecord& r) {
-    const int64_t  step = r.step;
-    const double   tps  = static_cast<double>(tokens_per_step_ * window_steps_) / window_time_;
-    const double   mfu  = peak_gflops_ > 0 ? tps * flops_per_token_ / (P_ * peak_gflops_ * 1e9) : 0;
-    nlohmann::json j    = {{"step", step + 1},        {"loss", r.loss},     {"lr", r.lr},
-                           {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
-                           {"elapsed_s", seconds_since(t_start_)}};
+    const int64_t step = r.step;
+    const double tps   = static_cast<double>(tokens_per_step_ * window_steps_) / window_time_;
+    const double mfu   = peak_gflops_ > 0 ? tps * flops_per_token_ / (P_ * peak_gflops_ * 1e9) : 0;
+    nlohmann::json j   = {{"step", step + 1},
+                          {"loss", r.loss},
+                          {"lr", r.lr},
+                          {"grad_norm", r.grad_norm},
+                          {"tokens_per_s", tps},
+                          {"mfu", mfu},
+                          {"elapsed_s", seconds_since(t_start_)}};
     if (P_ > 1) j["grad_reduce_wait_s"] = window_wait_ / static_cast<double>(window_steps_);
     if (scaler_.enabled()) j["loss_scale"] = r.loss_scale;
     if (scaler_.enabled() || r.skipped) j["skipped"] = r.skipped;
@@ -509,7 +522,7 @@ void Trainer::log_step(const StepRecord& r) {
     }
     emit(j);
     sum_.tokens_per_s = tps;
-    const double eta = (seconds_since(t_train_) / static_cast<double>(step + 1)) *
+    const double eta  = (seconds_since(t_train_) / static_cast<double>(step + 1)) *
                        static_cast<double>(cfg_.train.steps - step - 1);
     progress_.update(step + 1, cfg_.train.steps, r.loss, tps, mfu, eta);
     window_time_  = 0;
@@ -524,10 +537,13 @@ void Trainer::log_step(const StepRecord& r) {
 double Trainer::evaluate_at(int64_t step) {
     gpt_->set_routing_context(moe::RoutingContext{});
     const dist::CommTally c0 = dist::comm_tally();
-    const EvalResult      r  = evaluate(*gpt_, ds_.val, MB_, cfg_.train.eval_batches, par_);
+    const EvalResult r       = evaluate(*gpt_, ds_.val, MB_, cfg_.train.eval_batches, par_);
     gemm_choices_.save_if_grown();
-    emit({{"step", step}, {"val_loss", r.loss}, {"val_ppl", std::exp(r.loss)},
-          {"val_tokens", r.tokens}, {"elapsed_s", seconds_since(t_start_)}});
+    emit({{"step", step},
+          {"val_loss", r.loss},
+          {"val_ppl", std::exp(r.loss)},
+          {"val_tokens", r.tokens},
+          {"elapsed_s", seconds_since(t_start_)}});
     progress_.message(fmt::format("step {:>6} | val loss {:.4f} | val ppl {:.2f}", step, r.loss,
                                   std::exp(r.loss)));
     eval_comm_ = eval_comm_ + (dist::comm_tally() - c0);
@@ -569,7 +585,7 @@ void Trainer::report_checkpoints() {
 // Every rank's peak resident memory, into metrics.jsonl and the log. Collective.
 void Trainer::report_peak_rss() {
     std::vector<int64_t> rss(static_cast<size_t>(P_));
-    const auto           mine = static_cast<int64_t>(peak_rss_bytes());
+    const auto mine = static_cast<int64_t>(peak_rss_bytes());
     par_->world().allgather(&mine, sizeof(mine), rss.data());
     emit({{"step", cfg_.train.steps}, {"peak_rss_bytes", rss}});
     if (root_) {

@@ -28,16 +28,16 @@ struct TrainOptions {
 };
 
 struct TrainSummary {
-    double      final_loss           = 0;  // train loss of the last step
-    double      final_val_loss       = 0;
-    double      val_unigram_entropy  = -1;  // < 0 when the data has no meta.json
-    double      tokens_per_s         = 0;
-    int64_t     steps                = 0;
-    int64_t     skipped_steps        = 0;  // fp16: steps skipped for an inf/NaN gradient
-    double      final_loss_scale     = 1;
-    double      peak_gflops          = 0;  // this rank's measured fp32 peak
-    double      flops_per_token      = 0;  // model FLOPs of forward + backward per token
-    double      data_wait_s          = 0;  // this rank's seconds blocked on training data
+    double final_loss          = 0;  // train loss of the last step
+    double final_val_loss      = 0;
+    double val_unigram_entropy = -1;  // < 0 when the data has no meta.json
+    double tokens_per_s        = 0;
+    int64_t steps              = 0;
+    int64_t skipped_steps      = 0;  // fp16: steps skipped for an inf/NaN gradient
+    double final_loss_scale    = 1;
+    double peak_gflops         = 0;  // this rank's measured fp32 peak
+    double flops_per_token     = 0;  // model FLOPs of forward + backward per token
+    double data_wait_s         = 0;  // this rank's seconds blocked on training data
     std::string run_dir;
     std::string model_dir;
 };

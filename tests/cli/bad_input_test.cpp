@@ -19,8 +19,8 @@ class BadInputTest : public ::testing::Test {
         write_small_shards(dir);
         base = "train --config configs/tiny.toml --run-dir " + (dir / "run") +
                " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
-               " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" +
-               (dir / "none.model") + " --set train.steps=2";
+               " --set data.val=" + (dir / "val.bin") +
+               " --set data.tokenizer=" + (dir / "none.model") + " --set train.steps=2";
     }
     // Runs and checks: status 2, a single line of output, containing every `needle`.
     void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
@@ -29,9 +29,10 @@ class BadInputTest : public ::testing::Test {
         std::string line = r.output;
         while (!line.empty() && line.back() == '\n') line.pop_back();
         EXPECT_EQ(line.find('\n'), std::string::npos) << "expected one line, got:\n" << r.output;
-        for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+        for (const auto& n : needles)
+            EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
     }
-    TempDir     dir;
+    TempDir dir;
     std::string base;
 };
 
@@ -64,7 +65,8 @@ TEST_F(BadInputTest, UnknownKeyInOverride) {
 }
 
 TEST_F(BadInputTest, WrongType) {
-    expect_error(base + " --set model.d_model=\\\"wide\\\"", {"model.d_model", "expected an integer"});
+    expect_error(base + " --set model.d_model=\\\"wide\\\"",
+                 {"model.d_model", "expected an integer"});
     write_file(dir / "t.toml", "[train]\nlr = \"fast\"\n");
     expect_error("train --config " + (dir / "t.toml"), {"t.toml", "train.lr", "expected a number"});
 }
@@ -91,7 +93,8 @@ TEST_F(BadInputTest, ZeroAndNegativeSizes) {
 TEST_F(BadInputTest, UnknownOptimizerPartition) {
     expect_error(base + " --set optimizer.partition=maybe",
                  {"optimizer.partition = \"maybe\"", "\"auto\", \"on\" or \"off\""});
-    expect_error(base + " --set optimizer.partition=true", {"optimizer.partition", "expected a string"});
+    expect_error(base + " --set optimizer.partition=true",
+                 {"optimizer.partition", "expected a string"});
 }
 
 TEST_F(BadInputTest, CheckpointSettings) {
@@ -109,13 +112,16 @@ TEST_F(BadInputTest, BadCheckpointCommands) {
 }
 
 TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
-    expect_error(base + " --set train.batch_size=6", {"train.batch_size = 6", "micro_batch_size = 4"});
+    expect_error(base + " --set train.batch_size=6",
+                 {"train.batch_size = 6", "micro_batch_size = 4"});
 }
 
 TEST_F(BadInputTest, GateSettings) {
-    expect_error(base + " --set model.gate=bogus", {"model.gate = \"bogus\"", "topk, switch, gshard, noisy or swipe"});
+    expect_error(base + " --set model.gate=bogus",
+                 {"model.gate = \"bogus\"", "topk, switch, gshard, noisy or swipe"});
     expect_error(base + " --set model.gate=switch", {"model.gate = \"switch\"", "model.top_k = 1"});
-    expect_error(base + " --set model.gate=gshard --set model.top_k=1", {"model.gate = \"gshard\"", "model.top_k = 2"});
+    expect_error(base + " --set model.gate=gshard --set model.top_k=1",
+                 {"model.gate = \"gshard\"", "model.top_k = 2"});
     expect_error(base + " --set model.capacity_factor=0", {"model.capacity_factor = 0", "> 0"});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
     expect_error(base + " --set model.moe_rows_budget=-1", {"model.moe_rows_budget = -1", ">= 0"});
@@ -124,12 +130,17 @@ TEST_F(BadInputTest, GateSettings) {
 }
 
 TEST_F(BadInputTest, PrecisionSettings) {
-    expect_error(base + " --set precision.dtype=fp8", {"precision.dtype = \"fp8\"", "\"fp32\", \"bf16\" or \"fp16\""});
-    expect_error(base + " --set precision.ffn=O4", {"precision.ffn = \"O4\"", "\"O0\", \"O1\", \"O2\" or \"O3\""});
+    expect_error(base + " --set precision.dtype=fp8",
+                 {"precision.dtype = \"fp8\"", "\"fp32\", \"bf16\" or \"fp16\""});
+    expect_error(base + " --set precision.ffn=O4",
+                 {"precision.ffn = \"O4\"", "\"O0\", \"O1\", \"O2\" or \"O3\""});
     expect_error(base + " --set precision.loss_scale=0.5", {"precision.loss_scale = 0.5", ">= 1"});
-    expect_error(base + " --set precision.loss_scale_backoff=1", {"precision.loss_scale_backoff = 1", "(0, 1)"});
-    expect_error(base + " --set precision.loss_scale_window=0", {"precision.loss_scale_window = 0", "> 0"});
-    expect_error(base + " --set precision.fp64_sensitive=1", {"precision.fp64_sensitive", "expected a boolean"});
+    expect_error(base + " --set precision.loss_scale_backoff=1",
+                 {"precision.loss_scale_backoff = 1", "(0, 1)"});
+    expect_error(base + " --set precision.loss_scale_window=0",
+                 {"precision.loss_scale_window = 0", "> 0"});
+    expect_error(base + " --set precision.fp64_sensitive=1",
+                 {"precision.fp64_sensitive", "expected a boolean"});
 }
 
 TEST_F(BadInputTest, MissingShard) {
@@ -162,7 +173,8 @@ TEST_F(BadInputTest, ShardTooShortForOneWindow) {
 }
 
 TEST_F(BadInputTest, ShardPatternsAndReaders) {
-    expect_error(base + " --set data.train=" + (dir / "nope_*.bin"), {"data.train", "nope_*.bin", "matches no file"});
+    expect_error(base + " --set data.train=" + (dir / "nope_*.bin"),
+                 {"data.train", "nope_*.bin", "matches no file"});
     expect_error(base + " --set data.readers=2", {"data.readers = 2", "number of ranks 1"});
     expect_error(base + " --set data.readers=-1", {"data.readers = -1", ">= 0"});
 }
@@ -210,10 +222,10 @@ TEST_F(BadInputTest, CraftedModelConfigJson) {
     ASSERT_EQ(bagualu(base).status, 0);
     const std::string model = dir / "run/model";
     const std::string json  = read_file(model + "/config.json");
-    auto with = [&](const std::string& key, const std::string& value) {
+    auto with               = [&](const std::string& key, const std::string& value) {
         const size_t at  = json.find("\"" + key + "\"");
         const size_t end = json.find_first_of(",}", at);
-        std::string  j   = json.substr(0, json.find(':', at) + 1) + " " + value + json.substr(end);
+        std::string j    = json.substr(0, json.find(':', at) + 1) + " " + value + json.substr(end);
         write_file(model + "/config.json", j);
     };
     with("d_model", "4294967360");

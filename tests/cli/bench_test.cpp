@@ -29,22 +29,22 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
         "--standalone-check");
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);
-    for (const char* key : {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm",
-                            "cpu_model", "half_features", "onednn_version",
-                            "peak_bf16_dot_gflops", "peak_amx_bf16_gflops"}) {
+    for (const char* key :
+         {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm", "cpu_model",
+          "half_features", "onednn_version", "peak_bf16_dot_gflops", "peak_amx_bf16_gflops"}) {
         EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_GT(j["peak_fp32_gflops"].get<double>(), 0.0);
     // The 16-bit peak is the better of the dot-product loop and AMX.
-    EXPECT_EQ(j["peak_bf16_gflops"].get<double>(),
-              std::max(j["peak_bf16_dot_gflops"].get<double>(),
-                       j["peak_amx_bf16_gflops"].get<double>()));
+    EXPECT_EQ(
+        j["peak_bf16_gflops"].get<double>(),
+        std::max(j["peak_bf16_dot_gflops"].get<double>(), j["peak_amx_bf16_gflops"].get<double>()));
     ASSERT_EQ(j["gemm"].size(), 6u);  // qkv fwd, dinp, dw in f32 and bf16
     bool qkv_fwd = false, qkv_dw = false;
     for (const auto& g : j["gemm"]) {
-        for (const char* key : {"name", "m", "n", "k", "trans", "dtype", "ours_gflops",
-                                "onednn_gflops", "onednn_omp_gflops", "onednn_standalone_gflops",
-                                "openblas_gflops"}) {
+        for (const char* key :
+             {"name", "m", "n", "k", "trans", "dtype", "ours_gflops", "onednn_gflops",
+              "onednn_omp_gflops", "onednn_standalone_gflops", "openblas_gflops"}) {
             EXPECT_TRUE(g.contains(key)) << key;
         }
         // With --standalone-check the child's number is there wherever oneDNN ran here.
@@ -63,7 +63,7 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
 }
 
 TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
-    TempDir              dir;
+    TempDir dir;
     std::vector<int32_t> tokens(4000);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
     data::write_token_file(dir / "train.bin", tokens, 128);
@@ -108,8 +108,10 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     // train.recompute: named, and the forward run again is timed (tiny: block 0 of 2)
     EXPECT_EQ(j["recompute"], "none");
     EXPECT_EQ(j["recompute_s_per_step"].get<double>(), 0.0);
-    const CommandResult rb = bagualu("bench train --config configs/tiny.toml --steps 2 --warmup 1 "
-                                     "--json --set train.recompute=block" + data);
+    const CommandResult rb = bagualu(
+        "bench train --config configs/tiny.toml --steps 2 --warmup 1 "
+        "--json --set train.recompute=block" +
+        data);
     ASSERT_EQ(rb.status, 0) << rb.output;
     const nlohmann::json jb = json_of(rb.output);
     EXPECT_EQ(jb["recompute"], "block");
@@ -117,34 +119,38 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
 }
 
 TEST(BenchCli, IoReportsWriteAndReadRatiosAndCleansUp) {
-    TempDir             dir;
+    TempDir dir;
     const CommandResult r = bagualu("bench io --mib 1 --repeats 1 --json --dir " + dir.str());
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);
-    for (const char* key : {"bytes", "tensors", "repeats", "write_checkpoint_mbs", "write_plain_mbs",
-                            "write_ratio", "read_checkpoint_mbs", "read_plain_mbs", "read_ratio"}) {
+    for (const char* key :
+         {"bytes", "tensors", "repeats", "write_checkpoint_mbs", "write_plain_mbs", "write_ratio",
+          "read_checkpoint_mbs", "read_plain_mbs", "read_ratio"}) {
         ASSERT_TRUE(j.contains(key)) << key;
     }
     EXPECT_EQ(j["bytes"], 1 << 20);
     EXPECT_GT(j["tensors"].get<int>(), 10);
-    for (const char* key : {"write_checkpoint_mbs", "write_plain_mbs", "write_ratio", "read_checkpoint_mbs",
-                            "read_plain_mbs", "read_ratio"}) {
+    for (const char* key : {"write_checkpoint_mbs", "write_plain_mbs", "write_ratio",
+                            "read_checkpoint_mbs", "read_plain_mbs", "read_ratio"}) {
         EXPECT_GT(j[key].get<double>(), 0.0) << key;
     }
     // ratio = checkpoint MB/s over plain MB/s (rounding aside)
     EXPECT_NEAR(j["write_ratio"].get<double>(),
                 j["write_checkpoint_mbs"].get<double>() / j["write_plain_mbs"].get<double>(), 1e-9);
-    EXPECT_TRUE(std::filesystem::is_empty(dir.str())) << "bench io leaves its scratch directory behind";
+    EXPECT_TRUE(std::filesystem::is_empty(dir.str()))
+        << "bench io leaves its scratch directory behind";
 
     const CommandResult table = bagualu("bench io --mib 1 --repeats 1 --dir " + dir.str());
     ASSERT_EQ(table.status, 0) << table.output;
-    EXPECT_NE(table.output.find("write ratio checkpoint/plain:"), std::string::npos) << table.output;
+    EXPECT_NE(table.output.find("write ratio checkpoint/plain:"), std::string::npos)
+        << table.output;
     EXPECT_NE(table.output.find("read ratio checkpoint/plain:"), std::string::npos) << table.output;
 }
 
 TEST(BenchCli, UnknownGemmBackendIsOneLineExitTwo) {
-    const CommandResult r = run_command(std::string("cd ") + BGL_SOURCE_DIR + " && BGL_GEMM=turbo " +
-                                        BGL_BINARY + " bench kernels --repeats 1 --filter qkv");
+    const CommandResult r =
+        run_command(std::string("cd ") + BGL_SOURCE_DIR + " && BGL_GEMM=turbo " + BGL_BINARY +
+                    " bench kernels --repeats 1 --filter qkv");
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("BGL_GEMM=turbo"), std::string::npos) << r.output;
     std::string line = r.output;
@@ -162,7 +168,8 @@ TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
         EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
         std::string line = r.output;
         while (!line.empty() && line.back() == '\n') line.pop_back();
-        EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n" << r.output;
+        EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n"
+                                                      << r.output;
     }
 }
 

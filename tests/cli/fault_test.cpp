@@ -34,9 +34,7 @@ constexpr int kEndsWithinS = 5;
 
 class FaultTest : public ::testing::Test {
    protected:
-    void SetUp() override {
-        write_small_shards(dir);
-    }
+    void SetUp() override { write_small_shards(dir); }
     // `train` on the tiny model over dir's shards into dir/run (or `run`).
     std::string train(const std::string& extra, const std::string& run = "run") const {
         return fmt::format(
@@ -50,7 +48,8 @@ class FaultTest : public ::testing::Test {
         return train("--set train.steps=100000 --set train.log_every=1 " + extra, run);
     }
     static CommandResult run(const std::string& args) {
-        return run_command(fmt::format("cd {} && timeout 60 {} {}", BGL_SOURCE_DIR, BGL_BINARY, args));
+        return run_command(
+            fmt::format("cd {} && timeout 60 {} {}", BGL_SOURCE_DIR, BGL_BINARY, args));
     }
     static std::future<CommandResult> start(const std::string& args) {
         return std::async(std::launch::async, [args] { return run(args); });
@@ -64,14 +63,19 @@ class FaultTest : public ::testing::Test {
         return false;
     }
     // Status 2; exactly one error line, the last one, holding every needle.
-    static void expect_one_error(const CommandResult& r, std::initializer_list<std::string> needles) {
+    static void expect_one_error(const CommandResult& r,
+                                 std::initializer_list<std::string> needles) {
         EXPECT_EQ(r.status, 2) << r.output;
         std::string out = r.output;
         while (!out.empty() && out.back() == '\n') out.pop_back();
-        const std::string last = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
-        EXPECT_EQ(last.rfind("bagualu: error: ", 0), 0u) << "last line is not the error:\n" << r.output;
-        EXPECT_EQ(out.find("error"), out.rfind("error")) << "more than one error line:\n" << r.output;
-        for (const auto& n : needles) EXPECT_NE(last.find(n), std::string::npos) << "'" << n << "' not in: " << last;
+        const std::string last =
+            out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+        EXPECT_EQ(last.rfind("bagualu: error: ", 0), 0u) << "last line is not the error:\n"
+                                                         << r.output;
+        EXPECT_EQ(out.find("error"), out.rfind("error")) << "more than one error line:\n"
+                                                         << r.output;
+        for (const auto& n : needles)
+            EXPECT_NE(last.find(n), std::string::npos) << "'" << n << "' not in: " << last;
     }
     // Starts a long run, changes train.bin with `change` once it has logged a step, and expects
     // the run to end within kEndsWithinS with one error line holding every needle.
@@ -82,7 +86,7 @@ class FaultTest : public ::testing::Test {
         change();
         const auto t0 = Clock::now();
         ASSERT_EQ(job.wait_for(std::chrono::seconds(kEndsWithinS + 30)), std::future_status::ready);
-        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        const double s        = std::chrono::duration<double>(Clock::now() - t0).count();
         const CommandResult r = job.get();
         EXPECT_LT(s, kEndsWithinS) << r.output;
         expect_one_error(r, needles);
@@ -93,7 +97,8 @@ class FaultTest : public ::testing::Test {
         std::fstream f(dir / "train.bin", std::ios::in | std::ios::out | std::ios::binary);
         f.seekp(data::kTokenFileHeaderBytes);
         const std::vector<uint16_t> body(2000, id);
-        f.write(reinterpret_cast<const char*>(body.data()), static_cast<std::streamsize>(body.size() * 2));
+        f.write(reinterpret_cast<const char*>(body.data()),
+                static_cast<std::streamsize>(body.size() * 2));
     }
     TempDir dir;
 };
@@ -106,19 +111,22 @@ TEST_F(FaultTest, ShardOverwrittenWithIdAboveVocabEndsTheRun) {
 }
 
 TEST_F(FaultTest, ShardOverwrittenWithIdFFFFEndsTheRun) {
-    expect_change_ends_run([&] { overwrite_tokens(0xFFFF); }, {"train.bin", "token 65535", "changed"});
+    expect_change_ends_run([&] { overwrite_tokens(0xFFFF); },
+                           {"train.bin", "token 65535", "changed"});
 }
 
 TEST_F(FaultTest, ShardTruncatedUnderTheRunEndsItWithoutASignal) {
-    expect_change_ends_run([&] { fs::resize_file(dir / "train.bin", data::kTokenFileHeaderBytes + 10); },
-                           {"train.bin", "truncated"});
+    expect_change_ends_run(
+        [&] { fs::resize_file(dir / "train.bin", data::kTokenFileHeaderBytes + 10); },
+        {"train.bin", "truncated"});
 }
 
 TEST_F(FaultTest, ShardThatIsAFifoIsRefusedWithoutBlocking) {
     ASSERT_EQ(::mkfifo((dir / "fifo.bin").c_str(), 0600), 0);
     expect_one_error(run(train("--set data.train=" + (dir / "fifo.bin"))), {"fifo.bin", "FIFO"});
     ASSERT_EQ(::mkfifo((dir / "tok.model").c_str(), 0600), 0);
-    expect_one_error(run(train("--set data.tokenizer=" + (dir / "tok.model"))), {"tok.model", "regular"});
+    expect_one_error(run(train("--set data.tokenizer=" + (dir / "tok.model"))),
+                     {"tok.model", "regular"});
     ASSERT_EQ(::mkfifo((dir / "cfg.toml").c_str(), 0600), 0);
     const CommandResult r = run("train --config " + (dir / "cfg.toml"));
     EXPECT_EQ(r.status, 2) << r.output;
@@ -131,8 +139,11 @@ TEST_F(FaultTest, ModelFilesThatAreFifosAreRefusedWithoutBlocking) {
         const std::string path = dir / ("run/model/" + std::string(name));
         fs::rename(path, path + ".keep");
         ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
-        expect_one_error(run("eval --model " + (dir / "run") + " --config configs/tiny.toml --set model.vocab_size=128 --set data.val=" + (dir / "val.bin")),
-                         {name, "not a regular file"});
+        expect_one_error(
+            run("eval --model " + (dir / "run") +
+                " --config configs/tiny.toml --set model.vocab_size=128 --set data.val=" +
+                (dir / "val.bin")),
+            {name, "not a regular file"});
         fs::remove(path);
         fs::rename(path + ".keep", path);
     }
@@ -142,22 +153,24 @@ TEST_F(FaultTest, ModelFilesThatAreFifosAreRefusedWithoutBlocking) {
 
 TEST_F(FaultTest, SecondRunIntoALockedDirectoryFailsAtOnceNamingTheHolder) {
     // Separate checkpoint directory: both it and the run directory are locked.
-    auto first = start(long_train("--set checkpoint.every=1000 --set checkpoint.dir=" + (dir / "ck")));
+    auto first =
+        start(long_train("--set checkpoint.every=1000 --set checkpoint.dir=" + (dir / "ck")));
     ASSERT_TRUE(wait_for_step(dir / "run/metrics.jsonl")) << first.get().output;
     const std::string metrics = read_file(dir / "run/metrics.jsonl");
 
-    const auto t0 = Clock::now();
+    const auto t0             = Clock::now();
     const CommandResult again = run(train("--force"));  // --force does not override a live run
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), kEndsWithinS);
     expect_one_error(again, {dir / "run", "in use by another bagualu run", "pid "});
-    const CommandResult other = run(train("--force --set checkpoint.every=1 --set checkpoint.dir=" + (dir / "ck"), "run2"));
+    const CommandResult other =
+        run(train("--force --set checkpoint.every=1 --set checkpoint.dir=" + (dir / "ck"), "run2"));
     expect_one_error(other, {dir / "ck", "checkpoint directory", "in use", "pid "});
 
     // The first run still owns its files; stop it by the pid the error named.
     const std::string after = read_file(dir / "run/metrics.jsonl");
     EXPECT_EQ(after.substr(0, metrics.size()), metrics);
-    const size_t at  = again.output.find("pid ");
-    const int    pid = std::atoi(again.output.c_str() + at + 4);
+    const size_t at = again.output.find("pid ");
+    const int pid   = std::atoi(again.output.c_str() + at + 4);
     ASSERT_GT(pid, 1) << again.output;
     EXPECT_EQ(::kill(pid, SIGTERM), 0) << "the named holder is not running: " << pid;
     first.get();
@@ -184,8 +197,10 @@ TEST_F(FaultTest, PruningNeverFollowsALinkOutOfTheCheckpointDirectory) {
     write_file(dir / "outside/step_00000000/manifest.json", "{}");
     write_file(dir / "outside/step_00000000/rank_00000.safetensors", "precious");
     fs::create_directories(dir / "run/checkpoints");
-    fs::create_directory_symlink(dir / "outside/step_00000000", dir / "run/checkpoints/step_00000000");
-    const CommandResult r = run(train("--set train.steps=3 --set checkpoint.every=1 --set checkpoint.keep=1"));
+    fs::create_directory_symlink(dir / "outside/step_00000000",
+                                 dir / "run/checkpoints/step_00000000");
+    const CommandResult r =
+        run(train("--set train.steps=3 --set checkpoint.every=1 --set checkpoint.keep=1"));
     EXPECT_EQ(r.status, 0) << r.output;
     EXPECT_EQ(read_file(dir / "outside/step_00000000/manifest.json"), "{}");
     EXPECT_EQ(read_file(dir / "outside/step_00000000/rank_00000.safetensors"), "precious");
@@ -218,8 +233,9 @@ TEST_F(FaultTest, FullDiskUnderCheckpointsEndsTheRunAndKeepsTheLastOne) {
     if (run_command("mount -t tmpfs -o size=2m tmpfs " + (dir / "small")).status != 0) {
         GTEST_SKIP() << "cannot mount a tmpfs here";
     }
-    const CommandResult r = run(train("--set train.steps=4 --set checkpoint.every=1 --set checkpoint.dir=" + (dir / "small")));
-    const std::string   kept = read_file(dir / "small/step_00000001/manifest.json");
+    const CommandResult r  = run(train(
+         "--set train.steps=4 --set checkpoint.every=1 --set checkpoint.dir=" + (dir / "small")));
+    const std::string kept = read_file(dir / "small/step_00000001/manifest.json");
     run_command("umount " + (dir / "small"));
     expect_one_error(r, {"checkpoint of step 2", "No space left on device"});
     EXPECT_FALSE(kept.empty()) << "the checkpoint before the full disk is gone";
@@ -228,8 +244,10 @@ TEST_F(FaultTest, FullDiskUnderCheckpointsEndsTheRunAndKeepsTheLastOne) {
 
 TEST_F(FaultTest, UnwritableCheckpointDirectoryFailsAtStartUp) {
     // /proc/self/fdinfo exists but no file can be created in it, not even by root.
-    expect_one_error(run(train("--set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir=/proc/self/fdinfo")),
-                     {"/proc/self/fdinfo", "not writable"});
+    expect_one_error(
+        run(train(
+            "--set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir=/proc/self/fdinfo")),
+        {"/proc/self/fdinfo", "not writable"});
     EXPECT_EQ(read_file(dir / "run/metrics.jsonl").find("\"loss\""), std::string::npos)
         << "the run trained before finding out";
 }
@@ -278,10 +296,12 @@ TEST_F(CheckpointFaultTest, MistypedStateIsOneLine) {
     const std::string metrics = read_file(dir / "run/metrics.jsonl");
     const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
         {[](nlohmann::json& j) { j["state"]["sampler"]["epoch"] = "zero"; }, "state.sampler.epoch"},
-        {[](nlohmann::json& j) { j["state"]["sampler"]["position"] = -3; }, "state.sampler.position = -3"},
+        {[](nlohmann::json& j) { j["state"]["sampler"]["position"] = -3; },
+         "state.sampler.position = -3"},
         {[](nlohmann::json& j) { j["state"]["sampler"] = 7; }, "state.sampler.epoch is missing"},
         {[](nlohmann::json& j) { j["state"].erase("sampler"); }, "state.sampler is missing"},
-        {[](nlohmann::json& j) { j["state"]["loss_scale"]["scale"] = nullptr; }, "state.loss_scale.scale"},
+        {[](nlohmann::json& j) { j["state"]["loss_scale"]["scale"] = nullptr; },
+         "state.loss_scale.scale"},
         {[](nlohmann::json& j) { j["state"]["steps_skipped"] = 1.5; }, "state.steps_skipped"},
     };
     const std::string original = read_file(ckpt + "/manifest.json");

@@ -16,7 +16,8 @@ TEST(PlanCli, PaperScaleConfigsHaveTheirNamedSize) {
     const std::pair<const char*, double> models[] = {
         {"moda-1.93t", 1.93e12}, {"moda-14.5t", 14.5e12}, {"moda-174t", 174e12}};
     for (const auto& [name, params] : models) {
-        const CommandResult r = bagualu(std::string("plan --config configs/scale/") + name + ".toml" + kSunway + " --json");
+        const CommandResult r = bagualu(std::string("plan --config configs/scale/") + name +
+                                        ".toml" + kSunway + " --json");
         ASSERT_EQ(r.status, 0) << r.output;
         const auto j = nlohmann::json::parse(r.output);
         EXPECT_NEAR(j["params"]["total"].get<double>() / params, 1.0, 0.02) << name;
@@ -29,15 +30,17 @@ TEST(PlanCli, TextReportSaysWhetherItFits) {
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("does not fit: needs"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("node has 89.407 GiB"), std::string::npos) << r.output;
-    const CommandResult s = bagualu("plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml "
-                                    "--nodes 1 --ranks-per-node 2 --sweep");
+    const CommandResult s = bagualu(
+        "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml "
+        "--nodes 1 --ranks-per-node 2 --sweep");
     ASSERT_EQ(s.status, 0) << s.output;
     EXPECT_NE(s.output.find("layouts fit"), std::string::npos) << s.output;
 }
 
 TEST(PlanCli, PrecisionOptimizerAndOverlapComeFromTheConfig) {
-    const std::string base = "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml "
-                             "--nodes 1 --ranks-per-node 2 --json";
+    const std::string base =
+        "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml "
+        "--nodes 1 --ranks-per-node 2 --json";
     auto run = [&](const std::string& extra) {
         const CommandResult r = bagualu(base + extra);
         EXPECT_EQ(r.status, 0) << r.output;
@@ -54,7 +57,8 @@ TEST(PlanCli, PrecisionOptimizerAndOverlapComeFromTheConfig) {
     // bf16 under the default levels: the FFN's tensors are gathered as half values
     const auto bf16 = run(" --set precision.dtype=bf16");
     ASSERT_TRUE(bf16.contains("layout"));
-    EXPECT_EQ(bf16["layout"]["precision"].get<std::string>().rfind("bf16", 0), 0u) << bf16["layout"].dump();
+    EXPECT_EQ(bf16["layout"]["precision"].get<std::string>().rfind("bf16", 0), 0u)
+        << bf16["layout"].dump();
     EXPECT_LT(bf16["comm_per_step_per_rank"]["all_gather"]["bytes"].get<double>(),
               kinds["all_gather"]["bytes"].get<double>());
     const auto off = run(" --set optimizer.partition=off --overlap 0");
@@ -68,15 +72,19 @@ TEST(PlanCli, PrecisionOptimizerAndOverlapComeFromTheConfig) {
 
 TEST(PlanCli, BadMachineFileIsOneLineAndStatus2) {
     TempDir dir;
-    write_file(dir / "m.toml", "[node]\npeak_fp32_gflops = 1\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\nspeed = 3\n");
-    const CommandResult r = bagualu("plan --config configs/tiny.toml --machine " + (dir / "m.toml"));
+    write_file(
+        dir / "m.toml",
+        "[node]\npeak_fp32_gflops = 1\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\nspeed = 3\n");
+    const CommandResult r =
+        bagualu("plan --config configs/tiny.toml --machine " + (dir / "m.toml"));
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("unknown key node.speed"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(dir / "m.toml"), std::string::npos) << r.output;
     std::string line = r.output;
     while (!line.empty() && line.back() == '\n') line.pop_back();
     EXPECT_EQ(line.find('\n'), std::string::npos) << r.output;
-    const CommandResult n = bagualu("plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml --nodes 200000");
+    const CommandResult n = bagualu(
+        "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml --nodes 200000");
     EXPECT_EQ(n.status, 2) << n.output;
     EXPECT_NE(n.output.find("network.total_nodes"), std::string::npos) << n.output;
 }

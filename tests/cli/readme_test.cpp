@@ -22,9 +22,9 @@ namespace fs = std::filesystem;
 
 // The lines of every ``` block of README.md, with trailing `# comments` removed.
 std::vector<std::string> readme_code_lines() {
-    std::istringstream       in(read_file(std::string(BGL_SOURCE_DIR) + "/README.md"));
+    std::istringstream in(read_file(std::string(BGL_SOURCE_DIR) + "/README.md"));
     std::vector<std::string> out;
-    bool                     code = false;
+    bool code = false;
     for (std::string line; std::getline(in, line);) {
         if (line.rfind("```", 0) == 0) {
             code = !code;
@@ -67,7 +67,7 @@ TEST(Readme, UsageLinesMatchHelp) {
     const std::regex option("--[a-z][a-z0-9-]*");
     for (const std::string& line : lines_starting("bagualu ")) {
         std::istringstream words(line.substr(8));
-        std::string        sub, w;
+        std::string sub, w;
         while (words >> w && std::islower(static_cast<unsigned char>(w[0]))) {
             sub += (sub.empty() ? "" : " ") + w;
         }
@@ -80,7 +80,8 @@ TEST(Readme, UsageLinesMatchHelp) {
                 ADD_FAILURE() << line << ": --set not in help";
             }
             EXPECT_NE(help.output.find(opt), std::string::npos)
-                << "README shows `" << opt << "` for `bagualu " << sub << "`, its --help does not:\n"
+                << "README shows `" << opt << "` for `bagualu " << sub
+                << "`, its --help does not:\n"
                 << help.output;
         }
     }
@@ -94,12 +95,14 @@ TEST(Readme, CommandLinesRun) {
     fs::create_directories(dir / "build");
     fs::create_symlink(BGL_BINARY, dir / "build/bagualu");
     const std::string cd = "cd " + dir.str() + " && ";
-    const CommandResult prep = run_command(cd + "build/bagualu prepare --config configs/default.toml");
+    const CommandResult prep =
+        run_command(cd + "build/bagualu prepare --config configs/default.toml");
     ASSERT_EQ(prep.status, 0) << prep.output;
     // The schedule is cut short and the outputs go to the scratch directory.
-    const std::string shorter = " --set train.steps=2 --set train.eval_batches=1 "
-                                "--set sample.n_samples=0 --set train.threads=1 --run-dir " +
-                                (dir / "run") + " --force";
+    const std::string shorter =
+        " --set train.steps=2 --set train.eval_batches=1 "
+        "--set sample.n_samples=0 --set train.threads=1 --run-dir " +
+        (dir / "run") + " --force";
     const std::string mpirun = std::string(BGL_MPIEXEC) +
                                (geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe";
     for (const std::string& line : lines_starting("mpirun ")) {

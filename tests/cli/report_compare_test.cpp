@@ -117,9 +117,7 @@ TEST_F(ReportCompareTest, LabelCountMismatch) {
                  {"--labels", "3 label(s) for 2 run directories"});
 }
 
-TEST_F(ReportCompareTest, MissingOut) {
-    expect_error(runs(), {"--out FILE.svg is required"});
-}
+TEST_F(ReportCompareTest, MissingOut) { expect_error(runs(), {"--out FILE.svg is required"}); }
 
 TEST_F(ReportCompareTest, UnknownMetricAndMixedUsage) {
     expect_error(runs() + " --metric lr --out " + (dir / "x.svg"), {"--metric lr", "val_loss"});

@@ -16,11 +16,11 @@ namespace bagualu::testing {
 
 struct RunReport {
     std::vector<double> tokens_per_s;  // per logged step
-    nlohmann::json      resources;     // {"steps", "ranks", "peak_rss_bytes", "comm"}
+    nlohmann::json resources;          // {"steps", "ranks", "peak_rss_bytes", "comm"}
 };
 
 inline RunReport read_run(const std::string& metrics_path) {
-    RunReport          r;
+    RunReport r;
     std::istringstream in(read_file(metrics_path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
@@ -33,8 +33,9 @@ inline RunReport read_run(const std::string& metrics_path) {
 
 inline CommandResult run_train(int P, const std::string& args) {
     if (P == 1) return bagualu(args);
-    return run_command(fmt::format("cd {} && timeout 600 {} --allow-run-as-root --oversubscribe -np {} {} {}",
-                                   BGL_SOURCE_DIR, BGL_MPIEXEC, P, BGL_BINARY, args));
+    return run_command(
+        fmt::format("cd {} && timeout 600 {} --allow-run-as-root --oversubscribe -np {} {} {}",
+                    BGL_SOURCE_DIR, BGL_MPIEXEC, P, BGL_BINARY, args));
 }
 
 inline double median(std::vector<double> v) {

@@ -11,13 +11,13 @@
 namespace bagualu::testing {
 
 struct CommandResult {
-    int         status = -1;  // exit status, or -1 when killed by a signal
-    std::string output;       // stdout and stderr together
+    int status = -1;     // exit status, or -1 when killed by a signal
+    std::string output;  // stdout and stderr together
 };
 
 inline CommandResult run_command(const std::string& cmd) {
     CommandResult r;
-    FILE*         p = popen((cmd + " 2>&1").c_str(), "r");
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
     if (!p) return r;
     char buf[4096];
     while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);

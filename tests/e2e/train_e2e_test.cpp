@@ -14,7 +14,7 @@ namespace {
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
     std::vector<nlohmann::json> out;
-    std::istringstream          in(read_file(path));
+    std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (!line.empty()) out.push_back(nlohmann::json::parse(line));
     }
@@ -24,9 +24,10 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
 class TrainE2ETest : public ::testing::Test {
    protected:
     static void SetUpTestSuite() {
-        dir_ = new TempDir();
-        data_ = " --set data.train=" + (*dir_ / "data/train.bin") + " --set data.val=" +
-                (*dir_ / "data/val.bin") + " --set data.tokenizer=" + (*dir_ / "data/tok.model");
+        dir_  = new TempDir();
+        data_ = " --set data.train=" + (*dir_ / "data/train.bin") +
+                " --set data.val=" + (*dir_ / "data/val.bin") +
+                " --set data.tokenizer=" + (*dir_ / "data/tok.model");
         prepare_ = bagualu("prepare --config configs/tiny.toml" + data_);
     }
     void SetUp() override { ASSERT_EQ(prepare_.status, 0) << prepare_.output; }
@@ -35,14 +36,15 @@ class TrainE2ETest : public ::testing::Test {
         dir_ = nullptr;
     }
     static CommandResult train(const std::string& run, const std::string& extra = "") {
-        return bagualu("train --config configs/tiny.toml" + data_ + " --run-dir " + (*dir_ / run) + extra);
+        return bagualu("train --config configs/tiny.toml" + data_ + " --run-dir " + (*dir_ / run) +
+                       extra);
     }
-    static TempDir*      dir_;
-    static std::string   data_;
+    static TempDir* dir_;
+    static std::string data_;
     static CommandResult prepare_;
 };
 CommandResult TrainE2ETest::prepare_;
-TempDir*    TrainE2ETest::dir_ = nullptr;
+TempDir* TrainE2ETest::dir_ = nullptr;
 std::string TrainE2ETest::data_;
 
 TEST_F(TrainE2ETest, PrepareIsSkippedWhenUpToDate) {
@@ -68,13 +70,15 @@ TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {
         for (const char* key : {"loss", "val_loss", "grad_norm", "lr"}) {
             if (ma[i].contains(key)) {
                 // same seed, same config: bit-identical numbers
-                EXPECT_EQ(ma[i][key].get<double>(), mb[i][key].get<double>()) << key << " line " << i;
+                EXPECT_EQ(ma[i][key].get<double>(), mb[i][key].get<double>())
+                    << key << " line " << i;
             }
         }
         if (ma[i].contains("loss") && first_loss < 0) first_loss = ma[i]["loss"];
         if (ma[i].contains("val_loss")) last_val = ma[i]["val_loss"];
         if (ma[i].contains("loss")) {
-            for (const char* key : {"step", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s"}) {
+            for (const char* key :
+                 {"step", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s"}) {
                 EXPECT_TRUE(ma[i].contains(key)) << key;
             }
         }
@@ -82,24 +86,29 @@ TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {
     ASSERT_GT(last_val, 0);
     EXPECT_LT(last_val, first_loss - 0.5) << "training should lower the loss";
 
-    const CommandResult ex = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
+    const CommandResult ex =
+        bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
     ASSERT_EQ(ex.status, 0) << ex.output;
-    const CommandResult ev = bagualu("eval --model " + (*dir_ / "exported") + " --config configs/tiny.toml" + data_);
+    const CommandResult ev =
+        bagualu("eval --model " + (*dir_ / "exported") + " --config configs/tiny.toml" + data_);
     ASSERT_EQ(ev.status, 0) << ev.output;
     double val = -1;
     ASSERT_EQ(std::sscanf(ev.output.c_str(), "val_loss %lf", &val), 1) << ev.output;
     EXPECT_NEAR(val, last_val, 1e-5 * last_val);
 
     // export never overwrites
-    const CommandResult again = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
+    const CommandResult again =
+        bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported"));
     EXPECT_EQ(again.status, 2) << again.output;
 
-    const CommandResult bf = bagualu("export --from " + (*dir_ / "run_a") + " --out " + (*dir_ / "exported_bf16") + " --dtype bf16");
+    const CommandResult bf = bagualu("export --from " + (*dir_ / "run_a") + " --out " +
+                                     (*dir_ / "exported_bf16") + " --dtype bf16");
     ASSERT_EQ(bf.status, 0) << bf.output;
     EXPECT_LT(std::filesystem::file_size(*dir_ / "exported_bf16/model.safetensors"),
               std::filesystem::file_size(*dir_ / "exported/model.safetensors") * 6 / 10);
 
-    const CommandResult s = bagualu("sample --model " + (*dir_ / "exported") + " -n 2 --max-new-tokens 8 --prompt Hello");
+    const CommandResult s = bagualu("sample --model " + (*dir_ / "exported") +
+                                    " -n 2 --max-new-tokens 8 --prompt Hello");
     ASSERT_EQ(s.status, 0) << s.output;
     EXPECT_NE(s.output.find("--- sample 2 ---"), std::string::npos) << s.output;
 

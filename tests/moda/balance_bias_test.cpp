@@ -22,13 +22,13 @@
 namespace bagualu::testing {
 namespace {
 
-constexpr const char* kBias = " --set model.balance_bias_rate=0.01";
+constexpr const char* kBias   = " --set model.balance_bias_rate=0.01";
 constexpr const char* kFrozen = " --set train.lr=1e-30 --set train.min_lr=1e-30";
 
 // Per logged step: the balancing telemetry of every MoE layer, as written.
 std::vector<std::string> bias_lines(const std::string& metrics) {
     std::vector<std::string> out;
-    std::istringstream       in(read_file(metrics));
+    std::istringstream in(read_file(metrics));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
         const auto j = nlohmann::json::parse(line);
@@ -95,13 +95,11 @@ class BalanceBiasTest : public TinyRunsSuite<> {
 
 TEST_F(BalanceBiasTest, GradientAccumulationOneAndFourGiveTheSameBits) {
     // global batch 8: one micro-batch of 8, or four of 2 (the later --set wins)
-    const CommandResult a =
-        bagualu(runs_->train_args("acc1", 1, 1, "off") + kBias + kFrozen +
-                " --set train.micro_batch_size=8");
+    const CommandResult a = bagualu(runs_->train_args("acc1", 1, 1, "off") + kBias + kFrozen +
+                                    " --set train.micro_batch_size=8");
     ASSERT_EQ(a.status, 0) << a.output;
-    const CommandResult b =
-        bagualu(runs_->train_args("acc4", 1, 1, "off") + kBias + kFrozen +
-                " --set train.micro_batch_size=2");
+    const CommandResult b = bagualu(runs_->train_args("acc4", 1, 1, "off") + kBias + kFrozen +
+                                    " --set train.micro_batch_size=2");
     ASSERT_EQ(b.status, 0) << b.output;
     EXPECT_NE(a.output.find("= 1 micro-batch(es) of 8"), std::string::npos) << a.output;
     EXPECT_NE(b.output.find("= 4 micro-batch(es) of 2"), std::string::npos) << b.output;

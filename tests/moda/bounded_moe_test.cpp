@@ -2,9 +2,8 @@
 // weight-gradient block, 256 rows, so the experts run in several rounds) gives bitwise the same
 // losses, gradient norms and exported model as with unbounded buffers, at EP = 4 and EP = 2,
 // with routing forced to one expert and Zipf-skewed (model.route_override).
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -20,11 +19,11 @@ class BoundedMoETest : public TinyRunsSuite<> {};
 // Per step: (loss, grad_norm) exactly as logged, and the largest per-expert row count.
 struct Steps {
     std::vector<std::pair<double, double>> loss_norm;
-    int64_t                                max_expert_rows = 0;
+    int64_t max_expert_rows = 0;
 };
 
 Steps read(const std::string& path) {
-    Steps              out;
+    Steps out;
     std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 // step -> loss of every logged step in a run's metrics.jsonl
 std::map<int64_t, double> losses_by_step(const std::string& path) {
     std::map<int64_t, double> out;
-    std::istringstream        in(read_file(path));
+    std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
         const auto j = nlohmann::json::parse(line);
@@ -48,33 +48,38 @@ std::string checkpoint_of(const std::string& root, int step) {
 
 class CheckpointTest : public TinyRunsSuite<> {
    protected:
-
     // `steps` steps of the tiny config at (P, EP); extra: more --set flags or --resume.
-    static std::string args(const std::string& run, int P, int ep, int steps, const std::string& extra) {
-        return fmt::format("{} --set train.steps={} {}", runs_->train_args(run, P, ep, "auto"), steps,
-                           extra);
+    static std::string args(const std::string& run, int P, int ep, int steps,
+                            const std::string& extra) {
+        return fmt::format("{} --set train.steps={} {}", runs_->train_args(run, P, ep, "auto"),
+                           steps, extra);
     }
     // The same run killed (SIGKILL) on `rank` after the backward pass of step `kill_step`.
     static CommandResult run_killed(int P, int kill_step, int rank, const std::string& a) {
-        const std::string env = fmt::format("BAGUALU_FAULT_KILL_AT_STEP={} BAGUALU_FAULT_KILL_RANK={}",
-                                            kill_step, rank);
-        if (P == 1) return run_command(fmt::format("cd {} && {} {} {}", BGL_SOURCE_DIR, env, BGL_BINARY, a));
-        return run_command(fmt::format(
-            "cd {} && {} timeout 300 {} --allow-run-as-root --oversubscribe -x BAGUALU_FAULT_KILL_AT_STEP "
-            "-x BAGUALU_FAULT_KILL_RANK -np {} {} {}",
-            BGL_SOURCE_DIR, env, BGL_MPIEXEC, P, BGL_BINARY, a));
+        const std::string env = fmt::format(
+            "BAGUALU_FAULT_KILL_AT_STEP={} BAGUALU_FAULT_KILL_RANK={}", kill_step, rank);
+        if (P == 1)
+            return run_command(
+                fmt::format("cd {} && {} {} {}", BGL_SOURCE_DIR, env, BGL_BINARY, a));
+        return run_command(
+            fmt::format("cd {} && {} timeout 300 {} --allow-run-as-root --oversubscribe -x "
+                        "BAGUALU_FAULT_KILL_AT_STEP "
+                        "-x BAGUALU_FAULT_KILL_RANK -np {} {} {}",
+                        BGL_SOURCE_DIR, env, BGL_MPIEXEC, P, BGL_BINARY, a));
     }
 
     // extra: settings of both runs (e.g. mixed precision); name: tells the runs apart.
     void bit_exact_resume(int P, const std::string& extra = "", const std::string& name = "") {
-        const int         ep  = P;
-        const std::string ref = fmt::format("ref40_p{}{}", P, name), crash = fmt::format("crash_p{}{}", P, name);
-        const CommandResult a = TinyRuns::run(P, args(ref, P, ep, 40, extra));
+        const int ep            = P;
+        const std::string ref   = fmt::format("ref40_p{}{}", P, name),
+                          crash = fmt::format("crash_p{}{}", P, name);
+        const CommandResult a   = TinyRuns::run(P, args(ref, P, ep, 40, extra));
         ASSERT_EQ(a.status, 0) << a.output;
 
-        const std::string ck = " --set checkpoint.every=10 " + extra;
+        const std::string ck       = " --set checkpoint.every=10 " + extra;
         const CommandResult killed = run_killed(P, 25, P - 1, args(crash, P, ep, 40, ck));
-        ASSERT_NE(killed.status, 0) << "the injected SIGKILL did not end the run\n" << killed.output;
+        ASSERT_NE(killed.status, 0) << "the injected SIGKILL did not end the run\n"
+                                    << killed.output;
         EXPECT_FALSE(fs::exists(runs_->path(crash + "/model")));
         EXPECT_TRUE(fs::exists(checkpoint_of(runs_->path(crash + "/checkpoints"), 10)));
 
@@ -96,7 +101,6 @@ class CheckpointTest : public TinyRunsSuite<> {
         expect_same_model_bits(runs_->path(ref + "/model/model.safetensors"),
                                runs_->path(crash + "/model/model.safetensors"));
     }
-
 };
 
 TEST_F(CheckpointTest, KilledRunResumesBitExactOneRank) { bit_exact_resume(1); }
@@ -125,14 +129,16 @@ TEST_F(CheckpointTest, ReshardsToOtherLayouts) {
     };
     for (const Case& c : {Case{4, 4, {{2, 2}, {2, 1}, {1, 1}}}, Case{2, 2, {{4, 4}}}}) {
         const std::string src = fmt::format("src_p{}_ep{}", c.from_p, c.from_ep);
-        const CommandResult a = TinyRuns::run(c.from_p, args(src, c.from_p, c.from_ep, 12, "--set checkpoint.every=10"));
+        const CommandResult a = TinyRuns::run(
+            c.from_p, args(src, c.from_p, c.from_ep, 12, "--set checkpoint.every=10"));
         ASSERT_EQ(a.status, 0) << a.output;
         const auto ref = losses_by_step(runs_->path(src + "/metrics.jsonl"));
         for (const auto& [P, ep] : c.to) {
             const std::string dst = fmt::format("{}_to_p{}_ep{}", src, P, ep);
             fs::create_directories(runs_->path(dst + "/checkpoints"));
             fs::copy(checkpoint_of(runs_->path(src + "/checkpoints"), 10),
-                     checkpoint_of(runs_->path(dst + "/checkpoints"), 10), fs::copy_options::recursive);
+                     checkpoint_of(runs_->path(dst + "/checkpoints"), 10),
+                     fs::copy_options::recursive);
             const CommandResult b = TinyRuns::run(P, args(dst, P, ep, 12, "--resume"));
             ASSERT_EQ(b.status, 0) << b.output;
             EXPECT_NE(b.output.find("(step 10)"), std::string::npos) << b.output;
@@ -141,8 +147,8 @@ TEST_F(CheckpointTest, ReshardsToOtherLayouts) {
                 ASSERT_TRUE(got.contains(s)) << dst;
                 EXPECT_NEAR(got.at(s), ref.at(s), 1e-5 * ref.at(s)) << dst << " step " << s;
             }
-            std::printf("(%d, %d) -> (%d, %d): step 11 loss %.9f vs %.9f\n", c.from_p, c.from_ep, P, ep,
-                        got.at(11), ref.at(11));
+            std::printf("(%d, %d) -> (%d, %d): step 11 loss %.9f vs %.9f\n", c.from_p, c.from_ep, P,
+                        ep, got.at(11), ref.at(11));
         }
     }
 }
@@ -156,7 +162,8 @@ TEST_F(CheckpointTest, DamagedCheckpointsAreReportedAndSkipped) {
     const std::string ck   = " --set checkpoint.every=5 --set checkpoint.keep=0";
     const CommandResult a  = TinyRuns::run(2, args(run, 2, 2, 20, ck));
     ASSERT_EQ(a.status, 0) << a.output;
-    for (const int s : {5, 10, 15, 20}) ASSERT_TRUE(fs::exists(checkpoint_of(root, s) + "/manifest.json")) << s;
+    for (const int s : {5, 10, 15, 20})
+        ASSERT_TRUE(fs::exists(checkpoint_of(root, s) + "/manifest.json")) << s;
 
     const std::string f20 = checkpoint_of(root, 20) + "/rank_00001.safetensors";
     {
@@ -188,16 +195,20 @@ TEST_F(CheckpointTest, DamagedCheckpointsAreReportedAndSkipped) {
     EXPECT_NE(b.output.find("truncated"), std::string::npos) << b.output;
     EXPECT_NE(b.output.find("step_00000010: no manifest.json"), std::string::npos) << b.output;
     EXPECT_NE(b.output.find("step_00000005 (step 5)"), std::string::npos) << b.output;
-    // the damaged step_00000010/15/20 were replaced by the resumed run's own: the old ones moved aside
+    // the damaged step_00000010/15/20 were replaced by the resumed run's own: the old ones moved
+    // aside
     int aside = 0;
-    for (const auto& e : fs::directory_iterator(root)) aside += e.path().filename().string().find(".replaced-") != std::string::npos;
+    for (const auto& e : fs::directory_iterator(root))
+        aside += e.path().filename().string().find(".replaced-") != std::string::npos;
     EXPECT_EQ(aside, 3) << b.output;
 
     // every checkpoint left unusable: a one-line error, no training from scratch
     const std::string bad = "all_bad";
     ASSERT_EQ(TinyRuns::run(1, args(bad, 1, 1, 5, " --set checkpoint.every=5")).status, 0);
-    fs::resize_file(checkpoint_of(runs_->path(bad + "/checkpoints"), 5) + "/rank_00000.safetensors", 10);
-    const CommandResult c = TinyRuns::run(1, args(bad, 1, 1, 8, " --set checkpoint.every=5 --resume"));
+    fs::resize_file(checkpoint_of(runs_->path(bad + "/checkpoints"), 5) + "/rank_00000.safetensors",
+                    10);
+    const CommandResult c =
+        TinyRuns::run(1, args(bad, 1, 1, 8, " --set checkpoint.every=5 --resume"));
     EXPECT_EQ(c.status, 2) << c.output;
     EXPECT_NE(c.output.find("no usable checkpoint"), std::string::npos) << c.output;
 }
@@ -206,7 +217,8 @@ TEST_F(CheckpointTest, DamagedCheckpointsAreReportedAndSkipped) {
 TEST_F(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
     const std::string run = "other_model";
     ASSERT_EQ(TinyRuns::run(1, args(run, 1, 1, 5, "--set checkpoint.every=5")).status, 0);
-    const CommandResult b = TinyRuns::run(1, args(run, 1, 1, 8, "--set checkpoint.every=5 --set model.d_ff=96 --resume"));
+    const CommandResult b = TinyRuns::run(
+        1, args(run, 1, 1, 8, "--set checkpoint.every=5 --set model.d_ff=96 --resume"));
     EXPECT_EQ(b.status, 2) << b.output;
     EXPECT_NE(b.output.find("has shape"), std::string::npos) << b.output;
 }
@@ -229,11 +241,12 @@ TEST_F(CheckpointTest, ExportFromCheckpointEqualsTheRunsModel) {
     const std::string run = "export_src";
     const CommandResult a = TinyRuns::run(2, args(run, 2, 2, 10, "--set checkpoint.every=10"));
     ASSERT_EQ(a.status, 0) << a.output;
-    const std::string ck = checkpoint_of(runs_->path(run + "/checkpoints"), 10);
+    const std::string ck  = checkpoint_of(runs_->path(run + "/checkpoints"), 10);
     const CommandResult i = bagualu("inspect " + runs_->path(run + "/checkpoints"));
     EXPECT_EQ(i.status, 0) << i.output;
     EXPECT_NE(i.output.find("all files pass"), std::string::npos) << i.output;
-    const CommandResult e = bagualu("export --checkpoint " + ck + " --out " + runs_->path("exported"));
+    const CommandResult e =
+        bagualu("export --checkpoint " + ck + " --out " + runs_->path("exported"));
     ASSERT_EQ(e.status, 0) << e.output;
     expect_same_model_bits(runs_->path(run + "/model/model.safetensors"),
                            runs_->path("exported/model.safetensors"));

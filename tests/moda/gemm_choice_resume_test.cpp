@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 std::map<int64_t, double> losses_by_step(const std::string& path) {
     std::map<int64_t, double> out;
-    std::istringstream        in(read_file(path));
+    std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
         const auto j = nlohmann::json::parse(line);
@@ -36,7 +36,8 @@ class GemmChoiceResumeTest : public TinyRunsSuite<> {
                                        runs_->train_args(run, 1, 1, "auto"), extra));
     }
     // A new run directory holding `src`'s step-10 checkpoint and the given choice table.
-    static void seed_run(const std::string& src, const std::string& dst, const nlohmann::json& table) {
+    static void seed_run(const std::string& src, const std::string& dst,
+                         const nlohmann::json& table) {
         const std::string ck = "/checkpoints/step_00000010";
         fs::create_directories(runs_->path(dst + "/checkpoints"));
         fs::copy(runs_->path(src + ck), runs_->path(dst + ck), fs::copy_options::recursive);
@@ -75,7 +76,7 @@ TEST_F(GemmChoiceResumeTest, ResumeWithAutoIsBitExact) {
     const CommandResult c = train_auto("auto_ref_kernels", "--resume");
     ASSERT_EQ(c.status, 0) << c.output;
     const auto other = losses_by_step(runs_->path("auto_ref_kernels/metrics.jsonl"));
-    int differ = 0;
+    int differ       = 0;
     for (int64_t s = 11; s <= 20; ++s) differ += other.at(s) != ref.at(s);
     EXPECT_GT(differ, 0) << "a table of ref backends left every resumed loss unchanged";
     const nlohmann::json kept =
@@ -94,9 +95,10 @@ TEST_F(GemmChoiceResumeTest, ResumeWithAutoIsBitExact) {
     seed_run("auto_ref", "auto_foreign", foreign);
     const CommandResult d = train_auto("auto_foreign", "--resume");
     ASSERT_EQ(d.status, 0) << d.output;
-    EXPECT_NE(d.output.find("gemm_choice.json: made on another CPU, oneDNN version or thread count: "
-                            "ignored"),
-              std::string::npos)
+    EXPECT_NE(
+        d.output.find("gemm_choice.json: made on another CPU, oneDNN version or thread count: "
+                      "ignored"),
+        std::string::npos)
         << d.output;
     const nlohmann::json retimed =
         nlohmann::json::parse(read_file(runs_->path("auto_foreign/gemm_choice.json")));
@@ -110,7 +112,8 @@ TEST_F(GemmChoiceResumeTest, MalformedTableIsAnInputError) {
     ASSERT_EQ(a.status, 0) << a.output;
     const std::string ck = "/checkpoints/step_00000010";
     fs::create_directories(runs_->path("auto_bad/checkpoints"));
-    fs::copy(runs_->path("auto_src" + ck), runs_->path("auto_bad" + ck), fs::copy_options::recursive);
+    fs::copy(runs_->path("auto_src" + ck), runs_->path("auto_bad" + ck),
+             fs::copy_options::recursive);
     std::ofstream(runs_->path("auto_bad/gemm_choice.json")) << "{\"cpu_model\": 3}";
     const CommandResult b = train_auto("auto_bad", "--resume");
     EXPECT_EQ(b.status, 2) << b.output;

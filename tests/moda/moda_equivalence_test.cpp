@@ -11,7 +11,6 @@ namespace {
 
 class MoDaTest : public TinyRunsSuite<> {
    protected:
-
     // extra: more --set options for both runs; tag: their name's suffix
     void expect_same_as_single(int P, int ep, const std::string& extra = "",
                                const std::string& tag = "") {
@@ -22,7 +21,6 @@ class MoDaTest : public TinyRunsSuite<> {
         ASSERT_EQ(b.status, 0) << b.output;
         expect_same_training(*runs_, ref, run);
     }
-
 };
 
 TEST_F(MoDaTest, TwoRanksExpertParallel) { expect_same_as_single(2, 2); }
@@ -39,8 +37,8 @@ TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r = TinyRuns::run_mpi(4, runs_->train_args("bad", 4, 3, "auto"));
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find("parallel.expert_parallel = 3"), std::string::npos) << r.output;
-    const CommandResult r2 =
-        TinyRuns::run_mpi(3, runs_->train_args("bad2", 1, 1, "auto") + " --set train.micro_batch_size=1");
+    const CommandResult r2 = TinyRuns::run_mpi(
+        3, runs_->train_args("bad2", 1, 1, "auto") + " --set train.micro_batch_size=1");
     EXPECT_EQ(r2.status, 2) << r2.output;
     EXPECT_NE(r2.output.find("train.batch_size = 8"), std::string::npos) << r2.output;
 }

@@ -2,9 +2,8 @@
 // on data prepared once per suite, and the comparison of two runs: per-step loss and gradient
 // norm from metrics.jsonl, final parameters from model.safetensors.
 #pragma once
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -19,11 +18,11 @@ namespace bagualu::testing {
 
 struct StepLog {
     std::vector<double> loss, grad_norm;
-    nlohmann::json      first;  // the first step line (holds param_bytes, grad_bytes, optim_bytes)
+    nlohmann::json first;  // the first step line (holds param_bytes, grad_bytes, optim_bytes)
 };
 
 inline StepLog read_steps(const std::string& path) {
-    StepLog            out;
+    StepLog out;
     std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
@@ -41,18 +40,20 @@ inline StepLog read_steps(const std::string& path) {
 class TinyRuns {
    public:
     TinyRuns() {
-        data_ = " --set data.train=" + (dir_ / "data/train.bin") + " --set data.val=" +
-                (dir_ / "data/val.bin") + " --set data.tokenizer=" + (dir_ / "data/tok.model");
+        data_ = " --set data.train=" + (dir_ / "data/train.bin") +
+                " --set data.val=" + (dir_ / "data/val.bin") +
+                " --set data.tokenizer=" + (dir_ / "data/tok.model");
         prepare_ = bagualu("prepare --config configs/tiny.toml" + data_);
     }
     const CommandResult& prepare() const { return prepare_; }
-    std::string          path(const std::string& name) const { return dir_ / name; }
+    std::string path(const std::string& name) const { return dir_ / name; }
     // The --set options that point a run at the prepared data.
-    const std::string&   data_args() const { return data_; }
+    const std::string& data_args() const { return data_; }
 
     // 20 steps, every step logged; per-rank micro-batch chosen so that every micro-step covers
     // the same 4 sequences whatever P is (global batch 8 = 2 micro-steps).
-    std::string train_args(const std::string& run, int P, int ep, const std::string& partition) const {
+    std::string train_args(const std::string& run, int P, int ep,
+                           const std::string& partition) const {
         // fmt rather than operator+ chains: GCC 12 warns falsely (-Wrestrict) on the latter.
         return fmt::format(
             "train --config configs/tiny.toml{} --run-dir {} --set train.steps=20 "
@@ -62,8 +63,9 @@ class TinyRuns {
             data_, dir_ / run, 4 / P, ep, partition);
     }
     static CommandResult run_mpi(int P, const std::string& args) {
-        return run_command(fmt::format("cd {} && timeout 300 {} --allow-run-as-root --oversubscribe -np {} {} {}",
-                                       BGL_SOURCE_DIR, BGL_MPIEXEC, P, BGL_BINARY, args));
+        return run_command(
+            fmt::format("cd {} && timeout 300 {} --allow-run-as-root --oversubscribe -np {} {} {}",
+                        BGL_SOURCE_DIR, BGL_MPIEXEC, P, BGL_BINARY, args));
     }
     // One process without mpirun for P = 1.
     static CommandResult run(int P, const std::string& args) {
@@ -71,8 +73,8 @@ class TinyRuns {
     }
 
    private:
-    TempDir       dir_;
-    std::string   data_;
+    TempDir dir_;
+    std::string data_;
     CommandResult prepare_;
 };
 
@@ -115,9 +117,9 @@ inline void expect_same_training(const TinyRuns& runs, const std::string& ref,
     for (const std::string& name : fa.names()) {
         const std::vector<float> x = fa.read_f32(name), y = fb.read_f32(name);
         ASSERT_EQ(x.size(), y.size()) << name;
-        const bool   qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
-        const size_t C        = x.size() / 3;
-        double       diff = 0, norm = 0;
+        const bool qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
+        const size_t C      = x.size() / 3;
+        double diff = 0, norm = 0;
         for (size_t i = 0; i < x.size(); ++i) {
             if (qkv_bias && i >= C && i < 2 * C) continue;
             diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);

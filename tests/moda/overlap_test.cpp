@@ -24,9 +24,11 @@ TEST_P(OverlapTest, OnAndOffGiveTheSameBits) {
         // every other step (from 1, doubling after 2 clean steps) must be the step's own
         const CommandResult r = TinyRuns::run_mpi(
             P, runs_->train_args(run, P, 2, partition) +
-                   fmt::format(" --set parallel.overlap_grad_reduce={} --set precision.dtype={}", on,
-                               dtype) +
-                   (dtype == "fp16" ? " --set precision.loss_scale=1 --set precision.loss_scale_window=2" : ""));
+                   fmt::format(" --set parallel.overlap_grad_reduce={} --set precision.dtype={}",
+                               on, dtype) +
+                   (dtype == "fp16"
+                        ? " --set precision.loss_scale=1 --set precision.loss_scale_window=2"
+                        : ""));
         ASSERT_EQ(r.status, 0) << r.output;
         EXPECT_NE(r.output.find(on ? "overlapped with backward" : "reduction: after backward"),
                   std::string::npos)
@@ -51,12 +53,14 @@ const auto kOverlapName = [](const auto& p) {
 };
 INSTANTIATE_TEST_SUITE_P(RanksAndOptimizer, OverlapTest,
                          ::testing::Combine(::testing::Values(2, 4),
-                                            ::testing::Values(std::string("off"), std::string("on")),
+                                            ::testing::Values(std::string("off"),
+                                                              std::string("on")),
                                             ::testing::Values(std::string("fp32"))),
                          kOverlapName);
 INSTANTIATE_TEST_SUITE_P(LossScaled, OverlapTest,
                          ::testing::Combine(::testing::Values(2),
-                                            ::testing::Values(std::string("off"), std::string("on")),
+                                            ::testing::Values(std::string("off"),
+                                                              std::string("on")),
                                             ::testing::Values(std::string("fp16"))),
                          kOverlapName);
 

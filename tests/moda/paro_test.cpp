@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "config/config.h"
-#include "model/gpt.h"
 #include "moda_runs.h"
+#include "model/gpt.h"
 
 namespace bagualu::testing {
 namespace {
@@ -18,7 +18,7 @@ struct ParamCounts {
 ParamCounts tiny_counts() {
     const TrainConfig cfg = load_config(std::string(BGL_SOURCE_DIR) + "/configs/tiny.toml");
     const model::ParamLayout layout = model::make_layout(cfg.model);
-    ParamCounts              c;
+    ParamCounts c;
     for (const model::ParamSpec& s : layout.specs()) {
         (s.expert ? c.expert : c.dense) += static_cast<double>(s.numel);
     }
@@ -27,26 +27,25 @@ ParamCounts tiny_counts() {
 
 class ParoTest : public TinyRunsSuite<> {
    protected:
-
     // ep_of(P): the expert parallelism of the run over P ranks.
     void expect_same_as_replicated(const std::vector<int>& ranks, int (*ep_of)(int)) {
         const CommandResult a = bagualu(runs_->train_args("ref", 1, 1, "off"));
         ASSERT_EQ(a.status, 0) << a.output;
-        const ParamCounts n   = tiny_counts();
-        const double      all = n.dense + n.expert;
-        const StepLog     ref = read_steps(runs_->path("ref/metrics.jsonl"));
+        const ParamCounts n = tiny_counts();
+        const double all    = n.dense + n.expert;
+        const StepLog ref   = read_steps(runs_->path("ref/metrics.jsonl"));
         EXPECT_NEAR(ref.first["optim_bytes"].get<double>(), 8 * all, 0.02 * 8 * all);
         for (const int P : ranks) {
-            const int         ep  = ep_of(P);
+            const int ep          = ep_of(P);
             const std::string run = fmt::format("paro_p{}_ep{}", P, ep);
             const CommandResult b = TinyRuns::run(P, runs_->train_args(run, P, ep, "on"));
             ASSERT_EQ(b.status, 0) << b.output;
             EXPECT_NE(b.output.find(fmt::format("ParO over {} rank(s)", P)), std::string::npos)
                 << b.output;
             expect_same_training(*runs_, "ref", run);
-            const StepLog l        = read_steps(runs_->path(run + "/metrics.jsonl"));
-            const double  optim    = l.first["optim_bytes"].get<double>();
-            const double  expected = 8 * all / P;
+            const StepLog l       = read_steps(runs_->path(run + "/metrics.jsonl"));
+            const double optim    = l.first["optim_bytes"].get<double>();
+            const double expected = 8 * all / P;
             EXPECT_NEAR(optim, expected, 0.02 * expected) << run;
             const double params = 4 * (n.dense + n.expert / ep);
             EXPECT_NEAR(l.first["param_bytes"].get<double>(), params, 0.02 * params) << run;
@@ -54,7 +53,6 @@ class ParoTest : public TinyRunsSuite<> {
                         optim, expected);
         }
     }
-
 };
 
 TEST_F(ParoTest, DataParallelMatchesReplicated) {

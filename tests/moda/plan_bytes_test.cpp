@@ -16,16 +16,16 @@ namespace {
 
 struct Case {
     std::string extra;
-    int         P           = 2;
-    int         steps       = 3;
-    bool        skips_steps = false;  // the run must skip a step (fp16 overflow)
-    int         ranks_per_node = 0;   // > 0: the run's parallel.ranks_per_node and plan's; 0 = P
+    int P              = 2;
+    int steps          = 3;
+    bool skips_steps   = false;  // the run must skip a step (fp16 overflow)
+    int ranks_per_node = 0;      // > 0: the run's parallel.ranks_per_node and plan's; 0 = P
 };
 
 // Steps the run skipped (fp16 loss scaling): they have no ParO all-gather. Every skipped step is
 // logged.
 int64_t skipped_steps(const std::string& metrics) {
-    int64_t            n = 0;
+    int64_t n = 0;
     std::istringstream in(read_file(metrics));
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
@@ -36,26 +36,29 @@ int64_t skipped_steps(const std::string& metrics) {
 }
 
 void expect_counted_equals_predicted(const Case& c) {
-    TempDir           dir;
-    const std::string data = " --set data.train=" + (dir / "train.bin") + " --set data.val=" +
-                             (dir / "val.bin") + " --set data.tokenizer=" + (dir / "tok.model");
+    TempDir dir;
+    const std::string data = " --set data.train=" + (dir / "train.bin") +
+                             " --set data.val=" + (dir / "val.bin") +
+                             " --set data.tokenizer=" + (dir / "tok.model");
     const CommandResult prep = bagualu("prepare --config configs/tiny.toml" + data);
     ASSERT_EQ(prep.status, 0) << prep.output;
-    const int         P = c.P, steps = c.steps;
-    const std::string common = "--config configs/tiny.toml" + data + " --set train.threads=1 " + c.extra;
+    const int P = c.P, steps = c.steps;
+    const std::string common =
+        "--config configs/tiny.toml" + data + " --set train.threads=1 " + c.extra;
     // evaluation every 2 steps: its collectives must not show up in the step counts
     const CommandResult t = run_train(
-        P, fmt::format("train {} --run-dir {} --force --set train.steps={} --set train.eval_every=2 "
-                       "--set train.eval_batches=1 --set sample.n_samples=0",
-                       common, dir / "run", steps));
+        P,
+        fmt::format("train {} --run-dir {} --force --set train.steps={} --set train.eval_every=2 "
+                    "--set train.eval_batches=1 --set sample.n_samples=0",
+                    common, dir / "run", steps));
     ASSERT_EQ(t.status, 0) << t.output;
-    const int R = c.ranks_per_node > 0 ? c.ranks_per_node : P;
+    const int R           = c.ranks_per_node > 0 ? c.ranks_per_node : P;
     const CommandResult p = bagualu(fmt::format(
         "plan {} --machine machines/sunway-oceanlight.toml --nodes {} --ranks-per-node {} --json",
         common, P / R, R));
     ASSERT_EQ(p.status, 0) << p.output;
-    const auto      plan = nlohmann::json::parse(p.output);
-    const RunReport run  = read_run(dir / "run/metrics.jsonl");
+    const auto plan     = nlohmann::json::parse(p.output);
+    const RunReport run = read_run(dir / "run/metrics.jsonl");
     ASSERT_TRUE(run.resources.contains("comm")) << read_file(dir / "run/metrics.jsonl");
     nlohmann::json expected = nlohmann::json::object();
     for (const auto& [kind, x] : plan["comm_per_step_per_rank"].items()) {
@@ -70,18 +73,19 @@ void expect_counted_equals_predicted(const Case& c) {
     }
     for (const auto& x : plan["collectives_per_step_per_rank"]) {
         const std::string what = x["what"];
-        const bool gather = what.rfind("parameter all-gather", 0) == 0;
+        const bool gather      = what.rfind("parameter all-gather", 0) == 0;
         const int64_t calls = x["calls"].get<int64_t>(), bytes = x["bytes"].get<int64_t>();
         if (gather && skipped > 0) {
-            const std::string kind = x["kind"];
+            const std::string kind  = x["kind"];
             expected[kind]["calls"] = expected[kind]["calls"].get<int64_t>() - calls * P * skipped;
             expected[kind]["bytes"] = expected[kind]["bytes"].get<int64_t>() - bytes * P * skipped;
         }
         if (what == "data scatter") {
             // calls per rank and step = accumulation x the share of ranks in reader groups
-            const int64_t members = calls * P / plan["layout"]["grad_accum"].get<int64_t>();
+            const int64_t members        = calls * P / plan["layout"]["grad_accum"].get<int64_t>();
             expected["scatter"]["calls"] = expected["scatter"]["calls"].get<int64_t>() + members;
-            expected["scatter"]["bytes"] = expected["scatter"]["bytes"].get<int64_t>() + members * (bytes / calls);
+            expected["scatter"]["bytes"] =
+                expected["scatter"]["bytes"].get<int64_t>() + members * (bytes / calls);
         }
     }
     for (auto it = expected.begin(); it != expected.end();) {
@@ -102,39 +106,45 @@ TEST(PlanBytes, ParoFp32ExpertParallel) {
 
 TEST(PlanBytes, ParoFp32SeveralBuckets) {
     // 16384-float buckets: several per space
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set parallel.bucket_mib=0.0625"});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set parallel.bucket_mib=0.0625"});
 }
 
 TEST(PlanBytes, ParoBf16DefaultPolicyExpertParallel) {
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set precision.dtype=bf16"});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set precision.dtype=bf16"});
 }
 
 TEST(PlanBytes, ParoBf16FourRanksBothAlgorithms) {
     // P = 4: the float32 dense space (embeddings, attention: ~280 KB) takes the ring, the
     // FFN's half-stored space halving/doubling (different hop counts)
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set precision.dtype=bf16 "
-                                     "--set train.micro_batch_size=2", 4, 2});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set precision.dtype=bf16 "
+         "--set train.micro_batch_size=2",
+         4, 2});
 }
 
 TEST(PlanBytes, ParoFourRanksExpertParallel4) {
     // EDP = 1: the expert space is not split, only the dense one
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=4 --set train.micro_batch_size=2", 4, 2});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set train.micro_batch_size=2", 4, 2});
 }
 
 TEST(PlanBytes, Fp16LossScalingWithASkippedStep) {
     // a loss scale of 1e9 overflows fp16: step 1 is skipped (no all-gather), the scale backs off
     // to 1e6 and the next steps run
-    expect_counted_equals_predicted({"--set precision.dtype=fp16 --set precision.loss_scale=1e9 "
-                                     "--set precision.loss_scale_backoff=0.001", 2, 3, true});
+    expect_counted_equals_predicted(
+        {"--set precision.dtype=fp16 --set precision.loss_scale=1e9 "
+         "--set precision.loss_scale_backoff=0.001",
+         2, 3, true});
 }
 
 TEST(PlanBytes, ReplicatedExpertParallel) {
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set optimizer.partition=off"});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set optimizer.partition=off"});
 }
 
-TEST(PlanBytes, DenseParo) {
-    expect_counted_equals_predicted({"--set model.moe_every=0"});
-}
+TEST(PlanBytes, DenseParo) { expect_counted_equals_predicted({"--set model.moe_every=0"}); }
 
 TEST(PlanBytes, SwipeGateExpertParallel) {
     expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.gate=swipe"});
@@ -142,14 +152,16 @@ TEST(PlanBytes, SwipeGateExpertParallel) {
 
 TEST(PlanBytes, RecomputeMoeExpertParallel) {
     // the recomputed MoE layers' forward exchanges its counts, rows and statistics again
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.n_layer=3 "
-                                     "--set model.moe_every=1 --set train.recompute=moe"});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set model.n_layer=3 "
+         "--set model.moe_every=1 --set train.recompute=moe"});
 }
 
 TEST(PlanBytes, RecomputeBlockSwipeExpertParallel) {
-    expect_counted_equals_predicted({"--set parallel.expert_parallel=2 --set model.n_layer=3 "
-                                     "--set model.moe_every=1 --set model.gate=swipe "
-                                     "--set train.recompute=block"});
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set model.n_layer=3 "
+         "--set model.moe_every=1 --set model.gate=swipe "
+         "--set train.recompute=block"});
 }
 
 TEST(PlanBytes, NoisyGateExpertParallel) {
@@ -169,29 +181,33 @@ constexpr const char* kTwoNodes =
     "--set parallel.expert_parallel=2 --set train.micro_batch_size=2 "
     "--set parallel.ranks_per_node=2 --set parallel.hierarchical_a2a=off ";
 
-TEST(PlanBytes, ParoTwoLevelTwoNodes) { expect_counted_equals_predicted({kTwoNodes, 4, 2, false, 2}); }
+TEST(PlanBytes, ParoTwoLevelTwoNodes) {
+    expect_counted_equals_predicted({kTwoNodes, 4, 2, false, 2});
+}
 
 TEST(PlanBytes, ParoBf16TwoLevelSeveralBuckets) {
     expect_counted_equals_predicted({std::string(kTwoNodes) + "--set precision.dtype=bf16 "
-                                     "--set parallel.bucket_mib=0.0625", 4, 2, false, 2});
+                                                              "--set parallel.bucket_mib=0.0625",
+                                     4, 2, false, 2});
 }
 
 TEST(PlanBytes, ParoOneLevelOverTwoNodes) {
-    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set parallel.two_level=off", 4, 2, false, 2});
+    expect_counted_equals_predicted(
+        {std::string(kTwoNodes) + "--set parallel.two_level=off", 4, 2, false, 2});
 }
 
 TEST(PlanBytes, ReplicatedTwoLevelTwoNodes) {
-    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set optimizer.partition=off", 4, 2, false, 2});
+    expect_counted_equals_predicted(
+        {std::string(kTwoNodes) + "--set optimizer.partition=off", 4, 2, false, 2});
 }
 
 TEST(PlanBytes, ReplicatedOneLevelOverTwoNodes) {
     expect_counted_equals_predicted({std::string(kTwoNodes) + "--set optimizer.partition=off "
-                                     "--set parallel.two_level=off", 4, 2, false, 2});
+                                                              "--set parallel.two_level=off",
+                                     4, 2, false, 2});
 }
 
-TEST(PlanBytes, OneReaderScatters) {
-    expect_counted_equals_predicted({"--set data.readers=1"});
-}
+TEST(PlanBytes, OneReaderScatters) { expect_counted_equals_predicted({"--set data.readers=1"}); }
 
 }  // namespace
 }  // namespace bagualu::testing

@@ -14,7 +14,6 @@ namespace {
 
 class PrecisionMoDaTest : public TinyRunsSuite<> {
    protected:
-
     // Per-step loss within 1e-3 relative. Final parameters within 1e-2 of their norm: the runs
     // sum gradients in a different order, float rounding sends a few FP32 masters to the other
     // side of a bf16 rounding boundary, the rounded weight then differs by one ulp (2^-8
@@ -47,8 +46,8 @@ class PrecisionMoDaTest : public TinyRunsSuite<> {
         for (const std::string& name : fa.names()) {
             const std::vector<float> x = fa.read_f32(name), y = fb.read_f32(name);
             ASSERT_EQ(x.size(), y.size()) << name;
-            const bool   qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
-            const size_t C        = x.size() / 3;
+            const bool qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
+            const size_t C      = x.size() / 3;
             for (size_t i = 0; i < x.size(); ++i) {
                 if (qkv_bias && i >= C && i < 2 * C) continue;
                 diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
@@ -59,15 +58,15 @@ class PrecisionMoDaTest : public TinyRunsSuite<> {
         std::printf("%s vs %s: worst step loss %.3g relative, parameters %.3g of their norm\n",
                     run.c_str(), ref.c_str(), worst, std::sqrt(diff / norm));
     }
-
 };
 
 TEST_F(PrecisionMoDaTest, Bf16TwoRanksMatchOne) {
     const std::string prec = " --set precision.dtype=bf16";
-    const CommandResult a = bagualu(runs_->train_args("bf16_ref", 1, 1, "off") + prec);
+    const CommandResult a  = bagualu(runs_->train_args("bf16_ref", 1, 1, "off") + prec);
     ASSERT_EQ(a.status, 0) << a.output;
     EXPECT_NE(a.output.find("precision: bf16: embedding O0, attention O1, ffn O2, head O1"),
-              std::string::npos) << a.output;
+              std::string::npos)
+        << a.output;
     const CommandResult b = TinyRuns::run_mpi(2, runs_->train_args("bf16_p2", 2, 2, "on") + prec);
     ASSERT_EQ(b.status, 0) << b.output;
     expect_close("bf16_ref", "bf16_p2");
@@ -85,14 +84,14 @@ TEST_F(PrecisionMoDaTest, Fp16UniformO2TwoRanksMatchOne) {
 }
 
 struct ScaleStep {
-    double scale   = 0;
-    bool   skipped = false;
-    double loss    = 0;
+    double scale = 0;
+    bool skipped = false;
+    double loss  = 0;
 };
 // Every logged step (a skipped step's grad_norm is null: JSON has no inf).
 std::vector<ScaleStep> scale_log(const std::string& path) {
     std::vector<ScaleStep> out;
-    std::istringstream     in(read_file(path));
+    std::istringstream in(read_file(path));
     for (std::string line; std::getline(in, line);) {
         const auto j = nlohmann::json::parse(line);
         if (j.contains("loss_scale")) out.push_back({j["loss_scale"], j["skipped"], j["loss"]});
@@ -103,11 +102,12 @@ std::vector<ScaleStep> scale_log(const std::string& path) {
 TEST_F(PrecisionMoDaTest, Fp16OverflowSkipsStepsAndBacksOff) {
     // 2^30: d loss / d logit is up to 2^30 / (4 x 64 tokens) = 4e6, beyond fp16's 65504, so the
     // head's rounded gradient is inf; halving per skipped step, the scale fits after a few steps.
-    const std::string prec = " --set precision.dtype=fp16 --set precision.loss_scale=1073741824.0 "
-                             "--set precision.loss_scale_window=5";
+    const std::string prec =
+        " --set precision.dtype=fp16 --set precision.loss_scale=1073741824.0 "
+        "--set precision.loss_scale_window=5";
     for (const int P : {1, 2}) {
-        const std::string   run = fmt::format("overflow_p{}", P);
-        const CommandResult r   = TinyRuns::run(P, runs_->train_args(run, P, P, "auto") + prec);
+        const std::string run = fmt::format("overflow_p{}", P);
+        const CommandResult r = TinyRuns::run(P, runs_->train_args(run, P, P, "auto") + prec);
         ASSERT_EQ(r.status, 0) << r.output;
         const auto log = scale_log(runs_->path(run + "/metrics.jsonl"));
         ASSERT_EQ(log.size(), 20u);

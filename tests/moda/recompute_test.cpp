@@ -5,9 +5,8 @@
 // gate and jitter, so that the routing draws random numbers that must repeat, and one with
 // SWIPE, whose reassignment statistics must not be counted twice; and the noisy gate under the
 // bf16 policy, whose all-to-all carries 16-bit rows.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <sstream>
 #include <string>
@@ -22,7 +21,7 @@ namespace {
 // recomputed forward's).
 std::string metrics_without_timing(const std::string& path) {
     std::istringstream in(read_file(path));
-    std::string        out;
+    std::string out;
     for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
         auto j = nlohmann::json::parse(line);
@@ -43,10 +42,11 @@ void expect_same_as_none(const TinyRuns& runs, int P, const std::string& model) 
         const std::string run = fmt::format("{}-p{}-{}", model, P, rc);
         const std::string args =
             runs.train_args(run, P, ep, "auto") +
-            fmt::format(" --set model.n_layer=3 --set model.moe_every=1 --set train.recompute={} {}",
-                        rc, model == "noisy"  ? "--set model.gate=noisy --set model.jitter=0.1"
-                            : model == "bf16" ? "--set model.gate=noisy --set precision.dtype=bf16"
-                                              : "--set model.gate=swipe");
+            fmt::format(
+                " --set model.n_layer=3 --set model.moe_every=1 --set train.recompute={} {}", rc,
+                model == "noisy"  ? "--set model.gate=noisy --set model.jitter=0.1"
+                : model == "bf16" ? "--set model.gate=noisy --set precision.dtype=bf16"
+                                  : "--set model.gate=swipe");
         const CommandResult r = TinyRuns::run(P, args);
         ASSERT_EQ(r.status, 0) << r.output;
     }
@@ -62,7 +62,9 @@ void expect_same_as_none(const TinyRuns& runs, int P, const std::string& model) 
     }
 }
 
-TEST_P(RecomputeTest, NoisyGateBitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "noisy"); }
+TEST_P(RecomputeTest, NoisyGateBitwiseSameAsNone) {
+    expect_same_as_none(*runs_, GetParam(), "noisy");
+}
 TEST_P(RecomputeTest, SwipeBitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "swipe"); }
 // bf16 with the BaGuaLu policy: the all-to-all carries 16-bit rows (moe_layer.h)
 TEST_P(RecomputeTest, Bf16BitwiseSameAsNone) { expect_same_as_none(*runs_, GetParam(), "bf16"); }

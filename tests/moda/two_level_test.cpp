@@ -17,8 +17,8 @@ class TwoLevelTest : public TinyRunsSuite<> {
     void expect_bitwise_same(const std::string& partition, const std::string& dtype) {
         std::string runs[2];
         for (int i = 0; i < 2; ++i) {
-            const char* tl = i == 0 ? "on" : "off";
-            runs[i]        = fmt::format("{}_{}_{}", partition, dtype, tl);
+            const char* tl        = i == 0 ? "on" : "off";
+            runs[i]               = fmt::format("{}_{}_{}", partition, dtype, tl);
             const CommandResult r = TinyRuns::run_mpi(
                 4, runs_->train_args(runs[i], 4, 2, partition) +
                        fmt::format(" --set parallel.ranks_per_node=2 --set parallel.two_level={}"

@@ -108,7 +108,8 @@ TEST(Collectives, TwoLevelEqualsOneLevelOverNodes) {
                     const float want = ref[s.offset + i] / static_cast<float>(P);
                     bad += std::bit_cast<uint32_t>(one[i]) != std::bit_cast<uint32_t>(two[i]);
                     bad += std::abs(two[i] - want) > 1e-6f * want;
-                    if (k == P) bad += std::bit_cast<uint32_t>(plain[i]) != std::bit_cast<uint32_t>(two[i]);
+                    if (k == P)
+                        bad += std::bit_cast<uint32_t>(plain[i]) != std::bit_cast<uint32_t>(two[i]);
                 }
                 std::vector<uint16_t> h(n), h1(s.size), h2(s.size);
                 for (size_t i = 0; i < n; ++i) h[i] = detail::bf16_from_float(x[i]);

@@ -17,12 +17,12 @@ namespace bagualu::moe {
 namespace {
 
 TEST(DispatcherHalf, HalfPayloadIsExactOnHalfValues) {
-    dist::Comm&           world = dist::test_world();
-    const int             P = world.size(), E = 2 * P, C = 5;
+    dist::Comm& world = dist::test_world();
+    const int P = world.size(), E = 2 * P, C = 5;
     dist::ParallelContext par(world, P, false);
     // rank r sends e + r + 1 rows to global expert e
     std::vector<int32_t> tpe(static_cast<size_t>(E));
-    int                  rows = 0;
+    int rows = 0;
     for (int e = 0; e < E; ++e) rows += tpe[static_cast<size_t>(e)] = e + world.rank() + 1;
     TokenDispatcher d(par, E, C, rows, int64_t{P} * rows, 1);  // unbounded: one round
     d.dispatch_preprocess(tpe.data());
@@ -32,7 +32,7 @@ TEST(DispatcherHalf, HalfPayloadIsExactOnHalfValues) {
             x[i]  = 0.1f * static_cast<float>(i) + 0.37f * static_cast<float>(world.rank()) - 3.0f;
             xr[i] = round_to(dt, x[i]);
         }
-        const size_t       local = static_cast<size_t>(d.local_rows()) * C;
+        const size_t local = static_cast<size_t>(d.local_rows()) * C;
         std::vector<float> a(local), b(local), back_a(x.size()), back_b(x.size()), c(local);
         d.dispatch(a.data(), xr.data(), Dtype::float32);
         d.dispatch(b.data(), xr.data(), dt);
@@ -51,13 +51,13 @@ TEST(DispatcherHalf, HalfPayloadIsExactOnHalfValues) {
 // receives, over the rounds, its rows from source 0, then source 1, ... each in order (the order
 // one round gives), never more than 7 rows a round, and combine brings every row back home.
 TEST(DispatcherRounds, RoundsDeliverEachExpertsRowsInSourceOrder) {
-    dist::Comm&           world = dist::test_world();
-    const int             P = world.size(), El = 2, E = El * P, C = 2, rank = world.rank();
+    dist::Comm& world = dist::test_world();
+    const int P = world.size(), El = 2, E = El * P, C = 2, rank = world.rank();
     dist::ParallelContext par(world, P, false);
     // rank r sends (e * 3 + r) % 5 rows to global expert e: some zero, skewed by rank
     auto count = [](int e, int r) { return (e * 3 + r) % 5; };
     std::vector<int32_t> tpe(static_cast<size_t>(E));
-    int                  rows = 0, max_rows = 0;
+    int rows = 0, max_rows = 0;
     for (int r = 0; r < P; ++r) {
         int n = 0;
         for (int e = 0; e < E; ++e) n += count(e, r);
@@ -74,7 +74,7 @@ TEST(DispatcherRounds, RoundsDeliverEachExpertsRowsInSourceOrder) {
         x[static_cast<size_t>(i) * C + 1] = static_cast<float>(i);
     }
     std::vector<std::vector<std::pair<int, int>>> got(static_cast<size_t>(El));
-    std::vector<float>                            local(7 * C);
+    std::vector<float> local(7 * C);
     for (int r = 0; r < d.rounds(); ++r) {
         d.set_round(r);
         ASSERT_LE(d.local_rows(), 7);
@@ -90,7 +90,7 @@ TEST(DispatcherRounds, RoundsDeliverEachExpertsRowsInSourceOrder) {
     }
     EXPECT_EQ(back, x);
     for (int e = 0; e < El; ++e) {
-        const int                        g = rank * El + e;
+        const int g = rank * El + e;
         std::vector<std::pair<int, int>> want;
         for (int s = 0; s < P; ++s) {
             int first = 0;  // source s's rows of expert g start after its rows of experts < g

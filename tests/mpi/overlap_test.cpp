@@ -8,13 +8,13 @@
 #include <cstring>
 #include <vector>
 
+#include "../common/paro_layout.h"
 #include "core/helper_thread.h"
 #include "core/rng.h"
 #include "dist/parallel.h"
-#include "../common/paro_layout.h"
-#include "mpi_world.h"
 #include "dist/paro/optimizer.h"
 #include "dist/paro/partitioned_adamw.h"
+#include "mpi_world.h"
 
 namespace bagualu::dist::paro {
 namespace {

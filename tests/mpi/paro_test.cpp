@@ -1,38 +1,38 @@
 // ParO under mpirun: PartitionedAdamW gives the same parameters and gradient norm as the
 // replicated all-reduce AdamW over 3 steps with clipping active, for every EP dividing P
 // (including odd P), with buckets small enough that each space takes several.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "../common/paro_layout.h"
 #include "core/rng.h"
 #include "dist/parallel.h"
-#include "../common/paro_layout.h"
-#include "mpi_world.h"
 #include "dist/paro/optimizer.h"
 #include "dist/paro/partitioned_adamw.h"
 #include "dist/paro/spaces.h"
-
-#include <fmt/format.h>
-#include <string>
+#include "mpi_world.h"
 
 namespace bagualu::dist::paro {
 namespace {
 
 TEST(Paro, MatchesReplicatedAdamW) {
     dist::Comm& w = dist::test_world();
-    const int   P = w.size();
+    const int P   = w.size();
     for (int ep = 1; ep <= P; ++ep) {
         if (P % ep != 0) continue;
-        dist::ParallelContext    par(w, ep, false);
+        dist::ParallelContext par(w, ep, false);
         const model::ParamLayout l = testing::paro_test_layout();
-        const size_t             n = l.total_floats();
-        const optim::AdamWHyper  hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
-        TrainConfig              cfg;
+        const size_t n             = l.total_floats();
+        const optim::AdamWHyper hyper{0.9f, 0.95f, 1e-8f, 0.1f, 1.0};
+        TrainConfig cfg;
         cfg.optimizer.partition = Partition::off;
-        const auto ref = make_optimizer(cfg, l, par, model::PrecisionPolicy::from_config(cfg.precision));
-        PartitionedAdamW         paro(l, par, hyper, 200);
+        const auto ref =
+            make_optimizer(cfg, l, par, model::PrecisionPolicy::from_config(cfg.precision));
+        PartitionedAdamW paro(l, par, hyper, 200);
         ASSERT_FALSE(ref->partitioned());
         // dense tensors equal everywhere, experts equal within their edp group, as after init
         std::vector<float> p_ref(n), p_paro(n);
@@ -45,7 +45,7 @@ TEST(Paro, MatchesReplicatedAdamW) {
         }
         p_paro = p_ref;
         for (int step = 1; step <= 3; ++step) {
-            Rng                rng(100 + static_cast<uint64_t>(step), static_cast<uint64_t>(w.rank()));
+            Rng rng(100 + static_cast<uint64_t>(step), static_cast<uint64_t>(w.rank()));
             std::vector<float> g_ref(n);  // tensor padding stays 0, as after backward
             for (const model::ParamSpec& s : l.specs()) {
                 for (size_t i = s.offset; i < s.offset + s.numel; ++i) {
@@ -53,8 +53,8 @@ TEST(Paro, MatchesReplicatedAdamW) {
                 }
             }
             std::vector<float> g_paro = g_ref;
-            const double       n_ref  = ref->step(p_ref.data(), g_ref.data(), 1e-2, step);
-            const double       n_paro = paro.step(p_paro.data(), g_paro.data(), 1e-2, step);
+            const double n_ref        = ref->step(p_ref.data(), g_ref.data(), 1e-2, step);
+            const double n_paro       = paro.step(p_paro.data(), g_paro.data(), 1e-2, step);
             EXPECT_NEAR(n_paro, n_ref, 1e-6 * n_ref) << "EP " << ep << " step " << step;
             EXPECT_GT(n_ref, 1.0);  // clipping is active
         }
@@ -72,7 +72,8 @@ TEST(Paro, MatchesReplicatedAdamW) {
             const ShardMap& m = st.map;
             state_floats += m.shard_size();
             EXPECT_GE(m.shard_size() * static_cast<size_t>(m.ranks()), m.numel());
-            EXPECT_LT(m.shard_size(), m.numel() / static_cast<size_t>(m.ranks()) + 16 * m.num_buckets());
+            EXPECT_LT(m.shard_size(),
+                      m.numel() / static_cast<size_t>(m.ranks()) + 16 * m.num_buckets());
         }
         EXPECT_EQ(paro.footprint().optim_bytes, 2 * sizeof(float) * state_floats);
     }
@@ -83,7 +84,7 @@ TEST(Paro, MatchesReplicatedAdamW) {
 // the optimizer holds, and state_piece_floats what a checkpoint of it snapshots.
 TEST(Paro, FootprintPredictedWithoutBuildingIt) {
     dist::Comm& w = dist::test_world();
-    const int   P = w.size();
+    const int P   = w.size();
     model::ParamLayout l;  // names that put tensors in every precision class
     l.add("wte", {97, 13}, true);
     l.add("h.0.attn.c_attn.weight", {39, 13}, true);
@@ -101,12 +102,14 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                                                  "precision.dtype=" + d.substr(0, 4)};
                 if (d.size() > 4) sets.push_back(d.substr(5));
                 const TrainConfig cfg = default_config(sets);
-                const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
-                const auto opt = make_optimizer(cfg, l, par, prec);
+                const model::PrecisionPolicy prec =
+                    model::PrecisionPolicy::from_config(cfg.precision);
+                const auto opt             = make_optimizer(cfg, l, par, prec);
                 const MemoryFootprint real = opt->footprint();
                 const MemoryFootprint pred = optimizer_footprint(
                     l, prec, opt->partitioned(), P, par.edp_size(), kDefaultBucketFloats);
-                const std::string what = fmt::format("P {} EP {} partition {} {}", P, ep, partition, dtype);
+                const std::string what =
+                    fmt::format("P {} EP {} partition {} {}", P, ep, partition, dtype);
                 EXPECT_EQ(pred.param_bytes, real.param_bytes) << what;
                 EXPECT_EQ(pred.grad_bytes, real.grad_bytes) << what;
                 // a rank whose shard of a half space is all padding keeps no master for it
@@ -121,7 +124,8 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                 }
                 // shards are equal on every rank; pieces leave out tensor padding (less than 16
                 // floats per tensor) and, on the last ranks, the space's padding
-                const size_t predicted = state_piece_floats(l, prec, opt->partitioned(), P, par.edp_size());
+                const size_t predicted =
+                    state_piece_floats(l, prec, opt->partitioned(), P, par.edp_size());
                 EXPECT_LE(pieces, predicted) << what;
                 if (w.rank() == 0) {
                     EXPECT_LT(predicted - pieces, 16 * l.specs().size()) << what;

@@ -1,5 +1,6 @@
-// check_same_everywhere / check_all_ok / fail_together; see checks.h. These are the only library functions that
-// print and exit: their message is the whole point, and the exit is collective, so no rank hangs.
+// check_same_everywhere / check_all_ok / fail_together; see checks.h. These are the only library
+// functions that print and exit: their message is the whole point, and the exit is collective, so
+// no rank hangs.
 #include "dist/comm/checks.h"
 
 #include <fmt/format.h>
@@ -50,8 +51,8 @@ void check_same_everywhere(Comm& comm, uint64_t hash, const std::string& what) {
             parts += fmt::format("{} {} {} {:016x}; ", one ? "rank" : "ranks", rank_list(ranks),
                                  one ? "has" : "have", h);
         }
-        print_line(fmt::format("bagualu: error: {} differs across ranks: {}rank 0 has {:016x}", what, parts,
-                               all[0]));
+        print_line(fmt::format("bagualu: error: {} differs across ranks: {}rank 0 has {:016x}",
+                               what, parts, all[0]));
     }
     comm.exit_all(2);
 }

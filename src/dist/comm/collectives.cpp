@@ -75,11 +75,11 @@ void exchange(Comm& comm, const T* send, size_t send_n, int dest, T* recv, size_
 template <typename D>
 void reduce_scatter_ring(Comm& comm, const typename D::T* in, const size_t* bd,
                          typename D::T* out) {
-    using T      = typename D::T;
-    const int P  = comm.size();
-    const int r  = comm.rank();
-    const int rt = (r + 1) % P;
-    const int lt = (r - 1 + P) % P;
+    using T          = typename D::T;
+    const int P      = comm.size();
+    const int r      = comm.rank();
+    const int rt     = (r + 1) % P;
+    const int lt     = (r - 1 + P) % P;
     size_t max_chunk = 1;
     for (int k = 0; k < P; ++k) max_chunk = std::max(max_chunk, bd[k + 1] - bd[k]);
     T* recv       = scratch<T>(0, max_chunk);
@@ -105,10 +105,10 @@ void reduce_scatter_ring(Comm& comm, const typename D::T* in, const size_t* bd,
 template <typename D>
 void reduce_scatter_halving(Comm& comm, const typename D::T* in, const size_t* bd,
                             typename D::T* out) {
-    using T       = typename D::T;
-    const int P   = comm.size();
-    const int r   = comm.rank();
-    size_t half   = 1;  // the most floats one level keeps or sends
+    using T     = typename D::T;
+    const int P = comm.size();
+    const int r = comm.rank();
+    size_t half = 1;  // the most floats one level keeps or sends
     for (int d = P / 2; d >= 1; d /= 2) {
         for (int g = 0; g < P; g += d) half = std::max(half, bd[g + d] - bd[g]);
     }
@@ -148,8 +148,8 @@ std::vector<size_t>& even_bounds(int slot, size_t n, int P) {
 
 // One level: the chunks bd over comm, resolved for a whole array of `bytes`.
 template <typename D>
-void reduce_scatter_level(Comm& comm, const typename D::T* in, const size_t* bd,
-                          typename D::T* out, CollAlgo algo, size_t bytes) {
+void reduce_scatter_level(Comm& comm, const typename D::T* in, const size_t* bd, typename D::T* out,
+                          CollAlgo algo, size_t bytes) {
     const int P = comm.size();
     if (P == 1) {
         const size_t len = bd[1] - bd[0];
@@ -201,8 +201,7 @@ void all_gather_level(Comm& comm, T* o, const size_t* bd, CollAlgo algo, size_t 
     for (int d = 1; d < P; d *= 2) {
         const int g  = r & ~(d - 1);
         const int pg = g ^ d;
-        exchange(comm, o + bd[g], bd[g + d] - bd[g], r ^ d, o + bd[pg], bd[pg + d] - bd[pg],
-                 r ^ d);
+        exchange(comm, o + bd[g], bd[g + d] - bd[g], r ^ d, o + bd[pg], bd[pg + d] - bd[pg], r ^ d);
     }
 }
 
@@ -236,7 +235,7 @@ struct NodePlan {
 
 NodePlan node_plan(const NodeLayout& lay, size_t n, int P, int local) {
     const int N = lay.nodes, L = lay.per_node;
-    NodePlan  p;
+    NodePlan p;
     p.world.resize(static_cast<size_t>(P) + 1);
     for (int k = 0; k <= P; ++k) p.world[static_cast<size_t>(k)] = bound(n, k, P);
     p.perm_at.resize(static_cast<size_t>(P));
@@ -251,7 +250,7 @@ NodePlan node_plan(const NodeLayout& lay, size_t n, int P, int local) {
         }
     }
     p.intra[static_cast<size_t>(L)] = at;
-    const size_t base = p.intra[static_cast<size_t>(local)];
+    const size_t base               = p.intra[static_cast<size_t>(local)];
     p.cross.resize(static_cast<size_t>(N) + 1);
     for (int v = 0; v < N; ++v) {
         const auto q = static_cast<size_t>(lay.members[static_cast<size_t>(v * L + local)]);
@@ -300,10 +299,10 @@ typename D::T mean_as(typename D::T* v, typename D::T* tmp, int K, int owner, Co
 template <typename D>
 void reduce_scatter_direct(Comm& comm, const NodeLayout& lay, const typename D::T* in, size_t n,
                            typename D::T* out, CollAlgo algo) {
-    using T           = typename D::T;
-    const int P       = comm.size();
-    const int N       = lay.nodes, L = lay.per_node;
-    const auto r      = static_cast<size_t>(comm.rank());
+    using T     = typename D::T;
+    const int P = comm.size();
+    const int N = lay.nodes, L = lay.per_node;
+    const auto r = static_cast<size_t>(comm.rank());
     int node = 0, local = 0;  // this rank's place in the layout
     for (int k = 0; k < P; ++k) {
         if (static_cast<size_t>(lay.members[static_cast<size_t>(k)]) != r) continue;
@@ -311,7 +310,7 @@ void reduce_scatter_direct(Comm& comm, const NodeLayout& lay, const typename D::
         local = k % L;
     }
     const NodePlan p = node_plan(lay, n, P, local);
-    const size_t   s = p.world[r + 1] - p.world[r];
+    const size_t s   = p.world[r + 1] - p.world[r];
     T* recv          = scratch<T>(3, static_cast<size_t>(P) * s);
     std::vector<int64_t> sc(static_cast<size_t>(P)), sd(sc.size()), rc(sc.size()), rd(sc.size());
     for (size_t q = 0; q < sc.size(); ++q) {
@@ -398,7 +397,8 @@ CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes) {
 int sendrecv_hops(CollAlgo resolved, int P) {
     if (P <= 1) return 0;
     if (resolved == CollAlgo::ring) return P - 1;
-    BGL_CHECK(resolved == CollAlgo::halving_doubling && is_pow2(P), "sendrecv_hops: unresolved algorithm or P = {}", P);
+    BGL_CHECK(resolved == CollAlgo::halving_doubling && is_pow2(P),
+              "sendrecv_hops: unresolved algorithm or P = {}", P);
     return std::countr_zero(static_cast<unsigned>(P));
 }
 
@@ -466,7 +466,7 @@ NodeLayout make_node_layout(Comm& comm, int node_id) {
     const int P = comm.size();
     std::vector<int> ids(static_cast<size_t>(P));
     comm.allgather(&node_id, sizeof(int), ids.data());
-    std::vector<int> first;                        // [node] its lowest rank's id, in rank order
+    std::vector<int> first;  // [node] its lowest rank's id, in rank order
     std::vector<int> node_of(ids.size()), local_of(ids.size());
     std::vector<int> count;
     for (size_t q = 0; q < ids.size(); ++q) {

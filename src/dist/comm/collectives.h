@@ -36,7 +36,7 @@ constexpr size_t kSmallMessageBytes = size_t{256} << 10;
 // the Comm::sendrecv hops it makes: ring P-1, halving/doubling log2(P). Either way a rank sends
 // (P-1)/P of the array when P divides it. `bagualu plan` counts the calls with these.
 CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes);
-int      sendrecv_hops(CollAlgo resolved, int P);
+int sendrecv_hops(CollAlgo resolved, int P);
 
 // in: (n) on every rank. out: (shard_of(n, rank, P).size), the mean over ranks of that shard.
 // out may alias in's own shard (in-place use); it may not overlap the rest of in.

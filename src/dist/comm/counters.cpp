@@ -16,16 +16,26 @@ std::array<AtomicCount, kNumCommKinds> g_counts;
 
 const char* comm_kind_name(CommKind k) {
     switch (k) {
-        case CommKind::allreduce: return "allreduce";
-        case CommKind::allgather: return "allgather";
-        case CommKind::alltoall: return "alltoall";
-        case CommKind::alltoallv: return "alltoallv";
-        case CommKind::broadcast: return "broadcast";
-        case CommKind::reduce_scatter_native: return "reduce_scatter_native";
-        case CommKind::sendrecv: return "sendrecv";
-        case CommKind::reduce_scatter: return "reduce_scatter";
-        case CommKind::all_gather: return "all_gather";
-        case CommKind::scatter: return "scatter";
+        case CommKind::allreduce:
+            return "allreduce";
+        case CommKind::allgather:
+            return "allgather";
+        case CommKind::alltoall:
+            return "alltoall";
+        case CommKind::alltoallv:
+            return "alltoallv";
+        case CommKind::broadcast:
+            return "broadcast";
+        case CommKind::reduce_scatter_native:
+            return "reduce_scatter_native";
+        case CommKind::sendrecv:
+            return "sendrecv";
+        case CommKind::reduce_scatter:
+            return "reduce_scatter";
+        case CommKind::all_gather:
+            return "all_gather";
+        case CommKind::scatter:
+            return "scatter";
     }
     return "?";
 }

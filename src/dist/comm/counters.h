@@ -1,10 +1,11 @@
 // Per-process tallies of what each kind of collective was asked to move: calls and payload bytes,
 // counted where the call enters the communication layer (MpiComm, LocalComm, collectives.h).
 // `bagualu plan` predicts the same numbers; a run reports them so the two can be compared exactly.
-// Payload: allreduce and broadcast the buffer, allgather and scatter bytes_per_rank, alltoall(v) the sum of
-// the send counts (the block to itself included), reduce-scatter the whole input, all_gather the
-// whole output, sendrecv send_bytes. Our own collectives are built on sendrecv, so their hops are
-// tallied under sendrecv as well as under their own kind. Relaxed atomics: cheap, thread-safe.
+// Payload: allreduce and broadcast the buffer, allgather and scatter bytes_per_rank, alltoall(v)
+// the sum of the send counts (the block to itself included), reduce-scatter the whole input,
+// all_gather the whole output, sendrecv send_bytes. Our own collectives are built on sendrecv, so
+// their hops are tallied under sendrecv as well as under their own kind. Relaxed atomics: cheap,
+// thread-safe.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -37,7 +38,7 @@ struct CommCount {
 struct CommTally {
     std::array<CommCount, kNumCommKinds> by_kind{};
 
-    CommCount&       operator[](CommKind k) { return by_kind[static_cast<size_t>(k)]; }
+    CommCount& operator[](CommKind k) { return by_kind[static_cast<size_t>(k)]; }
     const CommCount& operator[](CommKind k) const { return by_kind[static_cast<size_t>(k)]; }
     // Element-wise difference: what happened between two snapshots.
     CommTally operator-(const CommTally& o) const;

@@ -9,9 +9,9 @@
 
 namespace bagualu::dist::detail {
 
-inline float    float_from_bf16(uint16_t h) { return bagualu::bf16_to_float(h); }
+inline float float_from_bf16(uint16_t h) { return bagualu::bf16_to_float(h); }
 inline uint16_t bf16_from_float(float f) { return bagualu::bf16_from_float(f); }
-inline float    float_from_fp16(uint16_t h) { return bagualu::fp16_to_float(h); }
+inline float float_from_fp16(uint16_t h) { return bagualu::fp16_to_float(h); }
 inline uint16_t fp16_from_float(float f) { return bagualu::fp16_from_float(f); }
 
 }  // namespace bagualu::dist::detail

@@ -27,11 +27,21 @@ class LocalComm final : public Comm {
         count_comm(CommKind::broadcast, bytes);
     }
 
-    void allreduce_sum(std::span<float> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
-    void allreduce_sum(std::span<double> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
-    void allreduce_sum(std::span<int64_t> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
-    void allreduce_max(std::span<double> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
-    void allreduce_max(std::span<int64_t> d) override { count_comm(CommKind::allreduce, d.size_bytes()); }
+    void allreduce_sum(std::span<float> d) override {
+        count_comm(CommKind::allreduce, d.size_bytes());
+    }
+    void allreduce_sum(std::span<double> d) override {
+        count_comm(CommKind::allreduce, d.size_bytes());
+    }
+    void allreduce_sum(std::span<int64_t> d) override {
+        count_comm(CommKind::allreduce, d.size_bytes());
+    }
+    void allreduce_max(std::span<double> d) override {
+        count_comm(CommKind::allreduce, d.size_bytes());
+    }
+    void allreduce_max(std::span<int64_t> d) override {
+        count_comm(CommKind::allreduce, d.size_bytes());
+    }
 
     void allgather(const void* send, size_t bytes_per_rank, void* recv) override {
         count_comm(CommKind::allgather, bytes_per_rank);

@@ -26,7 +26,7 @@ namespace bagualu::dist {
 
 namespace {
 
-bool g_mpi_started_here = false;
+bool g_mpi_started_here          = false;
 thread_local bool t_gentle_waits = false;  // set_gentle_waits, per thread
 
 // Completes reqs: MPI_Waitall, or with gentle waits MPI_Testall with a short sleep between polls.
@@ -257,7 +257,8 @@ class MpiComm final : public Comm {
             const auto n = static_cast<int>(std::min<size_t>(kMaxCallCount, d.size() - off));
             if (background_) {
                 MPI_Request req = MPI_REQUEST_NULL;
-                BGL_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_, &req));
+                BGL_MPI_CHECK(
+                    MPI_Iallreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_, &req));
                 wait_all(1, &req);
             } else {
                 BGL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, d.data() + off, n, type, op, comm_));
@@ -266,13 +267,13 @@ class MpiComm final : public Comm {
     }
 
     MPI_Comm comm_;
-    bool owned_;       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
-    bool is_world_;    // MPI_COMM_WORLD: exit_all may finalize
-    int  thread_level_;  // the MPI_THREAD_* level MPI_Init_thread provided
-    bool background_ = false;  // set_background: nonblocking all-reduce
+    bool owned_;                       // MPI_Comm_free on destruction (false for MPI_COMM_WORLD)
+    bool is_world_;                    // MPI_COMM_WORLD: exit_all may finalize
+    int thread_level_;                 // the MPI_THREAD_* level MPI_Init_thread provided
+    bool background_         = false;  // set_background: nonblocking all-reduce
     MPI_Request scatter_req_ = MPI_REQUEST_NULL;  // the scatter_start in flight
-    int rank_ = 0;
-    int size_ = 1;
+    int rank_                = 0;
+    int size_                = 1;
 };
 
 void wait_all(int n, MPI_Request* reqs) {

@@ -20,7 +20,7 @@ namespace bagualu::dist::paro {
 
 struct Segment {
     size_t begin = 0, end = 0;  // floats
-    bool   expert = false;
+    bool expert = false;
 };
 
 std::vector<Segment> make_segments(const model::ParamLayout& layout);

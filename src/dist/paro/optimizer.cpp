@@ -22,8 +22,9 @@ void Optimizer::finish_reduction(float* grads) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext&        par,
-                                          const model::PrecisionPolicy& prec, HelperThread* helper) {
+                                          dist::ParallelContext& par,
+                                          const model::PrecisionPolicy& prec,
+                                          HelperThread* helper) {
     const TrainSection& t = cfg.train;
     const optim::AdamWHyper hyper{static_cast<float>(t.beta1), static_cast<float>(t.beta2),
                                   static_cast<float>(t.eps), static_cast<float>(t.weight_decay),

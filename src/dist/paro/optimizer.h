@@ -35,11 +35,11 @@ struct MemoryFootprint {
 // AdamW moments live. Every rank of the group holds distinct pieces; together they cover the
 // space, so each element is written exactly once.
 struct StateSpace {
-    const ShardMap* map  = nullptr;
-    dist::Comm*     comm = nullptr;
-    float*          m    = nullptr;
-    float*          v    = nullptr;
-    bool flat_indexed    = false;  // moments at piece.flat_offset (replicated), else shard_offset
+    const ShardMap* map = nullptr;
+    dist::Comm* comm    = nullptr;
+    float* m            = nullptr;
+    float* v            = nullptr;
+    bool flat_indexed   = false;  // moments at piece.flat_offset (replicated), else shard_offset
 };
 
 class Optimizer {
@@ -50,7 +50,7 @@ class Optimizer {
     // updates params at 1-based `step` with learning rate lr; params are complete on every rank
     // afterwards. Returns the global gradient norm before clipping. Collective over the world.
     virtual double step(float* params, float* grads, double lr, int64_t step) = 0;
-    virtual MemoryFootprint footprint() const = 0;
+    virtual MemoryFootprint footprint() const                                 = 0;
     // True for ParO.
     virtual bool partitioned() const = 0;
     // [dense, experts]: the state a checkpoint saves and restores.
@@ -73,10 +73,10 @@ class Optimizer {
     // gradients hold an inf or NaN anywhere (the global norm is not finite) changes no parameter
     // and no optimizer state, and skipped() says so until the next step; AdamW's bias correction
     // counts only the steps taken (step minus the steps skipped so far).
-    void    set_loss_scale(double scale) { loss_scale_ = scale; }
-    bool    skipped() const { return skipped_; }
+    void set_loss_scale(double scale) { loss_scale_ = scale; }
+    bool skipped() const { return skipped_; }
     int64_t steps_skipped() const { return n_skipped_; }
-    void    set_steps_skipped(int64_t n) { n_skipped_ = n; }  // resuming from a checkpoint
+    void set_steps_skipped(int64_t n) { n_skipped_ = n; }  // resuming from a checkpoint
 
     // Checkpoints: the FP32 master weights of piece p of state_spaces()[space], or nullptr when
     // the parameters are their own masters (float32 tensors; O3 ones, which have none).
@@ -88,20 +88,20 @@ class Optimizer {
    protected:
     // Runs the reduction units (see reduce_schedule.h) and records the wait.
     void finish_reduction(float* grads);
-    std::unique_ptr<ReduceSchedule> schedule_;   // set by the constructor of each optimizer
-    float*                          grads_ = nullptr;  // the array being reduced
-    double                          reduce_wait_s_ = 0;
-    double                          loss_scale_ = 1;
-    bool                            skipped_    = false;
-    int64_t                         n_skipped_  = 0;
+    std::unique_ptr<ReduceSchedule> schedule_;  // set by the constructor of each optimizer
+    float* grads_         = nullptr;            // the array being reduced
+    double reduce_wait_s_ = 0;
+    double loss_scale_    = 1;
+    bool skipped_         = false;
+    int64_t n_skipped_    = 0;
 };
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
 // prec, the run's policy (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread
 // that reduces gradients during backward (nullptr: no overlap). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
-                                          dist::ParallelContext&        par,
+                                          dist::ParallelContext& par,
                                           const model::PrecisionPolicy& prec,
-                                          HelperThread*                 helper = nullptr);
+                                          HelperThread* helper = nullptr);
 
 }  // namespace bagualu::dist::paro

@@ -29,13 +29,14 @@ PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::Paral
       modes_(optim::master_modes(layout, prec)),
       n_floats_(layout.total_floats()) {
     const float inv_ep = 1.0f / static_cast<float>(par.ep_size());
-    size_t      max_bucket = 0, max_half_bucket = 0;
+    size_t max_bucket = 0, max_half_bucket = 0;
     for (ParoSpace& sp : paro_spaces(layout, prec, par.size(), par.rank(), par.edp_size(),
                                      par.edp_rank(), bucket_floats)) {
         const size_t S = sp.map.shard_size();
         if (sp.map.ranks() > 1) {
             max_bucket = std::max(max_bucket, sp.map.bucket_size());
-            if (sp.dtype != Dtype::float32) max_half_bucket = std::max(max_half_bucket, sp.map.bucket_size());
+            if (sp.dtype != Dtype::float32)
+                max_half_bucket = std::max(max_half_bucket, sp.map.bucket_size());
         }
         shards_.push_back(ShardState{std::move(sp.map), Buffer<float>(S), Buffer<float>(S),
                                      sp.expert ? inv_ep : 1.0f, sp.expert, sp.dtype,
@@ -61,9 +62,9 @@ PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::Paral
 PartitionedAdamW::~PartitionedAdamW() { schedule_->drain(); }
 
 void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
-    const ShardState& st  = shards_[u.space];
-    const ShardMap&   map = st.map;
-    float*            own = bucket_.data() + static_cast<size_t>(map.rank()) * map.piece_size();
+    const ShardState& st = shards_[u.space];
+    const ShardMap& map  = st.map;
+    float* own           = bucket_.data() + static_cast<size_t>(map.rank()) * map.piece_size();
     map.pack(u.bucket, grads_, bucket_.data());
     dist::reduce_scatter_mean(st.expert ? *reduce_edp_ : *reduce_world_, nodes_of(u.space),
                               par_.two_level(), {bucket_.data(), map.bucket_size()},
@@ -93,7 +94,8 @@ const dist::NodeLayout& PartitionedAdamW::nodes_of(size_t space) const {
 
 const float* PartitionedAdamW::master_of(size_t space, const ShardPiece& p) const {
     const ShardState& st = shards_[space];
-    if (modes_[p.spec] != MasterMode::master || !masters_ready_ || st.master.size() == 0) return nullptr;
+    if (modes_[p.spec] != MasterMode::master || !masters_ready_ || st.master.size() == 0)
+        return nullptr;
     return st.master.data() + p.shard_offset;
 }
 
@@ -119,7 +121,7 @@ double PartitionedAdamW::step(float* params, float* grads, double lr, int64_t st
     finish_reduction(grads);
     scale_unsplit_spaces(grads);
     const double norm = shard_grad_norm(grads);
-    skipped_          = !std::isfinite(norm);  // the same on every rank: the squares are all-reduced
+    skipped_ = !std::isfinite(norm);  // the same on every rank: the squares are all-reduced
     if (skipped_) {
         ++n_skipped_;
         return norm;
@@ -175,7 +177,7 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
     const ShardMap& map = shards_[sp].map;
     if (map.numel() == 0 || map.ranks() == 1) return;
     const size_t own_at = static_cast<size_t>(map.rank()) * map.piece_size();
-    const Dtype  dt     = shards_[sp].dtype;
+    const Dtype dt      = shards_[sp].dtype;
     for (size_t b = 0; b < map.num_buckets(); ++b) {
         map.pack_own(b, params, bucket_.data());
         if (dt == Dtype::float32) {
@@ -184,9 +186,9 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
                              {bucket_.data(), map.bucket_size()});
         } else {
             // half payload: the shard's parameters already hold values of dtype (exact)
-            const bool bf  = dt == Dtype::bfloat16;
-            float*     buf = bucket_.data();
-            uint16_t*  h   = bucket16_.data();
+            const bool bf = dt == Dtype::bfloat16;
+            float* buf    = bucket_.data();
+            uint16_t* h   = bucket16_.data();
             for (size_t i = own_at; i < own_at + map.piece_size(); ++i) {
                 h[i] = bf ? bf16_from_float(buf[i]) : fp16_from_float(buf[i]);
             }

@@ -26,11 +26,11 @@ namespace bagualu::dist::paro {
 // precision O2) keeps its FP32 master shard beside m and v, and its parameters travel in the
 // all-gather as half values.
 struct ShardState {
-    ShardMap      map;
-    Buffer<float> m, v;  // [shard_size()]
-    float         grad_scale = 1;  // applied after the mean: 1 dense, 1/EP experts
-    bool          expert     = false;  // split over the edp group (else the world)
-    Dtype         dtype      = Dtype::float32;  // storage dtype of every tensor in the space
+    ShardMap map;
+    Buffer<float> m, v;                 // [shard_size()]
+    float grad_scale = 1;               // applied after the mean: 1 dense, 1/EP experts
+    bool expert      = false;           // split over the edp group (else the world)
+    Dtype dtype      = Dtype::float32;  // storage dtype of every tensor in the space
     Buffer<float> master;  // [shard_size()] when some piece is model::MasterMode::master
 };
 
@@ -44,12 +44,12 @@ class PartitionedAdamW final : public Optimizer {
                      const optim::AdamWHyper& hyper, size_t bucket_floats = kDefaultBucketFloats,
                      HelperThread* helper = nullptr, const model::PrecisionPolicy& prec = {});
     ~PartitionedAdamW() override;
-    double          step(float* params, float* grads, double lr, int64_t step) override;
+    double step(float* params, float* grads, double lr, int64_t step) override;
     MemoryFootprint footprint() const override;
-    bool            partitioned() const override { return true; }
+    bool partitioned() const override { return true; }
     std::vector<StateSpace> state_spaces() override;
-    const float*    master_of(size_t space, const ShardPiece& p) const override;
-    void            masters_loaded(float* params) override;
+    const float* master_of(size_t space, const ShardPiece& p) const override;
+    void masters_loaded(float* params) override;
     // [0] dense parameters, split over the world; [1] experts, split over the edp group; with
     // half-stored tensors [2] and [3] the same for those (empty spaces otherwise).
     const std::vector<ShardState>& shards() const { return shards_; }
@@ -63,26 +63,26 @@ class PartitionedAdamW final : public Optimizer {
     void reduce_bucket(const Unit& u, bool on_helper);
     // The steps of step(): scaling of the spaces on one rank (no reduce-scatter), the global
     // norm, AdamW on this rank's shard (gradients times clip), the all-gather of one space.
-    void   scale_unsplit_spaces(float* grads);
+    void scale_unsplit_spaces(float* grads);
     double shard_grad_norm(const float* grads);
-    void   update_shards(float* params, float* grads, float lr, int step, float clip);
-    void   all_gather_space(size_t space, float* params);
+    void update_shards(float* params, float* grads, float lr, int step, float clip);
+    void all_gather_space(size_t space, float* params);
     dist::Comm& comm_of(size_t space);
     // The node layout of that group (two-level collectives, docs/parallelism.md).
     const dist::NodeLayout& nodes_of(size_t space) const;
-    dist::ParallelContext&  par_;
+    dist::ParallelContext& par_;
     // The reductions' own communicators (duplicates of world and edp), so the helper thread's
     // collectives never mix with the main thread's on the same communicator.
     std::unique_ptr<dist::Comm> reduce_world_, reduce_edp_;
-    std::vector<Unit>       units_;
-    optim::AdamWHyper       hyper_;
-    model::PrecisionPolicy  prec_;
+    std::vector<Unit> units_;
+    optim::AdamWHyper hyper_;
+    model::PrecisionPolicy prec_;
     std::vector<model::MasterMode> modes_;  // [layout specs]
-    bool                    masters_ready_ = false;
-    Buffer<uint16_t>        bucket16_;  // half all-gather payload
-    size_t                  n_floats_ = 0;
+    bool masters_ready_ = false;
+    Buffer<uint16_t> bucket16_;  // half all-gather payload
+    size_t n_floats_ = 0;
     std::vector<ShardState> shards_;  // [2]: dense, expert
-    Buffer<float>           bucket_;  // [max bucket_size()]
+    Buffer<float> bucket_;            // [max bucket_size()]
 };
 
 }  // namespace bagualu::dist::paro

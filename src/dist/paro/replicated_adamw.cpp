@@ -38,7 +38,8 @@ ReplicatedAdamW::ReplicatedAdamW(const model::ParamLayout& layout, dist::Paralle
     std::vector<size_t> ready;
     for (const Segment& s : segs_) ready.push_back(s.begin);
     schedule_ = std::make_unique<ReduceSchedule>(
-        std::move(ready), helper, [this](size_t u, bool on_helper) { reduce_segment(u, on_helper); });
+        std::move(ready), helper,
+        [this](size_t u, bool on_helper) { reduce_segment(u, on_helper); });
 }
 
 ReplicatedAdamW::~ReplicatedAdamW() { schedule_->drain(); }
@@ -46,7 +47,8 @@ ReplicatedAdamW::~ReplicatedAdamW() { schedule_->drain(); }
 double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t step) {
     finish_reduction(grads);
     if (loss_scale_ != 1) {
-        kernels::scale_inplace(grads, static_cast<float>(1.0 / loss_scale_), layout_.total_floats());
+        kernels::scale_inplace(grads, static_cast<float>(1.0 / loss_scale_),
+                               layout_.total_floats());
     }
     const double norm = global_grad_norm(grads, segs_, &par_);
     skipped_          = !std::isfinite(norm);
@@ -58,13 +60,13 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
     if (clip != 1.0f) kernels::scale_inplace(grads, clip, layout_.total_floats());
     for (size_t i = 0; i < layout_.specs().size(); ++i) {
         const model::ParamSpec& s = layout_.spec(i);
-        float* master = master_.data() + master_at_[i];
+        float* master             = master_.data() + master_at_[i];
         if (modes_[i] == MasterMode::master && !masters_ready_) {
             std::copy(params + s.offset, params + s.offset + s.numel, master);
         }
-        optim::adamw_update(modes_[i], prec_.dtype, prec_.fp64_sensitive, params + s.offset,
-                            master, grads + s.offset, m_.data() + s.offset, v_.data() + s.offset,
-                            s.numel, static_cast<float>(lr), hyper_, s.decay,
+        optim::adamw_update(modes_[i], prec_.dtype, prec_.fp64_sensitive, params + s.offset, master,
+                            grads + s.offset, m_.data() + s.offset, v_.data() + s.offset, s.numel,
+                            static_cast<float>(lr), hyper_, s.decay,
                             static_cast<int>(step - n_skipped_));
     }
     masters_ready_ = true;
@@ -85,7 +87,7 @@ void ReplicatedAdamW::masters_loaded(float* params) {
     for (size_t i = 0; i < modes_.size(); ++i) {
         if (modes_[i] != MasterMode::master) continue;
         const model::ParamSpec& s = layout_.spec(i);
-        float* master = master_.data() + master_at_[i];
+        float* master             = master_.data() + master_at_[i];
         std::copy(params + s.offset, params + s.offset + s.numel, master);
         kernels::round_copy(params + s.offset, master, s.numel, prec_.dtype);
     }
@@ -99,7 +101,7 @@ std::vector<StateSpace> ReplicatedAdamW::state_spaces() {
 
 void ReplicatedAdamW::reduce_segment(size_t i, bool on_helper) {
     if (par_.size() == 1) return;
-    const Segment&   s = segs_[i];
+    const Segment& s = segs_[i];
     std::span<float> g(grads_ + s.begin, s.end - s.begin);
     if (par_.nodes() > 1) {
         // over nodes: the mean in the node order of collectives.h (two-level or one-level,
@@ -109,7 +111,8 @@ void ReplicatedAdamW::reduce_segment(size_t i, bool on_helper) {
                 dist::allreduce_mean(*reduce_edp_, par_.edp_nodes(), par_.two_level(), g);
             }
             if (par_.ep_size() > 1) {
-                scale_floats(g.data(), 1.0f / static_cast<float>(par_.ep_size()), g.size(), on_helper);
+                scale_floats(g.data(), 1.0f / static_cast<float>(par_.ep_size()), g.size(),
+                             on_helper);
             }
         } else {
             dist::allreduce_mean(*reduce_world_, par_.world_nodes(), par_.two_level(), g);

@@ -26,30 +26,30 @@ class ReplicatedAdamW final : public Optimizer {
                     const model::PrecisionPolicy& prec);
     ~ReplicatedAdamW() override;
 
-    double                  step(float* params, float* grads, double lr, int64_t step) override;
-    MemoryFootprint         footprint() const override;
-    bool                    partitioned() const override { return false; }
+    double step(float* params, float* grads, double lr, int64_t step) override;
+    MemoryFootprint footprint() const override;
+    bool partitioned() const override { return false; }
     std::vector<StateSpace> state_spaces() override;
-    const float*            master_of(size_t space, const ShardPiece& p) const override;
-    void                    masters_loaded(float* params) override;
+    const float* master_of(size_t space, const ShardPiece& p) const override;
+    void masters_loaded(float* params) override;
 
    private:
     // The replicated reduction of segment i (grad_sync.h): sum over the world (dense) or the
     // edp group (experts), then / P.
     void reduce_segment(size_t i, bool on_helper);
 
-    const model::ParamLayout&      layout_;
-    dist::ParallelContext&         par_;
-    optim::AdamWHyper              hyper_;
-    model::PrecisionPolicy         prec_;
+    const model::ParamLayout& layout_;
+    dist::ParallelContext& par_;
+    optim::AdamWHyper hyper_;
+    model::PrecisionPolicy prec_;
     std::vector<model::MasterMode> modes_;  // [layout specs]
-    std::vector<Segment>           segs_;
-    Buffer<float>                  m_, v_;      // [layout floats]
-    Buffer<float>                  master_;     // FP32 masters of the O2 tensors
-    std::vector<size_t>            master_at_;  // [layout specs] offset of a tensor's master
-    bool                           masters_ready_ = false;
-    std::vector<ShardMap>          maps_;  // checkpoint pieces only
-    std::unique_ptr<dist::Comm>    reduce_world_, reduce_edp_;
+    std::vector<Segment> segs_;
+    Buffer<float> m_, v_;            // [layout floats]
+    Buffer<float> master_;           // FP32 masters of the O2 tensors
+    std::vector<size_t> master_at_;  // [layout specs] offset of a tensor's master
+    bool masters_ready_ = false;
+    std::vector<ShardMap> maps_;  // checkpoint pieces only
+    std::unique_ptr<dist::Comm> reduce_world_, reduce_edp_;
 };
 
 }  // namespace bagualu::dist::paro

@@ -16,7 +16,8 @@ size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 ShardGeometry shard_geometry(size_t n, int ranks, size_t bucket_floats) {
-    BGL_CHECK(ranks >= 1 && bucket_floats > 0, "shard_geometry: {} ranks, bucket {}", ranks, bucket_floats);
+    BGL_CHECK(ranks >= 1 && bucket_floats > 0, "shard_geometry: {} ranks, bucket {}", ranks,
+              bucket_floats);
     if (n == 0) return {};
     const auto P = static_cast<size_t>(ranks);
     ShardGeometry g;
@@ -25,8 +26,8 @@ ShardGeometry shard_geometry(size_t n, int ranks, size_t bucket_floats) {
     return g;
 }
 
-ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks,
-                   int rank, size_t bucket_floats)
+ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks, int rank,
+                   size_t bucket_floats)
     : runs_(std::move(runs)), ranks_(ranks), rank_(rank) {
     BGL_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
     BGL_CHECK(bucket_floats > 0, "bucket_floats must be > 0");
@@ -42,20 +43,20 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
     }
     copies_.clear();
     if (n_ == 0) return;
-    const auto          P = static_cast<size_t>(ranks);
+    const auto P          = static_cast<size_t>(ranks);
     const ShardGeometry g = shard_geometry(n_, ranks, bucket_floats);
     q_                    = g.q;
     nb_                   = g.nb;
     S_                    = nb_ * q_;
-    const size_t Gq = P * q_;  // floats of the space per bucket
+    const size_t Gq       = P * q_;  // floats of the space per bucket
 
     // ---- pieces: every tensor inside a run, cut to this rank's part of each bucket ----
-    const size_t                         k     = static_cast<size_t>(rank);
+    const size_t k                             = static_cast<size_t>(rank);
     const std::vector<model::ParamSpec>& specs = layout.specs();
     for (size_t si = 0; si < specs.size(); ++si) {
         const model::ParamSpec& s = specs[si];
-        auto it = std::upper_bound(runs_.begin(), runs_.end(), s.offset,
-                                   [](size_t off, const FlatRun& r) { return off < r.begin; });
+        const auto before         = [](size_t off, const FlatRun& r) { return off < r.begin; };
+        auto it                   = std::upper_bound(runs_.begin(), runs_.end(), s.offset, before);
         if (it == runs_.begin()) continue;
         const size_t ri = static_cast<size_t>(it - runs_.begin()) - 1;
         if (s.offset >= runs_[ri].end) continue;  // not in this space
@@ -66,8 +67,8 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
             const size_t x0 = b * Gq + k * q_;
             const size_t a = std::max(v0, x0), e = std::min(v1, x0 + q_);
             if (a >= e) continue;
-            pieces_.push_back(ShardPiece{si, a - v0, s.offset + (a - v0), b * q_ + (a - x0), e - a,
-                                         s.decay});
+            pieces_.push_back(
+                ShardPiece{si, a - v0, s.offset + (a - v0), b * q_ + (a - x0), e - a, s.decay});
         }
     }
 
@@ -80,8 +81,8 @@ ShardMap::ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, 
                 const size_t r0 = vstart[i], r1 = r0 + (runs_[i].end - runs_[i].begin);
                 const size_t a = std::max(x0, r0), e = std::min(x1, r1);
                 if (a >= e) continue;
-                copies_[b].push_back(BucketCopy{r * q_ + (a - x0), runs_[i].begin + (a - r0),
-                                                e - a, static_cast<int>(r)});
+                copies_[b].push_back(BucketCopy{r * q_ + (a - x0), runs_[i].begin + (a - r0), e - a,
+                                                static_cast<int>(r)});
             }
         }
     }

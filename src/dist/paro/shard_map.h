@@ -28,7 +28,7 @@ struct ShardPiece {
     size_t flat_offset  = 0;
     size_t shard_offset = 0;
     size_t len          = 0;
-    bool   decay        = false;  // ParamSpec::decay of the tensor
+    bool decay          = false;  // ParamSpec::decay of the tensor
 };
 
 // A copy between a bucket buffer and the flat array; the owner's piece of the bucket is
@@ -37,7 +37,7 @@ struct BucketCopy {
     size_t buf_offset  = 0;
     size_t flat_offset = 0;
     size_t len         = 0;
-    int    owner       = 0;
+    int owner          = 0;
 };
 
 // The bucket geometry of a space of n floats over `ranks` ranks with a bucket target of
@@ -58,14 +58,14 @@ class ShardMap {
     ShardMap(std::vector<FlatRun> runs, const model::ParamLayout& layout, int ranks, int rank,
              size_t bucket_floats);
 
-    int    ranks() const { return ranks_; }
-    int    rank() const { return rank_; }
-    size_t numel() const { return n_; }             // n: floats in the space, tensor padding included
-    size_t shard_size() const { return S_; }        // S: floats per rank, a multiple of 16
-    size_t num_buckets() const { return nb_; }      // NB; every bucket holds some of the space
-    size_t piece_size() const { return q_; }        // q = S / NB, a multiple of 16
+    int ranks() const { return ranks_; }
+    int rank() const { return rank_; }
+    size_t numel() const { return n_; }         // n: floats in the space, tensor padding included
+    size_t shard_size() const { return S_; }    // S: floats per rank, a multiple of 16
+    size_t num_buckets() const { return nb_; }  // NB; every bucket holds some of the space
+    size_t piece_size() const { return q_; }    // q = S / NB, a multiple of 16
     size_t bucket_size() const { return q_ * static_cast<size_t>(ranks_); }
-    const std::vector<FlatRun>&    runs() const { return runs_; }
+    const std::vector<FlatRun>& runs() const { return runs_; }
     const std::vector<ShardPiece>& pieces() const { return pieces_; }  // this rank's, in order
     const std::vector<BucketCopy>& copies(size_t b) const { return copies_[b]; }
     // The lowest flat float bucket b reads or writes: its gradients are final once backward has
@@ -80,10 +80,10 @@ class ShardMap {
     void unpack(size_t b, const float* buf, float* flat, bool own) const;
 
    private:
-    std::vector<FlatRun>                 runs_;
-    int                                  ranks_ = 1, rank_ = 0;
-    size_t                               n_ = 0, S_ = 0, nb_ = 0, q_ = 0;
-    std::vector<ShardPiece>              pieces_;  // [pieces of this rank's shard]
+    std::vector<FlatRun> runs_;
+    int ranks_ = 1, rank_ = 0;
+    size_t n_ = 0, S_ = 0, nb_ = 0, q_ = 0;
+    std::vector<ShardPiece> pieces_;               // [pieces of this rank's shard]
     std::vector<std::vector<BucketCopy>> copies_;  // [NB][copies, all owners]
 };
 

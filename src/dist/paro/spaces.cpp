@@ -19,19 +19,19 @@ namespace {
 // half-stored ones (each tensor with its padding to 16 floats), and which hold O2 tensors.
 struct SpaceRuns {
     std::vector<FlatRun> runs[4];
-    bool                 master[4] = {false, false, false, false};
-    bool                 any_half  = false;
+    bool master[4] = {false, false, false, false};
+    bool any_half  = false;
     int count() const { return any_half ? 4 : 2; }
 };
 
 SpaceRuns paro_space_runs(const model::ParamLayout& layout, const std::vector<MasterMode>& modes) {
     SpaceRuns r;
     for (size_t i = 0; i < layout.specs().size(); ++i) {
-        const model::ParamSpec& s = layout.spec(i);
-        const bool half = modes[i] != MasterMode::none;
-        r.any_half      = r.any_half || half;
-        const int sp    = (half ? 2 : 0) + (s.expert ? 1 : 0);
-        r.master[sp]    = r.master[sp] || modes[i] == MasterMode::master;
+        const model::ParamSpec& s  = layout.spec(i);
+        const bool half            = modes[i] != MasterMode::none;
+        r.any_half                 = r.any_half || half;
+        const int sp               = (half ? 2 : 0) + (s.expert ? 1 : 0);
+        r.master[sp]               = r.master[sp] || modes[i] == MasterMode::master;
         std::vector<FlatRun>& runs = r.runs[sp];
         const size_t end           = s.offset + (s.numel + 15) / 16 * 16;
         if (!runs.empty() && runs.back().end == s.offset) {
@@ -51,19 +51,22 @@ size_t run_floats(const std::vector<FlatRun>& runs) {
 
 }  // namespace
 
-std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
-                                   int world_size, int world_rank, int edp_size, int edp_rank,
+std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout,
+                                   const model::PrecisionPolicy& prec, int world_size,
+                                   int world_rank, int edp_size, int edp_rank,
                                    size_t bucket_floats) {
     const std::vector<MasterMode> modes = master_modes(layout, prec);
-    SpaceRuns                     r     = paro_space_runs(layout, modes);
-    std::vector<ParoSpace>        spaces;
+    SpaceRuns r                         = paro_space_runs(layout, modes);
+    std::vector<ParoSpace> spaces;
     for (int sp = 0; sp < r.count(); ++sp) {
         const bool expert = sp % 2 == 1;
-        ShardMap   map(std::move(r.runs[sp]), layout, expert ? edp_size : world_size,
-                       expert ? edp_rank : world_rank, bucket_floats);
+        ShardMap map(std::move(r.runs[sp]), layout, expert ? edp_size : world_size,
+                     expert ? edp_rank : world_rank, bucket_floats);
         bool master = false;
-        for (const ShardPiece& p : map.pieces()) master = master || modes[p.spec] == MasterMode::master;
-        spaces.push_back(ParoSpace{std::move(map), expert, sp >= 2 ? prec.dtype : Dtype::float32, master});
+        for (const ShardPiece& p : map.pieces())
+            master = master || modes[p.spec] == MasterMode::master;
+        spaces.push_back(
+            ParoSpace{std::move(map), expert, sp >= 2 ? prec.dtype : Dtype::float32, master});
     }
     return spaces;
 }
@@ -73,9 +76,9 @@ std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model
 MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
                                     const model::PrecisionPolicy& prec, bool partitioned,
                                     int world_size, int edp_size, size_t bucket_floats) {
-    const size_t                  n     = layout.total_floats();
+    const size_t n                      = layout.total_floats();
     const std::vector<MasterMode> modes = master_modes(layout, prec);
-    MemoryFootprint               f{n * sizeof(float), n * sizeof(float), 0, 0};
+    MemoryFootprint f{n * sizeof(float), n * sizeof(float), 0, 0};
     if (!partitioned) {  // ReplicatedAdamW: m and v of every float, masters of the O2 tensors
         size_t masters = 0;
         for (size_t i = 0; i < modes.size(); ++i) {
@@ -84,10 +87,10 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
         f.optim_bytes = (2 * n + masters) * sizeof(float);
         return f;
     }
-    const SpaceRuns r          = paro_space_runs(layout, modes);
-    size_t          max_bucket = 0, max_half_bucket = 0;
+    const SpaceRuns r = paro_space_runs(layout, modes);
+    size_t max_bucket = 0, max_half_bucket = 0;
     for (int sp = 0; sp < r.count(); ++sp) {
-        const int           P = sp % 2 == 1 ? edp_size : world_size;
+        const int P           = sp % 2 == 1 ? edp_size : world_size;
         const ShardGeometry g = shard_geometry(run_floats(r.runs[sp]), P, bucket_floats);
         f.optim_bytes += (r.master[sp] ? 3 : 2) * g.nb * g.q * sizeof(float);
         if (P > 1) {
@@ -99,8 +102,9 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
     return f;
 }
 
-std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size, int world_rank,
-                                      int edp_size, int edp_rank, size_t bucket_floats) {
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size,
+                                      int world_rank, int edp_size, int edp_rank,
+                                      size_t bucket_floats) {
     std::vector<FlatRun> runs[2];  // [dense, expert]
     for (const Segment& s : make_segments(layout)) runs[s.expert].push_back({s.begin, s.end});
     std::vector<ShardMap> maps;
@@ -111,7 +115,8 @@ std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int worl
 
 std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
                                       size_t bucket_floats) {
-    return make_space_maps(layout, par.size(), par.rank(), par.edp_size(), par.edp_rank(), bucket_floats);
+    return make_space_maps(layout, par.size(), par.rank(), par.edp_size(), par.edp_rank(),
+                           bucket_floats);
 }
 
 size_t state_piece_floats(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
@@ -128,7 +133,8 @@ size_t state_piece_floats(const model::ParamLayout& layout, const model::Precisi
         // ReplicatedAdamW's maps (make_space_maps), always of the default bucket size
         bucket_floats = kDefaultBucketFloats;
         size_t dense = 0, expert = 0;
-        for (const Segment& s : make_segments(layout)) (s.expert ? expert : dense) += s.end - s.begin;
+        for (const Segment& s : make_segments(layout))
+            (s.expert ? expert : dense) += s.end - s.begin;
         spaces = {{dense, world_size}, {expert, edp_size}};
     }
     size_t floats = 0;

@@ -25,20 +25,22 @@ inline constexpr size_t kDefaultBucketFloats = size_t{1} << 20;
 // group (the ranks holding the same experts).
 std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, dist::ParallelContext& par,
                                       size_t bucket_floats);
-std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size, int world_rank,
-                                      int edp_size, int edp_rank, size_t bucket_floats);
+std::vector<ShardMap> make_space_maps(const model::ParamLayout& layout, int world_size,
+                                      int world_rank, int edp_size, int edp_rank,
+                                      size_t bucket_floats);
 
 // ParO's spaces as PartitionedAdamW builds them on one rank, without state or communication:
 // [dense, expert] of float32 tensors, then [dense, expert] of half-stored ones when the policy
 // has any. Dense spaces are split over the world, expert spaces over the edp group.
 struct ParoSpace {
     ShardMap map;
-    bool     expert = false;
-    Dtype    dtype  = Dtype::float32;  // storage dtype of every tensor in the space
-    bool     master = false;           // some piece of this rank's shard keeps an FP32 master
+    bool expert = false;
+    Dtype dtype = Dtype::float32;  // storage dtype of every tensor in the space
+    bool master = false;           // some piece of this rank's shard keeps an FP32 master
 };
-std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout, const model::PrecisionPolicy& prec,
-                                   int world_size, int world_rank, int edp_size, int edp_rank,
+std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout,
+                                   const model::PrecisionPolicy& prec, int world_size,
+                                   int world_rank, int edp_size, int edp_rank,
                                    size_t bucket_floats);
 
 // What the optimizer make_optimizer builds holds on a rank, computed without building it or its

@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <fstream>
-#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -48,13 +48,16 @@ uint64_t file_xxh64(const std::string& path) {
     return h;
 }
 
-FileRecord write_slices(const std::string& dir, const std::string& name, std::span<const Slice> slices) {
+FileRecord write_slices(const std::string& dir, const std::string& name,
+                        std::span<const Slice> slices) {
     std::vector<TensorRef> refs;
-    FileRecord             rec;
+    FileRecord rec;
     rec.name = name;
     for (const Slice& s : slices) {
-        BGL_CHECK(s.begin >= 0 && s.end >= s.begin, "slice [{}, {}) of {}", s.begin, s.end, s.tensor);
-        SliceRecord r{s.tensor, s.shape, s.begin, s.end, fmt::format("{}[{}:{}]", s.tensor, s.begin, s.end)};
+        BGL_CHECK(s.begin >= 0 && s.end >= s.begin, "slice [{}, {}) of {}", s.begin, s.end,
+                  s.tensor);
+        SliceRecord r{s.tensor, s.shape, s.begin, s.end,
+                      fmt::format("{}[{}:{}]", s.tensor, s.begin, s.end)};
         refs.push_back(TensorRef{r.key, DType::F32, {s.end - s.begin}, s.data});
         rec.slices.push_back(std::move(r));
     }
@@ -69,10 +72,15 @@ nlohmann::json manifest_to_json(const Manifest& m) {
     for (const FileRecord& f : m.files) {
         nlohmann::json slices = nlohmann::json::array();
         for (const SliceRecord& s : f.slices) {
-            slices.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"begin", s.begin},
-                              {"end", s.end}, {"key", s.key}});
+            slices.push_back({{"tensor", s.tensor},
+                              {"shape", s.shape},
+                              {"begin", s.begin},
+                              {"end", s.end},
+                              {"key", s.key}});
         }
-        files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)},
+        files.push_back({{"name", f.name},
+                         {"bytes", f.bytes},
+                         {"xxh64", hex64(f.xxh64)},
                          {"slices", std::move(slices)}});
     }
     return nlohmann::json{{"format", "bagualu-checkpoint"},
@@ -92,7 +100,8 @@ constexpr int64_t kMaxRanks = int64_t{1} << 20;
 bool plain_file_name(const std::string& name) {
     if (name.empty() || name.size() > 255 || name[0] == '.') return false;
     for (const char c : name) {
-        if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+        if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+            return false;
     }
     return true;
 }
@@ -100,8 +109,10 @@ bool plain_file_name(const std::string& name) {
 // Typed field access with one-line errors naming the manifest and the field.
 struct Fields {
     const std::string& source;
-    const nlohmann::json& at(const nlohmann::json& obj, const char* key, const std::string& where) const {
-        if (!obj.is_object() || !obj.contains(key)) input_error("{}: missing {}{}", source, where, key);
+    const nlohmann::json& at(const nlohmann::json& obj, const char* key,
+                             const std::string& where) const {
+        if (!obj.is_object() || !obj.contains(key))
+            input_error("{}: missing {}{}", source, where, key);
         return obj[key];
     }
     int64_t integer(const nlohmann::json& obj, const char* key, const std::string& where) const {
@@ -123,18 +134,22 @@ struct Fields {
 
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) {
     const Fields f{source};
-    if (f.string(j, "format", "") != "bagualu-checkpoint") input_error("{}: format is not bagualu-checkpoint", source);
-    if (f.integer(j, "version", "") != 1) input_error("{}: unsupported version (expected 1)", source);
+    if (f.string(j, "format", "") != "bagualu-checkpoint")
+        input_error("{}: format is not bagualu-checkpoint", source);
+    if (f.integer(j, "version", "") != 1)
+        input_error("{}: unsupported version (expected 1)", source);
     Manifest m;
-    m.step        = f.integer(j, "step", "");
-    m.config_toml = f.string(j, "config", "");
-    const auto& layout = f.at(j, "layout", "");
+    m.step              = f.integer(j, "step", "");
+    m.config_toml       = f.string(j, "config", "");
+    const auto& layout  = f.at(j, "layout", "");
     const int64_t ranks = f.integer(layout, "ranks", "layout.");
     const int64_t ep    = f.integer(layout, "expert_parallel", "layout.");
     if (m.step < 0) input_error("{}: step = {} is negative", source, m.step);
     if (ranks < 1 || ranks > kMaxRanks || ep < 1 || ranks % ep != 0) {
-        input_error("{}: layout ranks = {}, expert_parallel = {}: need 1 <= ranks <= {} and expert_parallel dividing ranks",
-                    source, ranks, ep, kMaxRanks);
+        input_error(
+            "{}: layout ranks = {}, expert_parallel = {}: need 1 <= ranks <= {} and "
+            "expert_parallel dividing ranks",
+            source, ranks, ep, kMaxRanks);
     }
     m.ranks           = static_cast<int>(ranks);
     m.expert_parallel = static_cast<int>(ep);
@@ -146,16 +161,17 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
     }
     // tensor -> sorted ranges, to find overlaps and shape disagreements
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
-    std::map<std::string, std::vector<int64_t>>                     shapes;
-    std::set<std::string>                                           names;
+    std::map<std::string, std::vector<int64_t>> shapes;
+    std::set<std::string> names;
     for (size_t fi = 0; fi < files.size(); ++fi) {
         const std::string where = fmt::format("files[{}].", fi);
-        FileRecord        r;
+        FileRecord r;
         r.name = f.string(files[fi], "name", where);
         if (!plain_file_name(r.name) || r.name == kManifestName) {
             input_error("{}: {}name '{}' must be a plain file name", source, where, r.name);
         }
-        if (!names.insert(r.name).second) input_error("{}: {}name '{}' appears twice", source, where, r.name);
+        if (!names.insert(r.name).second)
+            input_error("{}: {}name '{}' appears twice", source, where, r.name);
         const int64_t bytes = f.integer(files[fi], "bytes", where);
         if (bytes < 0) input_error("{}: {}bytes = {} is negative", source, where, bytes);
         r.bytes             = static_cast<uint64_t>(bytes);
@@ -169,26 +185,31 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
         std::set<std::string> keys;
         for (size_t si = 0; si < slices.size(); ++si) {
             const std::string sw = fmt::format("{}slices[{}].", where, si);
-            SliceRecord       s;
+            SliceRecord s;
             s.tensor = f.string(slices[si], "tensor", sw);
             s.key    = f.string(slices[si], "key", sw);
             s.begin  = f.integer(slices[si], "begin", sw);
             s.end    = f.integer(slices[si], "end", sw);
-            if (!keys.insert(s.key).second) input_error("{}: {}key '{}' appears twice in {}", source, sw, s.key, r.name);
+            if (!keys.insert(s.key).second)
+                input_error("{}: {}key '{}' appears twice in {}", source, sw, s.key, r.name);
             const auto& shape = f.at(slices[si], "shape", sw);
             if (!shape.is_array()) input_error("{}: {}shape must be an array", source, sw);
             int64_t numel = 1;
             for (const auto& d : shape) {
-                if (!d.is_number_integer() || d.get<int64_t>() < 0) input_error("{}: {}shape must hold non-negative integers", source, sw);
+                if (!d.is_number_integer() || d.get<int64_t>() < 0)
+                    input_error("{}: {}shape must hold non-negative integers", source, sw);
                 s.shape.push_back(d.get<int64_t>());
-                if (s.shape.back() > 0 && numel > (int64_t{1} << 50) / s.shape.back()) input_error("{}: {}shape too large", source, sw);
+                if (s.shape.back() > 0 && numel > (int64_t{1} << 50) / s.shape.back())
+                    input_error("{}: {}shape too large", source, sw);
                 numel *= s.shape.back();
             }
             if (s.begin < 0 || s.end < s.begin || s.end > numel) {
-                input_error("{}: {}range [{}, {}) outside tensor {} of {} elements", source, sw, s.begin, s.end, s.tensor, numel);
+                input_error("{}: {}range [{}, {}) outside tensor {} of {} elements", source, sw,
+                            s.begin, s.end, s.tensor, numel);
             }
             auto [it, fresh] = shapes.emplace(s.tensor, s.shape);
-            if (!fresh && it->second != s.shape) input_error("{}: {}shape of {} disagrees with another slice", source, sw, s.tensor);
+            if (!fresh && it->second != s.shape)
+                input_error("{}: {}shape of {} disagrees with another slice", source, sw, s.tensor);
             ranges[s.tensor].emplace_back(s.begin, s.end);
             r.slices.push_back(std::move(s));
         }
@@ -197,7 +218,8 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
     for (auto& [tensor, rs] : ranges) {
         std::sort(rs.begin(), rs.end());
         for (size_t i = 1; i < rs.size(); ++i) {
-            if (rs[i].first < rs[i - 1].second) input_error("{}: slices of {} overlap at element {}", source, tensor, rs[i].first);
+            if (rs[i].first < rs[i - 1].second)
+                input_error("{}: slices of {} overlap at element {}", source, tensor, rs[i].first);
         }
     }
     m.state = j.contains("state") ? j["state"] : nlohmann::json::object();
@@ -225,8 +247,8 @@ void write_manifest(const std::string& dir, const Manifest& m) {
 
 Manifest read_manifest(const std::string& dir) {
     const std::string path = dir + "/" + kManifestName;
-    std::error_code   ec;
-    const auto        st = fs::status(path, ec);
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
     if (st.type() == fs::file_type::not_found) {
         input_error("{}: missing (an incomplete or foreign checkpoint)", path);
     }
@@ -248,14 +270,14 @@ Manifest read_manifest(const std::string& dir) {
     if (where.filename().empty()) where = where.parent_path();  // "step_00000040/"
     if (const std::optional<int64_t> named = parse_step_dir_name(where.filename().string());
         named && *named != m.step) {
-        input_error("{}: step = {} but the checkpoint directory is named for step {}", path,
-                    m.step, *named);
+        input_error("{}: step = {} but the checkpoint directory is named for step {}", path, m.step,
+                    *named);
     }
     return m;
 }
 
 struct CheckpointReader::Files {
-    std::mutex                                    mutex;
+    std::mutex mutex;
     std::vector<std::unique_ptr<SafetensorsFile>> open;  // by file index; null until first used
 };
 
@@ -269,14 +291,16 @@ CheckpointReader::CheckpointReader(const std::string& dir, bool verify_hashes)
     std::error_code ec;
     for (const FileRecord& f : manifest_.files) {
         const std::string fp = dir + "/" + f.name;
-        const auto        fst = fs::status(fp, ec);
+        const auto fst       = fs::status(fp, ec);
         if (fst.type() == fs::file_type::not_found) input_error("{}: missing shard file", fp);
         if (!fs::is_regular_file(fst)) input_error("{}: is not a regular file (a shard file)", fp);
         const auto size = fs::file_size(fp, ec);
         if (ec) input_error("{}: cannot read shard file: {}", fp, ec.message());
-        if (size != f.bytes) input_error("{}: {} bytes, manifest says {} (truncated?)", fp, size, f.bytes);
+        if (size != f.bytes)
+            input_error("{}: {} bytes, manifest says {} (truncated?)", fp, size, f.bytes);
         if (verify_hashes && file_xxh64(fp) != f.xxh64) {
-            input_error("{}: checksum mismatch (xxh64 {} expected {}): corrupted", fp, hex64(file_xxh64(fp)), hex64(f.xxh64));
+            input_error("{}: checksum mismatch (xxh64 {} expected {}): corrupted", fp,
+                        hex64(file_xxh64(fp)), hex64(f.xxh64));
         }
     }
     for (size_t fi = 0; fi < manifest_.files.size(); ++fi) {
@@ -296,37 +320,44 @@ const std::vector<int64_t>& CheckpointReader::shape(const std::string& tensor) c
     return manifest_.files[fi].slices[si].shape;
 }
 
-void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t end, float* out) const {
+void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t end,
+                            float* out) const {
     BGL_CHECK(begin >= 0 && end >= begin, "read of {} [{}, {})", tensor, begin, end);
     static const std::vector<std::pair<size_t, size_t>> kNone;
-    const auto                                          it      = index_.find(tensor);
-    int64_t                                             covered = 0;
+    const auto it   = index_.find(tensor);
+    int64_t covered = 0;
     for (const auto& [fi, si] : it == index_.end() ? kNone : it->second) {
-        const FileRecord&  f = manifest_.files[fi];
+        const FileRecord& f  = manifest_.files[fi];
         const SliceRecord& s = f.slices[si];
         if (s.end <= begin || s.begin >= end) continue;
         const SafetensorsFile* file = nullptr;
         {
             std::lock_guard lock(files_->mutex);
-            auto&           open = files_->open[fi];
-            if (!open) open = std::make_unique<SafetensorsFile>(dir_ + "/" + f.name);  // mapped once
+            auto& open = files_->open[fi];
+            if (!open)
+                open = std::make_unique<SafetensorsFile>(dir_ + "/" + f.name);  // mapped once
             file = open.get();
         }
         const TensorInfo& ti = file->info(s.key);
         if (ti.dtype != DType::F32 || ti.numel != s.end - s.begin) {
-            input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name, s.key, s.end - s.begin);
+            input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name,
+                        s.key, s.end - s.begin);
         }
-        const auto    bytes = file->bytes(s.key);
+        const auto bytes = file->bytes(s.key);
         const int64_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
-        std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4, static_cast<size_t>(hi - lo) * 4);
+        std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4,
+                    static_cast<size_t>(hi - lo) * 4);
         covered += hi - lo;
     }
     if (covered != end - begin) {
-        input_error("{}: tensor {} elements [{}, {}) are not all in the checkpoint ({} found)", dir_, tensor, begin, end, covered);
+        input_error("{}: tensor {} elements [{}, {}) are not all in the checkpoint ({} found)",
+                    dir_, tensor, begin, end, covered);
     }
 }
 
-std::string step_dir(const std::string& root, int64_t step) { return fmt::format("{}/step_{:08d}", root, step); }
+std::string step_dir(const std::string& root, int64_t step) {
+    return fmt::format("{}/step_{:08d}", root, step);
+}
 
 std::optional<int64_t> parse_step_dir_name(const std::string& name) {
     constexpr size_t kDigits = 8;
@@ -341,7 +372,7 @@ std::optional<int64_t> parse_step_dir_name(const std::string& name) {
 
 std::vector<std::string> list_complete(const std::string& root) {
     std::vector<std::pair<int64_t, std::string>> found;
-    std::error_code                              ec;
+    std::error_code ec;
     if (!fs::is_directory(root, ec)) return {};
     for (const auto& e : fs::directory_iterator(root, ec)) {
         const std::optional<int64_t> step = parse_step_dir_name(e.path().filename().string());
@@ -359,11 +390,12 @@ std::vector<std::string> list_complete(const std::string& root) {
 
 void commit(const std::string& tmp_dir, const std::string& final_dir) {
     std::error_code ec;
-    if (fs::exists(final_dir)) input_error("{}: exists already; a checkpoint is never overwritten", final_dir);
+    if (fs::exists(final_dir))
+        input_error("{}: exists already; a checkpoint is never overwritten", final_dir);
     fs::rename(tmp_dir, final_dir, ec);
     if (ec) input_error("{}: cannot rename into place: {}", final_dir, ec.message());
     const std::string parent = fs::path(final_dir).parent_path().string();
-    const int         fd     = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int fd             = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         ::fsync(fd);
         ::close(fd);
@@ -379,7 +411,8 @@ void prune(const std::string& root, int keep) {
         // so that nothing outside root is ever deleted (remove and remove_all delete a link
         // inside, not its target).
         if (fs::is_symlink(all[i], ec)) continue;
-        fs::remove(fs::path(all[i]) / kManifestName, ec);  // incomplete first, so a crash mid-delete is safe
+        fs::remove(fs::path(all[i]) / kManifestName,
+                   ec);  // incomplete first, so a crash mid-delete is safe
         fs::remove_all(all[i], ec);
     }
 }

@@ -22,39 +22,40 @@ namespace bagualu::io::ckpt {
 
 // A flat range of one logical tensor, owned by the writing rank.
 struct Slice {
-    std::string          tensor;  // logical name, e.g. "param/h.1.moe.experts.5.c_fc.weight"
+    std::string tensor;           // logical name, e.g. "param/h.1.moe.experts.5.c_fc.weight"
     std::vector<int64_t> shape;   // the full tensor's shape
-    int64_t              begin = 0, end = 0;  // flat element range within the full tensor
-    const float*         data  = nullptr;     // end - begin floats
+    int64_t begin = 0, end = 0;   // flat element range within the full tensor
+    const float* data = nullptr;  // end - begin floats
 };
 
 struct SliceRecord {
-    std::string          tensor;
+    std::string tensor;
     std::vector<int64_t> shape;
-    int64_t              begin = 0, end = 0;
-    std::string          key;  // tensor name inside the file
+    int64_t begin = 0, end = 0;
+    std::string key;  // tensor name inside the file
 };
 
 struct FileRecord {
-    std::string              name;  // relative to the checkpoint directory
-    uint64_t                 bytes = 0;
-    uint64_t                 xxh64 = 0;
+    std::string name;  // relative to the checkpoint directory
+    uint64_t bytes = 0;
+    uint64_t xxh64 = 0;
     std::vector<SliceRecord> slices;
 };
 
 struct Manifest {
-    int64_t                 step = 0;
-    std::string             config_toml;  // the resolved config of the run that wrote it
-    int                     ranks = 1, expert_parallel = 1;
+    int64_t step = 0;
+    std::string config_toml;  // the resolved config of the run that wrote it
+    int ranks = 1, expert_parallel = 1;
     std::vector<FileRecord> files;
-    nlohmann::json          state = nlohmann::json::object();  // sampler cursor, RNG, counters
+    nlohmann::json state = nlohmann::json::object();  // sampler cursor, RNG, counters
 };
 
 inline constexpr const char* kManifestName = "manifest.json";
 
 // Writes slices as 1-D F32 tensors to dir/name (atomic: temp file, fsync, rename) and returns
 // the record, hash included (computed while writing). Throws InputError on I/O failure.
-FileRecord write_slices(const std::string& dir, const std::string& name, std::span<const Slice> slices);
+FileRecord write_slices(const std::string& dir, const std::string& name,
+                        std::span<const Slice> slices);
 
 nlohmann::json manifest_to_json(const Manifest& m);
 // Strict: every field present and typed; slice ranges inside their shapes; no two slices of a
@@ -76,9 +77,9 @@ class CheckpointReader {
     CheckpointReader& operator=(CheckpointReader&&) noexcept;
     ~CheckpointReader();
 
-    const Manifest&    manifest() const { return manifest_; }
+    const Manifest& manifest() const { return manifest_; }
     const std::string& dir() const { return dir_; }
-    bool               has(const std::string& tensor) const;
+    bool has(const std::string& tensor) const;
     // Full shape of a logical tensor; throws if absent.
     const std::vector<int64_t>& shape(const std::string& tensor) const;
     // Fills out[0 .. end-begin) with elements [begin, end) of the tensor, from however many
@@ -89,7 +90,7 @@ class CheckpointReader {
    private:
     struct Files;  // the mapped shard files, behind a mutex
     std::string dir_;
-    Manifest    manifest_;
+    Manifest manifest_;
     // tensor -> (file index, slice index) of each of its slices, in manifest order
     std::unordered_map<std::string, std::vector<std::pair<size_t, size_t>>> index_;
     std::unique_ptr<Files> files_;

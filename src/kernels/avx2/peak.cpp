@@ -7,7 +7,7 @@ namespace bagualu::kernels::avx2 {
 
 void fma_loop_f32(uint64_t iters, float* sink) {
     constexpr int kAcc = 12;
-    __m256        acc[kAcc];
+    __m256 acc[kAcc];
     for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
     const __m256 m = _mm256_set1_ps(0.999999f);
     const __m256 a = _mm256_set1_ps(1e-6f);

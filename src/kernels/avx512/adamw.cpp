@@ -26,7 +26,7 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
                                         _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
         _mm512_storeu_ps(m + i, mi);
         _mm512_storeu_ps(v + i, vi);
-        const __m512 p   = _mm512_loadu_ps(param + i);
+        const __m512 p = _mm512_loadu_ps(param + i);
         // The zero-masked root: the plain one trips a GCC 12 -Wmaybe-uninitialized in its header.
         const __m512 root = _mm512_maskz_sqrt_ps(__mmask16(0xffff), _mm512_div_ps(vi, c2v));
         const __m512 den  = _mm512_add_ps(root, epsv);

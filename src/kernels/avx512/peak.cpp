@@ -55,11 +55,11 @@ namespace {
 
 // The tile configuration of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
-    uint8_t  palette_id = 1;
-    uint8_t  start_row  = 0;
-    uint8_t  reserved[14]{};
+    uint8_t palette_id = 1;
+    uint8_t start_row  = 0;
+    uint8_t reserved[14]{};
     uint16_t colsb[16]{};
-    uint8_t  rows[16]{};
+    uint8_t rows[16]{};
 };
 
 }  // namespace
@@ -72,7 +72,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_loop_bf16(uint64_t iters,
     }
     // A tiles hold 2^-7, B tiles 1.0 (bf16 0x3c00, 0x3f80): sums stay finite and normal.
     alignas(64) uint16_t a[16 * 32], b[16 * 32];
-    alignas(64) float    c[16 * 16];
+    alignas(64) float c[16 * 16];
     for (int i = 0; i < 16 * 32; ++i) {
         a[i] = 0x3c00;
         b[i] = 0x3f80;

@@ -13,8 +13,8 @@ namespace bagualu::kernels::gemm {
 
 namespace {
 
-constexpr Path kNamedPaths[] = {Path::ref,      Path::generic, Path::avx2, Path::avx512,
-                                Path::openblas, Path::onednn};
+constexpr Path kNamedPaths[] = {Path::ref,    Path::generic,  Path::avx2,
+                                Path::avx512, Path::openblas, Path::onednn};
 
 const char* op_name(Trans ta, Trans tb) {
     static const char* names[] = {"NN", "NT", "TN", "TT"};
@@ -83,12 +83,12 @@ bool ChoiceTable::from_json(const nlohmann::json& j) {
     }
     std::map<GemmKey, Path> loaded;
     for (const nlohmann::json& c : j.at("choices")) {
-        GemmKey           k;
+        GemmKey k;
         const std::string dtype = field(c, "dtype", std::string{});
         if (dtype != "f32" && dtype != "bf16") {
             input_error("gemm choices: dtype={}: expected f32 or bf16", dtype);
         }
-        k.bf16 = dtype == "bf16";
+        k.bf16               = dtype == "bf16";
         const std::string op = field(c, "op", std::string{});
         if (op.size() != 2 || (op[0] != 'N' && op[0] != 'T') || (op[1] != 'N' && op[1] != 'T')) {
             input_error("gemm choices: op={}: expected NN, NT, TN or TT", op);
@@ -101,8 +101,8 @@ bool ChoiceTable::from_json(const nlohmann::json& j) {
         if (k.m < 0 || k.n < 0 || k.k < 0) {
             input_error("gemm choices: m={} n={} k={}: expected sizes >= 0", k.m, k.n, k.k);
         }
-        const std::string name  = field(c, "backend", std::string{});
-        bool              known = false;
+        const std::string name = field(c, "backend", std::string{});
+        bool known             = false;
         for (Path p : kNamedPaths) {
             if (name != path_name(p)) continue;
             if (!path_supported(p)) {
@@ -112,9 +112,10 @@ bool ChoiceTable::from_json(const nlohmann::json& j) {
             known     = true;
         }
         if (!known) {
-            input_error("gemm choices: backend={}: expected ref, generic, avx2, avx512, openblas "
-                        "or onednn",
-                        name);
+            input_error(
+                "gemm choices: backend={}: expected ref, generic, avx2, avx512, openblas "
+                "or onednn",
+                name);
         }
     }
     std::lock_guard<std::mutex> lock(mutex_);

@@ -20,19 +20,19 @@
 namespace bagualu::kernels::gemm {
 
 struct GemmKey {
-    bool  bf16 = false;
+    bool bf16 = false;
     Trans ta = Trans::N, tb = Trans::N;
-    int   m = 0, n = 0, k = 0;
-    auto  tie() const { return std::tuple(bf16, ta, tb, m, n, k); }
-    bool  operator<(const GemmKey& o) const { return tie() < o.tie(); }
+    int m = 0, n = 0, k = 0;
+    auto tie() const { return std::tuple(bf16, ta, tb, m, n, k); }
+    bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
 class ChoiceTable {
    public:
     std::optional<Path> find(const GemmKey& key) const;
-    void                set(const GemmKey& key, Path p);
-    size_t              size() const;
-    void                clear();
+    void set(const GemmKey& key, Path p);
+    size_t size() const;
+    void clear();
 
     // {"cpu_model", "onednn_version", "threads", "choices": [{"dtype": "f32"|"bf16",
     //  "op": "NT", "m", "n", "k", "backend": "avx512"|"onednn"|...}]}
@@ -43,7 +43,7 @@ class ChoiceTable {
     bool from_json(const nlohmann::json& j);
 
    private:
-    mutable std::mutex     mutex_;
+    mutable std::mutex mutex_;
     std::map<GemmKey, Path> choices_;
 };
 

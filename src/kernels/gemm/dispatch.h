@@ -13,7 +13,7 @@ struct KernelSpec;
 
 // "ref", ..., "onednn", "auto".
 const char* path_name(Path p);
-bool        path_supported(Path p);
+bool path_supported(Path p);
 // The fastest of ours (never openblas, onednn or ref) the CPU supports.
 Path best_path();
 Path active_path();

@@ -29,7 +29,7 @@ class PackBuffer {
     void* get(size_t bytes) {
         if (bytes > capacity_) {
             const size_t rounded = (bytes + kPackSlack + 63) / 64 * 64;
-            void*        p       = ::operator new(rounded, std::align_val_t{64});
+            void* p              = ::operator new (rounded, std::align_val_t{64});
             release();
             data_     = p;
             capacity_ = rounded - kPackSlack;
@@ -39,11 +39,11 @@ class PackBuffer {
 
    private:
     void release() {
-        if (data_) ::operator delete(data_, std::align_val_t{64});
+        if (data_) ::operator delete (data_, std::align_val_t{64});
         data_ = nullptr;
     }
 
-    void*  data_     = nullptr;
+    void* data_      = nullptr;
     size_t capacity_ = 0;
 };
 
@@ -71,14 +71,14 @@ size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
     const size_t elem = static_cast<size_t>(s.elem_bytes);
-    auto*        bbuf = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
-    auto*        abuf = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
+    auto* bbuf        = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
+    auto* abuf        = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
 
     for (int jc = n0; jc < n1; jc += s.nc) {
         const int nc = std::min(s.nc, n1 - jc);
         for (int pc = 0; pc < K; pc += s.kc) {
-            const int   kc     = std::min(s.kc, K - pc);
-            const int   kcp    = round_up(kc, s.kstep);
+            const int kc       = std::min(s.kc, K - pc);
+            const int kcp      = round_up(kc, s.kstep);
             const float beta_k = pc == 0 ? beta : 1.0f;
             s.pack_b(b, jc, nc, pc, kc, bbuf);
             for (int ic = m0; ic < m1; ic += s.mc) {
@@ -86,10 +86,10 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
                 s.pack_a(a, ic, mc, pc, kc, abuf);
                 for (int jr = 0; jr < nc; jr += s.nr) {
                     const char* bp = bbuf + size_t(jr) * size_t(kcp) * elem;
-                    const int   n  = std::min(s.nr, nc - jr);
+                    const int n    = std::min(s.nr, nc - jr);
                     for (int ir = 0; ir < mc; ir += s.mr) {
                         const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                        float*      cp = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
+                        float* cp      = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
                         s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir), n);
                     }
                 }
@@ -127,8 +127,8 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
 namespace {
 
 struct Plan {
-    int cols, rows;        // strip width (multiple of nr) and row block (multiple of mr)
-    int strips, mblocks;   // units = strips * mblocks
+    int cols, rows;       // strip width (multiple of nr) and row block (multiple of mr)
+    int strips, mblocks;  // units = strips * mblocks
     int threads;
 };
 
@@ -145,11 +145,10 @@ const CacheSizes* g_blocking_caches = nullptr;  // set_blocking_caches
 
 Budgets budgets(int threads) {
     const CacheSizes& c = g_blocking_caches ? *g_blocking_caches : cache_sizes();
-    Budgets           b;
+    Budgets b;
     b.slice   = std::clamp(c.l2 / 2, size_t(64) << 10, size_t(2) << 20);
     b.a_block = std::clamp(c.l2 / 4, size_t(32) << 10, size_t(1) << 20);
-    b.strip   = std::clamp(c.l3 / 2 / size_t(std::max(threads, 1)), size_t(1) << 20,
-                           size_t(8) << 20);
+    b.strip = std::clamp(c.l3 / 2 / size_t(std::max(threads, 1)), size_t(1) << 20, size_t(8) << 20);
     return b;
 }
 
@@ -159,24 +158,24 @@ int rows_cap(const KernelSpec& s, const Budgets& b, int kcp) {
     return std::max(1, static_cast<int>(b.a_block / bytes)) * s.mr;
 }
 // Units per thread to aim for, so that a stalled thread's share can be taken over.
-constexpr int kUnitsPerThread = 4;
+constexpr int kUnitsPerThread     = 4;
 constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
 
 Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
-    const size_t  elem = size_t(s.elem_bytes);
-    const int     kcp  = round_up(std::min(s.kc, K), s.kstep);
-    const int     kp   = round_up(K, s.kstep);
-    const Budgets b    = budgets(threads);
-    int cols = static_cast<int>(b.slice / (size_t(kcp) * elem)) / s.nr * s.nr;
-    cols     = std::min(cols, static_cast<int>(b.strip / (size_t(kp) * elem)) / s.nr * s.nr);
-    cols     = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
+    const size_t elem = size_t(s.elem_bytes);
+    const int kcp     = round_up(std::min(s.kc, K), s.kstep);
+    const int kp      = round_up(K, s.kstep);
+    const Budgets b   = budgets(threads);
+    int cols          = static_cast<int>(b.slice / (size_t(kcp) * elem)) / s.nr * s.nr;
+    cols = std::min(cols, static_cast<int>(b.strip / (size_t(kp) * elem)) / s.nr * s.nr);
+    cols = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
     Plan p{};
-    p.threads = double(M) * N * K < kMinThreadedWork ? 1 : threads;
-    p.cols    = cols;
-    p.strips  = ceil_div(N, cols);
+    p.threads      = double(M) * N * K < kMinThreadedWork ? 1 : threads;
+    p.cols         = cols;
+    p.strips       = ceil_div(N, cols);
     const int want = ceil_div(kUnitsPerThread * p.threads, p.strips);
-    p.rows    = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, rows_cap(s, b, kcp));
-    p.mblocks = ceil_div(M, p.rows);
+    p.rows         = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, rows_cap(s, b, kcp));
+    p.mblocks      = ceil_div(M, p.rows);
     return p;
 }
 
@@ -185,21 +184,21 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
 void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1, int j0, int j1,
               int K, float alpha, float beta, float* C, int ldc, char* abuf) {
     const size_t elem = size_t(s.elem_bytes);
-    const int    nw   = j1 - j0;
-    const int    nwr  = round_up(nw, s.nr);
-    const int    mc   = i1 - i0;
+    const int nw      = j1 - j0;
+    const int nwr     = round_up(nw, s.nr);
+    const int mc      = i1 - i0;
     for (int pc = 0; pc < K; pc += s.kc) {
-        const int   kc     = std::min(s.kc, K - pc);
-        const int   kcp    = round_up(kc, s.kstep);
+        const int kc       = std::min(s.kc, K - pc);
+        const int kcp      = round_up(kc, s.kstep);
         const float beta_k = pc == 0 ? beta : 1.0f;
         const char* bslice = bstrip + size_t(pc) * size_t(nwr) * elem;
         s.pack_a(a, i0, mc, pc, kc, abuf);
         for (int jr = 0; jr < nw; jr += s.nr) {
             const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
-            const int   n  = std::min(s.nr, nw - jr);
+            const int n    = std::min(s.nr, nw - jr);
             for (int ir = 0; ir < mc; ir += s.mr) {
                 const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                float*      cp = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
                 s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir), n);
             }
         }
@@ -208,7 +207,7 @@ void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1
 
 void pack_strip(const KernelSpec& s, PackSrc b, int j0, int j1, int K, char* dst) {
     const size_t elem = size_t(s.elem_bytes);
-    const int    nwr  = round_up(j1 - j0, s.nr);
+    const int nwr     = round_up(j1 - j0, s.nr);
     // In increasing k: a block's packer may write past its end, into the next block's place.
     for (int pc = 0; pc < K; pc += s.kc) {
         s.pack_b(b, j0, j1 - j0, pc, std::min(s.kc, K - pc), dst + size_t(pc) * size_t(nwr) * elem);
@@ -237,7 +236,7 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
     // Slices are spaced by the packers' slack, so that packing one never writes into another.
     const size_t kcp_max = size_t(round_up(std::min(s.kc, K), s.kstep));
     const size_t slice   = (kcp_max * size_t(plan.cols) * elem + kPackSlack + 63) / 64 * 64;
-    auto* bbuf         = static_cast<char*>(t_shared_b_buffer.get(slice * size_t(tasks)));
+    auto* bbuf           = static_cast<char*>(t_shared_b_buffer.get(slice * size_t(tasks)));
     // Row blocks: at least kUnitsPerThread per thread, at most mc rows.
     const int rows =
         std::clamp(round_up(ceil_div(M, kUnitsPerThread * plan.threads), s.mr), s.mr, s.mc);
@@ -254,8 +253,7 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
             s.pack_b(b, j0, j1 - j0, pc, std::min(s.kc, K - pc), bbuf + size_t(t) * slice);
             ready[t].store(1, std::memory_order_release);
         }
-        auto* abuf = static_cast<char*>(
-            t_a_buffer.get(kcp_max * size_t(rows) * elem));
+        auto* abuf = static_cast<char*>(t_a_buffer.get(kcp_max * size_t(rows) * elem));
         for (int u = next_unit.fetch_add(1, std::memory_order_relaxed); u < mblocks;
              u     = next_unit.fetch_add(1, std::memory_order_relaxed)) {
             const int i0 = u * rows, mc = std::min(M, i0 + rows) - i0;
@@ -304,18 +302,18 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    const PackSrc    a{A, lda, ta == Trans::N};
-    const PackSrc    b{B, ldb, tb == Trans::T};
-    ThreadPool&      pool  = compute_pool();
-    const Plan       p     = make_plan(spec, M, N, K, pool.size());
+    const PackSrc a{A, lda, ta == Trans::N};
+    const PackSrc b{B, ldb, tb == Trans::T};
+    ThreadPool& pool = compute_pool();
+    const Plan p     = make_plan(spec, M, N, K, pool.size());
     if (fits_shared(spec, p, K)) {
         gemm_shared_b(spec, p, a, b, M, N, K, alpha, beta, C, ldc);
         return;
     }
-    const int        units = p.strips * p.mblocks;
-    const size_t     elem  = size_t(spec.elem_bytes);
+    const int units   = p.strips * p.mblocks;
+    const size_t elem = size_t(spec.elem_bytes);
     std::atomic<int> next{0};
-    auto             body = [&](int) {
+    auto body = [&](int) {
         auto* bbuf = static_cast<char*>(
             t_b_buffer.get(size_t(round_up(K, spec.kstep)) * size_t(p.cols) * elem));
         auto* abuf = static_cast<char*>(t_a_buffer.get(

@@ -14,8 +14,8 @@ namespace bagualu::kernels::gemm {
 // X[k * ld + r]. data points to float or bf16, as the spec expects.
 struct PackSrc {
     const void* data;
-    int         ld;
-    bool        k_contiguous;
+    int ld;
+    bool k_contiguous;
 };
 
 struct KernelSpec {
@@ -30,8 +30,8 @@ struct KernelSpec {
     void (*pack_b)(PackSrc src, int r0, int rn, int p0, int kc, void* dst);
     // C tile (m, n) = alpha * a-panel @ b-panel + beta * C, with m <= mr, n <= nr, kcp the padded
     // depth. beta == 0: C is not read.
-    void (*micro)(int kcp, const void* a, const void* b, float* c, int ldc, float alpha,
-                  float beta, int m, int n);
+    void (*micro)(int kcp, const void* a, const void* b, float* c, int ldc, float alpha, float beta,
+                  int m, int n);
 };
 
 inline constexpr int kPackSlack = 256;
@@ -55,8 +55,8 @@ void scale_c(int M, int N, float beta, float* C, int ldc);
 
 // Rows [m0, m1) x columns [n0, n1) of C = alpha * op(A) @ op(B) + beta * C on the calling
 // thread, with its own packing buffers. The sums of an element do not depend on the rectangle.
-void gemm_rect(const KernelSpec& spec, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1,
-               int K, float alpha, float beta, float* C, int ldc);
+void gemm_rect(const KernelSpec& spec, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
+               float alpha, float beta, float* C, int ldc);
 
 // Grows the calling thread's packing buffers so that no later gemm_rect with m1 - m0 <= max_m,
 // n1 - n0 <= max_n and K <= max_k allocates.

@@ -152,9 +152,7 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
 }
 
 // The grouped GEMM is ours only: under onednn and auto it runs the best of our packed kernels.
-Path packed_path(Path p) {
-    return p == Path::onednn || p == Path::automatic ? best_path() : p;
-}
+Path packed_path(Path p) { return p == Path::onednn || p == Path::automatic ? best_path() : p; }
 
 }  // namespace
 
@@ -176,8 +174,8 @@ void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, 
         }
         return;
     }
-    gemm::grouped_packed(gemm::f32_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A, lda, B, ldb,
-                         stride_b, beta, C, ldc);
+    gemm::grouped_packed(gemm::f32_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A,
+                         lda, B, ldb, stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
@@ -196,8 +194,8 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
         }
         return;
     }
-    gemm::grouped_tn_packed(gemm::f32_spec(gemm::packed_path(p)), G, offsets, M, N, alpha, A, lda, B, ldb, beta, C,
-                            ldc, stride_c);
+    gemm::grouped_tn_packed(gemm::f32_spec(gemm::packed_path(p)), G, offsets, M, N, alpha, A, lda,
+                            B, ldb, beta, C, ldc, stride_c);
 }
 
 int grouped_gemm_tn_depth_block() {

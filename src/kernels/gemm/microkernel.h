@@ -13,18 +13,18 @@ namespace {
 // set1(float), mul(reg, reg), loadu/storeu(float*), fmadd(a, b, c) = a * b + c and its scalar
 // twin fmadd_scalar, rounding exactly as one lane of fmadd does.
 template <typename Ops, int MR, int NV>
-void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc,
-                float alpha, float beta, int m, int n) {
+void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc, float alpha,
+                float beta, int m, int n) {
     // B is prefetched this many k steps ahead; past the panel's end that is the next panel,
     // which the next tile of the jr loop starts on (measured: +2-5% over none on Zen 3).
     constexpr int kPrefetchK = 32;
-    using reg        = typename Ops::reg;
-    using packed_t   = typename Ops::packed_t;
-    constexpr int W  = Ops::width;
-    constexpr int KS = Ops::kstep;
-    constexpr int NR = NV * W;
-    const auto*   a  = static_cast<const packed_t*>(a_panel);
-    const auto*   b  = static_cast<const packed_t*>(b_panel);
+    using reg                = typename Ops::reg;
+    using packed_t           = typename Ops::packed_t;
+    constexpr int W          = Ops::width;
+    constexpr int KS         = Ops::kstep;
+    constexpr int NR         = NV * W;
+    const auto* a            = static_cast<const packed_t*>(a_panel);
+    const auto* b            = static_cast<const packed_t*>(b_panel);
 
     reg acc[MR][NV];
 #pragma GCC unroll 32
@@ -43,7 +43,8 @@ void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int
         reg bv[NV];
         const char* pb = reinterpret_cast<const char*>(b + NR * KS * kPrefetchK);
 #pragma GCC unroll 4
-        for (size_t off = 0; off < NR * KS * sizeof(packed_t); off += 64) __builtin_prefetch(pb + off);
+        for (size_t off = 0; off < NR * KS * sizeof(packed_t); off += 64)
+            __builtin_prefetch(pb + off);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) bv[v] = Ops::load_b(b + v * W * KS);
 #pragma GCC unroll 32

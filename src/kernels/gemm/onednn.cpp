@@ -28,11 +28,11 @@ namespace {
 using dt = dnnl::memory::data_type;
 
 constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
-constexpr int    kSliceAlign      = 16;       // slices start on multiples of this
+constexpr int kSliceAlign         = 16;       // slices start on multiples of this
 
 void single_openmp_thread() {
-    using Fn       = void (*)(int);
-    static Fn set  = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    using Fn      = void (*)(int);
+    static Fn set = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
     if (set) set(1);
 }
 
@@ -48,16 +48,16 @@ uint32_t bits(float x) {
 }
 
 struct Key {
-    bool     bf16;
-    Trans    ta, tb;
-    int      m, n, k, lda, ldb, ldc;
+    bool bf16;
+    Trans ta, tb;
+    int m, n, k, lda, ldb, ldc;
     uint32_t alpha, beta;
-    bool     operator==(const Key&) const = default;
+    bool operator==(const Key&) const = default;
 };
 
 struct KeyHash {
     size_t operator()(const Key& k) const {
-        uint64_t h = 1469598103934665603ull;
+        uint64_t h     = 1469598103934665603ull;
         const auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
         mix(k.bf16);
         mix(uint64_t(k.ta == Trans::T) << 1 | uint64_t(k.tb == Trans::T));
@@ -69,7 +69,7 @@ struct KeyHash {
 };
 
 struct Entry {
-    dnnl::matmul       prim;
+    dnnl::matmul prim;
     dnnl::memory::desc a_md, b_md, c_md, scratch_md;
 };
 
@@ -81,7 +81,7 @@ dnnl::matmul::primitive_desc make_pd(const Key& k) {
     const dnnl::memory::desc b_md({k.k, k.n}, in,
                                   k.tb == Trans::N ? dims{k.ldb, 1} : dims{1, k.ldb});
     const dnnl::memory::desc c_md({k.m, k.n}, dt::f32, dims{k.ldc, 1});
-    dnnl::primitive_attr     attr;
+    dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     float alpha = 0.0f, beta = 0.0f;
     std::memcpy(&alpha, &k.alpha, sizeof alpha);
@@ -110,9 +110,8 @@ class Cache {
         }
         // Created outside the lock (it takes a while); a racing duplicate is harmless.
         const dnnl::matmul::primitive_desc pd = make_pd(k);
-        auto e = std::make_shared<Entry>(Entry{dnnl::matmul(pd), pd.src_desc(),
-                                                pd.weights_desc(), pd.dst_desc(),
-                                                pd.scratchpad_desc()});
+        auto e = std::make_shared<Entry>(Entry{dnnl::matmul(pd), pd.src_desc(), pd.weights_desc(),
+                                               pd.dst_desc(), pd.scratchpad_desc()});
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = map_.find(k);
         if (it != map_.end()) return it->second.first;
@@ -130,8 +129,8 @@ class Cache {
     }
 
    private:
-    std::mutex                                                      mutex_;
-    std::list<Key>                                                  lru_;  // most recent first
+    std::mutex mutex_;
+    std::list<Key> lru_;  // most recent first
     std::unordered_map<Key, std::pair<std::shared_ptr<const Entry>, std::list<Key>::iterator>,
                        KeyHash>
         map_;
@@ -145,16 +144,16 @@ Cache& cache() {
 // The calling thread's scratchpad, grow-only, 64-byte aligned.
 void* scratch(size_t bytes) {
     struct Buf {
-        void*  p = nullptr;
+        void* p  = nullptr;
         size_t n = 0;
         ~Buf() {
-            if (p) ::operator delete(p, std::align_val_t{64});
+            if (p) ::operator delete (p, std::align_val_t{64});
         }
     };
     thread_local Buf buf;
     if (bytes > buf.n) {
-        void* p = ::operator new(bytes, std::align_val_t{64});
-        if (buf.p) ::operator delete(buf.p, std::align_val_t{64});
+        void* p = ::operator new (bytes, std::align_val_t{64});
+        if (buf.p) ::operator delete (buf.p, std::align_val_t{64});
         buf.p = p;
         buf.n = bytes;
     }
@@ -189,24 +188,24 @@ void run_sliced(bool bf16, Trans ta, Trans tb, int M, int N, int K, float alpha,
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    ThreadPool& pool  = compute_pool();
-    const int   nt    = double(M) * N * K < kMinThreadedWork ? 1 : pool.size();
-    const bool  rows  = M >= N;
-    const int   dim   = rows ? M : N;
-    const int   chunk = std::max(kSliceAlign, (dim + nt - 1) / nt + kSliceAlign - 1) /
-                      kSliceAlign * kSliceAlign;
-    const int    parts = (dim + chunk - 1) / chunk;
-    const size_t esz   = bf16 ? 2 : 4;
-    const auto*  a8    = static_cast<const char*>(A);
-    const auto*  b8    = static_cast<const char*>(B);
-    auto         slice = [&](int t) {
+    ThreadPool& pool = compute_pool();
+    const int nt     = double(M) * N * K < kMinThreadedWork ? 1 : pool.size();
+    const bool rows  = M >= N;
+    const int dim    = rows ? M : N;
+    const int chunk =
+        std::max(kSliceAlign, (dim + nt - 1) / nt + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+    const int parts  = (dim + chunk - 1) / chunk;
+    const size_t esz = bf16 ? 2 : 4;
+    const auto* a8   = static_cast<const char*>(A);
+    const auto* b8   = static_cast<const char*>(B);
+    auto slice       = [&](int t) {
         const int s0 = t * chunk;
         if (s0 >= dim) return;
         const int s1 = std::min(dim, s0 + chunk);
-        Key       k{bf16, ta, tb, M, N, K, lda, ldb, ldc, bits(alpha), bits(beta)};
+        Key k{bf16, ta, tb, M, N, K, lda, ldb, ldc, bits(alpha), bits(beta)};
         const char* a = a8;
         const char* b = b8;
-        float*      c = C;
+        float* c      = C;
         if (rows) {
             k.m = s1 - s0;
             a += (ta == Trans::N ? size_t(s0) * size_t(lda) : size_t(s0)) * esz;

@@ -11,8 +11,8 @@ inline double to_double(float x) { return x; }
 inline double to_double(bf16 x) { return bf16_to_float(x); }
 
 template <typename T>
-void gemm_any(Trans ta, Trans tb, int M, int N, int K, float alpha, const T* A, int lda,
-              const T* B, int ldb, float beta, float* C, int ldc) {
+void gemm_any(Trans ta, Trans tb, int M, int N, int K, float alpha, const T* A, int lda, const T* B,
+              int ldb, float beta, float* C, int ldc) {
     for (int i = 0; i < M; ++i) {
         for (int j = 0; j < N; ++j) {
             double sum = 0.0;
@@ -23,7 +23,7 @@ void gemm_any(Trans ta, Trans tb, int M, int N, int K, float alpha, const T* A, 
                                                  : size_t(j) * size_t(ldb) + size_t(k);
                 sum += to_double(A[ia]) * to_double(B[ib]);
             }
-            float&       c   = C[size_t(i) * size_t(ldc) + size_t(j)];
+            float& c         = C[size_t(i) * size_t(ldc) + size_t(j)];
             const double out = double(alpha) * sum + (beta == 0.0f ? 0.0 : double(beta) * c);
             c                = static_cast<float>(out);
         }

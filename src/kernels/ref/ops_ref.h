@@ -306,14 +306,14 @@ void adamw_update(Real* param, const Real* grad, Real* m, Real* v, size_t n, Rea
     const Acc c1 = 1.0 - std::pow(b1, step);
     const Acc c2 = 1.0 - std::pow(b2, step);
     for (size_t i = 0; i < n; ++i) {
-        const Acc g  = Acc(grad[i]);
-        const Acc mi = b1 * Acc(m[i]) + (1.0 - b1) * g;
-        const Acc vi = b2 * Acc(v[i]) + (1.0 - b2) * g * g;
-        const Acc p  = Acc(param[i]);
-        m[i]         = Real(mi);
-        v[i]         = Real(vi);
-        param[i]     = Real(
-                p - Acc(lr) * ((mi / c1) / (std::sqrt(vi / c2) + Acc(eps)) + Acc(weight_decay) * p));
+        const Acc g   = Acc(grad[i]);
+        const Acc mi  = b1 * Acc(m[i]) + (1.0 - b1) * g;
+        const Acc vi  = b2 * Acc(v[i]) + (1.0 - b2) * g * g;
+        const Acc p   = Acc(param[i]);
+        m[i]          = Real(mi);
+        v[i]          = Real(vi);
+        const Acc upd = (mi / c1) / (std::sqrt(vi / c2) + Acc(eps)) + Acc(weight_decay) * p;
+        param[i]      = Real(p - Acc(lr) * upd);
     }
 }
 

@@ -31,7 +31,8 @@ TEST(ConfigOverride, BareWordsAreStringsAndRoundTrip) {
 
 TEST(ConfigOverride, ValuesThatAreNotUtf8AreInputErrors) {
     // a lone lead byte, a stray continuation byte, an overlong '/', a surrogate, beyond U+10FFFF
-    for (const std::string bad : {"p\xf2###", "a\x80", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
+    for (const std::string bad :
+         {"p\xf2###", "a\x80", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
         const std::string e = error_of("train.run_dir=" + bad);
         EXPECT_NE(e.find("the value is not valid UTF-8"), std::string::npos) << e;
         EXPECT_EQ(e.rfind("--set train.run_dir=", 0), 0u) << e;

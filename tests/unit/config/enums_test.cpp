@@ -27,26 +27,26 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
                                                {"gshard", GateKind::gshard},
                                                {"noisy", GateKind::noisy},
                                                {"swipe", GateKind::swipe}});
-    expect_round_trip<Level>("precision.ffn", {{"O0", Level::O0}, {"O1", Level::O1},
-                                               {"O2", Level::O2}, {"O3", Level::O3}});
-    expect_round_trip<Dtype>("precision.dtype", {{"fp32", Dtype::float32},
-                                                 {"bf16", Dtype::bfloat16},
-                                                 {"fp16", Dtype::float16}});
-    expect_round_trip<Partition>("optimizer.partition", {{"auto", Partition::automatic},
-                                                         {"on", Partition::on},
-                                                         {"off", Partition::off}});
+    expect_round_trip<Level>(
+        "precision.ffn",
+        {{"O0", Level::O0}, {"O1", Level::O1}, {"O2", Level::O2}, {"O3", Level::O3}});
+    expect_round_trip<Dtype>(
+        "precision.dtype",
+        {{"fp32", Dtype::float32}, {"bf16", Dtype::bfloat16}, {"fp16", Dtype::float16}});
+    expect_round_trip<Partition>(
+        "optimizer.partition",
+        {{"auto", Partition::automatic}, {"on", Partition::on}, {"off", Partition::off}});
     expect_round_trip<Resume>("checkpoint.resume",
                               {{"never", Resume::never}, {"auto", Resume::automatic}});
-    expect_round_trip<Recompute>("train.recompute", {{"none", Recompute::none},
-                                                     {"moe", Recompute::moe},
-                                                     {"block", Recompute::block}});
+    expect_round_trip<Recompute>(
+        "train.recompute",
+        {{"none", Recompute::none}, {"moe", Recompute::moe}, {"block", Recompute::block}});
 }
 
 TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
-    const TrainConfig a = default_config({"model.gate=noisy", "precision.dtype=fp16",
-                                          "precision.embedding=O3", "precision.head=O2",
-                                          "optimizer.partition=off", "checkpoint.resume=auto",
-                                          "train.recompute=block"});
+    const TrainConfig a = default_config(
+        {"model.gate=noisy", "precision.dtype=fp16", "precision.embedding=O3", "precision.head=O2",
+         "optimizer.partition=off", "checkpoint.resume=auto", "train.recompute=block"});
     EXPECT_EQ(a.model.gate, GateKind::noisy);
     EXPECT_EQ(a.precision.dtype, Dtype::float16);
     EXPECT_EQ(a.precision.embedding, Level::O3);
@@ -74,11 +74,13 @@ TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
         }
         return "(no error)";
     };
-    EXPECT_EQ(message({"precision.attention=O4"}),
-              "<defaults>: precision.attention = \"O4\": expected \"O0\", \"O1\", \"O2\" or \"O3\"");
+    EXPECT_EQ(
+        message({"precision.attention=O4"}),
+        "<defaults>: precision.attention = \"O4\": expected \"O0\", \"O1\", \"O2\" or \"O3\"");
     EXPECT_EQ(message({"model.gate=Switch"}),
               "<defaults>: model.gate = \"Switch\": expected topk, switch, gshard, noisy or swipe");
-    EXPECT_EQ(message({"precision.dtype=3"}), "<defaults>: precision.dtype: expected a string, got 3");
+    EXPECT_EQ(message({"precision.dtype=3"}),
+              "<defaults>: precision.dtype: expected a string, got 3");
     EXPECT_EQ(message({"train.recompute=full"}),
               "<defaults>: train.recompute = \"full\": expected \"none\", \"moe\" or \"block\"");
     // a value that parses but does not fit the model

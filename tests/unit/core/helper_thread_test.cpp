@@ -12,11 +12,14 @@ namespace bagualu {
 namespace {
 
 TEST(HelperThreadTest, RunsJobsInOrderOnAnotherThread) {
-    HelperThread     h;
+    HelperThread h;
     std::vector<int> order;
-    std::thread::id  where;
-    auto             a = [&] { order.push_back(1); where = std::this_thread::get_id(); };
-    auto             b = [&] { order.push_back(2); };
+    std::thread::id where;
+    auto a = [&] {
+        order.push_back(1);
+        where = std::this_thread::get_id();
+    };
+    auto b = [&] { order.push_back(2); };
     h.submit(a);
     const auto t = h.submit(b);
     h.wait(t);
@@ -27,10 +30,10 @@ TEST(HelperThreadTest, RunsJobsInOrderOnAnotherThread) {
 
 TEST(HelperThreadTest, WaitRethrowsTheJobsException) {
     HelperThread h;
-    auto         bad = [] { throw std::runtime_error("disk full"); };
-    const auto   t   = h.submit(bad);
+    auto bad     = [] { throw std::runtime_error("disk full"); };
+    const auto t = h.submit(bad);
     EXPECT_THROW(h.wait(t), std::runtime_error);
-    int  x    = 0;
+    int x     = 0;
     auto good = [&] { x = 7; };
     h.wait(h.submit(good));  // the thread survives a failed job
     EXPECT_EQ(x, 7);
@@ -38,8 +41,8 @@ TEST(HelperThreadTest, WaitRethrowsTheJobsException) {
 
 TEST(HelperThreadTest, MoreJobsThanCapacityAllRun) {
     HelperThread h;
-    int          count = 0;
-    auto         inc   = [&] { ++count; };
+    int count                 = 0;
+    auto inc                  = [&] { ++count; };
     HelperThread::Ticket last = 0;
     for (int i = 0; i < 5 * HelperThread::kCapacity; ++i) last = h.submit(inc);
     h.wait(last);

@@ -7,7 +7,6 @@
 #include "data/loader.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -91,7 +90,7 @@ TEST(TokenShards, ErrorsNameTheFileOrTheSpec) {
 // A shard changed after open: each window is checked as it is read. part_00 (uint16) holds
 // windows 0-4 and part_02 (uint32) windows 5-18; part_02's tokens 27..83 start at byte 1024.
 TEST(TokenShards, WindowsOfAFileChangedAfterOpenAreCheckedAsTheyAreRead) {
-    TempDir           dir;
+    TempDir dir;
     const std::string root = write_shards(dir);
     const TokenShards s    = TokenShards::open(root, "data.train", kVocab, kT);
     std::vector<int32_t> w(kT + 1);

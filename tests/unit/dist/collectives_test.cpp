@@ -1,5 +1,6 @@
 // Single-process parts of collectives.h: shard boundaries, the online-averaging fold (including
-// why it exists: fp16 sums overflow where the running mean does not), and the bf16/fp16 conversions.
+// why it exists: fp16 sums overflow where the running mean does not), and the bf16/fp16
+// conversions.
 #include "dist/comm/collectives.h"
 
 #include <gtest/gtest.h>

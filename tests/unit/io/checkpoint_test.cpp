@@ -26,8 +26,9 @@ Manifest write_two_ranks(const std::string& dir, std::vector<float>& a, std::vec
     b = {7, 8, 9};
     std::iota(a.begin(), a.end(), 100.0f);
     const Slice r0[] = {{"param/a", {2, 5}, 0, 4, a.data()}};
-    const Slice r1[] = {{"param/a", {2, 5}, 4, 10, a.data() + 4}, {"adam_m/b", {3}, 0, 3, b.data()}};
-    Manifest    m;
+    const Slice r1[] = {{"param/a", {2, 5}, 4, 10, a.data() + 4},
+                        {"adam_m/b", {3}, 0, 3, b.data()}};
+    Manifest m;
     m.step        = 40;
     m.config_toml = "[model]\n";
     m.ranks       = 2;
@@ -39,12 +40,13 @@ Manifest write_two_ranks(const std::string& dir, std::vector<float>& a, std::vec
 }
 
 TEST(CheckpointTest, ReadsAnyRangeAcrossRanks) {
-    TempDir            d;
+    TempDir d;
     std::vector<float> a, b;
     write_two_ranks(d.str(), a, b);
     CheckpointReader r(d.str());
     // write_slices hashes while writing; the hash must be that of the bytes on disk.
-    for (const FileRecord& f : r.manifest().files) EXPECT_EQ(f.xxh64, file_xxh64(d / f.name)) << f.name;
+    for (const FileRecord& f : r.manifest().files)
+        EXPECT_EQ(f.xxh64, file_xxh64(d / f.name)) << f.name;
     EXPECT_EQ(r.manifest().step, 40);
     EXPECT_EQ(r.manifest().state["sampler"]["position"], 17);
     EXPECT_EQ(r.shape("param/a"), (std::vector<int64_t>{2, 5}));
@@ -76,7 +78,7 @@ TEST(CheckpointTest, DetectsFlippedByteTruncationAndMissingManifest) {
         TempDir d;
         write_two_ranks(d.str(), a, b);
         const std::string f = d / "rank_00001.safetensors";
-        std::string       bytes = testing::read_file(f);
+        std::string bytes   = testing::read_file(f);
         bytes[bytes.size() - 3] ^= 0x10;
         testing::write_file(f, bytes);
         const std::string e = error_of(d.str());
@@ -101,21 +103,32 @@ TEST(CheckpointTest, DetectsFlippedByteTruncationAndMissingManifest) {
 
 TEST(CheckpointTest, RejectsCraftedManifests) {
     std::vector<float> a, b;
-    TempDir            d;
-    const Manifest     m    = write_two_ranks(d.str(), a, b);
-    const std::string  path = d / "manifest.json";
-    auto               with = [&](auto edit) {
+    TempDir d;
+    const Manifest m       = write_two_ranks(d.str(), a, b);
+    const std::string path = d / "manifest.json";
+    auto with              = [&](auto edit) {
         nlohmann::json j = manifest_to_json(m);
         edit(j);
         testing::write_file(path, j.dump());
         return error_of(d.str());
     };
-    EXPECT_NE(with([](nlohmann::json& j) { j["files"][1]["slices"][0]["begin"] = 2; }).find("overlap"), std::string::npos);
-    EXPECT_NE(with([](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = 11; }).find("outside"), std::string::npos);
-    EXPECT_NE(with([](nlohmann::json& j) { j.erase("step"); }).find("missing step"), std::string::npos);
-    EXPECT_NE(with([](nlohmann::json& j) { j["files"][0]["name"] = "../x"; }).find("plain file name"), std::string::npos);
-    EXPECT_NE(with([](nlohmann::json& j) { j["files"][0]["xxh64"] = "xyz"; }).find("hex"), std::string::npos);
-    EXPECT_NE(with([](nlohmann::json& j) { j["files"][1]["slices"][0]["shape"] = {3, 5}; }).find("disagrees"), std::string::npos);
+    EXPECT_NE(
+        with([](nlohmann::json& j) { j["files"][1]["slices"][0]["begin"] = 2; }).find("overlap"),
+        std::string::npos);
+    EXPECT_NE(
+        with([](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = 11; }).find("outside"),
+        std::string::npos);
+    EXPECT_NE(with([](nlohmann::json& j) { j.erase("step"); }).find("missing step"),
+              std::string::npos);
+    EXPECT_NE(
+        with([](nlohmann::json& j) { j["files"][0]["name"] = "../x"; }).find("plain file name"),
+        std::string::npos);
+    EXPECT_NE(with([](nlohmann::json& j) { j["files"][0]["xxh64"] = "xyz"; }).find("hex"),
+              std::string::npos);
+    EXPECT_NE(with([](nlohmann::json& j) {
+                  j["files"][1]["slices"][0]["shape"] = {3, 5};
+              }).find("disagrees"),
+              std::string::npos);
     testing::write_file(path, "{\"format\": ");
     EXPECT_NE(error_of(d.str()).find("invalid JSON"), std::string::npos);
 }
@@ -124,9 +137,9 @@ TEST(CheckpointTest, RejectsCraftedManifests) {
 // these are the shapes of input the manifest fuzzer (fuzz/manifest_fuzz.cpp) generates.
 TEST(CheckpointTest, RejectsMistypedAndOutOfRangeFields) {
     std::vector<float> a, b;
-    TempDir            d;
-    const Manifest     m = write_two_ranks(d.str(), a, b);
-    using Edit           = void (*)(nlohmann::json&);
+    TempDir d;
+    const Manifest m                                      = write_two_ranks(d.str(), a, b);
+    using Edit                                            = void (*)(nlohmann::json&);
     const std::vector<std::pair<Edit, const char*>> cases = {
         {[](nlohmann::json& j) { j = nlohmann::json::array(); }, "missing format"},
         {[](nlohmann::json& j) { j["format"] = 1; }, "format must be a string"},
@@ -134,31 +147,56 @@ TEST(CheckpointTest, RejectsMistypedAndOutOfRangeFields) {
         {[](nlohmann::json& j) { j["step"] = "40"; }, "step must be an integer"},
         {[](nlohmann::json& j) { j["step"] = 40.5; }, "step must be an integer"},
         {[](nlohmann::json& j) { j["step"] = -1; }, "step = -1 is negative"},
-        {[](nlohmann::json& j) { j["step"] = UINT64_MAX; }, "step = 18446744073709551615 is too large"},
-        {[](nlohmann::json& j) { j["layout"]["ranks"] = (int64_t{1} << 32) + 2; }, "layout ranks = 4294967298"},
+        {[](nlohmann::json& j) { j["step"] = UINT64_MAX; },
+         "step = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) { j["layout"]["ranks"] = (int64_t{1} << 32) + 2; },
+         "layout ranks = 4294967298"},
         {[](nlohmann::json& j) { j["layout"]["ranks"] = 0; }, "layout ranks = 0"},
         {[](nlohmann::json& j) { j["layout"]["expert_parallel"] = 3; }, "expert_parallel = 3"},
-        {[](nlohmann::json& j) { j["files"] = nlohmann::json::object(); }, "files must be an array"},
+        {[](nlohmann::json& j) { j["files"] = nlohmann::json::object(); },
+         "files must be an array"},
         {[](nlohmann::json& j) { j["files"][0] = 5; }, "missing files[0].name"},
-        {[](nlohmann::json& j) { j["files"][0]["bytes"] = -204; }, "files[0].bytes = -204 is negative"},
-        {[](nlohmann::json& j) { j["files"][0]["bytes"] = UINT64_MAX; }, "files[0].bytes = 18446744073709551615 is too large"},
-        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "0x00000000000001"; }, "xxh64 '0x00000000000001'"},
-        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "-000000000000001"; }, "16 lowercase hex digits"},
-        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = " 000000000000001"; }, "16 lowercase hex digits"},
-        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "ABCDEF0123456789"; }, "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["bytes"] = -204; },
+         "files[0].bytes = -204 is negative"},
+        {[](nlohmann::json& j) { j["files"][0]["bytes"] = UINT64_MAX; },
+         "files[0].bytes = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "0x00000000000001"; },
+         "xxh64 '0x00000000000001'"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "-000000000000001"; },
+         "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = " 000000000000001"; },
+         "16 lowercase hex digits"},
+        {[](nlohmann::json& j) { j["files"][0]["xxh64"] = "ABCDEF0123456789"; },
+         "16 lowercase hex digits"},
         {[](nlohmann::json& j) { j["files"][0]["name"] = "manifest.json"; }, "plain file name"},
         {[](nlohmann::json& j) { j["files"][0]["name"] = "a\\b"; }, "plain file name"},
         {[](nlohmann::json& j) { j["files"][0]["name"] = std::string("a\nb"); }, "plain file name"},
         {[](nlohmann::json& j) { j["files"][0]["name"] = ""; }, "plain file name"},
-        {[](nlohmann::json& j) { j["files"][1]["name"] = "rank_00000.safetensors"; }, "files[1].name 'rank_00000.safetensors' appears twice"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"] = "x"; }, "files[0].slices must be an array"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["begin"] = -1; }, "range [-1, 4) outside"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = UINT64_MAX; }, "end = 18446744073709551615 is too large"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = 0; j["files"][0]["slices"][0]["begin"] = 4; }, "range [4, 0) outside"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = {2, -5}; }, "shape must hold non-negative integers"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30}; }, "shape too large"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = 10; }, "shape must be an array"},
-        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["tensor"] = nullptr; }, "tensor must be a string"},
+        {[](nlohmann::json& j) { j["files"][1]["name"] = "rank_00000.safetensors"; },
+         "files[1].name 'rank_00000.safetensors' appears twice"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"] = "x"; },
+         "files[0].slices must be an array"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["begin"] = -1; },
+         "range [-1, 4) outside"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["end"] = UINT64_MAX; },
+         "end = 18446744073709551615 is too large"},
+        {[](nlohmann::json& j) {
+             j["files"][0]["slices"][0]["end"]   = 0;
+             j["files"][0]["slices"][0]["begin"] = 4;
+         },
+         "range [4, 0) outside"},
+        {[](nlohmann::json& j) {
+             j["files"][0]["slices"][0]["shape"] = {2, -5};
+         },
+         "shape must hold non-negative integers"},
+        {[](nlohmann::json& j) {
+             j["files"][0]["slices"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30};
+         },
+         "shape too large"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["shape"] = 10; },
+         "shape must be an array"},
+        {[](nlohmann::json& j) { j["files"][0]["slices"][0]["tensor"] = nullptr; },
+         "tensor must be a string"},
         {[](nlohmann::json& j) {
              j["files"][1]["slices"][1]["key"] = j["files"][1]["slices"][0]["key"];
          },
@@ -172,7 +210,8 @@ TEST(CheckpointTest, RejectsMistypedAndOutOfRangeFields) {
             (void)manifest_from_json(j, "m.json");
             ADD_FAILURE() << "accepted: " << j.dump();
         } catch (const InputError& e) {
-            EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what() << "\nexpected: " << expected;
+            EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+                << e.what() << "\nexpected: " << expected;
             EXPECT_EQ(std::string(e.what()).rfind("m.json: ", 0), 0u) << e.what();
         }
     }
@@ -184,11 +223,11 @@ TEST(CheckpointTest, RejectsMistypedAndOutOfRangeFields) {
 // number of values, or another dtype, or does not exist. read() must refuse, not copy.
 TEST(CheckpointTest, ReadRefusesKeysThatDisagreeWithTheManifest) {
     std::vector<float> a, b;
-    TempDir            d;
-    const Manifest     m    = write_two_ranks(d.str(), a, b);
-    const std::string  path = d / "manifest.json";
+    TempDir d;
+    const Manifest m       = write_two_ranks(d.str(), a, b);
+    const std::string path = d / "manifest.json";
     std::vector<float> out(10);
-    auto               read_error = [&](auto edit) -> std::string {
+    auto read_error = [&](auto edit) -> std::string {
         nlohmann::json j = manifest_to_json(m);
         edit(j);
         testing::write_file(path, j.dump());
@@ -210,8 +249,8 @@ TEST(CheckpointTest, ReadRefusesKeysThatDisagreeWithTheManifest) {
     EXPECT_NE(e.find("rank_00001.safetensors"), std::string::npos) << e;
     EXPECT_NE(e.find("param/a[4:11]"), std::string::npos) << e;
     // A BF16 tensor named by the manifest as an F32 slice.
-    const uint16_t  bf16[6] = {};
-    const TensorRef t[]     = {{"param/a[4:10]", DType::BF16, {6}, bf16}};
+    const uint16_t bf16[6] = {};
+    const TensorRef t[]    = {{"param/a[4:10]", DType::BF16, {6}, bf16}};
     write_safetensors(d / "bf16.safetensors", t);
     e = read_error([&](nlohmann::json& j) {
         j["files"][1]["name"]  = "bf16.safetensors";
@@ -223,7 +262,7 @@ TEST(CheckpointTest, ReadRefusesKeysThatDisagreeWithTheManifest) {
 }
 
 TEST(CheckpointTest, ListCommitPrune) {
-    TempDir            root;
+    TempDir root;
     std::vector<float> a, b;
     for (int64_t step : {10, 20, 30}) {
         const std::string tmp = root / fmt::format("tmp_{}", step);
@@ -235,7 +274,8 @@ TEST(CheckpointTest, ListCommitPrune) {
     auto all = list_complete(root.str());
     ASSERT_EQ(all.size(), 3u);
     EXPECT_EQ(fs::path(all[0]).filename(), "step_00000030");
-    EXPECT_THROW(commit(root / "step_00000040", step_dir(root.str(), 30)), InputError);  // never overwrites
+    EXPECT_THROW(commit(root / "step_00000040", step_dir(root.str(), 30)),
+                 InputError);  // never overwrites
     prune(root.str(), 2);
     all = list_complete(root.str());
     ASSERT_EQ(all.size(), 2u);

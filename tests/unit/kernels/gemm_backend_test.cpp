@@ -4,8 +4,6 @@
 // bounded and thread-safe primitive cache, BGL_GEMM=auto's choice table and its JSON form.
 #include <gtest/gtest.h>
 
-#include "gemm_paths.h"
-
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -15,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "gemm_paths.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/choice.h"
@@ -29,7 +28,7 @@ using gemm::Path;
 using testing::PathGuard;
 
 std::vector<float> random_vec(size_t n, uint64_t seed) {
-    Rng                rng(seed);
+    Rng rng(seed);
     std::vector<float> v(n);
     for (float& x : v) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
     return v;
@@ -41,10 +40,10 @@ std::vector<bf16> to_bf16(const std::vector<float>& v) {
     return out;
 }
 
-#define SKIP_WITHOUT_ONEDNN()                                                            \
+#define SKIP_WITHOUT_ONEDNN() \
     if (!gemm::onednn::available()) GTEST_SKIP() << "needs a native oneDNN matmul (AVX2+)"
-#define SKIP_WITHOUT_ONEDNN_BF16()                                                       \
-    if (!gemm::onednn::bf16_available())                                                 \
+#define SKIP_WITHOUT_ONEDNN_BF16()       \
+    if (!gemm::onednn::bf16_available()) \
     GTEST_SKIP() << "needs AVX512_BF16 or AMX-BF16 (a native oneDNN bf16 matmul)"
 
 TEST(GemmOnednn, UsesAmxWhereTheCpuHasIt) {
@@ -60,7 +59,7 @@ TEST(GemmOnednn, BitwiseEqualRunToRunAtFixedThreads) {
     SKIP_WITHOUT_ONEDNN();
     struct S {
         Trans ta, tb;
-        int   M, N, K;
+        int M, N, K;
     };
     const S shapes[] = {{Trans::N, Trans::T, 517, 130, 301},
                         {Trans::T, Trans::N, 33, 700, 257},
@@ -68,8 +67,9 @@ TEST(GemmOnednn, BitwiseEqualRunToRunAtFixedThreads) {
     for (int threads : {1, 2, 3}) {
         set_compute_threads(threads);
         for (const S& s : shapes) {
-            const std::vector<float> A = random_vec(size_t(s.M) * s.K, 1), B = random_vec(size_t(s.K) * s.N, 2);
-            const std::vector<bf16>  A16 = to_bf16(A), B16 = to_bf16(B);
+            const std::vector<float> A  = random_vec(size_t(s.M) * s.K, 1),
+                                     B  = random_vec(size_t(s.K) * s.N, 2);
+            const std::vector<bf16> A16 = to_bf16(A), B16 = to_bf16(B);
             const int lda = s.ta == Trans::N ? s.K : s.M, ldb = s.tb == Trans::N ? s.N : s.K;
             std::vector<float> c[2];
             std::vector<float> d[2];
@@ -97,27 +97,27 @@ TEST(GemmOnednn, BitwiseEqualRunToRunAtFixedThreads) {
 TEST(GemmOnednn, CacheIsThreadSafe) {
     SKIP_WITHOUT_ONEDNN();
     constexpr int kThreads = 6, kCalls = 40;
-    const int     K = 24, N = 19;
+    const int K = 24, N = 19;
     const std::vector<float> B = random_vec(size_t(K) * N, 3);
     std::vector<std::vector<float>> out(kThreads);
-    std::vector<std::thread>        pool;
+    std::vector<std::thread> pool;
     for (int t = 0; t < kThreads; ++t) {
         pool.emplace_back([&, t] {
-            const int M = 5 + t % 3;  // three shapes, two threads each
+            const int M                = 5 + t % 3;  // three shapes, two threads each
             const std::vector<float> A = random_vec(size_t(M) * K, 10 + uint64_t(t % 3));
-            std::vector<float>       C(size_t(M) * N);
+            std::vector<float> C(size_t(M) * N);
             for (int c = 0; c < kCalls; ++c) {
-                gemm::onednn::gemm_f32(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(),
-                                       N, 0.0f, C.data(), N);
+                gemm::onednn::gemm_f32(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N,
+                                       0.0f, C.data(), N);
             }
             out[size_t(t)] = C;
         });
     }
     for (auto& th : pool) th.join();
     for (int t = 0; t < kThreads; ++t) {
-        const int                M = 5 + t % 3;
+        const int M                = 5 + t % 3;
         const std::vector<float> A = random_vec(size_t(M) * K, 10 + uint64_t(t % 3));
-        std::vector<float>       want(size_t(M) * N);
+        std::vector<float> want(size_t(M) * N);
         gemm::onednn::gemm_f32(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f,
                                want.data(), N);
         EXPECT_EQ(0, std::memcmp(want.data(), out[size_t(t)].data(), want.size() * 4)) << t;
@@ -127,7 +127,7 @@ TEST(GemmOnednn, CacheIsThreadSafe) {
 TEST(GemmOnednn, CacheStaysBounded) {
     SKIP_WITHOUT_ONEDNN();
     const std::vector<float> A = random_vec(300 * 8, 4), B = random_vec(8 * 8, 5);
-    std::vector<float>       C(300 * 8);
+    std::vector<float> C(300 * 8);
     for (int M = 1; M <= int(gemm::onednn::kCacheCapacity) + 20; ++M) {
         gemm::onednn::gemm_f32(Trans::N, Trans::N, M % 300 + 1, 8, 8 + M / 300, 1.0f, A.data(),
                                8 + M / 300, B.data(), 8, 0.0f, C.data(), 8);
@@ -142,13 +142,14 @@ TEST(GemmAuto, RecordsAChoicePerShapeAndKeepsIt) {
     PathGuard guard;
     gemm::set_active_path(Path::automatic);
     gemm::choice_table().clear();
-    const int                M = 300, N = 200, K = 100;
+    const int M = 300, N = 200, K = 100;
     const std::vector<float> A = random_vec(size_t(M) * K, 6), B = random_vec(size_t(K) * N, 7);
-    std::vector<float>       C1(size_t(M) * N), C2(size_t(M) * N);
+    std::vector<float> C1(size_t(M) * N), C2(size_t(M) * N);
     gemm_f32(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C1.data(), N);
     const auto chosen = gemm::choice_table().find({false, Trans::N, Trans::N, M, N, K});
     ASSERT_TRUE(chosen.has_value());
-    EXPECT_TRUE(*chosen == Path::onednn || *chosen == gemm::best_path()) << gemm::path_name(*chosen);
+    EXPECT_TRUE(*chosen == Path::onednn || *chosen == gemm::best_path())
+        << gemm::path_name(*chosen);
     EXPECT_EQ(gemm::choice_table().size(), 1u);
     gemm_f32(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C2.data(), N);
     EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), C1.size() * 4));
@@ -201,9 +202,9 @@ TEST(GemmAuto, MalformedChoiceTableIsAnInputError) {
     gemm::ChoiceTable t;
     t.set({false, Trans::N, Trans::N, 8, 8, 8}, Path::onednn);
     const nlohmann::json good = t.to_json();
-    const auto           bad  = [&](const char* key, nlohmann::json v) {
-        nlohmann::json j          = good;
-        j["choices"][0][key]      = std::move(v);
+    const auto bad            = [&](const char* key, nlohmann::json v) {
+        nlohmann::json j     = good;
+        j["choices"][0][key] = std::move(v);
         gemm::ChoiceTable u;
         try {
             u.from_json(j);

@@ -36,14 +36,14 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
         set_active_path(p);
         for (int threads : {1, 3}) {
             set_compute_threads(threads);
-            for (const Shape s : {Shape{1, 1, 1}, Shape{7, 129, 257}, Shape{129, 7, 1000},
-                                  Shape{257, 1025, 200}, Shape{700, 300, 450},
-                                  Shape{50, 1100, 1100}}) {
+            for (const Shape s :
+                 {Shape{1, 1, 1}, Shape{7, 129, 257}, Shape{129, 7, 1000}, Shape{257, 1025, 200},
+                  Shape{700, 300, 450}, Shape{50, 1100, 1100}}) {
                 for (const bool bf : {false, true}) {
-                    SCOPED_TRACE(::testing::Message() << path_name(p) << " threads " << threads
-                                                      << " " << s.M << "x" << s.N << "x" << s.K
-                                                      << (bf ? " bf16" : " f32"));
-                    Rng                rng(static_cast<uint64_t>(s.M * 131 + s.N * 7 + s.K));
+                    SCOPED_TRACE(::testing::Message()
+                                 << path_name(p) << " threads " << threads << " " << s.M << "x"
+                                 << s.N << "x" << s.K << (bf ? " bf16" : " f32"));
+                    Rng rng(static_cast<uint64_t>(s.M * 131 + s.N * 7 + s.K));
                     std::vector<float> A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
                     for (auto& x : A) x = static_cast<float>(rng.normal());
                     for (auto& x : B) x = static_cast<float>(rng.normal());

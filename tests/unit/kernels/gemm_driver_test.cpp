@@ -53,9 +53,9 @@ struct PairOps {
         for (int l = 0; l < width; ++l) a.f[l] *= b.f[l];
         return a;
     }
-    static reg  loadu(const float* p) { return reg{{p[0], p[1], p[2], p[3]}}; }
+    static reg loadu(const float* p) { return reg{{p[0], p[1], p[2], p[3]}}; }
     static void storeu(float* p, reg x) { std::memcpy(p, x.f, sizeof x.f); }
-    static reg  fmadd(reg a, reg b, reg c) {
+    static reg fmadd(reg a, reg b, reg c) {
         for (int l = 0; l < width; ++l) c.f[l] += a.f[l] * b.f[l];
         return c;
     }
@@ -70,25 +70,27 @@ void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
 }
 
 // Small blocks so that every loop of the driver runs several times, including odd K blocks.
-constexpr KernelSpec kPairSpec{kMR, kNR, 2, 2, 9, 10, 24, pack_pairs<kMR>, pack_pairs<kNR>,
-                               micro_tile<PairOps, kMR, kNV>};
+constexpr KernelSpec kPairSpec{
+    kMR, kNR, 2, 2, 9, 10, 24, pack_pairs<kMR>, pack_pairs<kNR>, micro_tile<PairOps, kMR, kNV>};
 
 TEST(GemmDriver, BF16PairLayoutMatchesReference) {
     Rng rng(7);
     for (int t = 0; t < 40; ++t) {
         const Trans ta = (t & 1) ? Trans::T : Trans::N, tb = (t & 2) ? Trans::T : Trans::N;
-        const int   M = 1 + int(rng.below(40)), N = 1 + int(rng.below(60)), K = 1 + int(rng.below(45));
-        const int   lda = (ta == Trans::N ? K : M) + 1, ldb = (tb == Trans::N ? N : K) + 2;
-        const int   ldc = N + 3;
-        std::vector<bf16>  A(size_t((ta == Trans::N ? M : K) * lda));
-        std::vector<bf16>  B(size_t((tb == Trans::N ? K : N) * ldb));
+        const int M = 1 + int(rng.below(40)), N = 1 + int(rng.below(60)),
+                  K   = 1 + int(rng.below(45));
+        const int lda = (ta == Trans::N ? K : M) + 1, ldb = (tb == Trans::N ? N : K) + 2;
+        const int ldc = N + 3;
+        std::vector<bf16> A(size_t((ta == Trans::N ? M : K) * lda));
+        std::vector<bf16> B(size_t((tb == Trans::N ? K : N) * ldb));
         std::vector<float> C(size_t(M * ldc));
         for (bf16& x : A) x = bf16_from_float(float(rng.uniform() * 2 - 1));
         for (bf16& x : B) x = bf16_from_float(float(rng.uniform() * 2 - 1));
         for (float& x : C) x = float(rng.uniform());
         std::vector<float> want = C;
-        const float        beta = (t % 3 == 0) ? 0.0f : 0.5f;
-        ref::gemm_bf16(ta, tb, M, N, K, 1.25f, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+        const float beta        = (t % 3 == 0) ? 0.0f : 0.5f;
+        ref::gemm_bf16(ta, tb, M, N, K, 1.25f, A.data(), lda, B.data(), ldb, beta, want.data(),
+                       ldc);
         gemm_packed(kPairSpec, ta, tb, M, N, K, 1.25f, A.data(), lda, B.data(), ldb, beta, C.data(),
                     ldc);
         // Same bound as gemm_test.cpp: (K + 4) u times the magnitude, here at most |alpha| K + 1.

@@ -2,9 +2,9 @@
 // double-accumulating reference: random ragged shapes (1..300, edge tiles), all four transposes,
 // alpha/beta (beta = 0 over a NaN-filled C), padded leading dimensions, degenerate sizes, and
 // bit-identical results for 1, 2 and 3 threads.
-#include <gtest/gtest.h>
+#include "kernels/gemm.h"
 
-#include "gemm_paths.h"
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
-#include "kernels/gemm.h"
+#include "gemm_paths.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/ref/gemm_ref.h"
 
@@ -30,16 +30,16 @@ using testing::supported_paths;
 
 struct Case {
     Trans ta, tb;
-    int   M, N, K;
+    int M, N, K;
     float alpha, beta;
-    int   pad_a, pad_b, pad_c;  // leading dimension minus the stored row width
+    int pad_a, pad_b, pad_c;  // leading dimension minus the stored row width
 };
 
 struct Problem {
-    Case               c;
-    int                lda, ldb, ldc;
+    Case c;
+    int lda, ldb, ldc;
     std::vector<float> A, B, C0;  // C0 is all NaN inside (M, N) when beta == 0
-    std::vector<bf16>  A16, B16;
+    std::vector<bf16> A16, B16;
     std::vector<float> A_rounded, B_rounded;  // the bf16 inputs, widened back to float
 };
 
@@ -50,7 +50,7 @@ std::vector<float> random_matrix(Rng& rng, int rows, int ld) {
 }
 
 Problem make_problem(const Case& c, uint64_t seed) {
-    Rng     rng(seed);
+    Rng rng(seed);
     Problem p{c, 0, 0, 0, {}, {}, {}, {}, {}, {}, {}};
     const int a_rows = c.ta == Trans::N ? c.M : c.K, a_cols = c.ta == Trans::N ? c.K : c.M;
     const int b_rows = c.tb == Trans::N ? c.K : c.N, b_cols = c.tb == Trans::N ? c.N : c.K;
@@ -63,8 +63,10 @@ Problem make_problem(const Case& c, uint64_t seed) {
     for (int i = 0; i < c.M; ++i) {
         for (int j = 0; j < p.ldc; ++j) {
             float& x = p.C0[size_t(i) * size_t(p.ldc) + size_t(j)];
-            if (j >= c.N) x = kSentinel;
-            else if (c.beta == 0.0f) x = std::numeric_limits<float>::quiet_NaN();
+            if (j >= c.N)
+                x = kSentinel;
+            else if (c.beta == 0.0f)
+                x = std::numeric_limits<float>::quiet_NaN();
         }
     }
     for (float x : p.A) p.A16.push_back(bf16_from_float(x));
@@ -86,27 +88,27 @@ std::vector<float> abs_of(std::vector<float> v) {
 // its summation order or FMA use, while a wrong or missing term costs ~1/K of the magnitude.
 void expect_matches(const Problem& p, const std::vector<float>& A, const std::vector<float>& B,
                     const std::vector<float>& C, const char* what) {
-    const Case&        c   = p.c;
+    const Case& c          = p.c;
     std::vector<float> ref = p.C0;
     ref::gemm_f32(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), p.lda, B.data(), p.ldb, c.beta,
                   ref.data(), p.ldc);
     std::vector<float> mag = abs_of(p.C0);
     ref::gemm_f32(c.ta, c.tb, c.M, c.N, c.K, std::fabs(c.alpha), abs_of(A).data(), p.lda,
                   abs_of(B).data(), p.ldb, std::fabs(c.beta), mag.data(), p.ldc);
-    const double u   = std::ldexp(1.0, -24);
-    int          bad = 0;
+    const double u = std::ldexp(1.0, -24);
+    int bad        = 0;
     for (int i = 0; i < c.M && bad < 5; ++i) {
         for (int j = 0; j < p.ldc && bad < 5; ++j) {
             const size_t k   = size_t(i) * size_t(p.ldc) + size_t(j);
             const double tol = (c.K + 4) * u * mag[k] + 1e-30;
-            const bool   ok  = j >= c.N ? C[k] == kSentinel
-                                        : std::fabs(double(C[k]) - double(ref[k])) <= tol;
+            const bool ok =
+                j >= c.N ? C[k] == kSentinel : std::fabs(double(C[k]) - double(ref[k])) <= tol;
             if (!ok) {
                 ++bad;
                 ADD_FAILURE() << what << " ta=" << int(c.ta) << " tb=" << int(c.tb) << " M=" << c.M
                               << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
-                              << " beta=" << c.beta << " at (" << i << "," << j << "): got "
-                              << C[k] << " want " << ref[k] << " tol " << tol;
+                              << " beta=" << c.beta << " at (" << i << "," << j << "): got " << C[k]
+                              << " want " << ref[k] << " tol " << tol;
             }
         }
     }
@@ -122,13 +124,13 @@ void run_f32(const Problem& p, std::vector<float>& C) {
 void run_bf16(const Problem& p, std::vector<float>& C) {
     const Case& c = p.c;
     C             = p.C0;
-    gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A16.data(), p.lda, p.B16.data(), p.ldb,
-              c.beta, C.data(), p.ldc);
+    gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A16.data(), p.lda, p.B16.data(), p.ldb, c.beta,
+              C.data(), p.ldc);
 }
 
 void check_all_paths(const Case& c, uint64_t seed) {
-    const Problem      p = make_problem(c, seed);
-    PathGuard          guard;
+    const Problem p = make_problem(c, seed);
+    PathGuard guard;
     std::vector<float> C;
     for (Path path : supported_paths()) {
         gemm::set_active_path(path);
@@ -148,33 +150,47 @@ TEST(Gemm, RandomShapesAllTransposesAllPaths) {
     Rng rng(2024);
     for (int t = 0; t < 48; ++t) {
         Case c;
-        c.ta    = (t & 1) ? Trans::T : Trans::N;
-        c.tb    = (t & 2) ? Trans::T : Trans::N;
-        c.M     = random_dim(rng);
-        c.N     = random_dim(rng);
-        c.K     = random_dim(rng);
+        c.ta                 = (t & 1) ? Trans::T : Trans::N;
+        c.tb                 = (t & 2) ? Trans::T : Trans::N;
+        c.M                  = random_dim(rng);
+        c.N                  = random_dim(rng);
+        c.K                  = random_dim(rng);
         const float alphas[] = {1.0f, -0.5f, 2.0f};
         const float betas[]  = {0.0f, 1.0f, 0.75f};
-        c.alpha = alphas[rng.below(3)];
-        c.beta  = betas[rng.below(3)];
-        c.pad_a = int(rng.below(3)) * 7;
-        c.pad_b = int(rng.below(3)) * 5;
-        c.pad_c = int(rng.below(3)) * 3;
+        c.alpha              = alphas[rng.below(3)];
+        c.beta               = betas[rng.below(3)];
+        c.pad_a              = int(rng.below(3)) * 7;
+        c.pad_b              = int(rng.below(3)) * 5;
+        c.pad_c              = int(rng.below(3)) * 3;
         check_all_paths(c, 100 + uint64_t(t));
     }
 }
 
 TEST(Gemm, EdgeTilesAroundRegisterAndCacheBlocks) {
     // Sizes one off the tile widths (4/6/12 rows, 8/16/32 columns) and the k blocks (192/256/384).
-    const int dims[][3] = {{5, 15, 255},  {7, 17, 257},   {11, 31, 193}, {13, 33, 385},
-                           {25, 47, 129}, {289, 65, 513}, {1, 300, 3},   {300, 1, 2},
+    const int dims[][3] = {{5, 15, 255},
+                           {7, 17, 257},
+                           {11, 31, 193},
+                           {13, 33, 385},
+                           {25, 47, 129},
+                           {289, 65, 513},
+                           {1, 300, 3},
+                           {300, 1, 2},
                            // deep enough that a packed column strip is narrowed to fit its cap
                            {2, 100, 21000}};
-    int       seed      = 0;
+    int seed            = 0;
     for (const auto& d : dims) {
         for (int t = 0; t < 4; ++t) {
-            const Case c{(t & 1) ? Trans::T : Trans::N, (t & 2) ? Trans::T : Trans::N,
-                         d[0], d[1], d[2], 1.5f, 0.5f, 3, 0, 1};
+            const Case c{(t & 1) ? Trans::T : Trans::N,
+                         (t & 2) ? Trans::T : Trans::N,
+                         d[0],
+                         d[1],
+                         d[2],
+                         1.5f,
+                         0.5f,
+                         3,
+                         0,
+                         1};
             check_all_paths(c, 500 + uint64_t(seed++));
         }
     }
@@ -186,8 +202,8 @@ TEST(Gemm, DegenerateSizesAndScalars) {
         {Trans::T, Trans::T, 1, 1, 1, -2.0f, 3.0f, 2, 2, 2},
         {Trans::N, Trans::T, 1, 37, 1, 1.0f, 1.0f, 0, 0, 0},
         {Trans::T, Trans::N, 37, 1, 19, 1.0f, 0.0f, 0, 4, 4},
-        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.0f, 1, 1, 1},   // K = 0, beta = 0: C = 0
-        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.5f, 1, 1, 1},   // K = 0: C = beta C
+        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.0f, 1, 1, 1},    // K = 0, beta = 0: C = 0
+        {Trans::N, Trans::N, 9, 21, 0, 1.0f, 0.5f, 1, 1, 1},    // K = 0: C = beta C
         {Trans::T, Trans::N, 33, 17, 40, 0.0f, 2.0f, 0, 0, 0},  // alpha = 0: C = beta C
     };
     int seed = 0;
@@ -199,7 +215,7 @@ TEST(Gemm, ZeroRowsOrColumnsTouchNothing) {
     for (Path path : supported_paths()) {
         gemm::set_active_path(path);
         std::vector<float> A(64, 1.0f), B(64, 1.0f), C(64, kSentinel);
-        std::vector<bf16>  A16(64, bf16_from_float(1.0f)), B16 = A16;
+        std::vector<bf16> A16(64, bf16_from_float(1.0f)), B16 = A16;
         gemm_f32(Trans::N, Trans::N, 0, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);
         gemm_f32(Trans::N, Trans::N, 8, 0, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8);
         gemm_bf16(Trans::N, Trans::N, 0, 8, 8, 1.0f, A16.data(), 8, B16.data(), 8, 0.0f, C.data(),
@@ -211,19 +227,19 @@ TEST(Gemm, ZeroRowsOrColumnsTouchNothing) {
 // Work is split over M and N only, so each element is summed in the same order whatever the
 // thread count and whichever thread takes which part: results must be bitwise equal.
 TEST(Gemm, BitIdenticalForAnyThreadCount) {
-    PathGuard   guard;
-    const Case  cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
-                           {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
-                           {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0},
-                           // several column strips and k blocks, B packed once for all threads
-                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0},
-                           // packed B too large to share: each thread packs its strips
-                           {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0}};
+    PathGuard guard;
+    const Case cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
+                          {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
+                          {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0},
+                          // several column strips and k blocks, B packed once for all threads
+                          {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0},
+                          // packed B too large to share: each thread packs its strips
+                          {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0}};
     for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
         for (const Case& c : cases) {
-            const Problem      p = make_problem(c, 77);
+            const Problem p = make_problem(c, 77);
             std::vector<float> f32[3], b16[3];
             for (int t = 1; t <= 3; ++t) {
                 set_compute_threads(t);

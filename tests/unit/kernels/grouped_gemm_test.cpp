@@ -7,8 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include "gemm_paths.h"
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +15,7 @@
 
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "gemm_paths.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/ref/gemm_ref.h"
@@ -141,9 +140,7 @@ std::vector<float> run_per_group(const Forward& f, const std::vector<float>& A,
 
 // The path whose gemm_f32 the grouped GEMM equals bitwise: itself, except under onednn and auto,
 // where the grouped GEMM runs the best of our kernels.
-Path loop_path(Path p) {
-    return p == Path::onednn || p == Path::automatic ? gemm::best_path() : p;
-}
+Path loop_path(Path p) { return p == Path::onednn || p == Path::automatic ? gemm::best_path() : p; }
 
 void check_forward(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int K, float alpha,
                    float beta, uint64_t seed) {
@@ -158,7 +155,7 @@ void check_forward(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int
                                  " K=" + std::to_string(K) + " G=" + std::to_string(sizes.size()) +
                                  " ta=" + std::to_string(int(ta)) +
                                  " tb=" + std::to_string(int(tb));
-        const auto got  = run_grouped(f);
+        const auto got = run_grouped(f);
         gemm::set_active_path(loop_path(path));
         const auto loop = run_per_group(f, f.A, f.B, f.C0, alpha, beta, gemm_f32);
         gemm::set_active_path(path);
@@ -224,7 +221,7 @@ void check_tn(const std::vector<int>& sizes, int M, int N, float alpha, float be
         gemm::set_active_path(path);
         const std::string what = std::string(gemm::path_name(path)) + " tn M=" + std::to_string(M) +
                                  " N=" + std::to_string(N) + " G=" + std::to_string(sizes.size());
-        const auto got  = run_tn_grouped(t);
+        const auto got = run_tn_grouped(t);
         gemm::set_active_path(loop_path(path));
         const auto loop = run_tn_per_group(t, t.A, t.B, t.C0, alpha, beta, gemm_f32);
         gemm::set_active_path(path);

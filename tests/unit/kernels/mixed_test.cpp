@@ -45,7 +45,7 @@ constexpr double kRef = 1e-6;
 
 TEST(Rounding, Bf16AndFp16Values) {
     // bf16 above 1.0: 7 fraction bits, one ulp = 1/128
-    EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 2.0f / 512), 1.0f);              // half an ulp: to even
+    EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 2.0f / 512), 1.0f);  // half an ulp: to even
     EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 6.0f / 512), 1.0f + 1.0f / 64);  // 1.5 ulp: to even
     EXPECT_EQ(round_to(Dtype::bfloat16, 1.0f + 3.0f / 512), 1.0f + 1.0f / 128);
     EXPECT_EQ(round_to(Dtype::float16, 1.0f + 1.0f / 4096), 1.0f);
@@ -72,11 +72,12 @@ TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
     linear_forward(o32.data(), inp.data(), w.data(), b.data(), N, IC, OC);
     // products of bf16 values are exact in float: only the summation order may differ
     EXPECT_LE(max_err(o16, o32), 1e-5);
-    std::vector<float> di16(inp.size()), di32(inp.size()), dw16(w.size(), 0.5f), dw32 = dw16,
-                       db16(OC, 0.5f), db32 = db16;
+    std::vector<float> di16(inp.size()), di32(inp.size()), dw16(w.size(), 0.5f),
+        dw32 = dw16, db16(OC, 0.5f), db32 = db16;
     linear_backward_half(Dtype::bfloat16, di16.data(), dw16.data(), db16.data(), dy.data(),
                          inp.data(), w.data(), N, IC, OC);
-    linear_backward(di32.data(), dw32.data(), db32.data(), dy.data(), inp.data(), w.data(), N, IC, OC);
+    linear_backward(di32.data(), dw32.data(), db32.data(), dy.data(), inp.data(), w.data(), N, IC,
+                    OC);
     EXPECT_LE(max_err(di16, di32), 1e-5);
     EXPECT_LE(max_err(dw16, dw32), 1e-5);
     EXPECT_EQ(db16, db32);  // the same double column sums
@@ -95,12 +96,13 @@ TEST(Fp64Ops, Layernorm) {
         mref(N), rref(N);
     layernorm_forward(o32.data(), m32.data(), r32.data(), x.data(), w.data(), b.data(), N, C);
     layernorm_forward_f64(o64.data(), m64.data(), r64.data(), x.data(), w.data(), b.data(), N, C);
-    ref::layernorm_forward(oref.data(), mref.data(), rref.data(), x.data(), w.data(), b.data(), N, C);
+    ref::layernorm_forward(oref.data(), mref.data(), rref.data(), x.data(), w.data(), b.data(), N,
+                           C);
     EXPECT_LE(max_err(o64, o32), kF32);
     EXPECT_LE(max_err(r64, r32), kF32);
     EXPECT_LE(max_err(o64, oref), kRef);
     std::vector<float> d32(x.size(), 0.5f), d64 = d32, dref = d32, dw32(C, 1), dw64 = dw32,
-                       dwref = dw32, db32(C, 1), db64 = db32, dbref = db32;
+                                            dwref = dw32, db32(C, 1), db64 = db32, dbref = db32;
     layernorm_backward(d32.data(), dw32.data(), db32.data(), dy.data(), x.data(), w.data(),
                        m64.data(), r64.data(), N, C);
     layernorm_backward_f64(d64.data(), dw64.data(), db64.data(), dy.data(), x.data(), w.data(),
@@ -137,7 +139,7 @@ TEST(Fp64Ops, Attention) {
     const int B = 2, T = 19, C = 24, NH = 3;
     const auto qkv = randn(rng, size_t(B) * T * 3 * C), dy = randn(rng, size_t(B) * T * C);
     std::vector<float> o32(size_t(B) * T * C), o64 = o32, oref = o32, l32(size_t(B) * NH * T),
-                                                l64 = l32, lref = l32;
+                                               l64 = l32, lref = l32;
     attention_forward(o32.data(), l32.data(), qkv.data(), B, T, C, NH);
     attention_forward_f64(o64.data(), l64.data(), qkv.data(), B, T, C, NH);
     ref::attention_forward(oref.data(), lref.data(), qkv.data(), B, T, C, NH);
@@ -148,7 +150,8 @@ TEST(Fp64Ops, Attention) {
     std::vector<float> d32(qkv.size()), d64(qkv.size()), dref(qkv.size());
     attention_backward(d32.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
     attention_backward_f64(d64.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
-    ref::attention_backward(dref.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C, NH);
+    ref::attention_backward(dref.data(), dy.data(), qkv.data(), o64.data(), l64.data(), B, T, C,
+                            NH);
     EXPECT_LE(max_err(d64, d32), kF32);
     EXPECT_LE(max_err(d64, dref), kRef);
 }
@@ -176,11 +179,13 @@ TEST(Fp64Ops, CrossEntropy) {
 TEST(Fp64Ops, AdamW) {
     Rng rng(5, 0);
     const size_t n = 4099;
-    const auto g = randn(rng, n, 1e-3);
+    const auto g   = randn(rng, n, 1e-3);
     auto p32 = randn(rng, n), m32 = randn(rng, n, 1e-3), v32 = std::vector<float>(n, 1e-6f);
     auto p64 = p32, m64 = m32, v64 = v32, pref = p32, mref = m32, vref = v32;
-    adamw_update(p32.data(), g.data(), m32.data(), v32.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
-    adamw_update_f64(p64.data(), g.data(), m64.data(), v64.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+    adamw_update(p32.data(), g.data(), m32.data(), v32.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                 7);
+    adamw_update_f64(p64.data(), g.data(), m64.data(), v64.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, 7);
     ref::adamw_update(pref.data(), g.data(), mref.data(), vref.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
                       0.1f, 7);
     EXPECT_LE(max_err(p64, p32), kF32);

@@ -23,9 +23,9 @@
 #include "core/rng.h"
 #pragma GCC diagnostic pop
 #include "core/thread_pool.h"
+#include "isa_params.h"
 #include "kernels/ops_generic.h"
 #include "kernels/ref/ops_ref.h"
-#include "isa_params.h"
 
 namespace bagualu::kernels {
 namespace {
@@ -232,12 +232,27 @@ TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
     // which ISA the CPU has. Ragged lengths around the 8- and 16-lane steps, and the values
     // where exp_f32 clamps, underflows or passes NaN through.
     Rng rng(9);
-    const float inf      = std::numeric_limits<float>::infinity();
-    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.f, -0.f,
-                              1e-40f, -1e-40f, 100.f, -100.f, 20.f, -20.f, 9.53f, -9.53f,
-                              -5.2f, 1e20f, -1e20f, 3.4e38f, -3.4e38f};
-    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(15), size_t(16),
-                     size_t(17), size_t(31), size_t(33), size_t(40000)}) {
+    const float inf        = std::numeric_limits<float>::infinity();
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                              inf,
+                              -inf,
+                              0.f,
+                              -0.f,
+                              1e-40f,
+                              -1e-40f,
+                              100.f,
+                              -100.f,
+                              20.f,
+                              -20.f,
+                              9.53f,
+                              -9.53f,
+                              -5.2f,
+                              1e20f,
+                              -1e20f,
+                              3.4e38f,
+                              -3.4e38f};
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(15), size_t(16), size_t(17),
+                     size_t(31), size_t(33), size_t(40000)}) {
         SCOPED_TRACE(n);
         auto x = randn(rng, n, 6.0), dout = randn(rng, n);
         for (size_t i = 0; i < n && i < std::size(specials); ++i) x[n - 1 - i] = specials[i];
@@ -269,8 +284,8 @@ TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
             auto mean = nans(size_t(N)), mean_gen = mean, rstd = mean, rstd_gen = mean;
             layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
                               N, C);
-            generic::layernorm_forward(out_gen.data(), mean_gen.data(), rstd_gen.data(),
-                                       inp.data(), w.data(), b.data(), N, C);
+            generic::layernorm_forward(out_gen.data(), mean_gen.data(), rstd_gen.data(), inp.data(),
+                                       w.data(), b.data(), N, C);
             EXPECT_EQ(first_bit_difference(out, out_gen), -1);
             EXPECT_EQ(first_bit_difference(mean, mean_gen), -1);
             EXPECT_EQ(first_bit_difference(rstd, rstd_gen), -1);

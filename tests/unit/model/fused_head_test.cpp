@@ -9,23 +9,23 @@
 #include <numeric>
 #include <vector>
 
+#include "../../common/tiny_model.h"
 #include "core/rng.h"
 #include "kernels/gemm/dispatch.h"
 #include "model/gpt.h"
-#include "../../common/tiny_model.h"
 
 namespace bagualu::model {
 namespace {
 
 std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-    Rng                  rng(seed);
+    Rng rng(seed);
     std::vector<int32_t> t(static_cast<size_t>(n));
     for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
     return t;
 }
 
 struct Result {
-    double             loss;
+    double loss;
     std::vector<float> grads;
 };
 
@@ -33,10 +33,11 @@ Result run(const ModelConfig& m, int B, int T, int head_rows, const PrecisionPol
     GPT gpt(m, B, nullptr, 1, prec, head_rows);
     init_params(gpt.params(), gpt.layout(), m, 7);
     Rng rng(99);
-    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+    for (size_t i = 0; i < gpt.n_floats(); ++i)
+        gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
     const auto x = random_tokens(B * T, m.vocab_size, 1);
     const auto y = random_tokens(B * T, m.vocab_size, 2);
-    Result     r;
+    Result r;
     r.loss = gpt.forward(x.data(), y.data(), B, T);
     gpt.zero_grad();
     gpt.backward(1.0f);
@@ -56,16 +57,18 @@ PrecisionPolicy bf16_policy() {
 // over all N rows, fused block after block, an other order of float32 additions. Its error
 // is bounded by about N * 2^-24 * sum |terms|; the tolerance 1e-5 * (max |dwte| + |g|) covers
 // N <= 129 terms of magnitude at most max |dwte| with a margin.
-void expect_matches(const ModelConfig& m, int B, int T, int head_rows, const PrecisionPolicy& prec) {
+void expect_matches(const ModelConfig& m, int B, int T, int head_rows,
+                    const PrecisionPolicy& prec) {
     SCOPED_TRACE(::testing::Message() << "N = " << B * T << ", head_rows = " << head_rows);
     const Result u = run(m, B, T, 0, prec);
     const Result f = run(m, B, T, head_rows, prec);
     EXPECT_EQ(u.loss, f.loss);
-    const ParamLayout       lay = make_layout(m, 1, 0);
-    const ParamSpec*        wte = lay.find("wte");
+    const ParamLayout lay = make_layout(m, 1, 0);
+    const ParamSpec* wte  = lay.find("wte");
     ASSERT_NE(wte, nullptr);
     double gmax = 0;
-    for (size_t i = 0; i < wte->numel; ++i) gmax = std::max(gmax, double(std::fabs(u.grads[wte->offset + i])));
+    for (size_t i = 0; i < wte->numel; ++i)
+        gmax = std::max(gmax, double(std::fabs(u.grads[wte->offset + i])));
     ASSERT_GT(gmax, 0.0);
     size_t wte_differ = 0;
     for (size_t i = 0; i < u.grads.size(); ++i) {
@@ -100,7 +103,7 @@ TEST(FusedHeadTest, MatchesUnfusedOnRaggedShapesBf16Policy) {
 }
 
 TEST(FusedHeadTest, OneBlockIsBitwiseTheUnfusedHead) {
-    ModelConfig m = testing::tiny_moe_config();
+    ModelConfig m  = testing::tiny_moe_config();
     const Result u = run(m, 2, 12, 0, PrecisionPolicy{});
     const Result f = run(m, 2, 12, 24, PrecisionPolicy{});
     EXPECT_EQ(u.loss, f.loss);
@@ -111,17 +114,17 @@ TEST(FusedHeadTest, OneBlockIsBitwiseTheUnfusedHead) {
 // 768 + 768 + 64 rows. dwte then sums the same k blocks in the same order as the unfused GEMM:
 // every bit equal, in float32 and with bf16 head products, on each of our GEMM paths the CPU has.
 TEST(FusedHeadTest, BlocksOfFusedHeadRowsGiveTheUnfusedBits) {
-    ModelConfig m = testing::tiny_moe_config();
-    m.seq_len     = 400;
+    ModelConfig m  = testing::tiny_moe_config();
+    m.seq_len      = 400;
     const int rows = 768;  // the smallest block fused_head_rows gives, all of them its multiples
     for (int V : {61, 1000, 8192, 50257, 1 << 20}) {
         m.vocab_size = V;
         EXPECT_EQ(fused_head_rows(m) % rows, 0) << V;
     }
-    m.vocab_size = 61;
+    m.vocab_size                    = 61;
     const kernels::gemm::Path saved = kernels::gemm::active_path();
-    for (kernels::gemm::Path p : {kernels::gemm::Path::generic, kernels::gemm::Path::avx2,
-                                  kernels::gemm::Path::avx512}) {
+    for (kernels::gemm::Path p :
+         {kernels::gemm::Path::generic, kernels::gemm::Path::avx2, kernels::gemm::Path::avx512}) {
         if (!kernels::gemm::path_supported(p)) continue;
         kernels::gemm::set_active_path(p);
         for (const PrecisionPolicy& prec : {PrecisionPolicy{}, bf16_policy()}) {
@@ -140,30 +143,33 @@ TEST(FusedHeadTest, BlocksOfFusedHeadRowsGiveTheUnfusedBits) {
 // (wte, ln_f) and the last block's input path.
 TEST(FusedHeadTest, GradientMatchesCentralDifferences) {
     const ModelConfig m = testing::tiny_moe_config();
-    const int         B = 1, T = 7;
-    GPT               gpt(m, B, nullptr, 1, PrecisionPolicy{}, 3);
+    const int B = 1, T = 7;
+    GPT gpt(m, B, nullptr, 1, PrecisionPolicy{}, 3);
     init_params(gpt.params(), gpt.layout(), m, 7);
     Rng rng(99);
-    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
-    const auto x   = random_tokens(B * T, m.vocab_size, 1);
-    const auto y   = random_tokens(B * T, m.vocab_size, 2);
-    auto       obj = [&] { return gpt.forward(x.data(), y.data(), B, T) + gpt.aux_loss(); };
+    for (size_t i = 0; i < gpt.n_floats(); ++i)
+        gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+    const auto x = random_tokens(B * T, m.vocab_size, 1);
+    const auto y = random_tokens(B * T, m.vocab_size, 2);
+    auto obj     = [&] { return gpt.forward(x.data(), y.data(), B, T) + gpt.aux_loss(); };
     obj();
     gpt.zero_grad();
     gpt.backward(1.0f);
     const std::vector<float> grad(gpt.grads(), gpt.grads() + gpt.n_floats());
-    const double             h = 1e-2;
-    int                      checked = 0;
-    for (const char* name : {"wte", "ln_f.weight", "ln_f.bias", "h.1.ln_1.weight", "h.0.mlp.c_fc.weight"}) {
+    const double h = 1e-2;
+    int checked    = 0;
+    for (const char* name :
+         {"wte", "ln_f.weight", "ln_f.bias", "h.1.ln_1.weight", "h.0.mlp.c_fc.weight"}) {
         const ParamSpec* s = gpt.layout().find(name);
         ASSERT_NE(s, nullptr) << name;
         std::vector<size_t> idx(s->numel);
         std::iota(idx.begin(), idx.end(), s->offset);
         const size_t k = std::min<size_t>(4, s->numel);
-        std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(),
-                          [&](size_t a, size_t b) { return std::fabs(grad[a]) > std::fabs(grad[b]); });
+        std::partial_sort(
+            idx.begin(), idx.begin() + static_cast<long>(k), idx.end(),
+            [&](size_t a, size_t b) { return std::fabs(grad[a]) > std::fabs(grad[b]); });
         for (size_t j = 0; j < k; ++j) {
-            float*      p    = gpt.params() + idx[j];
+            float* p         = gpt.params() + idx[j];
             const float orig = *p;
             *p               = orig + static_cast<float>(h);
             const double lp  = obj();
@@ -171,7 +177,8 @@ TEST(FusedHeadTest, GradientMatchesCentralDifferences) {
             const double lm  = obj();
             *p               = orig;
             const double num = (lp - lm) / (2 * h);
-            EXPECT_NEAR(grad[idx[j]], num, 2e-4 + 3e-2 * std::fabs(num)) << name << " " << idx[j] - s->offset;
+            EXPECT_NEAR(grad[idx[j]], num, 2e-4 + 3e-2 * std::fabs(num))
+                << name << " " << idx[j] - s->offset;
             ++checked;
         }
     }
@@ -179,9 +186,10 @@ TEST(FusedHeadTest, GradientMatchesCentralDifferences) {
 }
 
 TEST(FusedHeadTest, ArenaHoldsOneBlockOfLogits) {
-    ModelConfig m = testing::tiny_moe_config();
-    const size_t B = 2, N = B * static_cast<size_t>(m.seq_len), V = static_cast<size_t>(m.vocab_size);
-    const auto   pad = [](size_t n) { return (n + 15) / 16 * 16; };  // the arena's 64-byte slices
+    ModelConfig m  = testing::tiny_moe_config();
+    const size_t B = 2, N = B * static_cast<size_t>(m.seq_len),
+                 V  = static_cast<size_t>(m.vocab_size);
+    const auto pad  = [](size_t n) { return (n + 15) / 16 * 16; };  // the arena's 64-byte slices
     const int64_t b = static_cast<int64_t>(B);
     EXPECT_EQ(activation_floats(m, b) - activation_floats(m, b, 5), pad(N * V) - pad(5 * V));
     EXPECT_EQ(activation_floats(m, b, static_cast<int64_t>(N) + 7), activation_floats(m, b));

@@ -15,7 +15,7 @@ namespace bagualu::model {
 namespace {
 
 std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-    Rng                  rng(seed);
+    Rng rng(seed);
     std::vector<int32_t> t(static_cast<size_t>(n));
     for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
     return t;
@@ -34,10 +34,10 @@ ModelConfig two_moe_config(GateKind gate) {
 }
 
 struct Result {
-    std::vector<double>  loss, aux;
-    std::vector<float>   grads;
+    std::vector<double> loss, aux;
+    std::vector<float> grads;
     std::vector<int64_t> stats;  // per MoE layer: tokens per expert, dropped, reassigned
-    int                  rounds = 0;  // the most rounds a MoE layer's forward took
+    int rounds = 0;              // the most rounds a MoE layer's forward took
 };
 
 // B x T tokens per micro-step; head_rows: the fused head's block (0: unfused); biases: the
@@ -121,15 +121,15 @@ TEST(GptRecompute, BitwiseSameWithRoundsSharedExpertsBiasAndFusedHead) {
     const Result none = train_two_micro_steps(m, Recompute::none, PrecisionPolicy{}, B, T,
                                               /*head_rows=*/0, biases);
     for (const RouteOverride ro : {RouteOverride::none, RouteOverride::one_expert}) {
-        ModelConfig mr     = m;
-        mr.route_override  = ro;
-        const Result ref   = train_two_micro_steps(mr, Recompute::none, PrecisionPolicy{}, B, T,
-                                                   0, biases);
+        ModelConfig mr    = m;
+        mr.route_override = ro;
+        const Result ref =
+            train_two_micro_steps(mr, Recompute::none, PrecisionPolicy{}, B, T, 0, biases);
         mr.moe_rows_budget = 0.5;
         for (Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
             for (const int head_rows : {0, 768}) {  // 768: the fused head's row multiple
                 SCOPED_TRACE(::testing::Message() << name_of(rc) << " route " << name_of(ro)
-                                                << " head_rows " << head_rows);
+                                                  << " head_rows " << head_rows);
                 const Result r =
                     train_two_micro_steps(mr, rc, PrecisionPolicy{}, B, T, head_rows, biases);
                 EXPECT_EQ(r.loss, ref.loss);
@@ -146,8 +146,8 @@ TEST(GptRecompute, BitwiseSameWithRoundsSharedExpertsBiasAndFusedHead) {
 }
 
 TEST(GptRecompute, DenseModelBlockMode) {
-    ModelConfig m = two_moe_config(GateKind::topk);
-    m.moe_every   = 0;
+    ModelConfig m      = two_moe_config(GateKind::topk);
+    m.moe_every        = 0;
     const Result none  = train_two_micro_steps(m, Recompute::none, PrecisionPolicy{});
     const Result block = train_two_micro_steps(m, Recompute::block, PrecisionPolicy{});
     EXPECT_EQ(block.loss, none.loss);
@@ -156,18 +156,17 @@ TEST(GptRecompute, DenseModelBlockMode) {
 
 // The arena keeps L + 1 block inputs and, with block, one block's working set instead of L.
 TEST(GptRecompute, ArenaKeepsOneBlockWorkingSet) {
-    const ModelConfig m  = two_moe_config(GateKind::topk);  // blocks 0, 2 dense; 1, 3 MoE
-    const int64_t     mb = 3;
-    const size_t      N = static_cast<size_t>(mb * m.seq_len), C = 16, F = 24, NH = 2;
+    const ModelConfig m = two_moe_config(GateKind::topk);  // blocks 0, 2 dense; 1, 3 MoE
+    const int64_t mb    = 3;
+    const size_t N = static_cast<size_t>(mb * m.seq_len), C = 16, F = 24, NH = 2;
     const auto slice = [](size_t n) { return (n + 15) / 16 * 16; };  // 64-byte slices
     // ln1 atty res1 ln2 (N, C); qkv (N, 3C); two means, two rstds (N); lse (N, NH)
-    const size_t moe_block =
-        4 * slice(N * C) + slice(N * 3 * C) + 4 * slice(N) + slice(N * NH);
+    const size_t moe_block   = 4 * slice(N * C) + slice(N * 3 * C) + 4 * slice(N) + slice(N * NH);
     const size_t dense_block = moe_block + 2 * slice(N * F);  // fch, fcg (N, F)
-    const size_t none  = activation_floats(m, mb, 0, Recompute::none);
-    const size_t block = activation_floats(m, mb, 0, Recompute::block);
+    const size_t none        = activation_floats(m, mb, 0, Recompute::none);
+    const size_t block       = activation_floats(m, mb, 0, Recompute::block);
     EXPECT_EQ(activation_floats(m, mb, 0, Recompute::moe), none);  // moe shares the MoE buffers
-    EXPECT_EQ(none - block, dense_block + 2 * moe_block);       // 4 working sets -> 1 (dense)
+    EXPECT_EQ(none - block, dense_block + 2 * moe_block);          // 4 working sets -> 1 (dense)
     EXPECT_LT(block, none);
 }
 

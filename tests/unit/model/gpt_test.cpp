@@ -9,11 +9,11 @@
 #include <numeric>
 #include <vector>
 
+#include "../../common/tiny_model.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
 #include "model/generate.h"
-#include "../../common/tiny_model.h"
 
 namespace bagualu::model {
 namespace {
@@ -21,26 +21,28 @@ namespace {
 ModelConfig tiny_config() { return testing::tiny_moe_config(); }
 
 std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-    Rng                  rng(seed);
+    Rng rng(seed);
     std::vector<int32_t> t(static_cast<size_t>(n));
     for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
     return t;
 }
 
 // The objective backward differentiates: CE + aux.
-double objective(GPT& gpt, const std::vector<int32_t>& x, const std::vector<int32_t>& y, int B, int T) {
+double objective(GPT& gpt, const std::vector<int32_t>& x, const std::vector<int32_t>& y, int B,
+                 int T) {
     const double ce = gpt.forward(x.data(), y.data(), B, T);
     return ce + gpt.aux_loss();
 }
 
 TEST(GptTest, FullGradientMatchesCentralDifferences) {
     const ModelConfig m = tiny_config();
-    const int         B = 2, T = 12;
-    GPT               gpt(m, B);
+    const int B = 2, T = 12;
+    GPT gpt(m, B);
     init_params(gpt.params(), gpt.layout(), m, 7);
     // Larger weights than the 0.02 init so every path carries a visible gradient.
     Rng rng(99);
-    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+    for (size_t i = 0; i < gpt.n_floats(); ++i)
+        gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
     const auto x = random_tokens(B * T, m.vocab_size, 1);
     const auto y = random_tokens(B * T, m.vocab_size, 2);
 
@@ -52,14 +54,14 @@ TEST(GptTest, FullGradientMatchesCentralDifferences) {
     // Float32 forward: the loss carries ~1e-6 relative rounding noise, so with h = 1e-2 a
     // central difference is good to ~1e-4 absolute; tolerances below are set from that.
     const double h = 1e-2;
-    auto fd = [&](size_t i) {
-        float* p    = gpt.params() + i;
-        float  orig = *p;
-        *p          = orig + static_cast<float>(h);
-        double lp   = objective(gpt, x, y, B, T);
-        *p          = orig - static_cast<float>(h);
-        double lm   = objective(gpt, x, y, B, T);
-        *p          = orig;
+    auto fd        = [&](size_t i) {
+        float* p   = gpt.params() + i;
+        float orig = *p;
+        *p         = orig + static_cast<float>(h);
+        double lp  = objective(gpt, x, y, B, T);
+        *p         = orig - static_cast<float>(h);
+        double lm  = objective(gpt, x, y, B, T);
+        *p         = orig;
         return (lp - lm) / (2 * h);
     };
     int checked = 0;
@@ -68,23 +70,27 @@ TEST(GptTest, FullGradientMatchesCentralDifferences) {
         std::vector<size_t> idx(s.numel);
         std::iota(idx.begin(), idx.end(), s.offset);
         const size_t k = std::min<size_t>(3, s.numel);
-        std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(),
-                          [&](size_t a, size_t b) { return std::fabs(grad[a]) > std::fabs(grad[b]); });
+        std::partial_sort(
+            idx.begin(), idx.begin() + static_cast<long>(k), idx.end(),
+            [&](size_t a, size_t b) { return std::fabs(grad[a]) > std::fabs(grad[b]); });
         for (size_t j = 0; j < k; ++j) {
             const double num = fd(idx[j]);
             const double ana = grad[idx[j]];
-            EXPECT_NEAR(ana, num, 2e-4 + 3e-2 * std::fabs(num)) << s.name << " element " << idx[j] - s.offset;
+            EXPECT_NEAR(ana, num, 2e-4 + 3e-2 * std::fabs(num))
+                << s.name << " element " << idx[j] - s.offset;
             ++checked;
         }
         // the directional derivative along the tensor's own gradient: |g| exactly
         double gnorm = 0;
-        for (size_t i = 0; i < s.numel; ++i) gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
+        for (size_t i = 0; i < s.numel; ++i)
+            gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
         gnorm = std::sqrt(gnorm);
         if (gnorm < 1e-3) continue;
         std::vector<float> saved(gpt.params() + s.offset, gpt.params() + s.offset + s.numel);
         auto shift = [&](double t) {
             for (size_t i = 0; i < s.numel; ++i) {
-                gpt.params()[s.offset + i] = saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
+                gpt.params()[s.offset + i] =
+                    saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
             }
             return objective(gpt, x, y, B, T);
         };
@@ -97,7 +103,7 @@ TEST(GptTest, FullGradientMatchesCentralDifferences) {
 
 TEST(GptTest, BackwardAccumulatesIntoGrads) {
     const ModelConfig m = tiny_config();
-    GPT               gpt(m, 1);
+    GPT gpt(m, 1);
     init_params(gpt.params(), gpt.layout(), m, 3);
     const auto x = random_tokens(8, m.vocab_size, 5), y = random_tokens(8, m.vocab_size, 6);
     gpt.zero_grad();
@@ -106,14 +112,15 @@ TEST(GptTest, BackwardAccumulatesIntoGrads) {
     std::vector<float> once(gpt.grads(), gpt.grads() + gpt.n_floats());
     gpt.forward(x.data(), y.data(), 1, 8);
     gpt.backward(1.0f);
-    for (size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(gpt.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i]));
+    for (size_t i = 0; i < once.size(); ++i)
+        ASSERT_NEAR(gpt.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i]));
 }
 
 TEST(GptTest, KvCacheGenerationMatchesFullForward) {
     const ModelConfig m = tiny_config();
-    GPT               gpt(m, 1);
+    GPT gpt(m, 1);
     init_params(gpt.params(), gpt.layout(), m, 11);
-    const int  T = m.seq_len;
+    const int T  = m.seq_len;
     const auto x = random_tokens(T, m.vocab_size, 12), y = random_tokens(T, m.vocab_size, 13);
     gpt.forward(x.data(), y.data(), 1, T);
     Generator gen(m, gpt.params());
@@ -134,12 +141,14 @@ TEST(GptTest, OverfitsTwoFixedBatches) {
     m.d_model       = 32;
     m.d_ff          = 64;
     const int B = 2, T = 12;
-    GPT       gpt(m, B);
+    GPT gpt(m, B);
     init_params(gpt.params(), gpt.layout(), m, 1);
     std::vector<float> am(gpt.n_floats()), av(gpt.n_floats());
-    const std::vector<int32_t> xs[2] = {random_tokens(B * T, m.vocab_size, 21), random_tokens(B * T, m.vocab_size, 22)};
-    const std::vector<int32_t> ys[2] = {random_tokens(B * T, m.vocab_size, 23), random_tokens(B * T, m.vocab_size, 24)};
-    double loss[2] = {0, 0};
+    const std::vector<int32_t> xs[2] = {random_tokens(B * T, m.vocab_size, 21),
+                                        random_tokens(B * T, m.vocab_size, 22)};
+    const std::vector<int32_t> ys[2] = {random_tokens(B * T, m.vocab_size, 23),
+                                        random_tokens(B * T, m.vocab_size, 24)};
+    double loss[2]                   = {0, 0};
     for (int step = 0; step < 300; ++step) {
         const int b = step % 2;
         gpt.zero_grad();
@@ -156,7 +165,7 @@ TEST(GptTest, ResultsDoNotDependOnThreadCount) {
     const ModelConfig m = tiny_config();
     const auto x = random_tokens(24, m.vocab_size, 31), y = random_tokens(24, m.vocab_size, 32);
     std::vector<float> grads[2];
-    double             losses[2];
+    double losses[2];
     for (int r = 0; r < 2; ++r) {
         set_compute_threads(r + 1);
         GPT gpt(m, 2);

@@ -42,7 +42,8 @@ TEST(ModelConfigJson, RoundTrips) {
 }
 
 TEST(ModelConfigJson, ModelTypeOfAnotherJsonTypeIsAnInputError) {
-    for (const nlohmann::json& v : {nlohmann::json(512), nlohmann::json::array(), nlohmann::json()}) {
+    for (const nlohmann::json& v :
+         {nlohmann::json(512), nlohmann::json::array(), nlohmann::json()}) {
         nlohmann::json j    = model_config_to_json(tiny());
         j["model_type"]     = v;
         const std::string e = error_of(j);

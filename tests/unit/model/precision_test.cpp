@@ -26,17 +26,19 @@ PrecisionPolicy bagualu_policy(Dtype dtype) {
 bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
-    const ModelConfig     m   = testing::tiny_moe_config();
-    const PrecisionPolicy bf  = bagualu_policy(Dtype::bfloat16);
-    const GPT             gpt(m, 1, nullptr, 1, bf);
-    size_t                half = 0;
+    const ModelConfig m      = testing::tiny_moe_config();
+    const PrecisionPolicy bf = bagualu_policy(Dtype::bfloat16);
+    const GPT gpt(m, 1, nullptr, 1, bf);
+    size_t half = 0;
     for (size_t i = 0; i < gpt.layout().specs().size(); ++i) {
-        const ParamSpec&  s = gpt.layout().spec(i);
+        const ParamSpec& s  = gpt.layout().spec(i);
         const std::string n = s.name;
-        Dtype want = Dtype::float32;  // embedding O0, attention O1 (float32 weights), layernorms, gate
+        Dtype want =
+            Dtype::float32;  // embedding O0, attention O1 (float32 weights), layernorms, gate
         if ((has(n, ".mlp.") || has(n, ".moe.experts.")) && !has(n, "ln_")) want = Dtype::bfloat16;
         EXPECT_EQ(gpt.storage_dtype(i), want) << n;
-        EXPECT_EQ(bf.master_mode(s), want == Dtype::float32 ? MasterMode::none : MasterMode::master) << n;
+        EXPECT_EQ(bf.master_mode(s), want == Dtype::float32 ? MasterMode::none : MasterMode::master)
+            << n;
         // O1 attention: float32 storage, bf16 GEMM operands for its matrices only
         const bool attn_matrix = has(n, ".attn.") && s.shape.size() == 2;
         EXPECT_EQ(bf.compute_dtype(s), attn_matrix ? Dtype::bfloat16 : want) << n;
@@ -45,7 +47,8 @@ TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
     EXPECT_EQ(half, 4u + 4u * 4u);  // dense MLP: 2 weights 2 biases; 4 experts x 4 tensors
 
     // fp32 ignores the levels; uniform O3 stores everything in the half type.
-    const PrecisionPolicy f32 = bagualu_policy(Dtype::float32), o3 = PrecisionPolicy::uniform(Dtype::float16, Level::O3);
+    const PrecisionPolicy f32 = bagualu_policy(Dtype::float32),
+                          o3  = PrecisionPolicy::uniform(Dtype::float16, Level::O3);
     for (const ParamSpec& s : gpt.layout().specs()) {
         EXPECT_EQ(f32.storage_dtype(s), Dtype::float32) << s.name;
         EXPECT_EQ(f32.compute_dtype(s), Dtype::float32) << s.name;
@@ -60,7 +63,7 @@ struct Batch {
     std::vector<int32_t> x, y;
 };
 Batch random_batch(int n, int V) {
-    Rng   rng(5);
+    Rng rng(5);
     Batch b{std::vector<int32_t>(size_t(n)), std::vector<int32_t>(size_t(n))};
     for (auto& t : b.x) t = int32_t(rng.below(uint64_t(V)));
     for (auto& t : b.y) t = int32_t(rng.below(uint64_t(V)));
@@ -70,12 +73,12 @@ Batch random_batch(int n, int V) {
 // Loss and gradients of one forward/backward under `prec`, on the same weights.
 std::pair<double, std::vector<float>> loss_and_grads(const PrecisionPolicy& prec) {
     const ModelConfig m = testing::tiny_moe_config();
-    const int         B = 2, T = m.seq_len;
-    GPT               gpt(m, B, nullptr, 1, prec);
+    const int B = 2, T = m.seq_len;
+    GPT gpt(m, B, nullptr, 1, prec);
     init_params(gpt.params(), gpt.layout(), m, 11);
     Rng rng(3);  // larger weights than the init, so every path carries signal
     for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += float(0.1 * rng.normal());
-    const Batch b = random_batch(B * T, m.vocab_size);
+    const Batch b     = random_batch(B * T, m.vocab_size);
     const double loss = gpt.forward(b.x.data(), b.y.data(), B, T);
     gpt.zero_grad();
     gpt.backward(1.0f);
@@ -117,7 +120,8 @@ TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
 
 TEST(PrecisionModel, Fp64SensitiveOpsAgreeWithFp32) {
     const auto [l32, g32] = loss_and_grads(PrecisionPolicy{});
-    const auto [l64, g64] = loss_and_grads(PrecisionPolicy::uniform(Dtype::float32, Level::O0, true));
+    const auto [l64, g64] =
+        loss_and_grads(PrecisionPolicy::uniform(Dtype::float32, Level::O0, true));
     // the same math with exp/tanh/sqrt in double: float32 rounding level differences only
     EXPECT_NEAR(l64, l32, 1e-5 * l32);
     EXPECT_LE(rel_diff(g64, g32), 1e-4);

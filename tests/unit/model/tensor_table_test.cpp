@@ -23,13 +23,20 @@ namespace {
 
 std::string dim_text(Dim d) {
     switch (d) {
-        case Dim::V: return "V";
-        case Dim::T: return "T_max";
-        case Dim::C: return "C";
-        case Dim::C3: return "3C";
-        case Dim::F: return "F";
-        case Dim::E: return "E";
-        case Dim::FS: return "FS";
+        case Dim::V:
+            return "V";
+        case Dim::T:
+            return "T_max";
+        case Dim::C:
+            return "C";
+        case Dim::C3:
+            return "3C";
+        case Dim::F:
+            return "F";
+        case Dim::E:
+            return "E";
+        case Dim::FS:
+            return "FS";
     }
     return "?";
 }
@@ -43,31 +50,44 @@ std::string shape_text(const TensorDef& d) {
 std::string blocks_text(const TensorDef& d) {
     if (d.scope == Scope::model) return "—";
     switch (d.blocks) {
-        case Blocks::every: return "every";
-        case Blocks::dense: return "dense";
-        case Blocks::moe: return "MoE";
-        case Blocks::moe_noisy: return "MoE, `gate = \"noisy\"`";
-        case Blocks::moe_shared: return "MoE, `n_shared_experts > 0`";
+        case Blocks::every:
+            return "every";
+        case Blocks::dense:
+            return "dense";
+        case Blocks::moe:
+            return "MoE";
+        case Blocks::moe_noisy:
+            return "MoE, `gate = \"noisy\"`";
+        case Blocks::moe_shared:
+            return "MoE, `n_shared_experts > 0`";
     }
     return "?";
 }
 
 std::string init_text(Init i) {
     switch (i) {
-        case Init::zeros: return "0";
-        case Init::ones: return "1";
-        case Init::normal: return "N(0, σ²)";
-        case Init::normal_resid: return "N(0, σ²/(2L))";
+        case Init::zeros:
+            return "0";
+        case Init::ones:
+            return "1";
+        case Init::normal:
+            return "N(0, σ²)";
+        case Init::normal_resid:
+            return "N(0, σ²/(2L))";
     }
     return "?";
 }
 
 std::string class_text(LayerClass c) {
     switch (c) {
-        case LayerClass::embedding: return "embedding";
-        case LayerClass::attention: return "attention";
-        case LayerClass::ffn: return "ffn";
-        case LayerClass::head: return "head";
+        case LayerClass::embedding:
+            return "embedding";
+        case LayerClass::attention:
+            return "attention";
+        case LayerClass::ffn:
+            return "ffn";
+        case LayerClass::head:
+            return "head";
     }
     return "?";
 }
@@ -80,8 +100,8 @@ std::string trim(const std::string& s) {
 // The cells of a Markdown table row "| a | b |".
 std::vector<std::string> cells(const std::string& line) {
     std::vector<std::string> out;
-    std::string              cell;
-    std::istringstream       in(line.substr(1));
+    std::string cell;
+    std::istringstream in(line.substr(1));
     while (std::getline(in, cell, '|')) out.push_back(trim(cell));
     return out;
 }
@@ -97,8 +117,8 @@ std::string read_doc() {
 // The rows of the table whose header starts with "| name | shape | blocks |".
 std::vector<std::vector<std::string>> doc_tensor_table(const std::string& doc) {
     std::vector<std::vector<std::string>> rows;
-    std::istringstream                    in(doc);
-    bool                                  inside = false;
+    std::istringstream in(doc);
+    bool inside = false;
     for (std::string line; std::getline(in, line);) {
         if (line.rfind("| name | shape | blocks |", 0) == 0) {
             EXPECT_EQ(cells(line), (std::vector<std::string>{"name", "shape", "blocks", "init",
@@ -130,11 +150,11 @@ TEST(TensorTable, DocsModelMdListsTheTable) {
 }
 
 TEST(TensorTable, DocsModelMdListsEveryConfigJsonKey) {
-    const std::string doc  = read_doc();
-    const size_t      from = doc.find("## Exported model");
+    const std::string doc = read_doc();
+    const size_t from     = doc.find("## Exported model");
     ASSERT_NE(from, std::string::npos);
     const std::string section = doc.substr(from);
-    ModelConfig       m;
+    ModelConfig m;
     visit_model_fields(m, [&](const char* key, auto&, bool) {
         EXPECT_NE(section.find(std::string("`") + key + "`"), std::string::npos)
             << "docs/model.md, Exported model, does not name config.json's key " << key;
@@ -161,7 +181,7 @@ std::vector<ModelConfig> configs() {
 
 TEST(TensorTable, EveryLayoutNameMapsBackToItsRow) {
     for (const ModelConfig& m : configs()) {
-        std::set<size_t>  seen;
+        std::set<size_t> seen;
         const ParamLayout L = make_layout(m, 2, 1);
         for (const ParamSpec& s : L.specs()) {
             const auto row = tensor_row_of(s.name);
@@ -181,9 +201,10 @@ TEST(TensorTable, EveryLayoutNameMapsBackToItsRow) {
                                    (m.moe_every == 1 ? 4 : 0) - (m.moe_every == 0 ? 5 : 0))
             << "moe_every " << m.moe_every;
     }
-    for (const char* bad : {"h.x.ln_1.weight", "h.0.ln_3.weight", "h.0.moe.experts.ln_1.weight",
-                            "wte.weight", "h.0.moe.experts.1.c_fc.weight.x",
-                            "h.0.moe.shared.x.c_fc.weight", "h.0.moe.shared.0.experts.0.c_fc.bias"}) {
+    for (const char* bad :
+         {"h.x.ln_1.weight", "h.0.ln_3.weight", "h.0.moe.experts.ln_1.weight", "wte.weight",
+          "h.0.moe.experts.1.c_fc.weight.x", "h.0.moe.shared.x.c_fc.weight",
+          "h.0.moe.shared.0.experts.0.c_fc.bias"}) {
         EXPECT_FALSE(tensor_row_of(bad).has_value()) << bad;
     }
 }
@@ -191,11 +212,11 @@ TEST(TensorTable, EveryLayoutNameMapsBackToItsRow) {
 TEST(TensorTable, ResolvePointsEverySlotAtItsTensor) {
     for (const ModelConfig& m : configs()) {
         for (const auto& [ep, rank] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{4, 3}}) {
-            const ParamLayout  L = make_layout(m, ep, rank);
+            const ParamLayout L = make_layout(m, ep, rank);
             std::vector<float> params(L.total_floats());
-            float* const       base = params.data();
-            const auto         t    = resolve<float>(L, m, base, ep, rank);
-            auto at = [&](const std::string& name) -> const float* {
+            float* const base = params.data();
+            const auto t      = resolve<float>(L, m, base, ep, rank);
+            auto at           = [&](const std::string& name) -> const float* {
                 const ParamSpec* s = L.find(name);
                 return s ? base + s->offset : nullptr;
             };
@@ -204,14 +225,15 @@ TEST(TensorTable, ResolvePointsEverySlotAtItsTensor) {
             EXPECT_EQ(t.lnf_b, at("ln_f.bias"));
             const int e0 = m.n_experts / ep * rank;
             for (int l = 0; l < m.n_layer; ++l) {
-                const auto&       b = t.blocks[static_cast<size_t>(l)];
+                const auto& b       = t.blocks[static_cast<size_t>(l)];
                 const std::string p = "h." + std::to_string(l) + ".";
                 EXPECT_EQ(b.ln2_b, at(p + "ln_2.bias"));
                 EXPECT_EQ(b.fcproj_b, at(p + "mlp.c_proj.bias"));
                 EXPECT_EQ(b.noise_w, at(p + "moe.noise.weight"));
                 EXPECT_EQ(b.shared.fc_b, at(p + "moe.shared.0.c_fc.bias"));
                 if (m.is_moe_block(l) && m.n_shared_experts > 1) {
-                    EXPECT_EQ(b.shared.fc_b + b.shared.fc_b_stride, at(p + "moe.shared.1.c_fc.bias"));
+                    EXPECT_EQ(b.shared.fc_b + b.shared.fc_b_stride,
+                              at(p + "moe.shared.1.c_fc.bias"));
                 }
                 const std::string e = p + "moe.experts.";
                 EXPECT_EQ(b.experts.proj_w, at(e + std::to_string(e0) + ".c_proj.weight"));

@@ -2,6 +2,8 @@
 // over micro-batches, and in the router: the bias changes the choice of experts but not their
 // weights, and the router's gradient with a nonzero bias matches central differences of a
 // double-precision reference.
+#include "moe/balance_bias.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "moe/balance_bias.h"
 #include "moe/router.h"
 
 namespace bagualu::moe {
@@ -49,15 +50,16 @@ TEST(BalanceBiasTest, UpdateIsRateTimesSignOfMeanMinusLoadThenRecentred) {
 }
 
 TEST(BalanceBiasTest, OneMicroBatchOrFourGiveTheSameBits) {
-    Rng                  rng(5);
-    const int            E = 8;
-    BalanceBias          one(E), four(E);
+    Rng rng(5);
+    const int E = 8;
+    BalanceBias one(E), four(E);
     for (int step = 0; step < 50; ++step) {
         std::vector<int64_t> total(E, 0);
         for (int m = 0; m < 4; ++m) {
             std::vector<int64_t> part(E);
             for (auto& v : part) v = static_cast<int64_t>(rng.below(100));
-            for (int e = 0; e < E; ++e) total[static_cast<size_t>(e)] += part[static_cast<size_t>(e)];
+            for (int e = 0; e < E; ++e)
+                total[static_cast<size_t>(e)] += part[static_cast<size_t>(e)];
             four.add_load(part.data());
         }
         one.add_load(total.data());
@@ -74,13 +76,13 @@ TEST(BalanceBiasTest, OneMicroBatchOrFourGiveTheSameBits) {
 // ---- the bias in the router ----
 
 struct Problem {
-    int                N = 48, C = 6, E = 6, K = 2;
+    int N = 48, C = 6, E = 6, K = 2;
     std::vector<float> inp, gate_w, bias, dprobs;
 };
 Problem make_problem() {
     Problem p;
-    Rng     rng(11);
-    auto    fill = [&](std::vector<float>& v, size_t n, double scale) {
+    Rng rng(11);
+    auto fill = [&](std::vector<float>& v, size_t n, double scale) {
         v.resize(n);
         for (auto& x : v) x = static_cast<float>(scale * rng.normal());
     };
@@ -96,7 +98,8 @@ std::vector<double> logits_of(const Problem& p, const std::vector<double>& w, in
     std::vector<double> l(static_cast<size_t>(p.E), 0.0);
     for (int e = 0; e < p.E; ++e) {
         for (int c = 0; c < p.C; ++c)
-            l[static_cast<size_t>(e)] += w[static_cast<size_t>(e * p.C + c)] * p.inp[static_cast<size_t>(t * p.C + c)];
+            l[static_cast<size_t>(e)] +=
+                w[static_cast<size_t>(e * p.C + c)] * p.inp[static_cast<size_t>(t * p.C + c)];
     }
     return l;
 }
@@ -110,8 +113,8 @@ GateConfig topk_with_bias() {
 
 TEST(BalanceBiasTest, RouterBiasChangesTheChoiceButNotTheWeights) {
     const Problem p = make_problem();
-    Router        biased(p.C, p.E, p.K, 0.0, topk_with_bias(), p.N, nullptr);
-    Router        plain(p.C, p.E, p.K, 0.0, GateConfig{}, p.N, nullptr);
+    Router biased(p.C, p.E, p.K, 0.0, topk_with_bias(), p.N, nullptr);
+    Router plain(p.C, p.E, p.K, 0.0, GateConfig{}, p.N, nullptr);
     biased.balance_bias().set(p.bias);
     biased.forward(p.inp.data(), p.gate_w.data(), nullptr, p.N);
     plain.forward(p.inp.data(), p.gate_w.data(), nullptr, p.N);
@@ -127,7 +130,8 @@ TEST(BalanceBiasTest, RouterBiasChangesTheChoiceButNotTheWeights) {
                    l[static_cast<size_t>(b)] + p.bias[static_cast<size_t>(b)];
         });
         double z = 0;
-        for (int k = 0; k < p.K; ++k) z += std::exp(l[static_cast<size_t>(order[static_cast<size_t>(k)])]);
+        for (int k = 0; k < p.K; ++k)
+            z += std::exp(l[static_cast<size_t>(order[static_cast<size_t>(k)])]);
         for (int k = 0; k < p.K; ++k) {
             const int e = order[static_cast<size_t>(k)];
             ASSERT_EQ(biased.expert_idx()[t * p.K + k], e) << "token " << t << " slot " << k;
@@ -144,11 +148,12 @@ TEST(BalanceBiasTest, RouterBiasChangesTheChoiceButNotTheWeights) {
 
 TEST(BalanceBiasTest, RouterGradientWithBiasMatchesCentralDifferencesInDouble) {
     const Problem p = make_problem();
-    Router        r(p.C, p.E, p.K, 0.0, topk_with_bias(), p.N, nullptr);
+    Router r(p.C, p.E, p.K, 0.0, topk_with_bias(), p.N, nullptr);
     r.balance_bias().set(p.bias);
     r.forward(p.inp.data(), p.gate_w.data(), nullptr, p.N);
     const std::vector<int32_t> idx(r.expert_idx(), r.expert_idx() + p.N * p.K);
-    std::vector<float> dinp(static_cast<size_t>(p.N * p.C)), dw(static_cast<size_t>(p.E * p.C), 0.0f);
+    std::vector<float> dinp(static_cast<size_t>(p.N * p.C)),
+        dw(static_cast<size_t>(p.E * p.C), 0.0f);
     r.backward(dinp.data(), dw.data(), nullptr, p.dprobs.data(), p.inp.data(), p.gate_w.data(),
                nullptr, 0.0);
     // f(w) = sum_{t,k} dprobs[t,k] * softmax over the chosen experts of the unbiased logits;
@@ -157,8 +162,9 @@ TEST(BalanceBiasTest, RouterGradientWithBiasMatchesCentralDifferencesInDouble) {
         double out = 0;
         for (int t = 0; t < p.N; ++t) {
             const std::vector<double> l = logits_of(p, w, t);
-            double z = 0;
-            for (int k = 0; k < p.K; ++k) z += std::exp(l[static_cast<size_t>(idx[static_cast<size_t>(t * p.K + k)])]);
+            double z                    = 0;
+            for (int k = 0; k < p.K; ++k)
+                z += std::exp(l[static_cast<size_t>(idx[static_cast<size_t>(t * p.K + k)])]);
             for (int k = 0; k < p.K; ++k) {
                 out += p.dprobs[static_cast<size_t>(t * p.K + k)] *
                        std::exp(l[static_cast<size_t>(idx[static_cast<size_t>(t * p.K + k)])]) / z;
@@ -169,7 +175,7 @@ TEST(BalanceBiasTest, RouterGradientWithBiasMatchesCentralDifferencesInDouble) {
     const std::vector<double> w(p.gate_w.begin(), p.gate_w.end());
     for (size_t i = 0; i < w.size(); ++i) {
         std::vector<double> a = w, b = w;
-        const double        h = 1e-5;
+        const double h = 1e-5;
         a[i] += h;
         b[i] -= h;
         const double num = (f(a) - f(b)) / (2 * h);  // double: error ~1e-10

@@ -228,8 +228,8 @@ ModelConfig tiny(const std::string& gate, int K) {
 }
 
 // gate, K, virtual workers, balancing bias (a nonzero one: it moves the choice, not the weights)
-class GateGradientTest
-    : public ::testing::TestWithParam<std::tuple<const char*, int, int, bool>> {};
+class GateGradientTest : public ::testing::TestWithParam<std::tuple<const char*, int, int, bool>> {
+};
 
 TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
     const auto [gate, K, vw, bias] = GetParam();
@@ -329,21 +329,16 @@ TEST_P(GateGradientTest, FullGradientMatchesCentralDifferences) {
     EXPECT_GT(checked, 20);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gates, GateGradientTest,
-                         ::testing::Values(std::make_tuple("topk", 2, 1, false),
-                                           std::make_tuple("switch", 1, 1, false),
-                                           std::make_tuple("gshard", 2, 1, false),
-                                           std::make_tuple("noisy", 2, 1, false),
-                                           std::make_tuple("swipe", 2, 2, false),
-                                           std::make_tuple("topk", 2, 1, true),
-                                           std::make_tuple("switch", 1, 1, true),
-                                           std::make_tuple("gshard", 2, 1, true),
-                                           std::make_tuple("noisy", 2, 1, true),
-                                           std::make_tuple("swipe", 2, 2, true)),
-                         [](const auto& p) {
-                             return std::string(std::get<0>(p.param)) +
-                                    (std::get<3>(p.param) ? "_bias" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Gates, GateGradientTest,
+    ::testing::Values(std::make_tuple("topk", 2, 1, false), std::make_tuple("switch", 1, 1, false),
+                      std::make_tuple("gshard", 2, 1, false), std::make_tuple("noisy", 2, 1, false),
+                      std::make_tuple("swipe", 2, 2, false), std::make_tuple("topk", 2, 1, true),
+                      std::make_tuple("switch", 1, 1, true), std::make_tuple("gshard", 2, 1, true),
+                      std::make_tuple("noisy", 2, 1, true), std::make_tuple("swipe", 2, 2, true)),
+    [](const auto& p) {
+        return std::string(std::get<0>(p.param)) + (std::get<3>(p.param) ? "_bias" : "");
+    });
 
 }  // namespace
 }  // namespace bagualu::moe

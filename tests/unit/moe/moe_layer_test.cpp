@@ -17,12 +17,14 @@
 namespace bagualu::moe {
 namespace {
 
-double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu(double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
 
 TEST(MoELayerTest, OutputIsGateWeightedSumOfSelectedExperts) {
     const int C = 12, F = 20, E = 5, K = 2, N = 37;
-    Rng       rng(5);
-    auto      fill = [&](std::vector<float>& v, size_t n, double s) {
+    Rng rng(5);
+    auto fill = [&](std::vector<float>& v, size_t n, double s) {
         v.resize(n);
         for (auto& x : v) x = static_cast<float>(s * rng.normal());
     };
@@ -43,7 +45,7 @@ TEST(MoELayerTest, OutputIsGateWeightedSumOfSelectedExperts) {
     w.experts.fc_b_stride   = F;
     w.experts.proj_w_stride = C * F;
     w.experts.proj_b_stride = C;
-    MoELayer           layer(MoEShape{C, F, E, K, 0.0}, N);
+    MoELayer layer(MoEShape{C, F, E, K, 0.0}, N);
     std::vector<float> out(N * C);
     layer.forward(out.data(), inp.data(), w, N);
 
@@ -61,7 +63,7 @@ TEST(MoELayerTest, OutputIsGateWeightedSumOfSelectedExperts) {
         for (int k = 0; k < K; ++k) z += std::exp(logit[order[k]] - logit[order[0]]);
         std::vector<double> expect(C, 0.0);
         for (int k = 0; k < K; ++k) {
-            const int    e  = order[k];
+            const int e     = order[k];
             const double pk = std::exp(logit[e] - logit[order[0]]) / z;
             EXPECT_EQ(layer.expert_idx()[t * K + k], e);
             EXPECT_NEAR(layer.probs()[t * K + k], pk, 1e-6);
@@ -79,7 +81,8 @@ TEST(MoELayerTest, OutputIsGateWeightedSumOfSelectedExperts) {
         }
         for (int c = 0; c < C; ++c) {
             // float32 GEMMs of length <= 20 against a double reference: 1e-4 relative is ample
-            EXPECT_NEAR(out[t * C + c], expect[c], 1e-4 * (1 + std::fabs(expect[c]))) << "token " << t;
+            EXPECT_NEAR(out[t * C + c], expect[c], 1e-4 * (1 + std::fabs(expect[c])))
+                << "token " << t;
         }
     }
     int total = 0;
@@ -88,8 +91,8 @@ TEST(MoELayerTest, OutputIsGateWeightedSumOfSelectedExperts) {
 }
 
 TEST(MoEDispatchTest, EverySlotPlacedOnceAndCombineOfIdentityIsIdentity) {
-    const int            N = 50, E = 6, K = 3, C = 4;
-    Rng                  rng(8);
+    const int N = 50, E = 6, K = 3, C = 4;
+    Rng rng(8);
     std::vector<int32_t> idx(N * K), tpe(E, 0);
     for (int t = 0; t < N; ++t) {
         std::vector<int> e(E);
@@ -109,7 +112,8 @@ TEST(MoEDispatchTest, EverySlotPlacedOnceAndCombineOfIdentityIsIdentity) {
     std::fill(tpe.begin(), tpe.end(), 0);
     for (int32_t e : idx) ++tpe[e];
     std::vector<int32_t> row_of(N * K), token_of_row(N * K), offsets(E + 1);
-    build_routing(row_of.data(), token_of_row.data(), offsets.data(), idx.data(), tpe.data(), N, E, K);
+    build_routing(row_of.data(), token_of_row.data(), offsets.data(), idx.data(), tpe.data(), N, E,
+                  K);
     std::vector<int> seen(N * K, 0);
     for (int i = 0; i < N * K; ++i) {
         ++seen[row_of[i]];
@@ -128,17 +132,17 @@ TEST(MoEDispatchTest, EverySlotPlacedOnceAndCombineOfIdentityIsIdentity) {
 }
 
 TEST(TopKGateTest, AuxLossMatchesDefinition) {
-    const int          N = 9, E = 4, K = 2;
-    Rng                rng(3);
+    const int N = 9, E = 4, K = 2;
+    Rng rng(3);
     std::vector<float> logits(N * E), probs(N * K), sm(N * E);
     for (auto& v : logits) v = static_cast<float>(rng.normal());
     std::vector<int32_t> idx(N * K), tpe(E);
     topk_gate_forward(probs.data(), idx.data(), sm.data(), tpe.data(), logits.data(), N, E, K);
-    std::vector<double>  psum(E), f(E);
+    std::vector<double> psum(E), f(E);
     std::vector<int64_t> tpe64(tpe.begin(), tpe.end());
     gate_prob_sums(psum.data(), sm.data(), N, E);
     const double aux = aux_loss(f.data(), tpe64.data(), psum.data(), N, E, K, 0.5);
-    double       expect = 0;
+    double expect    = 0;
     for (int e = 0; e < E; ++e) {
         double P = 0;
         for (int t = 0; t < N; ++t) {

@@ -31,15 +31,16 @@ void ffn_reference(std::vector<double>& y, const float* x, const float* w1, cons
     for (int f = 0; f < F; ++f) {
         double h = b1[f];
         for (int c = 0; c < C; ++c) h += double(w1[f * C + c]) * x[c];
-        const double g = 0.5 * h * (1 + std::tanh(std::sqrt(2 / M_PI) * (h + 0.044715 * h * h * h)));
+        const double g =
+            0.5 * h * (1 + std::tanh(std::sqrt(2 / M_PI) * (h + 0.044715 * h * h * h)));
         for (int c = 0; c < C; ++c) y[static_cast<size_t>(c)] += double(w2[c * F + f]) * g;
     }
 }
 
 TEST(SharedExpertsTest, OutputIsRoutedOutputPlusEverySharedExpert) {
     const int N = 7, C = 8, F = 12, E = 4, K = 2, S = 3, FS = 10;
-    Rng       rng(5);
-    MoEShape  with{C, F, E, K, 0.0};
+    Rng rng(5);
+    MoEShape with{C, F, E, K, 0.0};
     with.n_shared = S;
     with.FS       = FS;
     MoEShape without{C, F, E, K, 0.0};
@@ -51,10 +52,10 @@ TEST(SharedExpertsTest, OutputIsRoutedOutputPlusEverySharedExpert) {
     const auto spw = normal(size_t(S) * C * FS, rng, 0.3), spb = normal(size_t(S) * C, rng, 0.1);
     MoEWeights w;
     w.gate_w  = gate.data();
-    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
-                 size_t(C) * F, size_t(C)};
-    w.shared  = {sfw.data(), sfb.data(), spw.data(), spb.data(), size_t(FS) * C, size_t(FS),
-                 size_t(C) * FS, size_t(C)};
+    w.experts = {fc_w.data(),   fc_b.data(), pw.data(),     pb.data(),
+                 size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
+    w.shared  = {sfw.data(),     sfb.data(), spw.data(),     spb.data(),
+                 size_t(FS) * C, size_t(FS), size_t(C) * FS, size_t(C)};
     std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
     a.forward(ya.data(), inp.data(), w, N);
     b.forward(yb.data(), inp.data(), w, N);
@@ -69,7 +70,8 @@ TEST(SharedExpertsTest, OutputIsRoutedOutputPlusEverySharedExpert) {
         // float32 GEMMs of length 8-12 on O(1) values against a double reference:
         // a few float ulps of O(10) sums
         for (int c = 0; c < C; ++c) {
-            EXPECT_NEAR(ya[size_t(t) * C + c], ref[size_t(c)], 1e-4 * (1 + std::abs(ref[size_t(c)])))
+            EXPECT_NEAR(ya[size_t(t) * C + c], ref[size_t(c)],
+                        1e-4 * (1 + std::abs(ref[size_t(c)])))
                 << "token " << t << " channel " << c;
         }
     }
@@ -82,7 +84,7 @@ TEST(SharedExpertsTest, LayoutHoldsEverySharedExpertOnEveryRank) {
     for (const auto& [ep, rank] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{4, 3}}) {
         const model::ParamLayout L = model::make_layout(m, ep, rank);
         for (int i = 0; i < 2; ++i) {
-            const std::string p = "h.1.moe.shared." + std::to_string(i) + ".";
+            const std::string p       = "h.1.moe.shared." + std::to_string(i) + ".";
             const model::ParamSpec* s = L.find(p + "c_fc.weight");
             ASSERT_NE(s, nullptr) << p << " ep " << ep;
             EXPECT_EQ(s->shape, (std::vector<int64_t>{20, 16}));
@@ -94,14 +96,15 @@ TEST(SharedExpertsTest, LayoutHoldsEverySharedExpertOnEveryRank) {
         EXPECT_EQ(L.find("h.0.moe.shared.0.c_fc.weight"), nullptr);  // block 0 is dense
         EXPECT_EQ(L.find("h.1.moe.shared.2.c_fc.weight"), nullptr);
         std::vector<float> params(L.total_floats());
-        const auto         t = model::resolve<float>(L, m, params.data(), ep, rank);
+        const auto t = model::resolve<float>(L, m, params.data(), ep, rank);
         EXPECT_EQ(t.blocks[1].shared.proj_w + t.blocks[1].shared.proj_w_stride,
                   params.data() + L.find("h.1.moe.shared.1.c_proj.weight")->offset);
     }
     // without shared experts the layout is the one without the keys, tensor for tensor
-    ModelConfig off = testing::tiny_moe_config();
-    off.shared_d_ff = 20;
-    const model::ParamLayout a = model::make_layout(off), b = model::make_layout(testing::tiny_moe_config());
+    ModelConfig off            = testing::tiny_moe_config();
+    off.shared_d_ff            = 20;
+    const model::ParamLayout a = model::make_layout(off),
+                             b = model::make_layout(testing::tiny_moe_config());
     ASSERT_EQ(a.specs().size(), b.specs().size());
     for (size_t i = 0; i < a.specs().size(); ++i) EXPECT_EQ(a.spec(i).name, b.spec(i).name);
 }
@@ -131,14 +134,16 @@ int expect_gradient_matches(const ModelConfig& m, const std::string& part) {
     int checked = 0, named = 0, skipped = 0;
     for (const model::ParamSpec& s : gpt.layout().specs()) {
         double gnorm = 0;
-        for (size_t i = 0; i < s.numel; ++i) gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
+        for (size_t i = 0; i < s.numel; ++i)
+            gnorm += double(grad[s.offset + i]) * grad[s.offset + i];
         gnorm = std::sqrt(gnorm);
         if (gnorm < 1e-3) continue;
         std::vector<float> saved(gpt.params() + s.offset, gpt.params() + s.offset + s.numel);
         bool crossed = false;
         auto shift   = [&](double t) {
             for (size_t i = 0; i < s.numel; ++i)
-                gpt.params()[s.offset + i] = saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
+                gpt.params()[s.offset + i] =
+                    saved[i] + static_cast<float>(t * grad[s.offset + i] / gnorm);
             const double v = objective();
             crossed        = crossed || routing() != base;
             return v;
@@ -176,20 +181,21 @@ TEST(SharedExpertsTest, FullGradientMatchesCentralDifferences) {
 // z-loss = coef * mean_t (logsumexp_e g[t, e])^2 over the layer's tokens (docs/model.md)
 TEST(RouterZLossTest, ValueMatchesDefinition) {
     const int N = 9, C = 8, F = 12, E = 5, K = 2;
-    Rng       rng(11);
-    MoEShape  z{C, F, E, K, 0.0};
+    Rng rng(11);
+    MoEShape z{C, F, E, K, 0.0};
     z.gate.z_loss_coef = 0.25;
-    MoEShape  off{C, F, E, K, 0.0};
-    MoELayer  a(z, N), b(off, N);
+    MoEShape off{C, F, E, K, 0.0};
+    MoELayer a(z, N), b(off, N);
     const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
     const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
     const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
     MoEWeights w;
     w.gate_w  = gate.data();
-    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
-                 size_t(C) * F, size_t(C)};
+    w.experts = {fc_w.data(),   fc_b.data(), pw.data(),     pb.data(),
+                 size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
     std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
-    const double za = a.forward(ya.data(), inp.data(), w, N), zb = b.forward(yb.data(), inp.data(), w, N);
+    const double za = a.forward(ya.data(), inp.data(), w, N),
+                 zb = b.forward(yb.data(), inp.data(), w, N);
     EXPECT_EQ(zb, 0.0);
     EXPECT_EQ(ya, yb) << "the z-loss changes no routing or output";
     double ref = 0;
@@ -197,7 +203,8 @@ TEST(RouterZLossTest, ValueMatchesDefinition) {
         double sum = 0;
         for (int e = 0; e < E; ++e) {
             double g = 0;
-            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            for (int c = 0; c < C; ++c)
+                g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
             sum += std::exp(g);
         }
         ref += std::log(sum) * std::log(sum);
@@ -214,22 +221,21 @@ TEST(RouterZLossTest, FullGradientMatchesCentralDifferences) {
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
 }
 
-
 // sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)
 TEST(RouterSigmoidTest, WeightsAreSigmoidScoresNormalisedOverTheChosen) {
     const int N = 9, C = 8, F = 12, E = 6, K = 3;
-    Rng       rng(13);
-    MoEShape  sig{C, F, E, K, 0.0};
+    Rng rng(13);
+    MoEShape sig{C, F, E, K, 0.0};
     sig.gate.score = RouterScore::sigmoid;
-    MoEShape  soft{C, F, E, K, 0.0};
-    MoELayer  a(sig, N), b(soft, N);
+    MoEShape soft{C, F, E, K, 0.0};
+    MoELayer a(sig, N), b(soft, N);
     const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
     const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
     const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
     MoEWeights w;
     w.gate_w  = gate.data();
-    w.experts = {fc_w.data(), fc_b.data(), pw.data(), pb.data(), size_t(F) * C, size_t(F),
-                 size_t(C) * F, size_t(C)};
+    w.experts = {fc_w.data(),   fc_b.data(), pw.data(),     pb.data(),
+                 size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
     std::vector<float> ya(size_t(N) * C), yb(size_t(N) * C);
     a.forward(ya.data(), inp.data(), w, N);
     b.forward(yb.data(), inp.data(), w, N);
@@ -239,14 +245,16 @@ TEST(RouterSigmoidTest, WeightsAreSigmoidScoresNormalisedOverTheChosen) {
             // the same experts as softmax scoring: sigmoid is monotonic
             ASSERT_EQ(a.expert_idx()[t * K + k], b.expert_idx()[t * K + k]) << t;
             const int e = a.expert_idx()[t * K + k];
-            double    g = 0;
-            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            double g    = 0;
+            for (int c = 0; c < C; ++c)
+                g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
             sum += 1 / (1 + std::exp(-g));
         }
         for (int k = 0; k < K; ++k) {
             const int e = a.expert_idx()[t * K + k];
-            double    g = 0;
-            for (int c = 0; c < C; ++c) g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
+            double g    = 0;
+            for (int c = 0; c < C; ++c)
+                g += double(gate[size_t(e) * C + c]) * inp[size_t(t) * C + c];
             // float32 logits (length-8 dot products) and weights: a few float ulps
             EXPECT_NEAR(a.probs()[t * K + k], 1 / (1 + std::exp(-g)) / sum, 1e-6) << t << " " << k;
         }

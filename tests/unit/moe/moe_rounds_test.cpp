@@ -23,11 +23,11 @@ using kernels::gemm::Path;
 TEST(RowRoundsTest, PiecesCoverEveryRowOnceOnBlocksWithinTheBudget) {
     Rng rng(11);
     for (int trial = 0; trial < 200; ++trial) {
-        const int            El     = 1 + static_cast<int>(rng.below(6));
-        const int64_t        block  = 1 + static_cast<int64_t>(rng.below(40));
-        const int64_t        budget = block + static_cast<int64_t>(rng.below(100));
+        const int El         = 1 + static_cast<int>(rng.below(6));
+        const int64_t block  = 1 + static_cast<int64_t>(rng.below(40));
+        const int64_t budget = block + static_cast<int64_t>(rng.below(100));
         std::vector<int64_t> totals(static_cast<size_t>(El));
-        int64_t              sum = 0;
+        int64_t sum = 0;
         for (auto& t : totals) {
             t = rng.below(4) == 0 ? 0 : static_cast<int64_t>(rng.below(500));
             sum += t;
@@ -66,19 +66,19 @@ TEST(RowRoundsTest, BudgetSizing) {
     EXPECT_EQ(moe_rows_budget(512, 2, 4, 1.0), 1024);  // SWIPE's exact load in training
     EXPECT_EQ(moe_rows_budget(512, 2, 4, 1e-6), kernels::kMaxTnDepthBlock);  // one block
     EXPECT_EQ(moe_rows_budget(512, 2, 4, 100.0), 4096);                      // never above all
-    EXPECT_EQ(moe_rows_budget(16, 2, 2, 1e-6), 64);  // all rows below one block: all of them
+    EXPECT_EQ(moe_rows_budget(16, 2, 2, 1e-6), 64);    // all rows below one block: all of them
     EXPECT_EQ(moe_rows_budget(512, 2, 1, 2.0), 1024);  // one rank receives what it sends
 }
 
 struct LayerResult {
     std::vector<float> out, dinp, dgate, dfc_w, dfc_b, dproj_w, dproj_b;
-    int                rounds = 0;
+    int rounds = 0;
 };
 
 constexpr int kC = 24, kF = 40, kE = 4, kK = 2, kN = 700;
 
 LayerResult run_layer(double rows_budget, RouteOverride route, const ExpertPrecision& prec) {
-    Rng  rng(3);
+    Rng rng(3);
     auto fill = [&](std::vector<float>& v, size_t n, double s) {
         v.resize(n);
         for (auto& x : v) x = static_cast<float>(s * rng.normal());
@@ -103,8 +103,10 @@ LayerResult run_layer(double rows_budget, RouteOverride route, const ExpertPreci
     w.experts = {fc_w.data(), fc_b.data(), proj_w.data(), proj_b.data(), kF * kC, kF, kC * kF, kC};
     MoEGrads g;
     g.gate_w  = r.dgate.data();
-    g.experts = {r.dfc_w.data(), r.dfc_b.data(), r.dproj_w.data(), r.dproj_b.data(),
-                 kF * kC,        kF,             kC * kF,           kC};
+    g.experts = {r.dfc_w.data(),   r.dfc_b.data(),
+                 r.dproj_w.data(), r.dproj_b.data(),
+                 kF * kC,          kF,
+                 kC * kF,          kC};
     MoEShape s{kC, kF, kE, kK, 0.01};
     s.rows_budget         = rows_budget;
     s.gate.route_override = route;
@@ -127,7 +129,7 @@ void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b,
 
 TEST(MoERoundsTest, EveryBudgetGivesBitwiseTheSameOutputsAndGradients) {
     kernels::testing::PathGuard guard;
-    const ExpertPrecision       bf16{Dtype::bfloat16, Dtype::bfloat16, false};
+    const ExpertPrecision bf16{Dtype::bfloat16, Dtype::bfloat16, false};
     for (Path path : kernels::testing::supported_paths()) {
         if (path == Path::ref || path == Path::openblas) continue;  // no exact depth split there
         kernels::gemm::set_active_path(path);
@@ -140,9 +142,9 @@ TEST(MoERoundsTest, EveryBudgetGivesBitwiseTheSameOutputsAndGradients) {
                 // of any block; 0.6: 840 rows
                 for (double budget : {1e-6, 0.2, 0.6}) {
                     const std::string what = std::string(kernels::gemm::path_name(path)) +
-                                             " route " + std::to_string(int(route)) +
-                                             " prec " + std::to_string(int(prec.gemm)) +
-                                             " budget " + std::to_string(budget);
+                                             " route " + std::to_string(int(route)) + " prec " +
+                                             std::to_string(int(prec.gemm)) + " budget " +
+                                             std::to_string(budget);
                     const LayerResult got = run_layer(budget, route, prec);
                     if (route == RouteOverride::one_expert) {
                         // 700 rows on each of experts 0 and 1 cannot fit in 280 or 256 rows
@@ -165,8 +167,8 @@ TEST(MoERoundsTest, RouteOverrideForcesTheChoice) {
     for (RouteOverride route : {RouteOverride::one_expert, RouteOverride::one_rank}) {
         MoEShape s{kC, kF, kE, kK, 0.0};
         s.gate.route_override = route;
-        MoELayer   layer(s, kN);
-        Rng        rng(4);
+        MoELayer layer(s, kN);
+        Rng rng(4);
         std::vector<float> gate_w(kE * kC), inp(kN * kC), out(kN * kC), zeros(kE * kF * kC, 0.0f);
         for (auto& x : gate_w) x = static_cast<float>(rng.normal());
         for (auto& x : inp) x = static_cast<float>(rng.normal());
@@ -189,9 +191,9 @@ TEST(MoERoundsTest, RouteOverrideForcesTheChoice) {
 TEST(MoERoundsTest, ZipfSkewsTowardsTheFirstExperts) {
     MoEShape s{kC, kF, kE, 1, 0.0};
     s.gate.route_override = RouteOverride::zipf;
-    MoELayer           layer(s, kN);
+    MoELayer layer(s, kN);
     std::vector<float> gate_w(kE * kC, 0.0f), inp(kN * kC, 1.0f), out(kN * kC), zeros(kE * kF * kC);
-    MoEWeights         w;
+    MoEWeights w;
     w.gate_w  = gate_w.data();
     w.experts = {zeros.data(), zeros.data(), zeros.data(), zeros.data(), 0, 0, 0, 0};
     layer.set_routing_context({1, 0, true});

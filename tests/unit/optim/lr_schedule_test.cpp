@@ -10,11 +10,11 @@ namespace {
 
 TEST(LrSchedule, WarmsUpLinearlyThenDecaysToMinLr) {
     const int64_t total = 101, warmup = 10;  // 91 decay steps: step 55 is halfway
-    const double  lr = 1e-3, min_lr = 1e-4;
+    const double lr = 1e-3, min_lr = 1e-4;
     EXPECT_DOUBLE_EQ(lr_at(0, total, warmup, lr, min_lr), lr / 10);
     EXPECT_DOUBLE_EQ(lr_at(4, total, warmup, lr, min_lr), lr / 2);
     EXPECT_DOUBLE_EQ(lr_at(9, total, warmup, lr, min_lr), lr);
-    EXPECT_EQ(lr_at(10, total, warmup, lr, min_lr), lr);           // decay starts at cos(0)
+    EXPECT_EQ(lr_at(10, total, warmup, lr, min_lr), lr);             // decay starts at cos(0)
     EXPECT_EQ(lr_at(total - 1, total, warmup, lr, min_lr), min_lr);  // and ends at cos(pi)
     // halfway through the decay: the mean of lr and min_lr, to rounding (cos(pi/2) is 6e-17,
     // not 0; the products round at 1e-19 here)

@@ -2,23 +2,22 @@
 // GPT really allocates (malloc statistics), FLOPs against GPT::flops_per_token, collective bytes
 // against a hand count, and machine files (good, bad, round trip).
 #include <gtest/gtest.h>
-
-#include <cstdlib>
 #include <malloc.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "../../common/run_command.h"
 #include "core/error.h"
 #include "dist/comm/collectives.h"
+#include "dist/paro/grad_sync.h"
 #include "dist/paro/shard_map.h"
+#include "dist/paro/spaces.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "plan/estimate.h"
-#include "dist/paro/grad_sync.h"
-#include "dist/paro/spaces.h"
 
 namespace bagualu::plan {
 namespace {
@@ -40,6 +39,11 @@ TrainConfig small_config(int moe_every, int E = 4) {
 }
 
 // The layout the planner derives from c on P ranks of one node with expert parallelism ep.
+// 4 ranks, 4 per node, c's own expert parallelism.
+Layout layout_4x4(const TrainConfig& c) {
+    return make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1);
+}
+
 Layout layout_of(const TrainConfig& c, int P, int ep) {
     TrainConfig with_ep              = c;
     with_ep.parallel.expert_parallel = ep;
@@ -49,7 +53,7 @@ Layout layout_of(const TrainConfig& c, int P, int ep) {
 TEST(PlanLayout, AnalyticSizesMatchMakeLayout) {
     for (int moe_every : {0, 1, 2, 3}) {
         for (int ep : {1, 2, 4}) {
-            const TrainConfig       c  = small_config(moe_every);
+            const TrainConfig c        = small_config(moe_every);
             const model::LayoutSize s  = model::layout_size(c.model, ep);
             const model::ParamLayout L = model::make_layout(c.model, ep, ep - 1);
             EXPECT_EQ(s.rank_floats(), L.total_floats()) << moe_every << " " << ep;
@@ -67,22 +71,23 @@ TEST(PlanLayout, ParamKindsExpandToMakeLayout) {
     for (const GateKind gate : {GateKind::topk, GateKind::noisy}) {
         for (int moe_every : {0, 1, 2}) {
             for (int ep : {1, 2, 4}) {
-                TrainConfig c = small_config(moe_every);
-                c.model.gate  = gate;
+                TrainConfig c              = small_config(moe_every);
+                c.model.gate               = gate;
                 const model::ParamLayout L = model::make_layout(c.model, ep, 0);
-                size_t i = 0;
-                model::for_each_param_kind(c.model, ep, [&](const model::ParamSpec& s, uint64_t count) {
-                    ASSERT_LE(i + count, L.specs().size()) << s.name;
-                    EXPECT_EQ(L.spec(i).name, s.name);
-                    for (uint64_t j = 0; j < count; ++j) {
-                        const model::ParamSpec& r = L.spec(i + j);
-                        EXPECT_EQ(r.shape, s.shape) << r.name;
-                        EXPECT_EQ(r.numel, s.numel) << r.name;
-                        EXPECT_EQ(r.decay, s.decay) << r.name;
-                        EXPECT_EQ(r.expert, s.expert) << r.name;
-                    }
-                    i += count;
-                });
+                size_t i                   = 0;
+                model::for_each_param_kind(c.model, ep,
+                                           [&](const model::ParamSpec& s, uint64_t count) {
+                                               ASSERT_LE(i + count, L.specs().size()) << s.name;
+                                               EXPECT_EQ(L.spec(i).name, s.name);
+                                               for (uint64_t j = 0; j < count; ++j) {
+                                                   const model::ParamSpec& r = L.spec(i + j);
+                                                   EXPECT_EQ(r.shape, s.shape) << r.name;
+                                                   EXPECT_EQ(r.numel, s.numel) << r.name;
+                                                   EXPECT_EQ(r.decay, s.decay) << r.name;
+                                                   EXPECT_EQ(r.expert, s.expert) << r.name;
+                                               }
+                                               i += count;
+                                           });
                 EXPECT_EQ(i, L.specs().size()) << name_of(gate) << " " << moe_every << " " << ep;
                 EXPECT_EQ(model::layout_size(c.model, ep).rank_floats(), L.total_floats());
             }
@@ -93,8 +98,8 @@ TEST(PlanLayout, ParamKindsExpandToMakeLayout) {
 TEST(PlanFlops, MatchGpt) {
     for (int moe_every : {0, 2}) {
         const TrainConfig c = small_config(moe_every);
-        const model::GPT  gpt(c.model, 2);
-        const Footprint   f = footprint(c, layout_of(c, 1, 1), 0, 0);
+        const model::GPT gpt(c.model, 2);
+        const Footprint f = footprint(c, layout_of(c, 1, 1), 0, 0);
         EXPECT_DOUBLE_EQ(f.model_flops_per_step,
                          3 * gpt.flops_per_token(c.model.seq_len) * 8 * c.model.seq_len);
     }
@@ -116,40 +121,41 @@ TEST(PlanMemory, MatchesGptAllocations) {
     // set of MoE buffers between the layers
     for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
         for (int moe_every : {0, 1, 2, -2}) {
-          for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
-            if (rc == Recompute::moe && moe_every == 0) continue;  // invalid: no MoE layer
-            // -2: every second block MoE with a row budget of a quarter of the balanced load
-            // (256 rows, the smallest: rounds, with their extra buffers)
-            TrainConfig c = small_config(std::abs(moe_every), 8);
-            c.train.recompute = rc;
-            c.model.d_model = 64;  // large enough that buffers dominate allocator bookkeeping
-            c.model.d_ff    = 256;
-            c.model.vocab_size = 1000;
-            c.model.seq_len = 64;
-            c.precision.dtype = dtype;
-            if (moe_every < 0) {  // N K = 2 x 256 x 2 rows, budget 256
-                c.model.seq_len         = 256;
-                c.model.moe_rows_budget = 0.25;
+            for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
+                if (rc == Recompute::moe && moe_every == 0) continue;  // invalid: no MoE layer
+                // -2: every second block MoE with a row budget of a quarter of the balanced load
+                // (256 rows, the smallest: rounds, with their extra buffers)
+                TrainConfig c     = small_config(std::abs(moe_every), 8);
+                c.train.recompute = rc;
+                c.model.d_model   = 64;  // large enough that buffers dominate allocator bookkeeping
+                c.model.d_ff      = 256;
+                c.model.vocab_size = 1000;
+                c.model.seq_len    = 64;
+                c.precision.dtype  = dtype;
+                if (moe_every < 0) {  // N K = 2 x 256 x 2 rows, budget 256
+                    c.model.seq_len         = 256;
+                    c.model.moe_rows_budget = 0.25;
+                }
+                const Footprint f   = footprint(c, layout_of(c, 1, 1), 0, 0);
+                const double before = allocated_bytes();
+                double during       = 0;
+                {
+                    model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 0,
+                                   model::PrecisionPolicy::from_config(c.precision), 0, rc);
+                    during = allocated_bytes() - before;
+                }
+                const Memory& m      = f.memory;
+                const double predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
+                EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
+                    << dtype_name(dtype) << " moe_every " << moe_every << " recompute "
+                    << name_of(rc);
+                if (moe_every < 0) {
+                    TrainConfig unbounded           = c;
+                    unbounded.model.moe_rows_budget = 0;
+                    const Memory& u = footprint(unbounded, layout_of(c, 1, 1), 0, 0).memory;
+                    EXPECT_LT(predict, u.parameters + u.gradients + u.activations + u.comm_buffers);
+                }
             }
-            const Footprint f  = footprint(c, layout_of(c, 1, 1), 0, 0);
-            const double    before = allocated_bytes();
-            double          during = 0;
-            {
-                model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 0,
-                               model::PrecisionPolicy::from_config(c.precision), 0, rc);
-                during = allocated_bytes() - before;
-            }
-            const Memory& m       = f.memory;
-            const double  predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
-            EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
-                << dtype_name(dtype) << " moe_every " << moe_every << " recompute " << name_of(rc);
-            if (moe_every < 0) {
-                TrainConfig unbounded = c;
-                unbounded.model.moe_rows_budget = 0;
-                const Memory& u = footprint(unbounded, layout_of(c, 1, 1), 0, 0).memory;
-                EXPECT_LT(predict, u.parameters + u.gradients + u.activations + u.comm_buffers);
-            }
-          }
         }
     }
 }
@@ -158,8 +164,8 @@ TEST(PlanMemory, MatchesGptAllocations) {
 // more forward of the recomputed part (a time term of its own, and the MoE collectives of the
 // recomputed layers' forward).
 TEST(PlanMemory, RecomputeKeepsLessAndCostsAForward) {
-    TrainConfig c = small_config(1, 8);  // every block MoE
-    c.model.n_layer = 4;
+    TrainConfig c              = small_config(1, 8);  // every block MoE
+    c.model.n_layer            = 4;
     c.parallel.expert_parallel = 2;
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
@@ -170,49 +176,55 @@ TEST(PlanMemory, RecomputeKeepsLessAndCostsAForward) {
     for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
         c.train.recompute = rc;
         const Footprint f = footprint(c, layout_of(c, 2, 2), 0, 0);
-        const Estimate  e = estimate(f, c, mach);
-        const size_t    i = static_cast<size_t>(rc);
+        const Estimate e  = estimate(f, c, mach);
+        const size_t i    = static_cast<size_t>(rc);
         act[i]            = f.memory.activations;
         step[i]           = e.t_step;
-        a2a_calls[i] = static_cast<double>(per_kind(f.collectives)[dist::CommKind::alltoallv].calls);
+        a2a_calls[i] =
+            static_cast<double>(per_kind(f.collectives)[dist::CommKind::alltoallv].calls);
         bool has_term = false;
-        for (const Term& t : e.compute) has_term = has_term || t.name == "recompute (forward again)";
+        for (const Term& t : e.compute)
+            has_term = has_term || t.name == "recompute (forward again)";
         EXPECT_EQ(has_term, rc != Recompute::none) << name_of(rc);
     }
     const MoEBytes moe = moe_layer_bytes(c.model, c.micro_batch(2) * c.model.seq_len, 2);
     EXPECT_DOUBLE_EQ(act[0] - act[1], 3 * moe.layer_buffers);  // 4 layers' buffers -> 1
-    EXPECT_LT(act[2], act[1]);                                  // and 4 block working sets -> 1
+    EXPECT_LT(act[2], act[1]);                                 // and 4 block working sets -> 1
     EXPECT_GT(step[1], step[0]);
     EXPECT_GT(step[2], step[1]);
     // per micro-batch and MoE layer: counts, dispatch, combine forward + dispatch, combine
     // backward = 5 all-to-all calls; each of the 3 recomputed layers adds counts, dispatch, combine
-    EXPECT_DOUBLE_EQ(a2a_calls[1] - a2a_calls[0], 3 * 3 * static_cast<double>(c.grad_accum_steps(2)));
+    EXPECT_DOUBLE_EQ(a2a_calls[1] - a2a_calls[0],
+                     3 * 3 * static_cast<double>(c.grad_accum_steps(2)));
     EXPECT_DOUBLE_EQ(a2a_calls[2], a2a_calls[1]);
 }
 
 TEST(PlanMemory, CategoriesSumAndScale) {
     const TrainConfig c = small_config(2);
-    const Footprint   f = footprint(c, layout_of(c, 2, 2), 1000, 12345);
-    const Memory&     m = f.memory;
+    const Footprint f   = footprint(c, layout_of(c, 2, 2), 1000, 12345);
+    const Memory& m     = f.memory;
     EXPECT_DOUBLE_EQ(m.total(), m.baseline + m.parameters + m.gradients + m.optimizer +
                                     m.activations + m.comm_buffers + m.data + m.checkpoint);
     // ParO over 2 ranks (optimizer.partition = "auto"): the optimizer's own shard maps
     const model::ParamLayout lay = model::make_layout(c.model, 2, 0);
     const model::PrecisionPolicy fp32;
-    EXPECT_DOUBLE_EQ(m.optimizer, static_cast<double>(dist::paro::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
+    EXPECT_DOUBLE_EQ(
+        m.optimizer,
+        static_cast<double>(dist::paro::optimizer_footprint(lay, fp32, true, 2, 1).optim_bytes));
     EXPECT_LT(m.optimizer, 2 * m.parameters);
     EXPECT_DOUBLE_EQ(m.baseline, 12345);
     // 1000 data tokens as int32; the loader's two micro-batches of 2 windows of 11 tokens; the
     // trainer's inputs and targets (2 x 10 tokens each, 64-byte rounded)
     EXPECT_DOUBLE_EQ(m.data, 1000 * 4 + 2 * 2 * 11 * 4 + 2 * 128);
     EXPECT_EQ(m.checkpoint, 0);
-    TrainConfig replicated = c;
+    TrainConfig replicated         = c;
     replicated.optimizer.partition = Partition::off;
     replicated.checkpoint.every    = 5;
     const Memory& r = footprint(replicated, layout_of(replicated, 2, 2), 1000, 12345).memory;
     EXPECT_DOUBLE_EQ(r.optimizer, 2 * r.parameters);
     // the snapshot: master, m and v of rank 0's part of each space, less than a whole copy
-    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(dist::paro::state_piece_floats(lay, fp32, false, 2, 1)));
+    EXPECT_DOUBLE_EQ(r.checkpoint, 12.0 * static_cast<double>(dist::paro::state_piece_floats(
+                                              lay, fp32, false, 2, 1)));
     EXPECT_LT(r.checkpoint, 3 * r.parameters);
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
@@ -227,12 +239,12 @@ TEST(PlanMemory, CategoriesSumAndScale) {
 TEST(PlanComm, BytesByHand) {
     // P = 4, EP = 2: micro-batch 2 x 10 tokens, 2 micro-batches, one MoE layer of 4 experts
     // (block 1 of 3), top-2, C = 24
-    TrainConfig c           = small_config(2);
-    c.optimizer.partition   = Partition::off;  // the replicated optimizer's all-reduces
-    const Footprint   f = footprint(c, layout_of(c, 4, 2), 0, 0);
+    TrainConfig c         = small_config(2);
+    c.optimizer.partition = Partition::off;  // the replicated optimizer's all-reduces
+    const Footprint f     = footprint(c, layout_of(c, 4, 2), 0, 0);
     EXPECT_EQ(f.layout.micro_batch, 2);
     EXPECT_EQ(f.layout.accum, 1);
-    const dist::CommTally t = per_kind(f.collectives);
+    const dist::CommTally t   = per_kind(f.collectives);
     const model::LayoutSize s = model::layout_size(c.model, 2);
     const uint64_t N = 2 * 10, K = 2, C = 24, E = 4;
     // all-to-all: dispatch + combine, forward + backward, N K rows of C floats; before them the
@@ -256,33 +268,38 @@ TEST(PlanComm, BytesByHand) {
 TEST(PlanComm, ParoMatchesShardMaps) {
     struct Policy {
         Dtype dtype;
-        bool  uniform;  // false: the default BaGuaLu levels
+        bool uniform;  // false: the default BaGuaLu levels
         Level level;
     };
-    for (const Policy pol : {Policy{Dtype::float32, false, Level::O0}, Policy{Dtype::bfloat16, false, Level::O0},
-                             Policy{Dtype::float16, true, Level::O2}, Policy{Dtype::bfloat16, true, Level::O3}}) {
-        for (const auto& [P, ep] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
+    for (const Policy pol :
+         {Policy{Dtype::float32, false, Level::O0}, Policy{Dtype::bfloat16, false, Level::O0},
+          Policy{Dtype::float16, true, Level::O2}, Policy{Dtype::bfloat16, true, Level::O3}}) {
+        for (const auto& [P, ep] :
+             {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
             for (const size_t bucket : {size_t{1} << 20, size_t{1000}}) {
                 TrainConfig c     = small_config(2);
                 c.precision.dtype = pol.dtype;
                 if (pol.uniform) {
-                    c.precision.embedding = c.precision.attention = c.precision.ffn = c.precision.head = pol.level;
+                    c.precision.embedding = c.precision.attention = c.precision.ffn =
+                        c.precision.head                          = pol.level;
                 }
                 c.parallel.expert_parallel = ep;
-                Layout L                   = make_layout(c, model::PrecisionPolicy::from_config(c.precision), P, P, 1);
-                L.bucket_floats            = bucket;
+                Layout L =
+                    make_layout(c, model::PrecisionPolicy::from_config(c.precision), P, P, 1);
+                L.bucket_floats = bucket;
                 ASSERT_EQ(L.opt_shards, P);
                 ASSERT_EQ(L.opt_shards_expert, P / ep);
                 const dist::CommTally t = per_kind(footprint(c, L, 0, 0).collectives);
 
-                const model::ParamLayout     layout = model::make_layout(c.model, ep, 0);
-                const model::PrecisionPolicy prec   = model::PrecisionPolicy::from_config(c.precision);
-                std::vector<dist::paro::FlatRun>  runs[4];
-                bool                         any_half = false;
+                const model::ParamLayout layout = model::make_layout(c.model, ep, 0);
+                const model::PrecisionPolicy prec =
+                    model::PrecisionPolicy::from_config(c.precision);
+                std::vector<dist::paro::FlatRun> runs[4];
+                bool any_half = false;
                 for (const model::ParamSpec& s : layout.specs()) {
-                    const bool half = prec.master_mode(s) != model::MasterMode::none;
-                    any_half        = any_half || half;
-                    auto&        r   = runs[(half ? 2 : 0) + (s.expert ? 1 : 0)];
+                    const bool half  = prec.master_mode(s) != model::MasterMode::none;
+                    any_half         = any_half || half;
+                    auto& r          = runs[(half ? 2 : 0) + (s.expert ? 1 : 0)];
                     const size_t end = s.offset + (s.numel + 15) / 16 * 16;
                     if (!r.empty() && r.back().end == s.offset) {
                         r.back().end = end;
@@ -290,12 +307,14 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                         r.push_back({s.offset, end});
                     }
                 }
-                uint64_t rs_calls = 0, rs_bytes = 0, ag_calls = 0, ag_bytes = 0, hops = 0, hop_bytes = 0;
+                uint64_t rs_calls = 0, rs_bytes = 0, ag_calls = 0, ag_bytes = 0, hops = 0,
+                         hop_bytes = 0;
                 for (int sp = 0; sp < (any_half ? 4 : 2); ++sp) {
                     const int G = sp % 2 == 1 ? P / ep : P;
                     if (runs[sp].empty() || G == 1) continue;
                     const dist::paro::ShardMap map(runs[sp], layout, G, 0, bucket);
-                    const uint64_t elem = sp >= 2 ? 2 : 4, nb = map.num_buckets(), n = map.bucket_size();
+                    const uint64_t elem = sp >= 2 ? 2 : 4, nb = map.num_buckets(),
+                                   n = map.bucket_size();
                     rs_calls += nb;
                     rs_bytes += nb * n * 4;
                     ag_calls += nb;
@@ -306,7 +325,9 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                         hop_bytes += nb * (n - map.piece_size()) * e;
                     }
                 }
-                const std::string at = fmt::format("{} {} P={} EP={} bucket {}", dtype_name(pol.dtype), pol.uniform ? name_of(pol.level) : "", P, ep, bucket);
+                const std::string at =
+                    fmt::format("{} {} P={} EP={} bucket {}", dtype_name(pol.dtype),
+                                pol.uniform ? name_of(pol.level) : "", P, ep, bucket);
                 EXPECT_EQ(t[dist::CommKind::reduce_scatter].calls, rs_calls) << at;
                 EXPECT_EQ(t[dist::CommKind::reduce_scatter].bytes, rs_bytes) << at;
                 EXPECT_EQ(t[dist::CommKind::all_gather].calls, ag_calls) << at;
@@ -319,7 +340,8 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                 // no all-reduce of gradients under ParO: gate statistics, loss, the norm, and with
                 // EP > 1 the dispatcher's largest receipt
                 EXPECT_EQ(t[dist::CommKind::allreduce].calls,
-                          static_cast<uint64_t>(L.accum) * (ep > 1 ? 2 : 1) + 2) << at;
+                          static_cast<uint64_t>(L.accum) * (ep > 1 ? 2 : 1) + 2)
+                    << at;
             }
         }
     }
@@ -333,7 +355,7 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         c.model.gate               = GateKind::swipe;
         c.parallel.expert_parallel = 2;
         c.parallel.virtual_workers = 2;
-        const dist::CommTally t    = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
+        const dist::CommTally t    = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::allgather].calls, K);
         EXPECT_EQ(t[dist::CommKind::allgather].bytes, K * 2 * (E + 1) * 8);
     }
@@ -342,20 +364,20 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         TrainConfig c           = small_config(2);
         c.model.gate            = GateKind::switch_top1;
         c.model.top_k           = 1;
-        const dist::CommTally t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
+        const dist::CommTally t = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::allgather].calls, 1u);
         EXPECT_EQ(t[dist::CommKind::allgather].bytes, 1 * E * 8);
         EXPECT_EQ(t[dist::CommKind::alltoallv].calls, 0u);
     }
     {  // readers: MB windows of T + 1 tokens per member and micro-batch
-        TrainConfig c  = small_config(2);
-        c.data.readers = 1;
-        dist::CommTally t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
+        TrainConfig c     = small_config(2);
+        c.data.readers    = 1;
+        dist::CommTally t = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 1u);
         EXPECT_EQ(t[dist::CommKind::scatter].bytes, MB * (T + 1) * 4);
-        c.data.readers = 3;  // groups {0}, {1}, {2, 3}: half the ranks scatter
-        const Footprint f = footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0);
-        bool found = false;
+        c.data.readers    = 3;  // groups {0}, {1}, {2, 3}: half the ranks scatter
+        const Footprint f = footprint(c, layout_4x4(c), 0, 0);
+        bool found        = false;
         for (const Collective& x : f.collectives) {
             if (x.kind != dist::CommKind::scatter) continue;
             found = true;
@@ -364,7 +386,7 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         }
         EXPECT_TRUE(found);
         c.data.readers = 4;  // every rank reads for itself
-        t = per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives);
+        t              = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
     }
     {  // half payloads: dispatch in the FFN's GEMM dtype (O1 up), combine in its activation
@@ -374,10 +396,12 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
         c.precision.dtype          = Dtype::bfloat16;
         const uint64_t N = MB * T, C = 24, rows = N * K * C;
         c.precision.ffn = Level::O1;
-        EXPECT_EQ(per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+        EXPECT_EQ(per_kind(footprint(c, layout_4x4(c), 0, 0).collectives)[dist::CommKind::alltoallv]
+                      .bytes,
                   2 * rows * 2 + 2 * rows * 4 + E * 8);
         c.precision.ffn = Level::O2;
-        EXPECT_EQ(per_kind(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0).collectives)[dist::CommKind::alltoallv].bytes,
+        EXPECT_EQ(per_kind(footprint(c, layout_4x4(c), 0, 0).collectives)[dist::CommKind::alltoallv]
+                      .bytes,
                   4 * rows * 2 + E * 8);
     }
 }
@@ -386,13 +410,13 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
 // budget below the balanced load means more rounds, each a dispatch and a combine, and a
 // second dispatch of the tokens in backward.
 TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
-    TrainConfig c              = small_config(2, 8);
-    c.model.seq_len            = 256;  // N K = 2 x 256 x 2 = 1024 rows per rank
+    TrainConfig c    = small_config(2, 8);
+    c.model.seq_len  = 256;  // N K = 2 x 256 x 2 = 1024 rows per rank
     const uint64_t N = 2 * 256, K = 2, C = 24, E = 8, rows = N * K * C;
     auto moe_bytes = [&](double budget, int ep) {
-        TrainConfig b            = c;
-        b.model.moe_rows_budget  = budget;
-        const MoEBytes m         = moe_layer_bytes(b.model, static_cast<int64_t>(N), ep);
+        TrainConfig b           = c;
+        b.model.moe_rows_budget = budget;
+        const MoEBytes m        = moe_layer_bytes(b.model, static_cast<int64_t>(N), ep);
         return m.activations + m.comm_buffers;
     };
     // unbounded grows with EP by (R, C) and (R, F) buffers; with a budget of twice the
@@ -412,18 +436,18 @@ TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
 }
 
 TEST(PlanTime, OverlapFollowsTheConfig) {
-    TrainConfig c = small_config(0);
-    c.model.d_model = 256;            // gradients large enough to take time
-    c.parallel.bucket_mib = 0.25;     // several ParO buckets: all but the first can hide
+    TrainConfig c         = small_config(0);
+    c.model.d_model       = 256;   // gradients large enough to take time
+    c.parallel.bucket_mib = 0.25;  // several ParO buckets: all but the first can hide
     MachineSpec mach;
     mach.node.peak_fp32_gflops     = 100;
     mach.node.memory_gib           = 1;
     mach.node.memory_bandwidth_gbs = 10;
     mach.node.cores                = 4;
-    const Footprint f = footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0);
+    const Footprint f              = footprint(c, layout_4x4(c), 0, 0);
     ASSERT_TRUE(f.layout.overlap);
     const Estimate on = estimate(f, c, mach);
-    double         reduce = 0;
+    double reduce     = 0;
     for (size_t i = 0; i < f.collectives.size(); ++i) {
         if (f.collectives[i].reduction) reduce += on.comm[i].seconds;
     }
@@ -431,7 +455,7 @@ TEST(PlanTime, OverlapFollowsTheConfig) {
     EXPECT_LT(on.t_overlap, reduce);  // the unit holding the embeddings is never hidden
     EXPECT_DOUBLE_EQ(estimate(f, c, mach, {0.0}).t_overlap, 0);
     c.parallel.overlap_grad_reduce = false;
-    EXPECT_DOUBLE_EQ(estimate(footprint(c, make_layout(c, model::PrecisionPolicy::from_config(c.precision), 4, 4, 1), 0, 0), c, mach).t_overlap, 0);
+    EXPECT_DOUBLE_EQ(estimate(footprint(c, layout_4x4(c), 0, 0), c, mach).t_overlap, 0);
 }
 
 TEST(PlanTime, GemmEfficiencyInterpolates) {
@@ -467,7 +491,8 @@ class MachineFileTest : public ::testing::Test {
 };
 
 TEST_F(MachineFileTest, ShippedFilesLoad) {
-    const MachineSpec m = load_machine(std::string(BGL_SOURCE_DIR) + "/machines/sunway-oceanlight.toml");
+    const MachineSpec m =
+        load_machine(std::string(BGL_SOURCE_DIR) + "/machines/sunway-oceanlight.toml");
     EXPECT_EQ(m.node.cores, 390);
     EXPECT_DOUBLE_EQ(m.node.peak_fp32_gflops, 14030);
     EXPECT_EQ(m.network.total_nodes, 107520);
@@ -486,10 +511,12 @@ TEST_F(MachineFileTest, RoundTrip) {
 }
 
 TEST_F(MachineFileTest, BadFilesNameFileAndKey) {
-    const std::string ok = "[node]\npeak_fp32_gflops = 10\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\n";
+    const std::string ok =
+        "[node]\npeak_fp32_gflops = 10\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\n";
     expect_error(ok + "bogus = 1\n", {"node.bogus", "unknown key"});
     expect_error(ok + "[nodes]\n", {"unknown section [nodes]"});
-    expect_error("[node]\npeak_fp32_gflops = \"fast\"\n", {"node.peak_fp32_gflops", "expected a number"});
+    expect_error("[node]\npeak_fp32_gflops = \"fast\"\n",
+                 {"node.peak_fp32_gflops", "expected a number"});
     expect_error("[node]\npeak_fp32_gflops = -1\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\n",
                  {"node.peak_fp32_gflops", "must be > 0"});
     expect_error(ok + "gemm_sizes = [1.0, 2.0]\n", {"gemm_sizes", "same length"});

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 
 #include "core/error.h"
 
@@ -117,7 +117,8 @@ TEST_F(MetricsTest, ExpertLoadChartHasOneRowPerLayerAndExpert) {
     EXPECT_TRUE(write_expert_load_chart(dir_.string()));
     const std::string svg = read("expert_load.svg");
     EXPECT_NE(svg.find("Expert load"), std::string::npos);
-    for (const char* label : {"moe 0 expert 0", "moe 0 expert 1", "moe 1 expert 0", "moe 1 expert 1"}) {
+    for (const char* label :
+         {"moe 0 expert 0", "moe 0 expert 1", "moe 1 expert 0", "moe 1 expert 1"}) {
         EXPECT_NE(svg.find(label), std::string::npos) << label;
     }
     write("metrics.jsonl", "{\"step\":1,\"loss\":3.0}\n");
@@ -153,11 +154,12 @@ TEST_F(MetricsTest, MetricCurveOfOneRunAndItsSummary) {
 }
 
 TEST_F(MetricsTest, ComparisonChartHasOneSeriesPerRun) {
-    const std::vector<RunCurve> curves = {{"FP32", {0, 100, 200}, {5, 4, 3.5}},
-                                          {"BF16 & co", {0, 100, 200}, {5.1, 4.1, 3.6}},
-                                          {"FP16", {0, 100}, {5.2, std::numeric_limits<double>::quiet_NaN()}}};
+    const std::vector<RunCurve> curves = {
+        {"FP32", {0, 100, 200}, {5, 4, 3.5}},
+        {"BF16 & co", {0, 100, 200}, {5.1, 4.1, 3.6}},
+        {"FP16", {0, 100}, {5.2, std::numeric_limits<double>::quiet_NaN()}}};
     const std::string out = (dir_ / "cmp.svg").string();
-    write_comparison_chart(curves, "val_loss", out);
+    write_comparison_chart(curves, "Validation loss", "val loss", out);
     const std::string svg = read("cmp.svg");
     EXPECT_TRUE(svg.ends_with("</svg>\n"));
     EXPECT_NE(svg.find(">Validation loss of 3 runs<"), std::string::npos);
@@ -165,30 +167,37 @@ TEST_F(MetricsTest, ComparisonChartHasOneSeriesPerRun) {
         EXPECT_NE(svg.find(label), std::string::npos) << label;
     }
     size_t paths = 0;
-    for (size_t i = svg.find("<path "); i != std::string::npos; i = svg.find("<path ", i + 1)) ++paths;
+    for (size_t i = svg.find("<path "); i != std::string::npos; i = svg.find("<path ", i + 1))
+        ++paths;
     EXPECT_EQ(paths, 2u);  // FP16 has one finite point: a dot, no line
     EXPECT_FALSE(fs::exists(out + ".tmp"));
     const std::string bad = (dir_ / "no_such_dir" / "cmp.svg").string();
-    EXPECT_NE(error_of([&] { write_comparison_chart(curves, "loss", bad); }).find(bad + ": cannot write"),
+    EXPECT_NE(error_of([&] {
+                  write_comparison_chart(curves, "Train loss", "train loss", bad);
+              }).find(bad + ": cannot write"),
               std::string::npos);
 }
 
 TEST_F(MetricsTest, MetricCurveErrorsNameTheDirectoryOrLog) {
     const std::string missing = (dir_ / "nope").string();
-    EXPECT_NE(error_of([&] { read_metric_curve(missing, "loss", "x"); })
-                  .find(missing + ": no such directory"),
+    EXPECT_NE(error_of([&] {
+                  read_metric_curve(missing, "loss", "x");
+              }).find(missing + ": no such directory"),
               std::string::npos);
     const std::string log = (dir_ / "metrics.jsonl").string();
-    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "loss", "x"); })
-                  .find(log + ": no such file"),
+    EXPECT_NE(error_of([&] {
+                  read_metric_curve(dir_.string(), "loss", "x");
+              }).find(log + ": no such file"),
               std::string::npos);
     write("metrics.jsonl", "{\"step\":1,\"loss\":5.0}\n");
-    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "val_loss", "x"); })
-                  .find(log + ": no line has \"val_loss\""),
+    EXPECT_NE(error_of([&] {
+                  read_metric_curve(dir_.string(), "val_loss", "x");
+              }).find(log + ": no line has \"val_loss\""),
               std::string::npos);
     write("metrics.jsonl", "{\"val_loss\":5.0}\n");
-    EXPECT_NE(error_of([&] { read_metric_curve(dir_.string(), "val_loss", "x"); })
-                  .find(log + ":1: has \"val_loss\" but no numeric \"step\""),
+    EXPECT_NE(error_of([&] {
+                  read_metric_curve(dir_.string(), "val_loss", "x");
+              }).find(log + ":1: has \"val_loss\" but no numeric \"step\""),
               std::string::npos);
 }
 

@@ -271,8 +271,9 @@ TEST(LineChart, ManySeriesGetDistinctStrokesAndOneLegendEntryEach) {
     EXPECT_EQ(x.elements.at("circle"), 12 * 6 - 1);
 
     std::set<std::string> strokes;
-    const std::regex path_re("<path d=\"([^\"]*)\" fill=\"none\" stroke=\"([^\"]*)\"[^>]*?"
-                             "(stroke-dasharray=\"([^\"]*)\")?/>");
+    const std::regex path_re(
+        "<path d=\"([^\"]*)\" fill=\"none\" stroke=\"([^\"]*)\"[^>]*?"
+        "(stroke-dasharray=\"([^\"]*)\")?/>");
     std::vector<std::string> paths;
     for (auto it = std::sregex_iterator(svg.begin(), svg.end(), path_re);
          it != std::sregex_iterator(); ++it) {

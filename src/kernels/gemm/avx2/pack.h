@@ -16,12 +16,12 @@ namespace bagualu::kernels::gemm::avx2 {
 namespace {
 
 // Longest k block the transposing packer accepts (it reads missing rows from a zero row).
-constexpr int kMaxPackK = 1024;
+constexpr int kMaxPackK                         = 1024;
 alignas(64) const float kZeroF32[kMaxPackK + 8] = {};
-alignas(64) const bf16  kZeroBf16[kMaxPackK + 8] = {};
+alignas(64) const bf16 kZeroBf16[kMaxPackK + 8] = {};
 
 inline const float* zero_row(const float*) { return kZeroF32; }
-inline const bf16*  zero_row(const bf16*) { return kZeroBf16; }
+inline const bf16* zero_row(const bf16*) { return kZeroBf16; }
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const bf16* p) {
@@ -31,7 +31,7 @@ inline __m256 load8(const bf16* p) {
 inline float load1(const float* p) { return *p; }
 inline float load1(const bf16* p) {
     const uint32_t u = static_cast<uint32_t>(*p) << 16;
-    float          f;
+    float f;
     __builtin_memcpy(&f, &u, sizeof f);
     return f;
 }
@@ -68,12 +68,12 @@ inline void transpose8(__m256 r[8]) {
 // store spills into the next k's slots (rewritten next) or past the panel (driver slack).
 template <int R, typename Src>
 void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
-    constexpr int G   = (R + 7) / 8;
-    const Src*    x   = static_cast<const Src*>(src.data);
-    const size_t  ld  = static_cast<size_t>(src.ld);
+    constexpr int G = (R + 7) / 8;
+    const Src* x    = static_cast<const Src*>(src.data);
+    const size_t ld = static_cast<size_t>(src.ld);
     for (int p = 0; p < rn; p += R) {
         const int rows = std::min(R, rn - p);
-        float*    d    = dst + size_t(p) * size_t(kc);
+        float* d       = dst + size_t(p) * size_t(kc);
         if (src.k_contiguous) {
             const Src* s[G * 8];
             for (int r = 0; r < G * 8; ++r) {
@@ -87,7 +87,8 @@ void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
                     transpose8(t[g]);
                 }
                 for (int kk = 0; kk < 8; ++kk) {
-                    for (int g = 0; g < G; ++g) _mm256_storeu_ps(d + (k + kk) * R + g * 8, t[g][kk]);
+                    for (int g = 0; g < G; ++g)
+                        _mm256_storeu_ps(d + (k + kk) * R + g * 8, t[g][kk]);
                 }
             }
             for (; k < kc; ++k) {
@@ -95,9 +96,9 @@ void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
             }
         } else {
             for (int k = 0; k < kc; ++k) {
-                const Src* s  = x + size_t(p0 + k) * ld + size_t(r0 + p);
-                float*     dk = d + k * R;
-                int        r  = 0;
+                const Src* s = x + size_t(p0 + k) * ld + size_t(r0 + p);
+                float* dk    = d + k * R;
+                int r        = 0;
                 if (rows == R) {
                     for (; r + 8 <= R; r += 8) _mm256_storeu_ps(dk + r, load8(s + r));
                 }

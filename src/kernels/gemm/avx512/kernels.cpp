@@ -2,12 +2,13 @@
 // for bf16 with AVX512_BF16 vdpbf16ps, which multiplies pairs of k at once: packed panels hold
 // (k, k + 1) pairs side by side and an odd K is padded with a zero. Without AVX512_BF16, bf16
 // inputs are widened to float while packing and use the float tile.
+#include "kernels/gemm/kernels.h"
+
 #include <immintrin.h>
 
 #include <cstdint>
 
 #include "kernels/gemm/avx2/pack.h"
-#include "kernels/gemm/kernels.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/pack.h"
 
@@ -16,19 +17,19 @@ namespace bagualu::kernels::gemm::avx512 {
 namespace {
 
 struct OpsF32 {
-    using reg                    = __m512;
-    using packed_t               = float;
-    static constexpr int width   = 16;
-    static constexpr int kstep   = 1;
-    static reg   zero() { return _mm512_setzero_ps(); }
-    static reg   load_b(const float* p) { return _mm512_load_ps(p); }
-    static reg   bcast_a(const float* p) { return _mm512_set1_ps(*p); }
-    static reg   madd(reg acc, reg a, reg b) { return _mm512_fmadd_ps(a, b, acc); }
-    static reg   set1(float x) { return _mm512_set1_ps(x); }
-    static reg   mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-    static reg   loadu(const float* p) { return _mm512_loadu_ps(p); }
-    static void  storeu(float* p, reg x) { _mm512_storeu_ps(p, x); }
-    static reg   fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+    using reg                  = __m512;
+    using packed_t             = float;
+    static constexpr int width = 16;
+    static constexpr int kstep = 1;
+    static reg zero() { return _mm512_setzero_ps(); }
+    static reg load_b(const float* p) { return _mm512_load_ps(p); }
+    static reg bcast_a(const float* p) { return _mm512_set1_ps(*p); }
+    static reg madd(reg acc, reg a, reg b) { return _mm512_fmadd_ps(a, b, acc); }
+    static reg set1(float x) { return _mm512_set1_ps(x); }
+    static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+    static reg loadu(const float* p) { return _mm512_loadu_ps(p); }
+    static void storeu(float* p, reg x) { _mm512_storeu_ps(p, x); }
+    static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
     static float fmadd_scalar(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 };
 
@@ -63,14 +64,35 @@ void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_panels<R, 2, bf16, bf16>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
 }
 
-constexpr KernelSpec kF32{kMR,              kNR,              1, 4, 240, 192, 4096,
-                          pack_f32<kMR, float>, pack_f32<kNR, float>,
+constexpr KernelSpec kF32{kMR,
+                          kNR,
+                          1,
+                          4,
+                          240,
+                          192,
+                          4096,
+                          pack_f32<kMR, float>,
+                          pack_f32<kNR, float>,
                           micro_tile<OpsF32, kMR, kNV>};
-constexpr KernelSpec kBf16{kMR,             kNR,             1, 4, 240, 192, 4096,
-                           pack_f32<kMR, bf16>, pack_f32<kNR, bf16>,
+constexpr KernelSpec kBf16{kMR,
+                           kNR,
+                           1,
+                           4,
+                           240,
+                           192,
+                           4096,
+                           pack_f32<kMR, bf16>,
+                           pack_f32<kNR, bf16>,
                            micro_tile<OpsF32, kMR, kNV>};
-constexpr KernelSpec kBf16Dot{kMR,          kNR,          2, 2, 240, 384, 4096,
-                              pack_pairs<kMR>, pack_pairs<kNR>,
+constexpr KernelSpec kBf16Dot{kMR,
+                              kNR,
+                              2,
+                              2,
+                              240,
+                              384,
+                              4096,
+                              pack_pairs<kMR>,
+                              pack_pairs<kNR>,
                               micro_tile<OpsBf16Dot, kMR, kNV>};
 
 }  // namespace

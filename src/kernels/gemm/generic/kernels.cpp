@@ -2,6 +2,7 @@
 // plain arrays, a 4 x 8 tile the compiler maps to whatever SIMD the baseline target has. Used
 // where neither AVX2 nor AVX-512 is available. Multiply and add round separately (no FMA).
 #include "kernels/gemm/kernels.h"
+
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/pack.h"
 
@@ -30,7 +31,7 @@ struct Ops {
         for (int l = 0; l < width; ++l) a.v[l] *= b.v[l];
         return a;
     }
-    static reg  loadu(const float* p) { return load_b(p); }
+    static reg loadu(const float* p) { return load_b(p); }
     static void storeu(float* p, reg x) {
         for (int l = 0; l < width; ++l) p[l] = x.v[l];
     }
@@ -50,10 +51,10 @@ void pack(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_panels<R, 1, Src, float>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
-constexpr KernelSpec kF32{kMR, kNR, 1, 4, 128, 256, 2048, pack<kMR, float>, pack<kNR, float>,
-                          micro_tile<Ops, kMR, kNV>};
-constexpr KernelSpec kBf16{kMR, kNR, 1, 4, 128, 256, 2048, pack<kMR, bf16>, pack<kNR, bf16>,
-                           micro_tile<Ops, kMR, kNV>};
+constexpr KernelSpec kF32{
+    kMR, kNR, 1, 4, 128, 256, 2048, pack<kMR, float>, pack<kNR, float>, micro_tile<Ops, kMR, kNV>};
+constexpr KernelSpec kBf16{
+    kMR, kNR, 1, 4, 128, 256, 2048, pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<Ops, kMR, kNV>};
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 // (updates smaller than half a bf16 ulp add up), O3 tensors have none (they are lost); a
 // gradient holding an injected inf skips the step without touching parameters or state; the
 // loss scale is divided out exactly. ParO's bucket target has a floor per rank.
+#include "dist/paro/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "dist/parallel.h"
-#include "dist/paro/optimizer.h"
 #include "dist/paro/spaces.h"
 
 namespace bagualu::dist::paro {
@@ -27,20 +28,21 @@ model::ParamLayout small_layout() {
 
 struct Trajectory {
     std::vector<float> params;
-    std::vector<bool>  skipped;
+    std::vector<bool> skipped;
 };
 
 // `steps` AdamW steps (lr 1e-3, no decay, no clipping) from all-ones parameters with constant
 // gradient `g` (times `loss_scale`), an inf in the gradient at step `inf_at` (1-based; 0: none).
-Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g, double loss_scale = 1,
-              int inf_at = 0) {
+Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g,
+                     double loss_scale = 1, int inf_at = 0) {
     std::vector<std::string> sets = {"train.weight_decay=0", "train.grad_clip=0"};
     for (const auto& s : prec) sets.push_back("precision." + s);
-    const TrainConfig  cfg    = default_config(sets);
+    const TrainConfig cfg     = default_config(sets);
     model::ParamLayout layout = small_layout();
-    auto               par    = dist::ParallelContext::single();
-    auto               opt    = make_optimizer(cfg, layout, *par, model::PrecisionPolicy::from_config(cfg.precision));
-    Buffer<float>      params(layout.total_floats()), grads(layout.total_floats());
+    auto par                  = dist::ParallelContext::single();
+    auto opt =
+        make_optimizer(cfg, layout, *par, model::PrecisionPolicy::from_config(cfg.precision));
+    Buffer<float> params(layout.total_floats()), grads(layout.total_floats());
     for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f;
     Trajectory r;
     for (int s = 1; s <= steps; ++s) {
@@ -58,8 +60,8 @@ TEST(PrecisionOptimizer, O2MastersKeepSmallUpdatesO3LosesThem) {
     // Adam's first steps move each parameter by ~lr = 1e-3; below 1.0 a bf16 ulp is 2^-8 = 3.9e-3,
     // so one step rounds back to 1.0. With a master the steps add up: after 10 steps the master
     // is ~0.990 and the parameter its bf16 rounding 0.98828125 (1 - 3 ulp).
-    const Trajectory o2 = run_steps({"dtype=bf16", "ffn=O2"}, 10, 0.5f);
-    const Trajectory o3 = run_steps({"dtype=bf16", "ffn=O3"}, 10, 0.5f);
+    const Trajectory o2  = run_steps({"dtype=bf16", "ffn=O2"}, 10, 0.5f);
+    const Trajectory o3  = run_steps({"dtype=bf16", "ffn=O3"}, 10, 0.5f);
     const Trajectory f32 = run_steps({}, 10, 0.5f);
     EXPECT_EQ(o2.params[0], 0.98828125f);
     EXPECT_EQ(o3.params[0], 1.0f);
@@ -69,14 +71,15 @@ TEST(PrecisionOptimizer, O2MastersKeepSmallUpdatesO3LosesThem) {
     EXPECT_EQ(o2.params[ln], f32.params[ln]);
     EXPECT_EQ(o3.params[ln], 1.0f);
     // O2 parameters are bf16 values
-    for (size_t i = 0; i < 32; ++i) EXPECT_EQ(round_to(Dtype::bfloat16, o2.params[i]), o2.params[i]);
+    for (size_t i = 0; i < 32; ++i)
+        EXPECT_EQ(round_to(Dtype::bfloat16, o2.params[i]), o2.params[i]);
 }
 
 TEST(PrecisionOptimizer, InjectedInfSkipsTheStep) {
-    for (const std::vector<std::string>& prec : {std::vector<std::string>{"dtype=fp16"},
-                                                std::vector<std::string>{}}) {
+    for (const std::vector<std::string>& prec :
+         {std::vector<std::string>{"dtype=fp16"}, std::vector<std::string>{}}) {
         const Trajectory clean = run_steps(prec, 3, 0.5f);
-        const Trajectory inf   = run_steps(prec, 4, 0.5f, 1, 2);  // step 2 skipped, then 3 more steps
+        const Trajectory inf = run_steps(prec, 4, 0.5f, 1, 2);  // step 2 skipped, then 3 more steps
         EXPECT_EQ(inf.skipped, (std::vector<bool>{false, true, false, false}));
         EXPECT_EQ(inf.params, clean.params);  // the skipped step changed nothing (nor m, v)
     }
@@ -84,7 +87,8 @@ TEST(PrecisionOptimizer, InjectedInfSkipsTheStep) {
 
 TEST(PrecisionOptimizer, LossScaleIsDividedOut) {
     // a power of two: exact
-    EXPECT_EQ(run_steps({"dtype=fp16"}, 3, 0.25f, 1024).params, run_steps({"dtype=fp16"}, 3, 0.25f).params);
+    EXPECT_EQ(run_steps({"dtype=fp16"}, 3, 0.25f, 1024).params,
+              run_steps({"dtype=fp16"}, 3, 0.25f).params);
 }
 
 // ParO's bucket target: parallel.bucket_mib up to 1,024 ranks, then 4 KiB per rank.

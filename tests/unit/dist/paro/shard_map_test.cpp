@@ -43,7 +43,7 @@ class ShardMapTest : public ::testing::TestWithParam<std::tuple<int, size_t, boo
 TEST_P(ShardMapTest, PiecesCoverEveryElementOnce) {
     const auto [P, bucket, expert] = GetParam();
     const model::ParamLayout l     = mixed_layout();
-    std::vector<int>         seen(l.total_floats(), 0);
+    std::vector<int> seen(l.total_floats(), 0);
     for (int r = 0; r < P; ++r) {
         const ShardMap map(runs_of(l, expert), l, P, r, bucket);
         EXPECT_EQ(map.shard_size() % 16, 0u);
@@ -73,8 +73,8 @@ TEST_P(ShardMapTest, PiecesCoverEveryElementOnce) {
 TEST_P(ShardMapTest, BucketsReduceScatterAndGatherThroughOwners) {
     const auto [P, bucket, expert] = GetParam();
     const model::ParamLayout l     = mixed_layout();
-    const size_t             n     = l.total_floats();
-    std::vector<ShardMap>    maps;
+    const size_t n                 = l.total_floats();
+    std::vector<ShardMap> maps;
     std::vector<std::vector<float>> flat(static_cast<size_t>(P), std::vector<float>(n));
     for (int r = 0; r < P; ++r) {
         maps.emplace_back(runs_of(l, expert), l, P, r, bucket);
@@ -84,7 +84,8 @@ TEST_P(ShardMapTest, BucketsReduceScatterAndGatherThroughOwners) {
     // reduce-scatter by hand: piece r of every rank's packed bucket summed into rank r
     for (size_t b = 0; b < m0.num_buckets(); ++b) {
         std::vector<std::vector<float>> bufs(size_t(P), std::vector<float>(m0.bucket_size()));
-        for (int r = 0; r < P; ++r) maps[size_t(r)].pack(b, flat[size_t(r)].data(), bufs[size_t(r)].data());
+        for (int r = 0; r < P; ++r)
+            maps[size_t(r)].pack(b, flat[size_t(r)].data(), bufs[size_t(r)].data());
         for (int r = 0; r < P; ++r) {
             std::vector<float> sum(m0.bucket_size(), 0.f);
             for (int s = 0; s < P; ++s) {
@@ -109,8 +110,10 @@ TEST_P(ShardMapTest, BucketsReduceScatterAndGatherThroughOwners) {
     }
     for (size_t b = 0; b < m0.num_buckets(); ++b) {
         std::vector<float> gathered(m0.bucket_size());
-        for (int r = 0; r < P; ++r) maps[size_t(r)].pack_own(b, flat[size_t(r)].data(), gathered.data());
-        for (int r = 0; r < P; ++r) maps[size_t(r)].unpack(b, gathered.data(), flat[size_t(r)].data(), false);
+        for (int r = 0; r < P; ++r)
+            maps[size_t(r)].pack_own(b, flat[size_t(r)].data(), gathered.data());
+        for (int r = 0; r < P; ++r)
+            maps[size_t(r)].unpack(b, gathered.data(), flat[size_t(r)].data(), false);
     }
     for (int owner = 0; owner < P; ++owner) {
         for (const ShardPiece& p : maps[size_t(owner)].pieces()) {
@@ -127,7 +130,7 @@ TEST_P(ShardMapTest, BucketsReduceScatterAndGatherThroughOwners) {
 TEST_P(ShardMapTest, BucketsFollowTheFlatOrder) {
     const auto [P, bucket, expert] = GetParam();
     const model::ParamLayout l     = mixed_layout();
-    const ShardMap           map(runs_of(l, expert), l, P, 0, bucket);
+    const ShardMap map(runs_of(l, expert), l, P, 0, bucket);
     for (size_t b = 0; b < map.num_buckets(); ++b) {
         size_t lo = SIZE_MAX, hi = 0;
         for (const BucketCopy& c : map.copies(b)) {
@@ -151,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ShardMapTest,
 
 TEST(ShardMap, EmptySpaceHasNoShard) {
     const model::ParamLayout l = mixed_layout();
-    const ShardMap           map({}, l, 4, 1, 1024);
+    const ShardMap map({}, l, 4, 1, 1024);
     EXPECT_EQ(map.numel(), 0u);
     EXPECT_EQ(map.shard_size(), 0u);
     EXPECT_EQ(map.num_buckets(), 0u);
