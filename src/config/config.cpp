@@ -453,10 +453,6 @@ void validate(const TrainConfig& c) {
         input_error("{}: train.micro_batch_size = {}: must be >= 0 (0 = batch_size)", src,
                     t.micro_batch_size);
     }
-    if (t.batch_size % c.micro_batch() != 0) {
-        input_error("{}: train.batch_size = {} must be a multiple of train.micro_batch_size = {}",
-                    src, t.batch_size, c.micro_batch());
-    }
     positive("train.steps", t.steps);
     if (!(t.lr > 0)) input_error("{}: train.lr = {}: must be > 0", src, t.lr);
     non_negative("train.min_lr", t.min_lr);
@@ -547,18 +543,20 @@ void validate_layout(const TrainConfig& c, int ranks) {
             "ranks {}",
             src, rpn, ranks);
     }
-    if (c.train.batch_size % ranks != 0) {
+    if (c.train.batch_size < ranks) {
         input_error(
-            "{}: train.batch_size = {} does not split evenly over {} ranks (every rank "
-            "trains batch_size / ranks sequences a step: use a rank count that divides it)",
+            "{}: train.batch_size = {} is less than the number of ranks {} (every rank trains "
+            "at least one sequence a step: raise train.batch_size or use fewer ranks)",
             src, c.train.batch_size, ranks);
     }
-    const int64_t mb = c.micro_batch(ranks);
-    if (c.train.batch_size / ranks % mb != 0) {
+    const BatchSplit split = c.batch_split(ranks);
+    if (split.has_empty()) {
         input_error(
-            "{}: train.batch_size / ranks = {} sequences per rank must be a multiple of "
-            "train.micro_batch_size = {}",
-            src, c.train.batch_size / ranks, mb);
+            "{}: train.batch_size = {} over {} ranks leaves {} sequences on some ranks, fewer "
+            "than the {} micro-batches of train.micro_batch_size = {} that the largest share "
+            "needs (raise train.micro_batch_size to at least {})",
+            src, c.train.batch_size, ranks, split.min_share(), split.steps(),
+            c.train.micro_batch_size, (split.share(0) + split.min_share() - 1) / split.min_share());
     }
     if (c.data.readers > ranks) {
         input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,

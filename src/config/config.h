@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "config/batch_split.h"
 #include "config/enums.h"
 
 namespace bagualu {
@@ -188,14 +189,14 @@ struct TrainConfig {
     std::string source = "<defaults>";  // file the config came from, for error messages
     std::string name   = "default";     // stem of the config file
 
-    // Sequences per rank per forward pass, for a run over `ranks` processes: micro_batch_size
-    // caps it, and it is never more than the rank's share of the batch, so one config runs on
-    // any rank count that divides the batch (0: the whole share, no accumulation).
-    int64_t micro_batch(int ranks = 1) const {
-        const int64_t share = train.batch_size / ranks;
-        return train.micro_batch_size > 0 && train.micro_batch_size < share ? train.micro_batch_size
-                                                                            : share;
+    // How a step's batch splits over `ranks` processes and their micro-steps (batch_split.h):
+    // micro_batch_size caps a micro-batch (0: no cap). Needs 1 <= ranks <= batch_size.
+    BatchSplit batch_split(int ranks = 1) const {
+        const int64_t cap = train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size;
+        return BatchSplit(train.batch_size, ranks, cap);
     }
+    // The most sequences a rank trains in one forward pass, over `ranks` processes.
+    int64_t micro_batch(int ranks = 1) const { return batch_split(ranks).max_rows(); }
     // Whether the optimizer state is partitioned over `ranks` processes (optimizer.partition).
     bool partition_optimizer(int ranks) const {
         return optimizer.partition == Partition::on ||
@@ -210,10 +211,8 @@ struct TrainConfig {
     std::string checkpoint_dir() const {
         return checkpoint.dir.empty() ? train.run_dir + "/checkpoints" : checkpoint.dir;
     }
-    // Micro-batches per optimizer step.
-    int64_t grad_accum_steps(int ranks = 1) const {
-        return train.batch_size / (ranks * micro_batch(ranks));
-    }
+    // Micro-batches per optimizer step, the same on every rank.
+    int64_t grad_accum_steps(int ranks = 1) const { return batch_split(ranks).steps(); }
 };
 
 // Loads a TOML file, applies overrides ("section.key=value", value in TOML syntax or a bare

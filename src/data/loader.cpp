@@ -24,6 +24,7 @@ LoaderLayout layout_of(const TrainConfig& cfg, const dist::ParallelContext& par)
     L.micro_batch = static_cast<int>(cfg.micro_batch(par.size()));
     L.seq_len     = cfg.model.seq_len;
     L.seed        = cfg.train.seed;
+    L.batch       = cfg.train.batch_size;
     return L;
 }
 
@@ -83,9 +84,13 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
                     group_info_.first, group_info_.first, group_info_.first + group_info_.size - 1);
     }
     BGL_CHECK(count > 0, "rank {}: data.train holds no window", L_.rank);
-    n_windows_   = count;
-    n_tokens_    = shards_.num_tokens();
-    window_ints_ = static_cast<size_t>(L_.micro_batch) * static_cast<size_t>(L_.seq_len + 1);
+    n_windows_ = count;
+    n_tokens_  = shards_.num_tokens();
+    split_     = BatchSplit(L_.batch > 0 ? L_.batch : int64_t{L_.micro_batch} * L_.ranks, L_.ranks,
+                        L_.micro_batch);
+    BGL_CHECK(!split_.has_empty(), "rank {}: an empty micro-batch in the split of {} over {}",
+              L_.rank, split_.batch(), L_.ranks);
+    window_ints_ = static_cast<size_t>(split_.max_rows()) * static_cast<size_t>(L_.seq_len + 1);
     if (reader_) {
         sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed);
         for (auto& b : buf_) b.resize(window_ints_ * static_cast<size_t>(group_info_.size));
@@ -112,14 +117,17 @@ DataLoader::~DataLoader() {
 }
 
 void DataLoader::fetch() {
-    const int64_t MB = L_.micro_batch;
-    const int64_t W  = L_.seq_len + 1;
-    int32_t* out     = buf_[fill_].data();
-    sampler_->skip(group_info_.first * MB);
-    for (int64_t i = 0; i < group_info_.size * MB; ++i) {
-        shards_.read_window(sampler_->next(), out + i * W);
+    const int64_t W = L_.seq_len + 1, k = fetch_k_;
+    const int first = group_info_.first, end = first + group_info_.size;
+    fetch_k_ = (k + 1) % split_.steps();
+    sampler_->skip(split_.offset(first, k));
+    for (int q = first; q < end; ++q) {
+        int32_t* out = buf_[fill_].data() + static_cast<size_t>(q - first) * window_ints_;
+        for (int64_t i = 0; i < split_.rows(q, k); ++i) {
+            shards_.read_window(sampler_->next(), out + i * W);
+        }
     }
-    sampler_->skip((L_.ranks - group_info_.first - group_info_.size) * MB);
+    sampler_->skip(split_.total(k) - split_.offset(end, k));
 }
 
 void DataLoader::start_fetch() {
@@ -151,28 +159,32 @@ void DataLoader::start_scatter() {
     in_flight_ = true;
 }
 
-void DataLoader::unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const {
+void DataLoader::unpack(const int32_t* windows, int rows, int32_t* inputs, int32_t* targets) const {
     const int T = L_.seq_len;
-    for (int b = 0; b < L_.micro_batch; ++b) {
+    for (int b = 0; b < rows; ++b) {
         const int32_t* w = windows + static_cast<int64_t>(b) * (T + 1);
         std::copy(w, w + T, inputs + static_cast<int64_t>(b) * T);
         std::copy(w + 1, w + 1 + T, targets + static_cast<int64_t>(b) * T);
     }
 }
 
-void DataLoader::next(int32_t* inputs, int32_t* targets) {
+int DataLoader::next(int32_t* inputs, int32_t* targets) {
+    const int64_t k = next_k_;
+    const int rows  = static_cast<int>(split_.rows(L_.rank, k));
+    next_k_         = (k + 1) % split_.steps();
     if (group_) {
         if (!in_flight_) start_scatter();  // the first batch, or the first after set_cursor
         const auto t0 = Clock::now();
         group_->scatter_wait();
         in_flight_ = false;
         wait_s_ += seconds_since(t0);
-        unpack(recv_.data(), inputs, targets);
+        unpack(recv_.data(), rows, inputs, targets);
         start_scatter();  // the next micro-batch travels while this one is trained on
     } else {
-        unpack(take_fetched(), inputs, targets);
+        unpack(take_fetched(), rows, inputs, targets);
     }
-    cursor_ = advance_cursor(cursor_, n_windows_, static_cast<int64_t>(L_.micro_batch) * L_.ranks);
+    cursor_ = advance_cursor(cursor_, n_windows_, split_.total(k));
+    return rows;
 }
 
 void DataLoader::set_cursor(const SamplerCursor& c) {
@@ -185,7 +197,8 @@ void DataLoader::set_cursor(const SamplerCursor& c) {
         in_flight_ = false;
     }
     finish_fetch();
-    cursor_ = c;
+    cursor_  = c;
+    fetch_k_ = next_k_ = 0;
     if (sampler_) sampler_->set_cursor(c);
 }
 

@@ -1,11 +1,12 @@
 // The training data loader: this rank's micro-batch of every micro-step, prefetched.
-// Global order: micro-step k of the run takes the next MB * P windows of the sampler (sampler.h)
-// over all windows of data.train (token_shards.h); rank r trains on windows [r MB, (r+1) MB) of
-// them. Results are therefore the same for any P with the same global batch.
+// Global order: micro-step k of a step takes the next total(k) windows of the sampler (sampler.h)
+// over all windows of data.train (token_shards.h); rank r trains on windows [offset(r, k),
+// offset(r, k) + rows(r, k)) of them, the split of the step's batch over ranks and micro-steps
+// (config/batch_split.h). Results are therefore the same for any P with the same global batch.
 // Readers (data.readers = N > 0): the P ranks form N contiguous groups (reader_group); only the
 // first rank of each group opens the train files; it reads the whole group's windows and
-// scatters each member its slice over the group's communicator. N = 0: every rank reads its own
-// slice from the files.
+// scatters each member its slice over the group's communicator (slices padded to the largest
+// micro-batch when the split is uneven). N = 0: every rank reads its own slice from the files.
 // Prefetch: while step s runs, the helper thread (core/helper_thread.h) copies the windows of the
 // next micro-batch from the files into the other half of a double buffer. MPI stays on
 // the main thread: the trainer's own collectives run there while the prefetch is in flight, and
@@ -13,7 +14,8 @@
 // nonblocking scatter of the following micro-batch (Comm::scatter_start), which completes while
 // the step runs; the next next() waits for it.
 // cursor() is the position of the next micro-batch next() will return, whatever is prefetched,
-// so a checkpoint taken after step s resumes at step s + 1's batch.
+// so a checkpoint taken after step s resumes at step s + 1's batch (the cursor is only set at
+// a step's start: set_cursor restarts at micro-step 0).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -43,9 +45,10 @@ struct LoaderLayout {
     int rank        = 0;
     int ranks       = 1;
     int readers     = 0;  // data.readers
-    int micro_batch = 1;  // MB: sequences per rank per micro-step
+    int micro_batch = 1;  // the cap of a micro-batch (train.micro_batch_size; > 0)
     int seq_len     = 1;  // T
     uint64_t seed   = 0;
+    int64_t batch   = 0;  // sequences a step over all ranks (0: micro_batch x ranks)
 };
 
 class DataLoader {
@@ -61,8 +64,11 @@ class DataLoader {
     DataLoader(const DataLoader&)            = delete;
     DataLoader& operator=(const DataLoader&) = delete;
 
-    // This rank's next micro-batch: inputs and targets (MB, T). Collective over the group.
-    void next(int32_t* inputs, int32_t* targets);
+    // This rank's next micro-batch: inputs and targets (rows, T), rows <= max_rows(); returns
+    // rows. Collective over the group.
+    int next(int32_t* inputs, int32_t* targets);
+    const BatchSplit& split() const { return split_; }
+    int max_rows() const { return static_cast<int>(split_.max_rows()); }
     // The position in the global order of the next micro-batch next() returns.
     SamplerCursor cursor() const { return cursor_; }
     // Resumes at c (a cursor() of a run with the same data, seed and global batch). Collective
@@ -87,9 +93,10 @@ class DataLoader {
     // next one into the other buffer.
     const int32_t* take_fetched();
     void start_scatter();  // group: the next micro-batch's scatter
-    void unpack(const int32_t* windows, int32_t* inputs, int32_t* targets) const;
+    void unpack(const int32_t* windows, int rows, int32_t* inputs, int32_t* targets) const;
 
     LoaderLayout L_;
+    BatchSplit split_;
     ReaderGroup group_info_;
     std::unique_ptr<dist::Comm> owned_group_;
     dist::Comm* group_ = nullptr;  // null when the group is this rank alone
@@ -99,7 +106,9 @@ class DataLoader {
     int64_t n_tokens_  = 0;
     std::unique_ptr<SequenceSampler> sampler_;  // readers: the fetch position (helper thread)
     SamplerCursor cursor_;                      // the visible position (main thread)
-    size_t window_ints_ = 0;                    // MB * (T + 1)
+    size_t window_ints_ = 0;                    // max_rows() * (T + 1): one rank's slot
+    int64_t fetch_k_    = 0;                    // micro-step of the next fetch (helper thread)
+    int64_t next_k_     = 0;                    // micro-step of the next next() (main thread)
     std::vector<int32_t> buf_[2];               // [group size * window_ints_]: windows read
     std::vector<int32_t> recv_;                 // [window_ints_]: this rank's, scattered
     int fill_                    = 0;           // buffer the pending fetch writes

@@ -443,7 +443,7 @@ double GPT::block_forward(int l) {
     return aux;
 }
 
-void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready) {
+void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t from)> grads_ready) {
     const int B = B_, T = T_, N = B * T, C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size,
               NH = cfg_.n_head;
     BGL_CHECK(N > 0, "backward without forward");
@@ -511,7 +511,7 @@ void GPT::backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready)
             PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
             moe::MoEGrads mg{g.gate_w, g.noise_w, g.experts, g.shared};
             moe_[static_cast<size_t>(mi)]->backward(a.dc, mg, a.dresid, b.ln2, moe_weights(w),
-                                                    loss_scale);
+                                                    aux_scale);
         } else {
             PhaseScope phase(Phase::mlp);
             linear_backward_half(gf, a.df, g.fcproj_w, g.fcproj_b, operand(a.dresid, gf), b.fcg,

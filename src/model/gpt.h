@@ -122,7 +122,14 @@ class GPT {
     // grads_ready(from), when given, is called each time backward has written its last to the
     // gradient floats [from, n_floats()): after ln_f, after each block (from = the block's first
     // float; blocks go from the last to the first) and at the end (from = 0, the embeddings).
-    void backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready = {});
+    void backward(float loss_scale, FunctionRef<void(size_t from)> grads_ready = {}) {
+        backward(loss_scale, loss_scale, grads_ready);
+    }
+    // The same with its own scale for the routers' aux losses: grads += d(loss_scale * CE +
+    // aux_scale * aux) / d params (a micro-batch of an uneven split weighs its mean
+    // cross-entropy and the aux losses over all ranks differently: config/batch_split.h).
+    void backward(float loss_scale, float aux_scale,
+                  FunctionRef<void(size_t from)> grads_ready = {});
     // (B*T, V) logits of the last forward (overwritten by backward); unfused head only.
     const float* logits() const;
     // MoE layers in block order, for routing statistics.

@@ -183,9 +183,10 @@ void Router::override_routes(int N, int64_t tok0) {
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
     n_          = N;
     const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
-    const int64_t tok0 = static_cast<int64_t>(rank) * N;  // global index of this rank's token 0
+    // global index of this rank's token 0, and the tokens of all ranks
+    const int64_t tok0 = ctx_.token0 >= 0 ? ctx_.token0 : static_cast<int64_t>(rank) * N;
     const bool train   = ctx_.training;
-    n_total_           = static_cast<int64_t>(N) * P;
+    n_total_           = ctx_.tokens > 0 ? ctx_.tokens : static_cast<int64_t>(N) * P;
     stats_.dropped = stats_.reassigned = 0;
 
     // router input, jittered in training

@@ -44,6 +44,10 @@ struct RoutingContext {
     uint64_t seed = 0;
     int64_t step  = 0;  // micro-step counter, the same on every rank
     bool training = false;
+    // Where this rank's tokens sit among the micro-step's tokens over all ranks: the index of
+    // its first and their total. -1 and 0: every rank holds the same N (rank x N, P x N).
+    int64_t token0 = -1;
+    int64_t tokens = 0;
 };
 
 // Routing statistics of the last forward, over all ranks.

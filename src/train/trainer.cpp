@@ -117,8 +117,9 @@ class Trainer {
     const bool writer_;  // logs, run directory, metrics, model
     const bool resume_;
     const int T_;
-    int MB_        = 0;  // micro-batch per rank
+    int MB_        = 0;  // the largest micro-batch of a rank
     int64_t accum_ = 0;  // micro-steps per step
+    BatchSplit split_;   // the step's batch over ranks and micro-steps
     data::Dataset ds_;
     std::unique_ptr<data::DataLoader> loader_;
     RunDirLock run_dir_lock_;  // held until the run ends
@@ -171,8 +172,9 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
       progress_(opt.quiet || !writer_ ? Progress::Mode::Quiet : Progress::Mode::Auto) {
     set_compute_threads(cfg.train.threads);
     check_inputs();
-    MB_    = static_cast<int>(cfg.micro_batch(P_));
-    accum_ = cfg.grad_accum_steps(P_);
+    split_ = cfg.batch_split(P_);
+    MB_    = static_cast<int>(split_.max_rows());
+    accum_ = split_.steps();
     if (writer_) write_run_file(cfg.train.run_dir + "/config.toml", to_toml(cfg));
     build_model(cfg);
     gemm_choices_ =
@@ -250,9 +252,9 @@ void Trainer::log_setup() const {
     }
     log::info(
         "data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
-        "tokens = {} micro-batch(es) of {} per rank",
+        "tokens = {} micro-batch(es) of {}{} per rank",
         loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),
-        cfg_.train.batch_size, T_, accum_, MB_);
+        cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ", MB_);
     constexpr double kMiB = 1 << 20;
     log::info(
         "memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
@@ -370,29 +372,44 @@ void Trainer::train_step(int64_t step) {
 }
 
 // The step's micro-batches: forward, and backward with the loss scale; the reduction of the
-// gradients starts during the last backward. Returns this rank's mean loss; aux: the mean aux loss.
+// gradients starts during the last backward. Returns this rank's share of the step's mean loss
+// times P; aux: the step's aux loss. An uneven split weighs each micro-batch by its rows
+// (config/batch_split.h); an even one by 1 / accum, as it always has.
 double Trainer::forward_backward(int64_t step, double& aux) {
     gpt_->zero_grad();
     // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
     optimizer_->set_loss_scale(scaler_.scale());
-    const auto grads_ready    = [this](size_t from) { optimizer_->grads_ready(from); };
-    const auto backward_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
-    double loss               = 0;
+    const auto grads_ready = [this](size_t from) { optimizer_->grads_ready(from); };
+    const bool even        = split_.even();
+    const int rank         = par_->rank();
+    double loss            = 0;
     for (int64_t micro = 0; micro < accum_; ++micro) {
+        int rows = 0;
         {
             PhaseScope data_phase(Phase::data);
-            loader_->next(inputs_.data(), targets_.data());
+            rows = loader_->next(inputs_.data(), targets_.data());
         }
-        gpt_->set_routing_context({cfg_.train.seed, step * accum_ + micro, true});
-        loss +=
-            gpt_->forward(inputs_.data(), targets_.data(), MB_, T_) / static_cast<double>(accum_);
-        aux += gpt_->aux_loss() / static_cast<double>(accum_);
+        moe::RoutingContext ctx{cfg_.train.seed, step * accum_ + micro, true};
+        if (!even) {
+            ctx.token0 = split_.offset(rank, micro) * T_;
+            ctx.tokens = split_.total(micro) * T_;
+        }
+        gpt_->set_routing_context(ctx);
+        const double w   = even ? 1.0 / static_cast<double>(accum_) : split_.weight(rank, micro),
+                     f   = even ? w : split_.fraction(micro);
+        const double fwd = gpt_->forward(inputs_.data(), targets_.data(), rows, T_);
+        loss += even ? fwd / static_cast<double>(accum_) : fwd * w;
+        aux += even ? gpt_->aux_loss() / static_cast<double>(accum_) : gpt_->aux_loss() * f;
         add_choice_loads(*gpt_);
+        const float scale = static_cast<float>(scaler_.scale());
+        const float ce_scale =
+            even ? scale / static_cast<float>(accum_) : static_cast<float>(scaler_.scale() * w);
+        const float aux_scale = even ? ce_scale : static_cast<float>(scaler_.scale() * f);
         if (micro + 1 < accum_) {
-            gpt_->backward(backward_scale);
+            gpt_->backward(ce_scale, aux_scale);
         } else {  // the last backward of the step: reduce what it has finished meanwhile
             optimizer_->begin_reduction(gpt_->grads());
-            gpt_->backward(backward_scale, grads_ready);
+            gpt_->backward(ce_scale, aux_scale, grads_ready);
         }
     }
     return loss;

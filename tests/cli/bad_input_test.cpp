@@ -111,11 +111,6 @@ TEST_F(BadInputTest, BadCheckpointCommands) {
     expect_error("export --out " + (dir / "o"), {"--from", "--checkpoint"});
 }
 
-TEST_F(BadInputTest, BatchNotMultipleOfMicroBatch) {
-    expect_error(base + " --set train.batch_size=6",
-                 {"train.batch_size = 6", "micro_batch_size = 4"});
-}
-
 TEST_F(BadInputTest, GateSettings) {
     expect_error(base + " --set model.gate=bogus",
                  {"model.gate = \"bogus\"", "topk, switch, gshard, noisy or swipe"});

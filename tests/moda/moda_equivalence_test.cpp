@@ -33,6 +33,18 @@ TEST_F(MoDaTest, TwoRanksExpertParallelWithSharedExperts) {
                           "_shared");
 }
 
+// Rank counts that do not divide the batch of 8 (config/batch_split.h): 3 ranks train 3, 3
+// and 2 sequences, 6 ranks 2, 2, 1, 1, 1, 1, in one micro-step as the reference does (its
+// aux loss is one number over the micro-step's tokens, so the grouping must match); every
+// token weighs the same, so only the summation order differs from one rank.
+TEST_F(MoDaTest, ThreeRanksUnevenShares) {
+    expect_same_as_single(3, 1, " --set train.micro_batch_size=8", "_mb8");
+}
+TEST_F(MoDaTest, SixRanksUnevenSharesExpertParallel) {
+    expect_same_as_single(6, 2, " --set train.micro_batch_size=8 --set optimizer.partition=on",
+                          "_mb8_paro");
+}
+
 TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r = TinyRuns::run_mpi(4, runs_->train_args("bad", 4, 3, "auto"));
     EXPECT_EQ(r.status, 2) << r.output;
@@ -40,7 +52,8 @@ TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r2 = TinyRuns::run_mpi(
         3, runs_->train_args("bad2", 1, 1, "auto") + " --set train.micro_batch_size=1");
     EXPECT_EQ(r2.status, 2) << r2.output;
-    EXPECT_NE(r2.output.find("train.batch_size = 8"), std::string::npos) << r2.output;
+    EXPECT_NE(r2.output.find("train.batch_size = 8 over 3 ranks"), std::string::npos)
+        << r2.output;
 }
 
 }  // namespace

@@ -60,42 +60,46 @@ TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
     }
     w.barrier();
     const auto open = [&] { return data::TokenShards::open(dir.string(), "data.train", V, T); };
-    data::DataLoader all(data::LoaderLayout{w.rank(), P, 0, MB, T, 5}, open(), nullptr);
     ParallelContext par(w, 1, false);
-    for (int N = 1; N <= P; ++N) {
-        const data::ReaderGroup g = data::reader_group(w.rank(), P, N);
-        const bool reader         = g.first == w.rank();
-        // The loader as the trainer makes it; non-readers get a path that does not exist, so
-        // the loader fails if they try to open it.
-        TrainConfig cfg;
-        cfg.model.seq_len          = T;
-        cfg.model.vocab_size       = V;
-        cfg.train.seed             = 5;
-        cfg.train.batch_size       = MB * P;
-        cfg.train.micro_batch_size = MB;
-        cfg.data.readers           = N;
-        cfg.data.train             = reader ? dir.string() : (dir / "absent").string();
-        data::DataLoader l(cfg, par);
-        EXPECT_EQ(l.reads(), reader);
-        EXPECT_EQ(l.num_windows(), 23);
-        EXPECT_EQ(l.num_tokens(), reader ? 45 + 3 + 130 + 21 : 0);
-        all.set_cursor(data::SamplerCursor{1, 20});  // an epoch ends inside the first step
-        l.set_cursor(data::SamplerCursor{1, 20});
-        std::vector<int32_t> a(MB * T), at(a.size()), b(a.size()), bt(a.size());
-        for (int k = 0; k < 30 / (MB * P) + 2; ++k) {
-            all.next(a.data(), at.data());
-            l.next(b.data(), bt.data());
-            EXPECT_EQ(a, b) << N << " readers, step " << k;
-            EXPECT_EQ(at, bt) << N << " readers, step " << k;
-            EXPECT_EQ(all.cursor(), l.cursor());
-        }
-        // Back to an earlier position mid-run (a scatter and a fetch are in flight): replays.
-        all.set_cursor(data::SamplerCursor{2, 3});
-        l.set_cursor(data::SamplerCursor{2, 3});
-        for (int k = 0; k < 3; ++k) {
-            all.next(a.data(), at.data());
-            l.next(b.data(), bt.data());
-            EXPECT_EQ(a, b) << N << " readers, after set_cursor, step " << k;
+    // B = MB P: every rank MB windows a micro-step; MB P + 1: rank 0 trains MB + 1 in two
+    // micro-steps, the others MB in two (config/batch_split.h), slices padded in the scatter.
+    for (const int B : {MB * P, MB * P + 1}) {
+        for (int N = 1; N <= P; ++N) {
+            data::DataLoader all(data::LoaderLayout{w.rank(), P, 0, MB, T, 5, B}, open(), nullptr);
+            const data::ReaderGroup g = data::reader_group(w.rank(), P, N);
+            const bool reader         = g.first == w.rank();
+            // The loader as the trainer makes it; non-readers get a path that does not exist, so
+            // the loader fails if they try to open it.
+            TrainConfig cfg;
+            cfg.model.seq_len          = T;
+            cfg.model.vocab_size       = V;
+            cfg.train.seed             = 5;
+            cfg.train.batch_size       = B;
+            cfg.train.micro_batch_size = MB;
+            cfg.data.readers           = N;
+            cfg.data.train             = reader ? dir.string() : (dir / "absent").string();
+            data::DataLoader l(cfg, par);
+            EXPECT_EQ(l.reads(), reader);
+            EXPECT_EQ(l.num_windows(), 23);
+            EXPECT_EQ(l.num_tokens(), reader ? 45 + 3 + 130 + 21 : 0);
+            all.set_cursor(data::SamplerCursor{1, 20});  // an epoch ends inside the first step
+            l.set_cursor(data::SamplerCursor{1, 20});
+            std::vector<int32_t> a(MB * T), at(a.size()), b(a.size()), bt(a.size());
+            for (int k = 0; k < 30 / (MB * P) + 2; ++k) {
+                const int rows = all.next(a.data(), at.data());
+                EXPECT_EQ(l.next(b.data(), bt.data()), rows);
+                EXPECT_EQ(a, b) << N << " readers, batch " << B << ", step " << k;
+                EXPECT_EQ(at, bt) << N << " readers, step " << k;
+                EXPECT_EQ(all.cursor(), l.cursor());
+            }
+            // Back to an earlier position mid-run (a scatter and a fetch are in flight): replays.
+            all.set_cursor(data::SamplerCursor{2, 3});
+            l.set_cursor(data::SamplerCursor{2, 3});
+            for (int k = 0; k < 3; ++k) {
+                all.next(a.data(), at.data());
+                l.next(b.data(), bt.data());
+                EXPECT_EQ(a, b) << N << " readers, after set_cursor, step " << k;
+            }
         }
     }
     w.barrier();

@@ -204,6 +204,54 @@ TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
     }
 }
 
+// A batch that the ranks do not divide (config/batch_split.h): rank r's micro-step k is rows(r, k)
+// windows at offset(r, k) of the micro-step's total(k), so the ranks together still read the
+// one-rank order, and the cursor moves by the whole batch each step.
+TEST(DataLoader, UnevenSplitsSliceTheGlobalOrder) {
+    TempDir dir;
+    const std::string root  = write_shards(dir);
+    const TokenShards ref   = TokenShards::open(root, "data.train", kVocab, kT);
+    const int64_t n         = ref.num_windows();
+    constexpr uint64_t seed = 3;
+    std::vector<int32_t> w(kT + 1);
+    for (const int B : {7, 10, 16}) {
+        for (int P = 1; P <= 8 && P <= B; ++P) {
+            for (const int cap : {1, 2, 3, 16}) {
+                const BatchSplit split(B, P, cap);
+                if (split.has_empty()) continue;
+                std::vector<std::unique_ptr<DataLoader>> ranks;
+                for (int r = 0; r < P; ++r) {
+                    ranks.push_back(std::make_unique<DataLoader>(
+                        LoaderLayout{r, P, 0, cap, kT, seed, B},
+                        TokenShards::open(root, "data.train", kVocab, kT), nullptr));
+                    ASSERT_EQ(ranks.back()->max_rows(), split.max_rows());
+                }
+                SequenceSampler order(n, seed);
+                std::vector<int32_t> in(static_cast<size_t>(split.max_rows()) * kT), tg(in.size());
+                for (int64_t step = 0; step < 3; ++step) {
+                    for (int64_t k = 0; k < split.steps(); ++k) {
+                        for (int r = 0; r < P; ++r) {
+                            const int rows =
+                                ranks[static_cast<size_t>(r)]->next(in.data(), tg.data());
+                            ASSERT_EQ(rows, split.rows(r, k)) << B << " " << P << " " << cap;
+                            for (int b = 0; b < rows; ++b) {
+                                ref.read_window(order.next(), w.data());
+                                for (int i = 0; i < kT; ++i) {
+                                    ASSERT_EQ(in[static_cast<size_t>(b * kT + i)], w[i])
+                                        << B << " " << P << " " << cap << " step " << step;
+                                    ASSERT_EQ(tg[static_cast<size_t>(b * kT + i)], w[i + 1]);
+                                }
+                            }
+                        }
+                    }
+                    const SamplerCursor c = advance_cursor({}, n, (step + 1) * B);
+                    for (const auto& l : ranks) EXPECT_EQ(l->cursor(), c);
+                }
+            }
+        }
+    }
+}
+
 TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
     TempDir dir;
     const std::string root = write_shards(dir);
