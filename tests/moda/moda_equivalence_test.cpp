@@ -52,8 +52,7 @@ TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r2 = TinyRuns::run_mpi(
         3, runs_->train_args("bad2", 1, 1, "auto") + " --set train.micro_batch_size=1");
     EXPECT_EQ(r2.status, 2) << r2.output;
-    EXPECT_NE(r2.output.find("train.batch_size = 8 over 3 ranks"), std::string::npos)
-        << r2.output;
+    EXPECT_NE(r2.output.find("train.batch_size = 8 over 3 ranks"), std::string::npos) << r2.output;
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ TEST(BatchSplit, CoversTheBatchOnceForEveryRankCountAndCap) {
             for (int64_t cap = 1; cap <= B + 1; ++cap) {
                 const BatchSplit s(B, P, cap);
                 const int64_t A = s.steps();
-                int64_t shares = 0;
+                int64_t shares  = 0;
                 for (int64_t r = 0; r < P; ++r) {
                     shares += s.share(r);
                     EXPECT_LE(s.share(r) - s.min_share(), 1);
@@ -88,9 +88,9 @@ TEST(BatchSplit, RanksWithoutASequenceOrAnEmptyMicroBatchAreRefused) {
                        {"train.batch_size = 8", "number of ranks 9"});
     // 3 ranks: shares 3, 3, 2; one row a micro-batch needs 3 micro-steps, 2 rows cannot fill them
     c.train.micro_batch_size = 1;
-    expect_input_error([&] { validate_layout(c, 3); },
-                       {"train.batch_size = 8", "3 ranks", "train.micro_batch_size = 1",
-                        "at least 2"});
+    expect_input_error(
+        [&] { validate_layout(c, 3); },
+        {"train.batch_size = 8", "3 ranks", "train.micro_batch_size = 1", "at least 2"});
     c.train.micro_batch_size = 2;
     EXPECT_NO_THROW(validate_layout(c, 3));
 }
