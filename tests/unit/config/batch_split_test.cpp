@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "../data/test_util.h"
 #include "config/config.h"
@@ -64,13 +65,18 @@ TEST(BatchSplit, CoversTheBatchOnceForEveryRankCountAndCap) {
     }
 }
 
-TEST(BatchSplit, ShippedBatchesRunOnOneToEightRanks) {
+// Every shipped config passes the layout checks on 1 to 8 ranks as it is.
+TEST(BatchSplit, ShippedConfigsRunOnOneToEightRanks) {
+    for (const char* name : {"tiny", "default", "bench-medium", "fine-grained"}) {
+        const TrainConfig c =
+            load_config(std::string(BGL_SOURCE_DIR) + "/configs/" + name + ".toml");
+        for (int P = 1; P <= 8; ++P) EXPECT_NO_THROW(validate_layout(c, P)) << name << " " << P;
+    }
     // configs/default.toml: 16 sequences, micro_batch_size 16; 3 ranks train 6, 5 and 5
     TrainConfig c;
     c.train.batch_size       = 16;
     c.train.micro_batch_size = 16;
-    for (int P = 1; P <= 8; ++P) EXPECT_NO_THROW(validate_layout(c, P)) << P;
-    const BatchSplit s = c.batch_split(3);
+    const BatchSplit s       = c.batch_split(3);
     EXPECT_EQ(s.steps(), 1);
     EXPECT_EQ(s.rows(0, 0), 6);
     EXPECT_EQ(s.rows(1, 0), 5);
