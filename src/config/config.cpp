@@ -103,6 +103,12 @@ struct Spelling<RouterScore> {
     static constexpr const char* expected = "\"softmax\" or \"sigmoid\"";
 };
 template <>
+struct Spelling<BalanceScope> {
+    static constexpr BalanceScope values[] = {BalanceScope::global, BalanceScope::micro_batch,
+                                              BalanceScope::sequence};
+    static constexpr const char* expected  = "\"global\", \"micro_batch\" or \"sequence\"";
+};
+template <>
 struct Spelling<Level> {
     static constexpr Level values[]       = {Level::O0, Level::O1, Level::O2, Level::O3};
     static constexpr const char* expected = "\"O0\", \"O1\", \"O2\" or \"O3\"";
@@ -413,6 +419,13 @@ void validate(const TrainConfig& c) {
         }
     }
     non_negative("model.aux_loss_coef", m.aux_loss_coef);
+    if (m.moe_every > 0 && m.balance_loss_scope != BalanceScope::global &&
+        m.gate == GateKind::noisy) {
+        input_error(
+            "{}: model.balance_loss_scope = \"{}\" needs a gate with the Switch balancing loss "
+            "(the noisy gate's importance and load losses are over all tokens: use \"global\")",
+            src, name_of(m.balance_loss_scope));
+    }
     non_negative("model.router_z_loss_coef", m.router_z_loss_coef);
     non_negative("model.n_shared_experts", m.n_shared_experts);
     non_negative("model.shared_d_ff", m.shared_d_ff);
@@ -619,6 +632,7 @@ E parse_enum(const std::string& text, const std::string& where) {
 }
 template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
+template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
 template Level parse_enum<Level>(const std::string&, const std::string&);
 template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

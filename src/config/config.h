@@ -24,8 +24,9 @@ struct ModelConfig {
     int n_shared_experts = 0;    // S: FFNs every token of an MoE block passes through
     int shared_d_ff      = 0;    // FS: width of each shared expert; 0 = d_ff
     int moe_every = 2;  // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
-    double aux_loss_coef      = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
-    double router_z_loss_coef = 0.0;   // ST-MoE router z-loss weight; 0 disables
+    double aux_loss_coef            = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
+    BalanceScope balance_loss_scope = BalanceScope::global;  // the tokens it balances over
+    double router_z_loss_coef       = 0.0;  // ST-MoE router z-loss weight; 0 disables
     RouterScore router_score =
         RouterScore::softmax;         // weights of the chosen experts (docs/model.md)
     GateKind gate = GateKind::topk;   // topk | switch | gshard | noisy | swipe (docs/model.md)
@@ -68,6 +69,7 @@ void visit_model_fields(M& m, V&& v) {
     v("shared_d_ff", m.shared_d_ff, false);
     v("moe_every", m.moe_every, true);
     v("aux_loss_coef", m.aux_loss_coef, false);
+    v("balance_loss_scope", m.balance_loss_scope, false);
     v("router_z_loss_coef", m.router_z_loss_coef, false);
     // changes the model; absent from models exported before it existed, which used softmax
     v("router_score", m.router_score, false);

@@ -9,6 +9,9 @@ namespace bagualu {
 enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
 // model.router_score: the router's scores, softmax or sigmoid of the logits (docs/model.md).
 enum class RouterScore { softmax, sigmoid };
+// model.balance_loss_scope: the tokens the auxiliary balancing loss balances (docs/model.md):
+// all ranks' tokens of the micro-step, this rank's micro-batch, or each sequence.
+enum class BalanceScope { global, micro_batch, sequence };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -43,6 +46,10 @@ inline const char* name_of(GateKind g) {
 }
 inline const char* name_of(RouterScore s) {
     return s == RouterScore::sigmoid ? "sigmoid" : "softmax";
+}
+inline const char* name_of(BalanceScope s) {
+    return s == BalanceScope::global ? "global"
+                                     : (s == BalanceScope::sequence ? "sequence" : "micro_batch");
 }
 inline const char* name_of(Level l) {
     switch (l) {

@@ -289,6 +289,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.jitter          = cfg.jitter;
     ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
     ms.gate.score           = cfg.router_score;
+    ms.gate.balance_scope   = cfg.balance_loss_scope;
     ms.gate.virtual_workers = virtual_workers;
     ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;
@@ -373,6 +374,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     Acts& a         = *a_;
     std::copy(tokens, tokens + N, a.tokens.data());
     std::copy(targets, targets + N, a.targets.data());
+    for (auto& layer : moe_) layer->set_seq_len(T);
     if (prec_.mixed()) refresh_compute_weights();
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
     const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);

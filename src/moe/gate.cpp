@@ -169,8 +169,8 @@ double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_
     return aux_coef * E * aux;
 }
 
-void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
-                       int N, int E, double aux_coef, double daux) {
+void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f0, int64_t n_total,
+                       int N, int E, double aux_coef, double daux, int f_stride_tokens) {
     const double scale = n_total > 0 ? daux * aux_coef * E / static_cast<double>(n_total) : 0.0;
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
@@ -180,7 +180,8 @@ void aux_loss_backward(float* dlogits, const float* softmax_full, const double* 
                 std::fill(dl, dl + E, 0.0f);
                 continue;
             }
-            double sf = 0;
+            const double* f = f_stride_tokens > 0 ? f0 + t / f_stride_tokens * E : f0;
+            double sf       = 0;
             for (int e = 0; e < E; ++e) sf += s[e] * f[e];
             for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(scale * s[e] * (f[e] - sf));
         }

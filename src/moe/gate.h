@@ -54,9 +54,10 @@ void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E);
 double aux_loss(double* f, const int64_t* tokens_per_expert, const double* prob_sum,
                 int64_t n_total, int E, int K, double aux_coef);
 // dlogits: (N, E), overwritten (=): d aux / d g[t, j] = coef E / n_total * s_tj (f_j - sum_e s_te
-// f_e), times daux.
+// f_e), times daux. f_stride_tokens = T > 0: f holds one (E) row per T tokens (the per-sequence
+// loss: token t reads row t / T); 0: one row for all.
 void aux_loss_backward(float* dlogits, const float* softmax_full, const double* f, int64_t n_total,
-                       int N, int E, double aux_coef, double daux);
+                       int N, int E, double aux_coef, double daux, int f_stride_tokens = 0);
 
 // Capacity: expert e takes at most `capacity` slots; slots queue round by round (all tokens'
 // slot 0, then slot 1, ...) and, within a round, in global token order. ahead: (K, E) slots of

@@ -97,6 +97,7 @@ class MoELayer {
 
     // Randomness and training/inference mode of the following forwards (router.h).
     void set_routing_context(const RoutingContext& ctx) { router_.set_context(ctx); }
+    void set_seq_len(int T) { router_.set_seq_len(T); }  // Router::set_seq_len
 
     // After forward, this rank's tokens: (E) rows routed to each global expert.
     const int32_t* tokens_per_expert() const { return router_.tokens_per_expert(); }

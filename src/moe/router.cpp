@@ -66,7 +66,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     f_.resize(Es);
     entropy_ = Buffer<double>(N);
     topk_counts_.resize(Es);
-    stat_sums_.resize(5 * Es + 4);
+    stat_sums_.resize(5 * Es + 5);
     if (gate.z_loss_coef > 0) lse_ = Buffer<double>(N);
     dimportance_.resize(Es);
     dload_.resize(Es);
@@ -180,6 +180,47 @@ void Router::override_routes(int N, int64_t tok0) {
     }
 }
 
+// Per-sequence loss: f_ (N / T, E) <- each sequence's top-k choices, f[s, e] = c[s, e] / (T K).
+void Router::sequence_fractions(int N) {
+    const int T = seq_len_;
+    BGL_CHECK(T > 0 && N % T == 0, "per-sequence balancing loss over {} tokens of sequences of {}",
+              N, T);
+    const int S = N / T;
+    f_.assign(static_cast<size_t>(S) * static_cast<size_t>(E_), 0.0);
+    const double unit = 1.0 / (static_cast<double>(T) * K_);
+    for (int64_t t = 0; t < N; ++t) {
+        double* f = f_.data() + (t / T) * E_;
+        for (int k = 0; k < K_; ++k) f[selected_[t * K_ + k]] += unit;
+    }
+}
+
+// This rank's part of a scoped balancing loss (before coef and E): micro_batch: sum_e f_e P_e over
+// its tokens, f_ <- its f; sequence: sum over its sequences of sum_e f[s, e] P[s, e], P[s, e]
+// the mean of softmax(g[t, :])_e over the sequence. global: 0 (the loss is formed from sums).
+double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts,
+                                  const double* prob_sums) {
+    double sum = 0;
+    if (gate_.balance_scope == BalanceScope::micro_batch) {
+        for (int e = 0; e < E_; ++e) {
+            f_[static_cast<size_t>(e)] = static_cast<double>(topk_counts[static_cast<size_t>(e)]) /
+                                         (static_cast<double>(N) * K_);
+            sum += f_[static_cast<size_t>(e)] * prob_sums[e] / N;
+        }
+    } else if (gate_.balance_scope == BalanceScope::sequence) {
+        const int T = seq_len_;
+        for (int s0 = 0; s0 < N; s0 += T) {
+            const double* f = f_.data() + (s0 / T) * E_;
+            for (int e = 0; e < E_; ++e) {
+                double p = 0;
+                for (int t = s0; t < s0 + T; ++t)
+                    p += softmax_full_[static_cast<int64_t>(t) * E_ + e];
+                sum += f[e] * p / T;
+            }
+        }
+    }
+    return sum;
+}
+
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
     n_          = N;
     const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
@@ -263,6 +304,9 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         for (int64_t i = 0; i < static_cast<int64_t>(N) * K_; ++i)
             ++topk_counts[static_cast<size_t>(selected_[i])];
     }
+    if (gate_.balance_scope == BalanceScope::sequence && aux_coef_ > 0 && !noisy_) {
+        sequence_fractions(N);  // of the top-k choice, before SWIPE or capacity
+    }
     if (swipe) {
         swipe_rounds(N);
         std::copy_n(expert_idx_.data(), static_cast<size_t>(N) * K_, selected_.data());
@@ -302,6 +346,7 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         s[2 * Es + static_cast<size_t>(e)] = tokens_per_expert_[e];
     }
     gate_prob_sums(s.data() + Es, softmax_full_.data(), N, E_);
+    if (aux_coef_ > 0 && !noisy_) s[5 * Es + 4] = scoped_balance_sum(N, topk_counts, s.data() + Es);
     if (noisy_) {
         for (int64_t t = 0; t < N; ++t) {
             for (int k = 0; k < K_; ++k)
@@ -347,6 +392,12 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
         return aux_coef_ * (imp + load) + z;
     }
+    if (gate_.balance_scope == BalanceScope::micro_batch) {  // the mean of the ranks' losses
+        return aux_coef_ * E_ * s[5 * Es + 4] / P + z;
+    }
+    if (gate_.balance_scope == BalanceScope::sequence) {  // the mean over all sequences
+        return aux_coef_ * E_ * s[5 * Es + 4] / static_cast<double>(n_total_ / seq_len_) + z;
+    }
     for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
     return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_) + z;
 }
@@ -379,8 +430,16 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
                            noise_logits_.data(), eps_.data(), noisy_logits_.data(),
                            gate_.balance_bias ? load_pref_.data() : preference_.data(), N, E_, K_);
     } else {
-        aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
-                          aux_coef_, daux_local);
+        if (gate_.balance_scope == BalanceScope::micro_batch) {
+            // this rank's own loss, whose mean over ranks is the aux: the ranks' average of
+            // dense gradients takes that mean, so no factor P
+            aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), N, N, E_, aux_coef_,
+                              aux_coef_ > 0 ? daux : 0.0);
+        } else {
+            aux_loss_backward(dlogits_.data(), softmax_full_.data(), f_.data(), n_total_, N, E_,
+                              aux_coef_, daux_local,
+                              gate_.balance_scope == BalanceScope::sequence ? seq_len_ : 0);
+        }
         if (gate_.kind == GateKind::switch_top1) {
             full_prob_backward(dlogits_.data(), dprobs, selected_.data(), softmax_full_.data(), N,
                                E_);

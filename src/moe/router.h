@@ -36,6 +36,9 @@ struct GateConfig {
     double z_loss_coef           = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2
     RouterScore score            = RouterScore::softmax;  // sigmoid: topk and swipe only
     bool balance_bias            = false;  // add the per-expert bias to the choice (balance_bias.h)
+    // The tokens the balancing loss is over: the micro-step's on all ranks (global), this
+    // rank's (micro_batch) or each sequence's, averaged (docs/model.md). Not the noisy gate.
+    BalanceScope balance_scope = BalanceScope::global;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -71,6 +74,9 @@ class Router {
            dist::ParallelContext* par);
 
     void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
+    // Tokens per sequence of the following forwards (the per-sequence balancing loss needs it;
+    // N must be a multiple of it). The model sets it before each forward.
+    void set_seq_len(int T) { seq_len_ = T; }
     // inp: (N, C). gate_w, noise_w: (E, C); noise_w only for the noisy gate. Returns the aux loss
     // (already times aux_coef) plus the z-loss (already times z_loss_coef).
     double forward(const float* inp, const float* gate_w, const float* noise_w, int N);
@@ -95,6 +101,9 @@ class Router {
     // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
     void override_routes(int N, int64_t tok0);
     void capacity_rounds(int N);
+    void sequence_fractions(int N);
+    double scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts,
+                              const double* prob_sums);
 
     int C_, E_, K_;
     double aux_coef_;
@@ -113,16 +122,18 @@ class Router {
     Buffer<int32_t> preference_;                                   // (N, R) best experts first
     Buffer<float> biased_;       // (N, E) route + bias: the scores the choice ranks (balance_bias)
     Buffer<int32_t> load_pref_;  // (N, R) noisy gate with bias: the unbiased ranking its load uses
-    Buffer<int32_t> selected_, expert_idx_;        // (N, K) weighted experts / routing
-    Buffer<uint8_t> reassigned_;                   // (N, K)
-    Buffer<float> probs_;                          // (N, K)
-    Buffer<int32_t> tokens_per_expert_;            // (E)
-    std::vector<double> f_, dimportance_, dload_;  // [E]
+    Buffer<int32_t> selected_, expert_idx_;  // (N, K) weighted experts / routing
+    Buffer<uint8_t> reassigned_;             // (N, K)
+    Buffer<float> probs_;                    // (N, K)
+    Buffer<int32_t> tokens_per_expert_;      // (E)
+    std::vector<double> f_;  // [E] (per-sequence loss: [N / T, E], a row per sequence)
+    std::vector<double> dimportance_, dload_;  // [E]
+    int seq_len_ = 0;
     // step scratch, sized once so a step allocates nothing
     Buffer<double> entropy_;            // (N) router entropy per token
     Buffer<double> lse_;                // (N) logsumexp of the clean logits, z-loss only
     std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
-    std::vector<double> stat_sums_;     // [5E + 4] statistics summed over ranks
+    std::vector<double> stat_sums_;     // [5E + 5] statistics summed over ranks
     // backward scratch
     Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
 };

@@ -118,6 +118,10 @@ TEST_F(BadInputTest, GateSettings) {
     expect_error(base + " --set model.gate=gshard --set model.top_k=1",
                  {"model.gate = \"gshard\"", "model.top_k = 2"});
     expect_error(base + " --set model.capacity_factor=0", {"model.capacity_factor = 0", "> 0"});
+    expect_error(base + " --set model.balance_loss_scope=batch",
+                 {"model.balance_loss_scope", "\"global\", \"micro_batch\" or \"sequence\""});
+    expect_error(base + " --set model.gate=noisy --set model.balance_loss_scope=sequence",
+                 {"model.balance_loss_scope = \"sequence\"", "noisy gate"});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
     expect_error(base + " --set model.moe_rows_budget=-1", {"model.moe_rows_budget = -1", ">= 0"});
     expect_error(base + " --set model.route_override=diagonal",

@@ -45,6 +45,18 @@ TEST_F(MoDaTest, SixRanksUnevenSharesExpertParallel) {
                           "_mb8_paro");
 }
 
+// model.balance_loss_scope (docs/model.md): per micro-batch, 2 ranks of 4 sequences each
+// balance what one rank balances in its two micro-steps of 4; per sequence, the loss is the
+// same whatever the grouping (here 2 sequences a rank a micro-step against 4 on one rank).
+TEST_F(MoDaTest, TwoRanksPerMicroBatchBalancing) {
+    expect_same_as_single(
+        2, 2, " --set model.balance_loss_scope=micro_batch --set train.micro_batch_size=4",
+        "_bal_mb");
+}
+TEST_F(MoDaTest, TwoRanksPerSequenceBalancing) {
+    expect_same_as_single(2, 2, " --set model.balance_loss_scope=sequence", "_bal_seq");
+}
+
 TEST_F(MoDaTest, InvalidLayoutEndsEveryRankWithOneMessage) {
     const CommandResult r = TinyRuns::run_mpi(4, runs_->train_args("bad", 4, 3, "auto"));
     EXPECT_EQ(r.status, 2) << r.output;

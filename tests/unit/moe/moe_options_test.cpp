@@ -268,5 +268,77 @@ TEST(RouterSigmoidTest, FullGradientMatchesCentralDifferences) {
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
 }
 
+// The per-sequence balancing loss (docs/model.md): coef E times the mean over sequences of
+// sum_e f[s, e] P[s, e], f the sequence's share of top-k choices, P its mean router probability;
+// per micro-batch on one rank it is the global loss.
+TEST(BalanceScopeTest, PerSequenceValueMatchesDefinition) {
+    const int T = 4, S = 3, N = S * T, C = 8, F = 12, E = 5, K = 2;
+    const double coef = 0.1;
+    Rng rng(17);
+    MoEShape seq{C, F, E, K, coef};
+    seq.gate.balance_scope = BalanceScope::sequence;
+    MoEShape mb{C, F, E, K, coef};
+    mb.gate.balance_scope = BalanceScope::micro_batch;
+    MoEShape glob{C, F, E, K, coef};
+    MoELayer a(seq, N), b(mb, N), c(glob, N);
+    a.set_seq_len(T);
+    const auto gate = normal(size_t(E) * C, rng), inp = normal(size_t(N) * C, rng);
+    const auto fc_w = normal(size_t(E) * F * C, rng), fc_b = normal(size_t(E) * F, rng);
+    const auto pw = normal(size_t(E) * C * F, rng), pb = normal(size_t(E) * C, rng);
+    MoEWeights w;
+    w.gate_w  = gate.data();
+    w.experts = {fc_w.data(),   fc_b.data(), pw.data(),     pb.data(),
+                 size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
+    std::vector<float> ya(size_t(N) * C), yb(ya.size()), yc(ya.size());
+    const double aux_seq = a.forward(ya.data(), inp.data(), w, N);
+    const double aux_mb  = b.forward(yb.data(), inp.data(), w, N),
+                 aux_gl  = c.forward(yc.data(), inp.data(), w, N);
+    EXPECT_EQ(ya, yc) << "the scope changes no routing or output";
+    EXPECT_EQ(aux_mb, aux_gl) << "one rank: its micro-batch is all the tokens";
+    double ref = 0, ref_all = 0;
+    std::vector<double> f_all(size_t(E), 0.0), p_all(size_t(E), 0.0);
+    for (int s = 0; s < S; ++s) {
+        std::vector<double> f(size_t(E), 0.0), p(size_t(E), 0.0);
+        for (int t = s * T; t < (s + 1) * T; ++t) {
+            std::vector<double> g(static_cast<size_t>(E), 0.0);
+            double mx = -1e300, sum = 0;
+            for (int e = 0; e < E; ++e) {
+                for (int cc = 0; cc < C; ++cc)
+                    g[size_t(e)] += double(gate[size_t(e) * C + cc]) * inp[size_t(t) * C + cc];
+                mx = std::max(mx, g[size_t(e)]);
+            }
+            for (int e = 0; e < E; ++e) sum += std::exp(g[size_t(e)] - mx);
+            for (int e = 0; e < E; ++e) p[size_t(e)] += std::exp(g[size_t(e)] - mx) / sum / T;
+            for (int k = 0; k < K; ++k) f[size_t(a.expert_idx()[t * K + k])] += 1.0 / (T * K);
+        }
+        for (int e = 0; e < E; ++e) {
+            ref += f[size_t(e)] * p[size_t(e)];
+            f_all[size_t(e)] += f[size_t(e)] / S;
+            p_all[size_t(e)] += p[size_t(e)] / S;
+        }
+    }
+    ref *= coef * E / S;
+    for (int e = 0; e < E; ++e) ref_all += f_all[size_t(e)] * p_all[size_t(e)];
+    ref_all *= coef * E;
+    // float32 logits of length-8 dot products: ~1e-6 relative in the probabilities
+    EXPECT_NEAR(aux_seq, ref, 1e-6 * ref);
+    EXPECT_NEAR(aux_gl, ref_all, 1e-6 * ref_all);
+    EXPECT_GT(std::abs(aux_seq - aux_gl), 1e-4 * ref) << "the test tells the two apart";
+}
+
+TEST(BalanceScopeTest, PerSequenceGradientMatchesCentralDifferences) {
+    ModelConfig m        = testing::tiny_moe_config();
+    m.aux_loss_coef      = 0.5;  // large, so the gate's gradient is mostly the balancing loss
+    m.balance_loss_scope = BalanceScope::sequence;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
+TEST(BalanceScopeTest, PerMicroBatchGradientMatchesCentralDifferences) {
+    ModelConfig m        = testing::tiny_moe_config();
+    m.aux_loss_coef      = 0.5;
+    m.balance_loss_scope = BalanceScope::micro_batch;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
 }  // namespace
 }  // namespace bagualu::moe
