@@ -373,7 +373,9 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
             s[5 * Es + 3] += lse_[t] * lse_[t];
         }
     }
-    if (P > 1) par_->world().allreduce_sum(std::span<double>(s));
+    // the scoped balancing loss's sum (the last slot) travels only when there is one
+    const size_t n_stats = 5 * Es + (gate_.balance_scope == BalanceScope::global ? 4 : 5);
+    if (P > 1) par_->world().allreduce_sum(std::span<double>(s.data(), n_stats));
     for (size_t e = 0; e < Es; ++e) {
         stats_.tokens_per_expert[e] = std::llround(s[2 * Es + e]);
         stats_.topk_per_expert[e]   = std::llround(s[e]);

@@ -209,10 +209,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     const double A = static_cast<double>(L.accum), E = m.n_experts, K = m.top_k;
     if (n_moe > 0 && L.ranks > 1) {
         // Router::forward: one allreduce of 5E + 4 doubles (top-k counts, probability sums,
-        // loads, importance, load estimates, dropped, reassigned, entropy, z-loss sum). The
-        // capacity and SWIPE gates exchange counts of their own (below).
+        // loads, importance, load estimates, dropped, reassigned, entropy, z-loss sum), one more
+        // with a scoped balancing loss (its sum). The capacity and SWIPE gates exchange counts
+        // of their own (below).
+        const double stats = 5 * E + (m.balance_loss_scope == BalanceScope::global ? 4 : 5);
         add("moe routing statistics", dist::CommKind::allreduce, "world", L.ranks, n_fwd * A,
-            (5 * E + 4) * 8 * n_fwd * A);
+            stats * 8 * n_fwd * A);
     }
     // the same as add, for a unit of gradient reduction or the hops of one of our collectives
     auto add_flagged = [&](std::string what, dist::CommKind kind, std::string group, int size,
