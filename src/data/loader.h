@@ -67,7 +67,6 @@ class DataLoader {
     // This rank's next micro-batch: inputs and targets (rows, T), rows <= max_rows(); returns
     // rows. Collective over the group.
     int next(int32_t* inputs, int32_t* targets);
-    const BatchSplit& split() const { return split_; }
     int max_rows() const { return static_cast<int>(split_.max_rows()); }
     // The position in the global order of the next micro-batch next() returns.
     SamplerCursor cursor() const { return cursor_; }

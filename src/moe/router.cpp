@@ -194,28 +194,25 @@ void Router::sequence_fractions(int N) {
     }
 }
 
-// This rank's part of a scoped balancing loss (before coef and E): micro_batch: sum_e f_e P_e over
-// its tokens, f_ <- its f; sequence: sum over its sequences of sum_e f[s, e] P[s, e], P[s, e]
-// the mean of softmax(g[t, :])_e over the sequence. global: 0 (the loss is formed from sums).
+// This rank's part of a scoped balancing loss (aux_loss's form, coef and E included):
+// micro_batch: its loss over its own N tokens (f_ <- its f); sequence: the sum of its sequences'
+// losses, each over the T tokens of the sequence with f_'s row for it. global: 0 (the loss is
+// formed from the sums over all ranks).
 double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts,
                                   const double* prob_sums) {
-    double sum = 0;
     if (gate_.balance_scope == BalanceScope::micro_batch) {
-        for (int e = 0; e < E_; ++e) {
-            f_[static_cast<size_t>(e)] = static_cast<double>(topk_counts[static_cast<size_t>(e)]) /
-                                         (static_cast<double>(N) * K_);
-            sum += f_[static_cast<size_t>(e)] * prob_sums[e] / N;
-        }
-    } else if (gate_.balance_scope == BalanceScope::sequence) {
+        return aux_loss(f_.data(), topk_counts.data(), prob_sums, N, E_, K_, aux_coef_);
+    }
+    double sum = 0;
+    if (gate_.balance_scope == BalanceScope::sequence) {
         const int T = seq_len_;
+        std::vector<double> p(static_cast<size_t>(E_));
         for (int s0 = 0; s0 < N; s0 += T) {
+            gate_prob_sums(p.data(), softmax_full_.data() + static_cast<int64_t>(s0) * E_, T, E_);
             const double* f = f_.data() + (s0 / T) * E_;
-            for (int e = 0; e < E_; ++e) {
-                double p = 0;
-                for (int t = s0; t < s0 + T; ++t)
-                    p += softmax_full_[static_cast<int64_t>(t) * E_ + e];
-                sum += f[e] * p / T;
-            }
+            double fp       = 0;
+            for (int e = 0; e < E_; ++e) fp += f[e] * p[static_cast<size_t>(e)] / T;
+            sum += aux_coef_ * E_ * fp;
         }
     }
     return sum;
@@ -395,10 +392,10 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         return aux_coef_ * (imp + load) + z;
     }
     if (gate_.balance_scope == BalanceScope::micro_batch) {  // the mean of the ranks' losses
-        return aux_coef_ * E_ * s[5 * Es + 4] / P + z;
+        return s[5 * Es + 4] / P + z;
     }
     if (gate_.balance_scope == BalanceScope::sequence) {  // the mean over all sequences
-        return aux_coef_ * E_ * s[5 * Es + 4] / static_cast<double>(n_total_ / seq_len_) + z;
+        return s[5 * Es + 4] / static_cast<double>(n_total_ / seq_len_) + z;
     }
     for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
     return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_) + z;

@@ -395,16 +395,22 @@ double Trainer::forward_backward(int64_t step, double& aux) {
             ctx.tokens = split_.total(micro) * T_;
         }
         gpt_->set_routing_context(ctx);
-        const double w   = even ? 1.0 / static_cast<double>(accum_) : split_.weight(rank, micro),
-                     f   = even ? w : split_.fraction(micro);
         const double fwd = gpt_->forward(inputs_.data(), targets_.data(), rows, T_);
-        loss += even ? fwd / static_cast<double>(accum_) : fwd * w;
-        aux += even ? gpt_->aux_loss() / static_cast<double>(accum_) : gpt_->aux_loss() * f;
         add_choice_loads(*gpt_);
-        const float scale = static_cast<float>(scaler_.scale());
-        const float ce_scale =
-            even ? scale / static_cast<float>(accum_) : static_cast<float>(scaler_.scale() * w);
-        const float aux_scale = even ? ce_scale : static_cast<float>(scaler_.scale() * f);
+        // the weights of this micro-batch's mean CE and of the aux losses (one number over the
+        // micro-step on all ranks)
+        float ce_scale = 0, aux_scale = 0;
+        if (even) {
+            loss += fwd / static_cast<double>(accum_);
+            aux += gpt_->aux_loss() / static_cast<double>(accum_);
+            ce_scale = aux_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
+        } else {
+            const double w = split_.weight(rank, micro), f = split_.fraction(micro);
+            loss += fwd * w;
+            aux += gpt_->aux_loss() * f;
+            ce_scale  = static_cast<float>(scaler_.scale() * w);
+            aux_scale = static_cast<float>(scaler_.scale() * f);
+        }
         if (micro + 1 < accum_) {
             gpt_->backward(ce_scale, aux_scale);
         } else {  // the last backward of the step: reduce what it has finished meanwhile
