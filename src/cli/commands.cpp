@@ -265,8 +265,8 @@ int cmd_report(const std::string& run_dir) {
     log::info("report: wrote {}/loss.svg", run_dir);
     if (report::write_expert_load_chart(run_dir))
         log::info("report: wrote {}/expert_load.svg", run_dir);
-    if (report::write_load_violation_chart(run_dir)) {
-        log::info("report: wrote {}/load_violation.svg", run_dir);
+    for (const std::string& f : report::write_routing_charts(run_dir)) {
+        log::info("report: wrote {}/{}", run_dir, f);
     }
     return 0;
 }

@@ -82,6 +82,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("precision", "ffn", c.precision.ffn);
     v("precision", "head", c.precision.head);
     v("precision", "fp64_sensitive", c.precision.fp64_sensitive);
+    v("precision", "router", c.precision.router);
     v("precision", "loss_scale", c.precision.loss_scale);
     v("precision", "loss_scale_window", c.precision.loss_scale_window);
     v("precision", "loss_scale_growth", c.precision.loss_scale_growth);
@@ -107,6 +108,11 @@ struct Spelling<BalanceScope> {
     static constexpr BalanceScope values[] = {BalanceScope::global, BalanceScope::micro_batch,
                                               BalanceScope::sequence};
     static constexpr const char* expected  = "\"global\", \"micro_batch\" or \"sequence\"";
+};
+template <>
+struct Spelling<RouterPrecision> {
+    static constexpr RouterPrecision values[] = {RouterPrecision::fp32, RouterPrecision::fp64};
+    static constexpr const char* expected     = "\"fp32\" or \"fp64\"";
 };
 template <>
 struct Spelling<Level> {
@@ -633,6 +639,8 @@ E parse_enum(const std::string& text, const std::string& where) {
 template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
+template RouterPrecision parse_enum<RouterPrecision>(const std::string&,
+                                                          const std::string&);
 template Level parse_enum<Level>(const std::string&, const std::string&);
 template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

@@ -166,9 +166,12 @@ struct PrecisionSection {
     Dtype dtype     = Dtype::float32;  // fp32 | bf16 | fp16
     Level embedding = Level::O0;       // wte, wpe
     Level attention = Level::O1;       // ln_1, c_attn, attention, c_proj
-    Level ffn       = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32 below O3)
+    Level ffn       = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32)
     Level head      = Level::O1;  // ln_f, the LM head GEMM (its weight is wte)
     bool fp64_sensitive = false;  // softmax, layernorm, gelu, exp, sqrt, loss in FP64
+    // The MoE router's weights are float32 at every level; its logits and their gradients are
+    // computed in float32 (fp32) or with every product and sum in double (fp64).
+    RouterPrecision router = RouterPrecision::fp32;
     // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
     // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
     // multiply it by loss_scale_growth.

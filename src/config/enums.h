@@ -12,6 +12,9 @@ enum class RouterScore { softmax, sigmoid };
 // model.balance_loss_scope: the tokens the auxiliary balancing loss balances (docs/model.md):
 // all ranks' tokens of the micro-step, this rank's micro-batch, or each sequence.
 enum class BalanceScope { global, micro_batch, sequence };
+// precision.router: the arithmetic of the MoE router's logits and their gradients, whatever the
+// levels say (docs/precision.md).
+enum class RouterPrecision { fp32, fp64 };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -50,6 +53,9 @@ inline const char* name_of(RouterScore s) {
 inline const char* name_of(BalanceScope s) {
     return s == BalanceScope::global ? "global"
                                      : (s == BalanceScope::sequence ? "sequence" : "micro_batch");
+}
+inline const char* name_of(RouterPrecision p) {
+    return p == RouterPrecision::fp64 ? "fp64" : "fp32";
 }
 inline const char* name_of(Level l) {
     switch (l) {

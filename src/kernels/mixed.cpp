@@ -195,6 +195,61 @@ void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t 
     });
 }
 
+// ---- linear layers in FP64 ----
+
+void linear_forward_f64(float* out, const float* inp, const float* weight, const float* bias,
+                        int N, int IC, int OC) {
+    parallel_rows(N, int64_t(IC) * OC, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            const float* x = inp + t * IC;
+            for (int64_t o = 0; o < OC; ++o) {
+                const float* w = weight + o * IC;
+                double acc     = bias ? double(bias[o]) : 0.0;
+                for (int64_t i = 0; i < IC; ++i) acc += double(x[i]) * double(w[i]);
+                out[t * OC + o] = float(acc);
+            }
+        }
+    });
+}
+
+void linear_backward_f64(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, int N, int IC, int OC) {
+    // dinp[t, :] = sum_o dout[t, o] weight[o, :], summed over o in order into a double row
+    if (dinp) {
+        parallel_rows(N, int64_t(IC) * OC, [&](int64_t t0, int64_t t1) {
+            thread_local std::vector<double> acc;
+            double* a = grow(acc, size_t(IC));
+            for (int64_t t = t0; t < t1; ++t) {
+                std::fill(a, a + IC, 0.0);
+                for (int64_t o = 0; o < OC; ++o) {
+                    const double d = dout[t * OC + o];
+                    const float* w = weight + o * IC;
+                    for (int64_t i = 0; i < IC; ++i) a[i] += d * double(w[i]);
+                }
+                for (int64_t i = 0; i < IC; ++i) dinp[t * IC + i] = float(a[i]);
+            }
+        });
+    }
+    // dweight[o, :] += sum_t dout[t, o] inp[t, :], summed over t in order
+    parallel_rows(OC, int64_t(IC) * N, [&](int64_t o0, int64_t o1) {
+        thread_local std::vector<double> acc;
+        double* a = grow(acc, size_t(IC));
+        for (int64_t o = o0; o < o1; ++o) {
+            std::fill(a, a + IC, 0.0);
+            double db = 0;
+            for (int64_t t = 0; t < N; ++t) {
+                const double d = dout[t * OC + o];
+                db += d;
+                const float* x = inp + t * IC;
+                for (int64_t i = 0; i < IC; ++i) a[i] += d * double(x[i]);
+            }
+            float* dw = dweight + o * IC;
+            for (int64_t i = 0; i < IC; ++i) dw[i] += float(a[i]);
+            if (dbias) dbias[o] += float(db);
+        }
+    });
+}
+
 // ---- attention: one (batch, head) pair per work item ----
 
 void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {

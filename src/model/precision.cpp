@@ -25,6 +25,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     r.level[static_cast<int>(LayerClass::ffn)]       = p.ffn;
     r.level[static_cast<int>(LayerClass::head)]      = p.head;
     r.fp64_sensitive                                 = p.fp64_sensitive;
+    r.router_fp64                                    = p.router == RouterPrecision::fp64;
     return r;
 }
 
@@ -42,8 +43,9 @@ Dtype PrecisionPolicy::storage_dtype(const ParamSpec& s) const {
     if (!mixed()) return Dtype::float32;  // any layout, whatever its tensors are called
     const TensorDef& d = def_of(s.name);
     const Level l      = of(d.cls);
+    if (d.role == Role::gate) return Dtype::float32;  // the router, at every level
     if (l == Level::O3) return dtype;
-    if (l == Level::O2 && d.role == Role::plain) return dtype;  // not layernorm or gate
+    if (l == Level::O2 && d.role == Role::plain) return dtype;  // not layernorm
     return Dtype::float32;
 }
 
@@ -66,10 +68,12 @@ Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
 }
 
 std::string PrecisionPolicy::describe() const {
-    if (!mixed()) return fmt::format("fp32{}", fp64_sensitive ? ", fp64 sensitive ops" : "");
+    const std::string extra = fmt::format("{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
+                                          router_fp64 ? ", fp64 router" : "");
+    if (!mixed()) return "fp32" + extra;
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),
                        level_name(level[0]), level_name(level[1]), level_name(level[2]),
-                       level_name(level[3]), fp64_sensitive ? ", fp64 sensitive ops" : "");
+                       level_name(level[3]), extra);
 }
 
 }  // namespace bagualu::model

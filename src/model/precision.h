@@ -27,6 +27,7 @@ struct PrecisionPolicy {
     Dtype dtype         = Dtype::float32;
     Level level[4]      = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
     bool fp64_sensitive = false;
+    bool router_fp64    = false;  // precision.router = "fp64"
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).
@@ -45,12 +46,13 @@ struct PrecisionPolicy {
     // The class of a parameter tensor, from its name: its row of the tensor table.
     static LayerClass class_of(const std::string& name);
     // The dtype a tensor is stored in: the half type for GEMM weights and biases at O2 and up,
-    // for every tensor of the class at O3 (layernorm parameters and the MoE gate included);
+    // for every tensor of the class at O3 (layernorm parameters included); the MoE gate's is
+    // float32 at every level;
     // float32 otherwise.
     Dtype storage_dtype(const ParamSpec& s) const;
     MasterMode master_mode(const ParamSpec& s) const;
     // The dtype a tensor's values enter the computation in: storage_dtype, or the GEMM dtype
-    // for a float32-stored GEMM weight at O1 (never the gate's below O3).
+    // for a float32-stored GEMM weight at O1 (never the gate's).
     Dtype compute_dtype(const ParamSpec& s) const;
     // One line for the log: "bf16: embedding O0, attention O1, ffn O2, head O1" or "fp32".
     std::string describe() const;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "moe/gate.h"
 #include "moe/noisy_gate.h"
@@ -218,6 +219,23 @@ double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts
     return sum;
 }
 
+void Router::gate_linear_forward(float* out, const float* x, const float* w, int N) const {
+    if (gate_.fp64) {
+        kernels::linear_forward_f64(out, x, w, nullptr, N, C_, E_);
+    } else {
+        kernels::linear_forward(out, x, w, nullptr, N, C_, E_);
+    }
+}
+
+void Router::gate_linear_backward(float* dx, float* dw, const float* dout, const float* x,
+                                  const float* w, int N) const {
+    if (gate_.fp64) {
+        kernels::linear_backward_f64(dx, dw, nullptr, dout, x, w, N, C_, E_);
+    } else {
+        kernels::linear_backward(dx, dw, nullptr, dout, x, w, N, C_, E_);
+    }
+}
+
 double Router::forward(const float* inp, const float* gate_w, const float* noise_w, int N) {
     n_          = N;
     const int P = par_ ? par_->size() : 1, rank = par_ ? par_->rank() : 0;
@@ -241,12 +259,12 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         }
         x = x_jit_.data();
     }
-    kernels::linear_forward(logits_.data(), x, gate_w, nullptr, N, C_, E_);
+    gate_linear_forward(logits_.data(), x, gate_w, N);
     const double entropy =
         softmax_rows(softmax_full_.data(), entropy_.data(), logits_.data(), N, E_);
     const float* route = logits_.data();  // the logits top-k and the weights use
     if (noisy_) {
-        kernels::linear_forward(noise_logits_.data(), x, noise_w, nullptr, N, C_, E_);
+        gate_linear_forward(noise_logits_.data(), x, noise_w, N);
         for (int64_t t = 0; t < N; ++t) {
             for (int e = 0; e < E_; ++e) {
                 double z = 0;
@@ -385,20 +403,28 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     const double z = gate_.z_loss_coef > 0
                          ? gate_.z_loss_coef * s[5 * Es + 3] / static_cast<double>(n_total_)
                          : 0.0;
-    if (aux_coef_ <= 0) return z;
+    stats_.z_loss       = z;
+    stats_.balance_loss = balance_loss(s, topk_counts);
+    return stats_.balance_loss + z;
+}
+
+// The balancing loss of the forward from the statistics summed over ranks (times aux_coef).
+double Router::balance_loss(const std::vector<double>& s, std::vector<int64_t>& topk_counts) {
+    const size_t Es = static_cast<size_t>(E_);
+    if (aux_coef_ <= 0) return 0.0;
     if (noisy_) {
         const double imp  = cv_squared(dimportance_.data(), s.data() + 3 * Es, E_);
         const double load = cv_squared(dload_.data(), s.data() + 4 * Es, E_);
-        return aux_coef_ * (imp + load) + z;
+        return aux_coef_ * (imp + load);
     }
     if (gate_.balance_scope == BalanceScope::micro_batch) {  // the mean of the ranks' losses
-        return s[5 * Es + 4] / P + z;
+        return s[5 * Es + 4] / (par_ ? par_->size() : 1);
     }
     if (gate_.balance_scope == BalanceScope::sequence) {  // the mean over all sequences
-        return s[5 * Es + 4] / static_cast<double>(n_total_ / seq_len_) + z;
+        return s[5 * Es + 4] / static_cast<double>(n_total_ / seq_len_);
     }
     for (size_t e = 0; e < Es; ++e) topk_counts[e] = std::llround(s[e]);
-    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_) + z;
+    return aux_loss(f_.data(), topk_counts.data(), s.data() + Es, n_total_, E_, K_, aux_coef_);
 }
 
 void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float* dprobs,
@@ -462,10 +488,9 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
             }
         }
     }
-    kernels::linear_backward(dinp, dgate_w, nullptr, dlogits_.data(), x, gate_w, N, C_, E_);
+    gate_linear_backward(dinp, dgate_w, dlogits_.data(), x, gate_w, N);
     if (noisy_) {
-        kernels::linear_backward(dx_noise_.data(), dnoise_w, nullptr, dnoise_logits_.data(), x,
-                                 noise_w, N, C_, E_);
+        gate_linear_backward(dx_noise_.data(), dnoise_w, dnoise_logits_.data(), x, noise_w, N);
         for (int64_t i = 0; i < static_cast<int64_t>(N) * C_; ++i) dinp[i] += dx_noise_[i];
     }
     if (jittered_) {

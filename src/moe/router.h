@@ -39,6 +39,9 @@ struct GateConfig {
     // The tokens the balancing loss is over: the micro-step's on all ranks (global), this
     // rank's (micro_batch) or each sequence's, averaged (docs/model.md). Not the noisy gate.
     BalanceScope balance_scope = BalanceScope::global;
+    // precision.router = "fp64": the logits and their gradients with every product and sum in
+    // double (kernels/mixed.h linear_*_f64), rounded to float once; float32 GEMMs otherwise.
+    bool fp64 = false;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -61,6 +64,8 @@ struct RoutingStats {
     int64_t dropped    = 0;                  // slots dropped by capacity or random routing
     int64_t reassigned = 0;                  // slots moved by SWIPE
     double entropy     = 0;                  // mean over tokens of H(softmax(g[t, :])), nats
+    double balance_loss = 0;  // the balancing loss forward returned (times aux_coef)
+    double z_loss       = 0;  // the z-loss it returned (times z_loss_coef)
 };
 
 // Uniform in [0, 1) for one (token, index) of a stream; a counter-based hash (splitmix64).
@@ -97,11 +102,17 @@ class Router {
     const BalanceBias& balance_bias() const { return bias_; }
 
    private:
+    // The gate's (and the noisy gate's noise) linear layer, in the arithmetic of gate_.fp64.
+    void gate_linear_forward(float* out, const float* x, const float* w, int N) const;
+    void gate_linear_backward(float* dx, float* dw, const float* dout, const float* x,
+                              const float* w, int N) const;
     void swipe_rounds(int N);
     // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
     void override_routes(int N, int64_t tok0);
     void capacity_rounds(int N);
     void sequence_fractions(int N);
+    // The balancing loss from the statistics summed over ranks (forward's last step).
+    double balance_loss(const std::vector<double>& s, std::vector<int64_t>& topk_counts);
     double scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts,
                               const double* prob_sums);
 

@@ -211,39 +211,74 @@ bool write_expert_load_chart(const std::string& run_dir) {
     return true;
 }
 
-bool write_load_violation_chart(const std::string& run_dir) {
+namespace {
+
+// One curve per MoE layer and key of `keys` from metrics.jsonl's per-layer arrays; the curve of
+// key k, layer l is labelled "moe l" plus the key's suffix.
+std::vector<Series> per_layer_series(const std::string& metrics,
+                                     const std::vector<std::pair<const char*, const char*>>& keys) {
+    std::vector<Series> series;
+    std::vector<std::vector<size_t>> index(keys.size());  // [key][layer] -> series
+    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
+        for (size_t k = 0; k < keys.size(); ++k) {
+            const char* key = keys[k].first;
+            if (!r.contains(key)) continue;
+            const nlohmann::json& layers = r[key];
+            if (!layers.is_array() || !r.contains("step") || !r["step"].is_number()) {
+                input_error(
+                    "{}:{}: \"{}\" must be an array of numbers (one per MoE layer) beside a "
+                    "numeric \"step\"",
+                    metrics, line_no, key);
+            }
+            for (size_t l = 0; l < layers.size(); ++l) {
+                if (!layers[l].is_number()) {
+                    input_error("{}:{}: \"{}\"[{}] must be a number", metrics, line_no, key, l);
+                }
+                if (l == index[k].size()) {
+                    index[k].push_back(series.size());
+                    series.push_back({fmt::format("moe {}{}", l, keys[k].second), "", {}, {}});
+                }
+                Series& s = series[index[k][l]];
+                s.x.push_back(r["step"].get<double>());
+                s.y.push_back(layers[l].get<double>());
+            }
+        }
+    }
+    return series;
+}
+
+}  // namespace
+
+std::vector<std::string> write_routing_charts(const std::string& run_dir) {
     const fs::path dir        = run_dir;
     const std::string metrics = (dir / "metrics.jsonl").string();
     if (!fs::exists(metrics))
         input_error("{}: no such file (expected the run's metrics log)", metrics);
-    constexpr const char* kKey = "choice_load_max_violation";
-    std::vector<Series> series;  // one per MoE layer
-    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
-        if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
-        if (!r.contains(kKey)) continue;
-        const nlohmann::json& layers = r[kKey];
-        if (!layers.is_array() || !r.contains("step") || !r["step"].is_number()) {
-            input_error(
-                "{}:{}: \"{}\" must be an array of numbers (one per MoE layer) beside a "
-                "numeric \"step\"",
-                metrics, line_no, kKey);
-        }
-        for (size_t l = 0; l < layers.size(); ++l) {
-            if (!layers[l].is_number()) {
-                input_error("{}:{}: \"{}\"[{}] must be a number", metrics, line_no, kKey, l);
-            }
-            if (l == series.size()) series.push_back({fmt::format("moe {}", l), "", {}, {}});
-            series[l].x.push_back(r["step"].get<double>());
-            series[l].y.push_back(layers[l].get<double>());
-        }
-    }
-    if (series.empty()) return false;
     const std::string run_name =
         (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
-    write_text_file(dir / "load_violation.svg",
-                    line_chart_svg(fmt::format("Expert load max violation: {}", run_name), "step",
-                                   "max load / mean load - 1", series));
-    return true;
+    struct Chart {
+        const char* file;
+        const char* title;
+        const char* ylabel;
+        std::vector<std::pair<const char*, const char*>> keys;
+    };
+    const Chart charts[] = {
+        {"load_violation.svg", "Expert load max violation", "max load / mean load - 1",
+         {{"choice_load_max_violation", ""}}},
+        {"balance_bias.svg", "Routing bias range", "bias",
+         {{"balance_bias_min", " min"}, {"balance_bias_max", " max"}}},
+        {"router_z_loss.svg", "Router z-loss", "z-loss term", {{"router_z_loss", ""}}},
+    };
+    std::vector<std::string> written;
+    for (const Chart& c : charts) {
+        const std::vector<Series> series = per_layer_series(metrics, c.keys);
+        if (series.empty()) continue;
+        write_text_file(dir / c.file, line_chart_svg(fmt::format("{}: {}", c.title, run_name),
+                                                     "step", c.ylabel, series));
+        written.push_back(c.file);
+    }
+    return written;
 }
 
 }  // namespace bagualu::report

@@ -26,11 +26,16 @@ void write_loss_chart(const std::string& run_dir);
 // whose expert_tokens is not an array of arrays of numbers.
 bool write_expert_load_chart(const std::string& run_dir);
 
-// Reads run_dir/metrics.jsonl and writes run_dir/load_violation.svg: the
-// "choice_load_max_violation" of each logged step (max load / mean load - 1 of the step's
-// top-k choices over all ranks, moe/balance_bias.h), one curve per MoE layer. Returns false,
-// writing nothing, when no line has it. Throws InputError as write_expert_load_chart does.
-bool write_load_violation_chart(const std::string& run_dir);
+// Reads run_dir/metrics.jsonl and writes the per-MoE-layer routing curves over the logged
+// steps, one chart per metric the log holds (train/routing_metrics.h):
+//   load_violation.svg  "choice_load_max_violation" (max load / mean load - 1 of the step's
+//                       top-k choices over all ranks, moe/balance_bias.h)
+//   balance_bias.svg    "balance_bias_min" and "balance_bias_max" (the routing bias's range)
+//   router_z_loss.svg   "router_z_loss" (the z-loss term added to the loss)
+// Returns the file names written (none for a dense model or a log without them). Throws
+// InputError as write_expert_load_chart does, naming a line whose metric is not an array of
+// numbers (one per MoE layer) beside a numeric "step".
+std::vector<std::string> write_routing_charts(const std::string& run_dir);
 
 // One run's curve of one metric, for drawing several runs on one chart (`report --compare`).
 struct RunCurve {

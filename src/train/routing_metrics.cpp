@@ -24,7 +24,8 @@ double load_max_over_mean(const int64_t* tpe, int E) {
 // choice load and the balancing bias over the whole step.
 void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool bias_on) {
     nlohmann::json loads = nlohmann::json::array(), dropped = loads, reassigned = loads,
-                   entropy = loads, tokens = loads;
+                   entropy = loads, tokens = loads, zloss = loads, balance = loads;
+    bool z_on = false;
     for (const auto& layer : gpt.moe_layers()) {
         const moe::RoutingStats& s = layer->routing_stats();
         const double slots         = static_cast<double>(std::max<int64_t>(s.slots, 1));
@@ -33,12 +34,19 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool b
         reassigned.push_back(static_cast<double>(s.reassigned) / slots);
         entropy.push_back(s.entropy);
         tokens.push_back(s.tokens_per_expert);
+        balance.push_back(s.balance_loss);
+        zloss.push_back(s.z_loss);
+        z_on = z_on || s.z_loss != 0;
     }
     j["expert_load_max_over_mean"] = loads;
     j["dropped_fraction"]          = dropped;
     j["reassigned_fraction"]       = reassigned;
     j["routing_entropy"]           = entropy;
     j["expert_tokens"]             = tokens;
+    // of the step's last micro-batch, as the fractions above: the terms each layer adds to the
+    // loss (times their coefficients)
+    j["balance_loss"] = balance;
+    if (z_on) j["router_z_loss"] = zloss;
     nlohmann::json violation = nlohmann::json::array(), bmin = violation, bmax = violation,
                    babs = violation;
     for (const auto& layer : gpt.moe_layers()) {

@@ -561,7 +561,7 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     metrics_.close();
     report::write_loss_chart(cfg_.train.run_dir);
     if (!gpt_->moe_layers().empty()) report::write_expert_load_chart(cfg_.train.run_dir);
-    if (!gpt_->moe_layers().empty()) report::write_load_violation_chart(cfg_.train.run_dir);
+    if (!gpt_->moe_layers().empty()) report::write_routing_charts(cfg_.train.run_dir);
     progress_.finish();
     log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
               sum_.final_val_loss, std::exp(sum_.final_val_loss), sum_.steps,

@@ -36,6 +36,8 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
     expect_round_trip<Partition>(
         "optimizer.partition",
         {{"auto", Partition::automatic}, {"on", Partition::on}, {"off", Partition::off}});
+    expect_round_trip<RouterPrecision>(
+        "precision.router", {{"fp32", RouterPrecision::fp32}, {"fp64", RouterPrecision::fp64}});
     expect_round_trip<Resume>("checkpoint.resume",
                               {{"never", Resume::never}, {"auto", Resume::automatic}});
     expect_round_trip<Recompute>(
@@ -46,7 +48,9 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
 TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
     const TrainConfig a = default_config(
         {"model.gate=noisy", "precision.dtype=fp16", "precision.embedding=O3", "precision.head=O2",
-         "optimizer.partition=off", "checkpoint.resume=auto", "train.recompute=block"});
+         "optimizer.partition=off", "checkpoint.resume=auto", "train.recompute=block",
+         "precision.router=fp64"});
+    EXPECT_EQ(a.precision.router, RouterPrecision::fp64);
     EXPECT_EQ(a.model.gate, GateKind::noisy);
     EXPECT_EQ(a.precision.dtype, Dtype::float16);
     EXPECT_EQ(a.precision.embedding, Level::O3);
@@ -63,6 +67,7 @@ TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
     EXPECT_EQ(b.precision.head, Level::O2);
     EXPECT_EQ(b.checkpoint.resume, Resume::automatic);
     EXPECT_EQ(b.train.recompute, Recompute::block);
+    EXPECT_EQ(b.precision.router, RouterPrecision::fp64);
 }
 
 TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {

@@ -87,6 +87,58 @@ TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
     EXPECT_EQ(o, o32);
 }
 
+// The router's FP64 linear layers round the exact result once: every float product is exact in
+// double and a sum of a few hundred of them loses ~1e-14 relative, so each output is within half
+// a float ulp of the long-double sum (plus that slack). Inputs with cancellation (large terms of
+// both signs) make the float32 GEMM miss by many ulps, which the last check shows.
+TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
+    Rng rng(9, 0);
+    const int N = 29, IC = 203, OC = 13;
+    std::vector<float> x(size_t(N) * IC), w(size_t(OC) * IC), dy(size_t(N) * OC);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float((i % 7 == 0 ? 1e4 : 1.0) * rng.normal());
+    for (auto& v : w) v = float(rng.normal());
+    for (auto& v : dy) v = float(rng.normal());
+    // within half an ulp of the long-double value, with 1e-12 relative slack for the double sum
+    auto near_exact = [](float got, long double want) {
+        const float f    = float(want);
+        const double ulp = std::nextafter(std::fabs(f), INFINITY) - std::fabs(f);
+        return std::fabs(double(got) - double(want)) <= 0.5 * ulp + 1e-12 * std::fabs(double(want));
+    };
+    std::vector<float> out64(size_t(N) * OC), out32(out64.size());
+    linear_forward_f64(out64.data(), x.data(), w.data(), nullptr, N, IC, OC);
+    linear_forward(out32.data(), x.data(), w.data(), nullptr, N, IC, OC);
+    double worst32 = 0;  // the float32 path's largest error in units of the output's magnitude
+    for (int t = 0; t < N; ++t) {
+        for (int o = 0; o < OC; ++o) {
+            long double want = 0;
+            for (int i = 0; i < IC; ++i) want += (long double)x[size_t(t) * IC + i] * w[size_t(o) * IC + i];
+            EXPECT_TRUE(near_exact(out64[size_t(t) * OC + o], want)) << t << " " << o;
+            worst32 = std::max(worst32, double(std::fabs(out32[size_t(t) * OC + o] - want)) /
+                                            (1e-30 + double(std::fabs(want))));
+        }
+    }
+    EXPECT_GT(worst32, 1e-6);  // cancellation is real here: float32 accumulation misses
+    std::vector<float> dx(x.size(), 7.0f), dw(w.size(), 0.25f), db(size_t(OC), 0.5f);
+    linear_backward_f64(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, IC, OC);
+    for (int t = 0; t < N; ++t) {
+        for (int i = 0; i < IC; ++i) {
+            long double want = 0;  // dx is overwritten
+            for (int o = 0; o < OC; ++o) want += (long double)dy[size_t(t) * OC + o] * w[size_t(o) * IC + i];
+            EXPECT_TRUE(near_exact(dx[size_t(t) * IC + i], want)) << t << " " << i;
+        }
+    }
+    for (int o = 0; o < OC; ++o) {
+        long double sb = 0;
+        for (int t = 0; t < N; ++t) sb += dy[size_t(t) * OC + o];
+        EXPECT_EQ(db[size_t(o)], 0.5f + float(sb)) << o;  // += the rounded sum
+        for (int i = 0; i < IC; ++i) {
+            long double want = 0;  // dw accumulates: its old 0.25 plus the rounded sum
+            for (int t = 0; t < N; ++t) want += (long double)dy[size_t(t) * OC + o] * x[size_t(t) * IC + i];
+            EXPECT_EQ(dw[size_t(o) * IC + i], 0.25f + float(want)) << o << " " << i;
+        }
+    }
+}
+
 TEST(Fp64Ops, Layernorm) {
     Rng rng(1, 0);
     const int N = 37, C = 53;

@@ -52,11 +52,17 @@ TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
     for (const ParamSpec& s : gpt.layout().specs()) {
         EXPECT_EQ(f32.storage_dtype(s), Dtype::float32) << s.name;
         EXPECT_EQ(f32.compute_dtype(s), Dtype::float32) << s.name;
-        EXPECT_EQ(o3.storage_dtype(s), Dtype::float16) << s.name;
-        EXPECT_EQ(o3.master_mode(s), MasterMode::half) << s.name;
+        // the router stays float32 whatever the levels say
+        const bool gate = has(s.name, ".moe.gate.");
+        EXPECT_EQ(o3.storage_dtype(s), gate ? Dtype::float32 : Dtype::float16) << s.name;
+        EXPECT_EQ(o3.compute_dtype(s), gate ? Dtype::float32 : Dtype::float16) << s.name;
+        EXPECT_EQ(o3.master_mode(s), gate ? MasterMode::none : MasterMode::half) << s.name;
     }
     EXPECT_EQ(bf.describe(), "bf16: embedding O0, attention O1, ffn O2, head O1");
     EXPECT_EQ(f32.describe(), "fp32");
+    PrecisionSection r64;
+    r64.router = RouterPrecision::fp64;
+    EXPECT_EQ(PrecisionPolicy::from_config(r64).describe(), "fp32, fp64 router");
 }
 
 struct Batch {

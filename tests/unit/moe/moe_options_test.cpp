@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
+#include "model/precision.h"
 #include "moe/moe_layer.h"
 
 namespace bagualu::moe {
@@ -127,9 +128,10 @@ TEST(SharedExpertsTest, LayoutHoldsEverySharedExpertOnEveryRank) {
 
 // The whole model's gradient (loss + aux) along each tensor's gradient against central
 // differences in double; returns how many tensors whose name holds `part` were checked.
-int expect_gradient_matches(const ModelConfig& m, const std::string& part) {
+int expect_gradient_matches(const ModelConfig& m, const std::string& part,
+                            const model::PrecisionPolicy& prec = {}) {
     const int B = 2, T = 12, K = m.top_k;
-    model::GPT gpt(m, B);
+    model::GPT gpt(m, B, nullptr, 1, prec);
     model::init_params(gpt.params(), gpt.layout(), m, 7);
     Rng rng(99);
     for (size_t i = 0; i < gpt.n_floats(); ++i)
@@ -232,6 +234,59 @@ TEST(RouterZLossTest, FullGradientMatchesCentralDifferences) {
     m.aux_loss_coef      = 0;  // the z-loss alone on the gate
     m.router_z_loss_coef = 0.5;
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate weight";
+}
+
+// precision.router = "fp64": the gate's logits and gradients with double sums. Same routing as
+// float32 on generic inputs, weights and input gradients within float32's GEMM error of them,
+// and the model's gradient matches central differences with it on.
+TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
+    const int N = 11, C = 16, F = 12, E = 6, K = 2;
+    Rng rng(17);
+    MoEShape s32{C, F, E, K, 0.01};
+    MoEShape s64 = s32;
+    s64.gate.fp64 = true;
+    MoELayer a(s32, N), b(s64, N);
+    const RandomMoE r(rng, C, F, E);
+    const auto inp = normal(size_t(N) * C, rng), dout = normal(size_t(N) * C, rng);
+    std::vector<float> ya(size_t(N) * C), yb(ya.size());
+    const double auxa = a.forward(ya.data(), inp.data(), r.w, N);
+    const double auxb = b.forward(yb.data(), inp.data(), r.w, N);
+    EXPECT_EQ(std::vector<int32_t>(a.expert_idx(), a.expert_idx() + N * K),
+              std::vector<int32_t>(b.expert_idx(), b.expert_idx() + N * K));
+    // length-16 float32 dot products of N(0, 1) values: logits within ~1e-6 of the double ones
+    EXPECT_NEAR(auxa, auxb, 1e-6 * auxa);
+    for (int i = 0; i < N * K; ++i) EXPECT_NEAR(a.probs()[i], b.probs()[i], 1e-5) << i;
+    std::vector<float> dga(size_t(E) * C), dgb(dga.size()), dxa(inp.size()), dxb(inp.size());
+    std::vector<float> ea(r.fc_w.size() + r.fc_b.size() + r.pw.size() + r.pb.size()), eb = ea;
+    auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
+        MoEGrads d;
+        d.gate_w  = g.data();
+        float* p  = e.data();
+        d.experts = {p,
+                     p + r.fc_w.size(),
+                     p + r.fc_w.size() + r.fc_b.size(),
+                     p + r.fc_w.size() + r.fc_b.size() + r.pw.size(),
+                     size_t(F) * C,
+                     size_t(F),
+                     size_t(C) * F,
+                     size_t(C)};
+        return d;
+    };
+    MoEGrads ga = grads(dga, ea), gb = grads(dgb, eb);
+    a.backward(dxa.data(), ga, dout.data(), inp.data(), r.w, 1.0);
+    b.backward(dxb.data(), gb, dout.data(), inp.data(), r.w, 1.0);
+    bool differ = false;
+    for (size_t i = 0; i < dga.size(); ++i) {
+        EXPECT_NEAR(dga[i], dgb[i], 1e-4 * (1 + std::fabs(dga[i]))) << i;
+        differ = differ || dga[i] != dgb[i];
+    }
+    EXPECT_TRUE(differ) << "the fp64 path ran";
+    for (size_t i = 0; i < dxa.size(); ++i) EXPECT_NEAR(dxa[i], dxb[i], 1e-4 * (1 + std::fabs(dxa[i])));
+
+    ModelConfig m = testing::tiny_moe_config();
+    model::PrecisionPolicy prec;
+    prec.router_fp64 = true;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate.", prec), 1) << "the gate weight";
 }
 
 // sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)

@@ -129,6 +129,34 @@ TEST_F(MetricsTest, ExpertLoadChartHasOneRowPerLayerAndExpert) {
     EXPECT_THROW(write_expert_load_chart(dir_.string()), InputError);
 }
 
+TEST_F(MetricsTest, RoutingChartsDrawEveryPerLayerMetricTheLogHolds) {
+    write("metrics.jsonl",
+          "{\"step\":1,\"choice_load_max_violation\":[0.5,0.25],\"balance_bias_min\":[-0.1,0],"
+          "\"balance_bias_max\":[0.2,0.1],\"router_z_loss\":[0.003,0.004]}\n"
+          "{\"step\":1,\"val_loss\":3.1}\n"
+          "{\"step\":10,\"choice_load_max_violation\":[0.4,0.2],\"balance_bias_min\":[-0.2,0],"
+          "\"balance_bias_max\":[0.3,0.1],\"router_z_loss\":[0.002,0.003]}\n");
+    EXPECT_EQ(write_routing_charts(dir_.string()),
+              (std::vector<std::string>{"load_violation.svg", "balance_bias.svg",
+                                        "router_z_loss.svg"}));
+    const std::string bias = read("balance_bias.svg");
+    for (const char* label : {"moe 0 min", "moe 0 max", "moe 1 min", "moe 1 max"})
+        EXPECT_NE(bias.find(label), std::string::npos) << label;
+    EXPECT_NE(read("router_z_loss.svg").find("Router z-loss"), std::string::npos);
+    EXPECT_NE(read("load_violation.svg").find("moe 1"), std::string::npos);
+    // a run without the bias and the z-loss: the violation alone
+    for (const char* f : {"load_violation.svg", "balance_bias.svg", "router_z_loss.svg"})
+        fs::remove(dir_ / f);
+    write("metrics.jsonl", "{\"step\":1,\"choice_load_max_violation\":[0.5]}\n");
+    EXPECT_EQ(write_routing_charts(dir_.string()), std::vector<std::string>{"load_violation.svg"});
+    EXPECT_FALSE(fs::exists(dir_ / "balance_bias.svg"));
+    write("metrics.jsonl", "{\"step\":1,\"loss\":3.0}\n");  // a dense model
+    EXPECT_TRUE(write_routing_charts(dir_.string()).empty());
+    write("metrics.jsonl", "{\"step\":1,\"router_z_loss\":[\"x\"]}\n");
+    EXPECT_NE(error_of([&] { write_routing_charts(dir_.string()); }).find("\"router_z_loss\"[0]"),
+              std::string::npos);
+}
+
 TEST_F(MetricsTest, MetricCurveOfOneRunAndItsSummary) {
     write("metrics.jsonl",
           "{\"step\":1,\"loss\":5.0}\n"
