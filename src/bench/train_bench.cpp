@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/peak.h"
+#include "moe/token_dispatcher.h"
 #include "train/trainer.h"
 
 namespace bagualu::bench {
@@ -143,6 +145,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     opt.on_step     = [&](int64_t step, double seconds, double wait) {
         if (step + 1 == o.warmup) {
             reset_phase_timer();
+            moe::reset_a2a_seconds();
             wait_at_warmup = data_wait;
         }
         if (step >= o.warmup) {
@@ -162,6 +165,14 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     // The slowest rank's data wait (a non-reader waits for its scatter, not the prefetch).
     double waited = data_wait - wait_at_warmup;
     par.world().allreduce_max(std::span<double>(&waited, 1));
+
+    // The expert all-to-alls' time per step, the most of any rank: in the exchanges (raw) and
+    // what the computing thread waited for (exposed; below raw when parallel.a2a_chunks
+    // overlaps them with the experts).
+    const moe::A2aSeconds a2a = moe::a2a_seconds();
+    double a2a_s[2]           = {a2a.raw, a2a.exposed};
+    par.world().allreduce_max(std::span<double>(a2a_s, 2));
+    for (double& s : a2a_s) s /= static_cast<double>(std::max<size_t>(step_s.size(), 1));
 
     std::vector<double> rss(static_cast<size_t>(P));
     const double own_rss = static_cast<double>(peak_rss_bytes()) / 1048576.0;
@@ -226,6 +237,9 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["grad_reduce_wait_s_median"] = median(wait_s);
         j["data_wait_s_per_step"]      = data_wait_s;
         j["data_wait_fraction"]        = data_fraction;
+        j["a2a_chunks"]                = cfg.parallel.a2a_chunks;
+        j["a2a_raw_s_per_step"]        = a2a_s[0];
+        j["a2a_exposed_s_per_step"]    = a2a_s[1];
         j["phases"]                    = nlohmann::json::object();
         for (const auto& [name, s] : phases) {
             j["phases"][name] = {{"s_per_step", s},
@@ -249,6 +263,12 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     }
     fmt::print("data wait {:.3f} ms per step (most of any rank): {:.3f}% of the step\n",
                data_wait_s * 1e3, 100.0 * data_fraction);
+    if (par.ep_size() > 1) {
+        fmt::print(
+            "expert all-to-all {:.2f} ms per step in the exchanges, {:.2f} ms exposed (most of "
+            "any rank; parallel.a2a_chunks = {})\n",
+            a2a_s[0] * 1e3, a2a_s[1] * 1e3, cfg.parallel.a2a_chunks);
+    }
     fmt::print("peak RSS {:.1f} MiB", max_rss);
     if (P > 1) fmt::print(" (per rank: {:.1f})", fmt::join(rss, ", "));
     fmt::print(

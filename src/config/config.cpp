@@ -66,6 +66,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "ranks_per_node", c.parallel.ranks_per_node);
     v("parallel", "two_level", c.parallel.two_level);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
+    v("parallel", "a2a_chunks", c.parallel.a2a_chunks);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
     v("parallel", "bucket_mib", c.parallel.bucket_mib);
 
@@ -364,6 +365,7 @@ void validate_limits(const TrainConfig& c) {
     at_most("parallel.expert_parallel", c.parallel.expert_parallel, 1 << 24, "ranks");
     at_most("parallel.ranks_per_node", c.parallel.ranks_per_node, 1 << 24, "ranks");
     at_most("parallel.virtual_workers", c.parallel.virtual_workers, 1 << 16, "workers per rank");
+    at_most("parallel.a2a_chunks", c.parallel.a2a_chunks, 1 << 10, "pieces per all-to-all");
     at_most("parallel.bucket_mib", c.parallel.bucket_mib, 1048576.0, "1 TiB");
     at_most("precision.loss_scale", c.precision.loss_scale, 0x1p64, "2^64");
     at_most("precision.loss_scale_growth", c.precision.loss_scale_growth, 1024.0, "per window");
@@ -508,6 +510,10 @@ void validate(const TrainConfig& c) {
     if (!(c.parallel.bucket_mib > 0)) {
         input_error("{}: parallel.bucket_mib = {}: must be > 0", src, c.parallel.bucket_mib);
     }
+    if (c.parallel.a2a_chunks < 1) {
+        input_error("{}: parallel.a2a_chunks = {}: must be >= 1 (1 = no overlap)", src,
+                    c.parallel.a2a_chunks);
+    }
     if (c.parallel.virtual_workers < 1) {
         input_error("{}: parallel.virtual_workers = {}: must be >= 1", src,
                     c.parallel.virtual_workers);
@@ -639,8 +645,7 @@ E parse_enum(const std::string& text, const std::string& where) {
 template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
-template RouterPrecision parse_enum<RouterPrecision>(const std::string&,
-                                                          const std::string&);
+template RouterPrecision parse_enum<RouterPrecision>(const std::string&, const std::string&);
 template Level parse_enum<Level>(const std::string&, const std::string&);
 template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

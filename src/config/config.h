@@ -135,6 +135,10 @@ struct ParallelSection {
     // then across nodes: "auto" = when the run spans more than one node (docs/parallelism.md).
     NodeSwitch two_level = NodeSwitch::automatic;
     int virtual_workers  = 1;  // swipe: workers each rank of an EP group simulates
+    // Pieces each MoE all-to-all is cut into and pipelined with the expert GEMMs, on a helper
+    // thread (needs MPI_THREAD_MULTIPLE): 1 = no overlap. Bitwise the same results for any value
+    // (docs/parallelism.md).
+    int a2a_chunks = 1;
     // Reduce gradients on the helper thread during the last backward of each step (needs
     // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.
     bool overlap_grad_reduce = true;
@@ -163,12 +167,12 @@ struct CheckpointSection {
 //   O3 everything half, no master weights (for experiments).
 // dtype = "fp32" runs everything in float32 whatever the levels say (the built-in default).
 struct PrecisionSection {
-    Dtype dtype     = Dtype::float32;  // fp32 | bf16 | fp16
-    Level embedding = Level::O0;       // wte, wpe
-    Level attention = Level::O1;       // ln_1, c_attn, attention, c_proj
-    Level ffn       = Level::O2;  // ln_2, dense MLPs, MoE experts (the gate stays float32)
-    Level head      = Level::O1;  // ln_f, the LM head GEMM (its weight is wte)
-    bool fp64_sensitive = false;  // softmax, layernorm, gelu, exp, sqrt, loss in FP64
+    Dtype dtype         = Dtype::float32;  // fp32 | bf16 | fp16
+    Level embedding     = Level::O0;       // wte, wpe
+    Level attention     = Level::O1;       // ln_1, c_attn, attention, c_proj
+    Level ffn           = Level::O2;       // ln_2, dense MLPs, MoE experts (the gate stays float32)
+    Level head          = Level::O1;       // ln_f, the LM head GEMM (its weight is wte)
+    bool fp64_sensitive = false;           // softmax, layernorm, gelu, exp, sqrt, loss in FP64
     // The MoE router's weights are float32 at every level; its logits and their gradients are
     // computed in float32 (fp32) or with every product and sum in double (fp64).
     RouterPrecision router = RouterPrecision::fp32;

@@ -197,8 +197,8 @@ void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t 
 
 // ---- linear layers in FP64 ----
 
-void linear_forward_f64(float* out, const float* inp, const float* weight, const float* bias,
-                        int N, int IC, int OC) {
+void linear_forward_f64(float* out, const float* inp, const float* weight, const float* bias, int N,
+                        int IC, int OC) {
     parallel_rows(N, int64_t(IC) * OC, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             const float* x = inp + t * IC;

@@ -35,8 +35,8 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
 // double, each result rounded to float once; the same =/+= conventions as linear_forward /
 // linear_backward. Each output element is one thread's sum in a fixed order, so results do not
 // depend on the thread count. A direct loop, not a GEMM: meant for the (N, C) x (C, E) gate.
-void linear_forward_f64(float* out, const float* inp, const float* weight, const float* bias,
-                        int N, int IC, int OC);
+void linear_forward_f64(float* out, const float* inp, const float* weight, const float* bias, int N,
+                        int IC, int OC);
 void linear_backward_f64(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, int N, int IC, int OC);
 

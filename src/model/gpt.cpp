@@ -224,7 +224,7 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
 }
 
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
-         const PrecisionPolicy& prec, int head_rows, Recompute recompute)
+         const PrecisionPolicy& prec, int head_rows, Recompute recompute, int a2a_chunks)
     : cfg_(cfg),
       max_batch_(max_batch),
       layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)),
@@ -295,11 +295,16 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;
     ms.gate.route_override  = cfg.route_override;
+    ms.a2a_chunks           = a2a_chunks;
     ms.n_shared             = cfg.n_shared_experts;
     ms.FS                   = cfg.shared_width();
     // recomputed MoE layers run forward right before their backward: one set of buffers serves all
     const auto shared =
         recompute_ != Recompute::none ? std::make_shared<moe::MoEBuffers>() : nullptr;
+    // overlap needs a second thread that may call MPI while the grad-reduce helper does
+    if (a2a_chunks > 1 && par && par->ep_size() > 1 && par->world().threads_multiple()) {
+        a2a_helper_ = std::make_unique<HelperThread>();
+    }
     for (int l = 0; l < cfg.n_layer; ++l) {
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());
@@ -307,6 +312,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
             moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par, shared));
             moe_.back()->set_precision({prec_.gemm_dtype(LayerClass::ffn),
                                         prec_.act_dtype(LayerClass::ffn), prec_.fp64_sensitive});
+            moe_.back()->set_a2a_helper(a2a_helper_.get());
         } else {
             moe_index_.push_back(-1);
         }

@@ -95,7 +95,7 @@ class GPT {
     // in the buffers. Statistics (routing stats, aux_loss()) are those of forward().
     GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
         int virtual_workers = 1, const PrecisionPolicy& prec = {}, int head_rows = 0,
-        Recompute recompute = Recompute::none);
+        Recompute recompute = Recompute::none, int a2a_chunks = 1);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }
@@ -158,7 +158,9 @@ class GPT {
     ModelTensors<float> g_;
     std::unique_ptr<Acts> a_;
     std::vector<std::unique_ptr<moe::MoELayer>> moe_;  // [n_moe_blocks]
-    std::vector<int> moe_index_;                       // [n_layer] -> index into moe_ or -1
+    // the MoE layers' overlapped all-to-alls (a2a_chunks > 1, EP > 1, MPI_THREAD_MULTIPLE)
+    std::unique_ptr<HelperThread> a2a_helper_;
+    std::vector<int> moe_index_;  // [n_layer] -> index into moe_ or -1
     int B_ = 0, T_ = 0;
     Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();

@@ -1,6 +1,7 @@
 #include "moe/moe_layer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -47,13 +48,14 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     block_        = std::min<int64_t>(blk > 0 ? blk : kernels::kMaxTnDepthBlock, budget_);
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
-                                                        budget_, block_);
+                                                        budget_, block_, s.a2a_chunks);
     }
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
-    if (rounds_possible) {  // per layer: the rounds' plan and the bias gradients' sums
+    if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
+        // per layer: the bias gradients' sums over rounds or pieces, and the rounds' plan
         bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
         had_rows_ = Buffer<uint8_t>(static_cast<size_t>(El_));
-        if (!dispatcher_) {
+        if (!dispatcher_ && rounds_possible) {
             local_totals_.assign(E, 0);
             local_offsets_ = Buffer<int32_t>(E + 1);
         }
@@ -162,6 +164,83 @@ void MoELayer::round_out(float* y_perm, const float* y_local, Dtype payload) {
     }
 }
 
+// ---- pieces of a round, overlapped ----
+
+void MoELayer::chunk_exchange(int c, bool combine, bool backward) {
+    if (!backward) {
+        if (combine) {
+            dispatcher_->combine_chunk(c, y_perm_.data(), y_local_.data(), prec_.act);
+        } else {
+            dispatcher_->dispatch_chunk(c, x_local_.data(), x_perm_.data(), prec_.gemm);
+        }
+    } else if (combine) {
+        dispatcher_->combine_chunk(c, dx_perm_.data(), dx_local_.data(), prec_.act);
+    } else {
+        dispatcher_->dispatch_chunk(c, dy_local_.data(), dy_perm_.data(), prec_.gemm);
+    }
+}
+
+// Every rank submits the same exchanges in the same order (dispatch 0; then per piece c:
+// dispatch c + 1, combine c), so the helper threads of the group meet in each collective.
+// Piece c's rows have their own region of the local buffers and start on weight-gradient
+// blocks of each expert's sequence, so the experts compute what one round computes.
+void MoELayer::run_chunks(bool backward, const MoEWeights& w, MoEGrads* dw) {
+    using Clock  = std::chrono::steady_clock;
+    const int nc = dispatcher_->chunks();
+    const int C = s_.C, F = s_.F;
+    if (jobs_.size() < 2 * static_cast<size_t>(nc)) jobs_.resize(2 * static_cast<size_t>(nc));
+    for (int c = 0; c < nc; ++c) {
+        jobs_[2 * static_cast<size_t>(c)]     = {this, c, false, backward};
+        jobs_[2 * static_cast<size_t>(c) + 1] = {this, c, true, backward};
+    }
+    // an exchange: queued on the helper, or run here (then all of it is exposed)
+    auto start = [&](int j) -> HelperThread::Ticket {
+        if (helper_) return helper_->submit(jobs_[static_cast<size_t>(j)]);
+        const auto t0 = Clock::now();
+        jobs_[static_cast<size_t>(j)]();
+        add_a2a_seconds(0.0, std::chrono::duration<double>(Clock::now() - t0).count());
+        return 0;
+    };
+    auto finish = [&](HelperThread::Ticket t) {
+        if (!helper_) return;
+        const auto t0 = Clock::now();
+        helper_->wait(t);
+        add_a2a_seconds(0.0, std::chrono::duration<double>(Clock::now() - t0).count());
+    };
+    if (backward) {
+        std::fill(bias_acc_.data(), bias_acc_.data() + bias_acc_.size(), 0.0);
+        std::fill(had_rows_.data(), had_rows_.data() + had_rows_.size(), uint8_t{0});
+    }
+    HelperThread::Ticket next = start(0), last = 0;
+    for (int c = 0; c < nc; ++c) {
+        finish(next);
+        if (c + 1 < nc) next = start(2 * (c + 1));
+        const size_t rc     = static_cast<size_t>(dispatcher_->chunk_base(c)) * C,
+                     rf     = static_cast<size_t>(dispatcher_->chunk_base(c)) * F;
+        const int32_t* offs = dispatcher_->chunk_offsets(c);
+        {
+            PhaseScope phase(Phase::experts);
+            if (!backward) {
+                experts_forward(y_local_.data() + rc, h_.data() + rf, g_.data() + rf,
+                                x_local_.data() + rc, w.experts, offs, El_, C, F, prec_);
+            } else {
+                experts_backward(dx_local_.data() + rc, dh_.data() + rf, dw->experts,
+                                 dy_local_.data() + rc, x_local_.data() + rc, h_.data() + rf,
+                                 g_.data() + rf, w.experts, offs, El_, C, F, prec_,
+                                 bias_acc_.data());
+            }
+        }
+        if (backward) {
+            for (int e = 0; e < El_; ++e)
+                had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
+        }
+        last = start(2 * c + 1);
+    }
+    finish(last);
+    if (backward)
+        experts_bias_grad_flush(dw->experts, bias_acc_.data(), had_rows_.data(), El_, C, F);
+}
+
 // ---- forward / backward ----
 
 double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int N) {
@@ -186,6 +265,8 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
             phase.stop();
             round_out(y_perm_.data(), y_local_.data(), prec_.act);
         }
+    } else if (dispatcher_ && dispatcher_->chunks() > 1) {
+        run_chunks(false, w, nullptr);
     } else if (dispatcher_) {
         dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);
@@ -280,6 +361,8 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
             round_out(dx_perm_.data(), dx_local_.data(), prec_.act);
         }
         experts_bias_grad_flush(dw.experts, bias_acc_.data(), had_rows_.data(), El_, C, s_.F);
+    } else if (dispatcher_ && dispatcher_->chunks() > 1) {
+        run_chunks(true, w, &dw);
     } else if (dispatcher_) {
         dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
         PhaseScope phase(Phase::experts);

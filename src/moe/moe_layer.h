@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/helper_thread.h"
 #include "dist/parallel.h"
 #include "moe/experts.h"
 #include "moe/router.h"
@@ -46,6 +47,9 @@ struct MoEShape {
     GateConfig gate    = {};
     double rows_budget = 0;    // model.moe_rows_budget: see moe_rows_budget; 0 = unbounded
     int n_shared = 0, FS = 0;  // shared experts S and their width
+    // parallel.a2a_chunks: with EP > 1 and one round, the round's all-to-all is cut into about
+    // this many pieces, each exchanged while the experts compute another (1 = no overlap)
+    int a2a_chunks = 1;
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -97,6 +101,10 @@ class MoELayer {
 
     // Randomness and training/inference mode of the following forwards (router.h).
     void set_routing_context(const RoutingContext& ctx) { router_.set_context(ctx); }
+    // The thread the pieces' all-to-alls run on (MoEShape::a2a_chunks > 1), so that they
+    // overlap the experts; nullptr: the pieces are exchanged on the calling thread, in turn.
+    // Results are bitwise the same either way, and as with a2a_chunks = 1.
+    void set_a2a_helper(HelperThread* helper) { helper_ = helper; }
     void set_seq_len(int T) { router_.set_seq_len(T); }  // Router::set_seq_len
 
     // After forward, this rank's tokens: (E) rows routed to each global expert.
@@ -125,6 +133,18 @@ class MoELayer {
     const int32_t* round_offsets() const;
     void round_in(float* x_local, const float* x_perm, Dtype payload);
     void round_out(float* y_perm, const float* y_local, Dtype payload);
+    // The pieces of one round (TokenDispatcher::chunks() > 1): the exchange of piece c + 1 and
+    // the combine of piece c - 1 run on helper_ while the experts compute piece c.
+    void run_chunks(bool backward, const MoEWeights& w, MoEGrads* dw);
+    void chunk_exchange(int c, bool combine, bool backward);
+    struct ChunkJob {
+        MoELayer* layer = nullptr;
+        int chunk       = 0;
+        bool combine = false, backward = false;
+        void operator()() const { layer->chunk_exchange(chunk, combine, backward); }
+    };
+    std::vector<ChunkJob> jobs_;  // [2 * chunks]: dispatch of piece c at 2c, its combine at 2c + 1
+    HelperThread* helper_ = nullptr;
 
     MoEShape s_;
     int max_tokens_;

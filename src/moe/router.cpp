@@ -400,9 +400,9 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     stats_.reassigned = std::llround(s[5 * Es + 1]);
     stats_.entropy    = s[5 * Es + 2] / static_cast<double>(n_total_);
 
-    const double z = gate_.z_loss_coef > 0
-                         ? gate_.z_loss_coef * s[5 * Es + 3] / static_cast<double>(n_total_)
-                         : 0.0;
+    const double z      = gate_.z_loss_coef > 0
+                              ? gate_.z_loss_coef * s[5 * Es + 3] / static_cast<double>(n_total_)
+                              : 0.0;
     stats_.z_loss       = z;
     stats_.balance_loss = balance_loss(s, topk_counts);
     return stats_.balance_loss + z;

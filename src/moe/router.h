@@ -60,12 +60,12 @@ struct RoutingContext {
 struct RoutingStats {
     std::vector<int64_t> tokens_per_expert;  // [E] rows each expert computed (after capacity/SWIPE)
     std::vector<int64_t> topk_per_expert;    // [E] top-k choices of each expert (before them)
-    int64_t slots      = 0;                  // N_total * K
-    int64_t dropped    = 0;                  // slots dropped by capacity or random routing
-    int64_t reassigned = 0;                  // slots moved by SWIPE
-    double entropy     = 0;                  // mean over tokens of H(softmax(g[t, :])), nats
-    double balance_loss = 0;  // the balancing loss forward returned (times aux_coef)
-    double z_loss       = 0;  // the z-loss it returned (times z_loss_coef)
+    int64_t slots       = 0;                 // N_total * K
+    int64_t dropped     = 0;                 // slots dropped by capacity or random routing
+    int64_t reassigned  = 0;                 // slots moved by SWIPE
+    double entropy      = 0;                 // mean over tokens of H(softmax(g[t, :])), nats
+    double balance_loss = 0;                 // the balancing loss forward returned (times aux_coef)
+    double z_loss       = 0;                 // the z-loss it returned (times z_loss_coef)
 };
 
 // Uniform in [0, 1) for one (token, index) of a stream; a counter-based hash (splitmix64).

@@ -1,6 +1,8 @@
 #include "moe/token_dispatcher.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <span>
 
@@ -47,10 +49,39 @@ void RowRounds::advance() {
     }
 }
 
+// ---- all-to-all time ----
+
+namespace {
+std::atomic<int64_t> g_a2a_raw_ns{0}, g_a2a_exposed_ns{0}, g_a2a_pieces{0};
+}  // namespace
+
+A2aSeconds a2a_seconds() {
+    return {1e-9 * static_cast<double>(g_a2a_raw_ns.load(std::memory_order_relaxed)),
+            1e-9 * static_cast<double>(g_a2a_exposed_ns.load(std::memory_order_relaxed)),
+            g_a2a_pieces.load(std::memory_order_relaxed)};
+}
+
+void reset_a2a_seconds() {
+    g_a2a_raw_ns.store(0, std::memory_order_relaxed);
+    g_a2a_exposed_ns.store(0, std::memory_order_relaxed);
+    g_a2a_pieces.store(0, std::memory_order_relaxed);
+}
+
+void add_a2a_seconds(double raw, double exposed) {
+    g_a2a_raw_ns.fetch_add(static_cast<int64_t>(raw * 1e9), std::memory_order_relaxed);
+    g_a2a_exposed_ns.fetch_add(static_cast<int64_t>(exposed * 1e9), std::memory_order_relaxed);
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
 // ---- TokenDispatcher ----
 
 TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows,
-                                 int64_t budget, int64_t block)
+                                 int64_t budget, int64_t block, int chunks)
     : par_(par),
       E_(E),
       El_(E / par.ep_size()),
@@ -83,8 +114,9 @@ TokenDispatcher::TokenDispatcher(dist::ParallelContext& par, int E, int C, int m
         pair_displs_[static_cast<size_t>(q)]  = int64_t{2} * q * El_;
     }
     // more than one round is possible only when the budget is below every routed row of the
-    // group arriving here; only then are outgoing rows gathered per round
-    if (budget < static_cast<int64_t>(ep_size_) * max_rows) {
+    // group arriving here; only then (or with chunks) are outgoing rows gathered per piece
+    chunks_wanted_ = std::max(1, chunks);
+    if (budget < static_cast<int64_t>(ep_size_) * max_rows || chunks_wanted_ > 1) {
         send_staging_ = Buffer<float>(static_cast<size_t>(max_rows) * static_cast<size_t>(C));
     }
 }
@@ -103,35 +135,79 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     par_.ep().allreduce_max(std::span<int64_t>(&most, 1));
     rounds_ = 1;
     if (most > budget_) {
-        // tell each source s where its rows start in each local expert's sequence (the rows of
-        // sources before it come first) and the expert's total: 2 E int64 in and out per rank
-        for (int e = 0; e < El_; ++e) {
-            int64_t start = 0, total = 0;
-            for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
-            for (int s = 0; s < ep_size_; ++s) {
-                const size_t i     = 2 * static_cast<size_t>(s * El_ + e);
-                starts_out_[i]     = start;
-                starts_out_[i + 1] = total;
-                start += counts_[static_cast<size_t>(s * El_ + e)];
-            }
-        }
-        par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
-                                  pair_counts_, pair_displs_, sizeof(int64_t));
-        // every rank now knows every expert's total, so it plans every peer's rounds alike
-        std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
-        for (int q = 0; q < ep_size_; ++q) {
-            for (int e = 0; e < El_; ++e) {
-                const size_t g                 = static_cast<size_t>(q * El_ + e);
-                totals[static_cast<size_t>(e)] = starts_in_[2 * g + 1];
-            }
-            RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
-            rr.reset(totals.data(), El_, budget_, block_);
-            rounds_ = std::max(rounds_, rr.rounds());
-        }
+        rounds_ = plan_peer_rounds(budget_);
         BGL_CHECK(rounds_ > 1 && send_staging_.size() > 0,
                   "{} rows over the budget of {} in {} rounds", most, budget_, rounds_);
     }
+    plan_chunks(most);
     set_round(0);
+}
+
+// Tells each source where its rows start in each local expert's sequence and every expert's
+// total (one all-to-all of 2 E int64 per rank), then cuts every peer's experts' sequences into
+// pieces of at most `budget` rows (RowRounds). Returns the pieces the group needs.
+int TokenDispatcher::plan_peer_rounds(int64_t budget) {
+    // the rows of sources before s come first in each local expert's sequence
+    for (int e = 0; e < El_; ++e) {
+        int64_t start = 0, total = 0;
+        for (int s = 0; s < ep_size_; ++s) total += counts_[static_cast<size_t>(s * El_ + e)];
+        for (int s = 0; s < ep_size_; ++s) {
+            const size_t i     = 2 * static_cast<size_t>(s * El_ + e);
+            starts_out_[i]     = start;
+            starts_out_[i + 1] = total;
+            start += counts_[static_cast<size_t>(s * El_ + e)];
+        }
+    }
+    par_.ep().alltoallv_bytes(starts_out_.data(), pair_counts_, pair_displs_, starts_in_.data(),
+                              pair_counts_, pair_displs_, sizeof(int64_t));
+    // every rank now knows every expert's total, so it plans every peer's pieces alike
+    std::vector<int64_t>& totals = round_counts_;  // scratch until set_round fills it
+    int pieces                   = 1;
+    for (int q = 0; q < ep_size_; ++q) {
+        for (int e = 0; e < El_; ++e) {
+            const size_t g                 = static_cast<size_t>(q * El_ + e);
+            totals[static_cast<size_t>(e)] = starts_in_[2 * g + 1];
+        }
+        RowRounds& rr = peer_rounds_[static_cast<size_t>(q)];
+        rr.reset(totals.data(), El_, budget, block_);
+        pieces = std::max(pieces, rr.rounds());
+    }
+    return pieces;
+}
+
+// With chunks_wanted_ > 1 and one round: cuts the round into pieces of about 1/chunks_wanted_
+// of the largest receipt `most` (whole weight-gradient blocks, so the experts' sums are those of
+// one piece), each with its own region of the staging and local buffers.
+void TokenDispatcher::plan_chunks(int64_t most) {
+    n_chunks_ = 1;
+    if (chunks_wanted_ <= 1 || rounds_ > 1 || most <= block_) return;
+    const int64_t want  = (most + chunks_wanted_ - 1) / chunks_wanted_;
+    const int64_t piece = std::max<int64_t>(block_, (want + block_ - 1) / block_ * block_);
+    if (piece >= most) return;
+    const int n = plan_peer_rounds(piece);
+    if (n <= 1) return;
+    if (chunks_.size() < static_cast<size_t>(n)) chunks_.resize(static_cast<size_t>(n));
+    int64_t send_base = 0, recv_base = 0;
+    for (int c = 0; c < n; ++c) {
+        plan_piece(c);
+        Chunk& ch       = chunks_[static_cast<size_t>(c)];
+        ch.send_counts  = send_counts_;
+        ch.send_displs  = send_displs_;
+        ch.recv_counts  = recv_counts_;
+        ch.recv_displs  = recv_displs_;
+        ch.send_rows    = send_rows_;
+        ch.send_first   = send_first_;
+        ch.round_counts = round_counts_;
+        ch.offsets      = local_offsets_;
+        ch.send_base    = send_base;
+        ch.recv_base    = recv_base;
+        for (int q = 0; q < ep_size_; ++q) send_base += send_counts_[static_cast<size_t>(q)] / C_;
+        recv_base += local_offsets_.back();
+    }
+    int64_t mine_in = 0;  // every row this rank receives in the round
+    for (int64_t v : counts_) mine_in += v;
+    BGL_CHECK(recv_base == mine_in, "the chunks receive {} rows, the round {}", recv_base, mine_in);
+    n_chunks_ = n;
 }
 
 void TokenDispatcher::set_round(int r) {
@@ -153,7 +229,12 @@ void TokenDispatcher::set_round(int r) {
         set_recv_counts();
         return;
     }
-    // a peer with fewer rounds than the group has nothing more to receive after its last
+    plan_piece(r);
+}
+
+// Moves every peer's RowRounds to piece r and plans it: what this rank sends and receives.
+void TokenDispatcher::plan_piece(int r) {
+    // a peer with fewer pieces than the group has nothing more to receive after its last
     for (RowRounds& rr : peer_rounds_) {
         if (r < rr.rounds()) rr.set_round(r);
     }
@@ -215,24 +296,26 @@ void TokenDispatcher::set_recv_counts() {
     }
 }
 
-// The current round's outgoing rows of x_perm, packed peer by peer into send_staging_.
-void TokenDispatcher::gather_send(const float* x_perm) {
-    float* dst = send_staging_.data();
+// Outgoing rows of x_perm (rows[g] from first[g] of each global expert g), packed peer by peer
+// into dst.
+void TokenDispatcher::gather_send(float* dst, const float* x_perm, const std::vector<int64_t>& rows,
+                                  const std::vector<int64_t>& first) const {
     for (size_t g = 0; g < static_cast<size_t>(E_); ++g) {
-        const size_t n = static_cast<size_t>(send_rows_[g]) * static_cast<size_t>(C_);
+        const size_t n = static_cast<size_t>(rows[g]) * static_cast<size_t>(C_);
         if (n == 0) continue;
-        std::memcpy(dst, x_perm + send_first_[g] * C_, sizeof(float) * n);
+        std::memcpy(dst, x_perm + first[g] * C_, sizeof(float) * n);
         dst += n;
     }
 }
 
-// The reverse of gather_send: send_staging_ rows back to their places in y_perm.
-void TokenDispatcher::scatter_back(float* y_perm) const {
-    const float* src = send_staging_.data();
+// The reverse of gather_send: src rows back to their places in y_perm.
+void TokenDispatcher::scatter_back(float* y_perm, const float* src,
+                                   const std::vector<int64_t>& rows,
+                                   const std::vector<int64_t>& first) const {
     for (size_t g = 0; g < static_cast<size_t>(E_); ++g) {
-        const size_t n = static_cast<size_t>(send_rows_[g]) * static_cast<size_t>(C_);
+        const size_t n = static_cast<size_t>(rows[g]) * static_cast<size_t>(C_);
         if (n == 0) continue;
-        std::memcpy(y_perm + send_first_[g] * C_, src, sizeof(float) * n);
+        std::memcpy(y_perm + first[g] * C_, src, sizeof(float) * n);
         src += n;
     }
 }
@@ -291,34 +374,67 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
         recv[i] = bf ? bf16_to_float(r16[i]) : fp16_to_float(r16[i]);
 }
 
+void TokenDispatcher::exchange(const float* send, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& send_displs, float* recv,
+                               const std::vector<int64_t>& recv_counts,
+                               const std::vector<int64_t>& recv_displs, Dtype payload) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (payload == Dtype::float32) {
+        par_.ep_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                          sizeof(float));
+    } else {
+        exchange_half(send, send_counts, send_displs, recv, recv_counts, recv_displs, payload);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_a2a_seconds(s, 0.0);
+}
+
 void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payload) {
+    const auto t0 = std::chrono::steady_clock::now();
     // one round sends all of x_perm, whose rows are already in peer order
     const float* send = x_perm;
     if (rounds_ > 1) {
-        gather_send(x_perm);
+        gather_send(send_staging_.data(), x_perm, send_rows_, send_first_);
         send = send_staging_.data();
     }
-    if (payload == Dtype::float32) {
-        par_.ep_alltoallv(send, send_counts_, send_displs_, staging_.data(), recv_counts_,
-                          recv_displs_, sizeof(float));
-    } else {
-        exchange_half(send, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
-                      payload);
-    }
+    exchange(send, send_counts_, send_displs_, staging_.data(), recv_counts_, recv_displs_,
+             payload);
     reorder<true>(staging_.data(), x_local, round_counts_, recv_displs_, ep_size_, El_, C_);
+    add_a2a_seconds(0.0, seconds_since(t0));
 }
 
 void TokenDispatcher::combine(float* y_perm, const float* y_local, Dtype payload) {
+    const auto t0 = std::chrono::steady_clock::now();
     reorder<false>(y_local, staging_.data(), round_counts_, recv_displs_, ep_size_, El_, C_);
     float* recv = rounds_ > 1 ? send_staging_.data() : y_perm;
-    if (payload == Dtype::float32) {
-        par_.ep_alltoallv(staging_.data(), recv_counts_, recv_displs_, recv, send_counts_,
-                          send_displs_, sizeof(float));
-    } else {
-        exchange_half(staging_.data(), recv_counts_, recv_displs_, recv, send_counts_, send_displs_,
-                      payload);
-    }
-    if (rounds_ > 1) scatter_back(y_perm);
+    exchange(staging_.data(), recv_counts_, recv_displs_, recv, send_counts_, send_displs_,
+             payload);
+    if (rounds_ > 1) scatter_back(y_perm, send_staging_.data(), send_rows_, send_first_);
+    add_a2a_seconds(0.0, seconds_since(t0));
+}
+
+void TokenDispatcher::dispatch_chunk(int c, float* x_local, const float* x_perm, Dtype payload) {
+    const Chunk& ch = chunks_[static_cast<size_t>(c)];
+    const size_t C  = static_cast<size_t>(C_);
+    float* send     = send_staging_.data() + static_cast<size_t>(ch.send_base) * C;
+    float* recv     = staging_.data() + static_cast<size_t>(ch.recv_base) * C;
+    g_a2a_pieces.fetch_add(1, std::memory_order_relaxed);
+    gather_send(send, x_perm, ch.send_rows, ch.send_first);
+    exchange(send, ch.send_counts, ch.send_displs, recv, ch.recv_counts, ch.recv_displs, payload);
+    reorder<true>(recv, x_local + static_cast<size_t>(ch.recv_base) * C, ch.round_counts,
+                  ch.recv_displs, ep_size_, El_, C_);
+}
+
+void TokenDispatcher::combine_chunk(int c, float* y_perm, const float* y_local, Dtype payload) {
+    const Chunk& ch = chunks_[static_cast<size_t>(c)];
+    const size_t C  = static_cast<size_t>(C_);
+    float* send     = staging_.data() + static_cast<size_t>(ch.recv_base) * C;
+    float* recv     = send_staging_.data() + static_cast<size_t>(ch.send_base) * C;
+    g_a2a_pieces.fetch_add(1, std::memory_order_relaxed);
+    reorder<false>(y_local + static_cast<size_t>(ch.recv_base) * C, send, ch.round_counts,
+                   ch.recv_displs, ep_size_, El_, C_);
+    exchange(send, ch.recv_counts, ch.recv_displs, recv, ch.send_counts, ch.send_displs, payload);
+    scatter_back(y_perm, recv, ch.send_rows, ch.send_first);
 }
 
 }  // namespace bagualu::moe

@@ -53,19 +53,45 @@ class RowRounds {
     int rounds_ = 1, round_ = -1;
 };
 
+// Seconds the expert all-to-alls of this process took since the last reset: raw, inside the
+// row exchanges on whichever thread ran them; exposed, the part the computing thread spent
+// in them or waiting for them (moe_layer.cpp adds its waits on overlapped chunks).
+// pieces: the exchanges of pieces (dispatch_chunk / combine_chunk) among them.
+struct A2aSeconds {
+    double raw = 0, exposed = 0;
+    int64_t pieces = 0;
+};
+A2aSeconds a2a_seconds();
+void reset_a2a_seconds();
+void add_a2a_seconds(double raw, double exposed);
+
 class TokenDispatcher {
    public:
     // E global experts, C floats per row, max_rows rows this rank sends at most (N*K),
     // budget rows it receives per round (moe_layer.h moe_rows_budget), block the rows of an
     // expert's weight-gradient block (rounds start on multiples of it; budget >= block).
+    // chunks: pieces a round is cut into for overlap (1 = none; see chunks()).
     TokenDispatcher(dist::ParallelContext& par, int E, int C, int max_rows, int64_t budget,
-                    int64_t block);
+                    int64_t block, int chunks = 1);
 
     // tokens_per_expert: (E) this rank's rows per global expert, in the permuted order.
     // Afterwards the dispatcher is at round 0.
     void dispatch_preprocess(const int32_t* tokens_per_expert);
     // Rounds this micro-batch needs, the same on every rank of the EP group.
     int rounds() const { return rounds_; }
+    // With chunks > 1 (constructor) and one round: the pieces the round is cut into, so that
+    // the exchange of one overlaps the experts of another (moe_layer.h); 1 otherwise. Chunk c
+    // has its own region of rows [chunk_base(c), + chunk_offsets(c)[El]) in the local buffers.
+    int chunks() const { return n_chunks_; }
+    int64_t chunk_base(int c) const { return chunks_[static_cast<size_t>(c)].recv_base; }
+    const int32_t* chunk_offsets(int c) const {
+        return chunks_[static_cast<size_t>(c)].offsets.data();
+    }
+    // dispatch / combine of chunk c alone: x_local and y_local are the whole buffers (the chunk's
+    // rows go to or come from its region), x_perm / y_perm as for dispatch / combine. Chunks
+    // may be exchanged on another thread than the one computing, one exchange at a time.
+    void dispatch_chunk(int c, float* x_local, const float* x_perm, Dtype payload);
+    void combine_chunk(int c, float* y_perm, const float* y_local, Dtype payload);
     // Moves to round r (0 or the one after the current).
     void set_round(int r);
     // Rows received for the local experts in the current round, and their offsets (E_local + 1).
@@ -103,9 +129,30 @@ class TokenDispatcher {
     Buffer<float> staging_;               // (budget, C), [source][local expert] order
     Buffer<float> send_staging_;          // (max_rows, C), a round's outgoing rows (rounds > 1)
     Buffer<uint16_t> send16_, recv16_;    // half payloads, as large as the larger staging
+    // the pieces of a round (plan_chunks): a piece's plan and where its rows sit in the send
+    // staging (send_base) and in the receive staging and local buffers (recv_base), in rows
+    struct Chunk {
+        std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;  // [ep_size]
+        std::vector<int64_t> send_rows, send_first;                               // [E]
+        std::vector<int64_t> round_counts;                                        // [ep * El]
+        std::vector<int32_t> offsets;                                             // [El + 1]
+        int64_t send_base = 0, recv_base = 0;
+    };
+    int chunks_wanted_ = 1, n_chunks_ = 1;
+    std::vector<Chunk> chunks_;
+    int plan_peer_rounds(int64_t budget);
+    void plan_chunks(int64_t most);
+    void plan_piece(int r);
     void set_recv_counts();
-    void gather_send(const float* x_perm);
-    void scatter_back(float* y_perm) const;
+    void gather_send(float* dst, const float* x_perm, const std::vector<int64_t>& rows,
+                     const std::vector<int64_t>& first) const;
+    void scatter_back(float* y_perm, const float* src, const std::vector<int64_t>& rows,
+                      const std::vector<int64_t>& first) const;
+    // The all-to-all of float rows, in the payload's type (timed: a2a_seconds()).
+    void exchange(const float* send, const std::vector<int64_t>& send_counts,
+                  const std::vector<int64_t>& send_displs, float* recv,
+                  const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                  Dtype payload);
     void exchange_half(const float* send, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_displs, float* recv,
                        const std::vector<int64_t>& recv_counts,

@@ -55,7 +55,7 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
 }  // namespace
 
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
-                         bool half_payload) {
+                         bool half_payload, int a2a_chunks) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
                  F = m.d_ff, El = E / ep;
@@ -63,6 +63,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
     const double R    = static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
     const bool rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
+    const bool pieces = ep > 1 && a2a_chunks > 1;
     MoEBytes b;
     double& a = b.activations;
     double& s = b.layer_buffers;                   // moe::MoEBuffers, counted in activations too
@@ -75,8 +76,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     s += 2 * buf(N * K * C, 4) + buf(N * K, 4);    // dy_perm_, dx_perm_, dprobs_
     a += buf(N * E, 4);                            // dlogits_
     if (ep > 1 || rounds) s += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
+    if (rounds || pieces) a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
     if (rounds) {
-        a += buf(El * (F + C), 8) + buf(El, 1);                // bias_acc_, had_rows_
         if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
     }
     if (m.n_shared_experts > 0) {
@@ -85,12 +86,14 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
         s += 3 * buf(N * C, 4) + 2 * buf(S * N * FS, 4) + buf(N * FS, 4);
     }
     if (ep > 1) {
-        // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible;
-        // counts_, round_counts_, send_rows_, send_first_ [E], starts_out_/in_ [2E], 8 x [EP],
-        // offsets, and each peer's rounds (3 x [El])
+        // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible or
+        // with pieces; counts_, round_counts_, send_rows_, send_first_ [E], starts_out_/in_
+        // [2E], 8 x [EP], offsets, and each peer's rounds (3 x [El]); with pieces, about
+        // a2a_chunks plans of 4 x [EP], 3 x [E] and the offsets
         const double staging = R * C;
-        b.comm_buffers += buf(staging, 4) + (rounds ? buf(N * K * C, 4) : 0) + 4 * E * 8 +
+        b.comm_buffers += buf(staging, 4) + (rounds || pieces ? buf(N * K * C, 4) : 0) + 4 * E * 8 +
                           4 * E * 8 + 8 * ep * 8 + (El + 1) * 4 + ep * 3 * El * 8;
+        if (pieces) b.comm_buffers += a2a_chunks * ((4 * ep + 3 * E) * 8 + (El + 1) * 4);
         // send16_, recv16_: as large as the larger staging
         if (half_payload) b.comm_buffers += 2 * buf(std::max(R, N * K) * C, 2);
     }
@@ -165,7 +168,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
-                                         prec.act_dtype(model::LayerClass::ffn) != Dtype::float32);
+                                         prec.act_dtype(model::LayerClass::ffn) != Dtype::float32,
+                                         cfg.parallel.a2a_chunks);
     const int n_moe    = n_moe_layers(m);
     {
         // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one
@@ -300,17 +304,22 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             E * 8 * n_fwd * A);
         add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_fwd * A, 8 * n_fwd * A);
         const double rows = N * K * C * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
-        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, again * n_fwd * A,
-            again * 2 * E * 8 * n_fwd * A);
+        // parallel.a2a_chunks: one round cut into pieces, each exchanged alone; the cut needs
+        // the row starts too. The pieces follow the routing: a2a_chunks is the count at the
+        // balanced load (the bytes do not change)
+        const double pieces = Rr == 1 && cfg.parallel.a2a_chunks > 1 ? cfg.parallel.a2a_chunks : 1;
+        const double starts = again + (pieces > 1 ? 1 : 0);
+        add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, starts * n_fwd * A,
+            starts * 2 * E * 8 * n_fwd * A);
         const Dtype gd = pol.gemm_dtype(model::LayerClass::ffn),
                     ad = pol.act_dtype(model::LayerClass::ffn);
         // per layer forward: one dispatch and one combine; backward: one of each, and with more
         // than one round the tokens dispatched again
         const double n_disp = n_fwd + (1 + again) * n_moe, n_comb = n_fwd + n_moe;
         add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
-            "ep", L.ep, n_disp * Rr * A, n_disp * rows * elem_bytes(gd));
+            "ep", L.ep, n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
         add(fmt::format("moe combine all-to-all ({})", dtype_name(ad)), dist::CommKind::alltoallv,
-            "ep", L.ep, n_comb * Rr * A, n_comb * rows * elem_bytes(ad));
+            "ep", L.ep, n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
     }
     if (Pi > 1) {
         // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint

@@ -264,9 +264,13 @@ std::vector<std::string> write_routing_charts(const std::string& run_dir) {
         std::vector<std::pair<const char*, const char*>> keys;
     };
     const Chart charts[] = {
-        {"load_violation.svg", "Expert load max violation", "max load / mean load - 1",
+        {"load_violation.svg",
+         "Expert load max violation",
+         "max load / mean load - 1",
          {{"choice_load_max_violation", ""}}},
-        {"balance_bias.svg", "Routing bias range", "bias",
+        {"balance_bias.svg",
+         "Routing bias range",
+         "bias",
          {{"balance_bias_min", " min"}, {"balance_bias_max", " max"}}},
         {"router_z_loss.svg", "Router z-loss", "z-loss term", {{"router_z_loss", ""}}},
     };

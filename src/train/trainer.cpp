@@ -171,6 +171,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
       T_(cfg.model.seq_len),
       progress_(opt.quiet || !writer_ ? Progress::Mode::Quiet : Progress::Mode::Auto) {
     set_compute_threads(cfg.train.threads);
+    moe::reset_a2a_seconds();
     check_inputs();
     split_ = cfg.batch_split(P_);
     MB_    = static_cast<int>(split_.max_rows());
@@ -220,7 +221,13 @@ void Trainer::build_model(const TrainConfig& cfg) {
     gpt_    = std::make_unique<model::GPT>(
         cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
         cfg.train.fused_head ? static_cast<int>(model::fused_head_rows(cfg.model)) : 0,
-        cfg.train.recompute);
+        cfg.train.recompute, cfg.parallel.a2a_chunks);
+    if (cfg.parallel.a2a_chunks > 1 && cfg.parallel.expert_parallel > 1 &&
+        !par_->world().threads_multiple() && root_) {
+        log::warn(
+            "MPI does not provide MPI_THREAD_MULTIPLE: the all-to-all pieces "
+            "(parallel.a2a_chunks) are exchanged in turn, not overlapped with the experts");
+    }
     model::init_params(gpt_->params(), gpt_->layout(), cfg.model, cfg.train.seed);
     // Gradient reduction overlaps the last backward of each step on the helper thread, which
     // needs MPI_THREAD_MULTIPLE (the main thread's all-to-alls run at the same time).
@@ -547,6 +554,18 @@ void Trainer::report_peak_rss() {
         std::string mib;
         for (const int64_t b : rss) mib += fmt::format("{}{}", mib.empty() ? "" : ", ", b >> 20);
         log::info("peak resident memory per rank (VmHWM): {} MiB", mib);
+    }
+    if (par_->ep_size() > 1) {  // rank 0's expert all-to-alls over the run (token_dispatcher.h)
+        const moe::A2aSeconds a = moe::a2a_seconds();
+        emit({{"step", cfg_.train.steps},
+              {"a2a_raw_s", a.raw},
+              {"a2a_exposed_s", a.exposed},
+              {"a2a_pieces", a.pieces}});
+        if (root_) {
+            log::info("expert all-to-all (rank 0): {:.3f} s in the exchanges, {:.3f} s exposed{}",
+                      a.raw, a.exposed,
+                      a.pieces > 0 ? fmt::format(", {} piece exchanges", a.pieces) : "");
+        }
     }
 }
 

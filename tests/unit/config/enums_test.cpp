@@ -46,10 +46,10 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
 }
 
 TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
-    const TrainConfig a = default_config(
-        {"model.gate=noisy", "precision.dtype=fp16", "precision.embedding=O3", "precision.head=O2",
-         "optimizer.partition=off", "checkpoint.resume=auto", "train.recompute=block",
-         "precision.router=fp64"});
+    const TrainConfig a =
+        default_config({"model.gate=noisy", "precision.dtype=fp16", "precision.embedding=O3",
+                        "precision.head=O2", "optimizer.partition=off", "checkpoint.resume=auto",
+                        "train.recompute=block", "precision.router=fp64"});
     EXPECT_EQ(a.precision.router, RouterPrecision::fp64);
     EXPECT_EQ(a.model.gate, GateKind::noisy);
     EXPECT_EQ(a.precision.dtype, Dtype::float16);

@@ -111,7 +111,8 @@ TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
     for (int t = 0; t < N; ++t) {
         for (int o = 0; o < OC; ++o) {
             long double want = 0;
-            for (int i = 0; i < IC; ++i) want += (long double)x[size_t(t) * IC + i] * w[size_t(o) * IC + i];
+            for (int i = 0; i < IC; ++i)
+                want += (long double)x[size_t(t) * IC + i] * w[size_t(o) * IC + i];
             EXPECT_TRUE(near_exact(out64[size_t(t) * OC + o], want)) << t << " " << o;
             worst32 = std::max(worst32, double(std::fabs(out32[size_t(t) * OC + o] - want)) /
                                             (1e-30 + double(std::fabs(want))));
@@ -123,7 +124,8 @@ TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
     for (int t = 0; t < N; ++t) {
         for (int i = 0; i < IC; ++i) {
             long double want = 0;  // dx is overwritten
-            for (int o = 0; o < OC; ++o) want += (long double)dy[size_t(t) * OC + o] * w[size_t(o) * IC + i];
+            for (int o = 0; o < OC; ++o)
+                want += (long double)dy[size_t(t) * OC + o] * w[size_t(o) * IC + i];
             EXPECT_TRUE(near_exact(dx[size_t(t) * IC + i], want)) << t << " " << i;
         }
     }
@@ -133,7 +135,8 @@ TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
         EXPECT_EQ(db[size_t(o)], 0.5f + float(sb)) << o;  // += the rounded sum
         for (int i = 0; i < IC; ++i) {
             long double want = 0;  // dw accumulates: its old 0.25 plus the rounded sum
-            for (int t = 0; t < N; ++t) want += (long double)dy[size_t(t) * OC + o] * x[size_t(t) * IC + i];
+            for (int t = 0; t < N; ++t)
+                want += (long double)dy[size_t(t) * OC + o] * x[size_t(t) * IC + i];
             EXPECT_EQ(dw[size_t(o) * IC + i], 0.25f + float(want)) << o << " " << i;
         }
     }

@@ -243,7 +243,7 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
     const int N = 11, C = 16, F = 12, E = 6, K = 2;
     Rng rng(17);
     MoEShape s32{C, F, E, K, 0.01};
-    MoEShape s64 = s32;
+    MoEShape s64  = s32;
     s64.gate.fp64 = true;
     MoELayer a(s32, N), b(s64, N);
     const RandomMoE r(rng, C, F, E);
@@ -281,7 +281,8 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
         differ = differ || dga[i] != dgb[i];
     }
     EXPECT_TRUE(differ) << "the fp64 path ran";
-    for (size_t i = 0; i < dxa.size(); ++i) EXPECT_NEAR(dxa[i], dxb[i], 1e-4 * (1 + std::fabs(dxa[i])));
+    for (size_t i = 0; i < dxa.size(); ++i)
+        EXPECT_NEAR(dxa[i], dxb[i], 1e-4 * (1 + std::fabs(dxa[i])));
 
     ModelConfig m = testing::tiny_moe_config();
     model::PrecisionPolicy prec;

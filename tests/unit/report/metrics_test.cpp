@@ -136,9 +136,9 @@ TEST_F(MetricsTest, RoutingChartsDrawEveryPerLayerMetricTheLogHolds) {
           "{\"step\":1,\"val_loss\":3.1}\n"
           "{\"step\":10,\"choice_load_max_violation\":[0.4,0.2],\"balance_bias_min\":[-0.2,0],"
           "\"balance_bias_max\":[0.3,0.1],\"router_z_loss\":[0.002,0.003]}\n");
-    EXPECT_EQ(write_routing_charts(dir_.string()),
-              (std::vector<std::string>{"load_violation.svg", "balance_bias.svg",
-                                        "router_z_loss.svg"}));
+    EXPECT_EQ(
+        write_routing_charts(dir_.string()),
+        (std::vector<std::string>{"load_violation.svg", "balance_bias.svg", "router_z_loss.svg"}));
     const std::string bias = read("balance_bias.svg");
     for (const char* label : {"moe 0 min", "moe 0 max", "moe 1 min", "moe 1 max"})
         EXPECT_NE(bias.find(label), std::string::npos) << label;
