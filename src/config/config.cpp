@@ -84,6 +84,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("precision", "head", c.precision.head);
     v("precision", "fp64_sensitive", c.precision.fp64_sensitive);
     v("precision", "router", c.precision.router);
+    v("precision", "grad_reduce", c.precision.grad_reduce);
     v("precision", "loss_scale", c.precision.loss_scale);
     v("precision", "loss_scale_window", c.precision.loss_scale_window);
     v("precision", "loss_scale_growth", c.precision.loss_scale_growth);
@@ -114,6 +115,11 @@ template <>
 struct Spelling<RouterPrecision> {
     static constexpr RouterPrecision values[] = {RouterPrecision::fp32, RouterPrecision::fp64};
     static constexpr const char* expected     = "\"fp32\" or \"fp64\"";
+};
+template <>
+struct Spelling<GradReduce> {
+    static constexpr GradReduce values[]  = {GradReduce::fp32, GradReduce::half};
+    static constexpr const char* expected = "\"fp32\" or \"half\"";
 };
 template <>
 struct Spelling<Level> {
@@ -646,6 +652,7 @@ template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
 template RouterPrecision parse_enum<RouterPrecision>(const std::string&, const std::string&);
+template GradReduce parse_enum<GradReduce>(const std::string&, const std::string&);
 template Level parse_enum<Level>(const std::string&, const std::string&);
 template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

@@ -176,6 +176,9 @@ struct PrecisionSection {
     // The MoE router's weights are float32 at every level; its logits and their gradients are
     // computed in float32 (fp32) or with every product and sum in double (fp64).
     RouterPrecision router = RouterPrecision::fp32;
+    // ParO's gradient reduce-scatter of the half-stored tensors (O2 and up): float32, or in
+    // their half type with online averaging (16-bit payloads, float32 folds; docs/precision.md)
+    GradReduce grad_reduce = GradReduce::fp32;
     // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
     // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
     // multiply it by loss_scale_growth.

@@ -15,6 +15,8 @@ enum class BalanceScope { global, micro_batch, sequence };
 // precision.router: the arithmetic of the MoE router's logits and their gradients, whatever the
 // levels say (docs/precision.md).
 enum class RouterPrecision { fp32, fp64 };
+// precision.grad_reduce: the dtype ParO reduce-scatters half-stored tensors' gradients in.
+enum class GradReduce { fp32, half };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -57,6 +59,7 @@ inline const char* name_of(BalanceScope s) {
 inline const char* name_of(RouterPrecision p) {
     return p == RouterPrecision::fp64 ? "fp64" : "fp32";
 }
+inline const char* name_of(GradReduce g) { return g == GradReduce::half ? "half" : "fp32"; }
 inline const char* name_of(Level l) {
     switch (l) {
         case Level::O0:

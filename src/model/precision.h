@@ -28,6 +28,7 @@ struct PrecisionPolicy {
     Level level[4]      = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
     bool fp64_sensitive = false;
     bool router_fp64    = false;  // precision.router = "fp64"
+    bool half_reduce    = false;  // precision.grad_reduce = "half" (mixed precision only)
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).

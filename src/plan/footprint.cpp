@@ -361,7 +361,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         if (L.ep > 1) add("gradient norm (experts)", dist::CommKind::allreduce, "ep", L.ep, 1, 8);
     } else if (Pi > 1) {
         // PartitionedAdamW: per space split over more than one rank, one reduce-scatter (float32
-        // gradients) per bucket, then the norm's allreduce over the world, then one all-gather
+        // gradients; precision.grad_reduce = "half": the half-stored spaces' gradients in their
+        // half type) per bucket, then the norm's allreduce over the world, then one all-gather
         // per bucket (the space's storage dtype: half-stored tensors travel as half values).
         // Our collectives run on Comm::sendrecv: their hops are counted under sendrecv too.
         const ParoSpaces sp  = paro_spaces(m, L.ep, pol);
@@ -393,8 +394,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             add_over_nodes(what, kind, group, s.groups, nn, pn, bucket, reduction, s.nb);
         };
         for (const auto& [i, s] : spaces) {
+            const double elem = i >= 2 && pol.half_reduce ? elem_bytes(s.dtype) : 4;
             own(label("gradient reduce-scatter", i, s.dtype), dist::CommKind::reduce_scatter, i, s,
-                4, true);
+                elem, true);
         }
         add("gradient norm", dist::CommKind::allreduce, "world", Pi, 1, 8);
         for (const auto& [i, s] : spaces) {

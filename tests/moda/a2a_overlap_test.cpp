@@ -45,7 +45,8 @@ void expect_same_bits(const TinyRuns& runs, int ep, const std::string& extra,
             runs.data_args(), runs.path(run), ep, chunks, extra);
     };
     for (int chunks : {1, 4}) {
-        const CommandResult r = TinyRuns::run_mpi(4, args(fmt::format("{}-{}", name, chunks), chunks));
+        const CommandResult r =
+            TinyRuns::run_mpi(4, args(fmt::format("{}-{}", name, chunks), chunks));
         ASSERT_EQ(r.status, 0) << r.output;
     }
     const Run a = read(runs.path(name + "-1/metrics.jsonl"));

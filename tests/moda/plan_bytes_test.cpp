@@ -124,6 +124,14 @@ TEST(PlanBytes, ParoBf16FourRanksBothAlgorithms) {
          4, 2});
 }
 
+TEST(PlanBytes, ParoBf16HalfGradientReduceScatter) {
+    // precision.grad_reduce = "half": the half-stored spaces' reduce-scatters carry bf16
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set precision.dtype=bf16 "
+         "--set precision.grad_reduce=half --set train.micro_batch_size=2",
+         4, 2});
+}
+
 TEST(PlanBytes, ParoFourRanksExpertParallel4) {
     // EDP = 1: the expert space is not split, only the dense one
     expect_counted_equals_predicted(
@@ -188,6 +196,12 @@ TEST(PlanBytes, ParoTwoLevelTwoNodes) {
 TEST(PlanBytes, ParoBf16TwoLevelSeveralBuckets) {
     expect_counted_equals_predicted({std::string(kTwoNodes) + "--set precision.dtype=bf16 "
                                                               "--set parallel.bucket_mib=0.0625",
+                                     4, 2, false, 2});
+}
+
+TEST(PlanBytes, ParoFp16HalfReduceTwoLevel) {
+    expect_counted_equals_predicted({std::string(kTwoNodes) + "--set precision.dtype=fp16 "
+                                                              "--set precision.grad_reduce=half",
                                      4, 2, false, 2});
 }
 

@@ -116,6 +116,13 @@ TEST(Collectives, TwoLevelEqualsOneLevelOverNodes) {
                 reduce_scatter_mean_bf16(w, lay, false, h, h1, algo);
                 reduce_scatter_mean_bf16(w, lay, true, h, h2, algo);
                 bad += h1 != h2;
+                std::vector<uint16_t> f(n), f1(s.size), f2(s.size), f0(s.size);
+                for (size_t i = 0; i < n; ++i) f[i] = detail::fp16_from_float(x[i]);
+                reduce_scatter_mean_fp16(w, lay, false, f, f1, algo);
+                reduce_scatter_mean_fp16(w, lay, true, f, f2, algo);
+                reduce_scatter_mean_fp16(w, f, f0, algo);
+                bad += f1 != f2;
+                if (k == P) bad += f0 != f2;  // one node: the plain call
                 std::vector<float> g1(n), g2(n);
                 all_gather(w, lay, false, std::span<const float>(two), g1, algo);
                 all_gather(w, lay, true, std::span<const float>(two), g2, algo);

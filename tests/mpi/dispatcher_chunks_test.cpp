@@ -26,7 +26,7 @@ TEST(DispatcherChunks, PiecesDeliverTheRoundsRowsInOrder) {
     std::vector<int32_t> tpe(static_cast<size_t>(E));
     int rows = 0;
     for (int e = 0; e < E; ++e) rows += tpe[static_cast<size_t>(e)] = count(e, rank);
-    const int max_rows = 3 * E + 10 * E;          // above any rank's rows
+    const int max_rows   = 3 * E + 10 * E;         // above any rank's rows
     const int64_t budget = int64_t{P} * max_rows;  // unbounded: one round
     TokenDispatcher one(par, E, C, max_rows, budget, 2);
     TokenDispatcher cut(par, E, C, max_rows, budget, 2, 3);

@@ -505,6 +505,11 @@ void reduce_scatter_mean_bf16(Comm& comm, const NodeLayout& layout, bool two_lev
                               CollAlgo algo) {
     reduce_scatter_nodes<Bf16>(comm, layout, two_level, in, out, algo);
 }
+void reduce_scatter_mean_fp16(Comm& comm, const NodeLayout& layout, bool two_level,
+                              std::span<const uint16_t> in, std::span<uint16_t> out,
+                              CollAlgo algo) {
+    reduce_scatter_nodes<Fp16>(comm, layout, two_level, in, out, algo);
+}
 void all_gather(Comm& comm, const NodeLayout& layout, bool two_level, std::span<const float> shard,
                 std::span<float> out, CollAlgo algo) {
     all_gather_nodes<float>(comm, layout, two_level, shard, out, algo);

@@ -94,6 +94,9 @@ void reduce_scatter_mean(Comm& comm, const NodeLayout& layout, bool two_level,
 void reduce_scatter_mean_bf16(Comm& comm, const NodeLayout& layout, bool two_level,
                               std::span<const uint16_t> in, std::span<uint16_t> out,
                               CollAlgo algo = CollAlgo::automatic);
+void reduce_scatter_mean_fp16(Comm& comm, const NodeLayout& layout, bool two_level,
+                              std::span<const uint16_t> in, std::span<uint16_t> out,
+                              CollAlgo algo = CollAlgo::automatic);
 void all_gather(Comm& comm, const NodeLayout& layout, bool two_level, std::span<const float> shard,
                 std::span<float> out, CollAlgo algo = CollAlgo::automatic);
 void all_gather(Comm& comm, const NodeLayout& layout, bool two_level,

@@ -66,9 +66,31 @@ void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
     const ShardMap& map  = st.map;
     float* own           = bucket_.data() + static_cast<size_t>(map.rank()) * map.piece_size();
     map.pack(u.bucket, grads_, bucket_.data());
-    dist::reduce_scatter_mean(st.expert ? *reduce_edp_ : *reduce_world_, nodes_of(u.space),
-                              par_.two_level(), {bucket_.data(), map.bucket_size()},
-                              {own, map.piece_size()});
+    dist::Comm& comm = st.expert ? *reduce_edp_ : *reduce_world_;
+    if (prec_.half_reduce && st.dtype != Dtype::float32) {
+        // precision.grad_reduce = "half": the bucket in the space's half type, reduce-scattered
+        // with online averaging (float32 folds, each hop rounded once), this rank's piece back
+        // to floats
+        const bool bf  = st.dtype == Dtype::bfloat16;
+        const size_t n = map.bucket_size(), piece = map.piece_size();
+        const size_t own_at = static_cast<size_t>(map.rank()) * piece;
+        uint16_t* h         = bucket16_.data();
+        const float* b      = bucket_.data();
+        for (size_t i = 0; i < n; ++i) h[i] = bf ? bf16_from_float(b[i]) : fp16_from_float(b[i]);
+        const std::span<const uint16_t> in(h, n);
+        const std::span<uint16_t> out(h + own_at, piece);
+        if (bf) {
+            dist::reduce_scatter_mean_bf16(comm, nodes_of(u.space), par_.two_level(), in, out);
+        } else {
+            dist::reduce_scatter_mean_fp16(comm, nodes_of(u.space), par_.two_level(), in, out);
+        }
+        for (size_t i = 0; i < piece; ++i) {
+            own[i] = bf ? bf16_to_float(h[own_at + i]) : fp16_to_float(h[own_at + i]);
+        }
+    } else {
+        dist::reduce_scatter_mean(comm, nodes_of(u.space), par_.two_level(),
+                                  {bucket_.data(), map.bucket_size()}, {own, map.piece_size()});
+    }
     // the mean's scaling, and unscaling by the loss scale, on this rank's shard only
     const float scale = st.grad_scale * static_cast<float>(1.0 / loss_scale_);
     if (scale != 1.0f) scale_floats(own, scale, map.piece_size(), on_helper);
