@@ -307,8 +307,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     double t_reduce = 0, t_last = 0;
     for (const Collective& c : fp.collectives) {
         // hops are the sendrecv calls of a reduce-scatter / all-gather timed on its own entry
+        // a hierarchical all-to-all's leaders' exchange: per_node ranks wait for each leader's
+        // call, one rank per node (the leader uses the node's injection bandwidth alone)
         const double t =
-            c.hops ? 0
+            c.hops      ? 0
+            : c.leaders ? c.calls * c.per_node *
+                              collective_seconds(mach, c.kind, c.group_size, 1, c.bytes / c.calls)
             : c.nodes > 1
                 ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node, c.bytes / c.calls)
                 : c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,

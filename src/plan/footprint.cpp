@@ -316,10 +316,30 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // per layer forward: one dispatch and one combine; backward: one of each, and with more
         // than one round the tokens dispatched again
         const double n_disp = n_fwd + (1 + again) * n_moe, n_comb = n_fwd + n_moe;
-        add(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)), dist::CommKind::alltoallv,
-            "ep", L.ep, n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
-        add(fmt::format("moe combine all-to-all ({})", dtype_name(ad)), dist::CommKind::alltoallv,
-            "ep", L.ep, n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
+        // dist/comm/alltoallv.cpp alltoallv_hierarchical, per call: the node's send and receive
+        // counts allgathered (EP int64 each), every rank's rows gathered to its node leader,
+        // the leaders' exchange (the node's rows), the leader's scatter of what the node
+        // receives: summed over ranks, each of the three moves carries every row once
+        const auto [an, al] = group_nodes(L.ep, 1, L.ranks_per_node);
+        auto exchange       = [&](const std::string& what, double calls, double bytes) {
+            if (!L.hierarchical_a2a) {
+                add(what, dist::CommKind::alltoallv, "ep", L.ep, calls, bytes);
+                return;
+            }
+            add(what + " counts in the node", dist::CommKind::allgather, "ep node", al, 2 * calls,
+                      2 * calls * L.ep * 8);
+            add(what + " gather to the node leader", dist::CommKind::alltoallv, "ep node", al,
+                      calls, bytes);
+            f.collectives.push_back({what + " between node leaders", dist::CommKind::alltoallv,
+                                     "ep leaders", an, calls / al, bytes, false, false, 1, al,
+                                     false, true});
+            add(what + " scatter in the node", dist::CommKind::alltoallv, "ep node", al, calls,
+                      bytes);
+        };
+        exchange(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)),
+                 n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
+        exchange(fmt::format("moe combine all-to-all ({})", dtype_name(ad)),
+                 n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
     }
     if (Pi > 1) {
         // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint
@@ -445,6 +465,9 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
     L.two_level = cfg.parallel.two_level == NodeSwitch::on ||
                   (cfg.parallel.two_level == NodeSwitch::automatic && L.nodes() > 1);
+    L.hierarchical_a2a =
+        L.ep > 1 && (cfg.parallel.hierarchical_a2a == NodeSwitch::on ||
+                     (cfg.parallel.hierarchical_a2a == NodeSwitch::automatic && L.nodes() > 1));
     return L;
 }
 

@@ -42,6 +42,9 @@ struct Layout {
     // parallel.two_level resolved: ParO's and the replicated reductions inside the node first,
     // then across nodes (the world spans more than one node, or "on")
     bool two_level = false;
+    // parallel.hierarchical_a2a resolved (EP > 1): the MoE all-to-alls gather to one leader per
+    // node, exchange between leaders, scatter in the node (dist/comm/alltoallv.h)
+    bool hierarchical_a2a = false;
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double capacity_factor = 0;
@@ -86,6 +89,10 @@ struct Collective {
     int nodes      = 1;
     int per_node   = 1;
     bool two_level = false;
+    // The leaders' exchange of a hierarchical all-to-all: one rank of each of per_node ranks
+    // calls it (calls and bytes are the mean over ranks), carrying its node's rows; timed per
+    // leader (calls x per_node of them) across nodes.
+    bool leaders = false;
 };
 
 // The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R
