@@ -46,13 +46,15 @@ TEST(DispatcherChunks, PiecesDeliverTheRoundsRowsInOrder) {
     for (const bool on_helper : {false, true}) {
         std::vector<float> local(whole.size(), -1.0f), back(x.size(), -1.0f);
         HelperThread helper;
-        for (int c = 0; c < cut.chunks(); ++c) {
-            auto job = [&] { cut.dispatch_chunk(c, local.data(), x.data(), Dtype::float32); };
+        auto run = [&](auto&& job) {  // on the helper, or here
             if (on_helper) {
                 helper.wait(helper.submit(job));
             } else {
                 job();
             }
+        };
+        for (int c = 0; c < cut.chunks(); ++c) {
+            run([&] { cut.dispatch_chunk(c, local.data(), x.data(), Dtype::float32); });
         }
         // expert e's rows: the pieces' rows of e in piece order are the round's rows of e
         for (int e = 0; e < El; ++e) {
@@ -67,12 +69,7 @@ TEST(DispatcherChunks, PiecesDeliverTheRoundsRowsInOrder) {
             EXPECT_EQ(got, want) << "local expert " << e << (on_helper ? ", on the helper" : "");
         }
         for (int c = 0; c < cut.chunks(); ++c) {
-            auto job = [&] { cut.combine_chunk(c, back.data(), local.data(), Dtype::float32); };
-            if (on_helper) {
-                helper.wait(helper.submit(job));
-            } else {
-                job();
-            }
+            run([&] { cut.combine_chunk(c, back.data(), local.data(), Dtype::float32); });
         }
         EXPECT_EQ(back, x) << "every row home" << (on_helper ? ", on the helper" : "");
     }
