@@ -5,6 +5,7 @@
 // Portable bit manipulation: no F16C or AVX-512 BF16 needed.
 #pragma once
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 namespace bagualu {
@@ -63,6 +64,23 @@ inline fp16 fp16_from_float(float f) {
         o = x >> 13;
     }
     return static_cast<fp16>(o | (sign >> 16));
+}
+
+// dst[i] = src[i] in the half type d (bfloat16 or float16) for i < n, and back (exact): the
+// 16-bit payloads of collectives and all-to-alls.
+inline void to_half(Dtype d, const float* src, uint16_t* dst, size_t n) {
+    if (d == Dtype::bfloat16) {
+        for (size_t i = 0; i < n; ++i) dst[i] = bf16_from_float(src[i]);
+    } else {
+        for (size_t i = 0; i < n; ++i) dst[i] = fp16_from_float(src[i]);
+    }
+}
+inline void from_half(Dtype d, const uint16_t* src, float* dst, size_t n) {
+    if (d == Dtype::bfloat16) {
+        for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+    } else {
+        for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_float(src[i]);
+    }
 }
 
 // f rounded to the nearest value of dtype d (identity for f32).

@@ -356,7 +356,6 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
         send16_ = Buffer<uint16_t>(n);
         recv16_ = Buffer<uint16_t>(n);
     }
-    const bool bf  = payload == Dtype::bfloat16;
     int64_t n_send = 0, n_recv = 0;
     for (int q = 0; q < ep_size_; ++q) {
         n_send = std::max(
@@ -364,14 +363,10 @@ void TokenDispatcher::exchange_half(const float* send, const std::vector<int64_t
         n_recv = std::max(
             n_recv, recv_displs[static_cast<size_t>(q)] + recv_counts[static_cast<size_t>(q)]);
     }
-    uint16_t* s16 = send16_.data();
-    for (int64_t i = 0; i < n_send; ++i)
-        s16[i] = bf ? bf16_from_float(send[i]) : fp16_from_float(send[i]);
-    par_.ep_alltoallv(s16, send_counts, send_displs, recv16_.data(), recv_counts, recv_displs,
-                      sizeof(uint16_t));
-    const uint16_t* r16 = recv16_.data();
-    for (int64_t i = 0; i < n_recv; ++i)
-        recv[i] = bf ? bf16_to_float(r16[i]) : fp16_to_float(r16[i]);
+    to_half(payload, send, send16_.data(), static_cast<size_t>(n_send));
+    par_.ep_alltoallv(send16_.data(), send_counts, send_displs, recv16_.data(), recv_counts,
+                      recv_displs, sizeof(uint16_t));
+    from_half(payload, recv16_.data(), recv, static_cast<size_t>(n_recv));
 }
 
 void TokenDispatcher::exchange(const float* send, const std::vector<int64_t>& send_counts,
@@ -385,8 +380,7 @@ void TokenDispatcher::exchange(const float* send, const std::vector<int64_t>& se
     } else {
         exchange_half(send, send_counts, send_displs, recv, recv_counts, recv_displs, payload);
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    add_a2a_seconds(s, 0.0);
+    add_a2a_seconds(seconds_since(t0), 0.0);
 }
 
 void TokenDispatcher::dispatch(float* x_local, const float* x_perm, Dtype payload) {

@@ -71,22 +71,18 @@ void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
         // precision.grad_reduce = "half": the bucket in the space's half type, reduce-scattered
         // with online averaging (float32 folds, each hop rounded once), this rank's piece back
         // to floats
-        const bool bf  = st.dtype == Dtype::bfloat16;
         const size_t n = map.bucket_size(), piece = map.piece_size();
         const size_t own_at = static_cast<size_t>(map.rank()) * piece;
         uint16_t* h         = bucket16_.data();
-        const float* b      = bucket_.data();
-        for (size_t i = 0; i < n; ++i) h[i] = bf ? bf16_from_float(b[i]) : fp16_from_float(b[i]);
+        to_half(st.dtype, bucket_.data(), h, n);
         const std::span<const uint16_t> in(h, n);
         const std::span<uint16_t> out(h + own_at, piece);
-        if (bf) {
+        if (st.dtype == Dtype::bfloat16) {
             dist::reduce_scatter_mean_bf16(comm, nodes_of(u.space), par_.two_level(), in, out);
         } else {
             dist::reduce_scatter_mean_fp16(comm, nodes_of(u.space), par_.two_level(), in, out);
         }
-        for (size_t i = 0; i < piece; ++i) {
-            own[i] = bf ? bf16_to_float(h[own_at + i]) : fp16_to_float(h[own_at + i]);
-        }
+        from_half(st.dtype, h + own_at, own, piece);
     } else {
         dist::reduce_scatter_mean(comm, nodes_of(u.space), par_.two_level(),
                                   {bucket_.data(), map.bucket_size()}, {own, map.piece_size()});
@@ -208,18 +204,13 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
                              {bucket_.data(), map.bucket_size()});
         } else {
             // half payload: the shard's parameters already hold values of dtype (exact)
-            const bool bf = dt == Dtype::bfloat16;
-            float* buf    = bucket_.data();
-            uint16_t* h   = bucket16_.data();
-            for (size_t i = own_at; i < own_at + map.piece_size(); ++i) {
-                h[i] = bf ? bf16_from_float(buf[i]) : fp16_from_float(buf[i]);
-            }
+            float* buf  = bucket_.data();
+            uint16_t* h = bucket16_.data();
+            to_half(dt, buf + own_at, h + own_at, map.piece_size());
             dist::all_gather(comm_of(sp), nodes_of(sp), par_.two_level(),
                              std::span<const uint16_t>(h + own_at, map.piece_size()),
                              std::span<uint16_t>(h, map.bucket_size()));
-            for (size_t i = 0; i < map.bucket_size(); ++i) {
-                buf[i] = bf ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
-            }
+            from_half(dt, h, buf, map.bucket_size());
         }
         map.unpack(b, bucket_.data(), params, false);
     }
