@@ -67,6 +67,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "two_level", c.parallel.two_level);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "a2a_chunks", c.parallel.a2a_chunks);
+    v("parallel", "node_dedup", c.parallel.node_dedup);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
     v("parallel", "bucket_mib", c.parallel.bucket_mib);
 
@@ -355,6 +356,8 @@ void validate_limits(const TrainConfig& c) {
     at_most("model.aux_loss_coef", m.aux_loss_coef, 100.0, "a weight of the loss");
     at_most("model.router_z_loss_coef", m.router_z_loss_coef, 100.0, "a weight of the loss");
     at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
+    at_most("model.route_groups", m.route_groups, 1 << 24, "groups of experts");
+    at_most("model.route_nodes", m.route_nodes, 1 << 24, "groups of experts");
     at_most("model.balance_bias_rate", m.balance_bias_rate, 1.0, "a step of the routing bias");
     at_most("model.init_std", m.init_std, 10.0, "initial weights' standard deviation");
 
@@ -466,6 +469,34 @@ void validate(const TrainConfig& c) {
     if (!(m.jitter >= 0 && m.jitter < 1))
         input_error("{}: model.jitter = {}: must be in [0, 1)", src, m.jitter);
     if (!(m.init_std > 0)) input_error("{}: model.init_std = {}: must be > 0", src, m.init_std);
+    if (m.route_nodes < 0 || m.route_groups < 0) {
+        input_error("{}: model.route_nodes = {}, model.route_groups = {}: must be >= 0", src,
+                    m.route_nodes, m.route_groups);
+    }
+    if (m.moe_every > 0 && m.route_nodes > 0) {
+        if (m.route_groups < 1 || m.n_experts % m.route_groups != 0) {
+            input_error(
+                "{}: model.route_groups = {}: model.route_nodes needs the number of expert groups "
+                "(nodes), a divisor of model.n_experts = {}",
+                src, m.route_groups, m.n_experts);
+        }
+        if (m.route_nodes > m.route_groups) {
+            input_error("{}: model.route_nodes = {} must be <= model.route_groups = {}", src,
+                        m.route_nodes, m.route_groups);
+        }
+        if (m.top_k > m.route_nodes * (m.n_experts / m.route_groups)) {
+            input_error(
+                "{}: model.top_k = {} experts do not fit in model.route_nodes = {} group(s) of {} "
+                "expert(s)",
+                src, m.top_k, m.route_nodes, m.n_experts / m.route_groups);
+        }
+        if (m.gate == GateKind::swipe || m.gate == GateKind::noisy) {
+            input_error(
+                "{}: model.route_nodes needs model.gate = \"topk\", \"switch\" or \"gshard\" "
+                "(model.gate = \"{}\" may move a token to any expert)",
+                src, name_of(m.gate));
+        }
+    }
     if (!(m.moe_rows_budget >= 0)) {
         input_error("{}: model.moe_rows_budget = {}: must be >= 0 (0 = unbounded)", src,
                     m.moe_rows_budget);

@@ -33,6 +33,12 @@ struct ModelConfig {
     double capacity_factor   = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double jitter            = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double balance_bias_rate = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
+    // Node-limited routing: the E experts form route_groups groups of E / route_groups
+    // consecutive experts (set it to the nodes the expert-parallel group spans, so a group is a
+    // node's experts), and each token's experts come from at most route_nodes groups, the best
+    // by the sum of their top ceil(K / route_nodes) choice scores. 0 = unlimited.
+    int route_nodes  = 0;
+    int route_groups = 0;
     double init_std          = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
@@ -77,6 +83,9 @@ void visit_model_fields(M& m, V&& v) {
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
     v("balance_bias_rate", m.balance_bias_rate, false);
+    // change the routing; absent from models exported before them, which had no limit
+    v("route_nodes", m.route_nodes, false);
+    v("route_groups", m.route_groups, false);
     v("init_std", m.init_std, false);
     v("moe_rows_budget", m.moe_rows_budget, false);
     v("route_override", m.route_override, false);
@@ -139,6 +148,10 @@ struct ParallelSection {
     // thread (needs MPI_THREAD_MULTIPLE): 1 = no overlap. Bitwise the same results for any value
     // (docs/parallelism.md).
     int a2a_chunks = 1;
+    // The node-deduplicated exchange (moe/node_dispatcher.h): each token crosses to a node once
+    // however many of its experts live there, and comes back summed. "auto" = when
+    // model.route_nodes > 0 and the expert-parallel group spans more than one node.
+    NodeSwitch node_dedup = NodeSwitch::automatic;
     // Reduce gradients on the helper thread during the last backward of each step (needs
     // MPI_THREAD_MULTIPLE; docs/parallelism.md). Results are bitwise the same either way.
     bool overlap_grad_reduce = true;

@@ -1,6 +1,7 @@
 #include "dist/parallel.h"
 
 #include "core/error.h"
+#include "dist/comm/counters.h"
 
 namespace bagualu::dist {
 
@@ -27,9 +28,10 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchic
     two_level_       = two_level == NodeSwitch::on || (two_level == NodeSwitch::automatic && multi);
     const bool hier =
         hierarchical_a2a == NodeSwitch::on || (hierarchical_a2a == NodeSwitch::automatic && multi);
-    if (hier && ep_size > 1) {
+    if (ep_size > 1) {
         ep_nodes_ =
             std::make_unique<NodeGroups>(make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));
+        hierarchical_ = hier;
     }
 }
 
@@ -49,6 +51,15 @@ void ParallelContext::ep_alltoallv(const void* send, std::span<const int64_t> se
                                    std::span<const int64_t> recv_counts,
                                    std::span<const int64_t> recv_displs, size_t elem_bytes) {
     if (ep_nodes_) {
+        const auto& node_of = ep_nodes_->node_of;
+        const int mine      = node_of[static_cast<size_t>(ep_rank_)];
+        int64_t away        = 0;
+        for (size_t q = 0; q < send_counts.size(); ++q) {
+            if (node_of[q] != mine) away += send_counts[q];
+        }
+        count_inter_node_a2a(static_cast<uint64_t>(away) * elem_bytes);
+    }
+    if (hierarchical_) {
         alltoallv_hierarchical(*ep_, *ep_nodes_, send, send_counts, send_displs, recv, recv_counts,
                                recv_displs, elem_bytes);
     } else {

@@ -42,11 +42,23 @@ class ParallelContext {
 
     int nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
     bool two_level() const { return two_level_; }
-    bool hierarchical_a2a() const { return ep_nodes_ != nullptr; }
+    bool hierarchical_a2a() const { return hierarchical_; }
+    // The nodes of the expert-parallel group (EP > 1; nullptr for EP = 1): its node comm, and
+    // each EP rank's node and rank within it (the node-deduplicated dispatch, node_dispatcher.h).
+    NodeGroups* ep_nodes() { return ep_nodes_.get(); }
+    // parallel.node_dedup resolved by the caller: the MoE layers exchange tokens once per node
+    // (moe/node_dispatcher.h). Off by default; needs EP > 1.
+    void set_node_dedup(bool on) { node_dedup_ = on && ep_nodes_ != nullptr; }
+    bool node_dedup() const { return node_dedup_; }
+    // Nodes the expert-parallel group spans (1 for EP = 1).
+    int ep_node_count() const {
+        return ep_nodes_ ? static_cast<int>(ep_nodes_->members.size()) : 1;
+    }
     const NodeLayout& world_nodes() const { return world_nodes_; }
     const NodeLayout& edp_nodes() const { return edp_nodes_; }
 
-    // All-to-all(v) over the expert-parallel group, flat or hierarchical per the config.
+    // All-to-all(v) over the expert-parallel group, flat or hierarchical per the config. The
+    // bytes sent to ranks of other nodes are tallied (counters.h inter_node_a2a_bytes).
     void ep_alltoallv(const void* send, std::span<const int64_t> send_counts,
                       std::span<const int64_t> send_displs, void* recv,
                       std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -57,7 +69,8 @@ class ParallelContext {
     Comm* world_      = nullptr;            // [not null]
     std::unique_ptr<Comm> owned_world_;     // only for single()
     std::unique_ptr<Comm> ep_, edp_;        // [not null]
-    std::unique_ptr<NodeGroups> ep_nodes_;  // [not null iff hierarchical]
+    std::unique_ptr<NodeGroups> ep_nodes_;  // [not null iff EP > 1]
+    bool hierarchical_ = false, node_dedup_ = false;
     NodeLayout world_nodes_, edp_nodes_;
     bool two_level_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;

@@ -295,6 +295,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;
     ms.gate.route_override  = cfg.route_override;
+    ms.gate.route_nodes     = cfg.route_nodes;
+    ms.gate.route_groups    = cfg.route_groups;
     ms.a2a_chunks           = a2a_chunks;
     ms.n_shared             = cfg.n_shared_experts;
     ms.FS                   = cfg.shared_width();

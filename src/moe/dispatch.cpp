@@ -45,9 +45,8 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
             for (int c = 0; c < C; ++c) o[c] = 0.0f;
             for (int k = 0; k < K; ++k) {
                 if (row_of[t * K + k] < 0) continue;
-                const float w  = probs[t * K + k];
-                const float* y = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
-                for (int c = 0; c < C; ++c) o[c] += w * y[c];
+                add_scaled_row(o, probs[t * K + k],
+                               y_perm + static_cast<int64_t>(row_of[t * K + k]) * C, C);
             }
         }
     });
@@ -64,15 +63,8 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
                     dprobs[t * K + k] = 0.0f;
                     continue;
                 }
-                const float w  = probs[t * K + k];
-                const float* y = y_perm + r * C;
-                float* dy      = dy_perm + r * C;
-                double dot     = 0;
-                for (int c = 0; c < C; ++c) {
-                    dot += static_cast<double>(d[c]) * y[c];
-                    dy[c] = w * d[c];
-                }
-                dprobs[t * K + k] = static_cast<float>(dot);
+                dprobs[t * K + k] =
+                    scaled_row_and_dot(dy_perm + r * C, probs[t * K + k], d, y_perm + r * C, C);
             }
         }
     });
@@ -81,11 +73,14 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            float* o = dx + t * C;
-            for (int k = 0; k < K; ++k) {
-                if (row_of[t * K + k] < 0) continue;
-                const float* s = dx_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
-                for (int c = 0; c < C; ++c) o[c] += s[c];
+            float* o          = dx + t * C;
+            const int32_t* ro = row_of + t * K;
+            for (int c = 0; c < C; ++c) {
+                float sum = 0.0f;  // the slots first, in slot order, then onto dx
+                for (int k = 0; k < K; ++k) {
+                    if (ro[k] >= 0) sum += dx_perm[static_cast<int64_t>(ro[k]) * C + c];
+                }
+                o[c] += sum;
             }
         }
     });

@@ -25,7 +25,25 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
 // dprobs: (N, K), overwritten: dprobs[t,k] = dot(dout[t], y_perm[row_of[t,k]]).
 void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
                         const float* probs, const int32_t* row_of, int N, int K, int C);
-// dx: (N, C), accumulated (+=): dx[t] += sum_k dx_perm[row_of[t,k]].
+// dx: (N, C), accumulated: dx[t] += (sum_k dx_perm[row_of[t,k]]), the slots summed first (from
+// zero, in slot order), then added, as the node-deduplicated exchange adds its per-node sums.
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C);
+
+// The row arithmetic of the combine and its gradient, shared with node_dispatcher.cpp so both
+// paths round alike. o += w * y; o += y; dy = w * d, returning dot(d, y) summed in double.
+inline void add_scaled_row(float* o, float w, const float* y, int C) {
+    for (int c = 0; c < C; ++c) o[c] += w * y[c];
+}
+inline void add_row(float* o, const float* y, int C) {
+    for (int c = 0; c < C; ++c) o[c] += y[c];
+}
+inline float scaled_row_and_dot(float* dy, float w, const float* d, const float* y, int C) {
+    double dot = 0;
+    for (int c = 0; c < C; ++c) {
+        dot += static_cast<double>(d[c]) * y[c];
+        dy[c] = w * d[c];
+    }
+    return static_cast<float>(dot);
+}
 
 }  // namespace bagualu::moe

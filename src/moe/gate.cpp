@@ -1,6 +1,9 @@
 // Gate kernels: top-k selection, softmax weights, aux loss and capacity, forward and backward.
 #include "moe/gate.h"
 
+#include <limits>
+#include <vector>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -26,6 +29,48 @@ void rank_experts(int32_t* preference, const float* logits, int N, int E, int R)
                 top[j] = e;
                 if (n < R) ++n;
             }
+        }
+    });
+}
+
+void limit_to_groups(float* masked, const float* scores, int N, int E, int G, int M, int K) {
+    const int per = E / G, top = (K + M - 1) / M;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        std::vector<double> group_score(static_cast<size_t>(G));
+        std::vector<float> best(static_cast<size_t>(top));
+        std::vector<uint8_t> keep(static_cast<size_t>(G));
+        for (int64_t t = begin; t < end; ++t) {
+            const float* sc = scores + t * E;
+            for (int g = 0; g < G; ++g) {
+                // the group's `top` largest scores, descending, by insertion
+                int n = 0;
+                for (int e = g * per; e < (g + 1) * per; ++e) {
+                    int j = n;
+                    while (j > 0 && sc[e] > best[static_cast<size_t>(j - 1)]) --j;
+                    if (j >= top) continue;
+                    for (int i = (n < top ? n : top - 1); i > j; --i)
+                        best[static_cast<size_t>(i)] = best[static_cast<size_t>(i - 1)];
+                    best[static_cast<size_t>(j)] = sc[e];
+                    if (n < top) ++n;
+                }
+                double sum = 0;
+                for (int i = 0; i < n; ++i) sum += best[static_cast<size_t>(i)];
+                group_score[static_cast<size_t>(g)] = sum;
+            }
+            // the M best groups: a group is kept when fewer than M groups beat it (strictly
+            // larger, or equal with a lower index)
+            for (int g = 0; g < G; ++g) {
+                int ahead = 0;
+                for (int h = 0; h < G; ++h) {
+                    const double a = group_score[static_cast<size_t>(h)],
+                                 b = group_score[static_cast<size_t>(g)];
+                    ahead += a > b || (a == b && h < g);
+                }
+                keep[static_cast<size_t>(g)] = ahead < M;
+            }
+            float* out = masked + t * E;
+            for (int e = 0; e < E; ++e) out[e] = keep[static_cast<size_t>(e / per)] ? sc[e] : ninf;
         }
     });
 }

@@ -25,6 +25,11 @@ void topk_gate_backward(float* dlogits, const float* dprobs, const float* probs,
 
 // preference: (N, R), overwritten: the R best experts of each token, best first.
 void rank_experts(int32_t* preference, const float* logits, int N, int E, int R);
+// Node-limited routing: masked (N, E), overwritten with scores where expert e's group (G groups
+// of E / G consecutive experts) is among the token's M best groups, -infinity elsewhere. A
+// group's score is the sum of its ceil(K / M) largest scores; ties keep the lower group.
+// Needs K <= M * E / G, so the K best of masked are all finite.
+void limit_to_groups(float* masked, const float* scores, int N, int E, int G, int M, int K);
 // softmax_full: (N, E), overwritten. entropy: (N), overwritten with H(softmax(g[t, :])) (nats),
 // or nullptr. Returns sum_t of the entropies (0 without the buffer).
 double softmax_rows(float* softmax_full, double* entropy, const float* logits, int N, int E);

@@ -49,6 +49,7 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         budget_, block_, s.a2a_chunks);
+        if (par->node_dedup()) node_dispatcher_ = std::make_unique<NodeDispatcher>(*par, s.E, s.K, s.C);
     }
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
@@ -251,9 +252,21 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
 
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
                   router_.tokens_per_expert(), N, E, K);
-    permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
     if (s_.n_shared > 0) shared_forward(inp, w.shared, N);
     begin_rounds();
+    dedup_ = node_dispatcher_ && rounds_ == 1 && dispatcher_->chunks() == 1;
+    if (dedup_) {
+        node_dispatcher_->plan(router_.expert_idx(), router_.probs(), N);
+        node_dispatcher_->dispatch(x_local_.data(), inp, prec_.gemm);
+        PhaseScope phase(Phase::experts);
+        experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
+                        node_dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+        phase.stop();
+        node_dispatcher_->combine(out, y_local_.data(), prec_.act);
+        if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
+        return aux;
+    }
+    permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
     if (rounds_ > 1) {
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
@@ -328,6 +341,22 @@ void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, 
 void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                         const MoEWeights& w, double daux) {
     const int N = n_, C = s_.C, K = s_.K;
+    if (dedup_) {
+        node_dispatcher_->dispatch_grad(dy_local_.data(), dout, prec_.gemm);
+        PhaseScope phase(Phase::experts);
+        experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
+                         x_local_.data(), h_.data(), g_.data(), w.experts,
+                         node_dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+        phase.stop();
+        // the tokens' input gradients from the experts, (N, C), into dx_perm_ (N K rows)
+        node_dispatcher_->combine_grad(dx_perm_.data(), dprobs_.data(), dx_local_.data(),
+                                       prec_.act);
+        router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
+                         daux);
+        kernels::add_forward(dinp, dinp, dx_perm_.data(), static_cast<size_t>(N) * C);
+        if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
+        return;
+    }
     unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), router_.probs(),
                        row_of_.data(), N, K, C);
     if (dispatcher_) {

@@ -7,6 +7,8 @@
 // when more rows than that arrive, the experts run in several rounds through the same buffers
 // (token_dispatcher.h), and backward recomputes each round's expert forward instead of saving
 // it. Results are bitwise the same for any budget (docs/parallelism.md, "Bounded MoE memory").
+// With parallel.node_dedup, a forward whose rows take one round, unpieced, moves each token once
+// per node instead (node_dispatcher.h): the experts compute the very same rows.
 // The S shared experts (model.n_shared_experts) are FFNs every token passes through, replicated
 // on every rank. Comm has no non-blocking all-to-all, so they run right before the dispatch
 // rather than while the rows travel.
@@ -23,6 +25,7 @@
 #include "core/helper_thread.h"
 #include "dist/parallel.h"
 #include "moe/experts.h"
+#include "moe/node_dispatcher.h"
 #include "moe/router.h"
 #include "moe/token_dispatcher.h"
 
@@ -151,6 +154,10 @@ class MoELayer {
     int El_;  // local experts
     dist::ParallelContext* par_;
     std::unique_ptr<TokenDispatcher> dispatcher_;  // [not null iff EP > 1]
+    // [not null iff EP > 1 and par->node_dedup()] used for a forward (and its backward) whose
+    // rows take one round, unpieced: node_dispatcher.h
+    std::unique_ptr<NodeDispatcher> node_dispatcher_;
+    bool dedup_ = false;  // the last forward went through node_dispatcher_
     Router router_;
     int n_          = 0;                 // tokens of the last forward
     int64_t budget_ = 0;                 // rows per round

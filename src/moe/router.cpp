@@ -56,6 +56,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     }
     preference_ = Buffer<int32_t>(N * Es);
     if (gate.balance_bias) biased_ = Buffer<float>(N * Es);
+    if (gate.route_nodes > 0) limited_ = Buffer<float>(N * Es);
     if (gate.balance_bias && noisy_) load_pref_ = Buffer<int32_t>(N * Es);
     selected_          = Buffer<int32_t>(N * Ks);
     expert_idx_        = Buffer<int32_t>(N * Ks);
@@ -288,20 +289,25 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     const bool swipe = train && gate_.kind == GateKind::swipe;
     const int R      = swipe ? E_ : (noisy_ ? std::min(K_ + 1, E_) : K_);
     // The choice ranks route + bias when the balancing bias is on; the weights below read route.
+    // With node-limited routing, the choice ranks those scores kept to the token's best groups.
     const int32_t* load_pref = preference_.data();  // the noisy gate's load: unbiased ranking
+    const float* choice      = route;
     if (gate_.balance_bias) {
         const float* b = bias_.values();
         for (int64_t t = 0; t < N; ++t) {
             for (int e = 0; e < E_; ++e) biased_[t * E_ + e] = route[t * E_ + e] + b[e];
         }
-        rank_experts(preference_.data(), biased_.data(), N, E_, R);
+        choice = biased_.data();
         if (noisy_) {
             rank_experts(load_pref_.data(), route, N, E_, R);
             load_pref = load_pref_.data();
         }
-    } else {
-        rank_experts(preference_.data(), route, N, E_, R);
     }
+    if (gate_.route_nodes > 0) {
+        limit_to_groups(limited_.data(), choice, N, E_, gate_.route_groups, gate_.route_nodes, K_);
+        choice = limited_.data();
+    }
+    rank_experts(preference_.data(), choice, N, E_, R);
     std::vector<int64_t>& topk_counts = topk_counts_;
     std::fill(topk_counts.begin(), topk_counts.end(), 0);
     for (int64_t t = 0; t < N; ++t) {

@@ -42,6 +42,10 @@ struct GateConfig {
     // precision.router = "fp64": the logits and their gradients with every product and sum in
     // double (kernels/mixed.h linear_*_f64), rounded to float once; float32 GEMMs otherwise.
     bool fp64 = false;
+    // Node-limited routing (model.route_nodes, route_groups): the choice keeps to the token's
+    // route_nodes best of route_groups expert groups (gate.h limit_to_groups). 0 = unlimited.
+    int route_nodes  = 0;
+    int route_groups = 0;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -132,6 +136,7 @@ class Router {
     Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
     Buffer<int32_t> preference_;                                   // (N, R) best experts first
     Buffer<float> biased_;       // (N, E) route + bias: the scores the choice ranks (balance_bias)
+    Buffer<float> limited_;      // (N, E) the choice scores limited to groups (route_nodes)
     Buffer<int32_t> load_pref_;  // (N, R) noisy gate with bias: the unbiased ranking its load uses
     Buffer<int32_t> selected_, expert_idx_;  // (N, K) weighted experts / routing
     Buffer<uint8_t> reassigned_;             // (N, K)

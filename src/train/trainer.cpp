@@ -26,6 +26,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/comm/checks.h"
+#include "dist/comm/counters.h"
 #include "dist/paro/optimizer.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
@@ -256,6 +257,14 @@ void Trainer::log_setup() const {
         log::info("nodes: {} of {} rank(s); gradient reduction {}, all-to-all {}", par_->nodes(),
                   par_->world_nodes().per_node, par_->two_level() ? "two-level" : "one-level",
                   par_->hierarchical_a2a() ? "hierarchical" : "flat");
+    }
+    if (par_->node_dedup()) log::info("expert all-to-all: each token crosses once per node");
+    if (m.moe_every > 0 && m.route_nodes > 0 && par_->ep_size() > 1 &&
+        m.route_groups != par_->ep_node_count()) {
+        log::warn(
+            "model.route_groups = {} but the expert-parallel group spans {} node(s): tokens keep "
+            "to {} group(s) of experts, not to {} node(s)",
+            m.route_groups, par_->ep_node_count(), m.route_nodes, m.route_nodes);
     }
     log::info(
         "data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
@@ -565,6 +574,16 @@ void Trainer::report_peak_rss() {
             log::info("expert all-to-all (rank 0): {:.3f} s in the exchanges, {:.3f} s exposed{}",
                       a.raw, a.exposed,
                       a.pieces > 0 ? fmt::format(", {} piece exchanges", a.pieces) : "");
+        }
+    }
+    if (par_->ep_node_count() > 1) {  // what the expert all-to-alls sent across nodes, all ranks
+        int64_t away = static_cast<int64_t>(dist::inter_node_a2a_bytes());
+        par_->world().allreduce_sum(std::span<int64_t>(&away, 1));
+        emit({{"step", cfg_.train.steps}, {"a2a_inter_node_bytes", away}});
+        if (root_) {
+            log::info("expert all-to-all across nodes: {:.3f} MiB over the run (all ranks){}",
+                      static_cast<double>(away) / (1 << 20),
+                      par_->node_dedup() ? ", each token once per node" : "");
         }
     }
 }

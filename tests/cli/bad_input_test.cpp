@@ -127,6 +127,15 @@ TEST_F(BadInputTest, GateSettings) {
                  {"precision.router", "\"fp32\" or \"fp64\""});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
     expect_error(base + " --set model.moe_rows_budget=-1", {"model.moe_rows_budget = -1", ">= 0"});
+    expect_error(base + " --set model.route_nodes=1",
+                 {"model.route_groups = 0", "divisor of model.n_experts"});
+    expect_error(base + " --set model.route_nodes=3 --set model.route_groups=2",
+                 {"model.route_nodes = 3", "<= model.route_groups = 2"});
+    expect_error(base + " --set model.route_nodes=1 --set model.route_groups=4 --set model.top_k=3",
+                 {"model.top_k = 3", "1 group(s) of 1"});
+    expect_error(base + " --set model.route_nodes=1 --set model.route_groups=2 --set model.gate=swipe",
+                 {"model.route_nodes", "model.gate = \"swipe\""});
+    expect_error(base + " --set parallel.node_dedup=maybe", {"parallel.node_dedup", "\"auto\""});
     expect_error(base + " --set model.route_override=diagonal",
                  {"model.route_override = \"diagonal\"", "one_expert"});
 }

@@ -11,6 +11,7 @@ struct AtomicCount {
     std::atomic<uint64_t> bytes{0};
 };
 std::array<AtomicCount, kNumCommKinds> g_counts;
+std::atomic<uint64_t> g_inter_node_a2a{0};
 
 }  // namespace
 
@@ -72,5 +73,11 @@ CommTally comm_tally() {
     }
     return t;
 }
+
+void count_inter_node_a2a(uint64_t bytes) {
+    g_inter_node_a2a.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+uint64_t inter_node_a2a_bytes() { return g_inter_node_a2a.load(std::memory_order_relaxed); }
 
 }  // namespace bagualu::dist

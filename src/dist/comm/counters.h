@@ -50,4 +50,9 @@ void count_comm(CommKind k, uint64_t bytes);
 // The counters since process start.
 CommTally comm_tally();
 
+// Bytes the expert-parallel all-to-alls (ParallelContext::ep_alltoallv) sent to ranks of other
+// nodes since process start: what crosses the network, flat or hierarchical alike.
+void count_inter_node_a2a(uint64_t bytes);
+uint64_t inter_node_a2a_bytes();
+
 }  // namespace bagualu::dist

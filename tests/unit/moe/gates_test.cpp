@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -199,6 +200,67 @@ TEST(GatesTest, SwipeWithVirtualWorkersBalancesEveryExpertExactly) {
             for (int k = 0; k < K; ++k) sum += r.probs()[t * K + k];
             EXPECT_NEAR(sum, 1.0f, 1e-6);
         }
+    }
+}
+
+TEST(GatesTest, LimitToGroupsKeepsTheBestGroupsByTheirTopScores) {
+    // E = 8 in G = 4 groups of 2, two tokens
+    const float s[16] = {5, -9,  4, 4,  0, 0,  -1, 6,    // token 0
+                         1, 1,   3, -1, 0, 0,  1, 1};    // token 1
+    const float inf   = std::numeric_limits<float>::infinity();
+    std::vector<float> m(16);
+    // K = 2 over M = 2 groups: each group scores its best expert (5, 4, 0, 6): groups 3 and 0
+    limit_to_groups(m.data(), s, 2, 8, 4, 2, 2);
+    const std::vector<float> want0 = {5, -9, -inf, -inf, -inf, -inf, -1, 6};
+    EXPECT_EQ(std::vector<float>(m.begin(), m.begin() + 8), want0);
+    // token 1: best experts 1, 3, 0, 1: group 1, then groups 0 and 3 tie at 1: the lower, 0
+    const std::vector<float> want1 = {1, 1, 3, -1, -inf, -inf, -inf, -inf};
+    EXPECT_EQ(std::vector<float>(m.begin() + 8, m.end()), want1);
+    // K = 4 over M = 2: the sum of each group's two best (-4, 8, 0, 5) for token 0
+    limit_to_groups(m.data(), s, 1, 8, 4, 2, 4);
+    const std::vector<float> want2 = {-inf, -inf, 4, 4, -inf, -inf, -1, 6};
+    EXPECT_EQ(std::vector<float>(m.begin(), m.begin() + 8), want2);
+    (void)inf;
+}
+
+TEST(GatesTest, NodeLimitedRoutingKeepsEachTokenToItsBestGroups) {
+    const int N = 64, C = 16, E = 16, K = 4, G = 4;
+    const Inputs in = random_inputs(N, C, E, 11);
+    std::vector<float> logits(static_cast<size_t>(N * E));
+    for (int t = 0; t < N; ++t) {
+        for (int e = 0; e < E; ++e) {
+            double acc = 0;
+            for (int c = 0; c < C; ++c) acc += double(in.inp[t * C + c]) * in.gate_w[e * C + c];
+            logits[static_cast<size_t>(t * E + e)] = static_cast<float>(acc);
+        }
+    }
+    for (const int M : {1, 2, 4}) {
+        GateConfig g   = gate_of(GateKind::topk);
+        g.route_nodes  = M;
+        g.route_groups = G;
+        Router r(C, E, K, 0.0, g, N, nullptr);
+        r.forward(in.inp.data(), in.gate_w.data(), nullptr, N);
+        Router free(C, E, K, 0.0, gate_of(GateKind::topk), N, nullptr);
+        free.forward(in.inp.data(), in.gate_w.data(), nullptr, N);
+        std::vector<float> masked(static_cast<size_t>(N * E));
+        limit_to_groups(masked.data(), logits.data(), N, E, G, M, K);
+        std::vector<int32_t> top(static_cast<size_t>(N * K));
+        rank_experts(top.data(), masked.data(), N, E, K);
+        int limited = 0;
+        for (int t = 0; t < N; ++t) {
+            std::vector<int> groups;
+            for (int k = 0; k < K; ++k) {
+                const int32_t e = r.expert_idx()[t * K + k];
+                EXPECT_EQ(e, top[static_cast<size_t>(t * K + k)]) << "M " << M << " token " << t;
+                if (std::find(groups.begin(), groups.end(), e / (E / G)) == groups.end())
+                    groups.push_back(e / (E / G));
+                limited += e != free.expert_idx()[t * K + k];
+            }
+            EXPECT_LE(static_cast<int>(groups.size()), M) << "token " << t;
+        }
+        // M = G is no limit; M = 1 must change some token's experts
+        if (M == G) EXPECT_EQ(limited, 0);
+        if (M == 1) EXPECT_GT(limited, 0);
     }
 }
 
