@@ -197,6 +197,9 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
             {"calls", t.by_kind[k].calls}, {"bytes", t.by_kind[k].bytes}};
     }
     j["comm_per_step_per_rank"] = kinds;
+    j["a2a_inter_node_bytes_per_step_per_rank"]       = fp.a2a_inter_node_bytes;
+    j["a2a_inter_node_bytes_plain_per_step_per_rank"] = fp.a2a_inter_node_bytes_plain;
+    j["node_dedup"]                                   = fp.layout.node_dedup;
     nlohmann::json terms        = nlohmann::json::object();
     for (const Term& x : e.compute) terms[x.name] = x.seconds;
     j["time"]                 = {{"terms", terms},
@@ -258,6 +261,14 @@ void print_text(const Estimate& e, const Inputs& in) {
                    human_bytes(c.bytes), e.comm[i].seconds * 1e3);
     }
     if (fp.collectives.empty()) fmt::print("  none (one rank)\n");
+    if (fp.a2a_inter_node_bytes_plain > 0) {
+        fmt::print(
+            "  MoE all-to-all across nodes: {} per step and rank{} (one row per slot, unlimited "
+            "routing: {})\n",
+            human_bytes(fp.a2a_inter_node_bytes),
+            fp.layout.node_dedup ? ", each token once per node" : "",
+            human_bytes(fp.a2a_inter_node_bytes_plain));
+    }
     fmt::print("\ntime per step\n");
     for (const Term& t : e.compute) fmt::print("  {:<54}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
     fmt::print(

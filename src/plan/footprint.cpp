@@ -336,10 +336,51 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             add(what + " scatter in the node", dist::CommKind::alltoallv, "ep node", al, calls,
                       bytes);
         };
-        exchange(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)),
-                 n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
-        exchange(fmt::format("moe combine all-to-all ({})", dtype_name(ad)),
-                 n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
+        // a row's share that crosses nodes when the routing spreads evenly over the experts
+        const double away = an > 1 ? (an - 1.0) / an : 0.0;
+        f.a2a_inter_node_bytes_plain =
+            away * (n_disp * rows * elem_bytes(gd) + n_comb * rows * elem_bytes(ad));
+        if (L.node_dedup && Rr == 1 && pieces == 1) {
+            // moe/node_dispatcher.cpp, per forward: the entry counts (alltoall) and the entries'
+            // slots (8K bytes each) over EP, every relay's (source, expert) counts in the node;
+            // dispatch: the tokens once per (token, node) over EP (GEMM dtype), their slots' rows
+            // in the node; combine: the slots' outputs back in the node (activation dtype), one
+            // float32 sum per entry home. Backward: the output gradient per entry (float32) and
+            // the slots' rows (GEMM dtype); the input gradients in the node (activation dtype)
+            // and C + K floats per entry home. Entries per token: route_nodes of the EP group's
+            // nodes (exact for 1: every slot on one node), else the expected distinct nodes of K
+            // slots spread evenly.
+            const double M = cfg.model.route_nodes > 0
+                                 ? std::min<double>(cfg.model.route_nodes, an)
+                                 : an * (1 - std::pow(1 - 1.0 / an, K));
+            const double ents = N * M * A, El = static_cast<double>(E) / L.ep;
+            add("moe dedup entry counts", dist::CommKind::alltoall, "ep", L.ep, n_fwd * A,
+                L.ep * 8 * n_fwd * A);
+            exchange("moe dedup slots", n_fwd * A, n_fwd * ents * 8 * K);
+            add("moe dedup relay counts", dist::CommKind::alltoallv, "ep node", al, n_fwd * A,
+                al * L.ep * El * 8 * n_fwd * A);
+            const double g = elem_bytes(gd), a = elem_bytes(ad);
+            exchange(fmt::format("moe dedup dispatch ({})", dtype_name(gd)), n_fwd * A,
+                     n_fwd * ents * C * g);
+            add(fmt::format("moe dedup dispatch in the node ({})", dtype_name(gd)),
+                dist::CommKind::alltoallv, "ep node", al, (n_fwd + n_moe) * A,
+                (n_fwd + n_moe) * rows * g);
+            add(fmt::format("moe dedup combine in the node ({})", dtype_name(ad)),
+                dist::CommKind::alltoallv, "ep node", al, (n_fwd + n_moe) * A,
+                (n_fwd + n_moe) * rows * a);
+            exchange("moe dedup combine (fp32)", n_fwd * A, n_fwd * ents * C * 4);
+            exchange("moe dedup output gradient (fp32)", n_moe * A, n_moe * ents * C * 4);
+            exchange("moe dedup input gradient (fp32)", n_moe * A, n_moe * ents * (C + K) * 4);
+            f.a2a_inter_node_bytes =
+                away * (n_fwd * ents * (8 * K + C * g + C * 4) + n_moe * ents * (2 * C + K) * 4);
+        } else {
+            exchange(fmt::format("moe dispatch all-to-all ({})", dtype_name(gd)),
+                     n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
+            exchange(fmt::format("moe combine all-to-all ({})", dtype_name(ad)),
+                     n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
+            f.a2a_inter_node_bytes = away * (n_disp * rows * elem_bytes(gd) +
+                                             n_comb * rows * elem_bytes(ad));
+        }
     }
     if (Pi > 1) {
         // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint
@@ -468,6 +509,11 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     L.hierarchical_a2a =
         L.ep > 1 && (cfg.parallel.hierarchical_a2a == NodeSwitch::on ||
                      (cfg.parallel.hierarchical_a2a == NodeSwitch::automatic && L.nodes() > 1));
+    // cli/commands.cpp resolve_node_dedup
+    const int ep_nodes = group_nodes(L.ep, 1, L.ranks_per_node).first;
+    L.node_dedup       = L.ep > 1 && (cfg.parallel.node_dedup == NodeSwitch::on ||
+                                (cfg.parallel.node_dedup == NodeSwitch::automatic &&
+                                 cfg.model.route_nodes > 0 && ep_nodes > 1));
     return L;
 }
 

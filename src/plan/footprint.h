@@ -45,6 +45,9 @@ struct Layout {
     // parallel.hierarchical_a2a resolved (EP > 1): the MoE all-to-alls gather to one leader per
     // node, exchange between leaders, scatter in the node (dist/comm/alltoallv.h)
     bool hierarchical_a2a = false;
+    // parallel.node_dedup resolved (EP > 1): the MoE exchanges send each token once per node
+    // (moe/node_dispatcher.h), when a layer's rows take one round and one piece
+    bool node_dedup = false;
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double capacity_factor = 0;
@@ -113,6 +116,11 @@ struct Footprint {
     // (top-k; SWIPE in training is exactly balanced). With more than one, backward dispatches
     // the tokens again and recomputes the experts' forward.
     double moe_rounds = 1;
+    // Bytes per step and rank the MoE all-to-alls send to other nodes (routing spread evenly
+    // over the experts): as configured, and through the plain exchange with unlimited routing
+    // (one row per slot), for comparison. 0 on one node.
+    double a2a_inter_node_bytes       = 0;
+    double a2a_inter_node_bytes_plain = 0;
 };
 
 // The layout of a run of cfg over `ranks` processes, R per node, `threads` compute threads per

@@ -4,7 +4,8 @@
 // (the default for P > 1) in fp32, bf16 and fp16, with several buckets, replicated, EP = 1, 2
 // and 4, a P = 4 run whose ParO calls use both of our collective algorithms, the noisy gate's
 // extra tensor, the switch and SWIPE gates' count exchanges, a reader group's scatter, and the
-// collectives of the MoE forward that train.recompute runs again.
+// collectives of the MoE forward that train.recompute runs again, and the node-deduplicated
+// exchange of node-limited routing.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -227,6 +228,22 @@ TEST(PlanBytes, HierarchicalAlltoallAcrossTwoNodesExpertParallel4) {
     expect_counted_equals_predicted(
         {"--set parallel.expert_parallel=4 --set train.micro_batch_size=2 "
          "--set parallel.ranks_per_node=2 --set parallel.hierarchical_a2a=on",
+         4, 2, false, 2});
+}
+
+TEST(PlanBytes, NodeDeduplicatedAlltoallOneNodePerToken) {
+    // route_nodes = 1: every token is one entry, to one node, whatever the routing
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set train.micro_batch_size=2 "
+         "--set parallel.ranks_per_node=2 --set model.route_groups=2 --set model.route_nodes=1",
+         4, 2, false, 2});
+}
+
+TEST(PlanBytes, NodeDeduplicatedFlatAlltoallRecompute) {
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set train.micro_batch_size=2 "
+         "--set parallel.ranks_per_node=2 --set model.route_groups=2 --set model.route_nodes=1 "
+         "--set parallel.hierarchical_a2a=off --set train.recompute=moe",
          4, 2, false, 2});
 }
 
