@@ -42,8 +42,9 @@ namespace fs = std::filesystem;
 // spans more than one node.
 static void resolve_node_dedup(dist::ParallelContext& par, const TrainConfig& cfg) {
     const NodeSwitch d = cfg.parallel.node_dedup;
-    par.set_node_dedup(d == NodeSwitch::on || (d == NodeSwitch::automatic &&
-                                               cfg.model.route_nodes > 0 && par.ep_node_count() > 1));
+    par.set_node_dedup(
+        d == NodeSwitch::on ||
+        (d == NodeSwitch::automatic && cfg.model.route_nodes > 0 && par.ep_node_count() > 1));
 }
 
 static TrainConfig resolve_config(const CommonArgs& a) {

@@ -196,11 +196,11 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
         kinds[dist::comm_kind_name(static_cast<dist::CommKind>(k))] = {
             {"calls", t.by_kind[k].calls}, {"bytes", t.by_kind[k].bytes}};
     }
-    j["comm_per_step_per_rank"] = kinds;
+    j["comm_per_step_per_rank"]                       = kinds;
     j["a2a_inter_node_bytes_per_step_per_rank"]       = fp.a2a_inter_node_bytes;
     j["a2a_inter_node_bytes_plain_per_step_per_rank"] = fp.a2a_inter_node_bytes_plain;
     j["node_dedup"]                                   = fp.layout.node_dedup;
-    nlohmann::json terms        = nlohmann::json::object();
+    nlohmann::json terms                              = nlohmann::json::object();
     for (const Term& x : e.compute) terms[x.name] = x.seconds;
     j["time"]                 = {{"terms", terms},
                                  {"compute_s", e.t_compute},

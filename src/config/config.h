@@ -39,7 +39,7 @@ struct ModelConfig {
     // by the sum of their top ceil(K / route_nodes) choice scores. 0 = unlimited.
     int route_nodes  = 0;
     int route_groups = 0;
-    double init_std          = 0.02;
+    double init_std  = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
     // same buffers, with bitwise the same results. 0 = unbounded (sized for every routed row

@@ -1,11 +1,9 @@
 // Gate kernels: top-k selection, softmax weights, aux loss and capacity, forward and backward.
 #include "moe/gate.h"
 
-#include <limits>
-#include <vector>
-
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 

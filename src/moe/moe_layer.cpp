@@ -49,7 +49,8 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     if (ep > 1) {
         dispatcher_ = std::make_unique<TokenDispatcher>(*par, s.E, s.C, static_cast<int>(N * K),
                                                         budget_, block_, s.a2a_chunks);
-        if (par->node_dedup()) node_dispatcher_ = std::make_unique<NodeDispatcher>(*par, s.E, s.K, s.C);
+        if (par->node_dedup())
+            node_dispatcher_ = std::make_unique<NodeDispatcher>(*par, s.E, s.K, s.C);
     }
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {

@@ -70,10 +70,10 @@ NodeDispatcher::NodeDispatcher(dist::ParallelContext& par, int E, int K, int C)
 }
 
 void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) {
-    n_               = N;
-    const size_t K   = static_cast<size_t>(K_), P = static_cast<size_t>(P_);
-    const size_t El  = static_cast<size_t>(El_);
-    const auto nodes = relay_of_node_.size();
+    n_             = N;
+    const size_t K = static_cast<size_t>(K_), P = static_cast<size_t>(P_);
+    const size_t El           = static_cast<size_t>(El_);
+    const auto nodes          = relay_of_node_.size();
     const auto node_of_expert = [&](int32_t e) {
         return static_cast<size_t>(nodes_.node_of[static_cast<size_t>(e / El_)]);
     };
@@ -113,23 +113,22 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
             }
             const size_t b = node_of_expert(e);
             if (stamp[b] != t) {  // a new entry: its slots start empty
-                stamp[b]       = t;
-                const auto j   = cursor[static_cast<size_t>(relay_of_node_[b])]++;
-                entry_at[b]    = static_cast<int32_t>(j);
+                stamp[b]                         = t;
+                const auto j                     = cursor[static_cast<size_t>(relay_of_node_[b])]++;
+                entry_at[b]                      = static_cast<int32_t>(j);
                 ent_tok_[static_cast<size_t>(j)] = t;
-                int32_t* meta  = meta_send_.data() + static_cast<size_t>(j) * 2 * K;
+                int32_t* meta = meta_send_.data() + static_cast<size_t>(j) * 2 * K;
                 std::fill(meta, meta + K, -1);
                 std::fill(meta + K, meta + 2 * K, std::bit_cast<int32_t>(0.0f));
                 tok_ent_[static_cast<size_t>(listed++)] = static_cast<int32_t>(j);
             }
-            const auto j    = static_cast<size_t>(entry_at[b]);
-            slot_ent_[slot] = static_cast<int32_t>(j);
+            const auto j                  = static_cast<size_t>(entry_at[b]);
+            slot_ent_[slot]               = static_cast<int32_t>(j);
             meta_send_[j * 2 * K + k]     = e;
             meta_send_[j * 2 * K + K + k] = std::bit_cast<int32_t>(probs[slot]);
         }
         // a token's entries in relay-rank order, which is entry order
-        std::sort(tok_ent_.begin() + static_cast<std::ptrdiff_t>(first),
-                  tok_ent_.begin() + listed);
+        std::sort(tok_ent_.begin() + static_cast<std::ptrdiff_t>(first), tok_ent_.begin() + listed);
         tok_ent_start_[static_cast<size_t>(t) + 1] = listed;
     }
 
@@ -167,15 +166,15 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
     for (size_t s = 0, i = 0; s < P; ++s) {
         for (int64_t n = 0; n < recv1_rows_[s]; ++n, ++i) {
             for (size_t k = 0; k < K; ++k) {
-                const int32_t e = meta_recv_[i * 2 * K + k];
+                const int32_t e  = meta_recv_[i * 2 * K + k];
                 pos2_[i * K + k] = e < 0 ? -1 : next[cell(e, s)]++;
             }
         }
     }
     for (size_t m = 0; m < L; ++m) {
-        send2_rows_[m] = std::accumulate(cnt2_.begin() + static_cast<std::ptrdiff_t>(m * P * El),
-                                         cnt2_.begin() + static_cast<std::ptrdiff_t>((m + 1) * P * El),
-                                         int64_t{0});
+        send2_rows_[m] = std::accumulate(
+            cnt2_.begin() + static_cast<std::ptrdiff_t>(m * P * El),
+            cnt2_.begin() + static_cast<std::ptrdiff_t>((m + 1) * P * El), int64_t{0});
     }
     dprobs_rel_.resize(static_cast<size_t>(got) * K);
 
@@ -185,9 +184,9 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
     for (size_t m = 1; m < L; ++m) ped[m] = ped[m - 1] + pe[m - 1];
     nodes_.node->alltoallv_bytes(cnt2_.data(), pe, ped, rcnt2_.data(), pe, ped, sizeof(int64_t));
     for (size_t m = 0; m < L; ++m) {
-        recv2_rows_[m] = std::accumulate(rcnt2_.begin() + static_cast<std::ptrdiff_t>(m * P * El),
-                                         rcnt2_.begin() + static_cast<std::ptrdiff_t>((m + 1) * P * El),
-                                         int64_t{0});
+        recv2_rows_[m] = std::accumulate(
+            rcnt2_.begin() + static_cast<std::ptrdiff_t>(m * P * El),
+            rcnt2_.begin() + static_cast<std::ptrdiff_t>((m + 1) * P * El), int64_t{0});
     }
     // where relay m's (s, e) rows sit in the stage-2 receive buffer
     std::vector<int64_t> at(L * P * El, 0);
@@ -222,7 +221,7 @@ void NodeDispatcher::move(bool ep, const float* send, const std::vector<int64_t>
     layout(send_rows, width, sc, sd);
     layout(recv_rows, width, rc, rd);
     const int64_t ns = total(sc), nr = total(rc);
-    auto all_to_all  = [&](const void* s, void* r, size_t bytes) {
+    auto all_to_all = [&](const void* s, void* r, size_t bytes) {
         if (ep) {
             par_.ep_alltoallv(s, sc, sd, r, rc, rd, bytes);
         } else {
@@ -260,11 +259,10 @@ void NodeDispatcher::scatter_blocks(float* dst_recv2, const float* src_local) co
     }
 }
 
-void NodeDispatcher::dispatch(float* x_local, const float* x, Dtype payload) {
-    const auto C    = static_cast<size_t>(C_);
-    const auto K    = static_cast<size_t>(K_);
-    const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
-    float* s1 = grow(s1_, sent * C_);
+const float* NodeDispatcher::send_tokens(const float* x, Dtype payload) {
+    const auto C       = static_cast<size_t>(C_);
+    const int64_t sent = total(send1_rows_);
+    float* s1          = grow(s1_, sent * C_);
     parallel_for(sent, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
             std::memcpy(s1 + static_cast<size_t>(j) * C,
@@ -272,9 +270,17 @@ void NodeDispatcher::dispatch(float* x_local, const float* x, Dtype payload) {
                         sizeof(float) * C);
         }
     });
-    float* r1 = grow(r1_, got * C_);
+    float* r1 = grow(r1_, total(recv1_rows_) * C_);
     move(true, s1, send1_rows_, r1, recv1_rows_, C_, payload);
-    float* s2 = grow(s2_, total(send2_rows_) * C_);
+    return r1;
+}
+
+void NodeDispatcher::dispatch(float* x_local, const float* x, Dtype payload) {
+    const auto C      = static_cast<size_t>(C_);
+    const auto K      = static_cast<size_t>(K_);
+    const int64_t got = total(recv1_rows_);
+    const float* r1   = send_tokens(x, payload);
+    float* s2         = grow(s2_, total(send2_rows_) * C_);
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             for (size_t k = 0; k < K; ++k) {
@@ -291,8 +297,8 @@ void NodeDispatcher::dispatch(float* x_local, const float* x, Dtype payload) {
 }
 
 void NodeDispatcher::combine(float* out, const float* y_local, Dtype payload) {
-    const auto C    = static_cast<size_t>(C_);
-    const auto K    = static_cast<size_t>(K_);
+    const auto C       = static_cast<size_t>(C_);
+    const auto K       = static_cast<size_t>(K_);
     const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
     float* r2 = grow(r2_, total(recv2_rows_) * C_);
     scatter_blocks(r2, y_local);
@@ -327,21 +333,12 @@ void NodeDispatcher::combine(float* out, const float* y_local, Dtype payload) {
 }
 
 void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype payload) {
-    const auto C    = static_cast<size_t>(C_);
-    const auto K    = static_cast<size_t>(K_);
-    const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
-    float* s1 = grow(s1_, sent * C_);
-    parallel_for(sent, [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) {
-            std::memcpy(s1 + static_cast<size_t>(j) * C,
-                        dout + static_cast<size_t>(ent_tok_[static_cast<size_t>(j)]) * C,
-                        sizeof(float) * C);
-        }
-    });
-    float* r1 = grow(r1_, got * C_);
-    move(true, s1, send1_rows_, r1, recv1_rows_, C_, Dtype::float32);
-    float* s2      = grow(s2_, total(send2_rows_) * C_);
-    const float* y = ykept_.data();
+    const auto C      = static_cast<size_t>(C_);
+    const auto K      = static_cast<size_t>(K_);
+    const int64_t got = total(recv1_rows_);
+    const float* r1   = send_tokens(dout, Dtype::float32);
+    float* s2         = grow(s2_, total(send2_rows_) * C_);
+    const float* y    = ykept_.data();
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const int32_t* mt = meta_recv_.data() + static_cast<size_t>(i) * 2 * K;
@@ -352,10 +349,9 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
                     dp = 0.0f;
                     continue;
                 }
-                dp = scaled_row_and_dot(s2 + static_cast<size_t>(r) * C,
-                                        std::bit_cast<float>(mt[K + k]),
-                                        r1 + static_cast<size_t>(i) * C,
-                                        y + static_cast<size_t>(r) * C, C_);
+                dp = scaled_row_and_dot(
+                    s2 + static_cast<size_t>(r) * C, std::bit_cast<float>(mt[K + k]),
+                    r1 + static_cast<size_t>(i) * C, y + static_cast<size_t>(r) * C, C_);
             }
         }
     });
@@ -364,11 +360,10 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
     gather_blocks(dy_local, r2);
 }
 
-void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_local,
-                                  Dtype payload) {
-    const auto C    = static_cast<size_t>(C_);
-    const auto K    = static_cast<size_t>(K_);
-    const auto W    = C + K;  // a row home: the summed input gradient, then the slots' dprobs
+void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_local, Dtype payload) {
+    const auto C       = static_cast<size_t>(C_);
+    const auto K       = static_cast<size_t>(K_);
+    const auto W       = C + K;  // a row home: the summed input gradient, then the slots' dprobs
     const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
     float* r2 = grow(r2_, total(recv2_rows_) * C_);
     scatter_blocks(r2, dx_local);

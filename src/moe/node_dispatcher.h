@@ -60,6 +60,9 @@ class NodeDispatcher {
     // as inter-node where it crosses) or over this node's ranks. Half payloads round each value.
     void move(bool ep, const float* send, const std::vector<int64_t>& send_rows, float* recv,
               const std::vector<int64_t>& recv_rows, int width, Dtype payload);
+    // Stage 1 of a token move: each entry's token row of x (N, C) to its relay; returns the
+    // relay's received rows (one per entry it serves).
+    const float* send_tokens(const float* x, Dtype payload);
     // The expert-side blocks: local rows <-> the stage-2 receive buffer.
     void gather_blocks(float* dst_local, const float* src_recv2) const;
     void scatter_blocks(float* dst_recv2, const float* src_local) const;
@@ -69,18 +72,18 @@ class NodeDispatcher {
     int E_, El_, K_, C_, P_, me_, my_node_, L_;  // L_: ranks of this node
     int n_ = 0;
     // source side
-    std::vector<int> relay_of_node_;                    // [nodes] EP rank
-    std::vector<int64_t> send1_rows_, recv1_rows_;      // [P] entries to / from each rank
-    std::vector<int32_t> ent_tok_;                      // [entries sent] token of each entry
-    std::vector<int32_t> tok_ent_start_, tok_ent_;      // CSR [N + 1]: a token's entries
-    std::vector<int32_t> slot_ent_;                     // [N * K] entry of each slot, or -1
-    std::vector<int32_t> meta_send_;                    // [entries sent * 2K] experts, weights
+    std::vector<int> relay_of_node_;                // [nodes] EP rank
+    std::vector<int64_t> send1_rows_, recv1_rows_;  // [P] entries to / from each rank
+    std::vector<int32_t> ent_tok_;                  // [entries sent] token of each entry
+    std::vector<int32_t> tok_ent_start_, tok_ent_;  // CSR [N + 1]: a token's entries
+    std::vector<int32_t> slot_ent_;                 // [N * K] entry of each slot, or -1
+    std::vector<int32_t> meta_send_;                // [entries sent * 2K] experts, weights
     // relay side
-    std::vector<int32_t> meta_recv_;                    // [entries received * 2K]
-    std::vector<int64_t> pos2_;                         // [entries received * K] stage-2 row
-    std::vector<int64_t> send2_rows_, recv2_rows_;      // [L] rows to / from each node rank
-    std::vector<int64_t> cnt2_, rcnt2_;                 // [L * P * El]
-    std::vector<float> dprobs_rel_;                     // [entries received * K]
+    std::vector<int32_t> meta_recv_;                // [entries received * 2K]
+    std::vector<int64_t> pos2_;                     // [entries received * K] stage-2 row
+    std::vector<int64_t> send2_rows_, recv2_rows_;  // [L] rows to / from each node rank
+    std::vector<int64_t> cnt2_, rcnt2_;             // [L * P * El]
+    std::vector<float> dprobs_rel_;                 // [entries received * K]
     // expert side: (row in the stage-2 receive buffer, local row, rows) per (expert, source)
     struct Block {
         int64_t src = 0, dst = 0, n = 0;

@@ -350,9 +350,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             // and C + K floats per entry home. Entries per token: route_nodes of the EP group's
             // nodes (exact for 1: every slot on one node), else the expected distinct nodes of K
             // slots spread evenly.
-            const double M = cfg.model.route_nodes > 0
-                                 ? std::min<double>(cfg.model.route_nodes, an)
-                                 : an * (1 - std::pow(1 - 1.0 / an, K));
+            const double M = cfg.model.route_nodes > 0 ? std::min<double>(cfg.model.route_nodes, an)
+                                                       : an * (1 - std::pow(1 - 1.0 / an, K));
             const double ents = N * M * A, El = static_cast<double>(E) / L.ep;
             add("moe dedup entry counts", dist::CommKind::alltoall, "ep", L.ep, n_fwd * A,
                 L.ep * 8 * n_fwd * A);
@@ -378,8 +377,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                      n_disp * Rr * pieces * A, n_disp * rows * elem_bytes(gd));
             exchange(fmt::format("moe combine all-to-all ({})", dtype_name(ad)),
                      n_comb * Rr * pieces * A, n_comb * rows * elem_bytes(ad));
-            f.a2a_inter_node_bytes = away * (n_disp * rows * elem_bytes(gd) +
-                                             n_comb * rows * elem_bytes(ad));
+            f.a2a_inter_node_bytes =
+                away * (n_disp * rows * elem_bytes(gd) + n_comb * rows * elem_bytes(ad));
         }
     }
     if (Pi > 1) {

@@ -133,8 +133,9 @@ TEST_F(BadInputTest, GateSettings) {
                  {"model.route_nodes = 3", "<= model.route_groups = 2"});
     expect_error(base + " --set model.route_nodes=1 --set model.route_groups=4 --set model.top_k=3",
                  {"model.top_k = 3", "1 group(s) of 1"});
-    expect_error(base + " --set model.route_nodes=1 --set model.route_groups=2 --set model.gate=swipe",
-                 {"model.route_nodes", "model.gate = \"swipe\""});
+    expect_error(
+        base + " --set model.route_nodes=1 --set model.route_groups=2 --set model.gate=swipe",
+        {"model.route_nodes", "model.gate = \"swipe\""});
     expect_error(base + " --set parallel.node_dedup=maybe", {"parallel.node_dedup", "\"auto\""});
     expect_error(base + " --set model.route_override=diagonal",
                  {"model.route_override = \"diagonal\"", "one_expert"});

@@ -44,7 +44,7 @@ RunLog read(const std::string& path) {
 
 // The tiny schedule (40 steps), 4 ranks as 2 nodes of 2, EP 4, 2 expert groups (the nodes).
 RunLog train(const TinyRuns& runs, const std::string& name, int route_nodes, const char* dedup,
-          const std::string& extra = "") {
+             const std::string& extra = "") {
     const CommandResult r = TinyRuns::run_mpi(
         4, fmt::format("train --config configs/tiny.toml{} --run-dir {} --set train.log_every=1 "
                        "--set train.threads=1 --set sample.n_samples=0 "
@@ -85,7 +85,7 @@ TEST_F(NodeDedupTest, OneNodePerTokenSameBitsDroppedSlotsAndRecompute) {
 TEST_F(NodeDedupTest, HalvesInterNodeBytesAtLossWithinOnePercent) {
     const RunLog unlimited = train(*runs_, "unlimited", 0, "off");
     const RunLog limited   = train(*runs_, "limited", 1, "auto");
-    const double ratio  = static_cast<double>(limited.inter_node_bytes) /
+    const double ratio     = static_cast<double>(limited.inter_node_bytes) /
                          static_cast<double>(unlimited.inter_node_bytes);
     // Top-2 over 2 nodes: unlimited routing sends a row per remote slot (one per token on
     // average), node-limited deduplicated routing one per token going to the other node (half

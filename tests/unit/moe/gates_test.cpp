@@ -205,8 +205,8 @@ TEST(GatesTest, SwipeWithVirtualWorkersBalancesEveryExpertExactly) {
 
 TEST(GatesTest, LimitToGroupsKeepsTheBestGroupsByTheirTopScores) {
     // E = 8 in G = 4 groups of 2, two tokens
-    const float s[16] = {5, -9,  4, 4,  0, 0,  -1, 6,    // token 0
-                         1, 1,   3, -1, 0, 0,  1, 1};    // token 1
+    const float s[16] = {5, -9, 4, 4,  0, 0, -1, 6,   // token 0
+                         1, 1,  3, -1, 0, 0, 1,  1};  // token 1
     const float inf   = std::numeric_limits<float>::infinity();
     std::vector<float> m(16);
     // K = 2 over M = 2 groups: each group scores its best expert (5, 4, 0, 6): groups 3 and 0
@@ -259,8 +259,12 @@ TEST(GatesTest, NodeLimitedRoutingKeepsEachTokenToItsBestGroups) {
             EXPECT_LE(static_cast<int>(groups.size()), M) << "token " << t;
         }
         // M = G is no limit; M = 1 must change some token's experts
-        if (M == G) EXPECT_EQ(limited, 0);
-        if (M == 1) EXPECT_GT(limited, 0);
+        if (M == G) {
+            EXPECT_EQ(limited, 0);
+        }
+        if (M == 1) {
+            EXPECT_GT(limited, 0);
+        }
     }
 }
 
