@@ -107,6 +107,11 @@ struct Spelling<RouterScore> {
     static constexpr const char* expected = "\"softmax\" or \"sigmoid\"";
 };
 template <>
+struct Spelling<BiasUpdate> {
+    static constexpr BiasUpdate values[] = {BiasUpdate::sign, BiasUpdate::proportional};
+    static constexpr const char* expected = "\"sign\" or \"proportional\"";
+};
+template <>
 struct Spelling<BalanceScope> {
     static constexpr BalanceScope values[] = {BalanceScope::global, BalanceScope::micro_batch,
                                               BalanceScope::sequence};
@@ -681,6 +686,7 @@ E parse_enum(const std::string& text, const std::string& where) {
 }
 template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
+template BiasUpdate parse_enum<BiasUpdate>(const std::string&, const std::string&);
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
 template RouterPrecision parse_enum<RouterPrecision>(const std::string&, const std::string&);
 template GradReduce parse_enum<GradReduce>(const std::string&, const std::string&);

@@ -33,6 +33,7 @@ struct ModelConfig {
     double capacity_factor   = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double jitter            = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double balance_bias_rate = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
+    BiasUpdate balance_bias_update = BiasUpdate::sign;  // the step: rate x sign or x relative error
     // Node-limited routing: the E experts form route_groups groups of E / route_groups
     // consecutive experts (set it to the nodes the expert-parallel group spans, so a group is a
     // node's experts), and each token's experts come from at most route_nodes groups, the best
@@ -83,6 +84,7 @@ void visit_model_fields(M& m, V&& v) {
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
     v("balance_bias_rate", m.balance_bias_rate, false);
+    v("balance_bias_update", m.balance_bias_update, false);
     // change the routing; absent from models exported before them, which had no limit
     v("route_nodes", m.route_nodes, false);
     v("route_groups", m.route_groups, false);

@@ -9,6 +9,8 @@ namespace bagualu {
 enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
 // model.router_score: the router's scores, softmax or sigmoid of the logits (docs/model.md).
 enum class RouterScore { softmax, sigmoid };
+// model.balance_bias_update: the step of the balancing bias (moe/balance_bias.h)
+enum class BiasUpdate { sign, proportional };
 // model.balance_loss_scope: the tokens the auxiliary balancing loss balances (docs/model.md):
 // all ranks' tokens of the micro-step, this rank's micro-batch, or each sequence.
 enum class BalanceScope { global, micro_batch, sequence };
@@ -48,6 +50,9 @@ inline const char* name_of(GateKind g) {
             return "swipe";
     }
     return "?";
+}
+inline const char* name_of(BiasUpdate u) {
+    return u == BiasUpdate::proportional ? "proportional" : "sign";
 }
 inline const char* name_of(RouterScore s) {
     return s == RouterScore::sigmoid ? "sigmoid" : "softmax";

@@ -23,7 +23,7 @@ void BalanceBias::add_load(const int64_t* load) {
 
 void BalanceBias::discard_step() { std::fill(load_.begin(), load_.end(), 0); }
 
-void BalanceBias::end_step(double rate) {
+void BalanceBias::end_step(double rate, bool proportional) {
     const size_t Es = b_.size();
     const auto E    = static_cast<int64_t>(Es);
     int64_t total = 0, mx = 0;
@@ -41,6 +41,13 @@ void BalanceBias::end_step(double rate) {
     const auto r = static_cast<float>(rate);
     for (size_t e = 0; e < Es; ++e) {
         const int64_t d = total - E * load_[e];
+        if (proportional) {
+            if (total > 0) {
+                b_[e] += static_cast<float>(rate * static_cast<double>(d) /
+                                            static_cast<double>(total));
+            }
+            continue;
+        }
         if (d > 0) b_[e] += r;
         if (d < 0) b_[e] -= r;
     }

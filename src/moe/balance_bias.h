@@ -3,11 +3,15 @@
 // ranking), never to the combine weights. Once per optimizer step, from the step's top-k choices
 // of every expert summed over all micro-batches and all ranks (load_e, before capacity or SWIPE),
 //     b_e += rate * sign(mean_load - load_e),   mean_load = sum_e load_e / E,
+// or, with the proportional rule (model.balance_bias_update), by the relative error,
+//     b_e += rate * (mean_load - load_e) / mean_load = rate * (total - E load_e) / total,
+// large while an expert is far from its share and small near it (no chattering);
 // then b is recentred to zero mean (b_e -= mean_e b_e). An expert chosen more than the fair share
 // is made less attractive, one chosen less more attractive. b is not a parameter: no gradient,
 // no AdamW, no weight decay, and it stays float32 whatever [precision] says.
-// The counts are integers and the update uses only their sign, so b is bitwise the same for any
-// split of the step into micro-batches and ranks. Knows nothing of MPI: the router hands it
+// The counts are integers, the sign rule uses only their sign and the proportional one one
+// division of integers in double, so b is bitwise the same for any split of the step into
+// micro-batches and ranks. Knows nothing of MPI: the router hands it
 // counts already summed over ranks.
 #pragma once
 #include <cstdint>
@@ -37,7 +41,7 @@ class BalanceBias {
     void add_load(const int64_t* load);
     // The end of an optimizer step: measures the step's load (max_violation), applies the update
     // rule above when rate > 0 (rate = 0: the bias is left as it is), and clears the load.
-    void end_step(double rate);
+    void end_step(double rate, bool proportional = false);
     // Forgets the step's load without measuring or updating (an fp16 step that was skipped).
     void discard_step();
 

@@ -77,12 +77,12 @@ void add_choice_loads(model::GPT& gpt) {
 
 // After the optimizer step: each MoE layer's step load measured and, with rate > 0, its bias
 // updated (moe/balance_bias.h). A skipped fp16 step leaves the bias as it is.
-void end_bias_step(model::GPT& gpt, double rate, bool skipped) {
+void end_bias_step(model::GPT& gpt, double rate, bool proportional, bool skipped) {
     for (const auto& layer : gpt.moe_layers()) {
         if (skipped) {
             layer->balance_bias().discard_step();
         } else {
-            layer->balance_bias().end_step(rate);
+            layer->balance_bias().end_step(rate, proportional);
         }
     }
 }

@@ -17,6 +17,6 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool b
 void add_choice_loads(model::GPT& gpt);
 // After the optimizer step: each layer's step load measured and, with rate > 0, its bias
 // updated; a skipped fp16 step leaves the bias as it is.
-void end_bias_step(model::GPT& gpt, double rate, bool skipped);
+void end_bias_step(model::GPT& gpt, double rate, bool proportional, bool skipped);
 
 }  // namespace bagualu::train

@@ -364,7 +364,8 @@ void Trainer::train_step(int64_t step) {
     r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);
-    end_bias_step(*gpt_, cfg_.model.balance_bias_rate, r.skipped);
+    end_bias_step(*gpt_, cfg_.model.balance_bias_rate,
+                  cfg_.model.balance_bias_update == BiasUpdate::proportional, r.skipped);
     sum_.skipped_steps += r.skipped ? 1 : 0;
     optimizer_phase.stop();
     const double dt = seconds_since(t0);

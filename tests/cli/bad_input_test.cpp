@@ -136,6 +136,8 @@ TEST_F(BadInputTest, GateSettings) {
     expect_error(
         base + " --set model.route_nodes=1 --set model.route_groups=2 --set model.gate=swipe",
         {"model.route_nodes", "model.gate = \"swipe\""});
+    expect_error(base + " --set model.balance_bias_update=linear",
+                 {"model.balance_bias_update = \"linear\"", "\"sign\" or \"proportional\""});
     expect_error(base + " --set parallel.node_dedup=maybe", {"parallel.node_dedup", "\"auto\""});
     expect_error(base + " --set model.route_override=diagonal",
                  {"model.route_override = \"diagonal\"", "one_expert"});

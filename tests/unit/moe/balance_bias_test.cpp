@@ -49,6 +49,34 @@ TEST(BalanceBiasTest, UpdateIsRateTimesSignOfMeanMinusLoadThenRecentred) {
     EXPECT_EQ(std::vector<float>(b.values(), b.values() + 4), got);
 }
 
+TEST(BalanceBiasTest, ProportionalUpdateIsRateTimesRelativeErrorThenRecentred) {
+    BalanceBias b(4);
+    // loads {9, 5, 5, 5}: mean 6, relative errors {-1/2, 1/6, 1/6, 1/6}, which sum to 0 (no
+    // recentring left); rate 0.75: {-0.375, 0.125, 0.125, 0.125}
+    const std::vector<int64_t> load = {9, 5, 5, 5};
+    b.add_load(load.data());
+    b.end_step(0.75, true);
+    const std::vector<float> want = {-0.375f, 0.125f, 0.125f, 0.125f};
+    for (int e = 0; e < 4; ++e) EXPECT_FLOAT_EQ(b.values()[e], want[static_cast<size_t>(e)]);
+    // a step four times as far from balance moves four times as far (the sign rule would not)
+    BalanceBias far(4);
+    const std::vector<int64_t> skew = {21, 1, 1, 1};  // mean 6: errors {-2.5, 5/6, 5/6, 5/6}
+    far.add_load(skew.data());
+    far.end_step(0.75, true);
+    EXPECT_FLOAT_EQ(far.values()[0], -1.875f);
+    EXPECT_FLOAT_EQ(far.values()[1], 0.625f);
+    // and the same bits for one micro-batch or a split of it
+    BalanceBias one(4), two(4);
+    const std::vector<int64_t> a = {4, 2, 3, 1}, c = {5, 3, 2, 4}, sum = {9, 5, 5, 5};
+    one.add_load(sum.data());
+    two.add_load(a.data());
+    two.add_load(c.data());
+    one.end_step(0.3, true);
+    two.end_step(0.3, true);
+    EXPECT_EQ(std::vector<float>(one.values(), one.values() + 4),
+              std::vector<float>(two.values(), two.values() + 4));
+}
+
 TEST(BalanceBiasTest, OneMicroBatchOrFourGiveTheSameBits) {
     Rng rng(5);
     const int E = 8;
