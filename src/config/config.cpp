@@ -68,6 +68,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "a2a_chunks", c.parallel.a2a_chunks);
     v("parallel", "node_dedup", c.parallel.node_dedup);
+    v("parallel", "overlap_shared", c.parallel.overlap_shared);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
     v("parallel", "bucket_mib", c.parallel.bucket_mib);
 
@@ -108,7 +109,7 @@ struct Spelling<RouterScore> {
 };
 template <>
 struct Spelling<BiasUpdate> {
-    static constexpr BiasUpdate values[] = {BiasUpdate::sign, BiasUpdate::proportional};
+    static constexpr BiasUpdate values[]  = {BiasUpdate::sign, BiasUpdate::proportional};
     static constexpr const char* expected = "\"sign\" or \"proportional\"";
 };
 template <>

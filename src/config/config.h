@@ -150,6 +150,10 @@ struct ParallelSection {
     // thread (needs MPI_THREAD_MULTIPLE): 1 = no overlap. Bitwise the same results for any value
     // (docs/parallelism.md).
     int a2a_chunks = 1;
+    // Run the shared experts (model.n_shared_experts) while the routed tokens travel: the
+    // dispatch goes to the all-to-all helper thread (needs MPI_THREAD_MULTIPLE). Results are
+    // bitwise the same either way (docs/parallelism.md).
+    bool overlap_shared = true;
     // The node-deduplicated exchange (moe/node_dispatcher.h): each token crosses to a node once
     // however many of its experts live there, and comes back summed. "auto" = when
     // model.route_nodes > 0 and the expert-parallel group spans more than one node.

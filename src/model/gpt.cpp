@@ -224,7 +224,8 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
 }
 
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
-         const PrecisionPolicy& prec, int head_rows, Recompute recompute, int a2a_chunks)
+         const PrecisionPolicy& prec, int head_rows, Recompute recompute, int a2a_chunks,
+         bool overlap_shared)
     : cfg_(cfg),
       max_batch_(max_batch),
       layout_(make_layout(cfg, par ? par->ep_size() : 1, par ? par->ep_rank() : 0)),
@@ -304,7 +305,9 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     const auto shared =
         recompute_ != Recompute::none ? std::make_shared<moe::MoEBuffers>() : nullptr;
     // overlap needs a second thread that may call MPI while the grad-reduce helper does
-    if (a2a_chunks > 1 && par && par->ep_size() > 1 && par->world().threads_multiple()) {
+    ms.overlap_shared = overlap_shared && cfg.n_shared_experts > 0;
+    if ((a2a_chunks > 1 || ms.overlap_shared) && par && par->ep_size() > 1 &&
+        par->world().threads_multiple()) {
         a2a_helper_ = std::make_unique<HelperThread>();
     }
     for (int l = 0; l < cfg.n_layer; ++l) {

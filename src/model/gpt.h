@@ -95,7 +95,7 @@ class GPT {
     // in the buffers. Statistics (routing stats, aux_loss()) are those of forward().
     GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par = nullptr,
         int virtual_workers = 1, const PrecisionPolicy& prec = {}, int head_rows = 0,
-        Recompute recompute = Recompute::none, int a2a_chunks = 1);
+        Recompute recompute = Recompute::none, int a2a_chunks = 1, bool overlap_shared = false);
     ~GPT();
 
     const ModelConfig& config() const { return cfg_; }

@@ -43,8 +43,8 @@ void BalanceBias::end_step(double rate, bool proportional) {
         const int64_t d = total - E * load_[e];
         if (proportional) {
             if (total > 0) {
-                b_[e] += static_cast<float>(rate * static_cast<double>(d) /
-                                            static_cast<double>(total));
+                b_[e] +=
+                    static_cast<float>(rate * static_cast<double>(d) / static_cast<double>(total));
             }
             continue;
         }

@@ -253,9 +253,10 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
 
     build_routing(row_of_.data(), token_of_row_.data(), offsets_.data(), router_.expert_idx(),
                   router_.tokens_per_expert(), N, E, K);
-    if (s_.n_shared > 0) shared_forward(inp, w.shared, N);
     begin_rounds();
-    dedup_ = node_dispatcher_ && rounds_ == 1 && dispatcher_->chunks() == 1;
+    dedup_            = node_dispatcher_ && rounds_ == 1 && dispatcher_->chunks() == 1;
+    const bool beside = shared_beside();
+    if (s_.n_shared > 0 && !beside) shared_forward(inp, w.shared, N);
     if (dedup_) {
         node_dispatcher_->plan(router_.expert_idx(), router_.probs(), N);
         node_dispatcher_->dispatch(x_local_.data(), inp, prec_.gemm);
@@ -282,7 +283,12 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     } else if (dispatcher_ && dispatcher_->chunks() > 1) {
         run_chunks(false, w, nullptr);
     } else if (dispatcher_) {
-        dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
+        if (beside) {
+            dispatch_beside(x_local_.data(), x_perm_.data(),
+                            [&] { shared_forward(inp, w.shared, N); });
+        } else {
+            dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
+        }
         PhaseScope phase(Phase::experts);
         experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
                         dispatcher_->local_offsets(), El_, C, s_.F, prec_);
@@ -335,13 +341,32 @@ void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, 
                        dw.proj_w + e * dw.proj_w_stride, dw.proj_b + e * dw.proj_b_stride};
         experts_backward(dxs_.data(), dhs_.data(), gi, dys_.data(), inp, hs_.data() + i * NF,
                          gs_.data() + i * NF, wi, offsets, 1, C, FS, prec_);
-        kernels::add_forward(dinp, dinp, dxs_.data(), NC);
+        if (dinp) kernels::add_forward(dinp, dinp, dxs_.data(), NC);
     }
+}
+
+bool MoELayer::shared_beside() const {
+    return s_.overlap_shared && s_.n_shared > 0 && helper_ && dispatcher_ && !dedup_ &&
+           rounds_ == 1 && dispatcher_->chunks() == 1;
+}
+
+template <typename F>
+void MoELayer::dispatch_beside(float* to, const float* from, F&& f) {
+    dispatch_job_                = {this, to, from};
+    const HelperThread::Ticket t = helper_->submit(dispatch_job_);
+    count_dispatch_beside_shared();
+    f();
+    const auto t0 = std::chrono::steady_clock::now();
+    helper_->wait(t);
+    add_a2a_seconds(0.0,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                         const MoEWeights& w, double daux) {
     const int N = n_, C = s_.C, K = s_.K;
+    // backward overlaps one shared expert: its input gradient waits in dxs_ for the end
+    const bool beside = shared_beside() && s_.n_shared == 1;
     if (dedup_) {
         node_dispatcher_->dispatch_grad(dy_local_.data(), dout, prec_.gemm);
         PhaseScope phase(Phase::experts);
@@ -394,7 +419,12 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     } else if (dispatcher_ && dispatcher_->chunks() > 1) {
         run_chunks(true, w, &dw);
     } else if (dispatcher_) {
-        dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
+        if (beside) {  // the shared expert's gradients while dy travels; dinp gets it last
+            dispatch_beside(dy_local_.data(), dy_perm_.data(),
+                            [&] { shared_backward(nullptr, dw.shared, dout, inp, w.shared, N); });
+        } else {
+            dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
+        }
         PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
                          x_local_.data(), h_.data(), g_.data(), w.experts,
@@ -408,7 +438,11 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
-    if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
+    if (beside) {
+        kernels::add_forward(dinp, dinp, dxs_.data(), static_cast<size_t>(N) * C);
+    } else if (s_.n_shared > 0) {
+        shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
+    }
 }
 
 }  // namespace bagualu::moe

@@ -10,8 +10,8 @@
 // With parallel.node_dedup, a forward whose rows take one round, unpieced, moves each token once
 // per node instead (node_dispatcher.h): the experts compute the very same rows.
 // The S shared experts (model.n_shared_experts) are FFNs every token passes through, replicated
-// on every rank. Comm has no non-blocking all-to-all, so they run right before the dispatch
-// rather than while the rows travel.
+// on every rank. With MoEShape::overlap_shared and a helper thread, they compute while the
+// routed rows travel (forward; and backward with S = 1), with bitwise the same results.
 // With expert parallelism (EP > 1) this rank holds E/EP of the E experts; dispatch/combine are
 // the all-to-all moves of TokenDispatcher. The Router (router.h) sums its statistics over all
 // ranks, so the aux loss is the same number on every rank and for any layout.
@@ -53,6 +53,9 @@ struct MoEShape {
     // parallel.a2a_chunks: with EP > 1 and one round, the round's all-to-all is cut into about
     // this many pieces, each exchanged while the experts compute another (1 = no overlap)
     int a2a_chunks = 1;
+    // parallel.overlap_shared (with S > 0): with EP > 1, one round and one piece, the plain
+    // dispatch runs on the helper thread (set_a2a_helper) while the shared experts compute
+    bool overlap_shared = false;
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -197,7 +200,21 @@ class MoELayer {
     Buffer<float>& dxs_ = buf_->dxs;
 
     void shared_forward(const float* inp, const ExpertWeights& w, int N);
-    // dinp += the shared experts' input gradient.
+    // Whether this forward's shared experts compute beside the plain dispatch (overlap_shared).
+    bool shared_beside() const;
+    // The plain one-round dispatch of `from` into `to` on helper_ while f() computes here.
+    template <typename F>
+    void dispatch_beside(float* to, const float* from, F&& f);
+    struct DispatchJob {
+        MoELayer* layer   = nullptr;
+        float* to         = nullptr;
+        const float* from = nullptr;
+        void operator()() const {
+            layer->dispatcher_->dispatch(to, from, layer->prec_.gemm, false);
+        }
+    };
+    DispatchJob dispatch_job_;
+    // dinp += the shared experts' input gradient; dinp = nullptr (S = 1 only): it stays in dxs_.
     void shared_backward(float* dinp, ExpertGrads& dw, const float* dout, const float* inp,
                          const ExpertWeights& w, int N);
 };

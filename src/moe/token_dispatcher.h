@@ -56,14 +56,16 @@ class RowRounds {
 // Seconds the expert all-to-alls of this process took since the last reset: raw, inside the
 // row exchanges on whichever thread ran them; exposed, the part the computing thread spent
 // in them or waiting for them (moe_layer.cpp adds its waits on overlapped chunks).
-// pieces: the exchanges of pieces (dispatch_chunk / combine_chunk) among them.
+// pieces: the exchanges of pieces (dispatch_chunk / combine_chunk) among them; beside_shared:
+// the dispatches that ran while the shared experts computed (moe_layer.h).
 struct A2aSeconds {
     double raw = 0, exposed = 0;
-    int64_t pieces = 0;
+    int64_t pieces = 0, beside_shared = 0;
 };
 A2aSeconds a2a_seconds();
 void reset_a2a_seconds();
 void add_a2a_seconds(double raw, double exposed);
+void count_dispatch_beside_shared();
 
 class TokenDispatcher {
    public:
@@ -104,7 +106,10 @@ class TokenDispatcher {
     // rows of it are sent. x_local: (local_rows, C) expert-major over local experts.
     // payload: the dtype rows travel in; bf16 / fp16 halve the bytes and round each value to
     // that type (exact when the rows already hold its values).
-    void dispatch(float* x_local, const float* x_perm, Dtype payload = Dtype::float32);
+    // exposed: whether the seconds count as exposed (false on a helper thread, whose waiter
+    // counts its own wait).
+    void dispatch(float* x_local, const float* x_perm, Dtype payload = Dtype::float32,
+                  bool exposed = true);
     // The reverse: y_local (local_rows, C) -> the current round's rows of y_perm.
     void combine(float* y_perm, const float* y_local, Dtype payload = Dtype::float32);
 

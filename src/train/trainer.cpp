@@ -222,7 +222,7 @@ void Trainer::build_model(const TrainConfig& cfg) {
     gpt_    = std::make_unique<model::GPT>(
         cfg.model, MB_, par_, cfg.parallel.virtual_workers, prec_,
         cfg.train.fused_head ? static_cast<int>(model::fused_head_rows(cfg.model)) : 0,
-        cfg.train.recompute, cfg.parallel.a2a_chunks);
+        cfg.train.recompute, cfg.parallel.a2a_chunks, cfg.parallel.overlap_shared);
     if (cfg.parallel.a2a_chunks > 1 && cfg.parallel.expert_parallel > 1 &&
         !par_->world().threads_multiple() && root_) {
         log::warn(
@@ -570,11 +570,15 @@ void Trainer::report_peak_rss() {
         emit({{"step", cfg_.train.steps},
               {"a2a_raw_s", a.raw},
               {"a2a_exposed_s", a.exposed},
-              {"a2a_pieces", a.pieces}});
+              {"a2a_pieces", a.pieces},
+              {"a2a_beside_shared", a.beside_shared}});
         if (root_) {
-            log::info("expert all-to-all (rank 0): {:.3f} s in the exchanges, {:.3f} s exposed{}",
-                      a.raw, a.exposed,
-                      a.pieces > 0 ? fmt::format(", {} piece exchanges", a.pieces) : "");
+            log::info(
+                "expert all-to-all (rank 0): {:.3f} s in the exchanges, {:.3f} s exposed{}{}",
+                a.raw, a.exposed, a.pieces > 0 ? fmt::format(", {} piece exchanges", a.pieces) : "",
+                a.beside_shared > 0
+                    ? fmt::format(", {} dispatches beside the shared experts", a.beside_shared)
+                    : "");
         }
     }
     if (par_->ep_node_count() > 1) {  // what the expert all-to-alls sent across nodes, all ranks

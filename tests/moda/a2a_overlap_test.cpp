@@ -1,7 +1,10 @@
 // The expert all-to-all cut into pieces and overlapped with the experts (parallel.a2a_chunks,
 // moe_layer.h) under mpirun -np 4: bitwise the same losses, gradient norms and exported model
 // as one exchange per move, at EP = 4 and EP = 2, in FP32 and bf16 (half payloads) and with the
-// MoE forward run again in backward; the run reports that pieces were exchanged.
+// MoE forward run again in backward; the run reports that pieces were exchanged. And the shared
+// experts computed while the routed tokens travel (parallel.overlap_shared) against computed
+// before: bitwise the same, with one shared expert (forward and backward overlapped) and two
+// (forward only).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +21,7 @@ class A2aOverlapTest : public TinyRunsSuite<> {};
 struct Run {
     std::vector<std::pair<double, double>> loss_norm;  // per step, exactly as logged
     int64_t pieces = 0;                                // a2a_pieces of the final record
+    int64_t beside = 0;                                // a2a_beside_shared
 };
 
 Run read(const std::string& path) {
@@ -28,6 +32,7 @@ Run read(const std::string& path) {
         const auto j = nlohmann::json::parse(line);
         if (j.contains("loss")) out.loss_norm.emplace_back(j["loss"], j["grad_norm"]);
         if (j.contains("a2a_pieces")) out.pieces = j["a2a_pieces"];
+        if (j.contains("a2a_beside_shared")) out.beside = j["a2a_beside_shared"];
     }
     return out;
 }
@@ -68,6 +73,40 @@ TEST_F(A2aOverlapTest, EP2Bf16SameBits) {
 
 TEST_F(A2aOverlapTest, EP4RecomputeMoeSameBits) {
     expect_same_bits(*runs_, 4, " --set train.recompute=moe", "ep4-recompute");
+}
+
+// 10 steps as above, shared experts, overlap_shared on and off.
+void expect_shared_same_bits(const TinyRuns& runs, int ep, int shared, const std::string& extra,
+                             const std::string& name) {
+    for (const char* on : {"false", "true"}) {
+        const CommandResult r = TinyRuns::run_mpi(
+            4, fmt::format("train --config configs/tiny.toml{} --run-dir {} --set train.steps=10 "
+                           "--set train.batch_size=16 --set train.micro_batch_size=4 "
+                           "--set train.log_every=1 --set train.eval_every=0 "
+                           "--set train.threads=1 --set sample.n_samples=0 "
+                           "--set parallel.expert_parallel={} --set model.n_shared_experts={} "
+                           "--set parallel.overlap_shared={}{} --force",
+                           runs.data_args(), runs.path(fmt::format("{}-{}", name, on)), ep, shared,
+                           on, extra));
+        ASSERT_EQ(r.status, 0) << r.output;
+    }
+    const Run a = read(runs.path(name + "-false/metrics.jsonl"));
+    const Run b = read(runs.path(name + "-true/metrics.jsonl"));
+    ASSERT_EQ(a.loss_norm.size(), 10u);
+    EXPECT_EQ(a.loss_norm, b.loss_norm) << name << ": losses and gradient norms bitwise";
+    EXPECT_EQ(a.beside, 0) << name;
+    EXPECT_GT(b.beside, 0) << name << ": dispatches ran beside the shared experts";
+    EXPECT_EQ(read_file(runs.path(name + "-false/model/model.safetensors")),
+              read_file(runs.path(name + "-true/model/model.safetensors")))
+        << name << ": exported models bitwise";
+}
+
+TEST_F(A2aOverlapTest, SharedExpertBesideDispatchSameBitsEP4) {
+    expect_shared_same_bits(*runs_, 4, 1, "", "shared1-ep4");
+}
+
+TEST_F(A2aOverlapTest, TwoSharedExpertsBesideDispatchSameBitsEP2Bf16) {
+    expect_shared_same_bits(*runs_, 2, 2, " --set precision.dtype=bf16", "shared2-ep2");
 }
 
 }  // namespace
