@@ -37,32 +37,42 @@ Run read(const std::string& path) {
     return out;
 }
 
-// 10 steps of one micro-step of 4 sequences per rank, Zipf-skewed routing, 1 and 4 pieces.
-void expect_same_bits(const TinyRuns& runs, int ep, const std::string& extra,
-                      const std::string& name) {
-    auto args = [&](const std::string& run, int chunks) {
+// 10 steps of one micro-step of 4 sequences per rank at EP = ep, once with each of two
+// settings (`extra` + off, `extra` + on); both must give the same losses, gradient norms and
+// exported model. Returns the two runs (off, on).
+std::pair<Run, Run> run_pair(const TinyRuns& runs, int ep, const std::string& extra,
+                             const std::string& off, const std::string& on,
+                             const std::string& name) {
+    auto args = [&](const std::string& run, const std::string& setting) {
         return fmt::format(
             "train --config configs/tiny.toml{} --run-dir {} --set train.steps=10 "
             "--set train.batch_size=16 --set train.micro_batch_size=4 --set train.log_every=1 "
             "--set train.eval_every=0 --set train.threads=1 --set sample.n_samples=0 "
-            "--set parallel.expert_parallel={} --set model.route_override=zipf "
-            "--set parallel.a2a_chunks={}{} --force",
-            runs.data_args(), runs.path(run), ep, chunks, extra);
+            "--set parallel.expert_parallel={}{} {} --force",
+            runs.data_args(), runs.path(run), ep, extra, setting);
     };
-    for (int chunks : {1, 4}) {
-        const CommandResult r =
-            TinyRuns::run_mpi(4, args(fmt::format("{}-{}", name, chunks), chunks));
-        ASSERT_EQ(r.status, 0) << r.output;
-    }
-    const Run a = read(runs.path(name + "-1/metrics.jsonl"));
-    const Run b = read(runs.path(name + "-4/metrics.jsonl"));
-    ASSERT_EQ(a.loss_norm.size(), 10u);
+    const CommandResult r0 = TinyRuns::run_mpi(4, args(name + "-off", off));
+    EXPECT_EQ(r0.status, 0) << r0.output;
+    const CommandResult r1 = TinyRuns::run_mpi(4, args(name + "-on", on));
+    EXPECT_EQ(r1.status, 0) << r1.output;
+    const Run a = read(runs.path(name + "-off/metrics.jsonl"));
+    const Run b = read(runs.path(name + "-on/metrics.jsonl"));
+    EXPECT_EQ(a.loss_norm.size(), 10u) << name;
     EXPECT_EQ(a.loss_norm, b.loss_norm) << name << ": losses and gradient norms bitwise";
+    EXPECT_EQ(read_file(runs.path(name + "-off/model/model.safetensors")),
+              read_file(runs.path(name + "-on/model/model.safetensors")))
+        << name << ": exported models bitwise";
+    return {a, b};
+}
+
+// Zipf-skewed routing, 1 and 4 pieces.
+void expect_same_bits(const TinyRuns& runs, int ep, const std::string& extra,
+                      const std::string& name) {
+    const auto [a, b] =
+        run_pair(runs, ep, " --set model.route_override=zipf" + extra,
+                 "--set parallel.a2a_chunks=1", "--set parallel.a2a_chunks=4", name);
     EXPECT_EQ(a.pieces, 0) << name;
     EXPECT_GT(b.pieces, 0) << name << ": the exchanges went in pieces";
-    EXPECT_EQ(read_file(runs.path(name + "-1/model/model.safetensors")),
-              read_file(runs.path(name + "-4/model/model.safetensors")))
-        << name << ": exported models bitwise";
 }
 
 TEST_F(A2aOverlapTest, EP4Fp32SameBits) { expect_same_bits(*runs_, 4, "", "ep4-fp32"); }
@@ -75,30 +85,14 @@ TEST_F(A2aOverlapTest, EP4RecomputeMoeSameBits) {
     expect_same_bits(*runs_, 4, " --set train.recompute=moe", "ep4-recompute");
 }
 
-// 10 steps as above, shared experts, overlap_shared on and off.
+// Shared experts, overlap_shared off and on.
 void expect_shared_same_bits(const TinyRuns& runs, int ep, int shared, const std::string& extra,
                              const std::string& name) {
-    for (const char* on : {"false", "true"}) {
-        const CommandResult r = TinyRuns::run_mpi(
-            4, fmt::format("train --config configs/tiny.toml{} --run-dir {} --set train.steps=10 "
-                           "--set train.batch_size=16 --set train.micro_batch_size=4 "
-                           "--set train.log_every=1 --set train.eval_every=0 "
-                           "--set train.threads=1 --set sample.n_samples=0 "
-                           "--set parallel.expert_parallel={} --set model.n_shared_experts={} "
-                           "--set parallel.overlap_shared={}{} --force",
-                           runs.data_args(), runs.path(fmt::format("{}-{}", name, on)), ep, shared,
-                           on, extra));
-        ASSERT_EQ(r.status, 0) << r.output;
-    }
-    const Run a = read(runs.path(name + "-false/metrics.jsonl"));
-    const Run b = read(runs.path(name + "-true/metrics.jsonl"));
-    ASSERT_EQ(a.loss_norm.size(), 10u);
-    EXPECT_EQ(a.loss_norm, b.loss_norm) << name << ": losses and gradient norms bitwise";
+    const auto [a, b] =
+        run_pair(runs, ep, fmt::format(" --set model.n_shared_experts={}{}", shared, extra),
+                 "--set parallel.overlap_shared=false", "--set parallel.overlap_shared=true", name);
     EXPECT_EQ(a.beside, 0) << name;
     EXPECT_GT(b.beside, 0) << name << ": dispatches ran beside the shared experts";
-    EXPECT_EQ(read_file(runs.path(name + "-false/model/model.safetensors")),
-              read_file(runs.path(name + "-true/model/model.safetensors")))
-        << name << ": exported models bitwise";
 }
 
 TEST_F(A2aOverlapTest, SharedExpertBesideDispatchSameBitsEP4) {
