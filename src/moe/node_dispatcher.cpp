@@ -81,7 +81,10 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
     // 1. Entries: one per (token, node holding one of its slots), blocks in relay-rank order,
     // tokens in order within a block.
     std::fill(send1_rows_.begin(), send1_rows_.end(), 0);
-    std::vector<int32_t> stamp(nodes, -1), entry_at(nodes, -1);
+    std::vector<int32_t>& stamp    = stamp_;
+    std::vector<int32_t>& entry_at = entry_at_;
+    stamp.assign(nodes, -1);
+    entry_at.assign(nodes, -1);
     for (int t = 0; t < N; ++t) {
         for (size_t k = 0; k < K; ++k) {
             const int32_t e = expert_idx[static_cast<size_t>(t) * K + k];
@@ -92,8 +95,9 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
             ++send1_rows_[static_cast<size_t>(relay_of_node_[b])];
         }
     }
-    const int64_t sent = total(send1_rows_);
-    std::vector<int64_t> cursor(P, 0);
+    const int64_t sent           = total(send1_rows_);
+    std::vector<int64_t>& cursor = cursor_;
+    cursor.assign(P, 0);
     for (size_t q = 1; q < P; ++q) cursor[q] = cursor[q - 1] + send1_rows_[q - 1];
     ent_tok_.resize(static_cast<size_t>(sent));
     meta_send_.resize(static_cast<size_t>(sent) * 2 * K);
@@ -136,7 +140,7 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
     par_.ep().alltoall(send1_rows_, recv1_rows_);
     const int64_t got = total(recv1_rows_);
     meta_recv_.resize(static_cast<size_t>(got) * 2 * K);
-    std::vector<int64_t> sc, sd, rc, rd;
+    std::vector<int64_t>&sc = sc_, &sd = sd_, &rc = rc_, &rd = rd_;
     layout(send1_rows_, 1, sc, sd);
     layout(recv1_rows_, 1, rc, rd);
     par_.ep_alltoallv(meta_send_.data(), sc, sd, meta_recv_.data(), rc, rd,
@@ -160,7 +164,8 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
             }
         }
     }
-    std::vector<int64_t> next(cnt2_.size(), 0);
+    std::vector<int64_t>& next = next_;
+    next.assign(cnt2_.size(), 0);
     for (size_t c = 1; c < cnt2_.size(); ++c) next[c] = next[c - 1] + cnt2_[c - 1];
     pos2_.resize(static_cast<size_t>(got) * K);
     for (size_t s = 0, i = 0; s < P; ++s) {
@@ -180,7 +185,9 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
 
     // 4. Each node rank learns the (source, local expert) counts of every relay of its node.
     rcnt2_.assign(L * P * El, 0);
-    std::vector<int64_t> pe(L, static_cast<int64_t>(P * El)), ped(L, 0);
+    std::vector<int64_t>&pe = pe_, &ped = ped_;
+    pe.assign(L, static_cast<int64_t>(P * El));
+    ped.assign(L, 0);
     for (size_t m = 1; m < L; ++m) ped[m] = ped[m - 1] + pe[m - 1];
     nodes_.node->alltoallv_bytes(cnt2_.data(), pe, ped, rcnt2_.data(), pe, ped, sizeof(int64_t));
     for (size_t m = 0; m < L; ++m) {
@@ -189,7 +196,8 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
             rcnt2_.begin() + static_cast<std::ptrdiff_t>((m + 1) * P * El), int64_t{0});
     }
     // where relay m's (s, e) rows sit in the stage-2 receive buffer
-    std::vector<int64_t> at(L * P * El, 0);
+    std::vector<int64_t>& at = at_;
+    at.assign(L * P * El, 0);
     for (size_t m = 0, off = 0; m < L; ++m) {
         for (size_t c = m * P * El; c < (m + 1) * P * El; ++c) {
             at[c] = static_cast<int64_t>(off);
@@ -216,8 +224,8 @@ void NodeDispatcher::plan(const int32_t* expert_idx, const float* probs, int N) 
 void NodeDispatcher::move(bool ep, const float* send, const std::vector<int64_t>& send_rows,
                           float* recv, const std::vector<int64_t>& recv_rows, int width,
                           Dtype payload) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<int64_t> sc, sd, rc, rd;
+    const auto t0           = std::chrono::steady_clock::now();
+    std::vector<int64_t>&sc = sc_, &sd = sd_, &rc = rc_, &rd = rd_;
     layout(send_rows, width, sc, sd);
     layout(recv_rows, width, rc, rd);
     const int64_t ns = total(sc), nr = total(rc);

@@ -93,6 +93,9 @@ class NodeDispatcher {
     // row buffers, grown as needed
     std::vector<float> s1_, r1_, s2_, r2_, ykept_;
     std::vector<uint16_t> h_send_, h_recv_;
+    // plan and move scratch, kept so that a step allocates nothing once the sizes are reached
+    std::vector<int32_t> stamp_, entry_at_;
+    std::vector<int64_t> cursor_, next_, pe_, ped_, at_, sc_, sd_, rc_, rd_;
 };
 
 }  // namespace bagualu::moe
