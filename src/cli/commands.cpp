@@ -38,15 +38,6 @@ namespace bagualu::cli {
 
 namespace fs = std::filesystem;
 
-// parallel.node_dedup: "auto" = when routing is node-limited and the expert-parallel group
-// spans more than one node.
-static void resolve_node_dedup(dist::ParallelContext& par, const TrainConfig& cfg) {
-    const NodeSwitch d = cfg.parallel.node_dedup;
-    par.set_node_dedup(
-        d == NodeSwitch::on ||
-        (d == NodeSwitch::automatic && cfg.model.route_nodes > 0 && par.ep_node_count() > 1));
-}
-
 static TrainConfig resolve_config(const CommonArgs& a) {
     return a.config.empty() ? default_config(a.overrides) : load_config(a.config, a.overrides);
 }
@@ -122,7 +113,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
-    resolve_node_dedup(par, cfg);
+    par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
     train::TrainOptions opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
@@ -383,7 +374,7 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
     });
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
-    resolve_node_dedup(par, cfg);
+    par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
     bench::TrainBenchOptions o;
     o.steps           = b.steps;
     o.warmup          = b.warmup;

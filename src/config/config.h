@@ -233,6 +233,11 @@ struct TrainConfig {
         return optimizer.partition == Partition::on ||
                (optimizer.partition == Partition::automatic && ranks > 1);
     }
+    // parallel.node_dedup resolved for an expert-parallel group spanning ep_nodes nodes: "auto"
+    // = when routing is node-limited (model.route_nodes > 0) and ep_nodes > 1.
+    bool node_dedup(int ep_nodes) const {
+        return switch_on(parallel.node_dedup, model.route_nodes > 0 && ep_nodes > 1);
+    }
     // ParO's bucket target in floats (parallel.bucket_mib; at least 16).
     size_t bucket_floats() const {
         const double f = parallel.bucket_mib * 262144.0;

@@ -23,9 +23,13 @@ enum class GradReduce { fp32, half };
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
 enum class Partition { automatic, on, off };
-// parallel.two_level, parallel.hierarchical_a2a: on when the run spans more than one node,
-// always, never.
+// parallel.two_level, parallel.hierarchical_a2a, parallel.node_dedup: on when the run spans
+// more than one node (node_dedup: and routing is node-limited), always, never.
 enum class NodeSwitch { automatic, on, off };
+// Whether a switch is on, given what "auto" means here.
+inline bool switch_on(NodeSwitch s, bool when_auto) {
+    return s == NodeSwitch::on || (s == NodeSwitch::automatic && when_auto);
+}
 // checkpoint.resume: start afresh, or continue from the newest usable checkpoint.
 enum class Resume { never, automatic };
 // model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).

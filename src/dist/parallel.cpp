@@ -25,9 +25,8 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchic
     world_nodes_     = make_node_layout(world, node_id);
     edp_nodes_       = make_node_layout(*edp_, node_id);
     const bool multi = world_nodes_.nodes > 1;
-    two_level_       = two_level == NodeSwitch::on || (two_level == NodeSwitch::automatic && multi);
-    const bool hier =
-        hierarchical_a2a == NodeSwitch::on || (hierarchical_a2a == NodeSwitch::automatic && multi);
+    two_level_       = switch_on(two_level, multi);
+    const bool hier  = switch_on(hierarchical_a2a, multi);
     if (ep_size > 1) {
         ep_nodes_ =
             std::make_unique<NodeGroups>(make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));

@@ -49,16 +49,14 @@ dist::NodeGroups& ep_nodes_of(dist::ParallelContext& par) {
 NodeDispatcher::NodeDispatcher(dist::ParallelContext& par, int E, int K, int C)
     : par_(par),
       nodes_(ep_nodes_of(par)),
-      E_(E),
       El_(E / par.ep_size()),
       K_(K),
       C_(C),
       P_(par.ep_size()),
-      me_(par.ep_rank()),
       my_node_(nodes_.node_of[static_cast<size_t>(par.ep_rank())]),
       L_(nodes_.node->size()) {
     BGL_CHECK(E % P_ == 0, "{} experts over {} ranks", E, P_);
-    const int my_index = nodes_.node_rank_of[static_cast<size_t>(me_)];
+    const int my_index = nodes_.node_rank_of[static_cast<size_t>(par.ep_rank())];
     for (const auto& m : nodes_.members) {
         relay_of_node_.push_back(m[static_cast<size_t>(my_index) % m.size()]);
     }
@@ -249,22 +247,41 @@ void NodeDispatcher::move(bool ep, const float* send, const std::vector<int64_t>
     add_a2a_seconds(s, s);
 }
 
-void NodeDispatcher::gather_blocks(float* dst_local, const float* src_recv2) const {
+void NodeDispatcher::deliver(float* dst_local, Dtype payload) {
     const auto C = static_cast<size_t>(C_);
+    float* r2    = grow(r2_, total(recv2_rows_) * C_);
+    move(false, s2_.data(), send2_rows_, r2, recv2_rows_, C_, payload);
     for (const Block& b : blocks_) {
-        std::memcpy(dst_local + static_cast<size_t>(b.dst) * C,
-                    src_recv2 + static_cast<size_t>(b.src) * C,
+        std::memcpy(dst_local + static_cast<size_t>(b.dst) * C, r2 + static_cast<size_t>(b.src) * C,
                     sizeof(float) * static_cast<size_t>(b.n) * C);
     }
 }
 
-void NodeDispatcher::scatter_blocks(float* dst_recv2, const float* src_local) const {
+float* NodeDispatcher::collect(std::vector<float>& dst, const float* src_local, Dtype payload) {
     const auto C = static_cast<size_t>(C_);
+    float* r2    = grow(r2_, total(recv2_rows_) * C_);
     for (const Block& b : blocks_) {
-        std::memcpy(dst_recv2 + static_cast<size_t>(b.src) * C,
-                    src_local + static_cast<size_t>(b.dst) * C,
+        std::memcpy(r2 + static_cast<size_t>(b.src) * C, src_local + static_cast<size_t>(b.dst) * C,
                     sizeof(float) * static_cast<size_t>(b.n) * C);
     }
+    float* d = grow(dst, total(send2_rows_) * C_);
+    move(false, r2, recv2_rows_, d, send2_rows_, C_, payload);
+    return d;
+}
+
+void NodeDispatcher::add_home(float* out, const float* back, size_t width) const {
+    const auto C = static_cast<size_t>(C_);
+    parallel_for(n_, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float* o = out + static_cast<size_t>(t) * C;
+            std::fill(o, o + C, 0.0f);
+            for (int32_t a = tok_ent_start_[static_cast<size_t>(t)];
+                 a < tok_ent_start_[static_cast<size_t>(t) + 1]; ++a) {
+                add_row(o, back + static_cast<size_t>(tok_ent_[static_cast<size_t>(a)]) * width,
+                        C_);
+            }
+        }
+    });
 }
 
 const float* NodeDispatcher::send_tokens(const float* x, Dtype payload) {
@@ -299,20 +316,15 @@ void NodeDispatcher::dispatch(float* x_local, const float* x, Dtype payload) {
             }
         }
     });
-    float* r2 = grow(r2_, total(recv2_rows_) * C_);
-    move(false, s2, send2_rows_, r2, recv2_rows_, C_, payload);  // exact: already payload values
-    gather_blocks(x_local, r2);
+    deliver(x_local, payload);  // exact: already payload values
 }
 
 void NodeDispatcher::combine(float* out, const float* y_local, Dtype payload) {
     const auto C       = static_cast<size_t>(C_);
     const auto K       = static_cast<size_t>(K_);
     const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
-    float* r2 = grow(r2_, total(recv2_rows_) * C_);
-    scatter_blocks(r2, y_local);
-    float* y = grow(ykept_, total(send2_rows_) * C_);  // kept for dispatch_grad's dprobs
-    move(false, r2, recv2_rows_, y, send2_rows_, C_, payload);
-    float* part = grow(r1_, got * C_);
+    const float* y = collect(ykept_, y_local, payload);  // kept for dispatch_grad's dprobs
+    float* part    = grow(r1_, got * C_);
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             float* p          = part + static_cast<size_t>(i) * C;
@@ -328,16 +340,7 @@ void NodeDispatcher::combine(float* out, const float* y_local, Dtype payload) {
     });
     float* back = grow(s1_, sent * C_);
     move(true, part, recv1_rows_, back, send1_rows_, C_, Dtype::float32);
-    parallel_for(n_, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-            float* o = out + static_cast<size_t>(t) * C;
-            std::fill(o, o + C, 0.0f);
-            for (int32_t a = tok_ent_start_[static_cast<size_t>(t)];
-                 a < tok_ent_start_[static_cast<size_t>(t) + 1]; ++a) {
-                add_row(o, back + static_cast<size_t>(tok_ent_[static_cast<size_t>(a)]) * C, C_);
-            }
-        }
-    });
+    add_home(out, back, C);
 }
 
 void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype payload) {
@@ -363,9 +366,7 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
             }
         }
     });
-    float* r2 = grow(r2_, total(recv2_rows_) * C_);
-    move(false, s2, send2_rows_, r2, recv2_rows_, C_, payload);
-    gather_blocks(dy_local, r2);
+    deliver(dy_local, payload);
 }
 
 void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_local, Dtype payload) {
@@ -373,11 +374,8 @@ void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_loca
     const auto K       = static_cast<size_t>(K_);
     const auto W       = C + K;  // a row home: the summed input gradient, then the slots' dprobs
     const int64_t sent = total(send1_rows_), got = total(recv1_rows_);
-    float* r2 = grow(r2_, total(recv2_rows_) * C_);
-    scatter_blocks(r2, dx_local);
-    float* s2 = grow(s2_, total(send2_rows_) * C_);
-    move(false, r2, recv2_rows_, s2, send2_rows_, C_, payload);
-    float* part = grow(r1_, got * static_cast<int64_t>(W));
+    const float* s2 = collect(s2_, dx_local, payload);
+    float* part     = grow(r1_, got * static_cast<int64_t>(W));
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             float* p = part + static_cast<size_t>(i) * W;
@@ -391,14 +389,9 @@ void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_loca
     });
     float* back = grow(s1_, sent * static_cast<int64_t>(W));
     move(true, part, recv1_rows_, back, send1_rows_, static_cast<int>(W), Dtype::float32);
+    add_home(dx, back, W);
     parallel_for(n_, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            float* o = dx + static_cast<size_t>(t) * C;
-            std::fill(o, o + C, 0.0f);
-            for (int32_t a = tok_ent_start_[static_cast<size_t>(t)];
-                 a < tok_ent_start_[static_cast<size_t>(t) + 1]; ++a) {
-                add_row(o, back + static_cast<size_t>(tok_ent_[static_cast<size_t>(a)]) * W, C_);
-            }
             for (size_t k = 0; k < K; ++k) {
                 const int32_t j = slot_ent_[static_cast<size_t>(t) * K + k];
                 dprobs[static_cast<size_t>(t) * K + k] =

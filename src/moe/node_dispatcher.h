@@ -40,8 +40,7 @@ class NodeDispatcher {
     // Plans one micro-batch from this rank's routing: expert_idx, probs (N, K), -1 = dropped.
     // Collective over the expert-parallel group.
     void plan(const int32_t* expert_idx, const float* probs, int N);
-    // Rows the local experts receive, and their offsets (El + 1).
-    int local_rows() const { return local_offsets_.back(); }
+    // The offsets (El + 1) of the rows each local expert receives.
     const int32_t* local_offsets() const { return local_offsets_.data(); }
 
     // x (N, C) tokens -> x_local (local_rows, C), rows in the payload type (dtype.h to_half).
@@ -63,13 +62,19 @@ class NodeDispatcher {
     // Stage 1 of a token move: each entry's token row of x (N, C) to its relay; returns the
     // relay's received rows (one per entry it serves).
     const float* send_tokens(const float* x, Dtype payload);
-    // The expert-side blocks: local rows <-> the stage-2 receive buffer.
-    void gather_blocks(float* dst_local, const float* src_recv2) const;
-    void scatter_blocks(float* dst_recv2, const float* src_local) const;
+    // Stage 2 to the experts: the relay's rows in s2_ (stage-2 send layout) to the ranks of its
+    // node, placed into dst_local (local_rows, C) in the experts' order.
+    void deliver(float* dst_local, Dtype payload);
+    // Stage 2 back: the experts' rows src_local (local_rows, C) to their relays, into dst (grown
+    // to the stage-2 send layout); returns dst's data.
+    float* collect(std::vector<float>& dst, const float* src_local, Dtype payload);
+    // out (N, C) = for each token, the sum (from zero, in relay order) of the first C floats of
+    // its entries' rows of `back` (rows of `width` floats, in entry order).
+    void add_home(float* out, const float* back, size_t width) const;
 
     dist::ParallelContext& par_;
     dist::NodeGroups& nodes_;
-    int E_, El_, K_, C_, P_, me_, my_node_, L_;  // L_: ranks of this node
+    int El_, K_, C_, P_, my_node_, L_;  // L_: ranks of this node
     int n_ = 0;
     // source side
     std::vector<int> relay_of_node_;                // [nodes] EP rank

@@ -503,16 +503,10 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     // MPI_THREAD_MULTIPLE, assumed here)
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
     // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
-    L.two_level = cfg.parallel.two_level == NodeSwitch::on ||
-                  (cfg.parallel.two_level == NodeSwitch::automatic && L.nodes() > 1);
-    L.hierarchical_a2a =
-        L.ep > 1 && (cfg.parallel.hierarchical_a2a == NodeSwitch::on ||
-                     (cfg.parallel.hierarchical_a2a == NodeSwitch::automatic && L.nodes() > 1));
-    // cli/commands.cpp resolve_node_dedup
-    const int ep_nodes = group_nodes(L.ep, 1, L.ranks_per_node).first;
-    L.node_dedup       = L.ep > 1 && (cfg.parallel.node_dedup == NodeSwitch::on ||
-                                (cfg.parallel.node_dedup == NodeSwitch::automatic &&
-                                 cfg.model.route_nodes > 0 && ep_nodes > 1));
+    L.two_level        = switch_on(cfg.parallel.two_level, L.nodes() > 1);
+    L.hierarchical_a2a = L.ep > 1 && switch_on(cfg.parallel.hierarchical_a2a, L.nodes() > 1);
+    // cli/commands.cpp, as ParallelContext::set_node_dedup takes it
+    L.node_dedup = L.ep > 1 && cfg.node_dedup(group_nodes(L.ep, 1, L.ranks_per_node).first);
     return L;
 }
 
