@@ -243,6 +243,24 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
     gemm::bf16_on(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+bool gemm_bf16_widens() {
+    switch (gemm::active_path()) {
+        case gemm::Path::ref:
+        case gemm::Path::generic:
+        case gemm::Path::avx2:
+        case gemm::Path::openblas:
+            return true;
+        case gemm::Path::avx512:
+            return !cpu_features().avx512_bf16;
+        case gemm::Path::onednn:
+        case gemm::Path::automatic:
+            // gemm_bf16 runs oneDNN's native bf16 matmul, or the best of ours
+            return !gemm::onednn::bf16_available() &&
+                   !(gemm::best_path() == gemm::Path::avx512 && cpu_features().avx512_bf16);
+    }
+    return false;
+}
+
 std::string gemm_backend_name() { return gemm::path_name(gemm::active_path()); }
 
 }  // namespace bagualu::kernels

@@ -23,6 +23,15 @@ void gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float*
 void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
                const bf16* B, int ldb, float beta, float* C, int ldc);
 
+// Whether gemm_bf16 on the active implementation widens its operands to float and runs the
+// float kernel: always on AVX2 and the generic and reference kernels, with OpenBLAS, and on
+// AVX-512 without AVX512_BF16 (and under onednn/auto when oneDNN has no native bf16 matmul on
+// this CPU). Then gemm_f32 on float arrays that hold bf16 values computes the same exact
+// products in float32, without converting to 16 bits first (on our kernels and OpenBLAS,
+// bitwise the same result: the widening kernels share the float kernel's blocking). False where
+// 16-bit operands have arithmetic of their own (AVX512_BF16 dot products, oneDNN on
+// AVX512_BF16 or AMX).
+bool gemm_bf16_widens();
 // Name of the implementation gemm_f32/gemm_bf16 dispatch to ("avx512", "avx2", "generic",
 // "ref", "openblas", "onednn" or "auto").
 std::string gemm_backend_name();

@@ -57,7 +57,7 @@ const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC) {
-    if (d != Dtype::bfloat16) {
+    if (d != Dtype::bfloat16 || gemm_bf16_widens()) {
         linear_forward(out, inp, weight, bias, N, IC, OC);
         return;
     }
@@ -75,7 +75,7 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
 
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int IC, int OC) {
-    if (d != Dtype::bfloat16) {
+    if (d != Dtype::bfloat16 || gemm_bf16_widens()) {
         linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
         return;
     }

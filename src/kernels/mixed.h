@@ -23,9 +23,11 @@ void round_inplace(float* x, size_t n, Dtype d);
 void round_copy(float* out, const float* in, size_t n, Dtype d);
 
 // linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
-// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies, fp16 and float32
-// through gemm_f32 (exact products and float32 accumulation either way; float32 is bit for bit
-// the ops.h kernel). Call from outside pool jobs, as the GEMMs.
+// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies where the CPU has
+// 16-bit arithmetic, else (kernels::gemm_bf16_widens()), like fp16 and float32, through gemm_f32
+// on the floats themselves, skipping conversions that would only be widened again (exact
+// products and float32 accumulation either way; those are bit for bit the ops.h kernels).
+// Call from outside pool jobs, as the GEMMs.
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC);
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,

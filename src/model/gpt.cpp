@@ -58,37 +58,49 @@ LayoutSize layout_size(const ModelConfig& m, int ep_size) {
 }
 
 template <typename P>
-ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base, int ep_size,
-                        int ep_rank) {
-    auto offset = [&](const std::string& name) -> size_t {
+ModelTensors<P> resolve_each(const ParamLayout& layout, const ModelConfig& m,
+                             FunctionRef<P*(const ParamSpec&)> at, int ep_size, int ep_rank) {
+    auto spec = [&](const std::string& name) -> const ParamSpec& {
         const ParamSpec* s = layout.find(name);
         BGL_CHECK(s != nullptr, "no parameter {}", name);
-        return s->offset;
+        return *s;
     };
     ModelTensors<P> t;
     t.blocks.resize(static_cast<size_t>(m.n_layer));
     for (const TensorKind& k : tensor_kinds(m, ep_size, ep_rank)) {
         const TensorRow<P>& r = kTensorTable<P>[k.row];
-        const size_t off      = offset(tensor_name(r.def, k.layer, k.e0));
+        P* const p            = at(spec(tensor_name(r.def, k.layer, k.e0)));
         switch (r.def.scope) {
             case Scope::model:
-                t.*r.model_slot = base + off;
+                t.*r.model_slot = p;
                 break;
             case Scope::block:
-                t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = base + off;
+                t.blocks[static_cast<size_t>(k.layer)].*r.block_slot = p;
                 break;
             case Scope::expert:
             case Scope::shared: {
                 BlockTensors<P>& bt       = t.blocks[static_cast<size_t>(k.layer)];
                 moe::ExpertTensors<P>& ex = r.def.scope == Scope::expert ? bt.experts : bt.shared;
-                ex.*r.expert_slot         = base + off;
+                ex.*r.expert_slot         = p;
                 ex.*r.stride_slot =
-                    k.e1 - k.e0 > 1 ? offset(tensor_name(r.def, k.layer, k.e0 + 1)) - off : 0;
+                    k.e1 - k.e0 > 1
+                        ? static_cast<size_t>(at(spec(tensor_name(r.def, k.layer, k.e0 + 1))) - p)
+                        : 0;
                 break;
             }
         }
     }
     return t;
+}
+template ModelTensors<const float> resolve_each(const ParamLayout&, const ModelConfig&,
+                                                FunctionRef<const float*(const ParamSpec&)>, int,
+                                                int);
+
+template <typename P>
+ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& m, P* base, int ep_size,
+                        int ep_rank) {
+    return resolve_each<P>(
+        layout, m, [base](const ParamSpec& s) { return base + s.offset; }, ep_size, ep_rank);
 }
 template ModelTensors<float> resolve(const ParamLayout&, const ModelConfig&, float*, int, int);
 template ModelTensors<const float> resolve(const ParamLayout&, const ModelConfig&, const float*,
@@ -223,6 +235,21 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
     return std::max<int64_t>(1, rows / kRowMultiple) * kRowMultiple;
 }
 
+ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec) {
+    const size_t n = layout.specs().size();
+    ComputeCopies c;
+    c.at.assign(n, ComputeCopies::kNone);
+    for (size_t i = 0; i < n; ++i) {
+        const ParamSpec& s = layout.spec(i);
+        if (prec.storage_dtype(s) != Dtype::float32 || prec.compute_dtype(s) == Dtype::float32)
+            continue;
+        c.at[i]          = c.floats;
+        const size_t end = i + 1 < n ? layout.spec(i + 1).offset : layout.total_floats();
+        c.floats += end - s.offset;  // the padded span, so an expert kind keeps its stride
+    }
+    return c;
+}
+
 GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int virtual_workers,
          const PrecisionPolicy& prec, int head_rows, Recompute recompute, int a2a_chunks,
          bool overlap_shared)
@@ -239,10 +266,25 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     g_             = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
     const size_t N = static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len);
     if (prec_.mixed()) {
-        // forward computes with a copy of the weights rounded as the policy says
-        wc_ = Buffer<float>(layout_.total_floats());
-        for (const ParamSpec& s : layout_.specs()) wc_dtype_.push_back(prec_.compute_dtype(s));
-        w_               = resolve<const float>(layout_, cfg_, wc_.data(), ep_size, ep_rank);
+        // Forward computes with the weights as the policy rounds them (refresh_compute_weights):
+        // a half-stored tensor is its parameter, rounded in place; a float32-stored one computed
+        // in half (O1 GEMM weights) is a rounded copy in wc_ (plan_compute_copies).
+        const ComputeCopies cc = plan_compute_copies(layout_, prec_);
+        wc_at_                 = cc.at;
+        for (size_t i = 0; i < wc_at_.size(); ++i) {
+            const ParamSpec& s = layout_.spec(i);
+            const Dtype st     = prec_.storage_dtype(s);
+            if (st != Dtype::float32) half_stored_.push_back({i, st});
+            if (wc_at_[i] != ComputeCopies::kNone) copied_.push_back({i, prec_.compute_dtype(s)});
+        }
+        wc_ = Buffer<float>(cc.floats);
+        w_  = resolve_each<const float>(
+            layout_, cfg_,
+            [this](const ParamSpec& s) -> const float* {
+                const size_t i = static_cast<size_t>(&s - layout_.specs().data());
+                return wc_at_[i] == ComputeCopies::kNone ? params_.data() + s.offset : wc_.data() + wc_at_[i];
+            },
+            ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
         head_w_          = w_.wte;
         if (head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32) {
@@ -329,9 +371,15 @@ GPT::~GPT() = default;
 const float* GPT::logits() const { return a_->logits; }
 
 void GPT::refresh_compute_weights() {
-    for (size_t i = 0; i < layout_.specs().size(); ++i) {
+    // idempotent on values the optimizer (or a checkpoint) already rounded; others (the initial
+    // weights, a model loaded or set from outside) take their stored dtype here
+    for (const auto& [i, d] : half_stored_) {
         const ParamSpec& s = layout_.spec(i);
-        round_copy(wc_.data() + s.offset, params_.data() + s.offset, s.numel, wc_dtype_[i]);
+        round_inplace(params_.data() + s.offset, s.numel, d);
+    }
+    for (const auto& [i, d] : copied_) {
+        const ParamSpec& s = layout_.spec(i);
+        round_copy(wc_.data() + wc_at_[i], params_.data() + s.offset, s.numel, d);
     }
     if (wte_head_.size() > 0) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),

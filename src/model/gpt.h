@@ -46,10 +46,26 @@ void for_each_param_kind(const ModelConfig& cfg, int ep_size,
 template <typename P>
 ModelTensors<P> resolve(const ParamLayout& layout, const ModelConfig& cfg, P* base, int ep_size = 1,
                         int ep_rank = 0);
+// The same with each tensor where at(spec) says; an expert kind's tensors must keep one stride.
+template <typename P>
+ModelTensors<P> resolve_each(const ParamLayout& layout, const ModelConfig& cfg,
+                             FunctionRef<P*(const ParamSpec&)> at, int ep_size = 1,
+                             int ep_rank = 0);
 // GPT-2 initialisation: weights N(0, init_std), residual projections N(0, init_std/sqrt(2L)),
 // biases 0, layernorm weight 1. Each tensor draws from its own stream Rng(seed, i + 1), i its
 // index in the full (single-process) layout, so every layout initialises identically.
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed);
+
+// Mixed precision: the float32-stored tensors that are computed in half (O1 GEMM weights) get
+// rounded copies, packed in layout order into one array of `floats`; at[i] is tensor i's offset
+// there, kNone for a tensor computed from its parameter (float32, or half-stored: rounded in
+// place). GPT allocates it; the planner counts it.
+struct ComputeCopies {
+    static constexpr size_t kNone = ~size_t{0};
+    std::vector<size_t> at;
+    size_t floats = 0;
+};
+ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec);
 
 // Floats of GPT's activation arena for forward/backward over max_batch sequences of seq_len
 // (saved activations, logits, backward scratch); the constructor sizes its arena with it.
@@ -103,7 +119,8 @@ class GPT {
     const PrecisionPolicy& precision() const { return prec_; }
     // The dtype tensor layout().spec(i) is stored in. params() holds every tensor as floats; a
     // half-stored tensor's values are those of its dtype once the optimizer (which keeps the
-    // FP32 masters) has stepped, and forward rounds them regardless.
+    // FP32 masters) has stepped, and forward rounds them in place regardless (the initial
+    // weights, or values set from outside).
     Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
     float* params() { return params_.data(); }
     const float* params() const { return params_.data(); }
@@ -148,8 +165,12 @@ class GPT {
     ParamLayout layout_;
     Buffer<float> params_, grads_;
     PrecisionPolicy prec_;
-    std::vector<Dtype> wc_dtype_;    // mixed: compute dtype of each tensor
-    Buffer<float> wc_;               // mixed: the weights as computed with
+    // mixed precision: half-stored tensors (rounded in place before each forward) and
+    // float32-stored ones computed in half, with their rounded copies in wc_ (wc_at_:
+    // plan_compute_copies)
+    std::vector<std::pair<size_t, Dtype>> half_stored_, copied_;
+    std::vector<size_t> wc_at_;
+    Buffer<float> wc_;
     Buffer<float> wte_head_;         // mixed: wte rounded for the LM head
     Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand
     const float* head_w_ = nullptr;  // the LM head's weight

@@ -252,16 +252,18 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     }
     if (prec.mixed()) {
         // model/gpt.cpp, moe/experts.cpp: every half-precision tensor is rounded in place (read
-        // and write, 8 bytes an element), the weights are re-rounded into their compute copy
-        // before each forward, and gemm_bf16's operands are converted to 16 bits (4 read + 2
-        // written bytes an element: input and weight forward; output gradient, weight and
-        // input backward)
+        // and write, 8 bytes an element), the half-stored weights again before each forward
+        // (in place) and the O1 ones into their compute copies (fp.rounded_floats), and
+        // gemm_bf16's operands are converted to 16 bits (4 read + 2 written bytes an element:
+        // input and weight forward; output gradient, weight and input backward; an upper bound
+        // on a CPU without 16-bit arithmetic, which skips them)
         using model::LayerClass;
         auto r = [&](LayerClass c, bool act) {
             return (act ? prec.act_dtype(c) : prec.gemm_dtype(c)) != Dtype::float32 ? 8.0 : 0.0;
         };
         const double nl = m.n_layer, NF = N * F, RK = N * K;
-        double b = 8 * n + (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
+        double b = 8 * static_cast<double>(fp.rounded_floats) +
+                   (prec.gemm_dtype(LayerClass::head) != Dtype::float32 ? 8 * V * C : 0);
         b += NC * r(LayerClass::embedding, true);
         b += nl *
              (NC * r(LayerClass::attention, false) * 3 + 4 * NC * r(LayerClass::attention, true) +

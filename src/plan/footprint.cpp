@@ -129,7 +129,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     mem.comm_buffers = static_cast<double>(opt.comm_bytes);   // ParO bucket buffers
     const double C = m.d_model, V = m.vocab_size;
     if (prec.mixed()) {
-        mem.parameters += buf(n, 4);  // wc_: the weights as computed with, rounded per the policy
+        // wc_: rounded copies of the float32-stored tensors computed in half
+        const size_t copies = model::plan_compute_copies(lay, prec).floats;
+        mem.parameters += buf(static_cast<double>(copies), 4);
+        f.rounded_floats = copies;
+        for (const model::ParamSpec& s : lay.specs()) {
+            if (prec.storage_dtype(s) != Dtype::float32) f.rounded_floats += s.numel;
+        }
         const model::ParamSpec* wte = lay.find("wte");
         if (prec.gemm_dtype(model::LayerClass::head) != Dtype::float32 &&
             prec.compute_dtype(*wte) == Dtype::float32) {
@@ -138,7 +144,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
     }
     // kernels/mixed.cpp: bf16 GEMMs convert their operands into grow-only 16-bit copies (input,
-    // weight, output gradient), each as large as the largest of its kind
+    // weight, output gradient), each as large as the largest of its kind. A CPU without 16-bit
+    // arithmetic skips them (kernels::gemm_bf16_widens()); the plan counts them, as on a CPU with
+    // it (at most 2 x 3 x the largest operand: an upper bound there)
     if (prec.dtype == Dtype::bfloat16) {
         double inp = 0, w = 0, dout = 0;
         auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {

@@ -107,6 +107,9 @@ struct Footprint {
     uint64_t params_full   = 0;  // whole model
     uint64_t rank_floats   = 0;  // parameter floats on one rank (padding included)
     uint64_t expert_floats = 0;  // of them, this rank's experts
+    // mixed precision: floats rounded before each forward (half-stored tensors in place, the
+    // float32-stored ones computed in half into their copies; model/gpt.h)
+    uint64_t rounded_floats = 0;
     Memory memory;
     std::vector<Collective> collectives;  // per step, per rank
     double model_flops_per_step = 0;      // all ranks: 3 x forward x tokens

@@ -257,6 +257,38 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
     set_compute_threads(0);
 }
 
+// Where gemm_bf16_widens() says so, gemm_f32 on the bf16 values widened to float is gemm_bf16
+// itself (the half linears of kernels/mixed.h then skip the 16-bit copies): bitwise, on our
+// kernels and OpenBLAS. Where it does not (AVX512_BF16 dot products, oneDNN's bf16 matmul), the
+// two differ in rounding, and the claim would be wrong for them.
+TEST(Gemm, Bf16WideningPathsEqualFloatOnWidenedValues) {
+    PathGuard guard;
+    const Case cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
+                          {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
+                          {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0}};
+    int widening = 0;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        // onednn / auto: gemm_f32 may run oneDNN's float matmul where gemm_bf16 runs ours
+        if (!gemm_bf16_widens() || path == Path::onednn || path == Path::automatic) continue;
+        ++widening;
+        for (const Case& c : cases) {
+            const Problem p = make_problem(c, 78);
+            std::vector<float> b16, f32 = p.C0;
+            run_bf16(p, b16);
+            gemm_f32(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A_rounded.data(), p.lda,
+                     p.B_rounded.data(), p.ldb, c.beta, f32.data(), p.ldc);
+            EXPECT_EQ(0, std::memcmp(b16.data(), f32.data(), f32.size() * 4))
+                << gemm::path_name(path) << " M=" << c.M << " N=" << c.N << " K=" << c.K;
+        }
+    }
+    EXPECT_GT(widening, 0) << "the generic path widens on every CPU";
+    if (gemm::path_supported(Path::avx2)) {
+        gemm::set_active_path(Path::avx2);
+        EXPECT_TRUE(gemm_bf16_widens());
+    }
+}
+
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
     for (Path p : {Path::avx2, Path::avx512}) {

@@ -12,6 +12,7 @@
 
 #include "../../common/tiny_model.h"
 #include "core/rng.h"
+#include "kernels/mixed.h"
 #include "model/gpt.h"
 
 namespace bagualu::model {
@@ -122,6 +123,54 @@ TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
     const auto [l3, g3] = loss_and_grads(PrecisionPolicy::uniform(Dtype::bfloat16, Level::O3));
     EXPECT_NE(l3, l32);
     EXPECT_NEAR(l3, l32, 2e-2 * l32);
+}
+
+// Forward computes with the weights as the policy rounds them, without a copy of every tensor:
+// half-stored (O2) tensors are rounded in place, and only the O1 attention matrices, stored in
+// float32, get rounded copies. Unrounded parameters (the initial weights, values set from
+// outside) give bitwise the result of rounding them first, and float32-stored tensors keep
+// their values.
+TEST(PrecisionModel, ComputesWithRoundedWeightsCopyingOnlyO1) {
+    const ModelConfig m = testing::tiny_moe_config();
+    const int B = 2, T = m.seq_len;
+    for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
+        const char* dt             = dtype_name(d);
+        const PrecisionPolicy prec = bagualu_policy(d);
+        GPT raw(m, B, nullptr, 1, prec), pre(m, B, nullptr, 1, prec);
+        init_params(raw.params(), raw.layout(), m, 11);
+        Rng rng(3);
+        for (size_t i = 0; i < raw.n_floats(); ++i) raw.params()[i] += float(0.1 * rng.normal());
+        const std::vector<float> before(raw.params(), raw.params() + raw.n_floats());
+        std::copy(before.begin(), before.end(), pre.params());
+        size_t copied = 0;
+        for (size_t i = 0; i < pre.layout().specs().size(); ++i) {
+            const ParamSpec& s = pre.layout().spec(i);
+            if (pre.storage_dtype(i) != Dtype::float32) {
+                kernels::round_inplace(pre.params() + s.offset, s.numel, d);
+            } else if (prec.compute_dtype(s) != Dtype::float32) {
+                copied += (s.numel + 15) / 16 * 16;  // ParamLayout pads to 16 floats
+            }
+        }
+        const Batch b = random_batch(B * T, m.vocab_size);
+        EXPECT_EQ(raw.forward(b.x.data(), b.y.data(), B, T),
+                  pre.forward(b.x.data(), b.y.data(), B, T))
+            << dt;
+        size_t rounded = 0;
+        for (size_t i = 0; i < raw.layout().specs().size(); ++i) {
+            const ParamSpec& s = raw.layout().spec(i);
+            const bool half    = raw.storage_dtype(i) != Dtype::float32;
+            for (size_t j = s.offset; j < s.offset + s.numel; ++j) {
+                ASSERT_EQ(raw.params()[j], half ? pre.params()[j] : before[j])
+                    << dt << " " << s.name << " element " << j - s.offset;
+                rounded += raw.params()[j] != before[j];
+            }
+        }
+        EXPECT_GT(rounded, 0u) << dt << ": no half-stored value needed rounding";
+        // the O1 attention matrices: c_attn (3C, C) and c_proj (C, C) per block
+        const size_t C = static_cast<size_t>(m.d_model);
+        EXPECT_EQ(copied, static_cast<size_t>(m.n_layer) * 4 * C * C) << dt;
+        EXPECT_EQ(plan_compute_copies(raw.layout(), prec).floats, copied) << dt;
+    }
 }
 
 TEST(PrecisionModel, Fp64SensitiveOpsAgreeWithFp32) {
