@@ -282,7 +282,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
             layout_, cfg_,
             [this](const ParamSpec& s) -> const float* {
                 const size_t i = static_cast<size_t>(&s - layout_.specs().data());
-                return wc_at_[i] == ComputeCopies::kNone ? params_.data() + s.offset : wc_.data() + wc_at_[i];
+                return wc_at_[i] == ComputeCopies::kNone ? params_.data() + s.offset
+                                                          : wc_.data() + wc_at_[i];
             },
             ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
@@ -346,6 +347,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     // recomputed MoE layers run forward right before their backward: one set of buffers serves all
     const auto shared =
         recompute_ != Recompute::none ? std::make_shared<moe::MoEBuffers>() : nullptr;
+    // one backward working set for every MoE layer (moe/moe_layer.h)
+    const auto scratch = std::make_shared<moe::MoEScratch>();
     // overlap needs a second thread that may call MPI while the grad-reduce helper does
     ms.overlap_shared = overlap_shared && cfg.n_shared_experts > 0;
     if ((a2a_chunks > 1 || ms.overlap_shared) && par && par->ep_size() > 1 &&
@@ -356,7 +359,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         if (cfg.is_moe_block(l)) {
             ms.gate.layer = static_cast<int>(moe_.size());
             moe_index_.push_back(static_cast<int>(moe_.size()));
-            moe_.push_back(std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par, shared));
+            moe_.push_back(
+                std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par, shared, scratch));
             moe_.back()->set_precision({prec_.gemm_dtype(LayerClass::ffn),
                                         prec_.act_dtype(LayerClass::ffn), prec_.fp64_sensitive});
             moe_.back()->set_a2a_helper(a2a_helper_.get());

@@ -26,13 +26,14 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget) {
 }
 
 MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par,
-                   std::shared_ptr<MoEBuffers> shared)
+                   std::shared_ptr<MoEBuffers> shared, std::shared_ptr<MoEScratch> scratch)
     : s_(s),
       max_tokens_(max_tokens),
       El_(s.E),
       par_(par),
       router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par),
-      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()) {
+      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()),
+      scr_(scratch ? std::move(scratch) : std::make_shared<MoEScratch>()) {
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_            = s.E / ep;
@@ -62,39 +63,46 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
             local_offsets_ = Buffer<int32_t>(E + 1);
         }
     }
-    const size_t NS = s.n_shared > 0 ? N * static_cast<size_t>(s.n_shared * s.FS) : 0;
+    const size_t NS  = s.n_shared > 0 ? N * static_cast<size_t>(s.n_shared * s.FS) : 0;
+    const bool local = dispatcher_ || rounds_possible;  // rows of a round apart from x_perm
+    const size_t RC  = local ? R * C : 0;
+    const size_t S = static_cast<size_t>(s.n_shared), FS = static_cast<size_t>(s.FS);
     if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
         BGL_CHECK(row_of_.size() == N * K && h_.size() == R * F && x_perm_.size() == N * K * C &&
-                      x_local_.size() == (dispatcher_ || rounds_possible ? R * C : 0) &&
-                      hs_.size() == NS,
+                      x_local_.size() == RC && hs_.size() == NS,
                   "MoE layers sharing buffers differ in shape");
-        return;
+    } else {
+        row_of_       = Buffer<int32_t>(N * K);
+        token_of_row_ = Buffer<int32_t>(N * K);
+        offsets_      = Buffer<int32_t>(E + 1);
+        x_perm_       = Buffer<float>(N * K * C);
+        y_perm_       = Buffer<float>(N * K * C);
+        h_            = Buffer<float>(R * F);
+        g_            = Buffer<float>(R * F);
+        x_local_      = Buffer<float>(RC);
+        y_local_      = Buffer<float>(RC);
+        if (S > 0) {
+            ys_ = Buffer<float>(N * C);
+            hs_ = Buffer<float>(S * N * FS);
+            gs_ = Buffer<float>(S * N * FS);
+        }
     }
-    row_of_       = Buffer<int32_t>(N * K);
-    token_of_row_ = Buffer<int32_t>(N * K);
-    offsets_      = Buffer<int32_t>(E + 1);
-    x_perm_       = Buffer<float>(N * K * C);
-    y_perm_       = Buffer<float>(N * K * C);
-    h_            = Buffer<float>(R * F);
-    g_            = Buffer<float>(R * F);
-    dh_           = Buffer<float>(R * F);
-    dy_perm_      = Buffer<float>(N * K * C);
-    dx_perm_      = Buffer<float>(N * K * C);
-    dprobs_       = Buffer<float>(N * K);
-    if (s.n_shared > 0) {
-        const size_t S = static_cast<size_t>(s.n_shared), FS = static_cast<size_t>(s.FS);
-        ys_  = Buffer<float>(N * C);
-        hs_  = Buffer<float>(S * N * FS);
-        gs_  = Buffer<float>(S * N * FS);
-        dys_ = Buffer<float>(N * C);
-        dhs_ = Buffer<float>(N * FS);
-        dxs_ = Buffer<float>(N * C);
-    }
-    if (dispatcher_ || rounds_possible) {
-        x_local_  = Buffer<float>(R * C);
-        y_local_  = Buffer<float>(R * C);
-        dy_local_ = Buffer<float>(R * C);
-        dx_local_ = Buffer<float>(R * C);
+    if (dh_.size() > 0) {  // the scratch, sized by a layer of this shape
+        BGL_CHECK(dh_.size() == R * F && dy_perm_.size() == N * K * C && dy_local_.size() == RC &&
+                      dhs_.size() == (S > 0 ? N * FS : 0),
+                  "MoE layers sharing scratch differ in shape");
+    } else {
+        dh_       = Buffer<float>(R * F);
+        dy_perm_  = Buffer<float>(N * K * C);
+        dx_perm_  = Buffer<float>(N * K * C);
+        dprobs_   = Buffer<float>(N * K);
+        dy_local_ = Buffer<float>(RC);
+        dx_local_ = Buffer<float>(RC);
+        if (S > 0) {
+            dys_ = Buffer<float>(N * C);
+            dhs_ = Buffer<float>(N * FS);
+            dxs_ = Buffer<float>(N * C);
+        }
     }
 }
 

@@ -72,8 +72,8 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep);
 // MoELayer and TokenDispatcher size their buffers with it; bagualu plan counts them with it.
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 
-// The routing, permuted rows and expert activations a layer keeps from forward to backward,
-// and its backward scratch: everything of the layer's state but the Router's. Layers of one
+// The routing, permuted rows and expert activations a layer keeps from forward to backward:
+// everything of the layer's state but the Router's and its backward scratch. Layers of one
 // shape may share one set when each layer's forward is run again right before its backward
 // (train.recompute, model/gpt.h); the Router, whose statistics the trainer reads after forward,
 // stays per layer, and so do the few small per-round plans and sums (a forward run again
@@ -82,16 +82,23 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 struct MoEBuffers {
     Buffer<int32_t> row_of, token_of_row, offsets;
     Buffer<float> x_perm, y_perm, x_local, h, g, y_local;
+    Buffer<float> ys, hs, gs;  // shared experts
+};
+// A layer's backward working set: written and read within one layer's backward (dxs also as
+// a temporary of the shared experts' forward), never from one layer's pass into another's, so
+// every MoE layer of a model of one shape shares one set (GPT does), whatever train.recompute.
+struct MoEScratch {
     Buffer<float> dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
-    Buffer<float> ys, hs, gs, dys, dhs, dxs;  // shared experts
+    Buffer<float> dys, dhs, dxs;  // shared experts
 };
 
 class MoELayer {
    public:
-    // par: nullptr for a single process. shared: buffers to use instead of the layer's own
-    // (sized by the first layer that gets them); nullptr: the layer's own.
+    // par: nullptr for a single process. shared, scratch: buffers to use instead of the
+    // layer's own (sized by the first layer that gets them); nullptr: the layer's own.
     MoELayer(const MoEShape& shape, int max_tokens, dist::ParallelContext* par = nullptr,
-             std::shared_ptr<MoEBuffers> shared = nullptr);
+             std::shared_ptr<MoEBuffers> shared  = nullptr,
+             std::shared_ptr<MoEScratch> scratch = nullptr);
 
     // out: (N, C), overwritten. inp: (N, C). Returns the aux loss (already times aux_coef).
     double forward(float* out, const float* inp, const MoEWeights& w, int N);
@@ -173,6 +180,7 @@ class MoELayer {
     Buffer<uint8_t> had_rows_;           // (El)
     ExpertPrecision prec_;
     std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
+    std::shared_ptr<MoEScratch> scr_;  // the same
     // saved for backward
     Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
     Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
@@ -188,16 +196,16 @@ class MoELayer {
     Buffer<float>& hs_ = buf_->hs;
     Buffer<float>& gs_ = buf_->gs;
     // backward scratch
-    Buffer<float>& dy_perm_  = buf_->dy_perm;
-    Buffer<float>& dy_local_ = buf_->dy_local;
-    Buffer<float>& dh_       = buf_->dh;
-    Buffer<float>& dx_local_ = buf_->dx_local;
-    Buffer<float>& dx_perm_  = buf_->dx_perm;
-    Buffer<float>& dprobs_   = buf_->dprobs;
+    Buffer<float>& dy_perm_  = scr_->dy_perm;
+    Buffer<float>& dy_local_ = scr_->dy_local;
+    Buffer<float>& dh_       = scr_->dh;
+    Buffer<float>& dx_local_ = scr_->dx_local;
+    Buffer<float>& dx_perm_  = scr_->dx_perm;
+    Buffer<float>& dprobs_   = scr_->dprobs;
     // shared experts: (N, C) (N, FS) (N, C)
-    Buffer<float>& dys_ = buf_->dys;
-    Buffer<float>& dhs_ = buf_->dhs;
-    Buffer<float>& dxs_ = buf_->dxs;
+    Buffer<float>& dys_ = scr_->dys;
+    Buffer<float>& dhs_ = scr_->dhs;
+    Buffer<float>& dxs_ = scr_->dxs;
 
     void shared_forward(const float* inp, const ExpertWeights& w, int N);
     // Whether this forward's shared experts compute beside the plain dispatch (overlap_shared).

@@ -66,24 +66,29 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     const bool pieces = ep > 1 && a2a_chunks > 1;
     MoEBytes b;
     double& a = b.activations;
-    double& s = b.layer_buffers;                   // moe::MoEBuffers, counted in activations too
-    a += 2 * buf(N * E, 4) + buf(N * K, 4);        // logits_, softmax_full_, probs_
-    a += buf(N * K, 4) + buf(E, 4);                // expert_idx_, tokens_per_expert_
-    s += 2 * buf(N * K, 4) + buf(E + 1, 4);        // row_of_, token_of_row_, offsets_
-    a += 3 * E * 8;                                // global_tpe_, prob_sum_, f_
-    s += 2 * buf(N * K * C, 4);                    // x_perm_, y_perm_
-    s += 3 * buf(R * F, 4);                        // h_, g_, dh_
-    s += 2 * buf(N * K * C, 4) + buf(N * K, 4);    // dy_perm_, dx_perm_, dprobs_
-    a += buf(N * E, 4);                            // dlogits_
-    if (ep > 1 || rounds) s += 4 * buf(R * C, 4);  // x_local_, y_local_, dy_local_, dx_local_
+    double& s = b.layer_buffers;                 // moe::MoEBuffers, counted in activations too
+    a += 2 * buf(N * E, 4) + buf(N * K, 4);      // logits_, softmax_full_, probs_
+    a += buf(N * K, 4) + buf(E, 4);              // expert_idx_, tokens_per_expert_
+    s += 2 * buf(N * K, 4) + buf(E + 1, 4);      // row_of_, token_of_row_, offsets_
+    a += 3 * E * 8;                              // global_tpe_, prob_sum_, f_
+    s += 2 * buf(N * K * C, 4);                  // x_perm_, y_perm_
+    s += 2 * buf(R * F, 4);                      // h_, g_
+    double& d = b.scratch;                       // moe::MoEScratch, one for all layers
+    d += buf(R * F, 4);                          // dh_
+    d += 2 * buf(N * K * C, 4) + buf(N * K, 4);  // dy_perm_, dx_perm_, dprobs_
+    a += buf(N * E, 4);                          // dlogits_
+    if (ep > 1 || rounds) {
+        s += 2 * buf(R * C, 4);  // x_local_, y_local_
+        d += 2 * buf(R * C, 4);  // dy_local_, dx_local_
+    }
     if (rounds || pieces) a += buf(El * (F + C), 8) + buf(El, 1);  // bias_acc_, had_rows_
     if (rounds) {
         if (ep == 1) a += E * 8 + buf(E + 1, 4) + 3 * El * 8;  // local totals, offsets, rounds
     }
     if (m.n_shared_experts > 0) {
         const double S = m.n_shared_experts, FS = m.shared_width();
-        // ys_ dys_ dxs_, hs_ gs_, dhs_
-        s += 3 * buf(N * C, 4) + 2 * buf(S * N * FS, 4) + buf(N * FS, 4);
+        s += buf(N * C, 4) + 2 * buf(S * N * FS, 4);  // ys_, hs_ gs_
+        d += 2 * buf(N * C, 4) + buf(N * FS, 4);      // dys_ dxs_, dhs_
     }
     if (ep > 1) {
         // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible or
@@ -187,7 +192,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             moe::moe_rows_budget(static_cast<int64_t>(N), m.top_k, L.ep, budget));
         f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R)) : 1;
     }
-    mem.activations += n_moe * moe.activations;
+    mem.activations += n_moe * moe.activations + (n_moe > 0 ? moe.scratch : 0);
     if (rc != Recompute::none && n_moe > 1) mem.activations -= (n_moe - 1) * moe.layer_buffers;
     // collectives of the forward: one more for each MoE layer backward runs again
     const double n_fwd = n_moe + model::recomputed(m, rc).moe_layers;

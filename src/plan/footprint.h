@@ -146,6 +146,7 @@ struct MoEBytes {
     double activations = 0;
     double layer_buffers =
         0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
+    double scratch      = 0;  // moe::MoEScratch, not in activations: one for all the layers
     double comm_buffers = 0;
 };
 // half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more

@@ -25,7 +25,7 @@ class OwnSessionDir {
         if (std::getenv("OMPI_MCA_orte_tmpdir_base") != nullptr) return;
         std::error_code ec;
         const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-        base_ = (ec ? std::filesystem::path("/tmp") : tmp) /
+        base_                           = (ec ? std::filesystem::path("/tmp") : tmp) /
                 ("bagualu-ompi-" + std::to_string(::getpid()));
         ::setenv("OMPI_MCA_orte_tmpdir_base", base_.c_str(), 1);
     }

@@ -266,7 +266,7 @@ TEST(Gemm, Bf16WideningPathsEqualFloatOnWidenedValues) {
     const Case cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
                           {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0}};
-    int widening = 0;
+    int widening       = 0;
     for (Path path : supported_paths()) {
         gemm::set_active_path(path);
         // onednn / auto: gemm_f32 may run oneDNN's float matmul where gemm_bf16 runs ours

@@ -417,7 +417,7 @@ TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
         TrainConfig b           = c;
         b.model.moe_rows_budget = budget;
         const MoEBytes m        = moe_layer_bytes(b.model, static_cast<int64_t>(N), ep);
-        return m.activations + m.comm_buffers;
+        return m.activations + m.scratch + m.comm_buffers;
     };
     // unbounded grows with EP by (R, C) and (R, F) buffers; with a budget of twice the
     // balanced load only the per-peer counts grow (a few int64 per peer and expert)
