@@ -33,11 +33,14 @@ namespace {
 
 // The backend each GEMM of a training step ran on, per phase (after the steps): under
 // BGL_GEMM=auto the choice recorded for its shape and dtype (absent: that dtype was not called
-// at that shape), otherwise the active path; the experts' grouped GEMM is always ours.
+// at that shape), otherwise the active path; the experts' grouped GEMM is always ours. Where
+// gemm_bf16 only widens (kernels::gemm_bf16_widens(), reported as "bf16_gemm_as_f32"), the
+// dense bf16 products run gemm_f32 on their rounded floats, so their entry is the f32 one.
 nlohmann::json gemm_backends(const TrainConfig& cfg) {
     namespace g           = kernels::gemm;
     const g::Path active  = g::active_path();
     const bool automatic  = active == g::Path::automatic;
+    const bool widens     = kernels::gemm_bf16_widens();
     const g::Path grouped = active == g::Path::onednn || automatic ? g::best_path() : active;
     nlohmann::json out    = nlohmann::json::array();
     for (const GemmShape& s :
@@ -54,7 +57,8 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
                 e[dtype] = g::path_name(grouped);
             } else if (!automatic) {
                 e[dtype] = g::path_name(active);
-            } else if (const auto p = g::choice_table().find({bf16, s.ta, s.tb, s.m, s.n, s.k})) {
+            } else if (const auto p =
+                           g::choice_table().find({bf16 && !widens, s.ta, s.tb, s.m, s.n, s.k})) {
                 e[dtype] = g::path_name(*p);
             }
         }
@@ -220,6 +224,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["cpu_model"]                 = kernels::cpu_features().model;
         j["half_features"]             = kernels::half_precision_features();
         j["gemm_backends"]             = gemm_backends(cfg);
+        j["bf16_gemm_as_f32"]          = kernels::gemm_bf16_widens();
         j["steps"]                     = o.steps;
         j["warmup"]                    = o.warmup;
         j["tokens_per_step"]           = tokens_per_step;

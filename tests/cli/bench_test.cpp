@@ -12,6 +12,7 @@
 
 #include "../common/run_command.h"
 #include "data/token_file.h"
+#include "kernels/cpu_features.h"
 
 namespace bagualu::testing {
 namespace {
@@ -76,11 +77,15 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
         bagualu("bench train --config configs/tiny.toml --steps 2 --warmup 1 --json" + data);
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);  // nothing but the JSON on stdout
-    for (const char* key : {"tokens_per_s", "mfu", "model_gflops", "peak_gflops", "peak_rss_mb",
-                            "phases", "cpu_model", "half_features", "gemm_backends"}) {
+    for (const char* key :
+         {"tokens_per_s", "mfu", "model_gflops", "peak_gflops", "peak_rss_mb", "phases",
+          "cpu_model", "half_features", "gemm_backends", "bf16_gemm_as_f32"}) {
         ASSERT_TRUE(j.contains(key)) << key;
     }
-    // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend.
+    // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend. The
+    // default backend widens bf16 to float exactly where the CPU has no AVX512_BF16.
+    EXPECT_EQ(j["bf16_gemm_as_f32"].get<bool>(), !bagualu::kernels::cpu_features().avx512_bf16)
+        << j["gemm_backend"];
     ASSERT_FALSE(j["gemm_backends"].empty());
     for (const auto& g : j["gemm_backends"]) {
         EXPECT_TRUE(g.contains("phase") && g.contains("gemm")) << g.dump();
