@@ -90,6 +90,7 @@ struct MoEBuffers {
 struct MoEScratch {
     Buffer<float> dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
     Buffer<float> dys, dhs, dxs;  // shared experts
+    std::shared_ptr<RouterScratch> router = std::make_shared<RouterScratch>();
 };
 
 class MoELayer {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -34,8 +35,16 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
 }
 
 Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
-               dist::ParallelContext* par)
-    : C_(C), E_(E), K_(K), aux_coef_(aux_coef), gate_(gate), par_(par), bias_(E) {
+               dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch)
+    : C_(C),
+      E_(E),
+      K_(K),
+      aux_coef_(aux_coef),
+      gate_(gate),
+      par_(par),
+      bias_(E),
+      scr_(scratch ? std::move(scratch) : std::make_shared<RouterScratch>()),
+      preference_(gate.kind == GateKind::noisy ? own_preference_ : scr_->preference) {
     const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
                  Ks = static_cast<size_t>(K), Cs = static_cast<size_t>(C);
     noisy_ = gate.kind == GateKind::noisy;
@@ -45,25 +54,42 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     }
     logits_       = Buffer<float>(N * Es);
     softmax_full_ = Buffer<float>(N * Es);
+    // the ranking's columns: every expert for SWIPE (it may move a token anywhere), K + 1 for the
+    // noisy gate's load, K otherwise (forward's R at most)
+    const size_t R = gate.kind == GateKind::swipe ? Es : noisy_ ? std::min(Ks + 1, Es) : Ks;
     if (noisy_) {
-        noise_logits_  = Buffer<float>(N * Es);
-        eps_           = Buffer<float>(N * Es);
-        noisy_logits_  = Buffer<float>(N * Es);
-        load_prob_     = Buffer<float>(N * Es);
-        dnoise_logits_ = Buffer<float>(N * Es);
-        dnoisy_        = Buffer<float>(N * Es);
-        dx_noise_      = Buffer<float>(N * Cs);
+        noise_logits_   = Buffer<float>(N * Es);
+        eps_            = Buffer<float>(N * Es);
+        noisy_logits_   = Buffer<float>(N * Es);
+        load_prob_      = Buffer<float>(N * Es);
+        own_preference_ = Buffer<int32_t>(N * R);
+        if (gate.balance_bias) load_pref_ = Buffer<int32_t>(N * R);
     }
-    preference_ = Buffer<int32_t>(N * Es);
-    if (gate.balance_bias) biased_ = Buffer<float>(N * Es);
-    if (gate.route_nodes > 0) limited_ = Buffer<float>(N * Es);
-    if (gate.balance_bias && noisy_) load_pref_ = Buffer<int32_t>(N * Es);
+    // the shared scratch: sized by the first router, every other one of the same shape
+    RouterScratch& sc = *scr_;
+    auto sized        = [](auto& buf, size_t n, const char* what) {
+        using B = std::remove_reference_t<decltype(buf)>;
+        if (buf.size() == 0) {
+            buf = B(n);
+        } else {
+            BGL_CHECK(buf.size() == n, "routers sharing scratch differ in shape: {} {} vs {}", what,
+                             buf.size(), n);
+        }
+    };
+    sized(sc.dlogits, N * Es, "dlogits");
+    if (!noisy_) sized(sc.preference, N * R, "preference");
+    if (gate.balance_bias) sized(sc.biased, N * Es, "biased");
+    if (gate.route_nodes > 0) sized(sc.limited, N * Es, "limited");
+    if (noisy_) {
+        sized(sc.dnoise_logits, N * Es, "dnoise_logits");
+        sized(sc.dnoisy, N * Es, "dnoisy");
+        sized(sc.dx_noise, N * Cs, "dx_noise");
+    }
     selected_          = Buffer<int32_t>(N * Ks);
     expert_idx_        = Buffer<int32_t>(N * Ks);
     reassigned_        = Buffer<uint8_t>(N * Ks);
     probs_             = Buffer<float>(N * Ks);
     tokens_per_expert_ = Buffer<int32_t>(Es);
-    dlogits_           = Buffer<float>(N * Es);
     dprobs_aux_        = Buffer<float>(N * Ks);
     f_.resize(Es);
     entropy_ = Buffer<double>(N);

@@ -6,6 +6,7 @@
 // routing) is a pure function of (seed, micro-step, layer, global token index).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,15 +73,28 @@ struct RoutingStats {
     double z_loss       = 0;                 // the z-loss it returned (times z_loss_coef)
 };
 
+// The router's working buffers that no layer needs from its forward to its backward: the
+// choice scores and ranking (forward; the noisy gate keeps its ranking, which its backward
+// reads, per layer) and the logits' gradients (backward). The MoE layers of a model share one
+// set (MoEScratch, moe_layer.h), so that what grows with N x E is kept once, not per layer.
+struct RouterScratch {
+    Buffer<float> biased, limited;        // (N, E) choice scores: + bias, limited to groups
+    Buffer<int32_t> preference;           // (N, R) best experts first (not the noisy gate)
+    Buffer<float> dlogits;                // (N, E)
+    Buffer<float> dnoise_logits, dnoisy;  // (N, E) noisy gate
+    Buffer<float> dx_noise;               // (N, C) noisy gate
+};
+
 // Uniform in [0, 1) for one (token, index) of a stream; a counter-based hash (splitmix64).
 double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
                        int64_t index);
 
 class Router {
    public:
-    // C model width, E experts, K = top_k. par: nullptr for one process.
+    // C model width, E experts, K = top_k. par: nullptr for one process. scratch: shared with
+    // the other layers' routers (sized by the first), or nullptr for the router's own.
     Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
-           dist::ParallelContext* par);
+           dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch = nullptr);
 
     void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
     // Tokens per sequence of the following forwards (the per-sequence balancing loss needs it;
@@ -130,13 +144,15 @@ class Router {
     bool jittered_ = false, noisy_ = false;
     RoutingStats stats_;
     BalanceBias bias_;
+    std::shared_ptr<RouterScratch> scr_;
+    Buffer<int32_t> own_preference_;  // the noisy gate's ranking, read by its backward
     // saved for backward
     Buffer<float> x_jit_, jit_;            // (N, C) jittered input and its factors
     Buffer<float> logits_, softmax_full_;  // (N, E) clean logits and their softmax
     Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
-    Buffer<int32_t> preference_;                                   // (N, R) best experts first
-    Buffer<float> biased_;       // (N, E) route + bias: the scores the choice ranks (balance_bias)
-    Buffer<float> limited_;      // (N, E) the choice scores limited to groups (route_nodes)
+    Buffer<int32_t>& preference_;  // (N, R) best experts first: own_preference_ or scratch
+    Buffer<float>& biased_  = scr_->biased;   // (N, E) route + bias: the scores the choice ranks
+    Buffer<float>& limited_ = scr_->limited;  // (N, E) the choice scores limited to groups
     Buffer<int32_t> load_pref_;  // (N, R) noisy gate with bias: the unbiased ranking its load uses
     Buffer<int32_t> selected_, expert_idx_;  // (N, K) weighted experts / routing
     Buffer<uint8_t> reassigned_;             // (N, K)
@@ -151,7 +167,11 @@ class Router {
     std::vector<int64_t> topk_counts_;  // [E] top-k choices per expert, before capacity/SWIPE
     std::vector<double> stat_sums_;     // [5E + 5] statistics summed over ranks
     // backward scratch
-    Buffer<float> dlogits_, dnoise_logits_, dnoisy_, dprobs_aux_, dx_noise_;
+    Buffer<float>& dlogits_       = scr_->dlogits;
+    Buffer<float>& dnoise_logits_ = scr_->dnoise_logits;
+    Buffer<float>& dnoisy_        = scr_->dnoisy;
+    Buffer<float>& dx_noise_      = scr_->dx_noise;
+    Buffer<float> dprobs_aux_;
 };
 
 }  // namespace bagualu::moe

@@ -66,17 +66,33 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     const bool pieces = ep > 1 && a2a_chunks > 1;
     MoEBytes b;
     double& a = b.activations;
-    double& s = b.layer_buffers;                 // moe::MoEBuffers, counted in activations too
-    a += 2 * buf(N * E, 4) + buf(N * K, 4);      // logits_, softmax_full_, probs_
-    a += buf(N * K, 4) + buf(E, 4);              // expert_idx_, tokens_per_expert_
+    double& s = b.layer_buffers;  // moe::MoEBuffers, counted in activations too
+    // moe/router.cpp Router::Router: per layer, and its scratch shared by the layers
+    const bool noisy = m.gate == moe::GateKind::noisy;
+    double& d        = b.scratch;                     // moe::MoEScratch, one for all layers
+    a += 2 * buf(N * E, 4) + buf(N * K, 4);           // logits_, softmax_full_, probs_
+    a += buf(N * K, 4) + buf(E, 4);                   // expert_idx_, tokens_per_expert_
+    a += 2 * buf(N * K, 4) + buf(N * K, 1);           // selected_, dprobs_aux_, reassigned_
+    a += buf(N, 8);                                   // entropy_
+    if (m.router_z_loss_coef > 0) a += buf(N, 8);     // lse_
+    if (m.jitter > 0) a += 2 * buf(N * C, 4);         // x_jit_, jit_
+    d += buf(N * E, 4);                               // dlogits
+    if (m.balance_bias_rate > 0) d += buf(N * E, 4);  // biased
+    if (m.route_nodes > 0) d += buf(N * E, 4);        // limited
+    if (noisy) {
+        const double R1 = std::min(K + 1, E);
+        a += 4 * buf(N * E, 4) + buf(N * R1, 4);  // noise logits, eps, noisy logits, load prob
+        if (m.balance_bias_rate > 0) a += buf(N * R1, 4);  // load_pref_
+        d += 2 * buf(N * E, 4) + buf(N * C, 4);            // dnoise_logits, dnoisy, dx_noise
+    } else {
+        d += buf(N * (m.gate == moe::GateKind::swipe ? E : K), 4);  // preference
+    }
     s += 2 * buf(N * K, 4) + buf(E + 1, 4);      // row_of_, token_of_row_, offsets_
     a += 3 * E * 8;                              // global_tpe_, prob_sum_, f_
     s += 2 * buf(N * K * C, 4);                  // x_perm_, y_perm_
     s += 2 * buf(R * F, 4);                      // h_, g_
-    double& d = b.scratch;                       // moe::MoEScratch, one for all layers
     d += buf(R * F, 4);                          // dh_
     d += 2 * buf(N * K * C, 4) + buf(N * K, 4);  // dy_perm_, dx_perm_, dprobs_
-    a += buf(N * E, 4);                          // dlogits_
     if (ep > 1 || rounds) {
         s += 2 * buf(R * C, 4);  // x_local_, y_local_
         d += 2 * buf(R * C, 4);  // dy_local_, dx_local_
