@@ -44,6 +44,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
       par_(par),
       bias_(E),
       scr_(scratch ? std::move(scratch) : std::make_shared<RouterScratch>()),
+      logits_(gate.kind == GateKind::noisy || gate.score == RouterScore::sigmoid ? own_logits_
+                                                                                 : scr_->logits),
       preference_(gate.kind == GateKind::noisy ? own_preference_ : scr_->preference) {
     const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
                  Ks = static_cast<size_t>(K), Cs = static_cast<size_t>(C);
@@ -52,7 +54,6 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         x_jit_ = Buffer<float>(N * Cs);
         jit_   = Buffer<float>(N * Cs);
     }
-    logits_       = Buffer<float>(N * Es);
     softmax_full_ = Buffer<float>(N * Es);
     // the ranking's columns: every expert for SWIPE (it may move a token anywhere), K + 1 for the
     // noisy gate's load, K otherwise (forward's R at most)
@@ -77,6 +78,11 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         }
     };
     sized(sc.dlogits, N * Es, "dlogits");
+    if (&logits_ == &own_logits_) {
+        own_logits_ = Buffer<float>(N * Es);
+    } else {
+        sized(sc.logits, N * Es, "logits");
+    }
     if (!noisy_) sized(sc.preference, N * R, "preference");
     if (gate.balance_bias) sized(sc.biased, N * Es, "biased");
     if (gate.route_nodes > 0) sized(sc.limited, N * Es, "limited");

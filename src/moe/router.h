@@ -74,10 +74,13 @@ struct RoutingStats {
 };
 
 // The router's working buffers that no layer needs from its forward to its backward: the
-// choice scores and ranking (forward; the noisy gate keeps its ranking, which its backward
-// reads, per layer) and the logits' gradients (backward). The MoE layers of a model share one
-// set (MoEScratch, moe_layer.h), so that what grows with N x E is kept once, not per layer.
+// logits of the softmax-scored gates (whose backward reads only the softmax; the sigmoid and
+// noisy gates keep theirs per layer), the choice scores and ranking (forward; the noisy gate
+// keeps its ranking, which its backward reads, per layer) and the logits' gradients. The MoE
+// layers of a model share one set (MoEScratch, moe_layer.h), so that what grows with N x E is
+// kept once, not per layer.
 struct RouterScratch {
+    Buffer<float> logits;                 // (N, E) the softmax gates' logits (forward only)
     Buffer<float> biased, limited;        // (N, E) choice scores: + bias, limited to groups
     Buffer<int32_t> preference;           // (N, R) best experts first (not the noisy gate)
     Buffer<float> dlogits;                // (N, E)
@@ -146,9 +149,11 @@ class Router {
     BalanceBias bias_;
     std::shared_ptr<RouterScratch> scr_;
     Buffer<int32_t> own_preference_;  // the noisy gate's ranking, read by its backward
+    Buffer<float> own_logits_;        // the sigmoid and noisy gates' logits, read by backward
     // saved for backward
-    Buffer<float> x_jit_, jit_;            // (N, C) jittered input and its factors
-    Buffer<float> logits_, softmax_full_;  // (N, E) clean logits and their softmax
+    Buffer<float> x_jit_, jit_;   // (N, C) jittered input and its factors
+    Buffer<float>& logits_;       // (N, E) clean logits: own_logits_ or the scratch's
+    Buffer<float> softmax_full_;  // (N, E) their softmax
     Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
     Buffer<int32_t>& preference_;  // (N, R) best experts first: own_preference_ or scratch
     Buffer<float>& biased_  = scr_->biased;   // (N, E) route + bias: the scores the choice ranks

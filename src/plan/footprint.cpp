@@ -69,8 +69,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     double& s = b.layer_buffers;  // moe::MoEBuffers, counted in activations too
     // moe/router.cpp Router::Router: per layer, and its scratch shared by the layers
     const bool noisy = m.gate == moe::GateKind::noisy;
-    double& d        = b.scratch;                     // moe::MoEScratch, one for all layers
-    a += 2 * buf(N * E, 4) + buf(N * K, 4);           // logits_, softmax_full_, probs_
+    double& d        = b.scratch;        // moe::MoEScratch, one for all layers
+    a += buf(N * E, 4) + buf(N * K, 4);  // softmax_full_, probs_
+    // logits_: the sigmoid and noisy gates' backward reads them, the softmax gates' does not
+    (noisy || m.router_score == RouterScore::sigmoid ? a : d) += buf(N * E, 4);
     a += buf(N * K, 4) + buf(E, 4);                   // expert_idx_, tokens_per_expert_
     a += 2 * buf(N * K, 4) + buf(N * K, 1);           // selected_, dprobs_aux_, reassigned_
     a += buf(N, 8);                                   // entropy_

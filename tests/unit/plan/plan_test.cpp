@@ -172,8 +172,10 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         moe::GateKind gate;
         double bias;
         int route_nodes;
+        RouterScore score = RouterScore::softmax;  // sigmoid: the logits kept per layer
     };
     for (const Case g : {Case{moe::GateKind::topk, 0.0, 0}, Case{moe::GateKind::topk, 0.01, 2},
+                         Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid},
                          Case{moe::GateKind::swipe, 0.01, 0}, Case{moe::GateKind::noisy, 0.0, 0},
                          Case{moe::GateKind::noisy, 0.01, 0}}) {
         TrainConfig c              = small_config(1, 256);  // every block MoE, 256 experts
@@ -183,6 +185,7 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         c.model.gate               = g.gate;
         c.model.balance_bias_rate  = g.bias;
         c.model.route_nodes        = g.route_nodes;
+        c.model.router_score       = g.score;
         c.model.route_groups       = g.route_nodes > 0 ? 4 : 0;
         c.model.router_z_loss_coef = 0.001;
         c.model.jitter             = 0.01;
@@ -204,7 +207,8 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         const Memory& m      = f.memory;
         const double predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
         EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
-            << name_of(g.gate) << " bias " << g.bias << " route_nodes " << g.route_nodes;
+            << name_of(g.gate) << " " << name_of(g.score) << " bias " << g.bias << " route_nodes "
+            << g.route_nodes;
     }
 }
 
