@@ -466,9 +466,11 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     fmt::print("gemm backend {}, ours = {}, {} threads, median of {}; oneDNN {} ({}, {})\n",
                kernels::gemm_backend_name(), ours_name, threads, repeats,
                kernels::gemm::onednn::version(), f32_impl, bf16_impl);
-    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s (vdpbf16ps {:.1f}, AMX {})\n",
-               peak_f32, peak_bf16, peak_dot,
-               peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
+    // without AVX512_BF16 the dot-product loop runs on float FMAs (kernels/peak.h)
+    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s ({} {:.1f}, AMX {})\n", peak_f32,
+               peak_bf16,
+               kernels::cpu_features().avx512_bf16 ? "vdpbf16ps" : "float FMAs, no 16-bit unit:",
+               peak_dot, peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
     fmt::print(
         "dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "
         "threads in this process; alone: in a child process (--standalone-check)\n");
