@@ -98,6 +98,9 @@ class Router {
     // the other layers' routers (sized by the first), or nullptr for the router's own.
     Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
            dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch = nullptr);
+    // Not copied or moved: logits_ and preference_ may refer to the router's own buffers.
+    Router(const Router&)            = delete;
+    Router& operator=(const Router&) = delete;
 
     void set_context(const RoutingContext& ctx) { ctx_ = ctx; }
     // Tokens per sequence of the following forwards (the per-sequence balancing loss needs it;
