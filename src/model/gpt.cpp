@@ -241,8 +241,11 @@ ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPoli
     c.at.assign(n, ComputeCopies::kNone);
     for (size_t i = 0; i < n; ++i) {
         const ParamSpec& s = layout.spec(i);
-        if (prec.storage_dtype(s) != Dtype::float32 || prec.compute_dtype(s) == Dtype::float32)
+        if (prec.storage_dtype(s) != Dtype::float32) {
+            c.half.push_back(i);
             continue;
+        }
+        if (prec.compute_dtype(s) == Dtype::float32) continue;
         c.at[i]          = c.floats;
         const size_t end = i + 1 < n ? layout.spec(i + 1).offset : layout.total_floats();
         c.floats += end - s.offset;  // the padded span, so an expert kind keeps its stride
@@ -269,21 +272,13 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         // Forward computes with the weights as the policy rounds them (refresh_compute_weights):
         // a half-stored tensor is its parameter, rounded in place; a float32-stored one computed
         // in half (O1 GEMM weights) is a rounded copy in wc_ (plan_compute_copies).
-        const ComputeCopies cc = plan_compute_copies(layout_, prec_);
-        wc_at_                 = cc.at;
-        for (size_t i = 0; i < wc_at_.size(); ++i) {
-            const ParamSpec& s = layout_.spec(i);
-            const Dtype st     = prec_.storage_dtype(s);
-            if (st != Dtype::float32) half_stored_.push_back({i, st});
-            if (wc_at_[i] != ComputeCopies::kNone) copied_.push_back({i, prec_.compute_dtype(s)});
-        }
-        wc_ = Buffer<float>(cc.floats);
-        w_  = resolve_each<const float>(
+        compute_ = plan_compute_copies(layout_, prec_);
+        wc_      = Buffer<float>(compute_.floats);
+        w_       = resolve_each<const float>(
             layout_, cfg_,
             [this](const ParamSpec& s) -> const float* {
-                const size_t i = static_cast<size_t>(&s - layout_.specs().data());
-                return wc_at_[i] == ComputeCopies::kNone ? params_.data() + s.offset
-                                                          : wc_.data() + wc_at_[i];
+                const size_t at = compute_.at[static_cast<size_t>(&s - layout_.specs().data())];
+                return at == ComputeCopies::kNone ? params_.data() + s.offset : wc_.data() + at;
             },
             ep_size, ep_rank);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
@@ -377,13 +372,14 @@ const float* GPT::logits() const { return a_->logits; }
 void GPT::refresh_compute_weights() {
     // idempotent on values the optimizer (or a checkpoint) already rounded; others (the initial
     // weights, a model loaded or set from outside) take their stored dtype here
-    for (const auto& [i, d] : half_stored_) {
+    for (const size_t i : compute_.half) {
         const ParamSpec& s = layout_.spec(i);
-        round_inplace(params_.data() + s.offset, s.numel, d);
+        round_inplace(params_.data() + s.offset, s.numel, prec_.dtype);
     }
-    for (const auto& [i, d] : copied_) {
+    for (size_t i = 0; i < compute_.at.size(); ++i) {
+        if (compute_.at[i] == ComputeCopies::kNone) continue;
         const ParamSpec& s = layout_.spec(i);
-        round_copy(wc_.data() + wc_at_[i], params_.data() + s.offset, s.numel, d);
+        round_copy(wc_.data() + compute_.at[i], params_.data() + s.offset, s.numel, prec_.dtype);
     }
     if (wte_head_.size() > 0) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),

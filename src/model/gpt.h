@@ -56,14 +56,16 @@ ModelTensors<P> resolve_each(const ParamLayout& layout, const ModelConfig& cfg,
 // index in the full (single-process) layout, so every layout initialises identically.
 void init_params(float* params, const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed);
 
-// Mixed precision: the float32-stored tensors that are computed in half (O1 GEMM weights) get
-// rounded copies, packed in layout order into one array of `floats`; at[i] is tensor i's offset
-// there, kNone for a tensor computed from its parameter (float32, or half-stored: rounded in
-// place). GPT allocates it; the planner counts it.
+// Mixed precision: what forward rounds before it computes, all to the policy's half type.
+// The half-stored tensors (`half`, indices into the layout) are rounded in place and computed
+// from; the float32-stored ones computed in half (O1 GEMM weights) get rounded copies, packed in
+// layout order into one array of `floats`: at[i] is tensor i's offset there, kNone for a tensor
+// computed from its parameter. GPT allocates and rounds them; the planner counts them.
 struct ComputeCopies {
     static constexpr size_t kNone = ~size_t{0};
     std::vector<size_t> at;
     size_t floats = 0;
+    std::vector<size_t> half;
 };
 ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec);
 
@@ -165,11 +167,8 @@ class GPT {
     ParamLayout layout_;
     Buffer<float> params_, grads_;
     PrecisionPolicy prec_;
-    // mixed precision: half-stored tensors (rounded in place before each forward) and
-    // float32-stored ones computed in half, with their rounded copies in wc_ (wc_at_:
-    // plan_compute_copies)
-    std::vector<std::pair<size_t, Dtype>> half_stored_, copied_;
-    std::vector<size_t> wc_at_;
+    // mixed precision: what forward rounds (plan_compute_copies), the copies in wc_
+    ComputeCopies compute_;
     Buffer<float> wc_;
     Buffer<float> wte_head_;         // mixed: wte rounded for the LM head
     Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand

@@ -153,12 +153,10 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     const double C = m.d_model, V = m.vocab_size;
     if (prec.mixed()) {
         // wc_: rounded copies of the float32-stored tensors computed in half
-        const size_t copies = model::plan_compute_copies(lay, prec).floats;
-        mem.parameters += buf(static_cast<double>(copies), 4);
-        f.rounded_floats = copies;
-        for (const model::ParamSpec& s : lay.specs()) {
-            if (prec.storage_dtype(s) != Dtype::float32) f.rounded_floats += s.numel;
-        }
+        const model::ComputeCopies cc = model::plan_compute_copies(lay, prec);
+        mem.parameters += buf(static_cast<double>(cc.floats), 4);
+        f.rounded_floats = cc.floats;
+        for (const size_t i : cc.half) f.rounded_floats += lay.spec(i).numel;
         const model::ParamSpec* wte = lay.find("wte");
         if (prec.gemm_dtype(model::LayerClass::head) != Dtype::float32 &&
             prec.compute_dtype(*wte) == Dtype::float32) {
