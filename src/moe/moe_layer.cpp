@@ -88,23 +88,16 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
             gs_ = Buffer<float>(S * N * FS);
         }
     }
-    if (dh_.size() > 0) {  // the scratch, sized by a layer of this shape
-        BGL_CHECK(dh_.size() == R * F && dy_perm_.size() == N * K * C && dy_local_.size() == RC &&
-                      dhs_.size() == (S > 0 ? N * FS : 0),
-                  "MoE layers sharing scratch differ in shape");
-    } else {
-        dh_       = Buffer<float>(R * F);
-        dy_perm_  = Buffer<float>(N * K * C);
-        dx_perm_  = Buffer<float>(N * K * C);
-        dprobs_   = Buffer<float>(N * K);
-        dy_local_ = Buffer<float>(RC);
-        dx_local_ = Buffer<float>(RC);
-        if (S > 0) {
-            dys_ = Buffer<float>(N * C);
-            dhs_ = Buffer<float>(N * FS);
-            dxs_ = Buffer<float>(N * C);
-        }
-    }
+    // the scratch: sized by the first layer, every other one of the same shape
+    size_shared(dh_, R * F, "dh");
+    size_shared(dy_perm_, N * K * C, "dy_perm");
+    size_shared(dx_perm_, N * K * C, "dx_perm");
+    size_shared(dprobs_, N * K, "dprobs");
+    size_shared(dy_local_, RC, "dy_local");
+    size_shared(dx_local_, RC, "dx_local");
+    size_shared(dys_, S > 0 ? N * C : 0, "dys");
+    size_shared(dhs_, S > 0 ? N * FS : 0, "dhs");
+    size_shared(dxs_, S > 0 ? N * C : 0, "dxs");
 }
 
 // ---- rounds ----

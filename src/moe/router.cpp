@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -68,28 +67,19 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     }
     // the shared scratch: sized by the first router, every other one of the same shape
     RouterScratch& sc = *scr_;
-    auto sized        = [](auto& buf, size_t n, const char* what) {
-        using B = std::remove_reference_t<decltype(buf)>;
-        if (buf.size() == 0) {
-            buf = B(n);
-        } else {
-            BGL_CHECK(buf.size() == n, "routers sharing scratch differ in shape: {} {} vs {}", what,
-                             buf.size(), n);
-        }
-    };
-    sized(sc.dlogits, N * Es, "dlogits");
+    size_shared(sc.dlogits, N * Es, "dlogits");
     if (&logits_ == &own_logits_) {
         own_logits_ = Buffer<float>(N * Es);
     } else {
-        sized(sc.logits, N * Es, "logits");
+        size_shared(sc.logits, N * Es, "logits");
     }
-    if (!noisy_) sized(sc.preference, N * R, "preference");
-    if (gate.balance_bias) sized(sc.biased, N * Es, "biased");
-    if (gate.route_nodes > 0) sized(sc.limited, N * Es, "limited");
+    if (!noisy_) size_shared(sc.preference, N * R, "preference");
+    if (gate.balance_bias) size_shared(sc.biased, N * Es, "biased");
+    if (gate.route_nodes > 0) size_shared(sc.limited, N * Es, "limited");
     if (noisy_) {
-        sized(sc.dnoise_logits, N * Es, "dnoise_logits");
-        sized(sc.dnoisy, N * Es, "dnoisy");
-        sized(sc.dx_noise, N * Cs, "dx_noise");
+        size_shared(sc.dnoise_logits, N * Es, "dnoise_logits");
+        size_shared(sc.dnoisy, N * Es, "dnoisy");
+        size_shared(sc.dx_noise, N * Cs, "dx_noise");
     }
     selected_          = Buffer<int32_t>(N * Ks);
     expert_idx_        = Buffer<int32_t>(N * Ks);

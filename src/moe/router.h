@@ -12,6 +12,7 @@
 
 #include "config/enums.h"
 #include "core/buffer.h"
+#include "core/error.h"
 #include "dist/parallel.h"
 #include "moe/balance_bias.h"
 
@@ -87,6 +88,18 @@ struct RouterScratch {
     Buffer<float> dnoise_logits, dnoisy;  // (N, E) noisy gate
     Buffer<float> dx_noise;               // (N, C) noisy gate
 };
+
+// A buffer several layers of one shape share (RouterScratch, MoEScratch): the first layer
+// allocates its n elements, every other checks that it needs the same n.
+template <typename T>
+void size_shared(Buffer<T>& b, size_t n, const char* what) {
+    if (b.size() == 0) {
+        b = Buffer<T>(n);
+        return;
+    }
+    BGL_CHECK(b.size() == n, "layers sharing buffers differ in shape: {} holds {}, needs {}", what,
+              b.size(), n);
+}
 
 // Uniform in [0, 1) for one (token, index) of a stream; a counter-based hash (splitmix64).
 double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64_t token,
