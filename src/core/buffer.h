@@ -3,6 +3,7 @@
 // the step loop.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -52,7 +53,8 @@ class Buffer {
 };
 
 // Hands out 64-byte aligned slices of one Buffer<float>: plan with reserve() calls, then
-// allocate() once, then take() the slices in the same order.
+// allocate() once, then take() the slices in the same order. A slice may hold 16-bit values
+// instead (reserve_half, at_half), used only as such.
 class FloatArena {
    public:
     // Returns the offset of a new slice of n floats.
@@ -62,8 +64,11 @@ class FloatArena {
             (n + kAlign / sizeof(float) - 1) / (kAlign / sizeof(float)) * (kAlign / sizeof(float));
         return off;
     }
+    // A slice of n 16-bit values, in the room of (n + 1) / 2 floats.
+    size_t reserve_half(size_t n) { return reserve((n + 1) / 2); }
     void allocate() { buf_ = Buffer<float>(total_); }
     float* at(size_t offset) { return buf_.data() + offset; }
+    uint16_t* at_half(size_t offset) { return reinterpret_cast<uint16_t*>(at(offset)); }
     size_t total_floats() const { return total_; }
 
    private:

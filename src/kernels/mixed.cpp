@@ -8,6 +8,7 @@
 #include <numbers>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -37,6 +38,41 @@ void round_copy(float* out, const float* in, size_t n, Dtype d) {
 }
 
 void round_inplace(float* x, size_t n, Dtype d) { round_copy(x, x, n, d); }
+
+void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n) {
+    BGL_CHECK(d != Dtype::float32, "narrow_half: float32 is not a half type");
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        to_half(d, x + begin, dst + begin, size_t(end - begin));
+    });
+}
+
+namespace {
+
+void widen_half(Dtype d, float* out, const uint16_t* inp, size_t n) {
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        from_half(d, inp + begin, out + begin, size_t(end - begin));
+    });
+}
+
+}  // namespace
+
+void gelu_forward_half(Dtype d, float* out, const uint16_t* inp, size_t n, bool fp64) {
+    widen_half(d, out, inp, n);
+    (fp64 ? gelu_forward_f64 : gelu_forward)(out, out, n);  // elementwise: in place is safe
+}
+
+void gelu_backward_half(Dtype d, float* dinp, const uint16_t* inp, const float* dout, size_t n,
+                        bool fp64) {
+    // the inputs widened a slice at a time (elementwise, so slices give the whole call's bits)
+    constexpr size_t kSlice = size_t{1} << 16;
+    thread_local std::vector<float> buf;
+    float* x = grow(buf, std::min(n, kSlice));
+    for (size_t o = 0; o < n; o += kSlice) {
+        const size_t len = std::min(kSlice, n - o);
+        widen_half(d, x, inp + o, len);
+        (fp64 ? gelu_backward_f64 : gelu_backward)(dinp + o, x, dout + o, len);
+    }
+}
 
 // ---- linear layers with half-precision operands ----
 
@@ -84,7 +120,7 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
         const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
         gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
     }
-    if (N > 0) {
+    if (dweight && N > 0) {
         const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
         gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, a, IC, 1.f, dweight, IC);
     }

@@ -22,6 +22,16 @@ void round_inplace(float* x, size_t n, Dtype d);
 // out[i] = round_to(d, in[i]); out may alias in.
 void round_copy(float* out, const float* in, size_t n, Dtype d);
 
+// dst[i] = x[i] as 16 bits of the half type d (bfloat16 or float16): exact for values of d,
+// which is how activations of d are kept in half the bytes. Threaded.
+void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n);
+// gelu_forward / gelu_backward of kernels/ops.h (their FP64 versions with fp64) on the widened
+// 16-bit values inp of d: bit for bit those kernels on the float32 values. out may alias
+// nothing; dinp may alias dout. Call from outside pool jobs.
+void gelu_forward_half(Dtype d, float* out, const uint16_t* inp, size_t n, bool fp64 = false);
+void gelu_backward_half(Dtype d, float* dinp, const uint16_t* inp, const float* dout, size_t n,
+                        bool fp64 = false);
+
 // linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
 // already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies where the CPU has
 // 16-bit arithmetic, else (kernels::gemm_bf16_widens()), like fp16 and float32, through gemm_f32

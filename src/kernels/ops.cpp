@@ -118,7 +118,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC) {
     if (dinp) gemm_f32(Trans::N, Trans::N, N, IC, OC, 1.f, dout, OC, weight, IC, 0.f, dinp, IC);
-    if (N > 0) {
+    if (dweight && N > 0) {
         gemm_f32(Trans::T, Trans::N, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, dweight, IC);
     }
     if (!dbias) return;

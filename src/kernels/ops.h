@@ -19,8 +19,9 @@ namespace bagualu::kernels {
 // out: (N, OC). inp: (N, IC). weight: (OC, IC). bias: (OC) or nullptr.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int IC, int OC);
-// dinp: (N, IC), overwritten (=); skipped when nullptr. dweight: (OC, IC) +=. dbias: (OC) +=,
-// skipped when nullptr.
+// dinp: (N, IC), overwritten (=); skipped when nullptr. dweight: (OC, IC) +=, skipped when
+// nullptr (inp is then not read). dbias: (OC) +=, skipped when nullptr. Each part is computed
+// the same way whether the others are skipped or not.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC);
 

@@ -150,20 +150,23 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
 struct GPT::Acts {
     struct Block {
         float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res1, *ln2, *ln2_mean, *ln2_rstd;
-        float *fch = nullptr, *fcg = nullptr;  // dense MLP only: pre- and post-GELU (N, F)
+        // dense MLP only: pre-GELU (N, F), in float32 or (a half ffn act dtype) fch16 in 16 bits;
+        // gelu(fch) is not kept, backward computes it again
+        float* fch      = nullptr;
+        uint16_t* fch16 = nullptr;
     };
     FloatArena arena;
     std::vector<float*> resid;  // [L+1] (N, C)
     std::vector<Block> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dlosses;
-    float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch
+    float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch (df: a dense GELU's output too)
     Buffer<int32_t> tokens, targets;
 };
 
 // Offsets of every activation slice in the arena, in the order they are reserved.
 struct ArenaPlan {
     struct BlockOff {
-        size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch, fcg;
+        size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch;
     };
     std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
@@ -174,7 +177,7 @@ struct ArenaPlan {
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
 // recompute = block: every block uses one working set (the MLP's slices when any block is dense).
 static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows,
-                            Recompute rc) {
+                            Recompute rc, Dtype hidden) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
@@ -198,10 +201,7 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         o.ln2  = A.reserve(N * C);
         o.m2   = A.reserve(N);
         o.r2   = A.reserve(N);
-        if (dense) {
-            o.fch = A.reserve(N * F);
-            o.fcg = A.reserve(N * F);
-        }
+        if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
         p.blocks.push_back(o);
     }
     p.lnf     = A.reserve(N * C);
@@ -219,10 +219,10 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
 }
 
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows,
-                         Recompute recompute) {
+                         Recompute recompute, Dtype hidden) {
     FloatArena A;
     plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
-               static_cast<size_t>(head_rows), recompute);
+               static_cast<size_t>(head_rows), recompute, hidden);
     return A.total_floats();
 }
 
@@ -295,7 +295,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_            = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    const ArenaPlan p = plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_);
+    const Dtype hidden = prec_.act_dtype(LayerClass::ffn);
+    const ArenaPlan p  = plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden);
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -303,8 +304,11 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         Acts::Block b{A.at(o.ln1), A.at(o.m1),   A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
                       A.at(o.lse), A.at(o.res1), A.at(o.ln2), A.at(o.m2),  A.at(o.r2)};
         if (!cfg.is_moe_block(l)) {
-            b.fch = A.at(o.fch);
-            b.fcg = A.at(o.fcg);
+            if (hidden == Dtype::float32) {
+                b.fch = A.at(o.fch);
+            } else {
+                b.fch16 = A.at_half(o.fch);
+            }
         }
         a_->blocks.push_back(b);
     }
@@ -339,6 +343,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.a2a_chunks           = a2a_chunks;
     ms.n_shared             = cfg.n_shared_experts;
     ms.FS                   = cfg.shared_width();
+    ms.prec                 = {prec_.gemm_dtype(LayerClass::ffn), prec_.act_dtype(LayerClass::ffn),
+                               prec_.fp64_sensitive};
     // recomputed MoE layers run forward right before their backward: one set of buffers serves all
     const auto shared =
         recompute_ != Recompute::none ? std::make_shared<moe::MoEBuffers>() : nullptr;
@@ -356,8 +362,6 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
             moe_index_.push_back(static_cast<int>(moe_.size()));
             moe_.push_back(
                 std::make_unique<moe::MoELayer>(ms, static_cast<int>(N), par, shared, scratch));
-            moe_.back()->set_precision({prec_.gemm_dtype(LayerClass::ffn),
-                                        prec_.act_dtype(LayerClass::ffn), prec_.fp64_sensitive});
             moe_.back()->set_a2a_helper(a2a_helper_.get());
         } else {
             moe_index_.push_back(-1);
@@ -494,11 +498,16 @@ double GPT::block_forward(int l) {
         aux = moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
     } else {
         PhaseScope phase(Phase::mlp);
-        linear_forward_half(gf, b.fch, b.ln2, w.fc_w, w.fc_b, N, C, F);
-        round_inplace(b.fch, NF, af);
-        op.gelu_fwd(b.fcg, b.fch, NF);
-        round_inplace(b.fcg, NF, gf);
-        linear_forward_half(gf, y, b.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+        // the GELU's output only feeds the next product: it goes to the backward scratch df
+        // (free during forward), and backward computes it again from fch; a 16-bit fch is
+        // formed in df and narrowed from there
+        float* hf = b.fch16 ? a.df : b.fch;
+        linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F);
+        round_inplace(hf, NF, af);
+        if (b.fch16) narrow_half(af, b.fch16, hf, NF);
+        op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
+        round_inplace(a.df, NF, gf);
+        linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C);
         round_inplace(y, NC, af);
     }
     add_forward(y, y, b.res1, NC);
@@ -576,9 +585,25 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                                                     aux_scale);
         } else {
             PhaseScope phase(Phase::mlp);
-            linear_backward_half(gf, a.df, g.fcproj_w, g.fcproj_b, operand(a.dresid, gf), b.fcg,
-                                 w.fcproj_w, N, F, C);
-            op.gelu_bwd(a.df, b.fch, a.df, NF);
+            // gelu(fch) again into df, as forward made it, for the weight gradient; then df
+            // becomes its gradient
+            const float* dy = operand(a.dresid, gf);
+            const Dtype af  = prec_.act_dtype(LayerClass::ffn);
+            const bool f64  = prec_.fp64_sensitive;
+            if (b.fch16) {
+                gelu_forward_half(af, a.df, b.fch16, NF, f64);
+            } else {
+                op.gelu_fwd(a.df, b.fch, NF);
+            }
+            round_inplace(a.df, NF, gf);
+            linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N, F,
+                                 C);
+            linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
+            if (b.fch16) {
+                gelu_backward_half(af, a.df, b.fch16, a.df, NF, f64);
+            } else {
+                op.gelu_bwd(a.df, b.fch, a.df, NF);
+            }
             round_inplace(a.df, NF, gf);
             linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }

@@ -74,8 +74,10 @@ ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPoli
 // head_rows > 0: the fused LM head (GPT's head_rows), whose logits take head_rows x V floats
 // instead of N x V. recompute = block keeps each block's input and one block's working set (the
 // block running forward or backward); none and moe keep every block's activations.
+// hidden: the dtype the dense MLPs keep their pre-activation in (PrecisionPolicy::act_dtype of
+// the ffn class: 16 bits for a half type).
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0,
-                         Recompute recompute = Recompute::none);
+                         Recompute recompute = Recompute::none, Dtype hidden = Dtype::float32);
 // Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
 // bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
 int64_t fused_head_rows(const ModelConfig& cfg);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
@@ -75,16 +76,21 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
 
 }  // namespace
 
-void experts_forward(float* y, float* h, float* g, const float* x, const ExpertWeights& w,
+void experts_forward(float* y, const Hidden& h, float* g, const float* x, const ExpertWeights& w,
                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec) {
-    // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e
-    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, F, C, 1.0f, x, C, w.fc_w, C,
-                              w.fc_w_stride, 0.0f, h, F);
-    add_expert_bias(h, w.fc_b, w.fc_b_stride, offsets, E, F);
     const int64_t rows = offsets[E];
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
-    kernels::round_inplace(h, RF, prec.act);
-    (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, h, RF);
+    BGL_CHECK((h.half != nullptr) != (h.f32 != nullptr) && (!h.half || prec.act != Dtype::float32),
+              "experts_forward: the hidden is kept in float32 or in 16 bits of a half act dtype");
+    // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e: into h, or for a 16-bit h into
+    // g, narrowed from there
+    float* hf = h.half ? g : h.f32;
+    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, F, C, 1.0f, x, C, w.fc_w, C,
+                              w.fc_w_stride, 0.0f, hf, F);
+    add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F);
+    kernels::round_inplace(hf, RF, prec.act);
+    if (h.half) kernels::narrow_half(prec.act, h.half, hf, RF);
+    (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // may be in place
     kernels::round_inplace(g, RF, prec.gemm);
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
     kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, C, F, 1.0f, g, F, w.proj_w, F,
@@ -94,22 +100,33 @@ void experts_forward(float* y, float* h, float* g, const float* x, const ExpertW
 }
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
-                      const float* h, const float* g, const ExpertWeights& w,
-                      const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec,
-                      double* bias_acc) {
+                      const Hidden& h, const ExpertWeights& w, const int32_t* offsets, int E, int C,
+                      int F, const ExpertPrecision& prec, double* bias_acc) {
     const int64_t rows = offsets[E];
     // bias_acc rows: (F) fc_b then (C) proj_b
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(dy, RC, prec.gemm);
-    // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh
-    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
-                              w.proj_w_stride, 0.0f, dh, F);
+    // g = gelu(h) again, as forward made it, into dh
+    float* g = dh;
+    if (h.half) {
+        kernels::gelu_forward_half(prec.act, g, h.half, RF, prec.fp64);
+    } else {
+        (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, h.f32, RF);
+    }
+    kernels::round_inplace(g, RF, prec.gemm);
     // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
     kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
                                  dw.proj_w_stride);
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
-    (prec.fp64 ? kernels::gelu_backward_f64 : kernels::gelu_backward)(dh, h, dh, RF);
+    // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
+    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
+                              w.proj_w_stride, 0.0f, dh, F);
+    if (h.half) {
+        kernels::gelu_backward_half(prec.act, dh, h.half, dh, RF, prec.fp64);
+    } else {
+        (prec.fp64 ? kernels::gelu_backward_f64 : kernels::gelu_backward)(dh, h.f32, dh, RF);
+    }
     kernels::round_inplace(dh, RF, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, C, F, 1.0f, dh, F, w.fc_w, C,

@@ -68,9 +68,11 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     const bool local = dispatcher_ || rounds_possible;  // rows of a round apart from x_perm
     const size_t RC  = local ? R * C : 0;
     const size_t S = static_cast<size_t>(s.n_shared), FS = static_cast<size_t>(s.FS);
+    const bool half_h = s.prec.act != Dtype::float32;
     if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
-        BGL_CHECK(row_of_.size() == N * K && h_.size() == R * F && x_perm_.size() == N * K * C &&
-                      x_local_.size() == RC && hs_.size() == NS,
+        BGL_CHECK(row_of_.size() == N * K && h_.size() + h16_.size() == R * F &&
+                      h16_.size() == (half_h ? R * F : 0) && x_perm_.size() == N * K * C &&
+                      x_local_.size() == RC && hs_.size() + hs16_.size() == NS,
                   "MoE layers sharing buffers differ in shape");
     } else {
         row_of_       = Buffer<int32_t>(N * K);
@@ -78,15 +80,17 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
         offsets_      = Buffer<int32_t>(E + 1);
         x_perm_       = Buffer<float>(N * K * C);
         y_perm_       = Buffer<float>(N * K * C);
-        h_            = Buffer<float>(R * F);
-        g_            = Buffer<float>(R * F);
         x_local_      = Buffer<float>(RC);
         y_local_      = Buffer<float>(RC);
-        if (S > 0) {
-            ys_ = Buffer<float>(N * C);
+        // the pre-activations: in 16 bits when they hold half values (experts.h, Hidden)
+        if (half_h) {
+            h16_  = Buffer<uint16_t>(R * F);
+            hs16_ = Buffer<uint16_t>(S * N * FS);
+        } else {
+            h_  = Buffer<float>(R * F);
             hs_ = Buffer<float>(S * N * FS);
-            gs_ = Buffer<float>(S * N * FS);
         }
+        if (S > 0) ys_ = Buffer<float>(N * C);
     }
     // the scratch: sized by the first layer, every other one of the same shape
     size_shared(dh_, R * F, "dh");
@@ -173,14 +177,14 @@ void MoELayer::round_out(float* y_perm, const float* y_local, Dtype payload) {
 void MoELayer::chunk_exchange(int c, bool combine, bool backward) {
     if (!backward) {
         if (combine) {
-            dispatcher_->combine_chunk(c, y_perm_.data(), y_local_.data(), prec_.act);
+            dispatcher_->combine_chunk(c, y_perm_.data(), y_local_.data(), s_.prec.act);
         } else {
-            dispatcher_->dispatch_chunk(c, x_local_.data(), x_perm_.data(), prec_.gemm);
+            dispatcher_->dispatch_chunk(c, x_local_.data(), x_perm_.data(), s_.prec.gemm);
         }
     } else if (combine) {
-        dispatcher_->combine_chunk(c, dx_perm_.data(), dx_local_.data(), prec_.act);
+        dispatcher_->combine_chunk(c, dx_perm_.data(), dx_local_.data(), s_.prec.act);
     } else {
-        dispatcher_->dispatch_chunk(c, dy_local_.data(), dy_perm_.data(), prec_.gemm);
+        dispatcher_->dispatch_chunk(c, dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
     }
 }
 
@@ -219,19 +223,18 @@ void MoELayer::run_chunks(bool backward, const MoEWeights& w, MoEGrads* dw) {
     for (int c = 0; c < nc; ++c) {
         finish(next);
         if (c + 1 < nc) next = start(2 * (c + 1));
-        const size_t rc     = static_cast<size_t>(dispatcher_->chunk_base(c)) * C,
-                     rf     = static_cast<size_t>(dispatcher_->chunk_base(c)) * F;
+        const size_t row = static_cast<size_t>(dispatcher_->chunk_base(c)), rc = row * C,
+                     rf     = row * F;
         const int32_t* offs = dispatcher_->chunk_offsets(c);
         {
             PhaseScope phase(Phase::experts);
             if (!backward) {
-                experts_forward(y_local_.data() + rc, h_.data() + rf, g_.data() + rf,
-                                x_local_.data() + rc, w.experts, offs, El_, C, F, prec_);
+                experts_forward(y_local_.data() + rc, hidden(row), dh_.data() + rf,
+                                x_local_.data() + rc, w.experts, offs, El_, C, F, s_.prec);
             } else {
                 experts_backward(dx_local_.data() + rc, dh_.data() + rf, dw->experts,
-                                 dy_local_.data() + rc, x_local_.data() + rc, h_.data() + rf,
-                                 g_.data() + rf, w.experts, offs, El_, C, F, prec_,
-                                 bias_acc_.data());
+                                 dy_local_.data() + rc, x_local_.data() + rc, hidden(row),
+                                 w.experts, offs, El_, C, F, s_.prec, bias_acc_.data());
             }
         }
         if (backward) {
@@ -261,12 +264,12 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
     if (s_.n_shared > 0 && !beside) shared_forward(inp, w.shared, N);
     if (dedup_) {
         node_dispatcher_->plan(router_.expert_idx(), router_.probs(), N);
-        node_dispatcher_->dispatch(x_local_.data(), inp, prec_.gemm);
+        node_dispatcher_->dispatch(x_local_.data(), inp, s_.prec.gemm);
         PhaseScope phase(Phase::experts);
-        experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
-                        node_dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+        experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
+                        node_dispatcher_->local_offsets(), El_, C, s_.F, s_.prec);
         phase.stop();
-        node_dispatcher_->combine(out, y_local_.data(), prec_.act);
+        node_dispatcher_->combine(out, y_local_.data(), s_.prec.act);
         if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
         return aux;
     }
@@ -275,12 +278,12 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), x_perm_.data(), prec_.gemm);
+            round_in(x_local_.data(), x_perm_.data(), s_.prec.gemm);
             PhaseScope phase(Phase::experts);
-            experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
-                            round_offsets(), El_, C, s_.F, prec_);
+            experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
+                            round_offsets(), El_, C, s_.F, s_.prec);
             phase.stop();
-            round_out(y_perm_.data(), y_local_.data(), prec_.act);
+            round_out(y_perm_.data(), y_local_.data(), s_.prec.act);
         }
     } else if (dispatcher_ && dispatcher_->chunks() > 1) {
         run_chunks(false, w, nullptr);
@@ -289,17 +292,17 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
             dispatch_beside(x_local_.data(), x_perm_.data(),
                             [&] { shared_forward(inp, w.shared, N); });
         } else {
-            dispatcher_->dispatch(x_local_.data(), x_perm_.data(), prec_.gemm);
+            dispatcher_->dispatch(x_local_.data(), x_perm_.data(), s_.prec.gemm);
         }
         PhaseScope phase(Phase::experts);
-        experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts,
-                        dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+        experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
+                        dispatcher_->local_offsets(), El_, C, s_.F, s_.prec);
         phase.stop();
-        dispatcher_->combine(y_perm_.data(), y_local_.data(), prec_.act);
+        dispatcher_->combine(y_perm_.data(), y_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_forward(y_perm_.data(), h_.data(), g_.data(), x_perm_.data(), w.experts,
-                        offsets_.data(), El_, C, s_.F, prec_);
+        experts_forward(y_perm_.data(), hidden(0), dh_.data(), x_perm_.data(), w.experts,
+                        offsets_.data(), El_, C, s_.F, s_.prec);
     }
     unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
     if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
@@ -317,12 +320,12 @@ void MoELayer::shared_forward(const float* inp, const ExpertWeights& w, int N) {
     PhaseScope phase(Phase::experts);
     const int C = s_.C, FS = s_.FS;
     const int32_t offsets[2] = {0, N};
-    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    const size_t NC          = static_cast<size_t>(N) * C;
     // y_i into dxs_ (free until backward), summed in expert order into ys_
     for (int i = 0; i < s_.n_shared; ++i) {
         float* y = i == 0 ? ys_.data() : dxs_.data();
-        experts_forward(y, hs_.data() + i * NF, gs_.data() + i * NF, inp, shared_expert(w, i),
-                        offsets, 1, C, FS, prec_);
+        experts_forward(y, shared_hidden(static_cast<size_t>(i) * N), dhs_.data(), inp,
+                        shared_expert(w, i), offsets, 1, C, FS, s_.prec);
         if (i > 0) kernels::add_forward(ys_.data(), ys_.data(), y, NC);
     }
 }
@@ -332,7 +335,7 @@ void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, 
     PhaseScope phase(Phase::experts);
     const int C = s_.C, FS = s_.FS;
     const int32_t offsets[2] = {0, N};
-    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * FS;
+    const size_t NC          = static_cast<size_t>(N) * C;
     // experts_backward rounds its output gradient in place: a copy of dout (rounding twice
     // changes nothing)
     std::copy(dout, dout + NC, dys_.data());
@@ -341,8 +344,8 @@ void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, 
         const size_t e         = static_cast<size_t>(i);
         ExpertGrads gi{dw.fc_w + e * dw.fc_w_stride, dw.fc_b + e * dw.fc_b_stride,
                        dw.proj_w + e * dw.proj_w_stride, dw.proj_b + e * dw.proj_b_stride};
-        experts_backward(dxs_.data(), dhs_.data(), gi, dys_.data(), inp, hs_.data() + i * NF,
-                         gs_.data() + i * NF, wi, offsets, 1, C, FS, prec_);
+        experts_backward(dxs_.data(), dhs_.data(), gi, dys_.data(), inp,
+                         shared_hidden(static_cast<size_t>(i) * N), wi, offsets, 1, C, FS, s_.prec);
         if (dinp) kernels::add_forward(dinp, dinp, dxs_.data(), NC);
     }
 }
@@ -370,15 +373,15 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     // backward overlaps one shared expert: its input gradient waits in dxs_ for the end
     const bool beside = shared_beside() && s_.n_shared == 1;
     if (dedup_) {
-        node_dispatcher_->dispatch_grad(dy_local_.data(), dout, prec_.gemm);
+        node_dispatcher_->dispatch_grad(dy_local_.data(), dout, s_.prec.gemm);
         PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
-                         x_local_.data(), h_.data(), g_.data(), w.experts,
-                         node_dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+                         x_local_.data(), hidden(0), w.experts, node_dispatcher_->local_offsets(),
+                         El_, C, s_.F, s_.prec);
         phase.stop();
         // the tokens' input gradients from the experts, (N, C), into dx_perm_ (N K rows)
         node_dispatcher_->combine_grad(dx_perm_.data(), dprobs_.data(), dx_local_.data(),
-                                       prec_.act);
+                                       s_.prec.act);
         router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
                          daux);
         kernels::add_forward(dinp, dinp, dx_perm_.data(), static_cast<size_t>(N) * C);
@@ -391,7 +394,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         // the adjoint of combine is dispatch, and of dispatch is combine
         kernels::round_inplace(dy_perm_.data(),
                                static_cast<size_t>(offsets_[static_cast<size_t>(s_.E)]) * C,
-                               prec_.gemm);
+                               s_.prec.gemm);
     }
     if (rounds_ > 1) {
         // Per round: the rows again (the same values forward had), the expert forward again
@@ -402,20 +405,20 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         std::fill(had_rows_.data(), had_rows_.data() + had_rows_.size(), uint8_t{0});
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), x_perm_.data(), prec_.gemm);
-            round_in(dy_local_.data(), dy_perm_.data(), prec_.gemm);
+            round_in(x_local_.data(), x_perm_.data(), s_.prec.gemm);
+            round_in(dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
             const int32_t* offs = round_offsets();
             PhaseScope phase(Phase::experts);
-            experts_forward(y_local_.data(), h_.data(), g_.data(), x_local_.data(), w.experts, offs,
-                            El_, C, s_.F, prec_);
+            experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
+                            offs, El_, C, s_.F, s_.prec);
             experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
-                             x_local_.data(), h_.data(), g_.data(), w.experts, offs, El_, C, s_.F,
-                             prec_, bias_acc_.data());
+                             x_local_.data(), hidden(0), w.experts, offs, El_, C, s_.F, s_.prec,
+                             bias_acc_.data());
             phase.stop();
             for (int e = 0; e < El_; ++e) {
                 had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
             }
-            round_out(dx_perm_.data(), dx_local_.data(), prec_.act);
+            round_out(dx_perm_.data(), dx_local_.data(), s_.prec.act);
         }
         experts_bias_grad_flush(dw.experts, bias_acc_.data(), had_rows_.data(), El_, C, s_.F);
     } else if (dispatcher_ && dispatcher_->chunks() > 1) {
@@ -425,18 +428,18 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
             dispatch_beside(dy_local_.data(), dy_perm_.data(),
                             [&] { shared_backward(nullptr, dw.shared, dout, inp, w.shared, N); });
         } else {
-            dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), prec_.gemm);
+            dispatcher_->dispatch(dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
         }
         PhaseScope phase(Phase::experts);
         experts_backward(dx_local_.data(), dh_.data(), dw.experts, dy_local_.data(),
-                         x_local_.data(), h_.data(), g_.data(), w.experts,
-                         dispatcher_->local_offsets(), El_, C, s_.F, prec_);
+                         x_local_.data(), hidden(0), w.experts, dispatcher_->local_offsets(), El_,
+                         C, s_.F, s_.prec);
         phase.stop();
-        dispatcher_->combine(dx_perm_.data(), dx_local_.data(), prec_.act);
+        dispatcher_->combine(dx_perm_.data(), dx_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
-                         h_.data(), g_.data(), w.experts, offsets_.data(), El_, C, s_.F, prec_);
+                         hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec);
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);

@@ -56,6 +56,12 @@ struct MoEShape {
     // parallel.overlap_shared (with S > 0): with EP > 1, one round and one piece, the plain
     // dispatch runs on the helper thread (set_a2a_helper) while the shared experts compute
     bool overlap_shared = false;
+    // Rounding of the experts' GEMM operands and outputs (model/precision.h); with a half
+    // prec.act the expert pre-activations are kept in 16 bits. The all-to-all carries rows in the
+    // half type wherever they already hold its values: tokens and output gradients going to the
+    // experts at O1 and up, expert outputs and input gradients coming back at O2 and up, so
+    // EP > 1 computes what one process does.
+    ExpertPrecision prec = {};
 };
 
 // The most routed rows the local experts of one rank can receive in one micro-batch of
@@ -81,11 +87,14 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 // its rounds' expert forward again anyway, from the rows kept here.
 struct MoEBuffers {
     Buffer<int32_t> row_of, token_of_row, offsets;
-    Buffer<float> x_perm, y_perm, x_local, h, g, y_local;
-    Buffer<float> ys, hs, gs;  // shared experts
+    Buffer<float> x_perm, y_perm, x_local, h, y_local;
+    Buffer<uint16_t> h16;  // h in 16 bits (MoEShape::prec.act a half type; h is empty then)
+    Buffer<float> ys, hs;  // shared experts
+    Buffer<uint16_t> hs16;
 };
-// A layer's backward working set: written and read within one layer's backward (dxs also as
-// a temporary of the shared experts' forward), never from one layer's pass into another's, so
+// A layer's backward working set: written and read within one layer's backward (dh and dhs also
+// hold the GELU outputs within a forward, dxs a shared expert's output; the GELU outputs are not
+// kept, backward computes them again from h), never from one layer's pass into another's, so
 // every MoE layer of a model of one shape shares one set (GPT does), whatever train.recompute.
 struct MoEScratch {
     Buffer<float> dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
@@ -106,12 +115,6 @@ class MoELayer {
     // dinp: (N, C), overwritten. Parameter grads +=. daux: d loss / d aux.
     void backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                   const MoEWeights& w, double daux);
-
-    // Rounding of the experts' GEMM operands and outputs (model/precision.h). The all-to-all
-    // carries rows in the half type wherever they already hold its values: tokens and output
-    // gradients going to the experts at O1 and up, expert outputs and input gradients coming
-    // back at O2 and up, so EP > 1 computes what one process does.
-    void set_precision(const ExpertPrecision& p) { prec_ = p; }
 
     // Randomness and training/inference mode of the following forwards (router.h).
     void set_routing_context(const RoutingContext& ctx) { router_.set_context(ctx); }
@@ -179,9 +182,8 @@ class MoELayer {
     Buffer<int32_t> local_offsets_;      // (El + 1) EP == 1, the current round
     Buffer<double> bias_acc_;            // (El, F + C) bias gradient sums over rounds
     Buffer<uint8_t> had_rows_;           // (El)
-    ExpertPrecision prec_;
-    std::shared_ptr<MoEBuffers> buf_;  // this layer's, or shared with the other layers
-    std::shared_ptr<MoEScratch> scr_;  // the same
+    std::shared_ptr<MoEBuffers> buf_;    // this layer's, or shared with the other layers
+    std::shared_ptr<MoEScratch> scr_;    // the same
     // saved for backward
     Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
     Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
@@ -189,13 +191,20 @@ class MoELayer {
     Buffer<float>& x_perm_         = buf_->x_perm;        // (N*K, C) global expert-major
     Buffer<float>& y_perm_         = buf_->y_perm;        // (N*K, C)
     Buffer<float>& x_local_        = buf_->x_local;       // (R, C), R = budget_ rows
-    Buffer<float>& h_              = buf_->h;             // (R, F)
-    Buffer<float>& g_              = buf_->g;             // (R, F)
+    Buffer<float>& h_              = buf_->h;             // (R, F), or
+    Buffer<uint16_t>& h16_         = buf_->h16;           // (R, F) in 16 bits
     Buffer<float>& y_local_        = buf_->y_local;       // (R, C)
-    // shared experts: (N, C) summed output, (S, N, FS) twice
-    Buffer<float>& ys_ = buf_->ys;
-    Buffer<float>& hs_ = buf_->hs;
-    Buffer<float>& gs_ = buf_->gs;
+    // shared experts: (N, C) summed output, (S, N, FS) pre-activations
+    Buffer<float>& ys_      = buf_->ys;
+    Buffer<float>& hs_      = buf_->hs;
+    Buffer<uint16_t>& hs16_ = buf_->hs16;
+    // the kept pre-activations from row `row` on: routed experts (R, F), shared (S, N, FS)
+    Hidden hidden(size_t row) {
+        return Hidden{h_.data(), h16_.data()}.rows_from(row, static_cast<size_t>(s_.F));
+    }
+    Hidden shared_hidden(size_t row) {
+        return Hidden{hs_.data(), hs16_.data()}.rows_from(row, static_cast<size_t>(s_.FS));
+    }
     // backward scratch
     Buffer<float>& dy_perm_  = scr_->dy_perm;
     Buffer<float>& dy_local_ = scr_->dy_local;
@@ -219,7 +228,7 @@ class MoELayer {
         float* to         = nullptr;
         const float* from = nullptr;
         void operator()() const {
-            layer->dispatcher_->dispatch(to, from, layer->prec_.gemm, false);
+            layer->dispatcher_->dispatch(to, from, layer->s_.prec.gemm, false);
         }
     };
     DispatchJob dispatch_job_;

@@ -55,7 +55,7 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
 }  // namespace
 
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
-                         bool half_payload, int a2a_chunks) {
+                         bool half_act, int a2a_chunks) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
                  F = m.d_ff, El = E / ep;
@@ -92,8 +92,9 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     s += 2 * buf(N * K, 4) + buf(E + 1, 4);      // row_of_, token_of_row_, offsets_
     a += 3 * E * 8;                              // global_tpe_, prob_sum_, f_
     s += 2 * buf(N * K * C, 4);                  // x_perm_, y_perm_
-    s += 2 * buf(R * F, 4);                      // h_, g_
-    d += buf(R * F, 4);                          // dh_
+    const double hb = half_act ? 2 : 4;          // bytes of a kept pre-activation
+    s += buf(R * F, hb);                         // h_ or h16_ (backward computes gelu(h) again)
+    d += buf(R * F, 4);                          // dh_ (and the GELU outputs within a pass)
     d += 2 * buf(N * K * C, 4) + buf(N * K, 4);  // dy_perm_, dx_perm_, dprobs_
     if (ep > 1 || rounds) {
         s += 2 * buf(R * C, 4);  // x_local_, y_local_
@@ -105,8 +106,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     }
     if (m.n_shared_experts > 0) {
         const double S = m.n_shared_experts, FS = m.shared_width();
-        s += buf(N * C, 4) + 2 * buf(S * N * FS, 4);  // ys_, hs_ gs_
-        d += 2 * buf(N * C, 4) + buf(N * FS, 4);      // dys_ dxs_, dhs_
+        s += buf(N * C, 4) + buf(S * N * FS, hb);  // ys_, hs_ or hs16_
+        d += 2 * buf(N * C, 4) + buf(N * FS, 4);   // dys_ dxs_, dhs_
     }
     if (ep > 1) {
         // TokenDispatcher: staging_ (R, C), send_staging_ (N*K, C) when rounds are possible or
@@ -118,7 +119,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
                           4 * E * 8 + 8 * ep * 8 + (El + 1) * 4 + ep * 3 * El * 8;
         if (pieces) b.comm_buffers += a2a_chunks * ((4 * ep + 3 * E) * 8 + (El + 1) * 4);
         // send16_, recv16_: as large as the larger staging
-        if (half_payload) b.comm_buffers += 2 * buf(std::max(R, N * K) * C, 2);
+        if (half_act) b.comm_buffers += 2 * buf(std::max(R, N * K) * C, 2);
     }
     a += s;
     return b;
@@ -191,11 +192,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers stay per layer)
     const Recompute rc = cfg.train.recompute;
-    mem.activations +=
-        static_cast<double>(model::activation_floats(
-            m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc)) *
-            4 +
-        2 * buf(N, 4);  // arena; tokens, targets
+    mem.activations += static_cast<double>(model::activation_floats(
+                           m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0,
+                           rc, prec.act_dtype(model::LayerClass::ffn))) *
+                           4 +
+                       2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32,
                                          cfg.parallel.a2a_chunks);

@@ -149,11 +149,12 @@ struct MoEBytes {
     double scratch      = 0;  // moe::MoEScratch, not in activations: one for all the layers
     double comm_buffers = 0;
 };
-// half_payload: the all-to-alls carry 16-bit rows (ffn at O2 and above), through two more
-// staging buffers of half the float staging's bytes each. a2a_chunks: parallel.a2a_chunks (the
+// half_act: the experts' activations hold half values (ffn at O2 and above): the all-to-alls
+// carry 16-bit rows, through two more staging buffers of half the float staging's bytes each,
+// and the expert pre-activations are kept in 16 bits. a2a_chunks: parallel.a2a_chunks (the
 // pieces need the send staging and their plans, bias-gradient sums as rounds do).
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep,
-                         double capacity_factor = 0, bool half_payload = false, int a2a_chunks = 1);
+                         double capacity_factor = 0, bool half_act = false, int a2a_chunks = 1);
 
 // Sums the collectives by kind: the numbers a run's counters report for one rank and step.
 dist::CommTally per_kind(const std::vector<Collective>& collectives);

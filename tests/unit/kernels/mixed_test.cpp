@@ -61,6 +61,32 @@ TEST(Rounding, Bf16AndFp16Values) {
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(bf16_to_float(bf16_from_float(x[i])), x[i]);
 }
 
+// Activations of a half type kept in 16 bits: narrow_half is exact on them, and the GELU of the
+// 16-bit values is bit for bit the float kernels' on the widened values, over several of
+// gelu_backward_half's slices and a ragged tail, FP64 versions included; dinp may alias dout.
+TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
+    Rng rng(21);
+    const size_t n = 3 * (size_t{1} << 16) + 123;
+    for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
+        std::vector<float> x = randn(rng, n, 2.0), dy = randn(rng, n);
+        round_inplace(x.data(), n, d);
+        std::vector<uint16_t> x16(n);
+        narrow_half(d, x16.data(), x.data(), n);
+        std::vector<float> back(n);
+        from_half(d, x16.data(), back.data(), n);
+        EXPECT_EQ(back, x) << dtype_name(d);
+        for (const bool fp64 : {false, true}) {
+            std::vector<float> want(n), got(n), dwant(n), dgot = dy;
+            (fp64 ? gelu_forward_f64 : gelu_forward)(want.data(), x.data(), n);
+            gelu_forward_half(d, got.data(), x16.data(), n, fp64);
+            EXPECT_EQ(got, want) << dtype_name(d) << " fp64 " << fp64;
+            (fp64 ? gelu_backward_f64 : gelu_backward)(dwant.data(), x.data(), dy.data(), n);
+            gelu_backward_half(d, dgot.data(), x16.data(), dgot.data(), n, fp64);
+            EXPECT_EQ(dgot, dwant) << dtype_name(d) << " fp64 " << fp64;
+        }
+    }
+}
+
 TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
     Rng rng(9, 0);
     const int N = 33, IC = 40, OC = 27;

@@ -162,7 +162,7 @@ TEST(GptRecompute, ArenaKeepsOneBlockWorkingSet) {
     const auto slice = [](size_t n) { return (n + 15) / 16 * 16; };  // 64-byte slices
     // ln1 atty res1 ln2 (N, C); qkv (N, 3C); two means, two rstds (N); lse (N, NH)
     const size_t moe_block   = 4 * slice(N * C) + slice(N * 3 * C) + 4 * slice(N) + slice(N * NH);
-    const size_t dense_block = moe_block + 2 * slice(N * F);  // fch, fcg (N, F)
+    const size_t dense_block = moe_block + slice(N * F);  // fch (N, F)
     const size_t none        = activation_floats(m, mb, 0, Recompute::none);
     const size_t block       = activation_floats(m, mb, 0, Recompute::block);
     EXPECT_EQ(activation_floats(m, mb, 0, Recompute::moe), none);  // moe shares the MoE buffers

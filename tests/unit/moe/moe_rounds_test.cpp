@@ -110,8 +110,8 @@ LayerResult run_layer(double rows_budget, RouteOverride route, const ExpertPreci
     MoEShape s{kC, kF, kE, kK, 0.01};
     s.rows_budget         = rows_budget;
     s.gate.route_override = route;
+    s.prec                = prec;
     MoELayer layer(s, kN);
-    layer.set_precision(prec);
     layer.set_routing_context({7, 3, true});
     r.out.resize(kN * kC);
     r.dinp.resize(kN * kC);
