@@ -47,6 +47,7 @@ Level group_level(const MachineSpec& m, int p, int R) {
 double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
 
 double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes);
+double own_collective_seconds(Level lv, int p, double bytes, bool all_gather);
 
 }  // namespace
 
@@ -83,13 +84,7 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:
-            // dist/comm/collectives.cpp: halving/doubling (log2 p hops) for small arrays over a
-            // power of two, else the ring (p - 1 hops); (p-1)/p of the array sent either way
-            if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
-                dist::CollAlgo::halving_doubling) {
-                return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
-            }
-            return (P - 1) * (lv.alpha + bytes / P / lv.beta);
+            return own_collective_seconds(lv, p, bytes, kind == dist::CommKind::all_gather);
         case dist::CommKind::reduce_scatter_native:
             return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::broadcast:
@@ -101,15 +96,14 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
 }
 
 // Our reduce-scatter / all-gather of a whole array of `bytes` over p ranks at level lv
-// (dist/comm/collectives.cpp): halving/doubling or the ring, as resolve_algo picks.
-double own_collective_seconds(Level lv, int p, double bytes) {
+// (dist/comm/collectives.cpp): halving/doubling or the ring, as resolve_algo picks; the busiest
+// rank's hops and bytes (dist::coll_traffic).
+double own_collective_seconds(Level lv, int p, double bytes, bool all_gather) {
     if (p <= 1) return 0;
-    const double P = p;
-    if (dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes)) ==
-        dist::CollAlgo::halving_doubling) {
-        return log2_ceil(p) * lv.alpha + (P - 1) / P * bytes / lv.beta;
-    }
-    return (P - 1) * (lv.alpha + bytes / P / lv.beta);
+    const dist::CollAlgo a =
+        dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes));
+    const dist::CollTraffic t = dist::coll_traffic(a, p, bytes, all_gather);
+    return t.hops * lv.alpha + t.busiest_bytes / lv.beta;
 }
 
 // One call of c (a reduce-scatter or all-gather over a group spanning c.nodes > 1 nodes):
@@ -118,16 +112,19 @@ double own_collective_seconds(Level lv, int p, double bytes) {
 // level, the direct exchange (reduce-scatter) or the ring / halving over the whole group.
 double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, double bytes) {
     const double sync = m.network.sync_us * 1e-6;
+    const bool gather = c.kind == dist::CommKind::all_gather;
     if (c.two_level) {
-        return sync + own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes) +
-               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes, bytes / c.per_node);
+        return sync +
+               own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes, gather) +
+               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes, bytes / c.per_node,
+                                      gather);
     }
     const Level lv = group_level(m, c.group_size, R);
     if (c.kind == dist::CommKind::reduce_scatter) {
         const double P = c.group_size;
         return sync + (P - 1) * (lv.alpha + bytes / P / lv.beta);
     }
-    return sync + own_collective_seconds(lv, c.group_size, bytes);
+    return sync + own_collective_seconds(lv, c.group_size, bytes, gather);
 }
 
 }  // namespace

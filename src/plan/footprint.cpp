@@ -270,20 +270,23 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                               int G, int nn, int pn, double bytes, bool reduction, double calls) {
         f.collectives.push_back({what, kind, group, G, calls, calls * bytes, reduction, false, nn,
                                  pn, nn > 1 && L.two_level});
-        auto hops = [&](const std::string& w, int p, double array, double sent) {
+        const bool gather = kind == dist::CommKind::all_gather;
+        // one level's hops and the bytes a rank sends there on the mean
+        auto hops = [&](const std::string& w, int p, double array) {
             const dist::CollAlgo a =
                 dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(array));
-            add_flagged(w, dist::CommKind::sendrecv, group, p, calls * dist::sendrecv_hops(a, p),
-                        calls * sent, false, true);
+            const dist::CollTraffic t = dist::coll_traffic(a, p, array, gather);
+            add_flagged(w, dist::CommKind::sendrecv, group, p, calls * t.hops,
+                        calls * t.mean_sent_bytes, false, true);
         };
         if (nn > 1 && L.two_level) {
-            hops(what + " hops (node)", pn, bytes, bytes * (pn - 1) / pn);
-            hops(what + " hops (across nodes)", nn, bytes / pn, bytes * (nn - 1) / G);
+            hops(what + " hops (node)", pn, bytes);
+            hops(what + " hops (across nodes)", nn, bytes / pn);  // the node rank's region
         } else if (nn > 1 && kind == dist::CommKind::reduce_scatter) {
             add_flagged(what + " hops (direct)", dist::CommKind::sendrecv, group, G,
                         calls * (G - 1), calls * bytes * (G - 1) / G, false, true);
         } else {
-            hops(what + " hops", G, bytes, bytes * (G - 1) / G);
+            hops(what + " hops", G, bytes);
         }
     };
 

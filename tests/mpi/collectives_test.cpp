@@ -1,6 +1,7 @@
 // Our collectives under mpirun: reduce_scatter_mean + all_gather == MPI_Allreduce / P for sizes
-// not divisible by P (ring and halving/doubling), bf16/fp16 payloads against a float reference,
-// and hierarchical all-to-all == flat all-to-all on real and faked node layouts.
+// not divisible by P (ring and halving/doubling, the latter over odd P too), bf16/fp16 payloads
+// against a float reference, and hierarchical all-to-all == flat all-to-all on real and faked node
+// layouts.
 #include "dist/comm/collectives.h"
 
 #include <gtest/gtest.h>
@@ -13,16 +14,16 @@
 
 #include "core/rng.h"
 #include "dist/comm/alltoallv.h"
+#include "dist/comm/counters.h"
 #include "dist/comm/half.h"
 #include "mpi_world.h"
 
 namespace bagualu::dist {
 namespace {
 
-std::vector<CollAlgo> algos_for(int P) {
-    std::vector<CollAlgo> a{CollAlgo::automatic, CollAlgo::ring};
-    if (std::has_single_bit(static_cast<unsigned>(P))) a.push_back(CollAlgo::halving_doubling);
-    return a;
+// halving/doubling runs over any P: over a power of two as such, else with paired ranks
+std::vector<CollAlgo> algos_for(int) {
+    return {CollAlgo::automatic, CollAlgo::ring, CollAlgo::halving_doubling};
 }
 
 std::vector<size_t> sizes_for(int P) {
@@ -72,6 +73,37 @@ TEST(Collectives, ReduceScatterAllGatherEqualsMpiAllreduce) {
     }
 }
 
+// The traffic bagualu plan counts (dist::coll_traffic) is what a call makes: the most sendrecv
+// hops of any rank, and the bytes a rank sends on the mean, for both algorithms at every P
+// (halving/doubling over P not a power of two with its paired ranks).
+TEST(Collectives, TrafficIsWhatTheCallsMake) {
+    Comm& w        = test_world();
+    const int P    = w.size();
+    const size_t n = 7 * static_cast<size_t>(P) * 1000 + 3;
+    for (CollAlgo algo : {CollAlgo::ring, CollAlgo::halving_doubling}) {
+        std::vector<float> x(n, 1.0f), full(n);
+        const ShardInfo s = shard_of(n, w.rank(), P);
+        std::vector<float> shard(s.size);
+        for (const bool gather : {false, true}) {
+            const CommTally before = comm_tally();
+            if (gather) {
+                all_gather(w, shard, full, algo);
+            } else {
+                reduce_scatter_mean(w, x, shard, algo);
+            }
+            const CommCount hop = (comm_tally() - before)[CommKind::sendrecv];
+            int64_t most = static_cast<int64_t>(hop.calls), sent = static_cast<int64_t>(hop.bytes);
+            w.allreduce_max(std::span<int64_t>(&most, 1));
+            w.allreduce_sum(std::span<int64_t>(&sent, 1));
+            const CollTraffic t = coll_traffic(algo, P, double(n * sizeof(float)), gather);
+            EXPECT_EQ(most, t.hops) << "algo " << static_cast<int>(algo) << " gather " << gather;
+            // the pairs' shards are n/P to one element each way
+            EXPECT_NEAR(double(sent) / P, t.mean_sent_bytes, double(sizeof(float)))
+                << "algo " << static_cast<int>(algo) << " gather " << gather;
+        }
+    }
+}
+
 // Over nodes (collectives.h): for every node size k dividing P (k consecutive ranks a node), the
 // two-level and the one-level reduce-scatter give the same bits, f32 and bf16, every algorithm;
 // the f32 mean is the MPI sum / P to float rounding (1e-6 relative: at most 2 log2 P or P folds
@@ -86,11 +118,6 @@ TEST(Collectives, TwoLevelEqualsOneLevelOverNodes) {
         const NodeLayout lay = make_node_layout(w, r / k * k);
         ASSERT_EQ(lay.nodes, P / k);
         for (CollAlgo algo : algos_for(P)) {
-            if (algo == CollAlgo::halving_doubling &&
-                (!std::has_single_bit(static_cast<unsigned>(k)) ||
-                 !std::has_single_bit(static_cast<unsigned>(P / k)))) {
-                continue;
-            }
             for (size_t n : {size_t{0}, size_t{1}, static_cast<size_t>(P) + 1,
                              static_cast<size_t>(7 * P + 3), size_t{1001}, size_t{65537}}) {
                 Rng rng(99 + n, static_cast<uint64_t>(r));

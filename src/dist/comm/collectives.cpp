@@ -53,10 +53,41 @@ size_t bound(size_t n, int k, int P) {
 
 bool is_pow2(int p) { return p > 0 && std::has_single_bit(static_cast<unsigned>(p)); }
 
+// Halving/doubling over any P (collectives.h): p2 = bit_floor(P) virtual ranks; ranks 2v, 2v+1
+// (v < extra) are virtual rank v, run by 2v + 1; rank q >= 2 extra is virtual rank q - extra.
+struct Virtual {
+    int p2, extra;
+    explicit Virtual(int P)
+        : p2(static_cast<int>(std::bit_floor(static_cast<unsigned>(P)))), extra(P - p2) {}
+    int active(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
+    int first(int v) const { return v < extra ? 2 * v : v + extra; }
+    int of(int q) const { return q < 2 * extra ? q / 2 : q - extra; }
+    bool paired(int q) const { return q < 2 * extra; }
+    // Contributions held by virtual rank v entering the level of distance d: those of the
+    // virtual ranks u = v (mod 2d), two for u < extra, one otherwise.
+    int held(int v, int d) const {
+        const int s = v & (2 * d - 1), step = 2 * d;
+        return p2 / step + (extra > s ? (extra - s + step - 1) / step : 0);
+    }
+    // The fold weight of virtual rank v at distance d: its partner's share of the two halves.
+    float weight(int v, int d) const {
+        const int mine = held(v, d), theirs = held(v ^ d, d);
+        return static_cast<float>(theirs) / static_cast<float>(mine + theirs);
+    }
+    // bounds of the virtual ranks' chunks: vb[v] = bd[first(v)], vb[p2] = bd[P]
+    const size_t* bounds(const size_t* bd) const {
+        thread_local std::vector<size_t> vb;
+        vb.resize(static_cast<size_t>(p2) + 1);
+        for (int v = 0; v < p2; ++v) vb[static_cast<size_t>(v)] = bd[first(v)];
+        vb[static_cast<size_t>(p2)] = bd[p2 + extra];
+        return vb.data();
+    }
+};
+
 // Per-thread scratch, grown on demand; slot selects one of a few independent buffers.
 template <typename T>
 T* scratch(int slot, size_t n) {
-    thread_local std::vector<std::byte> bufs[5];
+    thread_local std::vector<std::byte> bufs[5];  // 0-2: one level, 3-4: over nodes
     auto& b = bufs[slot];
     if (b.size() < n * sizeof(T)) b.resize(n * sizeof(T));
     return reinterpret_cast<T*>(b.data());
@@ -100,40 +131,75 @@ void reduce_scatter_ring(Comm& comm, const typename D::T* in, const size_t* bd,
     }
 }
 
-// Level with m = 2d ranks in the group [g, g+m): keep the half holding r, send the other half
-// to r ^ d, fold the partner's half (same count of contributions) with weight 1/2.
+// Level with m = 2d virtual ranks in the group [g, g+m): keep the half holding v, send the other
+// half to v ^ d, fold the partner's half with the partner's share of the contributions (1/2 over
+// a power of two). A paired rank first takes its even mate's array, half by half, and folds it
+// in (weight 1/2); it ends by sending the mate its shard (collectives.h).
 template <typename D>
 void reduce_scatter_halving(Comm& comm, const typename D::T* in, const size_t* bd,
                             typename D::T* out) {
     using T     = typename D::T;
     const int P = comm.size();
     const int r = comm.rank();
-    size_t half = 1;  // the most floats one level keeps or sends
-    for (int d = P / 2; d >= 1; d /= 2) {
-        for (int g = 0; g < P; g += d) half = std::max(half, bd[g + d] - bd[g]);
+    const Virtual V(P);
+    const size_t* vb = V.bounds(bd);
+    const int v      = V.of(r);
+    const int d0     = V.p2 / 2;
+    // the first level's halves of virtual rank v (an idle mate sends them in this order)
+    const bool low0       = v < d0;
+    const size_t send0_lo = vb[low0 ? d0 : 0], send0_n = vb[low0 ? V.p2 : d0] - send0_lo;
+    const size_t keep0_lo = vb[low0 ? 0 : d0], keep0_n = vb[low0 ? d0 : V.p2] - keep0_lo;
+    if (V.paired(r) && r % 2 == 0) {
+        exchange<T>(comm, in + send0_lo, send0_n, r + 1, nullptr, 0, r + 1);
+        exchange<T>(comm, in + keep0_lo, keep0_n, r + 1, nullptr, 0, r + 1);
+        exchange<T>(comm, nullptr, 0, r + 1, out, bd[r + 1] - bd[r], r + 1);
+        return;
     }
-    T* work[2]    = {scratch<T>(0, half), scratch<T>(1, half)};
-    T* recv       = scratch<T>(2, half);
-    const T* cur  = in;  // holds elements [bd[g], bd[g + m]) at offset 0
-    size_t cur_lo = 0;
-    int g         = 0;
-    int flip      = 0;
-    for (int d = P / 2; d >= 1; d /= 2) {
-        const int partner    = r ^ d;
-        const bool low       = r < g + d;
+    size_t half = 1;  // the most floats one level keeps or sends
+    for (int d = d0; d >= 1; d /= 2) {
+        for (int g = 0; g < V.p2; g += d) half = std::max(half, vb[g + d] - vb[g]);
+    }
+    T* work[2]     = {scratch<T>(0, half), scratch<T>(1, half)};
+    T* recv        = scratch<T>(2, half);
+    const T* cur   = in;  // holds elements [vb[g], vb[g + m]) at offset cur_lo
+    size_t cur_lo  = 0;
+    int g          = 0;
+    int flip       = 0;
+    const T* mine0 = nullptr;  // a paired rank's first kept half, the mate's folded in
+    const T* send0 = nullptr;
+    if (V.paired(r)) {
+        exchange<T>(comm, nullptr, 0, r - 1, recv, send0_n, r - 1);
+        fold<D>(work[0], in + send0_lo, recv, send0_n, 0.5f);
+        exchange<T>(comm, nullptr, 0, r - 1, recv, keep0_n, r - 1);
+        fold<D>(work[1], in + keep0_lo, recv, keep0_n, 0.5f);
+        send0 = work[0];
+        mine0 = work[1];
+    }
+    const bool whole_out = !V.paired(r);  // the last level writes out (a pair's: both shards)
+    for (int d = d0; d >= 1; d /= 2) {
+        const int partner    = V.active(v ^ d);
+        const bool low       = v < g + d;
         const int keep_g     = low ? g : g + d;
         const int send_g     = low ? g + d : g;
-        const size_t keep_lo = bd[keep_g];
-        const size_t keep_n  = bd[keep_g + d] - keep_lo;
-        const size_t send_lo = bd[send_g];
-        const size_t send_n  = bd[send_g + d] - send_lo;
-        exchange(comm, cur + (send_lo - cur_lo), send_n, partner, recv, keep_n, partner);
-        T* dst = d == 1 ? out : work[flip];
-        fold<D>(dst, cur + (keep_lo - cur_lo), recv, keep_n, 0.5f);
+        const size_t keep_lo = vb[keep_g];
+        const size_t keep_n  = vb[keep_g + d] - keep_lo;
+        const size_t send_lo = vb[send_g];
+        const size_t send_n  = vb[send_g + d] - send_lo;
+        const T* payload     = send0 && d == d0 ? send0 : cur + (send_lo - cur_lo);
+        const T* mine        = mine0 && d == d0 ? mine0 : cur + (keep_lo - cur_lo);
+        exchange(comm, payload, send_n, partner, recv, keep_n, partner);
+        // (a pair's first level folds into work[1], where its kept half already is)
+        T* dst = d == 1 && whole_out ? out : mine0 && d == d0 ? work[1] : work[flip];
+        fold<D>(dst, mine, recv, keep_n, V.weight(v, d));
         cur    = dst;
         cur_lo = keep_lo;
         g      = keep_g;
-        flip ^= 1;
+        flip   = dst == work[0] ? 1 : 0;
+    }
+    if (V.paired(r)) {  // cur: the chunks of r - 1 and r
+        exchange<T>(comm, cur + (bd[r - 1] - cur_lo), bd[r] - bd[r - 1], r - 1, nullptr, 0, r - 1);
+        const size_t own = bd[r + 1] - bd[r];
+        if (own > 0) std::memmove(out, cur + (bd[r] - cur_lo), own * sizeof(T));
     }
 }
 
@@ -197,11 +263,29 @@ void all_gather_level(Comm& comm, T* o, const size_t* bd, CollAlgo algo, size_t 
         }
         return;
     }
-    // Doubling: at distance d, this rank's group [g, g+d) swaps with the partner's group.
-    for (int d = 1; d < P; d *= 2) {
-        const int g  = r & ~(d - 1);
-        const int pg = g ^ d;
-        exchange(comm, o + bd[g], bd[g + d] - bd[g], r ^ d, o + bd[pg], bd[pg + d] - bd[pg], r ^ d);
+    // Doubling over the virtual ranks: at distance d, this rank's group [g, g+d) swaps with the
+    // partner's group; a pair's even rank hands its shard over first and gets everything last.
+    const Virtual V(P);
+    const size_t* vb = V.bounds(bd);
+    if (V.paired(r) && r % 2 == 0) {
+        exchange(comm, o + bd[r], bd[r + 1] - bd[r], r + 1, static_cast<T*>(nullptr), 0, r + 1);
+        exchange(comm, static_cast<const T*>(nullptr), 0, r + 1, o + bd[0], bd[P] - bd[0], r + 1);
+        return;
+    }
+    if (V.paired(r)) {
+        exchange(comm, static_cast<const T*>(nullptr), 0, r - 1, o + bd[r - 1], bd[r] - bd[r - 1],
+                 r - 1);
+    }
+    const int v = V.of(r);
+    for (int d = 1; d < V.p2; d *= 2) {
+        const int g       = v & ~(d - 1);
+        const int pg      = g ^ d;
+        const int partner = V.active(v ^ d);
+        exchange(comm, o + vb[g], vb[g + d] - vb[g], partner, o + vb[pg], vb[pg + d] - vb[pg],
+                 partner);
+    }
+    if (V.paired(r)) {
+        exchange(comm, o + bd[0], bd[P] - bd[0], r - 1, static_cast<T*>(nullptr), 0, r - 1);
     }
 }
 
@@ -289,11 +373,23 @@ typename D::T mean_as(typename D::T* v, typename D::T* tmp, int K, int owner, Co
         }
         return m;
     }
-    for (int d = K / 2; d >= 1; d /= 2) {  // every rank's partial at each level
-        for (int r = 0; r < K; ++r) fold<D>(&tmp[r], &v[r], &v[r ^ d], 1, 0.5f);
-        std::copy(tmp, tmp + K, v);
+    // halving: the pairs' folds, then every virtual rank's partial at each level
+    const Virtual V(K);
+    const auto n2 = static_cast<size_t>(static_cast<unsigned>(V.p2));
+    for (int u = 0; u < V.p2; ++u) {
+        const int act = V.active(u);
+        if (V.paired(act)) {
+            fold<D>(&tmp[u], &v[act], &v[act - 1], 1, 0.5f);
+        } else {
+            tmp[u] = v[act];
+        }
     }
-    return v[owner];
+    std::copy_n(tmp, n2, v);
+    for (int d = V.p2 / 2; d >= 1; d /= 2) {
+        for (int u = 0; u < V.p2; ++u) fold<D>(&tmp[u], &v[u], &v[u ^ d], 1, V.weight(u, d));
+        std::copy_n(tmp, n2, v);
+    }
+    return v[V.of(owner)];
 }
 
 template <typename D>
@@ -386,20 +482,27 @@ void all_gather_nodes(Comm& comm, const NodeLayout& lay, bool two_level, std::sp
 }  // namespace
 
 CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes) {
-    if (algo == CollAlgo::halving_doubling) {
-        BGL_CHECK(is_pow2(P), "halving/doubling needs a power-of-two number of ranks, got {}", P);
-        return algo;
+    if (algo != CollAlgo::automatic) return algo;
+    if (is_pow2(P) && bytes <= kSmallMessageBytes) return CollAlgo::halving_doubling;
+    if (P > kRingMaxRanks && bytes / static_cast<size_t>(P) <= kLatencyBoundShardBytes) {
+        return CollAlgo::halving_doubling;
     }
-    if (algo == CollAlgo::ring) return algo;
-    return is_pow2(P) && bytes <= kSmallMessageBytes ? CollAlgo::halving_doubling : CollAlgo::ring;
+    return CollAlgo::ring;
 }
 
-int sendrecv_hops(CollAlgo resolved, int P) {
-    if (P <= 1) return 0;
-    if (resolved == CollAlgo::ring) return P - 1;
-    BGL_CHECK(resolved == CollAlgo::halving_doubling && is_pow2(P),
-              "sendrecv_hops: unresolved algorithm or P = {}", P);
-    return std::countr_zero(static_cast<unsigned>(P));
+CollTraffic coll_traffic(CollAlgo resolved, int P, double bytes, bool all_gather) {
+    BGL_CHECK(resolved != CollAlgo::automatic, "coll_traffic: unresolved algorithm");
+    if (P <= 1) return {};
+    const double share = static_cast<double>(P - 1) / P * bytes;
+    if (resolved == CollAlgo::ring) return {P - 1, share, share};
+    const Virtual V(P);
+    const int levels = std::countr_zero(static_cast<unsigned>(V.p2));
+    if (V.extra == 0) return {levels, share, share};
+    // the virtual ranks move (p2-1)/p2 of the array each; a pair also moves the whole array once
+    // (hand-over or final copy) and a shard the other way
+    const double halving = static_cast<double>(V.p2 - 1) / V.p2 * bytes, shard = bytes / P;
+    const double sent = V.p2 * halving + V.extra * (bytes + shard);
+    return {levels + (all_gather ? 2 : 3), bytes + halving, sent / P};
 }
 
 ShardInfo shard_of(size_t n, int rank, int P) {

@@ -26,17 +26,37 @@ ShardInfo shard_of(size_t n, int rank, int P);
 
 // ring:             P-1 steps to the neighbour, any P; bandwidth-optimal, latency P-1 hops.
 // halving_doubling: recursive halving (reduce-scatter) / doubling (all-gather), log2(P) steps
-//                   between partners r ^ d; power-of-two P only, same bytes as the ring.
+//                   between partners r ^ d when P is a power of two, same bytes as the ring.
+//                   Other P: with p2 = bit_floor(P) and e = P - p2, ranks 2v and 2v+1 (v < e)
+//                   act as one (virtual rank v, run by 2v+1; rank q >= 2e is virtual q - e):
+//                   the reduce-scatter starts with 2v handing its array to 2v+1 (two hops,
+//                   half by half), which folds it in, and ends with 2v+1 sending 2v its shard;
+//                   the all-gather starts with 2v's shard going to 2v+1 and ends with 2v+1
+//                   sending 2v the whole array. A virtual rank's fold weight is the share of
+//                   contributions its partner's half stands for (1/2 over a power of two).
 // automatic:        halving_doubling when P is a power of two and the whole array is at most
-//                   kSmallMessageBytes, else ring (latency dominates small messages).
+//                   kSmallMessageBytes, or when P > kRingMaxRanks and a shard is at most
+//                   kLatencyBoundShardBytes (the ring's P-1 latencies then outweigh the second
+//                   transfer of the whole array the pairs cost); else ring.
 enum class CollAlgo { automatic, ring, halving_doubling };
-constexpr size_t kSmallMessageBytes = size_t{256} << 10;
+constexpr size_t kSmallMessageBytes      = size_t{256} << 10;
+constexpr int kRingMaxRanks              = 64;
+constexpr size_t kLatencyBoundShardBytes = size_t{64} << 10;
 
-// The algorithm a call over P ranks whose whole array is `bytes` runs (automatic resolved), and
-// the Comm::sendrecv hops it makes: ring P-1, halving/doubling log2(P). Either way a rank sends
-// (P-1)/P of the array when P divides it. `bagualu plan` counts the calls with these.
+// The algorithm a call over P ranks whose whole array is `bytes` runs (automatic resolved).
 CollAlgo resolve_algo(CollAlgo algo, int P, size_t bytes);
-int sendrecv_hops(CollAlgo resolved, int P);
+// One call's traffic with the resolved algorithm over P ranks, an array of `bytes`: the most
+// Comm::sendrecv hops a rank makes, the bytes through the busiest rank's link (received or
+// sent, whichever is more), and the bytes a rank sends on the mean. Ring and power-of-two
+// halving/doubling: P-1 or log2(P) hops, (P-1)/P of the array both ways; other P: log2(p2) + 3
+// hops (reduce-scatter) or + 2 (all-gather), one more whole array through the pairs' links.
+// `bagualu plan` counts and times the calls with it.
+struct CollTraffic {
+    int hops               = 0;
+    double busiest_bytes   = 0;
+    double mean_sent_bytes = 0;
+};
+CollTraffic coll_traffic(CollAlgo resolved, int P, double bytes, bool all_gather);
 
 // in: (n) on every rank. out: (shard_of(n, rank, P).size), the mean over ranks of that shard.
 // out may alias in's own shard (in-place use); it may not overlap the rest of in.

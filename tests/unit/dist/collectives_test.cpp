@@ -42,6 +42,35 @@ TEST(ShardOf, CoversTheArrayContiguously) {
     EXPECT_THROW(shard_of(10, 4, 4), InternalError);
 }
 
+// The automatic choice: halving/doubling for small arrays over a power of two, and over any P
+// above 64 ranks when each shard is latency-bound (a paper-scale dense bucket over 96,000 ranks);
+// the ring otherwise. And the hops the planner counts for each.
+TEST(CollAlgoChoice, AutomaticPicksHalvingWhereLatencyDominates) {
+    const auto pick = [](int P, size_t bytes) {
+        return resolve_algo(CollAlgo::automatic, P, bytes);
+    };
+    EXPECT_EQ(pick(4, size_t{256} << 10), CollAlgo::halving_doubling);
+    EXPECT_EQ(pick(4, (size_t{256} << 10) + 1), CollAlgo::ring);
+    EXPECT_EQ(pick(3, 1024), CollAlgo::ring);  // few ranks: the ring's P-1 hops are few
+    EXPECT_EQ(pick(64, size_t{1} << 20), CollAlgo::ring);
+    EXPECT_EQ(pick(65, 65 * kLatencyBoundShardBytes), CollAlgo::halving_doubling);
+    EXPECT_EQ(pick(65, 65 * kLatencyBoundShardBytes + 65), CollAlgo::ring);
+    EXPECT_EQ(pick(96000, size_t{393216000}), CollAlgo::halving_doubling);  // 4 KiB shards
+    EXPECT_EQ(resolve_algo(CollAlgo::ring, 96000, 1), CollAlgo::ring);
+
+    const double b = 96000.0 * 4096;
+    EXPECT_EQ(coll_traffic(CollAlgo::ring, 96000, b, false).hops, 95999);
+    EXPECT_EQ(coll_traffic(CollAlgo::halving_doubling, 65536, b, false).hops, 16);
+    EXPECT_EQ(coll_traffic(CollAlgo::halving_doubling, 96000, b, false).hops, 19);
+    EXPECT_EQ(coll_traffic(CollAlgo::halving_doubling, 96000, b, true).hops, 18);
+    // the pairs move the whole array once more than a power of two would
+    EXPECT_DOUBLE_EQ(coll_traffic(CollAlgo::halving_doubling, 96000, b, false).busiest_bytes,
+                     b + 65535.0 / 65536 * b);
+    EXPECT_DOUBLE_EQ(coll_traffic(CollAlgo::halving_doubling, 65536, b, true).busiest_bytes,
+                     65535.0 / 65536 * b);
+    EXPECT_THROW(coll_traffic(CollAlgo::automatic, 4, b, false), InternalError);
+}
+
 TEST(HalfFloat, Conversions) {
     EXPECT_EQ(fp16_from_float(1.0f), 0x3c00);
     EXPECT_EQ(fp16_from_float(65504.0f), 0x7bff);

@@ -82,8 +82,8 @@ TEST_P(ExpertsGelu, BackwardMultipliesByForwardsGeluOutput) {
     const ExpertsRun r = run(s, false);
     // dproj_w from forward's g: the same GEMM on the same operands gives the same bits
     std::vector<float> want(s.proj_w.size());
-    kernels::grouped_gemm_tn_f32(E, s.offsets.data(), C, F, 1.0f, r.dy.data(), C,
-                                 r.g_fwd.data(), F, 1.0f, want.data(), F, size_t(C) * F);
+    kernels::grouped_gemm_tn_f32(E, s.offsets.data(), C, F, 1.0f, r.dy.data(), C, r.g_fwd.data(), F,
+                                 1.0f, want.data(), F, size_t(C) * F);
     EXPECT_EQ(r.dproj_w, want);
     // and the rows of expert 1 (none) leave its gradients at zero
     for (size_t i = size_t(C) * F; i < 2 * size_t(C) * F; ++i) EXPECT_EQ(r.dproj_w[i], 0.0f);
@@ -109,7 +109,7 @@ TEST_P(ExpertsHalfHidden, SixteenBitHiddenGivesTheSameBits) {
 TEST(ExpertsMath, GradientsMatchTheMathInDouble) {
     const ThreeExperts s(Dtype::float32);
     const int C = s.C, F = s.F, E = s.E;
-    const ExpertsRun res = run(s, false);
+    const ExpertsRun res        = run(s, false);
     const std::vector<float>&dx = res.dx, &dproj_w = res.dproj_w, &dfc_w = res.dfc_w;
     const double k = std::sqrt(2.0 / M_PI);
     for (int e = 0; e < E; ++e) {
@@ -151,10 +151,14 @@ TEST(ExpertsMath, GradientsMatchTheMathInDouble) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ExpertsGelu,
                          ::testing::Values(Dtype::float32, Dtype::bfloat16, Dtype::float16),
-                         [](const ::testing::TestParamInfo<Dtype>& p) { return std::string(dtype_name(p.param)); });
+                         [](const ::testing::TestParamInfo<Dtype>& p) {
+                             return std::string(dtype_name(p.param));
+                         });
 INSTANTIATE_TEST_SUITE_P(HalfDtypes, ExpertsHalfHidden,
                          ::testing::Values(Dtype::bfloat16, Dtype::float16),
-                         [](const ::testing::TestParamInfo<Dtype>& p) { return std::string(dtype_name(p.param)); });
+                         [](const ::testing::TestParamInfo<Dtype>& p) {
+                             return std::string(dtype_name(p.param));
+                         });
 
 }  // namespace
 }  // namespace bagualu::moe

@@ -371,9 +371,11 @@ TEST(PlanComm, ParoMatchesShardMaps) {
                     rs_bytes += nb * n * 4;
                     ag_calls += nb;
                     ag_bytes += nb * n * elem;
-                    for (const uint64_t e : {uint64_t{4}, elem}) {
-                        const auto algo = dist::resolve_algo(dist::CollAlgo::automatic, G, n * e);
-                        hops += nb * static_cast<uint64_t>(dist::sendrecv_hops(algo, G));
+                    for (const bool gather : {false, true}) {  // float reduce-scatter, all-gather
+                        const uint64_t e = gather ? elem : 4;
+                        const auto algo  = dist::resolve_algo(dist::CollAlgo::automatic, G, n * e);
+                        hops += nb * static_cast<uint64_t>(
+                                         dist::coll_traffic(algo, G, double(n * e), gather).hops);
                         hop_bytes += nb * (n - map.piece_size()) * e;
                     }
                 }
