@@ -114,6 +114,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
+    par.set_collectives(cfg.parallel.collectives);
     train::TrainOptions opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
@@ -375,6 +376,7 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
     dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
                               cfg.parallel.ranks_per_node, cfg.parallel.two_level);
     par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
+    par.set_collectives(cfg.parallel.collectives);
     bench::TrainBenchOptions o;
     o.steps           = b.steps;
     o.warmup          = b.warmup;

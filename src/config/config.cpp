@@ -65,6 +65,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "hierarchical_a2a", c.parallel.hierarchical_a2a);
     v("parallel", "ranks_per_node", c.parallel.ranks_per_node);
     v("parallel", "two_level", c.parallel.two_level);
+    v("parallel", "collectives", c.parallel.collectives);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "a2a_chunks", c.parallel.a2a_chunks);
     v("parallel", "node_dedup", c.parallel.node_dedup);
@@ -153,6 +154,12 @@ template <>
 struct Spelling<NodeSwitch> {
     static constexpr NodeSwitch values[] = {NodeSwitch::automatic, NodeSwitch::on, NodeSwitch::off};
     static constexpr const char* expected = "\"auto\", \"on\" or \"off\"";
+};
+template <>
+struct Spelling<Collectives> {
+    static constexpr Collectives values[] = {Collectives::automatic, Collectives::ring,
+                                             Collectives::halving};
+    static constexpr const char* expected = "\"auto\", \"ring\" or \"halving\"";
 };
 template <>
 struct Spelling<Resume> {
@@ -696,6 +703,7 @@ template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);
 template NodeSwitch parse_enum<NodeSwitch>(const std::string&, const std::string&);
 template Resume parse_enum<Resume>(const std::string&, const std::string&);
+template Collectives parse_enum<Collectives>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
 template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
 

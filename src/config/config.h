@@ -145,7 +145,10 @@ struct ParallelSection {
     // ParO's reduce-scatter / all-gather and the replicated all-reduce inside the node first,
     // then across nodes: "auto" = when the run spans more than one node (docs/parallelism.md).
     NodeSwitch two_level = NodeSwitch::automatic;
-    int virtual_workers  = 1;  // swipe: workers each rank of an EP group simulates
+    // The algorithm of those reduce-scatters / all-gathers: "auto" (by size and ranks), "ring"
+    // or "halving" (recursive halving/doubling, any number of ranks). docs/parallelism.md.
+    Collectives collectives = Collectives::automatic;
+    int virtual_workers     = 1;  // swipe: workers each rank of an EP group simulates
     // Pieces each MoE all-to-all is cut into and pipelined with the expert GEMMs, on a helper
     // thread (needs MPI_THREAD_MULTIPLE): 1 = no overlap. Bitwise the same results for any value
     // (docs/parallelism.md).

@@ -30,6 +30,9 @@ enum class NodeSwitch { automatic, on, off };
 inline bool switch_on(NodeSwitch s, bool when_auto) {
     return s == NodeSwitch::on || (s == NodeSwitch::automatic && when_auto);
 }
+// parallel.collectives: the algorithm of our reduce-scatter / all-gather (dist/comm/
+// collectives.h): chosen per call by size, the ring, or recursive halving/doubling.
+enum class Collectives { automatic, ring, halving };
 // checkpoint.resume: start afresh, or continue from the newest usable checkpoint.
 enum class Resume { never, automatic };
 // model.route_override, for tests and benchmarks: the routing choice forced (moe/router.h).
@@ -89,6 +92,9 @@ inline const char* name_of(NodeSwitch p) {
     return p == NodeSwitch::automatic ? "auto" : p == NodeSwitch::on ? "on" : "off";
 }
 inline const char* name_of(Resume r) { return r == Resume::automatic ? "auto" : "never"; }
+inline const char* name_of(Collectives c) {
+    return c == Collectives::ring ? "ring" : c == Collectives::halving ? "halving" : "auto";
+}
 inline const char* name_of(Recompute r) {
     return r == Recompute::moe ? "moe" : r == Recompute::block ? "block" : "none";
 }

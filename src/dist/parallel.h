@@ -49,6 +49,14 @@ class ParallelContext {
     // parallel.node_dedup resolved by the caller: the MoE layers exchange tokens once per node
     // (moe/node_dispatcher.h). Off by default; needs EP > 1.
     void set_node_dedup(bool on) { node_dedup_ = on && ep_nodes_ != nullptr; }
+    // parallel.collectives: the algorithm of the optimizers' reduce-scatters, all-gathers and
+    // all-reduces (collectives.h); automatic unless set.
+    void set_collectives(Collectives c) {
+        coll_algo_ = c == Collectives::ring      ? CollAlgo::ring
+                     : c == Collectives::halving ? CollAlgo::halving_doubling
+                                                 : CollAlgo::automatic;
+    }
+    CollAlgo coll_algo() const { return coll_algo_; }
     bool node_dedup() const { return node_dedup_; }
     // Nodes the expert-parallel group spans (1 for EP = 1).
     int ep_node_count() const {
@@ -71,6 +79,7 @@ class ParallelContext {
     std::unique_ptr<Comm> ep_, edp_;        // [not null]
     std::unique_ptr<NodeGroups> ep_nodes_;  // [not null iff EP > 1]
     bool hierarchical_ = false, node_dedup_ = false;
+    CollAlgo coll_algo_ = CollAlgo::automatic;
     NodeLayout world_nodes_, edp_nodes_;
     bool two_level_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;

@@ -46,20 +46,23 @@ Level group_level(const MachineSpec& m, int p, int R) {
 
 double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
 
-double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes);
-double own_collective_seconds(Level lv, int p, double bytes, bool all_gather);
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
+                        dist::CollAlgo algo);
+double own_collective_seconds(Level lv, int p, double bytes, bool all_gather, dist::CollAlgo algo);
 
 }  // namespace
 
-double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
+double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
+                          dist::CollAlgo algo) {
     if (p <= 1) return 0;
     // every blocking call pays the machine's synchronisation cost, then its alpha-beta time
-    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes);
+    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes, algo);
 }
 
 namespace {
 
-double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes) {
+double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
+                        dist::CollAlgo algo) {
     Level lv          = group_level(m, p, R);
     const Level intra = group_level(m, 1, R);
     const double P    = p;
@@ -84,7 +87,7 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
             return log2_ceil(p) * lv.alpha + (P - 1) * bytes / lv.beta;
         case dist::CommKind::reduce_scatter:
         case dist::CommKind::all_gather:
-            return own_collective_seconds(lv, p, bytes, kind == dist::CommKind::all_gather);
+            return own_collective_seconds(lv, p, bytes, kind == dist::CommKind::all_gather, algo);
         case dist::CommKind::reduce_scatter_native:
             return (P - 1) * (lv.alpha + bytes / P / lv.beta);
         case dist::CommKind::broadcast:
@@ -98,10 +101,9 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
 // Our reduce-scatter / all-gather of a whole array of `bytes` over p ranks at level lv
 // (dist/comm/collectives.cpp): halving/doubling or the ring, as resolve_algo picks; the busiest
 // rank's hops and bytes (dist::coll_traffic).
-double own_collective_seconds(Level lv, int p, double bytes, bool all_gather) {
+double own_collective_seconds(Level lv, int p, double bytes, bool all_gather, dist::CollAlgo algo) {
     if (p <= 1) return 0;
-    const dist::CollAlgo a =
-        dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(bytes));
+    const dist::CollAlgo a    = dist::resolve_algo(algo, p, static_cast<size_t>(bytes));
     const dist::CollTraffic t = dist::coll_traffic(a, p, bytes, all_gather);
     return t.hops * lv.alpha + t.busiest_bytes / lv.beta;
 }
@@ -115,16 +117,17 @@ double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, doub
     const bool gather = c.kind == dist::CommKind::all_gather;
     if (c.two_level) {
         return sync +
-               own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes, gather) +
+               own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes, gather,
+                                      c.coll_algo) +
                own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes, bytes / c.per_node,
-                                      gather);
+                                      gather, c.coll_algo);
     }
     const Level lv = group_level(m, c.group_size, R);
     if (c.kind == dist::CommKind::reduce_scatter) {
         const double P = c.group_size;
         return sync + (P - 1) * (lv.alpha + bytes / P / lv.beta);
     }
-    return sync + own_collective_seconds(lv, c.group_size, bytes, gather);
+    return sync + own_collective_seconds(lv, c.group_size, bytes, gather, c.coll_algo);
 }
 
 }  // namespace
@@ -316,7 +319,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             : c.nodes > 1
                 ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node, c.bytes / c.calls)
                 : c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
-                                               c.bytes / c.calls);
+                                               c.bytes / c.calls, c.coll_algo);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
         if (c.reduction) {

@@ -49,7 +49,9 @@ double gemm_efficiency(const NodeSpec& node, double M, double N, double K);
 
 // Seconds of one call moving `bytes` payload bytes over a group of `group_size` consecutive
 // ranks with R ranks per node (alpha-beta per level, see docs/scale.md).
+// algo: the algorithm asked for of our reduce-scatters / all-gathers (resolved by size).
 double collective_seconds(const MachineSpec& m, dist::CommKind kind, int group_size,
-                          int ranks_per_node, double bytes);
+                          int ranks_per_node, double bytes,
+                          dist::CollAlgo algo = dist::CollAlgo::automatic);
 
 }  // namespace bagualu::plan

@@ -269,12 +269,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     auto add_over_nodes = [&](const std::string& what, dist::CommKind kind, const char* group,
                               int G, int nn, int pn, double bytes, bool reduction, double calls) {
         f.collectives.push_back({what, kind, group, G, calls, calls * bytes, reduction, false, nn,
-                                 pn, nn > 1 && L.two_level});
+                                 pn, nn > 1 && L.two_level, false, L.coll_algo});
         const bool gather = kind == dist::CommKind::all_gather;
         // one level's hops and the bytes a rank sends there on the mean
         auto hops = [&](const std::string& w, int p, double array) {
-            const dist::CollAlgo a =
-                dist::resolve_algo(dist::CollAlgo::automatic, p, static_cast<size_t>(array));
+            const dist::CollAlgo a = dist::resolve_algo(L.coll_algo, p, static_cast<size_t>(array));
             const dist::CollTraffic t = dist::coll_traffic(a, p, array, gather);
             add_flagged(w, dist::CommKind::sendrecv, group, p, calls * t.hops,
                         calls * t.mean_sent_bytes, false, true);
@@ -537,6 +536,10 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
     // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
     L.two_level        = switch_on(cfg.parallel.two_level, L.nodes() > 1);
+    L.coll_algo        = cfg.parallel.collectives == Collectives::ring ? dist::CollAlgo::ring
+                         : cfg.parallel.collectives == Collectives::halving
+                             ? dist::CollAlgo::halving_doubling
+                             : dist::CollAlgo::automatic;
     L.hierarchical_a2a = L.ep > 1 && switch_on(cfg.parallel.hierarchical_a2a, L.nodes() > 1);
     // cli/commands.cpp, as ParallelContext::set_node_dedup takes it
     L.node_dedup = L.ep > 1 && cfg.node_dedup(group_nodes(L.ep, 1, L.ranks_per_node).first);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "dist/comm/collectives.h"
 #include "dist/comm/counters.h"
 #include "model/precision.h"
 
@@ -42,6 +43,8 @@ struct Layout {
     // parallel.two_level resolved: ParO's and the replicated reductions inside the node first,
     // then across nodes (the world spans more than one node, or "on")
     bool two_level = false;
+    // parallel.collectives: the algorithm of our reduce-scatters / all-gathers (resolved per call)
+    dist::CollAlgo coll_algo = dist::CollAlgo::automatic;
     // parallel.hierarchical_a2a resolved (EP > 1): the MoE all-to-alls gather to one leader per
     // node, exchange between leaders, scatter in the node (dist/comm/alltoallv.h)
     bool hierarchical_a2a = false;
@@ -96,6 +99,8 @@ struct Collective {
     // calls it (calls and bytes are the mean over ranks), carrying its node's rows; timed per
     // leader (calls x per_node of them) across nodes.
     bool leaders = false;
+    // our reduce-scatter / all-gather: the algorithm asked for (resolved per level and size)
+    dist::CollAlgo coll_algo = dist::CollAlgo::automatic;
 };
 
 // The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R

@@ -254,8 +254,13 @@ void Trainer::log_setup() const {
         "per MoE layer",
         P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
     if (P_ > 1) {
-        log::info("nodes: {} of {} rank(s); gradient reduction {}, all-to-all {}", par_->nodes(),
-                  par_->world_nodes().per_node, par_->two_level() ? "two-level" : "one-level",
+        const dist::CollAlgo ca = par_->coll_algo();
+        log::info("nodes: {} of {} rank(s); gradient reduction {} ({}), all-to-all {}",
+                  par_->nodes(), par_->world_nodes().per_node,
+                  par_->two_level() ? "two-level" : "one-level",
+                  ca == dist::CollAlgo::ring               ? "ring"
+                  : ca == dist::CollAlgo::halving_doubling ? "halving/doubling"
+                                                           : "ring or halving/doubling by size",
                   par_->hierarchical_a2a() ? "hierarchical" : "flat");
     }
     if (par_->node_dedup()) log::info("expert all-to-all: each token crosses once per node");

@@ -1,7 +1,8 @@
 // ParO end to end: `bagualu train` with optimizer.partition=on over P = 1, 2, 4 ranks, EP = 1
 // and EP = P, gives the per-step loss, gradient norm and final parameters of one process with
 // the replicated optimizer (20 steps, tiny config), and the reported optimizer-state bytes per
-// rank are 8 N / P (m and v of N parameters; the FP32 parameters are the master weights).
+// rank are 8 N / P (m and v of N parameters; the FP32 parameters are the master weights). Also
+// with recursive halving/doubling over 3 ranks.
 #include <gtest/gtest.h>
 
 #include "config/config.h"
@@ -60,6 +61,30 @@ TEST_F(ParoTest, DataParallelMatchesReplicated) {
 }
 TEST_F(ParoTest, ExpertParallelMatchesReplicated) {
     expect_same_as_replicated({2, 4}, [](int P) { return P; });
+}
+
+// parallel.collectives = "halving": recursive halving/doubling over 3 ranks (a pair and a single
+// rank, collectives.h) in ParO's reduce-scatters and all-gathers, and in the replicated
+// optimizer's mean over 3 one-rank "nodes", trains as the ring does (the same math in another
+// summation order). Both against the ring rather than one process: 8 sequences split 3 + 3 + 2
+// already differ from one process beyond expect_same_training's tolerance, ring or not.
+TEST_F(ParoTest, HalvingOverThreeRanksTrainsAsTheRing) {
+    for (const char* partition : {"on", "off"}) {
+        std::string run[2];
+        for (int i = 0; i < 2; ++i) {
+            const char* algo      = i == 0 ? "ring" : "halving";
+            run[i]                = fmt::format("p3_{}_{}", partition, algo);
+            const CommandResult b = TinyRuns::run(
+                3, runs_->train_args(run[i], 3, 1, partition) +
+                       fmt::format(" --set parallel.collectives={} --set parallel.ranks_per_node=1"
+                                   " --set train.micro_batch_size=2",  // 8 = 3 + 3 + 2
+                                   algo));
+            ASSERT_EQ(b.status, 0) << b.output;
+            EXPECT_NE(b.output.find(i == 0 ? "(ring)" : "(halving/doubling)"), std::string::npos)
+                << b.output;
+        }
+        expect_same_training(*runs_, run[0], run[1]);
+    }
 }
 
 }  // namespace

@@ -78,14 +78,17 @@ void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
         const std::span<const uint16_t> in(h, n);
         const std::span<uint16_t> out(h + own_at, piece);
         if (st.dtype == Dtype::bfloat16) {
-            dist::reduce_scatter_mean_bf16(comm, nodes_of(u.space), par_.two_level(), in, out);
+            dist::reduce_scatter_mean_bf16(comm, nodes_of(u.space), par_.two_level(), in, out,
+                                           par_.coll_algo());
         } else {
-            dist::reduce_scatter_mean_fp16(comm, nodes_of(u.space), par_.two_level(), in, out);
+            dist::reduce_scatter_mean_fp16(comm, nodes_of(u.space), par_.two_level(), in, out,
+                                           par_.coll_algo());
         }
         from_half(st.dtype, h + own_at, own, piece);
     } else {
         dist::reduce_scatter_mean(comm, nodes_of(u.space), par_.two_level(),
-                                  {bucket_.data(), map.bucket_size()}, {own, map.piece_size()});
+                                  {bucket_.data(), map.bucket_size()}, {own, map.piece_size()},
+                                  par_.coll_algo());
     }
     // the mean's scaling, and unscaling by the loss scale, on this rank's shard only
     const float scale = st.grad_scale * static_cast<float>(1.0 / loss_scale_);
@@ -201,7 +204,7 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
         if (dt == Dtype::float32) {
             dist::all_gather(comm_of(sp), nodes_of(sp), par_.two_level(),
                              {bucket_.data() + own_at, map.piece_size()},
-                             {bucket_.data(), map.bucket_size()});
+                             {bucket_.data(), map.bucket_size()}, par_.coll_algo());
         } else {
             // half payload: the shard's parameters already hold values of dtype (exact)
             float* buf  = bucket_.data();
@@ -209,7 +212,7 @@ void PartitionedAdamW::all_gather_space(size_t sp, float* params) {
             to_half(dt, buf + own_at, h + own_at, map.piece_size());
             dist::all_gather(comm_of(sp), nodes_of(sp), par_.two_level(),
                              std::span<const uint16_t>(h + own_at, map.piece_size()),
-                             std::span<uint16_t>(h, map.bucket_size()));
+                             std::span<uint16_t>(h, map.bucket_size()), par_.coll_algo());
             from_half(dt, h, buf, map.bucket_size());
         }
         map.unpack(b, bucket_.data(), params, false);

@@ -108,14 +108,16 @@ void ReplicatedAdamW::reduce_segment(size_t i, bool on_helper) {
         // the same bits); experts: the edp mean / EP = the edp sum / P
         if (s.expert) {
             if (par_.edp_size() > 1) {
-                dist::allreduce_mean(*reduce_edp_, par_.edp_nodes(), par_.two_level(), g);
+                dist::allreduce_mean(*reduce_edp_, par_.edp_nodes(), par_.two_level(), g,
+                                     par_.coll_algo());
             }
             if (par_.ep_size() > 1) {
                 scale_floats(g.data(), 1.0f / static_cast<float>(par_.ep_size()), g.size(),
                              on_helper);
             }
         } else {
-            dist::allreduce_mean(*reduce_world_, par_.world_nodes(), par_.two_level(), g);
+            dist::allreduce_mean(*reduce_world_, par_.world_nodes(), par_.two_level(), g,
+                                 par_.coll_algo());
         }
         return;
     }

@@ -43,6 +43,9 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
     expect_round_trip<Recompute>(
         "train.recompute",
         {{"none", Recompute::none}, {"moe", Recompute::moe}, {"block", Recompute::block}});
+    expect_round_trip<Collectives>("parallel.collectives", {{"auto", Collectives::automatic},
+                                                            {"ring", Collectives::ring},
+                                                            {"halving", Collectives::halving}});
 }
 
 TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
@@ -86,6 +89,9 @@ TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
               "<defaults>: model.gate = \"Switch\": expected topk, switch, gshard, noisy or swipe");
     EXPECT_EQ(message({"precision.dtype=3"}),
               "<defaults>: precision.dtype: expected a string, got 3");
+    EXPECT_EQ(message({"parallel.collectives=tree"}),
+              "<defaults>: parallel.collectives = \"tree\": expected \"auto\", \"ring\" or "
+              "\"halving\"");
     EXPECT_EQ(message({"train.recompute=full"}),
               "<defaults>: train.recompute = \"full\": expected \"none\", \"moe\" or \"block\"");
     // a value that parses but does not fit the model

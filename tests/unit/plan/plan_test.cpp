@@ -315,6 +315,32 @@ TEST(PlanComm, BytesByHand) {
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
 }
 
+// parallel.collectives reaches the planner's counts: ParO's hops over P = 3 (one node of 3, so
+// one level) are the ring's 2 per call, or halving/doubling's 4 (reduce-scatter: the pair's two
+// hand-over halves, one level, the shard back) and 3 (all-gather).
+TEST(PlanComm, CollectivesAlgorithmSetsTheHops) {
+    TrainConfig c         = small_config(2);
+    c.optimizer.partition = Partition::on;
+    c.model.moe_every     = 0;  // dense only: the reduce-scatters and all-gathers of one space
+    uint64_t hops[3]      = {};
+    int i                 = 0;
+    for (const Collectives a : {Collectives::ring, Collectives::halving, Collectives::automatic}) {
+        c.parallel.collectives  = a;
+        const Footprint f       = footprint(c, layout_of(c, 3, 1), 0, 0);
+        const dist::CommTally t = per_kind(f.collectives);
+        const uint64_t calls    = t[dist::CommKind::reduce_scatter].calls;
+        ASSERT_GT(calls, 0u);
+        ASSERT_EQ(t[dist::CommKind::all_gather].calls, calls);
+        hops[i++] = t[dist::CommKind::sendrecv].calls;
+        if (a == Collectives::ring) {
+            EXPECT_EQ(hops[0], calls * (2 + 2));
+        } else if (a == Collectives::halving) {
+            EXPECT_EQ(hops[1], calls * (4 + 3));
+        }
+    }
+    EXPECT_EQ(hops[2], hops[0]);  // automatic: the ring over 3 ranks
+}
+
 // ParO's calls and bytes against the trainer's own shard maps: the spaces PartitionedAdamW
 // builds (float32 / half-stored x dense / experts), each split over its group in buckets.
 TEST(PlanComm, ParoMatchesShardMaps) {
