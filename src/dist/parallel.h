@@ -18,6 +18,13 @@
 
 namespace bagualu::dist {
 
+// parallel.collectives as the algorithm our collectives take (collectives.h).
+inline CollAlgo coll_algo_of(Collectives c) {
+    return c == Collectives::ring      ? CollAlgo::ring
+           : c == Collectives::halving ? CollAlgo::halving_doubling
+                                       : CollAlgo::automatic;
+}
+
 class ParallelContext {
    public:
     // Collective over world. ep_size must divide world.size().
@@ -51,11 +58,7 @@ class ParallelContext {
     void set_node_dedup(bool on) { node_dedup_ = on && ep_nodes_ != nullptr; }
     // parallel.collectives: the algorithm of the optimizers' reduce-scatters, all-gathers and
     // all-reduces (collectives.h); automatic unless set.
-    void set_collectives(Collectives c) {
-        coll_algo_ = c == Collectives::ring      ? CollAlgo::ring
-                     : c == Collectives::halving ? CollAlgo::halving_doubling
-                                                 : CollAlgo::automatic;
-    }
+    void set_collectives(Collectives c) { coll_algo_ = coll_algo_of(c); }
     CollAlgo coll_algo() const { return coll_algo_; }
     bool node_dedup() const { return node_dedup_; }
     // Nodes the expert-parallel group spans (1 for EP = 1).

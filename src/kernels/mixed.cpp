@@ -56,21 +56,31 @@ void widen_half(Dtype d, float* out, const uint16_t* inp, size_t n) {
 
 }  // namespace
 
-void gelu_forward_half(Dtype d, float* out, const uint16_t* inp, size_t n, bool fp64) {
-    widen_half(d, out, inp, n);
-    (fp64 ? gelu_forward_f64 : gelu_forward)(out, out, n);  // elementwise: in place is safe
+void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64) {
+    const auto gelu = fp64 ? gelu_forward_f64 : gelu_forward;
+    if (!x.half) {
+        gelu(out, x.f32, n);
+        return;
+    }
+    widen_half(d, out, x.half, n);
+    gelu(out, out, n);  // elementwise: in place is safe
 }
 
-void gelu_backward_half(Dtype d, float* dinp, const uint16_t* inp, const float* dout, size_t n,
+void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64) {
+    const auto gelu = fp64 ? gelu_backward_f64 : gelu_backward;
+    if (!x.half) {
+        gelu(dinp, x.f32, dout, n);
+        return;
+    }
     // the inputs widened a slice at a time (elementwise, so slices give the whole call's bits)
     constexpr size_t kSlice = size_t{1} << 16;
     thread_local std::vector<float> buf;
-    float* x = grow(buf, std::min(n, kSlice));
+    float* w = grow(buf, std::min(n, kSlice));
     for (size_t o = 0; o < n; o += kSlice) {
         const size_t len = std::min(kSlice, n - o);
-        widen_half(d, x, inp + o, len);
-        (fp64 ? gelu_backward_f64 : gelu_backward)(dinp + o, x, dout + o, len);
+        widen_half(d, w, x.half + o, len);
+        gelu(dinp + o, w, dout + o, len);
     }
 }
 
@@ -83,9 +93,7 @@ std::vector<bf16> g_inp16, g_w16, g_dout16;
 
 const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
     bf16* out = grow(buf, n);
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) out[i] = bf16_from_float(x[i]);
-    });
+    narrow_half(Dtype::bfloat16, out, x, n);
     return out;
 }
 

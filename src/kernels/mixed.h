@@ -25,11 +25,22 @@ void round_copy(float* out, const float* in, size_t n, Dtype d);
 // dst[i] = x[i] as 16 bits of the half type d (bfloat16 or float16): exact for values of d,
 // which is how activations of d are kept in half the bytes. Threaded.
 void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n);
-// gelu_forward / gelu_backward of kernels/ops.h (their FP64 versions with fp64) on the widened
-// 16-bit values inp of d: bit for bit those kernels on the float32 values. out may alias
-// nothing; dinp may alias dout. Call from outside pool jobs.
-void gelu_forward_half(Dtype d, float* out, const uint16_t* inp, size_t n, bool fp64 = false);
-void gelu_backward_half(Dtype d, float* dinp, const uint16_t* inp, const float* dout, size_t n,
+// An activation kept from forward to backward, one of: float32 (f32), or, when it holds values
+// of a half type, their 16 bits (half: exact, half the bytes); either gives the same bits.
+struct KeptArray {
+    float* f32     = nullptr;
+    uint16_t* half = nullptr;
+    // its rows from `row` on, rows of `width` elements
+    KeptArray rows_from(size_t row, size_t width) const {
+        return {f32 ? f32 + row * width : nullptr, half ? half + row * width : nullptr};
+    }
+};
+// gelu_forward / gelu_backward of kernels/ops.h (their FP64 versions with fp64) on a kept
+// activation x of n elements, widened from the 16 bits of d when kept so: bit for bit those
+// kernels on the float32 values. out may alias nothing; dinp may alias dout. Call from outside
+// pool jobs.
+void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false);
+void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64 = false);
 
 // linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that

@@ -150,10 +150,9 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& m,
 struct GPT::Acts {
     struct Block {
         float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res1, *ln2, *ln2_mean, *ln2_rstd;
-        // dense MLP only: pre-GELU (N, F), in float32 or (a half ffn act dtype) fch16 in 16 bits;
+        // dense MLP only: pre-GELU (N, F), in float32 or (a half ffn act dtype) 16 bits;
         // gelu(fch) is not kept, backward computes it again
-        float* fch      = nullptr;
-        uint16_t* fch16 = nullptr;
+        kernels::KeptArray fch;
     };
     FloatArena arena;
     std::vector<float*> resid;  // [L+1] (N, C)
@@ -301,13 +300,14 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
         const ArenaPlan::BlockOff& o = p.blocks[static_cast<size_t>(l)];
-        Acts::Block b{A.at(o.ln1), A.at(o.m1),   A.at(o.r1),  A.at(o.qkv), A.at(o.atty),
-                      A.at(o.lse), A.at(o.res1), A.at(o.ln2), A.at(o.m2),  A.at(o.r2)};
+        Acts::Block b{A.at(o.ln1),  A.at(o.m1),  A.at(o.r1),          A.at(o.qkv),
+                      A.at(o.atty), A.at(o.lse), A.at(o.res1),        A.at(o.ln2),
+                      A.at(o.m2),   A.at(o.r2),  kernels::KeptArray{}};
         if (!cfg.is_moe_block(l)) {
             if (hidden == Dtype::float32) {
-                b.fch = A.at(o.fch);
+                b.fch.f32 = A.at(o.fch);
             } else {
-                b.fch16 = A.at_half(o.fch);
+                b.fch.half = A.at_half(o.fch);
             }
         }
         a_->blocks.push_back(b);
@@ -396,8 +396,7 @@ namespace {
 struct SensitiveOps {
     decltype(&layernorm_forward) ln_fwd;
     decltype(&layernorm_backward) ln_bwd;
-    decltype(&gelu_forward) gelu_fwd;
-    decltype(&gelu_backward) gelu_bwd;
+    decltype(&gelu_forward) gelu_fwd;  // backward: gelu_*_kept (kernels/mixed.h)
     decltype(&attention_forward) attn_fwd;
     decltype(&attention_backward) attn_bwd;
     decltype(&crossentropy_forward) ce_fwd;
@@ -405,12 +404,12 @@ struct SensitiveOps {
 };
 SensitiveOps sensitive_ops(bool fp64) {
     if (fp64) {
-        return {layernorm_forward_f64,    layernorm_backward_f64,   gelu_forward_f64,
-                gelu_backward_f64,        attention_forward_f64,    attention_backward_f64,
-                crossentropy_forward_f64, crossentropy_backward_f64};
+        return {layernorm_forward_f64,    layernorm_backward_f64, gelu_forward_f64,
+                attention_forward_f64,    attention_backward_f64, crossentropy_forward_f64,
+                crossentropy_backward_f64};
     }
-    return {layernorm_forward, layernorm_backward, gelu_forward,         gelu_backward,
-            attention_forward, attention_backward, crossentropy_forward, crossentropy_backward};
+    return {layernorm_forward,  layernorm_backward,   gelu_forward,         attention_forward,
+            attention_backward, crossentropy_forward, crossentropy_backward};
 }
 }  // namespace
 
@@ -501,10 +500,10 @@ double GPT::block_forward(int l) {
         // the GELU's output only feeds the next product: it goes to the backward scratch df
         // (free during forward), and backward computes it again from fch; a 16-bit fch is
         // formed in df and narrowed from there
-        float* hf = b.fch16 ? a.df : b.fch;
+        float* hf = b.fch.half ? a.df : b.fch.f32;
         linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F);
         round_inplace(hf, NF, af);
-        if (b.fch16) narrow_half(af, b.fch16, hf, NF);
+        if (b.fch.half) narrow_half(af, b.fch.half, hf, NF);
         op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
         round_inplace(a.df, NF, gf);
         linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C);
@@ -590,20 +589,12 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             const float* dy = operand(a.dresid, gf);
             const Dtype af  = prec_.act_dtype(LayerClass::ffn);
             const bool f64  = prec_.fp64_sensitive;
-            if (b.fch16) {
-                gelu_forward_half(af, a.df, b.fch16, NF, f64);
-            } else {
-                op.gelu_fwd(a.df, b.fch, NF);
-            }
+            gelu_forward_kept(af, a.df, b.fch, NF, f64);
             round_inplace(a.df, NF, gf);
             linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N, F,
                                  C);
             linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
-            if (b.fch16) {
-                gelu_backward_half(af, a.df, b.fch16, a.df, NF, f64);
-            } else {
-                op.gelu_bwd(a.df, b.fch, a.df, NF);
-            }
+            gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64);
             round_inplace(a.df, NF, gf);
             linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }

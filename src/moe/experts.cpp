@@ -76,8 +76,9 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
 
 }  // namespace
 
-void experts_forward(float* y, const Hidden& h, float* g, const float* x, const ExpertWeights& w,
-                     const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec) {
+void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
+                     const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
+                     const ExpertPrecision& prec) {
     const int64_t rows = offsets[E];
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     BGL_CHECK((h.half != nullptr) != (h.f32 != nullptr) && (!h.half || prec.act != Dtype::float32),
@@ -100,8 +101,8 @@ void experts_forward(float* y, const Hidden& h, float* g, const float* x, const 
 }
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
-                      const Hidden& h, const ExpertWeights& w, const int32_t* offsets, int E, int C,
-                      int F, const ExpertPrecision& prec, double* bias_acc) {
+                      const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
+                      int E, int C, int F, const ExpertPrecision& prec, double* bias_acc) {
     const int64_t rows = offsets[E];
     // bias_acc rows: (F) fc_b then (C) proj_b
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
@@ -109,11 +110,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     kernels::round_inplace(dy, RC, prec.gemm);
     // g = gelu(h) again, as forward made it, into dh
     float* g = dh;
-    if (h.half) {
-        kernels::gelu_forward_half(prec.act, g, h.half, RF, prec.fp64);
-    } else {
-        (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, h.f32, RF);
-    }
+    kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
     kernels::round_inplace(g, RF, prec.gemm);
     // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
     kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
@@ -122,11 +119,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
                               w.proj_w_stride, 0.0f, dh, F);
-    if (h.half) {
-        kernels::gelu_backward_half(prec.act, dh, h.half, dh, RF, prec.fp64);
-    } else {
-        (prec.fp64 ? kernels::gelu_backward_f64 : kernels::gelu_backward)(dh, h.f32, dh, RF);
-    }
+    kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64);
     kernels::round_inplace(dh, RF, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
     kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, C, F, 1.0f, dh, F, w.fc_w, C,

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/mixed.h"
 
 namespace bagualu::moe {
 
@@ -28,23 +29,13 @@ struct ExpertPrecision {
     bool fp64 = false;
 };
 
-// The pre-activation h (rows, F) kept from forward to backward, one of: float32 (f32), or, when
-// prec.act is a half type, its 16-bit values (half), exact and half the bytes; either gives the
-// same bits.
-struct Hidden {
-    float* f32     = nullptr;
-    uint16_t* half = nullptr;
-    // its rows from `row` on, rows of width F
-    Hidden rows_from(size_t row, size_t F) const {
-        return {f32 ? f32 + row * F : nullptr, half ? half + row * F : nullptr};
-    }
-};
-
-// y: (rows, C). h: the pre-activation, saved for backward. g: (rows, F) scratch for gelu(h),
+// y: (rows, C). h: the pre-activation (rows, F), saved for backward: float32, or 16 bits when
+// prec.act is a half type (kernels::KeptArray). g: (rows, F) scratch for gelu(h),
 // the second product's operand: not kept, backward computes it again from h (the same kernel
 // on the same values, so the same bits), which saves a (rows, F) array per layer.
-void experts_forward(float* y, const Hidden& h, float* g, const float* x, const ExpertWeights& w,
-                     const int32_t* offsets, int E, int C, int F, const ExpertPrecision& prec = {});
+void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
+                     const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
+                     const ExpertPrecision& prec = {});
 
 // dx: (rows, C), overwritten. dh: (rows, F) scratch (it holds gelu(h) first, then its
 // gradient). Parameter grads +=. dy is rounded to prec.gemm in place.
@@ -52,8 +43,9 @@ void experts_forward(float* y, const Hidden& h, float* g, const float* x, const 
 // the bias gradients' double sums then continue in it (+=) instead of being added to dw, and
 // experts_bias_grad_flush adds them once, so that the result is bitwise that of one call.
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
-                      const Hidden& h, const ExpertWeights& w, const int32_t* offsets, int E, int C,
-                      int F, const ExpertPrecision& prec = {}, double* bias_acc = nullptr);
+                      const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
+                      int E, int C, int F, const ExpertPrecision& prec = {},
+                      double* bias_acc = nullptr);
 
 // dw.fc_b, dw.proj_b += bias_acc (E, F + C) for the experts with had_rows[e] != 0, as one
 // experts_backward call adds its sums.

@@ -82,7 +82,7 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
         y_perm_       = Buffer<float>(N * K * C);
         x_local_      = Buffer<float>(RC);
         y_local_      = Buffer<float>(RC);
-        // the pre-activations: in 16 bits when they hold half values (experts.h, Hidden)
+        // the pre-activations: in 16 bits when they hold half values (kernels::KeptArray)
         if (half_h) {
             h16_  = Buffer<uint16_t>(R * F);
             hs16_ = Buffer<uint16_t>(S * N * FS);

@@ -199,11 +199,12 @@ class MoELayer {
     Buffer<float>& hs_      = buf_->hs;
     Buffer<uint16_t>& hs16_ = buf_->hs16;
     // the kept pre-activations from row `row` on: routed experts (R, F), shared (S, N, FS)
-    Hidden hidden(size_t row) {
-        return Hidden{h_.data(), h16_.data()}.rows_from(row, static_cast<size_t>(s_.F));
+    kernels::KeptArray hidden(size_t row) {
+        return kernels::KeptArray{h_.data(), h16_.data()}.rows_from(row, static_cast<size_t>(s_.F));
     }
-    Hidden shared_hidden(size_t row) {
-        return Hidden{hs_.data(), hs16_.data()}.rows_from(row, static_cast<size_t>(s_.FS));
+    kernels::KeptArray shared_hidden(size_t row) {
+        return kernels::KeptArray{hs_.data(), hs16_.data()}.rows_from(row,
+                                                                      static_cast<size_t>(s_.FS));
     }
     // backward scratch
     Buffer<float>& dy_perm_  = scr_->dy_perm;

@@ -10,6 +10,7 @@
 #include "core/buffer.h"
 #include "data/loader.h"
 #include "dist/comm/collectives.h"
+#include "dist/parallel.h"
 #include "dist/paro/grad_sync.h"
 #include "dist/paro/shard_map.h"
 #include "dist/paro/spaces.h"
@@ -536,10 +537,7 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
     // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
     L.two_level        = switch_on(cfg.parallel.two_level, L.nodes() > 1);
-    L.coll_algo        = cfg.parallel.collectives == Collectives::ring ? dist::CollAlgo::ring
-                         : cfg.parallel.collectives == Collectives::halving
-                             ? dist::CollAlgo::halving_doubling
-                             : dist::CollAlgo::automatic;
+    L.coll_algo        = dist::coll_algo_of(cfg.parallel.collectives);
     L.hierarchical_a2a = L.ep > 1 && switch_on(cfg.parallel.hierarchical_a2a, L.nodes() > 1);
     // cli/commands.cpp, as ParallelContext::set_node_dedup takes it
     L.node_dedup = L.ep > 1 && cfg.node_dedup(group_nodes(L.ep, 1, L.ranks_per_node).first);

@@ -63,7 +63,7 @@ TEST(Rounding, Bf16AndFp16Values) {
 
 // Activations of a half type kept in 16 bits: narrow_half is exact on them, and the GELU of the
 // 16-bit values is bit for bit the float kernels' on the widened values, over several of
-// gelu_backward_half's slices and a ragged tail, FP64 versions included; dinp may alias dout.
+// gelu_backward_kept's slices and a ragged tail, FP64 versions included; dinp may alias dout.
 TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
     Rng rng(21);
     const size_t n = 3 * (size_t{1} << 16) + 123;
@@ -78,10 +78,10 @@ TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
         for (const bool fp64 : {false, true}) {
             std::vector<float> want(n), got(n), dwant(n), dgot = dy;
             (fp64 ? gelu_forward_f64 : gelu_forward)(want.data(), x.data(), n);
-            gelu_forward_half(d, got.data(), x16.data(), n, fp64);
+            gelu_forward_kept(d, got.data(), {nullptr, x16.data()}, n, fp64);
             EXPECT_EQ(got, want) << dtype_name(d) << " fp64 " << fp64;
             (fp64 ? gelu_backward_f64 : gelu_backward)(dwant.data(), x.data(), dy.data(), n);
-            gelu_backward_half(d, dgot.data(), x16.data(), dgot.data(), n, fp64);
+            gelu_backward_kept(d, dgot.data(), {nullptr, x16.data()}, dgot.data(), n, fp64);
             EXPECT_EQ(dgot, dwant) << dtype_name(d) << " fp64 " << fp64;
         }
     }

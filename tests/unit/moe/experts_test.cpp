@@ -56,7 +56,7 @@ ExpertsRun run(const ThreeExperts& s, bool half16) {
     r.y.resize(size_t(R) * C);
     std::vector<float> h32(half16 ? 0 : RF), g(RF, -1.f);
     std::vector<uint16_t> h16(half16 ? RF : 0);
-    const Hidden h{half16 ? nullptr : h32.data(), half16 ? h16.data() : nullptr};
+    const kernels::KeptArray h{half16 ? nullptr : h32.data(), half16 ? h16.data() : nullptr};
     experts_forward(r.y.data(), h, g.data(), s.x.data(), s.weights(), s.offsets.data(), E, C, F,
                     s.prec);
     r.g_fwd = g;  // what forward multiplied by; not kept by the layer
