@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "moe/gate.h"
 
 namespace bagualu::model {
 
@@ -18,20 +19,24 @@ Generator::Generator(const ModelConfig& cfg, const float* params, moe::BalanceBi
       biases_(std::move(biases)) {
     const size_t C = static_cast<size_t>(cfg.d_model), T = static_cast<size_t>(cfg.seq_len),
                  L = static_cast<size_t>(cfg.n_layer), F = static_cast<size_t>(cfg.d_ff);
-    kcache_      = Buffer<float>(L * T * C);
-    vcache_      = Buffer<float>(L * T * C);
-    x_           = Buffer<float>(C);
-    ln_          = Buffer<float>(C);
-    qkv_         = Buffer<float>(3 * C);
-    atty_        = Buffer<float>(C);
-    tmp_         = Buffer<float>(C);
-    h_           = Buffer<float>(F);
-    h2_          = Buffer<float>(F);
-    logits_      = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
-    scores_      = Buffer<float>(T);
-    gate_logits_ = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+    kcache_         = Buffer<float>(L * T * C);
+    vcache_         = Buffer<float>(L * T * C);
+    x_              = Buffer<float>(C);
+    ln_             = Buffer<float>(C);
+    qkv_            = Buffer<float>(3 * C);
+    atty_           = Buffer<float>(C);
+    tmp_            = Buffer<float>(C);
+    const size_t FM = std::max(F, static_cast<size_t>(cfg.shared_width()));
+    h_              = Buffer<float>(FM);
+    h2_             = Buffer<float>(FM);
+    logits_         = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
+    scores_         = Buffer<float>(T);
+    gate_logits_    = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     order_.resize(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     choice_.resize(order_.size());
+    limited_.resize(order_.size());
+    softmax_.resize(order_.size());
+    probs_.resize(order_.size());
 }
 
 const float* Generator::step(int32_t token) {
@@ -78,10 +83,14 @@ const float* Generator::step(int32_t token) {
         add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
         layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln2_w, w.ln2_b, 1, C);
         if (cfg_.is_moe_block(l)) {
-            const int E = cfg_.n_experts, K = cfg_.top_k;
+            const int E = cfg_.n_experts, K = cfg_.top_k, FE = cfg_.d_ff;
             linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
+            // The router's inference path (moe/router.cpp) on one token, with its kernels: the
+            // choice ranks logit + balancing bias, kept to the token's best expert groups under
+            // node-limited routing; the weights read the logits (every gate routes as plain
+            // top-k at inference, docs/model.md, Gates).
             const float* gl = gate_logits_.data();
-            const float* ch = gl;  // the choice ranks logit + balancing bias; weights use gl
+            const float* ch = gl;
             if (!biases_.empty()) {
                 const std::vector<float>& b = biases_[moe_i];
                 for (int e = 0; e < E; ++e)
@@ -89,32 +98,37 @@ const float* Generator::step(int32_t token) {
                 ch = choice_.data();
             }
             ++moe_i;
-            std::iota(order_.begin(), order_.end(), 0);
-            std::partial_sort(order_.begin(), order_.begin() + K, order_.end(), [ch](int a, int b) {
-                return ch[a] > ch[b] || (ch[a] == ch[b] && a < b);
-            });
-            // Every gate routes as plain top-k at inference (no capacity, noise or SWIPE);
-            // the weights are the softmax over the K selected logits, except for switch, whose
-            // weight is the full-softmax probability of its one expert (docs/model.md, Gates).
-            const bool full = cfg_.gate == GateKind::switch_top1;
-            double s        = 0;
-            for (int k = 0; k < K; ++k)
-                s += std::exp(gl[order_[static_cast<size_t>(k)]] - gl[order_[0]]);
-            if (full) {
-                s = 0;
-                for (int e = 0; e < E; ++e) s += std::exp(gl[e] - gl[order_[0]]);
+            if (cfg_.route_nodes > 0) {
+                moe::limit_to_groups(limited_.data(), ch, 1, E, cfg_.route_groups, cfg_.route_nodes,
+                                     K);
+                ch = limited_.data();
+            }
+            moe::rank_experts(order_.data(), ch, 1, E, K);
+            if (cfg_.gate == GateKind::switch_top1) {
+                moe::softmax_rows(softmax_.data(), nullptr, gl, 1, E);
+                moe::full_prob_forward(probs_.data(), order_.data(), softmax_.data(), 1, E);
+            } else if (cfg_.router_score == RouterScore::sigmoid) {
+                moe::selected_sigmoid_forward(probs_.data(), order_.data(), gl, 1, E, K);
+            } else {
+                moe::selected_softmax_forward(probs_.data(), order_.data(), gl, 1, E, K);
             }
             std::fill(atty_.data(), atty_.data() + C, 0.0f);
-            const auto& ex = w.experts;
-            for (int k = 0; k < K; ++k) {
-                const int e    = order_[static_cast<size_t>(k)];
-                const float pk = static_cast<float>(std::exp(gl[e] - gl[order_[0]]) / s);
+            const auto ffn = [&](const moe::ExpertTensors<const float>& ex, int e, int width) {
                 linear_forward(h_.data(), ln_.data(), ex.fc_w + e * ex.fc_w_stride,
-                               ex.fc_b + e * ex.fc_b_stride, 1, C, F);
-                gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(F));
+                               ex.fc_b + e * ex.fc_b_stride, 1, C, width);
+                gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(width));
                 linear_forward(tmp_.data(), h2_.data(), ex.proj_w + e * ex.proj_w_stride,
-                               ex.proj_b + e * ex.proj_b_stride, 1, F, C);
+                               ex.proj_b + e * ex.proj_b_stride, 1, width, C);
+            };
+            for (int k = 0; k < K; ++k) {
+                ffn(w.experts, order_[static_cast<size_t>(k)], FE);
+                const float pk = probs_[static_cast<size_t>(k)];
                 for (int c = 0; c < C; ++c) atty_[c] += pk * tmp_[c];
+            }
+            // the shared experts, unweighted, after the routed sum (docs/model.md, MoE FFN)
+            for (int i = 0; i < cfg_.n_shared_experts; ++i) {
+                ffn(w.shared, i, cfg_.shared_width());
+                for (int c = 0; c < C; ++c) atty_[c] += tmp_[c];
             }
             add_forward(x_.data(), x_.data(), atty_.data(), static_cast<size_t>(C));
         } else {

@@ -30,8 +30,11 @@ class Generator {
     Buffer<float> x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
     Buffer<float> gate_logits_;
     std::vector<int32_t> order_;
-    moe::BalanceBiases biases_;  // [MoE blocks][E] or empty
-    std::vector<float> choice_;  // (E) gate logits + bias
+    moe::BalanceBiases biases_;   // [MoE blocks][E] or empty
+    std::vector<float> choice_;   // (E) gate logits + bias
+    std::vector<float> limited_;  // (E) the choice kept to the token's best groups
+    std::vector<float> softmax_;  // (E) switch: the full softmax
+    std::vector<float> probs_;    // (K) the chosen experts' weights
     int pos_ = 0;
 };
 

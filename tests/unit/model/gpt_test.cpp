@@ -116,14 +116,18 @@ TEST(GptTest, BackwardAccumulatesIntoGrads) {
         ASSERT_NEAR(gpt.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::fabs(once[i]));
 }
 
-TEST(GptTest, KvCacheGenerationMatchesFullForward) {
-    const ModelConfig m = tiny_config();
+// Generation one token at a time gives the full forward's logits at every position, for every
+// routing rule inference keeps: shared experts, sigmoid scores, node-limited routing, switch's
+// full-softmax weight, and experts of another width than the dense MLP.
+void expect_generation_matches_forward(const ModelConfig& m,
+                                       const moe::BalanceBiases& biases = {}) {
     GPT gpt(m, 1);
     init_params(gpt.params(), gpt.layout(), m, 11);
+    if (!biases.empty()) gpt.set_balance_biases(biases);
     const int T  = m.seq_len;
     const auto x = random_tokens(T, m.vocab_size, 12), y = random_tokens(T, m.vocab_size, 13);
     gpt.forward(x.data(), y.data(), 1, T);
-    Generator gen(m, gpt.params());
+    Generator gen(m, gpt.params(), biases);
     for (int t = 0; t < T; ++t) {
         const float* lg = gen.step(x[static_cast<size_t>(t)]);
         for (int v = 0; v < m.vocab_size; ++v) {
@@ -132,6 +136,56 @@ TEST(GptTest, KvCacheGenerationMatchesFullForward) {
                 << "position " << t << " token " << v;
         }
     }
+}
+
+TEST(GptTest, KvCacheGenerationMatchesFullForward) {
+    expect_generation_matches_forward(tiny_config());
+}
+
+TEST(GptTest, KvCacheGenerationWithSharedExperts) {
+    ModelConfig m      = tiny_config();
+    m.n_shared_experts = 2;
+    m.shared_d_ff      = 20;
+    expect_generation_matches_forward(m);
+}
+
+TEST(GptTest, KvCacheGenerationWithSigmoidScores) {
+    ModelConfig m  = tiny_config();
+    m.router_score = RouterScore::sigmoid;
+    expect_generation_matches_forward(m);
+}
+
+TEST(GptTest, KvCacheGenerationWithNodeLimitedRouting) {
+    ModelConfig m  = tiny_config();
+    m.n_experts    = 8;
+    m.top_k        = 3;
+    m.route_groups = 4;
+    m.route_nodes  = 2;
+    expect_generation_matches_forward(m);
+}
+
+// Everything of a fine-grained model at once: biased choice kept to the best groups, sigmoid
+// weights, a shared expert.
+TEST(GptTest, KvCacheGenerationWithBiasGroupsSigmoidAndSharedExpert) {
+    ModelConfig m       = tiny_config();
+    m.n_experts         = 8;
+    m.top_k             = 3;
+    m.route_groups      = 4;
+    m.route_nodes       = 2;
+    m.router_score      = RouterScore::sigmoid;
+    m.n_shared_experts  = 1;
+    m.balance_bias_rate = 0.01;
+    Rng rng(5);
+    moe::BalanceBiases biases(1, std::vector<float>(8));
+    for (float& b : biases[0]) b = static_cast<float>(rng.uniform() - 0.5);
+    expect_generation_matches_forward(m, biases);
+}
+
+TEST(GptTest, KvCacheGenerationWithSwitchGate) {
+    ModelConfig m = tiny_config();
+    m.gate        = GateKind::switch_top1;
+    m.top_k       = 1;
+    expect_generation_matches_forward(m);
 }
 
 TEST(GptTest, OverfitsTwoFixedBatches) {
