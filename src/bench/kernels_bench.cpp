@@ -375,8 +375,8 @@ std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batc
         linear("mlp proj", N, F, C);
     }
     if (moe) {
-        linear("expert fc", Ne, C, F);
-        linear("expert proj", Ne, F, C);
+        linear("expert fc", Ne, C, m.expert_width());
+        linear("expert proj", Ne, m.expert_width(), C);
     }
     linear("lm head", N, C, V);
     return out;

@@ -366,6 +366,7 @@ void validate_limits(const TrainConfig& c) {
     at_most("model.top_k", m.top_k, 256, "experts per token");
     at_most("model.n_shared_experts", m.n_shared_experts, 1 << 10, "shared experts per MoE layer");
     at_most("model.shared_d_ff", m.shared_d_ff, 1 << 22, "FFN width");
+    at_most("model.expert_d_ff", m.expert_d_ff, 1 << 22, "FFN width");
     at_most("model.aux_loss_coef", m.aux_loss_coef, 100.0, "a weight of the loss");
     at_most("model.router_z_loss_coef", m.router_z_loss_coef, 100.0, "a weight of the loss");
     at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
@@ -459,6 +460,7 @@ void validate(const TrainConfig& c) {
     non_negative("model.router_z_loss_coef", m.router_z_loss_coef);
     non_negative("model.n_shared_experts", m.n_shared_experts);
     non_negative("model.shared_d_ff", m.shared_d_ff);
+    non_negative("model.expert_d_ff", m.expert_d_ff);
     if (m.moe_every > 0 && m.router_score == RouterScore::sigmoid && m.gate != GateKind::topk &&
         m.gate != GateKind::swipe) {
         input_error(
@@ -645,10 +647,10 @@ void validate_micro_batch(const TrainConfig& c, int ranks) {
     // Tokens of one micro-batch, and the widest activation row over them, on one rank.
     const int64_t tokens = mb * int64_t{c.model.seq_len};
     const ModelConfig& m = c.model;
-    const int64_t width =
-        std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model}, int64_t{m.d_ff},
-                  m.moe_every > 0 ? int64_t{m.n_experts} : 0,
-                  m.moe_every > 0 ? m.top_k * int64_t{m.d_ff} : 0, int64_t{m.shared_width()}});
+    const int64_t width  = std::max({int64_t{m.vocab_size}, 3 * int64_t{m.d_model}, int64_t{m.d_ff},
+                                    m.moe_every > 0 ? int64_t{m.n_experts} : 0,
+                                    m.moe_every > 0 ? m.top_k * int64_t{m.expert_width()} : 0,
+                                     int64_t{m.shared_width()}});
     // (tokens is at most 2^31 x 2^20 and width at most 2^30 here: the product cannot overflow
     // once tokens is known to fit in int32)
     if (tokens > kMaxInt32 || tokens * width > kMaxInt32) {

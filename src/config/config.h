@@ -18,11 +18,12 @@ struct ModelConfig {
     int n_layer          = 4;    // L
     int n_head           = 4;    // NH
     int seq_len          = 128;  // T (also the number of learned positions)
-    int d_ff             = 768;  // F: hidden width of dense MLPs and of each expert
+    int d_ff             = 768;  // F: hidden width of dense MLPs (and of each expert, by default)
     int n_experts        = 8;    // E
     int top_k            = 2;    // K
     int n_shared_experts = 0;    // S: FFNs every token of an MoE block passes through
     int shared_d_ff      = 0;    // FS: width of each shared expert; 0 = d_ff
+    int expert_d_ff      = 0;    // FE: width of each routed expert; 0 = d_ff
     int moe_every = 2;  // block i (0-based) is MoE iff moe_every > 0 && (i+1) % moe_every == 0
     double aux_loss_coef            = 0.01;  // Switch/GShard load-balancing loss weight; 0 disables
     BalanceScope balance_loss_scope = BalanceScope::global;  // the tokens it balances over
@@ -54,6 +55,7 @@ struct ModelConfig {
     bool is_moe_block(int layer) const { return moe_every > 0 && (layer + 1) % moe_every == 0; }
     int head_size() const { return d_model / n_head; }
     int shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
+    int expert_width() const { return expert_d_ff > 0 ? expert_d_ff : d_ff; }
 };
 
 // Every [model] key once, in order: v(key, field, inference), where inference says whether the
@@ -74,6 +76,8 @@ void visit_model_fields(M& m, V&& v) {
     // shared experts existed, which has none: they keep their defaults when absent
     v("n_shared_experts", m.n_shared_experts, false);
     v("shared_d_ff", m.shared_d_ff, false);
+    // the same: absent from models exported before it, whose experts had the width d_ff
+    v("expert_d_ff", m.expert_d_ff, false);
     v("moe_every", m.moe_every, true);
     v("aux_loss_coef", m.aux_loss_coef, false);
     v("balance_loss_scope", m.balance_loss_scope, false);

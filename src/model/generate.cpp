@@ -26,12 +26,13 @@ Generator::Generator(const ModelConfig& cfg, const float* params, moe::BalanceBi
     qkv_            = Buffer<float>(3 * C);
     atty_           = Buffer<float>(C);
     tmp_            = Buffer<float>(C);
-    const size_t FM = std::max(F, static_cast<size_t>(cfg.shared_width()));
-    h_              = Buffer<float>(FM);
-    h2_             = Buffer<float>(FM);
-    logits_         = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
-    scores_         = Buffer<float>(T);
-    gate_logits_    = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+    const size_t FM = std::max(
+        {F, static_cast<size_t>(cfg.shared_width()), static_cast<size_t>(cfg.expert_width())});
+    h_           = Buffer<float>(FM);
+    h2_          = Buffer<float>(FM);
+    logits_      = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
+    scores_      = Buffer<float>(T);
+    gate_logits_ = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     order_.resize(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     choice_.resize(order_.size());
     limited_.resize(order_.size());
@@ -83,7 +84,7 @@ const float* Generator::step(int32_t token) {
         add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
         layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln2_w, w.ln2_b, 1, C);
         if (cfg_.is_moe_block(l)) {
-            const int E = cfg_.n_experts, K = cfg_.top_k, FE = cfg_.d_ff;
+            const int E = cfg_.n_experts, K = cfg_.top_k, FE = cfg_.expert_width();
             linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
             // The router's inference path (moe/router.cpp) on one token, with its kernels: the
             // choice ranks logit + balancing bias, kept to the token's best expert groups under

@@ -326,7 +326,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_->tokens   = Buffer<int32_t>(N);
     a_->targets  = Buffer<int32_t>(N);
 
-    moe::MoEShape ms{cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
+    moe::MoEShape ms{cfg.d_model, cfg.expert_width(), cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
     ms.gate.kind            = cfg.gate;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
@@ -624,7 +624,7 @@ double forward_flops_per_token(const ModelConfig& cfg, int T) {
         f += 2 * 2 * C * T / 2.0 *
              1.0;  // causal attention: scores and weighted sum, T/2 keys on average
         if (cfg.is_moe_block(l)) {
-            f += 2 * C * E + K * 2 * (2 * C * F);                          // gate, K experts
+            f += 2 * C * E + K * 2 * (2 * C * cfg.expert_width());         // gate, K experts
             f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());  // shared experts
         } else {
             f += 2 * (2 * C * F);

@@ -39,6 +39,8 @@ int64_t dim_of(Dim d, const ModelConfig& m) {
             return m.n_experts;
         case Dim::FS:
             return m.shared_width();
+        case Dim::FE:
+            return m.expert_width();
     }
     return 0;
 }

@@ -70,8 +70,9 @@ enum class Blocks {
     moe_shared  // MoE blocks with model.n_shared_experts > 0
 };
 // A dimension as a function of the config: V vocab_size, T seq_len, C d_model, C3 = 3 d_model,
-// F d_ff, E n_experts, FS the shared experts' width (model.shared_d_ff, else d_ff).
-enum class Dim { V, T, C, C3, F, E, FS };
+// F d_ff, E n_experts, FS the shared experts' width (model.shared_d_ff, else d_ff), FE the
+// routed experts' width (model.expert_d_ff, else d_ff).
+enum class Dim { V, T, C, C3, F, E, FS, FE };
 // zeros, ones, N(0, init_std²), N(0, init_std² / (2 n_layer)) (GPT-2's residual projections).
 enum class Init { zeros, ones, normal, normal_resid };
 // What the precision policy needs to know beyond the class: layernorm and gate parameters stay
@@ -143,13 +144,13 @@ inline constexpr TensorRow<P> kTensorTable[] = {
       {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},
      nullptr, &BlockTensors<P>::noise_w},
     {{"h.{l}.moe.experts.{e}.c_fc.weight", Scope::expert, Blocks::moe,
-      {Dim::F, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain},
+      {Dim::FE, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::plain},
      nullptr, nullptr, &moe::ExpertTensors<P>::fc_w, &moe::ExpertTensors<P>::fc_w_stride},
     {{"h.{l}.moe.experts.{e}.c_fc.bias", Scope::expert, Blocks::moe,
-      {Dim::F}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
+      {Dim::FE}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},
      nullptr, nullptr, &moe::ExpertTensors<P>::fc_b, &moe::ExpertTensors<P>::fc_b_stride},
     {{"h.{l}.moe.experts.{e}.c_proj.weight", Scope::expert, Blocks::moe,
-      {Dim::C, Dim::F}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain},
+      {Dim::C, Dim::FE}, 2, true, LayerClass::ffn, Init::normal_resid, Role::plain},
      nullptr, nullptr, &moe::ExpertTensors<P>::proj_w, &moe::ExpertTensors<P>::proj_w_stride},
     {{"h.{l}.moe.experts.{e}.c_proj.bias", Scope::expert, Blocks::moe,
       {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::plain},

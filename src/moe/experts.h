@@ -1,6 +1,7 @@
 // The local experts of an MoE layer: expert e is an MLP  y = W2_e gelu(W1_e x + b1_e) + b2_e,
 // applied to its contiguous block of rows [offsets[e], offsets[e+1]) of the permuted buffer.
-// Experts with zero rows are skipped. C = d_model, F = d_ff, E = number of local experts.
+// Experts with zero rows are skipped. C = d_model, F = the experts' width (model.expert_d_ff,
+// else d_ff), E = number of local experts.
 #pragma once
 #include <cstddef>
 #include <cstdint>

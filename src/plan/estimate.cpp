@@ -189,13 +189,14 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
+        const double FE   = m.expert_width();
         linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
-        linear("gemm: experts", rows, F, C, n_moe * El, peak_rank);
-        linear("gemm: experts", rows, C, F, n_moe * El, peak_rank);
+        linear("gemm: experts", rows, FE, C, n_moe * El, peak_rank);
+        linear("gemm: experts", rows, C, FE, n_moe * El, peak_rank);
         if (fp.moe_rounds > 1) {
             // several rounds: backward recomputes the experts' forward products
             // (moe/moe_layer.cpp); the balanced load is N K rows per rank
-            for (const auto& [out, in] : {std::pair{F, C}, std::pair{C, F}}) {
+            for (const auto& [out, in] : {std::pair{FE, C}, std::pair{C, FE}}) {
                 compute["gemm: experts (recompute)"] +=
                     n_moe * El * A * 2 * rows * out * in /
                     (peak_rank * gemm_efficiency(nd, rows, out, in));
@@ -226,8 +227,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double rows = N * K / El;
         forward_again(N, E, C, rc.moe_layers, peak_rank);
-        forward_again(rows, F, C, rc.moe_layers * El, peak_rank);
-        forward_again(rows, C, F, rc.moe_layers * El, peak_rank);
+        forward_again(rows, m.expert_width(), C, rc.moe_layers * El, peak_rank);
+        forward_again(rows, C, m.expert_width(), rc.moe_layers * El, peak_rank);
         const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
         forward_again(N, FS, C, rc.moe_layers * S, peak_rank);
         forward_again(N, C, FS, rc.moe_layers * S, peak_rank);
@@ -271,8 +272,9 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
               3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
         b += n_dense * (NF * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
                         NC * (r(LayerClass::ffn, true) + r(LayerClass::ffn, false)));
-        b += n_moe * (RK * F * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
-                      RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
+        b += n_moe *
+             (RK * m.expert_width() * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+              RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
         b += NC * r(LayerClass::head, false) +
              N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
         auto conv = [&](LayerClass c, double in, double out, double count) {

@@ -59,7 +59,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
                          bool half_act, int a2a_chunks) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
-                 F = m.d_ff, El = E / ep;
+                 F = m.expert_width(), El = E / ep;
     // rows this rank's experts take per round: the budget MoELayer sizes its buffers with
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
     const double R    = static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));

@@ -88,6 +88,9 @@ TEST_F(BadInputTest, ZeroAndNegativeSizes) {
     expect_error(base + " --set model.n_layer=-1", {"model.n_layer = -1", "> 0"});
     expect_error(base + " --set train.batch_size=0", {"train.batch_size = 0"});
     expect_error(base + " --set model.seq_len=-5", {"model.seq_len = -5"});
+    expect_error(base + " --set model.expert_d_ff=-1", {"model.expert_d_ff = -1", ">= 0"});
+    expect_error(base + " --set model.expert_d_ff=8388608",
+                 {"model.expert_d_ff = 8388608", "must be <="});
 }
 
 TEST_F(BadInputTest, UnknownOptimizerPartition) {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "../../common/tiny_model.h"
@@ -34,8 +36,9 @@ double objective(GPT& gpt, const std::vector<int32_t>& x, const std::vector<int3
     return ce + gpt.aux_loss();
 }
 
-TEST(GptTest, FullGradientMatchesCentralDifferences) {
-    const ModelConfig m = tiny_config();
+void expect_generation_matches_forward(const ModelConfig& m, const moe::BalanceBiases& biases = {});
+
+void expect_gradient_matches_central_differences(const ModelConfig& m) {
     const int B = 2, T = 12;
     GPT gpt(m, B);
     init_params(gpt.params(), gpt.layout(), m, 7);
@@ -101,6 +104,34 @@ TEST(GptTest, FullGradientMatchesCentralDifferences) {
     EXPECT_GT(checked, 40);
 }
 
+TEST(GptTest, FullGradientMatchesCentralDifferences) {
+    expect_gradient_matches_central_differences(tiny_config());
+}
+
+// Routed experts narrower than the dense MLP (model.expert_d_ff), with a shared expert of a third
+// width: every tensor has its own width, and the gradient and generation hold.
+TEST(GptTest, ExpertsOfTheirOwnWidth) {
+    ModelConfig m      = tiny_config();
+    m.expert_d_ff      = 10;
+    m.n_shared_experts = 1;
+    m.shared_d_ff      = 14;
+    GPT gpt(m, 1);
+    std::set<std::string> seen;
+    for (const ParamSpec& s : gpt.layout().specs()) {
+        const bool expert  = s.name.find(".moe.experts.") != std::string::npos;
+        const bool shared  = s.name.find(".moe.shared.") != std::string::npos;
+        const bool mlp     = s.name.find(".mlp.") != std::string::npos;
+        const size_t width = expert ? 10 : shared ? 14 : 24;
+        if (s.name.find("c_fc.weight") != std::string::npos && (expert || shared || mlp)) {
+            EXPECT_EQ(s.numel, width * 16) << s.name;
+            seen.insert(expert ? "expert" : shared ? "shared" : "mlp");
+        }
+    }
+    EXPECT_EQ(seen.size(), 3u);
+    expect_gradient_matches_central_differences(m);
+    expect_generation_matches_forward(m);
+}
+
 TEST(GptTest, BackwardAccumulatesIntoGrads) {
     const ModelConfig m = tiny_config();
     GPT gpt(m, 1);
@@ -119,8 +150,7 @@ TEST(GptTest, BackwardAccumulatesIntoGrads) {
 // Generation one token at a time gives the full forward's logits at every position, for every
 // routing rule inference keeps: shared experts, sigmoid scores, node-limited routing, switch's
 // full-softmax weight, and experts of another width than the dense MLP.
-void expect_generation_matches_forward(const ModelConfig& m,
-                                       const moe::BalanceBiases& biases = {}) {
+void expect_generation_matches_forward(const ModelConfig& m, const moe::BalanceBiases& biases) {
     GPT gpt(m, 1);
     init_params(gpt.params(), gpt.layout(), m, 11);
     if (!biases.empty()) gpt.set_balance_biases(biases);

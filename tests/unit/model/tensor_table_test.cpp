@@ -37,6 +37,8 @@ std::string dim_text(Dim d) {
             return "E";
         case Dim::FS:
             return "FS";
+        case Dim::FE:
+            return "FE";
     }
     return "?";
 }

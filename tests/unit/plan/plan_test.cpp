@@ -118,7 +118,7 @@ TEST(PlanMemory, MatchesGptAllocations) {
     // fp16 with the BaGuaLu policy adds the rounded weight copies and operand buffer; its GEMMs
     // allocate no 16-bit operand copies (bf16 ones do, on first use, not in the constructor)
     // train.recompute: block's arena holds one block's working set; moe and block share one
-    // set of MoE buffers between the layers
+    // set of MoE buffers between the layers; moe_every 2 with experts of their own width
     for (const Dtype dtype : {Dtype::float32, Dtype::float16}) {
         for (int moe_every : {0, 1, 2, -2}) {
             for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
@@ -132,7 +132,8 @@ TEST(PlanMemory, MatchesGptAllocations) {
                 c.model.vocab_size = 1000;
                 c.model.seq_len    = 64;
                 c.precision.dtype  = dtype;
-                if (moe_every < 0) {  // N K = 2 x 256 x 2 rows, budget 256
+                if (moe_every == 2) c.model.expert_d_ff = 96;  // experts narrower than the MLP
+                if (moe_every < 0) {                           // N K = 2 x 256 x 2 rows, budget 256
                     c.model.seq_len         = 256;
                     c.model.moe_rows_budget = 0.25;
                 }
