@@ -243,9 +243,11 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     bytes("layernorm + residual",
           A * (m.n_layer * 2 * (8 + 16 + 12) * NC + (8 + 16) * NC + 4 * NC));
     bytes("embedding", A * 24 * NC);
-    // forward 8 bytes an element, backward 12 and 8 more for the GELU it computes again
+    // forward 8 bytes an element, backward 12 and 8 more for the GELU it computes again: dense
+    // blocks, shared experts (every token) and the routed experts (N K rows at the balanced load)
     bytes("gelu",
-          A * (n_dense * 28 * N * F + n_moe * m.n_shared_experts * 28 * N * m.shared_width()));
+          A * (n_dense * 28 * N * F + n_moe * m.n_shared_experts * 28 * N * m.shared_width() +
+               n_moe * 28 * N * K * m.expert_width()));
     bytes("softmax + cross-entropy", A * 16 * N * V);
     if (n_moe > 0) {
         const double NKC = N * K * C;
