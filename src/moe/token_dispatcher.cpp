@@ -7,6 +7,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "dist/comm/alltoallv.h"
 
 namespace bagualu::moe {
 
@@ -130,8 +131,15 @@ void TokenDispatcher::dispatch_preprocess(const int32_t* tokens_per_expert) {
     // peer q needs only the counts of its own El experts (mine_ is expert-major, so they are
     // consecutive): E int64 in and out per rank, where gathering every rank's E counts would
     // receive EP * E
-    par_.ep().alltoallv_bytes(mine_.data(), count_counts_, count_displs_, counts_.data(),
-                              count_counts_, count_displs_, sizeof(int64_t));
+    // (equal blocks: over many ranks Bruck's log2 EP steps instead of EP - 1,
+    // dist/comm/alltoallv.h)
+    const size_t block = static_cast<size_t>(El_) * sizeof(int64_t);
+    if (dist::use_bruck(par_.coll_algo(), ep_size_, block)) {
+        dist::alltoall_bruck(par_.ep(), mine_.data(), block, counts_.data());
+    } else {
+        par_.ep().alltoallv_bytes(mine_.data(), count_counts_, count_displs_, counts_.data(),
+                                  count_counts_, count_displs_, sizeof(int64_t));
+    }
     // One round when no rank of the group receives more than the budget: one all-reduce of the
     // largest receipt (cheaper than an all-to-all over a large group) decides it for all ranks.
     int64_t most = 0;

@@ -9,6 +9,7 @@
 
 #include "core/buffer.h"
 #include "data/loader.h"
+#include "dist/comm/alltoallv.h"
 #include "dist/comm/collectives.h"
 #include "dist/parallel.h"
 #include "dist/paro/grad_sync.h"
@@ -333,8 +334,17 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // counts: each peer gets its El experts' counts, E int64 sent per rank in all
         // (a layer backward runs again (train.recompute) counts, dispatches and combines its
         // tokens once more: n_fwd - n_moe extra forwards)
-        add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_fwd * A,
-            E * 8 * n_fwd * A);
+        // (over many ranks Bruck's exchange: log2 EP sendrecv steps of about EP / 2 blocks,
+        // dist::use_bruck, timed as those steps)
+        const size_t block = static_cast<size_t>(E / L.ep) * sizeof(int64_t);
+        if (dist::use_bruck(L.coll_algo, L.ep, block)) {
+            const dist::BruckTraffic t = dist::bruck_traffic(L.ep, static_cast<double>(block));
+            add("moe expert counts (Bruck)", dist::CommKind::sendrecv, "ep", L.ep,
+                t.hops * n_fwd * A, t.sent_bytes * n_fwd * A);
+        } else {
+            add("moe expert counts", dist::CommKind::alltoallv, "ep", L.ep, n_fwd * A,
+                E * 8 * n_fwd * A);
+        }
         add("moe largest receipt", dist::CommKind::allreduce, "ep", L.ep, n_fwd * A, 8 * n_fwd * A);
         const double rows = N * K * C * A, Rr = f.moe_rounds, again = Rr > 1 ? 1 : 0;
         // parallel.a2a_chunks: one round cut into pieces, each exchanged alone; the cut needs

@@ -148,6 +148,13 @@ TEST(PlanBytes, ParoFourRanksExpertParallel4) {
         {"--set parallel.expert_parallel=4 --set train.micro_batch_size=2", 4, 2});
 }
 
+// parallel.collectives = "halving" over EP = 4: the expert counts go through Bruck's exchange
+// (log2 4 = 2 sendrecv steps of 2 blocks each), ParO through halving/doubling.
+TEST(PlanBytes, HalvingExpertParallel4BruckCounts) {
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set parallel.collectives=halving", 4});
+}
+
 TEST(PlanBytes, Fp16LossScalingWithASkippedStep) {
     // a loss scale of 1e9 overflows fp16: step 1 is skipped (no all-gather), the scale backs off
     // to 1e6 and the next steps run

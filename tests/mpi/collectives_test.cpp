@@ -104,6 +104,32 @@ TEST(Collectives, TrafficIsWhatTheCallsMake) {
     }
 }
 
+// Bruck's all-to-all (alltoall_bruck) places every block where MPI's all-to-all does, for blocks
+// of odd sizes, and makes the traffic bagualu plan counts (bruck_traffic): ceil(log2 P) sendrecv
+// hops and the bytes each rank sends.
+TEST(Collectives, BruckAlltoallEqualsTheDirectOne) {
+    Comm& w     = test_world();
+    const int P = w.size(), r = w.rank();
+    for (const size_t words : {size_t{1}, size_t{3}, size_t{17}}) {
+        const size_t b = words * sizeof(int32_t) + 1;  // an odd number of bytes
+        std::vector<std::byte> send(static_cast<size_t>(P) * b), ref(send.size()),
+            got(send.size(), std::byte{0xEE});
+        for (size_t i = 0; i < send.size(); ++i)
+            send[i] = static_cast<std::byte>((i * 131 + static_cast<size_t>(r) * 29 + b) & 0xFF);
+        std::vector<int64_t> counts(static_cast<size_t>(P), static_cast<int64_t>(b)),
+            displs(counts);
+        for (int q = 0; q < P; ++q) displs[static_cast<size_t>(q)] = int64_t{q} * int64_t(b);
+        w.alltoallv_bytes(send.data(), counts, displs, ref.data(), counts, displs, 1);
+        const CommTally before = comm_tally();
+        alltoall_bruck(w, send.data(), b, got.data());
+        const CommCount hop = (comm_tally() - before)[CommKind::sendrecv];
+        EXPECT_EQ(got, ref) << "block " << b << " bytes";
+        const BruckTraffic t = bruck_traffic(P, double(b));
+        EXPECT_EQ(static_cast<int>(hop.calls), t.hops);
+        EXPECT_EQ(double(hop.bytes), t.sent_bytes);
+    }
+}
+
 // Over nodes (collectives.h): for every node size k dividing P (k consecutive ranks a node), the
 // two-level and the one-level reduce-scatter give the same bits, f32 and bf16, every algorithm;
 // the f32 mean is the MPI sum / P to float rounding (1e-6 relative: at most 2 log2 P or P folds

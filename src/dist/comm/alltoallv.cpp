@@ -54,6 +54,54 @@ void alltoallv_pairwise(Comm& comm, const void* send, std::span<const int64_t> s
     }
 }
 
+void alltoall_bruck(Comm& comm, const void* send, size_t block_bytes, void* recv) {
+    const auto P   = static_cast<size_t>(comm.size());
+    const auto r   = static_cast<size_t>(comm.rank());
+    const auto* s  = static_cast<const std::byte*>(send);
+    auto* d        = static_cast<std::byte*>(recv);
+    const size_t b = block_bytes;
+    const auto bb  = static_cast<int64_t>(b);
+    // tmp[i]: the block bound for rank r + i; after the rounds, the block from rank r - i.
+    // Grow-only buffers of the calling thread: no allocation once they have their size.
+    thread_local std::vector<std::byte> tmp, out, in;
+    if (tmp.size() < P * b) tmp.resize(P * b);
+    if (out.size() < P * b) out.resize(P * b);
+    if (in.size() < P * b) in.resize(P * b);
+    for (size_t i = 0; i < P; ++i) copy_bytes(tmp.data() + i * b, s + ((r + i) % P) * b, bb);
+    for (size_t step = 1; step < P; step <<= 1) {
+        size_t n = 0;
+        for (size_t i = 0; i < P; ++i) n += (i & step) ? 1 : 0;
+        size_t at = 0;
+        for (size_t i = 0; i < P; ++i) {
+            if (i & step) copy_bytes(out.data() + (at++) * b, tmp.data() + i * b, bb);
+        }
+        comm.sendrecv(out.data(), n * b, static_cast<int>((r + step) % P), in.data(), n * b,
+                      static_cast<int>((r + P - step) % P));
+        at = 0;
+        for (size_t i = 0; i < P; ++i) {
+            if (i & step) copy_bytes(tmp.data() + i * b, in.data() + (at++) * b, bb);
+        }
+    }
+    for (size_t i = 0; i < P; ++i) copy_bytes(d + ((r + P - i) % P) * b, tmp.data() + i * b, bb);
+}
+
+bool use_bruck(CollAlgo algo, int P, size_t block) {
+    if (P <= 2 || algo == CollAlgo::ring) return false;  // P <= 2: one step either way
+    if (algo == CollAlgo::halving_doubling) return true;
+    return P > kRingMaxRanks && block <= kLatencyBoundShardBytes;
+}
+
+BruckTraffic bruck_traffic(int P, double block) {
+    BruckTraffic t;
+    for (int step = 1; step < P; step <<= 1) {
+        int n = 0;
+        for (int i = 0; i < P; ++i) n += (i & step) ? 1 : 0;
+        ++t.hops;
+        t.sent_bytes += n * block;
+    }
+    return t;
+}
+
 NodeGroups make_node_groups(Comm& comm, std::unique_ptr<Comm> node) {
     NodeGroups g;
     g.node          = node ? std::move(node) : comm.split_shared();

@@ -3,6 +3,9 @@
 //   alltoallv_pairwise      P-1 sendrecv steps (r+k, r-k); any counts, also beyond INT_MAX.
 //   alltoallv_hierarchical  gather to one leader per node, exchange between leaders, scatter
 //                           within the node: fewer, larger inter-node messages.
+//   alltoall_bruck          equal blocks in ceil(log2 P) sendrecv steps (Bruck et al., 1997)
+//                           instead of P-1, each forwarding about half of the blocks: for small
+//                           blocks over many ranks, where the P-1 latencies dominate.
 // Neither knows anything about experts or tokens; dispatch builds the counts.
 #pragma once
 #include <cstddef>
@@ -11,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "dist/comm/collectives.h"
 #include "dist/comm/comm.h"
 
 namespace bagualu::dist {
@@ -19,6 +23,24 @@ void alltoallv_pairwise(Comm& comm, const void* send, std::span<const int64_t> s
                         std::span<const int64_t> send_displs, void* recv,
                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                         size_t elem_bytes);
+
+// send, recv: size() blocks of block_bytes, block i for / from rank i (as an all-to-all with
+// equal counts). Blocks travel through intermediate ranks: round k (2^k < P) sends to rank
+// r + 2^k the blocks whose offset (destination - r mod P) has bit k set and receives as many
+// from r - 2^k, so the busiest rank sends about ceil(log2 P) * P / 2 blocks in all.
+void alltoall_bruck(Comm& comm, const void* send, size_t block_bytes, void* recv);
+// Whether an all-to-all of equal blocks of `block` bytes over P ranks runs alltoall_bruck rather
+// than the direct exchange: forced by halving_doubling (parallel.collectives = "halving", the
+// logarithmic algorithms), never under ring; automatic: over more than kRingMaxRanks ranks with
+// blocks of at most kLatencyBoundShardBytes, where the direct exchange's P - 1 latencies dominate.
+bool use_bruck(CollAlgo algo, int P, size_t block);
+// Sendrecv steps and bytes one rank sends in alltoall_bruck over P ranks with blocks of `block`
+// bytes (the planner's model; counted exactly by tests).
+struct BruckTraffic {
+    int hops          = 0;
+    double sent_bytes = 0;
+};
+BruckTraffic bruck_traffic(int P, double block);
 
 // Node layout of one comm, built once (collective) and reused by every hierarchical call.
 struct NodeGroups {
