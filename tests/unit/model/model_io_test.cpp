@@ -41,6 +41,19 @@ TEST(ModelConfigJson, RoundTrips) {
     EXPECT_EQ(model_config_to_json(model_config_from_json(j, "m/config.json")), j);
 }
 
+// Experts of their own width survive the round trip; a config.json from before the key (none)
+// loads with experts of width d_ff.
+TEST(ModelConfigJson, ExpertWidthRoundTripsAndDefaultsToDff) {
+    ModelConfig m    = tiny();
+    m.expert_d_ff    = 48;
+    nlohmann::json j = model_config_to_json(m);
+    EXPECT_EQ(model_config_from_json(j, "m/config.json").expert_width(), 48);
+    j.erase("expert_d_ff");
+    const ModelConfig old = model_config_from_json(j, "m/config.json");
+    EXPECT_EQ(old.expert_d_ff, 0);
+    EXPECT_EQ(old.expert_width(), m.d_ff);
+}
+
 TEST(ModelConfigJson, ModelTypeOfAnotherJsonTypeIsAnInputError) {
     for (const nlohmann::json& v :
          {nlohmann::json(512), nlohmann::json::array(), nlohmann::json()}) {
