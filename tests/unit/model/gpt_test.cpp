@@ -185,23 +185,24 @@ TEST(GptTest, KvCacheGenerationWithSigmoidScores) {
     expect_generation_matches_forward(m);
 }
 
-TEST(GptTest, KvCacheGenerationWithNodeLimitedRouting) {
+// 8 experts in 4 groups, top-3 kept to each token's 2 best groups.
+ModelConfig node_limited_config() {
     ModelConfig m  = tiny_config();
     m.n_experts    = 8;
     m.top_k        = 3;
     m.route_groups = 4;
     m.route_nodes  = 2;
-    expect_generation_matches_forward(m);
+    return m;
+}
+
+TEST(GptTest, KvCacheGenerationWithNodeLimitedRouting) {
+    expect_generation_matches_forward(node_limited_config());
 }
 
 // Everything of a fine-grained model at once: biased choice kept to the best groups, sigmoid
 // weights, a shared expert.
 TEST(GptTest, KvCacheGenerationWithBiasGroupsSigmoidAndSharedExpert) {
-    ModelConfig m       = tiny_config();
-    m.n_experts         = 8;
-    m.top_k             = 3;
-    m.route_groups      = 4;
-    m.route_nodes       = 2;
+    ModelConfig m       = node_limited_config();
     m.router_score      = RouterScore::sigmoid;
     m.n_shared_experts  = 1;
     m.balance_bias_rate = 0.01;
