@@ -83,6 +83,18 @@ const float* Generator::step(int32_t token) {
         linear_forward(tmp_.data(), atty_.data(), w.proj_w, w.proj_b, 1, C, C);
         add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
         layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), w.ln2_w, w.ln2_b, 1, C);
+        // tmp_ = one feed-forward of hidden width `width` on ln_: the dense MLP, an expert
+        const auto ffn = [&](const float* fc_w, const float* fc_b, const float* proj_w,
+                             const float* proj_b, int width) {
+            linear_forward(h_.data(), ln_.data(), fc_w, fc_b, 1, C, width);
+            gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(width));
+            linear_forward(tmp_.data(), h2_.data(), proj_w, proj_b, 1, width, C);
+        };
+        // expert e of ex (routed or shared)
+        const auto expert = [&](const moe::ExpertTensors<const float>& ex, int e, int width) {
+            ffn(ex.fc_w + e * ex.fc_w_stride, ex.fc_b + e * ex.fc_b_stride,
+                ex.proj_w + e * ex.proj_w_stride, ex.proj_b + e * ex.proj_b_stride, width);
+        };
         if (cfg_.is_moe_block(l)) {
             const int E = cfg_.n_experts, K = cfg_.top_k, FE = cfg_.expert_width();
             linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
@@ -114,28 +126,19 @@ const float* Generator::step(int32_t token) {
                 moe::selected_softmax_forward(probs_.data(), order_.data(), gl, 1, E, K);
             }
             std::fill(atty_.data(), atty_.data() + C, 0.0f);
-            const auto ffn = [&](const moe::ExpertTensors<const float>& ex, int e, int width) {
-                linear_forward(h_.data(), ln_.data(), ex.fc_w + e * ex.fc_w_stride,
-                               ex.fc_b + e * ex.fc_b_stride, 1, C, width);
-                gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(width));
-                linear_forward(tmp_.data(), h2_.data(), ex.proj_w + e * ex.proj_w_stride,
-                               ex.proj_b + e * ex.proj_b_stride, 1, width, C);
-            };
             for (int k = 0; k < K; ++k) {
-                ffn(w.experts, order_[static_cast<size_t>(k)], FE);
+                expert(w.experts, order_[static_cast<size_t>(k)], FE);
                 const float pk = probs_[static_cast<size_t>(k)];
                 for (int c = 0; c < C; ++c) atty_[c] += pk * tmp_[c];
             }
             // the shared experts, unweighted, after the routed sum (docs/model.md, MoE FFN)
             for (int i = 0; i < cfg_.n_shared_experts; ++i) {
-                ffn(w.shared, i, cfg_.shared_width());
+                expert(w.shared, i, cfg_.shared_width());
                 for (int c = 0; c < C; ++c) atty_[c] += tmp_[c];
             }
             add_forward(x_.data(), x_.data(), atty_.data(), static_cast<size_t>(C));
         } else {
-            linear_forward(h_.data(), ln_.data(), w.fc_w, w.fc_b, 1, C, F);
-            gelu_forward(h2_.data(), h_.data(), static_cast<size_t>(F));
-            linear_forward(tmp_.data(), h2_.data(), w.fcproj_w, w.fcproj_b, 1, F, C);
+            ffn(w.fc_w, w.fc_b, w.fcproj_w, w.fcproj_b, F);
             add_forward(x_.data(), x_.data(), tmp_.data(), static_cast<size_t>(C));
         }
     }

@@ -153,7 +153,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         std::min(nd.memory_bandwidth_gbs / L.ranks_per_node, cores * core_bw) * 1e9;
 
     const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T, C = m.d_model,
-                 F = m.d_ff, V = m.vocab_size, E = m.n_experts, K = m.top_k,
+                 F = m.d_ff, FE = m.expert_width(), V = m.vocab_size, E = m.n_experts, K = m.top_k,
                  A = static_cast<double>(L.accum), El = E / L.ep;
     const double n = static_cast<double>(fp.rank_floats);
 
@@ -189,7 +189,6 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        const double FE   = m.expert_width();
         linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
         linear("gemm: experts", rows, FE, C, n_moe * El, peak_rank);
         linear("gemm: experts", rows, C, FE, n_moe * El, peak_rank);
@@ -227,8 +226,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double rows = N * K / El;
         forward_again(N, E, C, rc.moe_layers, peak_rank);
-        forward_again(rows, m.expert_width(), C, rc.moe_layers * El, peak_rank);
-        forward_again(rows, C, m.expert_width(), rc.moe_layers * El, peak_rank);
+        forward_again(rows, FE, C, rc.moe_layers * El, peak_rank);
+        forward_again(rows, C, FE, rc.moe_layers * El, peak_rank);
         const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
         forward_again(N, FS, C, rc.moe_layers * S, peak_rank);
         forward_again(N, C, FS, rc.moe_layers * S, peak_rank);
@@ -247,7 +246,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // blocks, shared experts (every token) and the routed experts (N K rows at the balanced load)
     bytes("gelu",
           A * (n_dense * 28 * N * F + n_moe * m.n_shared_experts * 28 * N * m.shared_width() +
-               n_moe * 28 * N * K * m.expert_width()));
+               n_moe * 28 * N * K * FE));
     bytes("softmax + cross-entropy", A * 16 * N * V);
     if (n_moe > 0) {
         const double NKC = N * K * C;
@@ -274,9 +273,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
               3 * NC * r(LayerClass::attention, false) + NC * r(LayerClass::ffn, false));
         b += n_dense * (NF * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
                         NC * (r(LayerClass::ffn, true) + r(LayerClass::ffn, false)));
-        b += n_moe *
-             (RK * m.expert_width() * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
-              RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
+        b += n_moe * (RK * FE * (r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)) +
+                      RK * C * (2 * r(LayerClass::ffn, true) + 2 * r(LayerClass::ffn, false)));
         b += NC * r(LayerClass::head, false) +
              N * V * (r(LayerClass::head, true) + r(LayerClass::head, false));
         auto conv = [&](LayerClass c, double in, double out, double count) {

@@ -69,15 +69,13 @@ void alltoall_bruck(Comm& comm, const void* send, size_t block_bytes, void* recv
     if (in.size() < P * b) in.resize(P * b);
     for (size_t i = 0; i < P; ++i) copy_bytes(tmp.data() + i * b, s + ((r + i) % P) * b, bb);
     for (size_t step = 1; step < P; step <<= 1) {
-        size_t n = 0;
-        for (size_t i = 0; i < P; ++i) n += (i & step) ? 1 : 0;
-        size_t at = 0;
+        size_t n = 0;  // the blocks of this step, packed in order
         for (size_t i = 0; i < P; ++i) {
-            if (i & step) copy_bytes(out.data() + (at++) * b, tmp.data() + i * b, bb);
+            if (i & step) copy_bytes(out.data() + (n++) * b, tmp.data() + i * b, bb);
         }
         comm.sendrecv(out.data(), n * b, static_cast<int>((r + step) % P), in.data(), n * b,
                       static_cast<int>((r + P - step) % P));
-        at = 0;
+        size_t at = 0;
         for (size_t i = 0; i < P; ++i) {
             if (i & step) copy_bytes(tmp.data() + i * b, in.data() + (at++) * b, bb);
         }
