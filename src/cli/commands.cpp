@@ -101,6 +101,18 @@ static void check_on_every_rank(dist::Comm& world, const std::function<void()>& 
     dist::fail_together(world, error);
 }
 
+// The process layout of cfg on world (collective), with the config's collective settings.
+static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& cfg,
+                                                            dist::Comm& world) {
+    auto par = std::make_unique<dist::ParallelContext>(
+        world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
+        cfg.parallel.ranks_per_node, cfg.parallel.two_level, cfg.parallel.reduce_group);
+    par->set_node_dedup(cfg.node_dedup(par->ep_node_count()));
+    par->set_collectives(cfg.parallel.collectives);
+    par->set_a2a_grid(cfg.parallel.a2a_grid);
+    return par;
+}
+
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
               dist::Comm& world) {
     TrainConfig cfg;
@@ -111,10 +123,8 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
-                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
-    par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
-    par.set_collectives(cfg.parallel.collectives);
+    const auto par_ptr         = make_parallel(cfg, world);
+    dist::ParallelContext& par = *par_ptr;
     train::TrainOptions opt;
     opt.force = force;
     train::run_training(cfg, opt, &par);
@@ -373,10 +383,8 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    dist::ParallelContext par(world, cfg.parallel.expert_parallel, cfg.parallel.hierarchical_a2a,
-                              cfg.parallel.ranks_per_node, cfg.parallel.two_level);
-    par.set_node_dedup(cfg.node_dedup(par.ep_node_count()));
-    par.set_collectives(cfg.parallel.collectives);
+    const auto par_ptr         = make_parallel(cfg, world);
+    dist::ParallelContext& par = *par_ptr;
     bench::TrainBenchOptions o;
     o.steps           = b.steps;
     o.warmup          = b.warmup;

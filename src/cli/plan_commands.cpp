@@ -160,6 +160,10 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
                                   {"optimizer_shards_expert", fp.layout.opt_shards_expert},
                                   {"bucket_floats", fp.layout.bucket_floats},
                                   {"overlap_grad_reduce", fp.layout.overlap},
+                                  {"two_level", fp.layout.two_level},
+                                  {"reduce_group", fp.layout.reduce_group},
+                                  {"hierarchical_a2a", fp.layout.hierarchical_a2a},
+                                  {"a2a_grid_rows", fp.layout.a2a_grid},
                                   {"capacity_factor", fp.layout.capacity_factor},
                                   {"precision", fp.layout.policy.describe()}};
     j["params"]                = {{"total", fp.params_full},
@@ -226,7 +230,8 @@ void print_text(const Estimate& e, const Inputs& in) {
     fmt::print(
         "layout: {} node(s) x {} rank(s) = {} ranks; expert parallel {} x data parallel {}; "
         "{} local expert(s) per MoE layer; micro-batch {} x {} accumulation; {} thread(s) "
-        "per rank; {}; optimizer {}; gradient reduction {}; recompute {}\n",
+        "per rank; {}; optimizer {}; gradient reduction {}{}; expert all-to-all {}; recompute "
+        "{}\n",
         L.nodes(), L.ranks_per_node, L.ranks, L.ep, L.edp(),
         in.cfg.model.moe_every > 0 ? in.cfg.model.n_experts / L.ep : 0, L.micro_batch, L.accum,
         L.threads, L.policy.describe(),
@@ -236,6 +241,10 @@ void print_text(const Estimate& e, const Inputs& in) {
         in.opt.comm_overlap >= 0 ? fmt::format("overlap what-if {}", in.opt.comm_overlap)
         : L.overlap              ? "overlapped with the last backward"
                                  : "after backward",
+        L.two_level ? fmt::format(", two levels (groups of {} ranks, then across)", L.reduce_group)
+                    : "",
+        fmt::format("{}{}", L.hierarchical_a2a ? "via node leaders" : "flat",
+                    L.a2a_grid > 0 ? fmt::format(", two phases over rows of {}", L.a2a_grid) : ""),
         name_of(in.cfg.train.recompute));
     fmt::print("model: {} parameters; {} floats per rank ({} in local experts)\n",
                human_count(static_cast<double>(fp.params_full)),
@@ -256,7 +265,7 @@ void print_text(const Estimate& e, const Inputs& in) {
     fmt::print("\ncollectives per step and rank\n");
     for (size_t i = 0; i < fp.collectives.size(); ++i) {
         const Collective& c = fp.collectives[i];
-        fmt::print("  {:<54}{:<15}{:>7}({:>6}){:>10.4g} calls{:>14}{:>12.3f} ms\n", c.what,
+        fmt::print("  {:<68} {:<15}{:>7}({:>6}){:>10.4g} calls{:>14}{:>12.3f} ms\n", c.what,
                    dist::comm_kind_name(c.kind), c.group, c.group_size, c.calls,
                    human_bytes(c.bytes), e.comm[i].seconds * 1e3);
     }
@@ -270,7 +279,7 @@ void print_text(const Estimate& e, const Inputs& in) {
             human_bytes(fp.a2a_inter_node_bytes_plain));
     }
     fmt::print("\ntime per step\n");
-    for (const Term& t : e.compute) fmt::print("  {:<54}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
+    for (const Term& t : e.compute) fmt::print("  {:<69}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
     fmt::print(
         "  compute {:.3f} ms + memory-bound {:.3f} ms + communication {:.3f} ms - overlap "
         "{:.3f} ms = {:.3f} ms\n",

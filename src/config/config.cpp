@@ -68,6 +68,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("parallel", "collectives", c.parallel.collectives);
     v("parallel", "virtual_workers", c.parallel.virtual_workers);
     v("parallel", "a2a_chunks", c.parallel.a2a_chunks);
+    v("parallel", "a2a_grid", c.parallel.a2a_grid);
+    v("parallel", "reduce_group", c.parallel.reduce_group);
     v("parallel", "node_dedup", c.parallel.node_dedup);
     v("parallel", "overlap_shared", c.parallel.overlap_shared);
     v("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce);
@@ -389,6 +391,8 @@ void validate_limits(const TrainConfig& c) {
     at_most("parallel.ranks_per_node", c.parallel.ranks_per_node, 1 << 24, "ranks");
     at_most("parallel.virtual_workers", c.parallel.virtual_workers, 1 << 16, "workers per rank");
     at_most("parallel.a2a_chunks", c.parallel.a2a_chunks, 1 << 10, "pieces per all-to-all");
+    at_most("parallel.a2a_grid", c.parallel.a2a_grid, 1 << 24, "ranks per switch group");
+    at_most("parallel.reduce_group", c.parallel.reduce_group, 1 << 24, "ranks per group");
     at_most("parallel.bucket_mib", c.parallel.bucket_mib, 1048576.0, "1 TiB");
     at_most("precision.loss_scale", c.precision.loss_scale, 0x1p64, "2^64");
     at_most("precision.loss_scale_growth", c.precision.loss_scale_growth, 1024.0, "per window");
@@ -599,6 +603,8 @@ void validate(const TrainConfig& c) {
 
     const SampleSection& s = c.sample;
     non_negative("parallel.ranks_per_node", c.parallel.ranks_per_node);
+    non_negative("parallel.a2a_grid", c.parallel.a2a_grid);
+    non_negative("parallel.reduce_group", c.parallel.reduce_group);
     non_negative("sample.n_samples", s.n_samples);
     positive("sample.max_new_tokens", s.max_new_tokens);
     non_negative("sample.temperature", s.temperature);
@@ -619,6 +625,12 @@ void validate_layout(const TrainConfig& c, int ranks) {
             "{}: parallel.ranks_per_node = {} must be 0 (detect) or divide the number of "
             "ranks {}",
             src, rpn, ranks);
+    }
+    const int rg = c.parallel.reduce_group;
+    if (rg < 0 || (rg > 0 && ranks % rg != 0)) {
+        input_error(
+            "{}: parallel.reduce_group = {} must be 0 (the node) or divide the number of ranks {}",
+            src, rg, ranks);
     }
     if (c.train.batch_size < ranks) {
         input_error(

@@ -149,6 +149,11 @@ struct ParallelSection {
     // ParO's reduce-scatter / all-gather and the replicated all-reduce inside the node first,
     // then across nodes: "auto" = when the run spans more than one node (docs/parallelism.md).
     NodeSwitch two_level = NodeSwitch::automatic;
+    // The first level of those two-level reductions: groups of this many consecutive ranks (a
+    // supernode's, so that the second level carries 1/group of the array across the
+    // oversubscribed switches) instead of the node's ranks. 0 = the node. Must divide the
+    // number of ranks; whole nodes are expected.
+    int reduce_group = 0;
     // The algorithm of those reduce-scatters / all-gathers: "auto" (by size and ranks), "ring"
     // or "halving" (recursive halving/doubling, any number of ranks). docs/parallelism.md.
     Collectives collectives = Collectives::automatic;
@@ -157,6 +162,13 @@ struct ParallelSection {
     // thread (needs MPI_THREAD_MULTIPLE): 1 = no overlap. Bitwise the same results for any value
     // (docs/parallelism.md).
     int a2a_chunks = 1;
+    // The network's switch group (a supernode) in ranks of the expert all-to-all's exchange (its
+    // nodes' leaders when hierarchical, else the EP group's ranks): that exchange then runs in
+    // two phases over rows of gcd(a2a_grid, its ranks) consecutive ranks, inside the row, then
+    // inside the column (dist::alltoallv_grid): S - 1 + G - 1 messages a rank instead of P - 1,
+    // each byte sent twice. 0, or a gcd of 1 or of all the ranks: the direct exchange. Same
+    // results either way.
+    int a2a_grid = 0;
     // Run the shared experts (model.n_shared_experts) while the routed tokens travel: the
     // dispatch goes to the all-to-all helper thread (needs MPI_THREAD_MULTIPLE). Results are
     // bitwise the same either way (docs/parallelism.md).

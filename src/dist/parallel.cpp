@@ -1,5 +1,8 @@
 #include "dist/parallel.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 #include "dist/comm/counters.h"
 
@@ -10,22 +13,30 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, bool hierarchical_a2a
                       NodeSwitch::off) {}
 
 ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchical_a2a,
-                                 int ranks_per_node, NodeSwitch two_level)
+                                 int ranks_per_node, NodeSwitch two_level, int reduce_group)
     : world_(&world), rank_(world.rank()), size_(world.size()), ep_size_(ep_size) {
     BGL_CHECK(ep_size >= 1 && size_ % ep_size == 0, "EP {} does not divide {} ranks", ep_size,
               size_);
     BGL_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || size_ % ranks_per_node == 0),
               "{} ranks per node do not divide {} ranks", ranks_per_node, size_);
+    BGL_CHECK(reduce_group >= 0 && (reduce_group == 0 || size_ % reduce_group == 0),
+              "reduction groups of {} ranks do not divide {} ranks", reduce_group, size_);
     ep_rank_ = rank_ % ep_size;
     ep_      = world.split(rank_ / ep_size, rank_);
     edp_     = world.split(rank_ % ep_size, rank_);
     // a node is named by the world rank of its first rank
     int node_id = rank_ - (ranks_per_node > 0 ? rank_ % ranks_per_node : 0);
     if (ranks_per_node == 0) world.split_shared()->broadcast(&node_id, sizeof(int), 0);
-    world_nodes_     = make_node_layout(world, node_id);
-    edp_nodes_       = make_node_layout(*edp_, node_id);
-    const bool multi = world_nodes_.nodes > 1;
-    two_level_       = switch_on(two_level, multi);
+    // the reductions' first level: the node, or reduce_group consecutive ranks
+    reduce_groups_      = reduce_group > 0;
+    const int reduce_id = reduce_groups_ ? rank_ - rank_ % reduce_group : node_id;
+    world_nodes_        = make_node_layout(world, reduce_id);
+    edp_nodes_          = make_node_layout(*edp_, reduce_id);
+    two_level_          = switch_on(two_level, world_nodes_.nodes > 1);
+    // the all-to-all follows the real nodes: whether the world spans more than one
+    std::vector<int> ids(static_cast<size_t>(size_));
+    world.allgather(&node_id, sizeof(int), ids.data());
+    const bool multi = std::any_of(ids.begin(), ids.end(), [&](int id) { return id != ids[0]; });
     const bool hier  = switch_on(hierarchical_a2a, multi);
     if (ep_size > 1) {
         ep_nodes_ =
@@ -45,6 +56,18 @@ std::unique_ptr<ParallelContext> ParallelContext::single() {
     return p;
 }
 
+void ParallelContext::set_a2a_grid(int group) {
+    const int rows = grid_rows(group, a2a_exchange_ranks());
+    if (rows == 0 || !ep_nodes_) return;
+    a2a_grid_ = rows;
+    if (!hierarchical_) {
+        ep_grid_ = std::make_unique<GridGroups>(make_grid_groups(*ep_, rows));
+    } else if (ep_nodes_->leaders) {
+        ep_nodes_->leader_grid =
+            std::make_unique<GridGroups>(make_grid_groups(*ep_nodes_->leaders, rows));
+    }
+}
+
 void ParallelContext::ep_alltoallv(const void* send, std::span<const int64_t> send_counts,
                                    std::span<const int64_t> send_displs, void* recv,
                                    std::span<const int64_t> recv_counts,
@@ -61,6 +84,9 @@ void ParallelContext::ep_alltoallv(const void* send, std::span<const int64_t> se
     if (hierarchical_) {
         alltoallv_hierarchical(*ep_, *ep_nodes_, send, send_counts, send_displs, recv, recv_counts,
                                recv_displs, elem_bytes);
+    } else if (ep_grid_) {
+        alltoallv_grid(*ep_grid_, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                       elem_bytes);
     } else {
         ep_->alltoallv_bytes(send, send_counts, send_displs, recv, recv_counts, recv_displs,
                              elem_bytes);

@@ -30,10 +30,11 @@ class ParallelContext {
     // Collective over world. ep_size must divide world.size().
     ParallelContext(Comm& world, int ep_size, bool hierarchical_a2a);
     // ranks_per_node: 0 = the shared-memory split (real nodes), else every ranks_per_node
-    // consecutive ranks form a node. hierarchical_a2a, two_level: "auto" = when the world spans
-    // more than one node.
+    // consecutive ranks form a node. hierarchical_a2a: "auto" = when the world spans more than
+    // one node. reduce_group: the first level of the two-level reductions, every reduce_group
+    // consecutive ranks (0 = the node); two_level: "auto" = when there is more than one.
     ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchical_a2a, int ranks_per_node,
-                    NodeSwitch two_level);
+                    NodeSwitch two_level, int reduce_group = 0);
     // A single process: every group is the process itself.
     static std::unique_ptr<ParallelContext> single();
 
@@ -47,7 +48,11 @@ class ParallelContext {
     int edp_size() const { return size_ / ep_size_; }
     int edp_rank() const { return rank_ / ep_size_; }
 
-    int nodes() const { return world_nodes_.nodes; }  // 1 when nodes differ in size
+    // The first-level groups of the two-level reductions (the nodes unless reduce_group): how
+    // many, 1 when they differ in size
+    int nodes() const { return world_nodes_.nodes; }
+    // Whether those groups are parallel.reduce_group's rather than the nodes
+    bool reduce_groups() const { return reduce_groups_; }
     bool two_level() const { return two_level_; }
     bool hierarchical_a2a() const { return hierarchical_; }
     // The nodes of the expert-parallel group (EP > 1; nullptr for EP = 1): its node comm, and
@@ -59,6 +64,15 @@ class ParallelContext {
     // parallel.collectives: the algorithm of the optimizers' reduce-scatters, all-gathers and
     // all-reduces (collectives.h); automatic unless set.
     void set_collectives(Collectives c) { coll_algo_ = coll_algo_of(c); }
+    // Ranks of the expert all-to-all's exchange: the EP group's nodes (their leaders) when the
+    // all-to-all is hierarchical, else the EP group.
+    int a2a_exchange_ranks() const { return hierarchical_ ? ep_node_count() : ep_size_; }
+    // parallel.a2a_grid: switch groups of `group` exchange ranks; that exchange then runs in two
+    // phases over rows of dist::grid_rows(group, a2a_exchange_ranks()) ranks
+    // (dist::alltoallv_grid). Collective over the world; no grid with EP = 1.
+    void set_a2a_grid(int group);
+    // The grid's rows in use, 0 = the direct exchange.
+    int a2a_grid() const { return a2a_grid_; }
     CollAlgo coll_algo() const { return coll_algo_; }
     bool node_dedup() const { return node_dedup_; }
     // Nodes the expert-parallel group spans (1 for EP = 1).
@@ -81,10 +95,12 @@ class ParallelContext {
     std::unique_ptr<Comm> owned_world_;     // only for single()
     std::unique_ptr<Comm> ep_, edp_;        // [not null]
     std::unique_ptr<NodeGroups> ep_nodes_;  // [not null iff EP > 1]
+    std::unique_ptr<GridGroups> ep_grid_;   // flat exchange over a grid (set_a2a_grid)
+    int a2a_grid_      = 0;
     bool hierarchical_ = false, node_dedup_ = false;
     CollAlgo coll_algo_ = CollAlgo::automatic;
     NodeLayout world_nodes_, edp_nodes_;
-    bool two_level_ = false;
+    bool two_level_ = false, reduce_groups_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;
 };
 

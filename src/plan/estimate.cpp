@@ -47,23 +47,24 @@ Level group_level(const MachineSpec& m, int p, int R) {
 double log2_ceil(int p) { return std::ceil(std::log2(std::max(1, p))); }
 
 double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
-                        dist::CollAlgo algo);
+                        dist::CollAlgo algo, int stride);
 double own_collective_seconds(Level lv, int p, double bytes, bool all_gather, dist::CollAlgo algo);
 
 }  // namespace
 
 double collective_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
-                          dist::CollAlgo algo) {
+                          dist::CollAlgo algo, int stride) {
     if (p <= 1) return 0;
     // every blocking call pays the machine's synchronisation cost, then its alpha-beta time
-    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes, algo);
+    return m.network.sync_us * 1e-6 + transfer_seconds(m, kind, p, R, bytes, algo, stride);
 }
 
 namespace {
 
 double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R, double bytes,
-                        dist::CollAlgo algo) {
-    Level lv          = group_level(m, p, R);
+                        dist::CollAlgo algo, int stride) {
+    // the slowest level of the ranks the group spans (a grid column spans its rows)
+    Level lv          = group_level(m, (p - 1) * stride + 1, R);
     const Level intra = group_level(m, 1, R);
     const double P    = p;
     switch (kind) {
@@ -78,7 +79,7 @@ double transfer_seconds(const MachineSpec& m, dist::CommKind kind, int p, int R,
         case dist::CommKind::alltoall: {
             // payload to ranks of the same node goes through shared memory, the rest through
             // the slowest level; the block to itself is a local copy
-            const double local = std::min(P, static_cast<double>(R));
+            const double local = std::clamp(static_cast<double>(R / stride), 1.0, P);
             return (P - 1) * lv.alpha +
                    bytes * ((local - 1) / P / intra.beta + (P - local) / P / lv.beta);
         }
@@ -115,14 +116,15 @@ double own_collective_seconds(Level lv, int p, double bytes, bool all_gather, di
 double over_nodes_seconds(const MachineSpec& m, const Collective& c, int R, double bytes) {
     const double sync = m.network.sync_us * 1e-6;
     const bool gather = c.kind == dist::CommKind::all_gather;
+    // the slowest level of the ranks that n of the group's members span
+    auto level = [&](int n) { return group_level(m, (n - 1) * c.stride + 1, R); };
     if (c.two_level) {
         return sync +
-               own_collective_seconds(group_level(m, c.per_node, R), c.per_node, bytes, gather,
-                                      c.coll_algo) +
-               own_collective_seconds(group_level(m, c.nodes * R, R), c.nodes, bytes / c.per_node,
-                                      gather, c.coll_algo);
+               own_collective_seconds(level(c.per_node), c.per_node, bytes, gather, c.coll_algo) +
+               own_collective_seconds(level(c.group_size), c.nodes, bytes / c.per_node, gather,
+                                      c.coll_algo);
     }
-    const Level lv = group_level(m, c.group_size, R);
+    const Level lv = level(c.group_size);
     if (c.kind == dist::CommKind::reduce_scatter) {
         const double P = c.group_size;
         return sync + (P - 1) * (lv.alpha + bytes / P / lv.beta);
@@ -160,22 +162,25 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     std::map<std::string, double> compute, memory;  // seconds per step by group
     // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
     // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
-    // rounded operands); the experts' grouped products always run in float32.
+    // rounded operands); the experts' grouped products too, but for their weight gradients, which
+    // stay float32 (moe/experts.cpp).
     const double half_peak_rank =
         nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
     auto peak_of = [&](model::LayerClass c) {
         return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank
                                                                            : peak_rank;
     };
-    // a linear layer (rows, out, in): forward, dinp and dweight products
+    // a linear layer (rows, out, in): forward and dinp products at `peak`, dweight at
+    // `peak_dw` (0: the same)
     auto linear = [&](const char* group, double rows, double out, double in, double count,
-                      double peak) {
+                      double peak, double peak_dw = 0) {
         if (rows <= 0) return;
         const double f = 2 * rows * out * in;
-        compute[group] += count * A *
-                          (f / (peak * gemm_efficiency(nd, rows, out, in)) +
-                           f / (peak * gemm_efficiency(nd, rows, in, out)) +
-                           f / (peak * gemm_efficiency(nd, out, in, rows)));
+        compute[group] +=
+            count * A *
+            (f / (peak * gemm_efficiency(nd, rows, out, in)) +
+             f / (peak * gemm_efficiency(nd, rows, in, out)) +
+             f / ((peak_dw > 0 ? peak_dw : peak) * gemm_efficiency(nd, out, in, rows)));
     };
     auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
 
@@ -190,22 +195,21 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
         linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
-        linear("gemm: experts", rows, FE, C, n_moe * El, peak_rank);
-        linear("gemm: experts", rows, C, FE, n_moe * El, peak_rank);
+        linear("gemm: experts", rows, FE, C, n_moe * El, pf, peak_rank);
+        linear("gemm: experts", rows, C, FE, n_moe * El, pf, peak_rank);
         if (fp.moe_rounds > 1) {
             // several rounds: backward recomputes the experts' forward products
             // (moe/moe_layer.cpp); the balanced load is N K rows per rank
             for (const auto& [out, in] : {std::pair{FE, C}, std::pair{C, FE}}) {
-                compute["gemm: experts (recompute)"] +=
-                    n_moe * El * A * 2 * rows * out * in /
-                    (peak_rank * gemm_efficiency(nd, rows, out, in));
+                compute["gemm: experts (recompute)"] += n_moe * El * A * 2 * rows * out * in /
+                                                        (pf * gemm_efficiency(nd, rows, out, in));
             }
         }
-        // shared experts: every token, grouped products in float32 like the routed ones
+        // shared experts: every token, grouped products like the routed ones
         const double S = m.n_shared_experts, FS = m.shared_width();
         if (S > 0) {
-            linear("gemm: shared experts", N, FS, C, n_moe * S, peak_rank);
-            linear("gemm: shared experts", N, C, FS, n_moe * S, peak_rank);
+            linear("gemm: shared experts", N, FS, C, n_moe * S, pf, peak_rank);
+            linear("gemm: shared experts", N, C, FS, n_moe * S, pf, peak_rank);
         }
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
@@ -286,6 +290,14 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         conv(LayerClass::ffn, C, F, n_dense);
         conv(LayerClass::ffn, F, C, n_dense);
         conv(LayerClass::head, C, V, 1);
+        if (n_moe > 0 && prec.gemm_dtype(LayerClass::ffn) == Dtype::bfloat16) {
+            // kernels::grouped_gemm_half: the rows and the local experts' weights of the four
+            // products of activations and weights (forward x and g, backward dy and dh), the
+            // routed experts' at the balanced load and the shared experts'
+            const double S = m.n_shared_experts, FS = m.shared_width();
+            b += n_moe * 6 *
+                 (2 * RK * (C + FE) + 4 * El * FE * C + S * (2 * N * (C + FS) + 4 * FS * C));
+        }
         bytes("precision casts", A * b);
     }
     // per step: zero grads and the gradient scale after the all-reduce over every local float;
@@ -317,11 +329,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         const double t =
             c.hops      ? 0
             : c.leaders ? c.calls * c.per_node *
-                              collective_seconds(mach, c.kind, c.group_size, 1, c.bytes / c.calls)
+                              collective_seconds(mach, c.kind, c.group_size, 1, c.bytes / c.calls,
+                                                 dist::CollAlgo::automatic, c.stride)
             : c.nodes > 1
                 ? c.calls * over_nodes_seconds(mach, c, L.ranks_per_node, c.bytes / c.calls)
                 : c.calls * collective_seconds(mach, c.kind, c.group_size, L.ranks_per_node,
-                                               c.bytes / c.calls, c.coll_algo);
+                                               c.bytes / c.calls, c.coll_algo, c.stride);
         e.comm.push_back({c.what, t});
         e.t_comm += t;
         if (c.reduction) {

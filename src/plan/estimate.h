@@ -50,8 +50,9 @@ double gemm_efficiency(const NodeSpec& node, double M, double N, double K);
 // Seconds of one call moving `bytes` payload bytes over a group of `group_size` consecutive
 // ranks with R ranks per node (alpha-beta per level, see docs/scale.md).
 // algo: the algorithm asked for of our reduce-scatters / all-gathers (resolved by size).
+// stride: the group's members are every stride-th rank of the ranks they span (a grid column).
 double collective_seconds(const MachineSpec& m, dist::CommKind kind, int group_size,
                           int ranks_per_node, double bytes,
-                          dist::CollAlgo algo = dist::CollAlgo::automatic);
+                          dist::CollAlgo algo = dist::CollAlgo::automatic, int stride = 1);
 
 }  // namespace bagualu::plan

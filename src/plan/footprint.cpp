@@ -185,6 +185,19 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             half_linear(model::LayerClass::ffn, C, m.d_ff, N);
             half_linear(model::LayerClass::ffn, m.d_ff, C, N);
         }
+        // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
+        if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
+            const double FE = m.expert_width(), FS = m.shared_width();
+            const double R = static_cast<double>(moe::moe_rows_budget(
+                static_cast<int64_t>(N), m.top_k, L.ep,
+                L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget));
+            inp            = std::max(inp, R * std::max(C, FE));
+            w              = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+            if (m.n_shared_experts > 0) {
+                inp = std::max(inp, N * std::max(C, FS));
+                w   = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
+            }
+        }
         // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
         half_linear(
             model::LayerClass::head, C, V,
@@ -268,10 +281,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // the all-gather stays one level), or two-level: inside the node over the whole array,
     // across nodes over the node rank's region (1/pn of it). Each rank sends, on the mean,
     // (G-1)/G of the array in one level; (pn-1)/pn inside and (nn-1)/G across in two.
+    // stride: the group's ranks are every stride-th world rank (the expert-data-parallel group)
     auto add_over_nodes = [&](const std::string& what, dist::CommKind kind, const char* group,
-                              int G, int nn, int pn, double bytes, bool reduction, double calls) {
+                              int G, int nn, int pn, double bytes, bool reduction, double calls,
+                              int stride) {
         f.collectives.push_back({what, kind, group, G, calls, calls * bytes, reduction, false, nn,
-                                 pn, nn > 1 && L.two_level, false, L.coll_algo});
+                                 pn, nn > 1 && L.two_level, false, L.coll_algo, stride});
         const bool gather = kind == dist::CommKind::all_gather;
         // one level's hops and the bytes a rank sends there on the mean
         auto hops = [&](const std::string& w, int p, double array) {
@@ -364,20 +379,41 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // the leaders' exchange (the node's rows), the leader's scatter of what the node
         // receives: summed over ranks, each of the three moves carries every row once
         const auto [an, al] = group_nodes(L.ep, 1, L.ranks_per_node);
-        auto exchange       = [&](const std::string& what, double calls, double bytes) {
+        // the direct exchange over P ranks (the EP group, or its nodes' leaders: one rank in
+        // `per` calls, calls and bytes the mean over ranks), or with parallel.a2a_grid
+        // (dist::alltoallv_grid) over G rows of S: each rank sends G sizes to each of its row,
+        // its bytes along the row, and the same bytes again along its column
+        auto direct = [&](const std::string& what, const std::string& group, int np, int per,
+                          double calls, double bytes) {
+            auto push = [&](const std::string& w, const std::string& g, int size, double b,
+                            int stride) {
+                Collective c{w, dist::CommKind::alltoallv, g, size, calls / per, b};
+                c.per_node = per;
+                c.leaders  = per > 1 || L.hierarchical_a2a;
+                c.stride   = stride;
+                f.collectives.push_back(c);
+            };
+            if (L.a2a_grid <= 1) {
+                push(what, group, np, bytes, 1);
+                return;
+            }
+            const int S = L.a2a_grid, G = np / S;
+            push(what + " grid sizes", group + " rows", S, calls / per * S * G * 8, 1);
+            push(what + " along rows", group + " rows", S, bytes, 1);
+            push(what + " along columns", group + " columns", G, bytes, S);
+        };
+        auto exchange = [&](const std::string& what, double calls, double bytes) {
             if (!L.hierarchical_a2a) {
-                add(what, dist::CommKind::alltoallv, "ep", L.ep, calls, bytes);
+                direct(what, "ep", L.ep, 1, calls, bytes);
                 return;
             }
             add(what + " counts in the node", dist::CommKind::allgather, "ep node", al, 2 * calls,
-                      2 * calls * L.ep * 8);
+                2 * calls * L.ep * 8);
             add(what + " gather to the node leader", dist::CommKind::alltoallv, "ep node", al,
-                      calls, bytes);
-            f.collectives.push_back({what + " between node leaders", dist::CommKind::alltoallv,
-                                     "ep leaders", an, calls / al, bytes, false, false, 1, al,
-                                     false, true});
+                calls, bytes);
+            direct(what + " between node leaders", "ep leaders", an, al, calls, bytes);
             add(what + " scatter in the node", dist::CommKind::alltoallv, "ep node", al, calls,
-                      bytes);
+                bytes);
         };
         // a row's share that crosses nodes when the routing spreads evenly over the experts
         const double away = an > 1 ? (an - 1.0) / an : 0.0;
@@ -434,12 +470,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // group; global_grad_norm adds the expert squares over the EP group
         const double dense  = static_cast<double>(ls.dense_floats) * 4,
                      expert = static_cast<double>(ls.expert_floats) * 4;
-        const auto [wn, wl] = group_nodes(Pi, 1, L.ranks_per_node);
+        const auto [wn, wl] = group_nodes(Pi, 1, L.reduce_group);
         if (wn > 1) {
             // over nodes: each segment is an allreduce_mean (reduce-scatter + all-gather) of
             // our own, per level (collectives.h, "over nodes")
             const model::ParamLayout rank_layout = model::make_layout(m, L.ep, 0);
-            const auto [en, el]                  = group_nodes(L.edp(), L.ep, L.ranks_per_node);
+            const auto [en, el]                  = group_nodes(L.edp(), L.ep, L.reduce_group);
             for (const dist::paro::Segment& sg : dist::paro::make_segments(rank_layout)) {
                 const bool ex = sg.expert;
                 const int G   = ex ? L.edp() : Pi;
@@ -449,9 +485,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                 const std::string what =
                     ex ? "gradient all-reduce (experts)" : "gradient all-reduce (dense)";
                 add_over_nodes(what + " reduce-scatter", dist::CommKind::reduce_scatter,
-                               ex ? "edp" : "world", G, nn, pn, b, true, 1);
+                               ex ? "edp" : "world", G, nn, pn, b, true, 1, ex ? L.ep : 1);
                 add_over_nodes(what + " all-gather", dist::CommKind::all_gather,
-                               ex ? "edp" : "world", G, nn, pn, b, true, 1);
+                               ex ? "edp" : "world", G, nn, pn, b, true, 1, ex ? L.ep : 1);
             }
         } else {
             add_flagged("gradient all-reduce (dense)", dist::CommKind::allreduce, "world", Pi,
@@ -493,8 +529,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                        double elem, bool reduction) {
             const double bucket = s.groups * s.q * elem;  // bytes of one call's whole array
             const char* group   = i % 2 == 1 ? "edp" : "world";
-            const auto [nn, pn] = group_nodes(s.groups, i % 2 == 1 ? L.ep : 1, L.ranks_per_node);
-            add_over_nodes(what, kind, group, s.groups, nn, pn, bucket, reduction, s.nb);
+            const int stride    = i % 2 == 1 ? L.ep : 1;
+            const auto [nn, pn] = group_nodes(s.groups, stride, L.reduce_group);
+            add_over_nodes(what, kind, group, s.groups, nn, pn, bucket, reduction, s.nb, stride);
         };
         for (const auto& [i, s] : spaces) {
             const double elem = i >= 2 && pol.half_reduce ? elem_bytes(s.dtype) : 4;
@@ -546,11 +583,19 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
     // MPI_THREAD_MULTIPLE, assumed here)
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;
     // dist/parallel.cpp: two-level when the world spans more than one node (auto), or "on"
-    L.two_level        = switch_on(cfg.parallel.two_level, L.nodes() > 1);
+    L.reduce_group     = cfg.parallel.reduce_group > 0 ? cfg.parallel.reduce_group : ranks_per_node;
+    L.two_level        = switch_on(cfg.parallel.two_level, ranks / std::max(1, L.reduce_group) > 1);
     L.coll_algo        = dist::coll_algo_of(cfg.parallel.collectives);
     L.hierarchical_a2a = L.ep > 1 && switch_on(cfg.parallel.hierarchical_a2a, L.nodes() > 1);
     // cli/commands.cpp, as ParallelContext::set_node_dedup takes it
     L.node_dedup = L.ep > 1 && cfg.node_dedup(group_nodes(L.ep, 1, L.ranks_per_node).first);
+    // dist/parallel.cpp set_a2a_grid: rows over the exchange's ranks (its nodes' leaders when
+    // hierarchical)
+    L.a2a_grid = L.ep > 1
+                     ? dist::grid_rows(
+                           cfg.parallel.a2a_grid,
+                           L.hierarchical_a2a ? group_nodes(L.ep, 1, L.ranks_per_node).first : L.ep)
+                     : 0;
     return L;
 }
 

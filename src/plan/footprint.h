@@ -51,6 +51,12 @@ struct Layout {
     // parallel.node_dedup resolved (EP > 1): the MoE exchanges send each token once per node
     // (moe/node_dispatcher.h), when a layer's rows take one round and one piece
     bool node_dedup = false;
+    // parallel.a2a_grid resolved (dist::grid_rows; 0 = direct): the exchange of the MoE
+    // all-to-alls (the leaders' when hierarchical) in two phases over rows of this many ranks
+    int a2a_grid = 0;
+    // The first level of the two-level reductions: parallel.reduce_group consecutive ranks, or
+    // the node's (ranks_per_node) when 0
+    int reduce_group = 1;
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double capacity_factor = 0;
@@ -101,6 +107,9 @@ struct Collective {
     bool leaders = false;
     // our reduce-scatter / all-gather: the algorithm asked for (resolved per level and size)
     dist::CollAlgo coll_algo = dist::CollAlgo::automatic;
+    // The group's members are every stride-th rank of the ranks it spans (a grid column of
+    // dist::alltoallv_grid: the rows' length); 1 = consecutive ranks.
+    int stride = 1;
 };
 
 // The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R

@@ -255,13 +255,18 @@ void Trainer::log_setup() const {
         P_, par_->ep_size(), par_->edp_size(), m.n_experts / par_->ep_size());
     if (P_ > 1) {
         const dist::CollAlgo ca = par_->coll_algo();
-        log::info("nodes: {} of {} rank(s); gradient reduction {} ({}), all-to-all {}",
-                  par_->nodes(), par_->world_nodes().per_node,
-                  par_->two_level() ? "two-level" : "one-level",
+        log::info("{}: {} of {} rank(s); gradient reduction {} ({}), all-to-all {}",
+                  par_->reduce_groups() ? "reduction groups" : "nodes", par_->nodes(),
+                  par_->world_nodes().per_node, par_->two_level() ? "two-level" : "one-level",
                   ca == dist::CollAlgo::ring               ? "ring"
                   : ca == dist::CollAlgo::halving_doubling ? "halving/doubling"
                                                            : "ring or halving/doubling by size",
                   par_->hierarchical_a2a() ? "hierarchical" : "flat");
+        if (par_->a2a_grid() > 1) {
+            log::info("expert all-to-all: {} exchange in two phases, rows of {} of {}",
+                      par_->hierarchical_a2a() ? "the leaders'" : "the", par_->a2a_grid(),
+                      par_->a2a_exchange_ranks());
+        }
     }
     if (par_->node_dedup()) log::info("expert all-to-all: each token crosses once per node");
     if (m.moe_every > 0 && m.route_nodes > 0 && par_->ep_size() > 1 &&

@@ -126,6 +126,7 @@ TEST_F(BadInputTest, GateSettings) {
     expect_error(base + " --set model.gate=noisy --set model.balance_loss_scope=sequence",
                  {"model.balance_loss_scope = \"sequence\"", "noisy gate"});
     expect_error(base + " --set parallel.a2a_chunks=0", {"parallel.a2a_chunks = 0", ">= 1"});
+    expect_error(base + " --set parallel.a2a_grid=-2", {"parallel.a2a_grid = -2", ">= 0"});
     expect_error(base + " --set precision.router=fp16",
                  {"precision.router", "\"fp32\" or \"fp64\""});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});

@@ -70,6 +70,51 @@ TEST(PlanCli, PrecisionOptimizerAndOverlapComeFromTheConfig) {
     EXPECT_NE(bagualu(base + " --precision bf16").status, 0);
 }
 
+// parallel.a2a_grid on MoDa-1.93T (EP = 19,200 nodes, one rank each, so the leaders' exchange
+// is over all of them): rows of one 256-node supernode, 75 columns. By hand from
+// machines/sunway-oceanlight.toml: a column call of b bytes crosses supernodes, 74 messages at
+// 5 us and 74/75 of b at 25 GB/s / 4; a row call stays inside one, 255 at 2 us and 255/256 of b
+// at 25 GB/s.
+TEST(PlanCli, GridExchangeAtScale) {
+    const std::string base = "plan --config configs/scale/moda-1.93t.toml" + kSunway + " --json";
+    auto leaders_seconds   = [&](const std::string& extra, double* flops) {
+        const CommandResult r = bagualu(base + extra);
+        EXPECT_EQ(r.status, 0) << r.output;
+        if (r.status != 0) return 0.0;
+        const auto j = nlohmann::json::parse(r.output);
+        *flops       = j["sustained_flops"].get<double>();
+        double t     = 0;
+        for (const auto& c : j["collectives_per_step_per_rank"]) {
+            const std::string what = c["what"];
+            if (what.find("between node leaders") == std::string::npos) continue;
+            t += c["seconds"].get<double>();
+            const double calls = c["calls"], b = c["bytes"].get<double>() / calls;
+            if (what.find("along columns") != std::string::npos) {
+                EXPECT_EQ(c["group_size"], 75);
+                EXPECT_NEAR(c["seconds"].get<double>() / calls,
+                              74 * 5e-6 + b * 74 / 75 / (25e9 / 4), 1e-9)
+                    << what;
+            } else if (what.find("along rows") != std::string::npos) {
+                EXPECT_EQ(c["group_size"], 256);
+                EXPECT_NEAR(c["seconds"].get<double>() / calls, 255 * 2e-6 + b * 255 / 256 / 25e9,
+                              1e-9)
+                    << what;
+            }
+        }
+        return t;
+    };
+    double direct_flops = 0, grid_flops = 0;
+    const double direct = leaders_seconds(" --set parallel.a2a_grid=0", &direct_flops);
+    const double grid   = leaders_seconds(" --set parallel.a2a_grid=256", &grid_flops);
+    EXPECT_GT(direct, 0);
+    EXPECT_LT(grid, 0.2 * direct);
+    EXPECT_GT(grid_flops, direct_flops);
+    // rows of gcd(a2a_grid, 19,200): 512 gives 256 again; 7 gives 1, the direct exchange
+    double flops = 0;
+    EXPECT_EQ(leaders_seconds(" --set parallel.a2a_grid=512", &flops), grid);
+    EXPECT_EQ(leaders_seconds(" --set parallel.a2a_grid=7", &flops), direct);
+}
+
 TEST(PlanCli, BadMachineFileIsOneLineAndStatus2) {
     TempDir dir;
     write_file(

@@ -4,7 +4,8 @@
 // MoE forward run again in backward; the run reports that pieces were exchanged. And the shared
 // experts computed while the routed tokens travel (parallel.overlap_shared) against computed
 // before: bitwise the same, with one shared expert (forward and backward overlapped) and two
-// (forward only).
+// (forward only). And the expert exchange in two phases over a grid (parallel.a2a_grid) against
+// the direct one, flat and between the leaders of 4 one-rank nodes: bitwise the same.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@ struct Run {
     std::vector<std::pair<double, double>> loss_norm;  // per step, exactly as logged
     int64_t pieces = 0;                                // a2a_pieces of the final record
     int64_t beside = 0;                                // a2a_beside_shared
+    int64_t a2av   = 0;  // alltoallv calls in the steps, all ranks (the resources record)
 };
 
 Run read(const std::string& path) {
@@ -33,6 +35,7 @@ Run read(const std::string& path) {
         if (j.contains("loss")) out.loss_norm.emplace_back(j["loss"], j["grad_norm"]);
         if (j.contains("a2a_pieces")) out.pieces = j["a2a_pieces"];
         if (j.contains("a2a_beside_shared")) out.beside = j["a2a_beside_shared"];
+        if (j.contains("resources")) out.a2av = j["resources"]["comm"]["alltoallv"]["calls"];
     }
     return out;
 }
@@ -101,6 +104,24 @@ TEST_F(A2aOverlapTest, SharedExpertBesideDispatchSameBitsEP4) {
 
 TEST_F(A2aOverlapTest, TwoSharedExpertsBesideDispatchSameBitsEP2Bf16) {
     expect_shared_same_bits(*runs_, 2, 2, " --set precision.dtype=bf16", "shared2-ep2");
+}
+
+// parallel.a2a_grid = 2 against 0 with Zipf-skewed routing: each exchange of the grid run is
+// three alltoallv calls (sizes, rows, columns) instead of one.
+void expect_grid_same_bits(const TinyRuns& runs, const std::string& extra,
+                           const std::string& name) {
+    const auto [a, b] = run_pair(runs, 4, " --set model.route_override=zipf" + extra,
+                                 "--set parallel.a2a_grid=0", "--set parallel.a2a_grid=2", name);
+    EXPECT_GT(b.a2av, a.a2av) << name << ": the grid's exchanges ran";
+}
+
+TEST_F(A2aOverlapTest, GridExchangeSameBitsFlat) {
+    expect_grid_same_bits(*runs_, " --set parallel.hierarchical_a2a=off", "grid-flat");
+}
+
+TEST_F(A2aOverlapTest, GridExchangeSameBitsBetweenLeadersBf16) {
+    expect_grid_same_bits(*runs_, " --set parallel.ranks_per_node=1 --set precision.dtype=bf16",
+                          "grid-leaders");
 }
 
 }  // namespace

@@ -238,6 +238,22 @@ TEST(PlanBytes, HierarchicalAlltoallAcrossTwoNodesExpertParallel4) {
          4, 2, false, 2});
 }
 
+TEST(PlanBytes, GridAlltoallFlat) {
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set "
+         "train.micro_batch_size=2 --set parallel.a2a_grid=2",
+         4, 2, false, 4});
+}
+
+TEST(PlanBytes, GridAlltoallBetweenLeadersOfFourNodes) {
+    // 4 nodes of one rank: the leaders' exchange over a grid of 2 x 2
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=4 --set "
+         "train.micro_batch_size=2 --set parallel.ranks_per_node=1 "
+         "--set parallel.a2a_grid=2",
+         4, 2, false, 1});
+}
+
 TEST(PlanBytes, NodeDeduplicatedAlltoallOneNodePerToken) {
     // route_nodes = 1: every token is one entry, to one node, whatever the routing
     expect_counted_equals_predicted(
@@ -262,6 +278,22 @@ TEST(PlanBytes, ParoOneLevelOverTwoNodes) {
 TEST(PlanBytes, ReplicatedTwoLevelTwoNodes) {
     expect_counted_equals_predicted(
         {std::string(kTwoNodes) + "--set optimizer.partition=off", 4, 2, false, 2});
+}
+
+TEST(PlanBytes, ParoReduceGroupsOnOneNode) {
+    // one node of 4 ranks, reductions in two levels over groups of 2
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set "
+         "train.micro_batch_size=2 --set parallel.reduce_group=2",
+         4, 2, false, 4});
+}
+
+TEST(PlanBytes, ReplicatedReduceGroupsOnOneNode) {
+    expect_counted_equals_predicted(
+        {"--set parallel.expert_parallel=2 --set "
+         "train.micro_batch_size=2 --set parallel.reduce_group=2 "
+         "--set optimizer.partition=off",
+         4, 2, false, 4});
 }
 
 TEST(PlanBytes, ReplicatedOneLevelOverTwoNodes) {

@@ -4,6 +4,8 @@
 // then across nodes) and "off" (one level over all ranks, in the same order: collectives.h,
 // "over nodes"), for ParO and the replicated optimizer, fp32 and bf16. Also: the log names the
 // node layout, and a ranks_per_node that does not divide the ranks is one error with status 2.
+// And reduction groups (parallel.reduce_group = 2 on one node of 4 ranks): the first level of the
+// same two-level reductions, so the same bits as nodes of 2, on and off.
 #include <gtest/gtest.h>
 
 #include "moda_runs.h"
@@ -44,6 +46,40 @@ TEST_F(TwoLevelTest, ParoFp32BitwiseSame) { expect_bitwise_same("on", "fp32"); }
 TEST_F(TwoLevelTest, ParoBf16BitwiseSame) { expect_bitwise_same("on", "bf16"); }
 TEST_F(TwoLevelTest, ReplicatedFp32BitwiseSame) { expect_bitwise_same("off", "fp32"); }
 TEST_F(TwoLevelTest, ReplicatedBf16BitwiseSame) { expect_bitwise_same("off", "bf16"); }
+
+TEST_F(TwoLevelTest, ReduceGroupsReduceAsNodesDo) {
+    auto run = [&](const std::string& name, const std::string& extra) {
+        const CommandResult r = TinyRuns::run_mpi(4, runs_->train_args(name, 4, 2, "on") + extra);
+        EXPECT_EQ(r.status, 0) << r.output;
+        return r.output;
+    };
+    run("rg_nodes", " --set parallel.ranks_per_node=2 --set parallel.hierarchical_a2a=off");
+    const std::string on = run("rg_on",
+                               " --set parallel.ranks_per_node=4 --set "
+                               "parallel.reduce_group=2 --set parallel.two_level=on");
+    EXPECT_NE(on.find("reduction groups: 2 of 2 rank(s); gradient reduction two-level"),
+              std::string::npos)
+        << on;
+    run("rg_off",
+        " --set parallel.ranks_per_node=4 --set parallel.reduce_group=2 --set "
+        "parallel.two_level=off");
+    const StepLog a = read_steps(runs_->path("rg_nodes/metrics.jsonl"));
+    ASSERT_EQ(a.loss.size(), 20u);
+    for (const char* name : {"rg_on", "rg_off"}) {
+        const StepLog b = read_steps(runs_->path(std::string(name) + "/metrics.jsonl"));
+        EXPECT_EQ(a.loss, b.loss) << name;
+        EXPECT_EQ(a.grad_norm, b.grad_norm) << name;
+        EXPECT_EQ(read_file(runs_->path("rg_nodes/model/model.safetensors")),
+                  read_file(runs_->path(std::string(name) + "/model/model.safetensors")))
+            << name;
+    }
+    const CommandResult bad = TinyRuns::run_mpi(
+        4, runs_->train_args("bad_rg", 4, 2, "auto") + " --set parallel.reduce_group=3");
+    EXPECT_EQ(bad.status, 2) << bad.output;
+    EXPECT_NE(bad.output.find("parallel.reduce_group = 3 must be 0 (the node) or divide"),
+              std::string::npos)
+        << bad.output;
+}
 
 TEST_F(TwoLevelTest, RanksPerNodeMustDivideRanks) {
     const CommandResult r = TinyRuns::run_mpi(

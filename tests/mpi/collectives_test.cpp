@@ -249,8 +249,10 @@ TEST(Collectives, HalfPayloadsMatchFloatReference) {
     }
 }
 
-// Random counts (some zero), send blocks in shuffled order with gaps, receive with gaps.
-void hierarchical_equals_flat(Comm& w, NodeGroups& groups, uint64_t seed) {
+// Random counts (some zero), send blocks in shuffled order with gaps, receive with gaps; the
+// direct exchange against `algo`'s, which must give the same bytes.
+template <typename Algo>
+void equals_flat(Comm& w, uint64_t seed, const Algo& algo) {
     const int P   = w.size();
     const int r   = w.rank();
     const auto up = static_cast<size_t>(P);
@@ -270,10 +272,16 @@ void hierarchical_equals_flat(Comm& w, NodeGroups& groups, uint64_t seed) {
         rd[q] = roff;
         roff += rc[q] + 1;
     }
-    std::vector<float> flat(static_cast<size_t>(roff), -1.0f), hier(flat.size(), -1.0f);
+    std::vector<float> flat(static_cast<size_t>(roff), -1.0f), got(flat.size(), -1.0f);
     w.alltoallv<float>(send, sc, sd, flat, rc, rd);
-    alltoallv_hierarchical(w, groups, send.data(), sc, sd, hier.data(), rc, rd, sizeof(float));
-    EXPECT_EQ(hier, flat) << "seed " << seed;
+    algo(send.data(), sc, sd, got.data(), rc, rd);
+    EXPECT_EQ(got, flat) << "seed " << seed;
+}
+
+void hierarchical_equals_flat(Comm& w, NodeGroups& groups, uint64_t seed) {
+    equals_flat(w, seed, [&](const float* s, auto& sc, auto& sd, float* d, auto& rc, auto& rd) {
+        alltoallv_hierarchical(w, groups, s, sc, sd, d, rc, rd, sizeof(float));
+    });
 }
 
 TEST(Collectives, HierarchicalAlltoallvEqualsFlat) {
@@ -287,6 +295,39 @@ TEST(Collectives, HierarchicalAlltoallvEqualsFlat) {
         auto groups = make_node_groups(w, w.split(r / per_node, -r));
         EXPECT_EQ(groups.members.size(), static_cast<size_t>((w.size() + per_node - 1) / per_node));
         for (uint64_t seed = 10; seed < 13; ++seed) hierarchical_equals_flat(w, groups, seed);
+    }
+}
+
+// Every row length dividing P (P itself and 1 included: one phase is then a self-copy), and the
+// leaders' exchange of a hierarchical all-to-all over a grid of the leaders: the direct
+// exchange's bytes; each row and column exchange is one alltoallv call.
+TEST(Collectives, GridAlltoallvEqualsFlat) {
+    Comm& w     = test_world();
+    const int P = w.size();
+    for (int S = 1; S <= P; ++S) {
+        if (P % S != 0) continue;
+        GridGroups grid = make_grid_groups(w, S);
+        ASSERT_EQ(grid.row->size(), S);
+        ASSERT_EQ(grid.col->size(), P / S);
+        EXPECT_EQ(grid.row->rank(), w.rank() % S);
+        for (uint64_t seed = 20; seed < 23; ++seed) {
+            const CommTally before = comm_tally();
+            equals_flat(w, seed,
+                        [&](const float* s, auto& sc, auto& sd, float* d, auto& rc, auto& rd) {
+                            alltoallv_grid(grid, s, sc, sd, d, rc, rd, sizeof(float));
+                        });
+            // the direct exchange, the sizes, the rows, the columns
+            EXPECT_EQ((comm_tally() - before)[CommKind::alltoallv].calls, 4u) << "S " << S;
+        }
+    }
+    if (P % 2 == 0 && P >= 4) {
+        // nodes of 2 ranks; the leaders (P / 2 of them) in rows of 2 when that divides
+        const int r = w.rank();
+        auto groups = make_node_groups(w, w.split(r / 2, r));
+        if (groups.leaders && groups.leaders->size() % 2 == 0) {
+            groups.leader_grid = std::make_unique<GridGroups>(make_grid_groups(*groups.leaders, 2));
+        }
+        for (uint64_t seed = 30; seed < 33; ++seed) hierarchical_equals_flat(w, groups, seed);
     }
 }
 

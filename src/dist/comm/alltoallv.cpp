@@ -100,6 +100,111 @@ BruckTraffic bruck_traffic(int P, double block) {
     return t;
 }
 
+int grid_rows(int group, int ranks) {
+    if (group <= 1 || ranks <= 1) return 0;
+    const int rows = std::gcd(group, ranks);
+    return rows > 1 && rows < ranks ? rows : 0;
+}
+
+GridGroups make_grid_groups(Comm& comm, int row_size) {
+    BGL_CHECK(row_size >= 1 && comm.size() % row_size == 0,
+              "grid rows of {} do not divide {} ranks", row_size, comm.size());
+    GridGroups g;
+    g.row = comm.split(comm.rank() / row_size, comm.rank());
+    g.col = comm.split(comm.rank() % row_size, comm.rank());
+    return g;
+}
+
+void alltoallv_grid(GridGroups& grid, const void* send, std::span<const int64_t> send_counts,
+                    std::span<const int64_t> send_displs, void* recv,
+                    std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                    size_t elem_bytes) {
+    Comm& row    = *grid.row;
+    Comm& col    = *grid.col;
+    const auto S = static_cast<size_t>(row.size());
+    const auto G = static_cast<size_t>(col.size());
+    BGL_CHECK(send_counts.size() == S * G && send_displs.size() == S * G &&
+                  recv_counts.size() == S * G && recv_displs.size() == S * G,
+              "alltoallv_grid needs counts and displacements for each of {} ranks", S * G);
+    const auto eb = static_cast<int64_t>(elem_bytes);
+    const auto* s = static_cast<const std::byte*>(send);
+    auto* d       = static_cast<std::byte*>(recv);
+    // Grow-only buffers of the calling thread: no allocation once they have their size.
+    thread_local std::vector<int64_t> sizes_out, sizes_in, sc1, sd1, rc1, rd1, sc2, sd2, rc2, rd2,
+        at;
+    thread_local std::vector<std::byte> out1, in1, out2, in2;
+    sizes_out.assign(S * G, 0);
+    sizes_in.assign(S * G, 0);
+    for (auto* v : {&sc1, &sd1, &rc1, &rd1}) v->assign(S, 0);
+    for (auto* v : {&sc2, &sd2, &rc2, &rd2}) v->assign(G, 0);
+
+    // Phase 1, inside the row: to row rank t, the blocks bound for (g', t), g' = 0 .. G-1 in
+    // that order; first their sizes in bytes, G from each row rank.
+    for (size_t t = 0; t < S; ++t) {
+        for (size_t h = 0; h < G; ++h) sizes_out[t * G + h] = send_counts[h * S + t] * eb;
+    }
+    std::fill(sc1.begin(), sc1.end(), static_cast<int64_t>(G));
+    for (size_t t = 0; t < S; ++t) sd1[t] = static_cast<int64_t>(t * G);
+    row.alltoallv_bytes(sizes_out.data(), sc1, sd1, sizes_in.data(), sc1, sd1, sizeof(int64_t));
+    int64_t n_out = 0, n_in = 0;
+    for (size_t t = 0; t < S; ++t) {
+        sd1[t] = n_out;
+        rd1[t] = n_in;
+        sc1[t] = 0;
+        for (size_t h = 0; h < G; ++h) {
+            sc1[t] += sizes_out[t * G + h];
+            rc1[t] += sizes_in[t * G + h];
+        }
+        n_out += sc1[t];
+        n_in += rc1[t];
+    }
+    if (out1.size() < static_cast<size_t>(n_out)) out1.resize(static_cast<size_t>(n_out));
+    if (in1.size() < static_cast<size_t>(n_in)) in1.resize(static_cast<size_t>(n_in));
+    for (size_t t = 0, off = 0; t < S; ++t) {
+        for (size_t h = 0; h < G; ++h) {
+            const size_t q = h * S + t;
+            copy_bytes(out1.data() + off, s + send_displs[q] * eb, send_counts[q] * eb);
+            off += static_cast<size_t>(send_counts[q] * eb);
+        }
+    }
+    row.alltoallv_bytes(out1.data(), sc1, sd1, in1.data(), rc1, rd1, 1);
+
+    // Phase 2, inside the column: to column rank h, the blocks from (g, t), t = 0 .. S-1, bound
+    // for (h, s); from column rank h, the blocks of (h, t) for this rank, sizes known.
+    at.assign(S, 0);  // [t] next block of row rank t's data in in1
+    for (size_t t = 0; t < S; ++t) at[t] = rd1[t];
+    n_out = 0;
+    for (size_t h = 0; h < G; ++h) {
+        sd2[h] = n_out;
+        for (size_t t = 0; t < S; ++t) sc2[h] += sizes_in[t * G + h];
+        n_out += sc2[h];
+    }
+    if (out2.size() < static_cast<size_t>(n_out)) out2.resize(static_cast<size_t>(n_out));
+    for (size_t h = 0, off = 0; h < G; ++h) {
+        for (size_t t = 0; t < S; ++t) {
+            const int64_t b = sizes_in[t * G + h];
+            copy_bytes(out2.data() + off, in1.data() + at[t], b);
+            at[t] += b;
+            off += static_cast<size_t>(b);
+        }
+    }
+    n_in = 0;
+    for (size_t h = 0; h < G; ++h) {
+        rd2[h] = n_in;
+        for (size_t t = 0; t < S; ++t) rc2[h] += recv_counts[h * S + t] * eb;
+        n_in += rc2[h];
+    }
+    if (in2.size() < static_cast<size_t>(n_in)) in2.resize(static_cast<size_t>(n_in));
+    col.alltoallv_bytes(out2.data(), sc2, sd2, in2.data(), rc2, rd2, 1);
+    for (size_t h = 0, off = 0; h < G; ++h) {
+        for (size_t t = 0; t < S; ++t) {
+            const size_t q = h * S + t;
+            copy_bytes(d + recv_displs[q] * eb, in2.data() + off, recv_counts[q] * eb);
+            off += static_cast<size_t>(recv_counts[q] * eb);
+        }
+    }
+}
+
 NodeGroups make_node_groups(Comm& comm, std::unique_ptr<Comm> node) {
     NodeGroups g;
     g.node          = node ? std::move(node) : comm.split_shared();
@@ -213,7 +318,12 @@ void alltoallv_hierarchical(Comm& comm, NodeGroups& groups, const void* send,
             lrecv_bytes += lrc[a];
         }
         std::vector<std::byte> from_nodes(static_cast<size_t>(lrecv_bytes));
-        leaders.alltoallv_bytes(lsend.data(), lsc, lsd, from_nodes.data(), lrc, lrd, 1);
+        if (groups.leader_grid) {
+            alltoallv_grid(*groups.leader_grid, lsend.data(), lsc, lsd, from_nodes.data(), lrc, lrd,
+                           1);
+        } else {
+            leaders.alltoallv_bytes(lsend.data(), lsc, lsd, from_nodes.data(), lrc, lrd, 1);
+        }
 
         // 4. Re-order for the scatter: member n gets its blocks ordered by source rank.
         std::vector<int64_t> pos(up * L);  // [source rank][n] offset in from_nodes

@@ -3,6 +3,9 @@
 //   alltoallv_pairwise      P-1 sendrecv steps (r+k, r-k); any counts, also beyond INT_MAX.
 //   alltoallv_hierarchical  gather to one leader per node, exchange between leaders, scatter
 //                           within the node: fewer, larger inter-node messages.
+//   alltoallv_grid          two phases over a grid of G rows of S consecutive ranks: within the
+//                           row, then within the column; S - 1 + G - 1 messages a rank instead
+//                           of P - 1, each byte sent twice (for many ranks in few switch groups).
 //   alltoall_bruck          equal blocks in ceil(log2 P) sendrecv steps (Bruck et al., 1997)
 //                           instead of P-1, each forwarding about half of the blocks: for small
 //                           blocks over many ranks, where the P-1 latencies dominate.
@@ -42,6 +45,28 @@ struct BruckTraffic {
 };
 BruckTraffic bruck_traffic(int P, double block);
 
+// The grid of a comm of P = G x S ranks: rank g * S + s sits in row g (the S consecutive ranks
+// g * S ...) and column s (ranks s, S + s, ...). Built once (collective over the comm).
+struct GridGroups {
+    std::unique_ptr<Comm> row;  // [not null] this rank's row, ordered by s
+    std::unique_ptr<Comm> col;  // [not null] this rank's column, ordered by g
+};
+// row_size must divide comm.size().
+GridGroups make_grid_groups(Comm& comm, int row_size);
+// The rows of the grid for an exchange over `ranks` ranks in switch groups of `group` ranks
+// (parallel.a2a_grid): gcd(group, ranks), so that rows tile both; 0 when that leaves one phase
+// (a gcd of 1, or of all the ranks): the direct exchange.
+int grid_rows(int group, int ranks);
+
+// The all-to-all(v) of the comm the grid was made of, in two phases. 1: inside the row, each
+// rank sends to rank (g, s') everything bound for column s' (after exchanging those blocks'
+// sizes); 2: inside the column, each rank forwards to (g', s) what it holds for it. Data
+// movement only: recv is the same as the direct exchange's.
+void alltoallv_grid(GridGroups& grid, const void* send, std::span<const int64_t> send_counts,
+                    std::span<const int64_t> send_displs, void* recv,
+                    std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                    size_t elem_bytes);
+
 // Node layout of one comm, built once (collective) and reused by every hierarchical call.
 struct NodeGroups {
     std::unique_ptr<Comm> node;             // [not null] ranks of this node, node rank 0 leads
@@ -49,6 +74,9 @@ struct NodeGroups {
     std::vector<int> node_of;               // [rank] -> node index (its leader's leaders rank)
     std::vector<int> node_rank_of;          // [rank] -> rank within its node
     std::vector<std::vector<int>> members;  // [node][node rank] -> rank
+    // Leaders only, optional: the leaders' exchange runs alltoallv_grid over this grid of the
+    // leaders comm instead of one direct exchange (parallel.a2a_grid).
+    std::unique_ptr<GridGroups> leader_grid;
 };
 
 // node: the ranks to treat as one node; nullptr means comm.split_shared() (real nodes). Tests

@@ -15,6 +15,19 @@
 namespace bagualu::dist {
 namespace {
 
+// parallel.a2a_grid's rows tile both the exchange and the switch groups: gcd, and no grid when
+// that leaves a single phase.
+TEST(GridRows, TileTheExchangeAndTheSwitchGroups) {
+    EXPECT_EQ(grid_rows(256, 19200), 256);
+    EXPECT_EQ(grid_rows(256, 24000), 64);
+    EXPECT_EQ(grid_rows(256, 9600), 128);
+    EXPECT_EQ(grid_rows(2, 4), 2);
+    EXPECT_EQ(grid_rows(7, 19200), 0);  // rows of one rank
+    EXPECT_EQ(grid_rows(256, 128), 0);  // one row holds every rank
+    EXPECT_EQ(grid_rows(0, 19200), 0);  // off
+    EXPECT_EQ(grid_rows(256, 1), 0);
+}
+
 TEST(LocalComm, IsOneRank) {
     auto c = make_local_comm();
     EXPECT_EQ(c->rank(), 0);
