@@ -33,9 +33,10 @@ namespace {
 
 // The backend each GEMM of a training step ran on, per phase (after the steps): under
 // BGL_GEMM=auto the choice recorded for its shape and dtype (absent: that dtype was not called
-// at that shape), otherwise the active path; the experts' grouped GEMM is always ours. Where
+// at that shape), otherwise the active path; the experts' grouped GEMM is always ours, and its
+// weight gradients ("dw") are float32 products at every precision (moe/experts.cpp). Where
 // gemm_bf16 only widens (kernels::gemm_bf16_widens(), reported as "bf16_gemm_as_f32"), the
-// dense bf16 products run gemm_f32 on their rounded floats, so their entry is the f32 one.
+// bf16 products run gemm_f32 on their rounded floats, so their entry is the f32 one.
 nlohmann::json gemm_backends(const TrainConfig& cfg) {
     namespace g           = kernels::gemm;
     const g::Path active  = g::active_path();
@@ -54,7 +55,10 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
         for (bool bf16 : {false, true}) {
             const char* dtype = bf16 ? "bf16" : "f32";
             if (expert) {
-                e[dtype] = g::path_name(grouped);
+                const bool dw =
+                    s.name.size() > 3 && s.name.compare(s.name.size() - 3, 3, " dw") == 0;
+                e[dtype] = fmt::format("{}{}", g::path_name(grouped),
+                                       bf16 && !widens && !dw ? " (bf16 grouped)" : "");
             } else if (!automatic) {
                 e[dtype] = g::path_name(active);
             } else if (const auto p =

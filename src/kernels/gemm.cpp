@@ -79,6 +79,8 @@ void openblas_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const b
                 b32.data(), ldb, beta, C, ldc);
 }
 
+}  // namespace
+
 const KernelSpec& bf16_spec(Path p) {
     switch (p) {
         case Path::avx512:
@@ -89,8 +91,6 @@ const KernelSpec& bf16_spec(Path p) {
             return generic::bf16_kernel();
     }
 }
-
-}  // namespace
 
 const KernelSpec& f32_spec(Path p) {
     switch (p) {

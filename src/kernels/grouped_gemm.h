@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/gemm.h"
 
 namespace bagualu::kernels {
@@ -23,6 +24,14 @@ namespace bagualu::kernels {
 void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
                       float* C, int ldc);
+
+// The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
+// kernel (the best of ours under onednn and auto): each group's result is bitwise what gemm_bf16
+// gives for it alone on our kernels of that path. The experts' products whose operands hold
+// half values (kernels/mixed.h grouped_gemm_half).
+void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                       const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
+                       float* C, int ldc);
 
 // The weight-gradient form, summing over each group's rows: for g in [0, G), K_g = offsets[g+1]
 // - offsets[g] >= 0,

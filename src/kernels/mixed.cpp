@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
 #include "kernels/parallel_rows.h"
 
@@ -90,6 +91,10 @@ namespace {
 
 // 16-bit copies of the GEMM operands, grown once (called from the main thread only).
 std::vector<bf16> g_inp16, g_w16, g_dout16;
+bool g_force16 = false;
+
+// Whether a product of dtype d runs on 16-bit copies.
+bool on_16bit(Dtype d) { return d == Dtype::bfloat16 && (g_force16 || !gemm_bf16_widens()); }
 
 const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
     bf16* out = grow(buf, n);
@@ -99,9 +104,40 @@ const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
 
 }  // namespace
 
+void force_16bit_operands(bool on) { g_force16 = on; }
+
+void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
+                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
+                       int ldc) {
+    if (!on_16bit(d) || G == 0) {
+        grouped_gemm_f32(Trans::N, tb, G, offsets, N, K, 1.f, A, lda, B, ldb, stride_b, 0.f, C,
+                         ldc);
+        return;
+    }
+    // A's rows from offsets[0] on (the last one to its K-th element); each group's op(B), its
+    // rows to the last one's end, one after another (at once when the groups are adjacent)
+    const size_t rows = size_t(offsets[G] - offsets[0]), blk = size_t(tb == Trans::T ? N : K);
+    const size_t asz = rows == 0 ? 0 : (rows - 1) * size_t(lda) + size_t(K);
+    const size_t wsz = blk == 0 ? 0 : (blk - 1) * size_t(ldb) + size_t(tb == Trans::T ? K : N);
+    const bf16* a    = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), asz);
+    bf16* w          = grow(g_w16, size_t(G) * wsz);
+    if (stride_b == wsz) {
+        narrow_half(Dtype::bfloat16, w, B, size_t(G) * wsz);
+    } else {
+        for (int g = 0; g < G; ++g)
+            narrow_half(Dtype::bfloat16, w + size_t(g) * wsz, B + size_t(g) * stride_b, wsz);
+    }
+    // offsets relative to A's first row, where the copy starts
+    thread_local std::vector<int32_t> rel;
+    rel.assign(offsets, offsets + G + 1);
+    for (int32_t& o : rel) o -= offsets[0];
+    grouped_gemm_bf16(Trans::N, tb, G, rel.data(), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
+                      C + size_t(offsets[0]) * size_t(ldc), ldc);
+}
+
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC) {
-    if (d != Dtype::bfloat16 || gemm_bf16_widens()) {
+    if (!on_16bit(d)) {
         linear_forward(out, inp, weight, bias, N, IC, OC);
         return;
     }
@@ -119,7 +155,7 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
 
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int IC, int OC) {
-    if (d != Dtype::bfloat16 || gemm_bf16_widens()) {
+    if (!on_16bit(d)) {
         linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
         return;
     }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/gemm.h"
 
 namespace bagualu::kernels {
 
@@ -53,6 +54,20 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
                          const float* bias, int N, int IC, int OC);
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int IC, int OC);
+
+// grouped_gemm_f32 (kernels/grouped_gemm.h, op(A) = A, alpha 1, beta 0) for operands that
+// already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
+// copies (A's rows [offsets[0], offsets[G]) of lda; each group's op(B), (tb == T ? N : K) rows
+// of ldb) where the CPU has 16-bit arithmetic, else grouped_gemm_f32 on the floats. The experts'
+// forward-form products. Call from outside pool jobs.
+void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
+                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
+                       int ldc);
+
+// Tests: run the bf16 products above on 16-bit copies even where gemm_bf16 only widens them
+// (there the results are bitwise those of the float path: the widening kernels share the float
+// kernels' blocking). Not thread-safe: set between products.
+void force_16bit_operands(bool on);
 
 // The router's linear layers in FP64 (precision.router = "fp64"): every product and sum in
 // double, each result rounded to float once; the same =/+= conventions as linear_forward /

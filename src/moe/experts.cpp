@@ -1,7 +1,11 @@
 // Expert MLPs over the permuted rows: each matrix product is one grouped GEMM over all local
 // experts (kernels/grouped_gemm.h), so threads balance over experts' rows together and an expert
 // with no rows costs nothing. Bias adds and bias-gradient sums run threaded once over all rows.
-// Results match running linear_forward / linear_backward per expert, bit for bit.
+// Results match running linear_forward / linear_backward per expert, bit for bit. With bf16
+// operands on a CPU with 16-bit arithmetic the four products of activations and weights run on
+// 16-bit copies (kernels::grouped_gemm_half); the two weight gradients stay float32 products of
+// the rounded values, so that their depth splits at the float kernel's block whatever the
+// rounds and pieces (moe_layer.h), as bitwise equality over budgets needs.
 #include "moe/experts.h"
 
 #include <algorithm>
@@ -86,16 +90,16 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e: into h, or for a 16-bit h into
     // g, narrowed from there
     float* hf = h.half ? g : h.f32;
-    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, F, C, 1.0f, x, C, w.fc_w, C,
-                              w.fc_w_stride, 0.0f, hf, F);
+    kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, F, C, x, C, w.fc_w, C,
+                               w.fc_w_stride, hf, F);
     add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F);
     kernels::round_inplace(hf, RF, prec.act);
     if (h.half) kernels::narrow_half(prec.act, h.half, hf, RF);
     (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // may be in place
     kernels::round_inplace(g, RF, prec.gemm);
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
-    kernels::grouped_gemm_f32(Trans::N, Trans::T, E, offsets, C, F, 1.0f, g, F, w.proj_w, F,
-                              w.proj_w_stride, 0.0f, y, C);
+    kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
+                               w.proj_w_stride, y, C);
     add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C);
     kernels::round_inplace(y, RC, prec.act);
 }
@@ -117,13 +121,13 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                                  dw.proj_w_stride);
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
-    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, F, C, 1.0f, dy, C, w.proj_w, F,
-                              w.proj_w_stride, 0.0f, dh, F);
+    kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, F, C, dy, C, w.proj_w, F,
+                               w.proj_w_stride, dh, F);
     kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64);
     kernels::round_inplace(dh, RF, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
-    kernels::grouped_gemm_f32(Trans::N, Trans::N, E, offsets, C, F, 1.0f, dh, F, w.fc_w, C,
-                              w.fc_w_stride, 0.0f, dx, C);
+    kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, C, F, dh, F, w.fc_w, C,
+                               w.fc_w_stride, dx, C);
     kernels::round_inplace(dx, RC, prec.act);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
     kernels::grouped_gemm_tn_f32(E, offsets, F, C, 1.0f, dh, F, x, C, 1.0f, dw.fc_w, C,

@@ -21,5 +21,8 @@ Path active_path();
 void set_active_path(Path p);
 // The packed float kernel of a packed path (generic, avx2, avx512; generic for any other).
 const KernelSpec& f32_spec(Path p);
+// Its bf16 kernel: AVX512_BF16 dot products on avx512 where the CPU has them, else the float
+// kernel on operands widened while packing.
+const KernelSpec& bf16_spec(Path p);
 
 }  // namespace bagualu::kernels::gemm

@@ -1,7 +1,8 @@
 // grouped_gemm_f32 / grouped_gemm_tn_f32 (kernels/grouped_gemm.h) on the packed driver: units of
 // (group, column strip, row block) handed out to the threads as they come free, each run by
-// gemm_rect with the same packing and micro-kernel as gemm_f32, so each element is summed in the
-// same order as there. The ref and openblas paths loop over gemm_f32 instead.
+// gemm_rect with the same packing and micro-kernel as gemm_f32 (gemm_bf16 for the bf16 form), so
+// each element is summed in the same order as there. The ref and openblas paths loop over
+// gemm_f32 (gemm_bf16) instead.
 // Packing buffers are reserved for the largest unit a call can have (mc rows, a strip, one kc
 // block), so the row counts changing from call to call (routing) do not make them grow again.
 #include <algorithm>
@@ -99,9 +100,11 @@ void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows
 }
 
 // Forward form: group g is rows [offsets[g], offsets[g+1]) of A and C times its own op(B_g).
+// T: the element type the spec's packers read (float or bf16).
+template <typename T>
 void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_t* offsets, int N,
-                    int K, float alpha, const float* A, int lda, const float* B, int ldb,
-                    size_t stride_b, float beta, float* C, int ldc) {
+                    int K, float alpha, const T* A, int lda, const T* B, int ldb, size_t stride_b,
+                    float beta, float* C, int ldc) {
     const int row0 = offsets[0], R = offsets[G] - offsets[0];
     if (R == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {
@@ -175,6 +178,26 @@ void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, 
         return;
     }
     gemm::grouped_packed(gemm::f32_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A,
+                         lda, B, ldb, stride_b, beta, C, ldc);
+}
+
+void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                       const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
+                       float* C, int ldc) {
+    BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
+    gemm::check_offsets(G, offsets);
+    if (G == 0) return;
+    const gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
+        const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
+        for (int g = 0; g < G; ++g) {
+            gemm_bf16(ta, tb, offsets[g + 1] - offsets[g], N, K, alpha,
+                      A + size_t(offsets[g]) * a_step, lda, B + size_t(g) * stride_b, ldb, beta,
+                      C + size_t(offsets[g]) * size_t(ldc), ldc);
+        }
+        return;
+    }
+    gemm::grouped_packed(gemm::bf16_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A,
                          lda, B, ldb, stride_b, beta, C, ldc);
 }
 

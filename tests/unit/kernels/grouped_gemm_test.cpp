@@ -2,7 +2,8 @@
 // equal to calling gemm_f32 once per group, and within the float dot-product error bound of the
 // double-accumulating reference per group. Group sizes are random, 0 and 1, and one group with
 // all rows; shapes are the four products and two weight gradients of the experts. Also checks
-// bit-identical results for 1, 2 and 3 threads, and that beta == 0 never reads C.
+// bit-identical results for 1, 2 and 3 threads, and that beta == 0 never reads C. The bf16 forward
+// form (grouped_gemm_bf16) the same way against gemm_bf16 per group.
 #include "kernels/grouped_gemm.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/rng.h"
@@ -162,6 +164,69 @@ void check_forward(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int
         EXPECT_TRUE(same_bits(got, loop)) << what;
         expect_close(
             got, want, mag, N, f.ldc, [&](size_t) { return K; }, what);
+    }
+}
+
+std::vector<std::vector<int>> size_patterns(Rng& rng, int G, int max_rows);
+
+// ---- the bf16 forward form: the same problem with A and B rounded to bf16 ----
+
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_from_float(v[i]);
+    return out;
+}
+
+std::vector<float> widened(const std::vector<bf16>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(v[i]);
+    return out;
+}
+
+// Bitwise gemm_bf16 per group on the same path (the best of ours under onednn and auto), and
+// within the float bound of the reference on the widened operands (products of bf16 values are
+// exact in float32, so the bound is the float one).
+void check_forward_bf16(const std::vector<int>& sizes, Trans ta, Trans tb, int N, int K,
+                        float alpha, float beta, uint64_t seed) {
+    const Forward f             = make_forward(sizes, ta, tb, N, K, alpha, beta, seed);
+    const std::vector<bf16> A16 = to_bf16(f.A), B16 = to_bf16(f.B);
+    const std::vector<float> A32 = widened(A16), B32 = widened(B16);
+    const auto want = run_per_group(f, A32, B32, f.C0, alpha, beta, ref::gemm_f32);
+    const auto mag  = run_per_group(f, abs_of(A32), abs_of(B32), abs_of(f.C0), std::fabs(alpha),
+                                    std::fabs(beta), ref::gemm_f32);
+    PathGuard guard;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        const std::string what = std::string(gemm::path_name(path)) +
+                                 " bf16 N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                 " G=" + std::to_string(sizes.size());
+        std::vector<float> got = f.C0;
+        grouped_gemm_bf16(ta, tb, int(f.off.size()) - 1, f.off.data(), N, K, alpha, A16.data(),
+                          f.lda, B16.data(), f.ldb, f.stride_b, beta, got.data(), f.ldc);
+        gemm::set_active_path(loop_path(path));
+        std::vector<float> loop = f.C0;
+        for (size_t g = 0; g + 1 < f.off.size(); ++g) {
+            gemm_bf16(ta, tb, f.off[g + 1] - f.off[g], N, K, alpha,
+                      A16.data() + a_offset(f, int(g)), f.lda, B16.data() + g * f.stride_b, f.ldb,
+                      beta, loop.data() + size_t(f.off[g]) * size_t(f.ldc), f.ldc);
+        }
+        gemm::set_active_path(path);
+        EXPECT_TRUE(same_bits(got, loop)) << what;
+        expect_close(
+            got, want, mag, N, f.ldc, [&](size_t) { return K; }, what);
+    }
+}
+
+TEST(GroupedGemm, Bf16ExpertShapesMatchPerGroupGemmBf16) {
+    Rng rng(7);
+    for (const auto& [C, F, G, rows] : {std::tuple{12, 20, 5, 37}, std::tuple{40, 136, 9, 70}}) {
+        for (const std::vector<int>& sizes : size_patterns(rng, G, rows)) {
+            check_forward_bf16(sizes, Trans::N, Trans::T, F, C, 1.0f, 0.0f, 51);
+            check_forward_bf16(sizes, Trans::N, Trans::T, C, F, 1.0f, 0.0f, 52);
+            check_forward_bf16(sizes, Trans::N, Trans::N, F, C, 1.0f, 0.0f, 53);
+            check_forward_bf16(sizes, Trans::N, Trans::N, C, F, 1.0f, 0.0f, 54);
+            check_forward_bf16(sizes, Trans::T, Trans::N, 33, 29, 0.5f, 0.25f, 55);
+        }
     }
 }
 

@@ -125,6 +125,22 @@ TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
     EXPECT_NEAR(l3, l32, 2e-2 * l32);
 }
 
+// The bf16 products on 16-bit copies (dense layers and the experts' grouped products, forced
+// where gemm_bf16 only widens): bitwise the float path's loss and gradients there, so every
+// operand the copies take already holds bf16 values; uniform O3 puts the router's neighbours
+// and the head in half too. Where the CPU has 16-bit arithmetic both runs take that path.
+TEST(PrecisionModel, SixteenBitOperandsGiveTheFloatPathsBitsWhereGemmBf16Widens) {
+    for (const PrecisionPolicy& p :
+         {bagualu_policy(Dtype::bfloat16), PrecisionPolicy::uniform(Dtype::bfloat16, Level::O3)}) {
+        const auto [l0, g0] = loss_and_grads(p);
+        kernels::force_16bit_operands(true);
+        const auto [l1, g1] = loss_and_grads(p);
+        kernels::force_16bit_operands(false);
+        EXPECT_EQ(l0, l1) << p.describe();
+        EXPECT_EQ(g0, g1) << p.describe();
+    }
+}
+
 // Forward computes with the weights as the policy rounds them, without a copy of every tensor:
 // half-stored (O2) tensors are rounded in place, and only the O1 attention matrices, stored in
 // float32, get rounded copies. Unrounded parameters (the initial weights, values set from

@@ -104,6 +104,25 @@ TEST_P(ExpertsHalfHidden, SixteenBitHiddenGivesTheSameBits) {
     EXPECT_EQ(a.dproj_b, b.dproj_b);
 }
 
+// bf16 products on 16-bit copies (kernels::grouped_gemm_half), forced where gemm_bf16 only widens:
+// there bitwise the float path (the widening kernels share the float kernels' blocking), which
+// checks the copies' rows, groups and strides. Where the CPU has 16-bit arithmetic both runs take
+// the 16-bit path and the test compares it with itself (it then runs in the model tests).
+TEST(ExpertsSixteenBitOperands, SameBitsAsTheFloatPathWhereGemmBf16Widens) {
+    const ThreeExperts s(Dtype::bfloat16);
+    const ExpertsRun a = run(s, true);
+    kernels::force_16bit_operands(true);
+    const ExpertsRun b = run(s, true);
+    kernels::force_16bit_operands(false);
+    EXPECT_EQ(a.y, b.y);
+    EXPECT_EQ(a.dx, b.dx);
+    EXPECT_EQ(a.dfc_w, b.dfc_w);
+    EXPECT_EQ(a.dfc_b, b.dfc_b);
+    EXPECT_EQ(a.dproj_w, b.dproj_w);
+    EXPECT_EQ(a.dproj_b, b.dproj_b);
+    if (!kernels::gemm_bf16_widens()) GTEST_SKIP() << "gemm_bf16 has 16-bit arithmetic here";
+}
+
 // The gradients against the math in double: a wrong or unrounded g (or a dh that still held g)
 // moves them far beyond float32 rounding. Float32 only: the check is of the formulas.
 TEST(ExpertsMath, GradientsMatchTheMathInDouble) {
