@@ -206,13 +206,10 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
     j["node_dedup"]                                   = fp.layout.node_dedup;
     nlohmann::json terms                              = nlohmann::json::object();
     for (const Term& x : e.compute) terms[x.name] = x.seconds;
-    j["time"]                 = {{"terms", terms},
-                                 {"compute_s", e.t_compute},
-                                 {"memory_s", e.t_memory},
-                                 {"comm_s", e.t_comm},
-                                 {"overlap_s", e.t_overlap},
-                                 {"step_s", e.t_step},
-                                 {"bottleneck", e.bottleneck}};
+    j["time"]                 = {{"terms", terms},           {"compute_s", e.t_compute},
+                                 {"memory_s", e.t_memory},   {"comm_s", e.t_comm},
+                                 {"overlap_s", e.t_overlap}, {"a2a_hidden_s", e.t_a2a_hidden},
+                                 {"step_s", e.t_step},       {"bottleneck", e.bottleneck}};
     j["model_flops_per_step"] = fp.model_flops_per_step;
     j["tokens_per_step"]      = fp.tokens_per_step;
     j["tokens_per_s"]         = e.tokens_per_s;
@@ -282,8 +279,12 @@ void print_text(const Estimate& e, const Inputs& in) {
     for (const Term& t : e.compute) fmt::print("  {:<69}{:>12.3f} ms\n", t.name, t.seconds * 1e3);
     fmt::print(
         "  compute {:.3f} ms + memory-bound {:.3f} ms + communication {:.3f} ms - overlap "
-        "{:.3f} ms = {:.3f} ms\n",
-        e.t_compute * 1e3, e.t_memory * 1e3, e.t_comm * 1e3, e.t_overlap * 1e3, e.t_step * 1e3);
+        "{:.3f} ms{} = {:.3f} ms\n",
+        e.t_compute * 1e3, e.t_memory * 1e3, e.t_comm * 1e3, e.t_overlap * 1e3,
+        e.t_a2a_hidden > 0
+            ? fmt::format(" - all-to-all behind the experts {:.3f} ms", e.t_a2a_hidden * 1e3)
+            : "",
+        e.t_step * 1e3);
     fmt::print(
         "\nthroughput: {:.4g} tokens/s; {} model FLOPs per step; sustained {} = {:.1f}% of "
         "the {} peak\nbottleneck: {}\n",

@@ -342,6 +342,28 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             if (c.group == "world" && t_last == 0) t_last = t / c.calls;
         }
     }
+    // The experts' exchanges on the all-to-all helper (docs/parallelism.md). With c pieces, while
+    // the experts compute piece i the helper moves piece i+1's dispatch and piece i-1's combine:
+    // a two-stage pipeline of c equal pieces hides (c-1)/c of min(exchanges, products) in each
+    // forward (a third of the products) and backward (two thirds). Beside the shared experts:
+    // min(dispatch, their products) of the forward, and of the backward with one shared expert.
+    // The helper needs MPI_THREAD_MULTIPLE (assumed, as for the gradient reduction).
+    double disp = 0, comb = 0;
+    for (size_t i = 0; i < fp.collectives.size(); ++i) {
+        const std::string& w = fp.collectives[i].what;
+        if (w.rfind("moe dispatch all-to-all", 0) == 0) disp += e.comm[i].seconds;
+        if (w.rfind("moe combine all-to-all", 0) == 0) comb += e.comm[i].seconds;
+    }
+    const double fs = fp.a2a_forward_share;
+    if (fp.a2a_pieces > 1) {
+        const double x = compute["gemm: experts"], c = fp.a2a_pieces, a = disp + comb;
+        e.t_a2a_hidden =
+            (c - 1) / c * (std::min(fs * a, x / 3) + std::min((1 - fs) * a, 2 * x / 3));
+    } else if (fp.shared_beside) {
+        const double s = compute["gemm: shared experts"];
+        e.t_a2a_hidden = std::min(fs * disp, s / 3) +
+                         (m.n_shared_experts == 1 ? std::min((1 - fs) * disp, 2 * s / 3) : 0);
+    }
     // the last micro-batch's backward: 2/3 of its GEMM and attention time
     const double t_backward = 2.0 / 3.0 * e.t_compute / A;
     if (opt.comm_overlap >= 0) {
@@ -349,7 +371,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     } else if (L.overlap) {
         e.t_overlap = std::max(0.0, std::min(t_reduce - t_last, t_backward));
     }
-    e.t_step = e.t_compute + e.t_memory + e.t_comm - e.t_overlap;
+    e.t_step = e.t_compute + e.t_memory + e.t_comm - e.t_overlap - e.t_a2a_hidden;
 
     e.tokens_per_s     = fp.tokens_per_step / e.t_step;
     e.sustained_flops  = fp.model_flops_per_step / e.t_step;

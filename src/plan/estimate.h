@@ -25,6 +25,9 @@ struct Estimate {
     std::vector<Term> compute;  // per step: GEMM groups, attention, memory-bound groups
     std::vector<Term> comm;     // per step, one per Collective
     double t_compute = 0, t_memory = 0, t_comm = 0, t_overlap = 0, t_step = 0;
+    // of t_comm, the experts' exchanges hidden behind the experts on the all-to-all helper
+    // (parallel.a2a_chunks, parallel.overlap_shared)
+    double t_a2a_hidden      = 0;
     double tokens_per_s      = 0;  // all ranks
     double sustained_flops   = 0;  // model FLOPs / t_step, all ranks
     double peak_flops        = 0;  // nodes x node peak (of the precision)

@@ -366,6 +366,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // the row starts too. The pieces follow the routing: a2a_chunks is the count at the
         // balanced load (the bytes do not change)
         const double pieces = Rr == 1 && cfg.parallel.a2a_chunks > 1 ? cfg.parallel.a2a_chunks : 1;
+        // moe/moe_layer.cpp: the helper's overlaps (pieces; else the shared experts beside the
+        // dispatch of the plain exchange)
+        f.a2a_pieces    = pieces;
+        f.shared_beside = pieces == 1 && Rr == 1 && !L.node_dedup && m.n_shared_experts > 0 &&
+                          cfg.parallel.overlap_shared;
+        f.a2a_forward_share = n_fwd / (n_fwd + n_moe);
         const double starts = again + (pieces > 1 ? 1 : 0);
         add("moe row starts", dist::CommKind::alltoallv, "ep", L.ep, starts * n_fwd * A,
             starts * 2 * E * 8 * n_fwd * A);

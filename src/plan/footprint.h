@@ -133,6 +133,14 @@ struct Footprint {
     // (top-k; SWIPE in training is exactly balanced). With more than one, backward dispatches
     // the tokens again and recomputes the experts' forward.
     double moe_rounds = 1;
+    // The experts' exchanges overlapped with compute on the all-to-all helper (EP > 1, one
+    // round, the plain exchange; docs/parallelism.md): a2a_pieces = parallel.a2a_chunks pieces
+    // pipelined with the experts' products, or (one piece) shared_beside: the dispatch beside
+    // the shared experts (parallel.overlap_shared), forward and, with one shared expert,
+    // backward. a2a_forward_share: the forwards' part of the dispatches and combines.
+    double a2a_pieces        = 1;
+    bool shared_beside       = false;
+    double a2a_forward_share = 0.5;
     // Bytes per step and rank the MoE all-to-alls send to other nodes (routing spread evenly
     // over the experts): as configured, and through the plain exchange with unlimited routing
     // (one row per slot), for comparison. 0 on one node.

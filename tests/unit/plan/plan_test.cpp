@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "../../common/run_command.h"
 #include "core/error.h"
@@ -537,6 +538,54 @@ TEST(PlanTime, OverlapFollowsTheConfig) {
     EXPECT_DOUBLE_EQ(estimate(f, c, mach, {0.0}).t_overlap, 0);
     c.parallel.overlap_grad_reduce = false;
     EXPECT_DOUBLE_EQ(estimate(footprint(c, layout_4x4(c), 0, 0), c, mach).t_overlap, 0);
+}
+
+// The experts' exchanges behind the experts: with c pieces, (c-1)/c of min(exchanges, products)
+// of the forward (a third of the products) and of the backward; one piece hides nothing; a
+// shared expert hides the dispatch behind its own products (forward and backward); the hidden
+// time comes off the step.
+TEST(PlanTime, ExpertExchangesHideBehindTheExperts) {
+    TrainConfig c              = small_config(1, 8);
+    c.parallel.expert_parallel = 4;
+    c.model.moe_rows_budget    = 0;  // one round
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    auto run                       = [&](const TrainConfig& cfg) {
+        const Footprint f = footprint(cfg, layout_4x4(cfg), 0, 0);
+        const Estimate e  = estimate(f, cfg, mach);
+        double disp = 0, comb = 0, experts = 0, shared = 0;
+        for (size_t i = 0; i < f.collectives.size(); ++i) {
+            const std::string& w = f.collectives[i].what;
+            if (w.rfind("moe dispatch all-to-all", 0) == 0) disp += e.comm[i].seconds;
+            if (w.rfind("moe combine all-to-all", 0) == 0) comb += e.comm[i].seconds;
+        }
+        for (const Term& t : e.compute) {
+            if (t.name == "gemm: experts") experts = t.seconds;
+            if (t.name == "gemm: shared experts") shared = t.seconds;
+        }
+        EXPECT_NEAR(e.t_step, e.t_compute + e.t_memory + e.t_comm - e.t_overlap - e.t_a2a_hidden,
+                                          1e-15);
+        return std::tuple{e.t_a2a_hidden, disp, comb, experts, shared};
+    };
+    const auto [none, d1, c1, x1, s1] = run(c);
+    EXPECT_EQ(none, 0.0);
+    c.parallel.a2a_chunks            = 4;
+    const auto [hidden, d, cb, x, s] = run(c);
+    ASSERT_GT(d + cb, 0);
+    ASSERT_GT(x, 0);
+    EXPECT_NEAR(hidden,
+                0.75 * (std::min(0.5 * (d + cb), x / 3) + std::min(0.5 * (d + cb), 2 * x / 3)),
+                1e-15);
+    c.parallel.a2a_chunks               = 1;
+    c.model.n_shared_experts            = 1;
+    const auto [beside, ds, cs, xs, ss] = run(c);
+    ASSERT_GT(ss, 0);
+    EXPECT_NEAR(beside, std::min(0.5 * ds, ss / 3) + std::min(0.5 * ds, 2 * ss / 3), 1e-15);
+    c.parallel.overlap_shared = false;
+    EXPECT_EQ(std::get<0>(run(c)), 0.0);
 }
 
 TEST(PlanTime, GemmEfficiencyInterpolates) {
