@@ -1,6 +1,8 @@
 #include "moe/dispatch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/thread_pool.h"
 
@@ -72,16 +74,20 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
 
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
+        // the slots first, from zero in slot order, then onto dx: row by row, so that the adds
+        // run along the row (vectorized) rather than across the K rows of each element
+        // (a grow-only row of the calling thread: no allocation once it has its size)
+        thread_local std::vector<float> row;
+        if (row.size() < static_cast<size_t>(C)) row.resize(static_cast<size_t>(C));
+        float* sum = row.data();
         for (int64_t t = begin; t < end; ++t) {
             float* o          = dx + t * C;
             const int32_t* ro = row_of + t * K;
-            for (int c = 0; c < C; ++c) {
-                float sum = 0.0f;  // the slots first, in slot order, then onto dx
-                for (int k = 0; k < K; ++k) {
-                    if (ro[k] >= 0) sum += dx_perm[static_cast<int64_t>(ro[k]) * C + c];
-                }
-                o[c] += sum;
+            std::fill(sum, sum + C, 0.0f);
+            for (int k = 0; k < K; ++k) {
+                if (ro[k] >= 0) add_row(sum, dx_perm + static_cast<int64_t>(ro[k]) * C, C);
             }
+            add_row(o, sum, C);
         }
     });
 }
