@@ -229,6 +229,16 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // collectives of the forward: one more for each MoE layer backward runs again
     const double n_fwd = n_moe + model::recomputed(m, rc).moe_layers;
     mem.comm_buffers += n_moe * moe.comm_buffers;
+    if (n_moe > 0 && L.a2a_grid > 0) {
+        // dist/comm/alltoallv.cpp alltoallv_grid: four grow-only byte buffers of the calling
+        // thread (row out and in, column out and in), each up to one call's payload: what a
+        // rank sends (N K float32 rows at most) for the first three, the budget's rows received
+        // for the last. Hierarchical, the leader holds its node's: the same per rank on the mean
+        const double budget = L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget;
+        const double R      = static_cast<double>(
+            moe::moe_rows_budget(static_cast<int64_t>(N), m.top_k, L.ep, budget));
+        mem.comm_buffers += (3 * N * m.top_k + R) * m.d_model * 4;
+    }
     // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
     // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
     // even split of it (replicated)
