@@ -161,44 +161,50 @@ Path packed_path(Path p) { return p == Path::onednn || p == Path::automatic ? be
 
 }  // namespace gemm
 
-void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
-                      const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                      float* C, int ldc) {
+namespace gemm {
+namespace {
+
+// The forward form for element type T: per group through `loop` (gemm_f32 / gemm_bf16) on the
+// ref and openblas paths, else the grouped driver on spec(the packed path).
+template <typename T>
+void grouped_forward(const KernelSpec& (*spec)(Path),
+                     void (*loop)(Trans, Trans, int, int, int, float, const T*, int, const T*, int,
+                                  float, float*, int),
+                     Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                     const T* A, int lda, const T* B, int ldb, size_t stride_b, float beta,
+                     float* C, int ldc) {
     BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
-    gemm::check_offsets(G, offsets);
+    check_offsets(G, offsets);
     if (G == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
+    const Path p = active_path();
+    if (p == Path::ref || p == Path::openblas) {
         const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
         for (int g = 0; g < G; ++g) {
-            gemm_f32(ta, tb, offsets[g + 1] - offsets[g], N, K, alpha,
-                     A + size_t(offsets[g]) * a_step, lda, B + size_t(g) * stride_b, ldb, beta,
-                     C + size_t(offsets[g]) * size_t(ldc), ldc);
+            loop(ta, tb, offsets[g + 1] - offsets[g], N, K, alpha, A + size_t(offsets[g]) * a_step,
+                 lda, B + size_t(g) * stride_b, ldb, beta, C + size_t(offsets[g]) * size_t(ldc),
+                 ldc);
         }
         return;
     }
-    gemm::grouped_packed(gemm::f32_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A,
-                         lda, B, ldb, stride_b, beta, C, ldc);
+    grouped_packed(spec(packed_path(p)), ta, tb, G, offsets, N, K, alpha, A, lda, B, ldb, stride_b,
+                   beta, C, ldc);
+}
+
+}  // namespace
+}  // namespace gemm
+
+void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                      const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
+                      float* C, int ldc) {
+    gemm::grouped_forward<float>(gemm::f32_spec, gemm_f32, ta, tb, G, offsets, N, K, alpha, A, lda,
+                                 B, ldb, stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
                        float* C, int ldc) {
-    BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
-    gemm::check_offsets(G, offsets);
-    if (G == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
-        const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
-        for (int g = 0; g < G; ++g) {
-            gemm_bf16(ta, tb, offsets[g + 1] - offsets[g], N, K, alpha,
-                      A + size_t(offsets[g]) * a_step, lda, B + size_t(g) * stride_b, ldb, beta,
-                      C + size_t(offsets[g]) * size_t(ldc), ldc);
-        }
-        return;
-    }
-    gemm::grouped_packed(gemm::bf16_spec(gemm::packed_path(p)), ta, tb, G, offsets, N, K, alpha, A,
-                         lda, B, ldb, stride_b, beta, C, ldc);
+    gemm::grouped_forward<bf16>(gemm::bf16_spec, gemm_bf16, ta, tb, G, offsets, N, K, alpha, A, lda,
+                                B, ldb, stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,

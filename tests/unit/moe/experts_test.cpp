@@ -74,6 +74,16 @@ ExpertsRun run(const ThreeExperts& s, bool half16) {
     return r;
 }
 
+// Every output and gradient of two runs, bit for bit.
+void expect_same_bits(const ExpertsRun& a, const ExpertsRun& b) {
+    EXPECT_EQ(a.y, b.y);
+    EXPECT_EQ(a.dx, b.dx);
+    EXPECT_EQ(a.dfc_w, b.dfc_w);
+    EXPECT_EQ(a.dfc_b, b.dfc_b);
+    EXPECT_EQ(a.dproj_w, b.dproj_w);
+    EXPECT_EQ(a.dproj_b, b.dproj_b);
+}
+
 class ExpertsGelu : public ::testing::TestWithParam<Dtype> {};
 
 TEST_P(ExpertsGelu, BackwardMultipliesByForwardsGeluOutput) {
@@ -95,13 +105,8 @@ class ExpertsHalfHidden : public ::testing::TestWithParam<Dtype> {};
 TEST_P(ExpertsHalfHidden, SixteenBitHiddenGivesTheSameBits) {
     const ThreeExperts s(GetParam());
     const ExpertsRun a = run(s, false), b = run(s, true);
-    EXPECT_EQ(a.y, b.y);
     EXPECT_EQ(a.g_fwd, b.g_fwd);
-    EXPECT_EQ(a.dx, b.dx);
-    EXPECT_EQ(a.dfc_w, b.dfc_w);
-    EXPECT_EQ(a.dfc_b, b.dfc_b);
-    EXPECT_EQ(a.dproj_w, b.dproj_w);
-    EXPECT_EQ(a.dproj_b, b.dproj_b);
+    expect_same_bits(a, b);
 }
 
 // bf16 products on 16-bit copies (kernels::grouped_gemm_half), forced where gemm_bf16 only widens:
@@ -114,12 +119,7 @@ TEST(ExpertsSixteenBitOperands, SameBitsAsTheFloatPathWhereGemmBf16Widens) {
     kernels::force_16bit_operands(true);
     const ExpertsRun b = run(s, true);
     kernels::force_16bit_operands(false);
-    EXPECT_EQ(a.y, b.y);
-    EXPECT_EQ(a.dx, b.dx);
-    EXPECT_EQ(a.dfc_w, b.dfc_w);
-    EXPECT_EQ(a.dfc_b, b.dfc_b);
-    EXPECT_EQ(a.dproj_w, b.dproj_w);
-    EXPECT_EQ(a.dproj_b, b.dproj_b);
+    expect_same_bits(a, b);
     if (!kernels::gemm_bf16_widens()) GTEST_SKIP() << "gemm_bf16 has 16-bit arithmetic here";
 }
 
