@@ -1,8 +1,5 @@
 #include "dist/parallel.h"
 
-#include <algorithm>
-#include <vector>
-
 #include "core/error.h"
 #include "dist/comm/counters.h"
 
@@ -33,11 +30,11 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchic
     world_nodes_        = make_node_layout(world, reduce_id);
     edp_nodes_          = make_node_layout(*edp_, reduce_id);
     two_level_          = switch_on(two_level, world_nodes_.nodes > 1);
-    // the all-to-all follows the real nodes: whether the world spans more than one
-    std::vector<int> ids(static_cast<size_t>(size_));
-    world.allgather(&node_id, sizeof(int), ids.data());
-    const bool multi = std::any_of(ids.begin(), ids.end(), [&](int id) { return id != ids[0]; });
-    const bool hier  = switch_on(hierarchical_a2a, multi);
+    // the all-to-all follows the real nodes (unequal ones counting as one, as for the
+    // reductions): their layout is the reductions' unless reduce_group replaced it
+    const bool multi =
+        (reduce_groups_ ? make_node_layout(world, node_id).nodes : world_nodes_.nodes) > 1;
+    const bool hier = switch_on(hierarchical_a2a, multi);
     if (ep_size > 1) {
         ep_nodes_ =
             std::make_unique<NodeGroups>(make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));

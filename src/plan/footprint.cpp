@@ -54,6 +54,13 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
     return sp;
 }
 
+// Rows this rank's experts take per round (moe::moe_rows_budget), the budget MoELayer sizes its
+// buffers with: the what-if capacity factor's when one is given, else model.moe_rows_budget's.
+double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor) {
+    const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
+    return static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+}
+
 }  // namespace
 
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
@@ -61,9 +68,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
                  F = m.expert_width(), El = E / ep;
-    // rows this rank's experts take per round: the budget MoELayer sizes its buffers with
-    const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
-    const double R    = static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+    const double R    = round_rows(m, max_tokens, ep, capacity_factor);
     const bool rounds = R < static_cast<double>(moe::max_local_rows(max_tokens, m.top_k, ep));
     const bool pieces = ep > 1 && a2a_chunks > 1;
     MoEBytes b;
@@ -139,7 +144,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     f.expert_floats            = ls.expert_floats;
     const double n             = static_cast<double>(ls.rank_floats());
     const double MB = static_cast<double>(L.micro_batch), T = m.seq_len, N = MB * T;
-    const double P = L.ranks;
+    const double P       = L.ranks;
+    const double R_round = round_rows(m, static_cast<int64_t>(N), L.ep, L.capacity_factor);
 
     // ---- memory (train/trainer.cpp run_training, model/gpt.cpp GPT::GPT) ----
     Memory& mem                        = f.memory;
@@ -188,11 +194,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
         if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
             const double FE = m.expert_width(), FS = m.shared_width();
-            const double R = static_cast<double>(moe::moe_rows_budget(
-                static_cast<int64_t>(N), m.top_k, L.ep,
-                L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget));
-            inp            = std::max(inp, R * std::max(C, FE));
-            w              = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+            inp = std::max(inp, R_round * std::max(C, FE));
+            w   = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
             if (m.n_shared_experts > 0) {
                 inp = std::max(inp, N * std::max(C, FS));
                 w   = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
@@ -216,14 +219,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32,
                                          cfg.parallel.a2a_chunks);
     const int n_moe    = n_moe_layers(m);
-    {
-        // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one
-        // round only when the budget is below it (SWIPE in training keeps it exactly balanced)
-        const double budget = L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget;
-        const double R      = static_cast<double>(
-            moe::moe_rows_budget(static_cast<int64_t>(N), m.top_k, L.ep, budget));
-        f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R)) : 1;
-    }
+    // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one round
+    // only when the budget is below it (SWIPE in training keeps it exactly balanced)
+    f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R_round)) : 1;
     mem.activations += n_moe * moe.activations + (n_moe > 0 ? moe.scratch : 0);
     if (rc != Recompute::none && n_moe > 1) mem.activations -= (n_moe - 1) * moe.layer_buffers;
     // collectives of the forward: one more for each MoE layer backward runs again
@@ -234,10 +232,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // thread (row out and in, column out and in), each up to one call's payload: what a
         // rank sends (N K float32 rows at most) for the first three, the budget's rows received
         // for the last. Hierarchical, the leader holds its node's: the same per rank on the mean
-        const double budget = L.capacity_factor > 0 ? L.capacity_factor : m.moe_rows_budget;
-        const double R      = static_cast<double>(
-            moe::moe_rows_budget(static_cast<int64_t>(N), m.top_k, L.ep, budget));
-        mem.comm_buffers += (3 * N * m.top_k + R) * m.d_model * 4;
+        mem.comm_buffers += (3 * N * m.top_k + R_round) * m.d_model * 4;
     }
     // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
     // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an

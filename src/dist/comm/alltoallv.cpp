@@ -171,8 +171,7 @@ void alltoallv_grid(GridGroups& grid, const void* send, std::span<const int64_t>
 
     // Phase 2, inside the column: to column rank h, the blocks from (g, t), t = 0 .. S-1, bound
     // for (h, s); from column rank h, the blocks of (h, t) for this rank, sizes known.
-    at.assign(S, 0);  // [t] next block of row rank t's data in in1
-    for (size_t t = 0; t < S; ++t) at[t] = rd1[t];
+    at.assign(rd1.begin(), rd1.end());  // [t] next block of row rank t's data in in1
     n_out = 0;
     for (size_t h = 0; h < G; ++h) {
         sd2[h] = n_out;
