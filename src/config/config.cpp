@@ -123,8 +123,9 @@ struct Spelling<BalanceScope> {
 };
 template <>
 struct Spelling<RouterPrecision> {
-    static constexpr RouterPrecision values[] = {RouterPrecision::fp32, RouterPrecision::fp64};
-    static constexpr const char* expected     = "\"fp32\" or \"fp64\"";
+    static constexpr RouterPrecision values[] = {RouterPrecision::fp32, RouterPrecision::fp64,
+                                                 RouterPrecision::half};
+    static constexpr const char* expected     = "\"fp32\", \"fp64\" or \"half\"";
 };
 template <>
 struct Spelling<GradReduce> {

@@ -15,8 +15,9 @@ enum class BiasUpdate { sign, proportional };
 // all ranks' tokens of the micro-step, this rank's micro-batch, or each sequence.
 enum class BalanceScope { global, micro_batch, sequence };
 // precision.router: the arithmetic of the MoE router's logits and their gradients, whatever the
-// levels say (docs/precision.md).
-enum class RouterPrecision { fp32, fp64 };
+// levels say (docs/precision.md): float32, double sums, or operands rounded to the run's half
+// type with float32 accumulation (as the ffn class's GEMMs).
+enum class RouterPrecision { fp32, fp64, half };
 // precision.grad_reduce: the dtype ParO reduce-scatters half-stored tensors' gradients in.
 enum class GradReduce { fp32, half };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
@@ -69,7 +70,7 @@ inline const char* name_of(BalanceScope s) {
                                      : (s == BalanceScope::sequence ? "sequence" : "micro_batch");
 }
 inline const char* name_of(RouterPrecision p) {
-    return p == RouterPrecision::fp64 ? "fp64" : "fp32";
+    return p == RouterPrecision::fp64 ? "fp64" : (p == RouterPrecision::half ? "half" : "fp32");
 }
 inline const char* name_of(GradReduce g) { return g == GradReduce::half ? "half" : "fp32"; }
 inline const char* name_of(Level l) {

@@ -105,6 +105,7 @@ const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
 }  // namespace
 
 void force_16bit_operands(bool on) { g_force16 = on; }
+bool half_products_convert(Dtype d) { return on_16bit(d); }
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,

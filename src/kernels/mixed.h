@@ -64,6 +64,10 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
                        int ldc);
 
+// Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
+// operand to d (round to nearest even, as round_to), so a caller need not round operands first.
+bool half_products_convert(Dtype d);
+
 // Tests: run the bf16 products above on 16-bit copies even where gemm_bf16 only widens them
 // (there the results are bitwise those of the float path: the widening kernels share the float
 // kernels' blocking). Not thread-safe: set between products.

@@ -334,6 +334,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.score           = cfg.router_score;
     ms.gate.balance_scope   = cfg.balance_loss_scope;
     ms.gate.fp64            = prec_.router_fp64;
+    ms.gate.half            = prec_.router_dtype();
     ms.gate.virtual_workers = virtual_workers;
     ms.gate.balance_bias    = cfg.balance_bias_rate > 0;
     ms.rows_budget          = cfg.moe_rows_budget;

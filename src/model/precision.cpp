@@ -26,6 +26,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     r.level[static_cast<int>(LayerClass::head)]      = p.head;
     r.fp64_sensitive                                 = p.fp64_sensitive;
     r.router_fp64                                    = p.router == RouterPrecision::fp64;
+    r.router_half                                    = p.router == RouterPrecision::half;
     r.half_reduce                                    = p.grad_reduce == GradReduce::half;
     return r;
 }
@@ -70,7 +71,8 @@ Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
 
 std::string PrecisionPolicy::describe() const {
     const std::string extra = fmt::format(
-        "{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "", router_fp64 ? ", fp64 router" : "",
+        "{}{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
+        router_fp64 ? ", fp64 router" : "", router_half && mixed() ? ", half router" : "",
         half_reduce && mixed() ? ", half gradient reduce-scatter" : "");
     if (!mixed()) return "fp32" + extra;
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),

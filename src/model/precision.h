@@ -28,6 +28,7 @@ struct PrecisionPolicy {
     Level level[4]      = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
     bool fp64_sensitive = false;
     bool router_fp64    = false;  // precision.router = "fp64"
+    bool router_half    = false;  // precision.router = "half" (mixed precision only)
     bool half_reduce    = false;  // precision.grad_reduce = "half" (mixed precision only)
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
@@ -39,6 +40,9 @@ struct PrecisionPolicy {
     Level of(LayerClass c) const { return mixed() ? level[static_cast<int>(c)] : Level::O0; }
     // Operands of the class's GEMMs (O1 and up).
     Dtype gemm_dtype(LayerClass c) const { return of(c) >= Level::O1 ? dtype : Dtype::float32; }
+    // The operands of the MoE router's products: float32, or the half type under
+    // precision.router = "half" in a mixed-precision run.
+    Dtype router_dtype() const { return router_half && mixed() ? dtype : Dtype::float32; }
     // Activations the class stores (O2 and up); the residual stream stays float32.
     Dtype act_dtype(LayerClass c) const { return of(c) >= Level::O2 ? dtype : Dtype::float32; }
     // Dynamic loss scaling runs for fp16 only.

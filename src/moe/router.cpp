@@ -76,6 +76,10 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     if (!noisy_) size_shared(sc.preference, N * R, "preference");
     if (gate.balance_bias) size_shared(sc.biased, N * Es, "biased");
     if (gate.route_nodes > 0) size_shared(sc.limited, N * Es, "limited");
+    if (gate.half != Dtype::float32) {
+        size_shared(sc.x_half, N * Cs, "x_half");
+        size_shared(sc.w_half, Cs * Es, "w_half");
+    }
     if (noisy_) {
         size_shared(sc.dnoise_logits, N * Es, "dnoise_logits");
         size_shared(sc.dnoisy, N * Es, "dnoisy");
@@ -245,15 +249,39 @@ double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts
 void Router::gate_linear_forward(float* out, const float* x, const float* w, int N) const {
     if (gate_.fp64) {
         kernels::linear_forward_f64(out, x, w, nullptr, N, C_, E_);
+    } else if (gate_.half != Dtype::float32) {
+        // the half product with float32 accumulation on the operands rounded: by its own 16-bit
+        // conversion, or into the shared scratch (the weight stays float32: the optimizer's)
+        if (!kernels::half_products_convert(gate_.half)) {
+            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * E_;
+            kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
+            kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
+            x = scr_->x_half.data();
+            w = scr_->w_half.data();
+        }
+        kernels::linear_forward_half(gate_.half, out, x, w, nullptr, N, C_, E_);
     } else {
         kernels::linear_forward(out, x, w, nullptr, N, C_, E_);
     }
 }
 
-void Router::gate_linear_backward(float* dx, float* dw, const float* dout, const float* x,
-                                  const float* w, int N) const {
+void Router::gate_linear_backward(float* dx, float* dw, float* dout, const float* x, const float* w,
+                                  int N) const {
     if (gate_.fp64) {
         kernels::linear_backward_f64(dx, dw, nullptr, dout, x, w, N, C_, E_);
+    } else if (gate_.half != Dtype::float32) {
+        // as forward; without the 16-bit conversion the logits' gradient is rounded in place
+        // (nothing reads it after this), the input and weight again into the scratch (another
+        // layer's forward may have used it since)
+        if (!kernels::half_products_convert(gate_.half)) {
+            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * E_;
+            kernels::round_inplace(dout, static_cast<size_t>(N) * E_, gate_.half);
+            kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
+            kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
+            x = scr_->x_half.data();
+            w = scr_->w_half.data();
+        }
+        kernels::linear_backward_half(gate_.half, dx, dw, nullptr, dout, x, w, N, C_, E_);
     } else {
         kernels::linear_backward(dx, dw, nullptr, dout, x, w, N, C_, E_);
     }

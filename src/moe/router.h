@@ -12,6 +12,7 @@
 
 #include "config/enums.h"
 #include "core/buffer.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "dist/parallel.h"
 #include "moe/balance_bias.h"
@@ -44,6 +45,10 @@ struct GateConfig {
     // precision.router = "fp64": the logits and their gradients with every product and sum in
     // double (kernels/mixed.h linear_*_f64), rounded to float once; float32 GEMMs otherwise.
     bool fp64 = false;
+    // precision.router = "half" in a mixed-precision run: the half type the logits' products
+    // round their operands to (input, weight and, in backward, the logits' gradient), with
+    // float32 accumulation (kernels/mixed.h linear_*_half); float32 otherwise.
+    Dtype half = Dtype::float32;
     // Node-limited routing (model.route_nodes, route_groups): the choice keeps to the token's
     // route_nodes best of route_groups expert groups (gate.h limit_to_groups). 0 = unlimited.
     int route_nodes  = 0;
@@ -87,6 +92,8 @@ struct RouterScratch {
     Buffer<float> dlogits;                // (N, E)
     Buffer<float> dnoise_logits, dnoisy;  // (N, E) noisy gate
     Buffer<float> dx_noise;               // (N, C) noisy gate
+    Buffer<float> x_half,
+        w_half;  // (N, C), (C, E) rounded operands (GateConfig::half, float products)
 };
 
 // A buffer several layers of one shape share (RouterScratch, MoEScratch): the first layer
@@ -139,10 +146,11 @@ class Router {
     const BalanceBias& balance_bias() const { return bias_; }
 
    private:
-    // The gate's (and the noisy gate's noise) linear layer, in the arithmetic of gate_.fp64.
+    // The gate's (and the noisy gate's noise) linear layer, in the arithmetic of gate_.fp64 /
+    // gate_.half (backward rounds dout in place under half).
     void gate_linear_forward(float* out, const float* x, const float* w, int N) const;
-    void gate_linear_backward(float* dx, float* dw, const float* dout, const float* x,
-                              const float* w, int N) const;
+    void gate_linear_backward(float* dx, float* dw, float* dout, const float* x, const float* w,
+                              int N) const;
     void swipe_rounds(int N);
     // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
     void override_routes(int N, int64_t tok0);

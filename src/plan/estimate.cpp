@@ -188,13 +188,16 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
     const double pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
+    // the router: float32 products, or bf16 ones under precision.router = "half"
+    const double peak_gate =
+        prec.router_dtype() == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;
     linear("gemm: attention projections", N, 3 * C, C, m.n_layer, pa);
     linear("gemm: attention projections", N, C, C, m.n_layer, pa);
     linear("gemm: dense MLP", N, F, C, n_dense, pf);
     linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, E, C, n_moe, peak_rank);
+        linear("gemm: MoE gate", N, E, C, n_moe, peak_gate);
         linear("gemm: experts", rows, FE, C, n_moe * El, pf, peak_rank);
         linear("gemm: experts", rows, C, FE, n_moe * El, pf, peak_rank);
         if (fp.moe_rounds > 1) {
@@ -229,7 +232,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     forward_again(N, C, F, rc.dense_mlps, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;
-        forward_again(N, E, C, rc.moe_layers, peak_rank);
+        forward_again(N, E, C, rc.moe_layers, peak_gate);
         forward_again(rows, FE, C, rc.moe_layers * El, peak_rank);
         forward_again(rows, C, FE, rc.moe_layers * El, peak_rank);
         const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
@@ -297,6 +300,15 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             const double S = m.n_shared_experts, FS = m.shared_width();
             b += n_moe * 6 *
                  (2 * RK * (C + FE) + 4 * El * FE * C + S * (2 * N * (C + FS) + 4 * FS * C));
+        }
+        if (n_moe > 0 && prec.router_dtype() != Dtype::float32) {
+            // moe/router.cpp under precision.router = "half": bf16 converts the input and the
+            // weight forward and backward (again in a recomputed forward) and the logits'
+            // gradient to 16 bits, as for the dense products; fp16 (float products) rounds them
+            // into copies, the logits' gradient in place
+            const double CE = C * E, NE = N * E;
+            const double per = prec.router_dtype() == Dtype::bfloat16 ? 6 : 8;
+            b += per * ((n_moe * 2 + rc.moe_layers) * (NC + CE) + n_moe * NE);
         }
         bytes("precision casts", A * b);
     }

@@ -201,6 +201,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                 w   = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
             }
         }
+        // the router's products under precision.router = "half" (moe/router.cpp)
+        if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
+            const double E = m.n_experts;
+            inp            = std::max(inp, N * C);
+            w              = std::max(w, C * E);
+            dout           = std::max(dout, N * E);
+        }
         // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
         half_linear(
             model::LayerClass::head, C, V,
@@ -223,6 +230,10 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // only when the budget is below it (SWIPE in training keeps it exactly balanced)
     f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R_round)) : 1;
     mem.activations += n_moe * moe.activations + (n_moe > 0 ? moe.scratch : 0);
+    // moe::RouterScratch x_half, w_half: precision.router = "half" rounds the gate's input and
+    // weight into them (one pair for all the layers)
+    if (n_moe > 0 && prec.router_dtype() != Dtype::float32)
+        mem.activations += buf(N * C, 4) + buf(C * static_cast<double>(m.n_experts), 4);
     if (rc != Recompute::none && n_moe > 1) mem.activations -= (n_moe - 1) * moe.layer_buffers;
     // collectives of the forward: one more for each MoE layer backward runs again
     const double n_fwd = n_moe + model::recomputed(m, rc).moe_layers;

@@ -128,7 +128,7 @@ TEST_F(BadInputTest, GateSettings) {
     expect_error(base + " --set parallel.a2a_chunks=0", {"parallel.a2a_chunks = 0", ">= 1"});
     expect_error(base + " --set parallel.a2a_grid=-2", {"parallel.a2a_grid = -2", ">= 0"});
     expect_error(base + " --set precision.router=fp16",
-                 {"precision.router", "\"fp32\" or \"fp64\""});
+                 {"precision.router", "\"fp32\", \"fp64\" or \"half\""});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});
     expect_error(base + " --set model.moe_rows_budget=-1", {"model.moe_rows_budget = -1", ">= 0"});
     expect_error(base + " --set model.route_nodes=1",

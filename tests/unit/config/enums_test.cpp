@@ -36,8 +36,9 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
     expect_round_trip<Partition>(
         "optimizer.partition",
         {{"auto", Partition::automatic}, {"on", Partition::on}, {"off", Partition::off}});
-    expect_round_trip<RouterPrecision>(
-        "precision.router", {{"fp32", RouterPrecision::fp32}, {"fp64", RouterPrecision::fp64}});
+    expect_round_trip<RouterPrecision>("precision.router", {{"fp32", RouterPrecision::fp32},
+                                                            {"fp64", RouterPrecision::fp64},
+                                                            {"half", RouterPrecision::half}});
     expect_round_trip<Resume>("checkpoint.resume",
                               {{"never", Resume::never}, {"auto", Resume::automatic}});
     expect_round_trip<Recompute>(

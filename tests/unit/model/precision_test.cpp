@@ -64,6 +64,15 @@ TEST(PrecisionPolicy, StorageDtypePerLayerClass) {
     PrecisionSection r64;
     r64.router = RouterPrecision::fp64;
     EXPECT_EQ(PrecisionPolicy::from_config(r64).describe(), "fp32, fp64 router");
+    // router = "half": the run's half type in mixed precision, float32 in an fp32 run
+    PrecisionSection rh;
+    rh.router = RouterPrecision::half;
+    EXPECT_EQ(PrecisionPolicy::from_config(rh).router_dtype(), Dtype::float32);
+    EXPECT_EQ(PrecisionPolicy::from_config(rh).describe(), "fp32");
+    rh.dtype = Dtype::bfloat16;
+    EXPECT_EQ(PrecisionPolicy::from_config(rh).router_dtype(), Dtype::bfloat16);
+    EXPECT_EQ(PrecisionPolicy::from_config(rh).describe(),
+              "bf16: embedding O0, attention O1, ffn O2, head O1, half router");
 }
 
 struct Batch {

@@ -7,10 +7,13 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../common/tiny_model.h"
+#include "core/dtype.h"
 #include "core/rng.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
 #include "model/precision.h"
@@ -288,6 +291,82 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
     model::PrecisionPolicy prec;
     prec.router_fp64 = true;
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate.", prec), 1) << "the gate weight";
+}
+
+// precision.router = "half": the gate's products take operands rounded to the half type, with
+// float32 accumulation. Forward: the logits are those of a float32 router fed the rounded input
+// and weight (the same products; float32 sums in another order where the CPU multiplies in
+// 16 bits), and differ from the unrounded ones. Backward rounds the logits' gradient as well:
+// the gate's gradient within the half type's relative precision of the float32 router's, and
+// not equal to it. The float32 gate weight itself is never rounded. bf16 also on 16-bit copies
+// (kernels::force_16bit_operands), the path of a CPU with 16-bit arithmetic.
+TEST(RouterHalfTest, ProductsOfRoundedOperands) {
+    const int N = 13, C = 32, F = 12, E = 8, K = 2;
+    const std::pair<Dtype, bool> cases[] = {
+        {Dtype::bfloat16, false}, {Dtype::bfloat16, true}, {Dtype::float16, false}};
+    for (const auto& [d, copies] : cases) {
+        SCOPED_TRACE(std::string(dtype_name(d)) + (copies ? ", 16-bit copies" : ""));
+        kernels::force_16bit_operands(copies);
+        Rng rng(23);
+        MoEShape sh{C, F, E, K, 0.01}, s32{C, F, E, K, 0.01};
+        sh.gate.half = d;
+        MoELayer h(sh, N), r(s32, N), f(s32, N);
+        RandomMoE w(rng, C, F, E);
+        const std::vector<float> gate0 = w.gate;
+        const auto inp = normal(size_t(N) * C, rng), dout = normal(size_t(N) * C, rng);
+        std::vector<float> inp_r = inp;
+        RandomMoE wr             = w;  // its weights rounded, pointing at its own vectors
+        wr.w.gate_w              = wr.gate.data();
+        wr.w.experts             = {wr.fc_w.data(), wr.fc_b.data(), wr.pw.data(),  wr.pb.data(),
+                                    size_t(F) * C,  size_t(F),      size_t(C) * F, size_t(C)};
+        for (float& x : inp_r) x = round_to(d, x);
+        for (float& x : wr.gate) x = round_to(d, x);
+        std::vector<float> yh(inp.size()), yr(inp.size()), yf(inp.size());
+        h.forward(yh.data(), inp.data(), w.w, N);
+        r.forward(yr.data(), inp_r.data(), wr.w, N);
+        f.forward(yf.data(), inp.data(), w.w, N);
+        double most_from_unrounded = 0;
+        for (int i = 0; i < N * K; ++i) {
+            ASSERT_EQ(h.expert_idx()[i], r.expert_idx()[i]) << i;
+            // weights of logits that are length-32 float32 sums of exact products: ~1e-6
+            EXPECT_NEAR(h.probs()[i], r.probs()[i], 1e-5) << i;
+            if (h.expert_idx()[i] == f.expert_idx()[i])
+                most_from_unrounded =
+                    std::max<double>(most_from_unrounded, std::fabs(h.probs()[i] - f.probs()[i]));
+        }
+        EXPECT_GT(most_from_unrounded, 1e-4) << "the operands were rounded";
+
+        std::vector<float> dgh(size_t(E) * C), dgf(dgh.size()), dxh(inp.size()), dxf(inp.size());
+        std::vector<float> eh(w.fc_w.size() + w.fc_b.size() + w.pw.size() + w.pb.size()), ef = eh;
+        auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
+            MoEGrads gr;
+            gr.gate_w  = g.data();
+            float* p   = e.data();
+            gr.experts = {p,
+                          p + w.fc_w.size(),
+                          p + w.fc_w.size() + w.fc_b.size(),
+                          p + w.fc_w.size() + w.fc_b.size() + w.pw.size(),
+                          size_t(F) * C,
+                          size_t(F),
+                          size_t(C) * F,
+                          size_t(C)};
+            return gr;
+        };
+        MoEGrads gh = grads(dgh, eh), gf = grads(dgf, ef);
+        h.backward(dxh.data(), gh, dout.data(), inp.data(), w.w, 1.0);
+        f.backward(dxf.data(), gf, dout.data(), inp.data(), w.w, 1.0);
+        double scale = 0, err = 0;
+        for (size_t i = 0; i < dgh.size(); ++i) {
+            scale = std::max<double>(scale, std::fabs(dgf[i]));
+            err   = std::max<double>(err, std::fabs(dgh[i] - dgf[i]));
+        }
+        // operands with 8 (bf16) or 11 (fp16) significant bits, sums of 13 products: a few
+        // 2^-8 of the largest element at most; and the rounding shows
+        EXPECT_LT(err, 0.05 * scale);
+        EXPECT_GT(err, 0.0);
+        EXPECT_EQ(w.gate, gate0) << "the float32 weight is not rounded";
+        kernels::force_16bit_operands(false);
+    }
 }
 
 // sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)

@@ -175,11 +175,13 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         double bias;
         int route_nodes;
         RouterScore score = RouterScore::softmax;  // sigmoid: the logits kept per layer
+        bool half_router  = false;  // fp16 with precision.router = "half": its rounded operands
     };
     for (const Case g : {Case{moe::GateKind::topk, 0.0, 0}, Case{moe::GateKind::topk, 0.01, 2},
                          Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid},
                          Case{moe::GateKind::swipe, 0.01, 0}, Case{moe::GateKind::noisy, 0.0, 0},
-                         Case{moe::GateKind::noisy, 0.01, 0}}) {
+                         Case{moe::GateKind::noisy, 0.01, 0},
+                         Case{moe::GateKind::topk, 0.0, 0, RouterScore::softmax, true}}) {
         TrainConfig c              = small_config(1, 256);  // every block MoE, 256 experts
         c.model.d_model            = 32;
         c.model.d_ff               = 16;
@@ -191,7 +193,11 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         c.model.route_groups       = g.route_nodes > 0 ? 4 : 0;
         c.model.router_z_loss_coef = 0.001;
         c.model.jitter             = 0.01;
-        const Footprint f          = footprint(c, layout_of(c, 1, 1), 0, 0);
+        if (g.half_router) {
+            c.precision.dtype  = Dtype::float16;
+            c.precision.router = RouterPrecision::half;
+        }
+        const Footprint f = footprint(c, layout_of(c, 1, 1), 0, 0);
         // the model's tensor table (names and shapes of 3 x 256 x 4 expert tensors, 0.3 MiB
         // here) is not among the planner's buffers; at scale a rank holds few experts
         double table = allocated_bytes();
@@ -210,7 +216,7 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         const double predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
         EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
             << name_of(g.gate) << " " << name_of(g.score) << " bias " << g.bias << " route_nodes "
-            << g.route_nodes;
+            << g.route_nodes << (g.half_router ? " fp16, half router" : "");
     }
 }
 
@@ -586,6 +592,38 @@ TEST(PlanTime, ExpertExchangesHideBehindTheExperts) {
     EXPECT_NEAR(beside, std::min(0.5 * ds, ss / 3) + std::min(0.5 * ds, 2 * ss / 3), 1e-15);
     c.parallel.overlap_shared = false;
     EXPECT_EQ(std::get<0>(run(c)), 0.0);
+}
+
+// precision.router = "half": in a bf16 run the gate's three products are timed at the half
+// peak (4x the float32 one here: a quarter of the time) and its casts are counted; an fp32 run
+// and a run with the float32 router keep them at the float32 peak.
+TEST(PlanTime, HalfRouterRunsAtTheHalfPeak) {
+    TrainConfig c = small_config(1, 64);
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.peak_half_gflops     = 400;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    auto terms                     = [&](Dtype d, RouterPrecision r) {
+        c.precision.dtype  = d;
+        c.precision.router = r;
+        const Estimate e   = estimate(footprint(c, layout_of(c, 1, 1), 0, 0), c, mach);
+        double gate = 0, casts = 0;
+        for (const Term& t : e.compute) {
+            if (t.name == "gemm: MoE gate") gate = t.seconds;
+            if (t.name == "precision casts") casts = t.seconds;
+        }
+        return std::pair{gate, casts};
+    };
+    const auto [g32, c32]   = terms(Dtype::float32, RouterPrecision::half);
+    const auto [gbf, cbf]   = terms(Dtype::bfloat16, RouterPrecision::fp32);
+    const auto [ghalf, chf] = terms(Dtype::bfloat16, RouterPrecision::half);
+    ASSERT_GT(g32, 0);
+    EXPECT_DOUBLE_EQ(gbf, g32);
+    EXPECT_NEAR(ghalf, g32 / 4, 1e-12 * g32);
+    EXPECT_EQ(c32, 0.0);
+    EXPECT_GT(chf, cbf);
 }
 
 TEST(PlanTime, GemmEfficiencyInterpolates) {
