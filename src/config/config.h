@@ -212,7 +212,8 @@ struct PrecisionSection {
     Level head          = Level::O1;       // ln_f, the LM head GEMM (its weight is wte)
     bool fp64_sensitive = false;           // softmax, layernorm, gelu, exp, sqrt, loss in FP64
     // The MoE router's weights are float32 at every level; its logits and their gradients are
-    // computed in float32 (fp32) or with every product and sum in double (fp64).
+    // computed in float32 (fp32), with every product and sum in double (fp64), or from operands
+    // rounded to the half dtype with float32 accumulation (half; fp32 when dtype is fp32).
     RouterPrecision router = RouterPrecision::fp32;
     // ParO's gradient reduce-scatter of the half-stored tensors (O2 and up): float32, or in
     // their half type with online averaging (16-bit payloads, float32 folds; docs/precision.md)
