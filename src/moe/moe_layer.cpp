@@ -32,9 +32,9 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
       El_(s.E),
       par_(par),
       router_(s.C, s.E, s.K, s.aux_coef, s.gate, max_tokens, par,
-              scratch ? scratch->router : nullptr),
-      buf_(shared ? std::move(shared) : std::make_shared<MoEBuffers>()),
-      scr_(scratch ? scratch : std::make_shared<MoEScratch>()) {  // not moved: router_ reads it
+              scratch ? scratch->router : nullptr, shared ? shared->router : nullptr),
+      buf_(shared ? shared : std::make_shared<MoEBuffers>()),
+      scr_(scratch ? scratch : std::make_shared<MoEScratch>()) {  // not moved: router_ reads them
     const int ep = par ? par->ep_size() : 1;
     BGL_CHECK(s.E % ep == 0, "{} experts over {} ranks", s.E, ep);
     El_            = s.E / ep;

@@ -79,18 +79,20 @@ int64_t max_local_rows(int64_t max_tokens, int K, int ep);
 int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 
 // The routing, permuted rows and expert activations a layer keeps from forward to backward:
-// everything of the layer's state but the Router's and its backward scratch. Layers of one
-// shape may share one set when each layer's forward is run again right before its backward
-// (train.recompute, model/gpt.h); the Router, whose statistics the trainer reads after forward,
-// stays per layer, and so do the few small per-round plans and sums (a forward run again
-// rebuilds its plan; backward zeroes its sums). With several rounds, each layer's backward runs
-// its rounds' expert forward again anyway, from the rows kept here.
+// everything of the layer's state but the Router's (except its (N, E) arrays, RouterKept) and
+// its backward scratch. Layers of one shape may share one set when each layer's forward is run
+// again right before its backward (train.recompute, model/gpt.h); the rest of the Router, whose
+// routing and statistics the trainer reads after forward, stays per layer, and so do the few
+// small per-round plans and sums (a forward run again rebuilds its plan; backward zeroes its
+// sums). With several rounds, each layer's backward runs its rounds' expert forward again
+// anyway, from the rows kept here.
 struct MoEBuffers {
     Buffer<int32_t> row_of, token_of_row, offsets;
     Buffer<float> x_perm, y_perm, x_local, h, y_local;
     Buffer<uint16_t> h16;  // h in 16 bits (MoEShape::prec.act a half type; h is empty then)
     Buffer<float> ys, hs;  // shared experts
     Buffer<uint16_t> hs16;
+    std::shared_ptr<RouterKept> router = std::make_shared<RouterKept>();
 };
 // A layer's backward working set: written and read within one layer's backward (dh and dhs also
 // hold the GELU outputs within a forward, dxs a shared expert's output; the GELU outputs are not

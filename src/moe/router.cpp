@@ -34,7 +34,8 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
 }
 
 Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
-               dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch)
+               dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch,
+               std::shared_ptr<RouterKept> kept)
     : C_(C),
       E_(E),
       K_(K),
@@ -43,7 +44,8 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
       par_(par),
       bias_(E),
       scr_(scratch ? std::move(scratch) : std::make_shared<RouterScratch>()),
-      logits_(gate.kind == GateKind::noisy || gate.score == RouterScore::sigmoid ? own_logits_
+      kept_(kept ? std::move(kept) : std::make_shared<RouterKept>()),
+      logits_(gate.kind == GateKind::noisy || gate.score == RouterScore::sigmoid ? kept_->logits
                                                                                  : scr_->logits),
       preference_(gate.kind == GateKind::noisy ? own_preference_ : scr_->preference) {
     const size_t N = static_cast<size_t>(max_tokens), Es = static_cast<size_t>(E),
@@ -53,23 +55,24 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
         x_jit_ = Buffer<float>(N * Cs);
         jit_   = Buffer<float>(N * Cs);
     }
-    softmax_full_ = Buffer<float>(N * Es);
+    RouterKept& kp = *kept_;  // sized as the shared scratch below
+    size_shared(kp.softmax, N * Es, "softmax");
     // the ranking's columns: every expert for SWIPE (it may move a token anywhere), K + 1 for the
     // noisy gate's load, K otherwise (forward's R at most)
     const size_t R = gate.kind == GateKind::swipe ? Es : noisy_ ? std::min(Ks + 1, Es) : Ks;
     if (noisy_) {
-        noise_logits_   = Buffer<float>(N * Es);
-        eps_            = Buffer<float>(N * Es);
-        noisy_logits_   = Buffer<float>(N * Es);
-        load_prob_      = Buffer<float>(N * Es);
+        size_shared(kp.noise_logits, N * Es, "noise_logits");
+        size_shared(kp.eps, N * Es, "eps");
+        size_shared(kp.noisy_logits, N * Es, "noisy_logits");
+        size_shared(kp.load_prob, N * Es, "load_prob");
         own_preference_ = Buffer<int32_t>(N * R);
         if (gate.balance_bias) load_pref_ = Buffer<int32_t>(N * R);
     }
     // the shared scratch: sized by the first router, every other one of the same shape
     RouterScratch& sc = *scr_;
     size_shared(sc.dlogits, N * Es, "dlogits");
-    if (&logits_ == &own_logits_) {
-        own_logits_ = Buffer<float>(N * Es);
+    if (&logits_ == &kp.logits) {
+        size_shared(kp.logits, N * Es, "kept logits");
     } else {
         size_shared(sc.logits, N * Es, "logits");
     }

@@ -96,6 +96,16 @@ struct RouterScratch {
         w_half;  // (N, C), (C, E) rounded operands (GateConfig::half, float products)
 };
 
+// What a router keeps from its forward to its backward that grows with N x E: per layer, or
+// one set for the layers of a model when each layer's forward runs again right before its
+// backward (train.recompute; moe_layer.h MoEBuffers). The rest of the router's state (the
+// routing, its weights and statistics, which the trainer reads after forward) stays per layer.
+struct RouterKept {
+    Buffer<float> logits;   // (N, E) the sigmoid and noisy gates' clean logits
+    Buffer<float> softmax;  // (N, E) the softmax of the clean logits
+    Buffer<float> noise_logits, eps, noisy_logits, load_prob;  // (N, E) noisy gate
+};
+
 // A buffer several layers of one shape share (RouterScratch, MoEScratch): the first layer
 // allocates its n elements, every other checks that it needs the same n.
 template <typename T>
@@ -114,10 +124,12 @@ double routing_uniform(uint64_t seed, int64_t step, int layer, int stream, int64
 
 class Router {
    public:
-    // C model width, E experts, K = top_k. par: nullptr for one process. scratch: shared with
-    // the other layers' routers (sized by the first), or nullptr for the router's own.
+    // C model width, E experts, K = top_k. par: nullptr for one process. scratch, kept: shared
+    // with the other layers' routers (sized by the first), or nullptr for the router's own;
+    // share `kept` only between layers whose forward runs again before their backward.
     Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int max_tokens,
-           dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch = nullptr);
+           dist::ParallelContext* par, std::shared_ptr<RouterScratch> scratch = nullptr,
+           std::shared_ptr<RouterKept> kept = nullptr);
     // Not copied or moved: logits_ and preference_ may refer to the router's own buffers.
     Router(const Router&)            = delete;
     Router& operator=(const Router&) = delete;
@@ -172,13 +184,16 @@ class Router {
     RoutingStats stats_;
     BalanceBias bias_;
     std::shared_ptr<RouterScratch> scr_;
+    std::shared_ptr<RouterKept> kept_;
     Buffer<int32_t> own_preference_;  // the noisy gate's ranking, read by its backward
-    Buffer<float> own_logits_;        // the sigmoid and noisy gates' logits, read by backward
     // saved for backward
-    Buffer<float> x_jit_, jit_;   // (N, C) jittered input and its factors
-    Buffer<float>& logits_;       // (N, E) clean logits: own_logits_ or the scratch's
-    Buffer<float> softmax_full_;  // (N, E) their softmax
-    Buffer<float> noise_logits_, eps_, noisy_logits_, load_prob_;  // (N, E), noisy gate
+    Buffer<float> x_jit_, jit_;  // (N, C) jittered input and its factors
+    Buffer<float>& logits_;  // (N, E) clean logits: kept (sigmoid, noisy gates) or the scratch's
+    Buffer<float>& softmax_full_ = kept_->softmax;       // (N, E) their softmax
+    Buffer<float>& noise_logits_ = kept_->noise_logits;  // (N, E), noisy gate
+    Buffer<float>& eps_          = kept_->eps;
+    Buffer<float>& noisy_logits_ = kept_->noisy_logits;
+    Buffer<float>& load_prob_    = kept_->load_prob;
     Buffer<int32_t>& preference_;  // (N, R) best experts first: own_preference_ or scratch
     Buffer<float>& biased_  = scr_->biased;   // (N, E) route + bias: the scores the choice ranks
     Buffer<float>& limited_ = scr_->limited;  // (N, E) the choice scores limited to groups

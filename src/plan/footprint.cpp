@@ -76,10 +76,12 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     double& s = b.layer_buffers;  // moe::MoEBuffers, counted in activations too
     // moe/router.cpp Router::Router: per layer, and its scratch shared by the layers
     const bool noisy = m.gate == moe::GateKind::noisy;
-    double& d        = b.scratch;        // moe::MoEScratch, one for all layers
-    a += buf(N * E, 4) + buf(N * K, 4);  // softmax_full_, probs_
-    // logits_: the sigmoid and noisy gates' backward reads them, the softmax gates' does not
-    (noisy || m.router_score == RouterScore::sigmoid ? a : d) += buf(N * E, 4);
+    double& d        = b.scratch;  // moe::MoEScratch, one for all layers
+    // moe::RouterKept (softmax; the sigmoid and noisy gates' logits, which their backward reads;
+    // the noisy gate's four arrays below): per layer, one set under recompute as MoEBuffers
+    s += buf(N * E, 4);  // softmax
+    a += buf(N * K, 4);  // probs_
+    (noisy || m.router_score == RouterScore::sigmoid ? s : d) += buf(N * E, 4);
     a += buf(N * K, 4) + buf(E, 4);                   // expert_idx_, tokens_per_expert_
     a += 2 * buf(N * K, 4) + buf(N * K, 1);           // selected_, dprobs_aux_, reassigned_
     a += buf(N, 8);                                   // entropy_
@@ -90,7 +92,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     if (m.route_nodes > 0) d += buf(N * E, 4);        // limited
     if (noisy) {
         const double R1 = std::min(K + 1, E);
-        a += 4 * buf(N * E, 4) + buf(N * R1, 4);  // noise logits, eps, noisy logits, load prob
+        s += 4 * buf(N * E, 4);  // noise logits, eps, noisy logits, load prob
+        a += buf(N * R1, 4);     // the ranking
         if (m.balance_bias_rate > 0) a += buf(N * R1, 4);  // load_pref_
         d += 2 * buf(N * E, 4) + buf(N * C, 4);            // dnoise_logits, dnoisy, dx_noise
     } else {
@@ -215,7 +218,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         mem.activations += 2 * (inp + w + dout);
     }
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
-    // one set of MoE buffers between the layers (the routers stay per layer)
+    // one set of MoE buffers between the layers (the routers' (N, E) arrays among them)
     const Recompute rc = cfg.train.recompute;
     mem.activations += static_cast<double>(model::activation_floats(
                            m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0,

@@ -166,10 +166,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_
 // model.moe_rows_budget, > 0 = that row budget instead.
 struct MoEBytes {
     double activations = 0;
-    double layer_buffers =
-        0;  // of activations: moe::MoEBuffers, shared by the layers under recompute
-    double scratch      = 0;  // moe::MoEScratch, not in activations: one for all the layers
-    double comm_buffers = 0;
+    // of activations: moe::MoEBuffers (with the router's RouterKept), shared by the layers
+    // under recompute
+    double layer_buffers = 0;
+    double scratch       = 0;  // moe::MoEScratch, not in activations: one for all the layers
+    double comm_buffers  = 0;
 };
 // half_act: the experts' activations hold half values (ffn at O2 and above): the all-to-alls
 // carry 16-bit rows, through two more staging buffers of half the float staging's bytes each,

@@ -101,6 +101,15 @@ INSTANTIATE_TEST_SUITE_P(AllGates, GptRecomputeGates,
                                            GateKind::noisy, GateKind::swipe),
                          [](const auto& p) { return std::string(name_of(p.param)); });
 
+// Sigmoid scores: their backward reads the logits, which the layers share (moe::RouterKept)
+// when their forward runs again.
+TEST(GptRecompute, BitwiseSameWithSigmoidScores) {
+    ModelConfig m   = two_moe_config(GateKind::topk);
+    m.router_score  = RouterScore::sigmoid;
+    m.aux_loss_coef = 0;
+    expect_bitwise_same(m, PrecisionPolicy{});
+}
+
 TEST(GptRecompute, BitwiseSameUnderTheBf16Policy) {
     expect_bitwise_same(two_moe_config(GateKind::noisy), bf16_policy());
 }

@@ -176,12 +176,16 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         int route_nodes;
         RouterScore score = RouterScore::softmax;  // sigmoid: the logits kept per layer
         bool half_router  = false;  // fp16 with precision.router = "half": its rounded operands
+        Recompute rc      = Recompute::none;  // moe: one RouterKept for all the layers
     };
-    for (const Case g : {Case{moe::GateKind::topk, 0.0, 0}, Case{moe::GateKind::topk, 0.01, 2},
-                         Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid},
-                         Case{moe::GateKind::swipe, 0.01, 0}, Case{moe::GateKind::noisy, 0.0, 0},
-                         Case{moe::GateKind::noisy, 0.01, 0},
-                         Case{moe::GateKind::topk, 0.0, 0, RouterScore::softmax, true}}) {
+    for (const Case g :
+         {Case{moe::GateKind::topk, 0.0, 0}, Case{moe::GateKind::topk, 0.01, 2},
+          Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid},
+          Case{moe::GateKind::swipe, 0.01, 0}, Case{moe::GateKind::noisy, 0.0, 0},
+          Case{moe::GateKind::noisy, 0.01, 0},
+          Case{moe::GateKind::topk, 0.0, 0, RouterScore::softmax, true},
+          Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid, false, Recompute::moe},
+          Case{moe::GateKind::noisy, 0.0, 0, RouterScore::softmax, false, Recompute::moe}}) {
         TrainConfig c              = small_config(1, 256);  // every block MoE, 256 experts
         c.model.d_model            = 32;
         c.model.d_ff               = 16;
@@ -197,6 +201,7 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
             c.precision.dtype  = Dtype::float16;
             c.precision.router = RouterPrecision::half;
         }
+        c.train.recompute = g.rc;
         const Footprint f = footprint(c, layout_of(c, 1, 1), 0, 0);
         // the model's tensor table (names and shapes of 3 x 256 x 4 expert tensors, 0.3 MiB
         // here) is not among the planner's buffers; at scale a rank holds few experts
@@ -209,14 +214,15 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         double during       = 0;
         {
             model::GPT gpt(c.model, static_cast<int>(c.micro_batch(1)), nullptr, 1,
-                           model::PrecisionPolicy::from_config(c.precision));
+                           model::PrecisionPolicy::from_config(c.precision), 0, g.rc);
             during = allocated_bytes() - before - table;
         }
         const Memory& m      = f.memory;
         const double predict = m.parameters + m.gradients + m.activations + m.comm_buffers;
         EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
             << name_of(g.gate) << " " << name_of(g.score) << " bias " << g.bias << " route_nodes "
-            << g.route_nodes << (g.half_router ? " fp16, half router" : "");
+            << g.route_nodes << (g.half_router ? " fp16, half router" : "") << " recompute "
+            << name_of(g.rc);
     }
 }
 
