@@ -375,6 +375,7 @@ void validate_limits(const TrainConfig& c) {
     at_most("model.capacity_factor", m.capacity_factor, 1e6, "a multiple of the fair share");
     at_most("model.route_groups", m.route_groups, 1 << 24, "groups of experts");
     at_most("model.route_nodes", m.route_nodes, 1 << 24, "groups of experts");
+    at_most("model.product_keys", m.product_keys, 1 << 24, "product-key rows");
     at_most("model.balance_bias_rate", m.balance_bias_rate, 1.0, "a step of the routing bias");
     at_most("model.init_std", m.init_std, 10.0, "initial weights' standard deviation");
 
@@ -515,6 +516,22 @@ void validate(const TrainConfig& c) {
                 "{}: model.route_nodes needs model.gate = \"topk\", \"switch\" or \"gshard\" "
                 "(model.gate = \"{}\" may move a token to any expert)",
                 src, name_of(m.gate));
+        }
+    }
+    if (m.product_keys < 0)
+        input_error("{}: model.product_keys = {}: must be >= 0", src, m.product_keys);
+    if (m.moe_every > 0 && m.product_keys > 0) {
+        if (m.n_experts % m.product_keys != 0) {
+            input_error(
+                "{}: model.product_keys = {} must divide model.n_experts = {} (expert a E2 + b "
+                "has key rows a and b, E2 = n_experts / product_keys)",
+                src, m.product_keys, m.n_experts);
+        }
+        if (m.gate == GateKind::noisy) {
+            input_error(
+                "{}: model.product_keys needs a gate without a noise weight (model.gate = "
+                "\"noisy\" has one row per expert)",
+                src);
         }
     }
     if (!(m.moe_rows_budget >= 0)) {

@@ -41,6 +41,11 @@ struct ModelConfig {
     // by the sum of their top ceil(K / route_nodes) choice scores. 0 = unlimited.
     int route_nodes  = 0;
     int route_groups = 0;
+    // Product-key gate: the router's logit of expert e = a E2 + b is u_a . x + v_b . x, with
+    // product_keys rows u and E2 = n_experts / product_keys rows v (docs/model.md, "Product-key
+    // gate"): 2 C (product_keys + E2) FLOPs and weights per token and layer instead of 2 C E.
+    // 0 = one weight row per expert.
+    int product_keys = 0;
     double init_std  = 0.02;
     // Rows each rank's local experts take per round, as a multiple of the balanced load (the
     // N*K rows a rank sends); more arriving rows are processed in further rounds through the
@@ -56,6 +61,10 @@ struct ModelConfig {
     int head_size() const { return d_model / n_head; }
     int shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
     int expert_width() const { return expert_d_ff > 0 ? expert_d_ff : d_ff; }
+    // Rows of the gate's weight: E, or the product keys' u and v rows.
+    int gate_rows() const {
+        return product_keys > 0 ? product_keys + n_experts / product_keys : n_experts;
+    }
 };
 
 // Every [model] key once, in order: v(key, field, inference), where inference says whether the
@@ -92,6 +101,8 @@ void visit_model_fields(M& m, V&& v) {
     // change the routing; absent from models exported before them, which had no limit
     v("route_nodes", m.route_nodes, false);
     v("route_groups", m.route_groups, false);
+    // changes the gate's weight; absent from models exported before it, which had none
+    v("product_keys", m.product_keys, false);
     v("init_std", m.init_std, false);
     v("moe_rows_budget", m.moe_rows_budget, false);
     v("route_override", m.route_override, false);

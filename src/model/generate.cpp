@@ -33,6 +33,7 @@ Generator::Generator(const ModelConfig& cfg, const float* params, moe::BalanceBi
     logits_      = Buffer<float>(static_cast<size_t>(cfg.vocab_size));
     scores_      = Buffer<float>(T);
     gate_logits_ = Buffer<float>(static_cast<size_t>(std::max(cfg.n_experts, 1)));
+    if (cfg.product_keys > 0) gate_keys_ = Buffer<float>(static_cast<size_t>(cfg.gate_rows()));
     order_.resize(static_cast<size_t>(std::max(cfg.n_experts, 1)));
     choice_.resize(order_.size());
     limited_.resize(order_.size());
@@ -97,7 +98,14 @@ const float* Generator::step(int32_t token) {
         };
         if (cfg_.is_moe_block(l)) {
             const int E = cfg_.n_experts, K = cfg_.top_k, FE = cfg_.expert_width();
-            linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
+            if (cfg_.product_keys > 0) {  // the keys' scores, then their sums (moe/gate.h)
+                linear_forward(gate_keys_.data(), ln_.data(), w.gate_w, nullptr, 1, C,
+                               cfg_.gate_rows());
+                moe::expand_product_keys(gate_logits_.data(), gate_keys_.data(), 1,
+                                         cfg_.product_keys, E / cfg_.product_keys);
+            } else {
+                linear_forward(gate_logits_.data(), ln_.data(), w.gate_w, nullptr, 1, C, E);
+            }
             // The router's inference path (moe/router.cpp) on one token, with its kernels: the
             // choice ranks logit + balancing bias, kept to the token's best expert groups under
             // node-limited routing; the weights read the logits (every gate routes as plain

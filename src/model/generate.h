@@ -29,6 +29,7 @@ class Generator {
     Buffer<float> kcache_, vcache_;  // (L, seq_len, C) each
     Buffer<float> x_, ln_, qkv_, atty_, tmp_, h_, h2_, logits_, scores_;
     Buffer<float> gate_logits_;
+    Buffer<float> gate_keys_;  // model.product_keys: the token's key scores
     std::vector<int32_t> order_;
     moe::BalanceBiases biases_;   // [MoE blocks][E] or empty
     std::vector<float> choice_;   // (E) gate logits + bias

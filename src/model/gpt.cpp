@@ -341,6 +341,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.route_override  = cfg.route_override;
     ms.gate.route_nodes     = cfg.route_nodes;
     ms.gate.route_groups    = cfg.route_groups;
+    ms.gate.product_keys    = cfg.product_keys;
     ms.a2a_chunks           = a2a_chunks;
     ms.n_shared             = cfg.n_shared_experts;
     ms.FS                   = cfg.shared_width();
@@ -617,16 +618,15 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
 }
 
 double forward_flops_per_token(const ModelConfig& cfg, int T) {
-    const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, K = cfg.top_k,
-                 E = cfg.n_experts;
-    double f       = 0;
+    const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, K = cfg.top_k;
+    double f = 0;
     for (int l = 0; l < cfg.n_layer; ++l) {
         f += 2 * C * 3 * C + 2 * C * C;  // qkv, proj
         f += 2 * 2 * C * T / 2.0 *
              1.0;  // causal attention: scores and weighted sum, T/2 keys on average
         if (cfg.is_moe_block(l)) {
-            f += 2 * C * E + K * 2 * (2 * C * cfg.expert_width());         // gate, K experts
-            f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());  // shared experts
+            f += 2 * C * cfg.gate_rows() + K * 2 * (2 * C * cfg.expert_width());  // gate, experts
+            f += cfg.n_shared_experts * 2 * (2 * C * cfg.shared_width());         // shared experts
         } else {
             f += 2 * (2 * C * F);
         }

@@ -41,6 +41,8 @@ int64_t dim_of(Dim d, const ModelConfig& m) {
             return m.shared_width();
         case Dim::FE:
             return m.expert_width();
+        case Dim::G:
+            return m.gate_rows();
     }
     return 0;
 }

@@ -71,8 +71,9 @@ enum class Blocks {
 };
 // A dimension as a function of the config: V vocab_size, T seq_len, C d_model, C3 = 3 d_model,
 // F d_ff, E n_experts, FS the shared experts' width (model.shared_d_ff, else d_ff), FE the
-// routed experts' width (model.expert_d_ff, else d_ff).
-enum class Dim { V, T, C, C3, F, E, FS, FE };
+// routed experts' width (model.expert_d_ff, else d_ff), G the gate's rows (E, or the product
+// keys' rows, ModelConfig::gate_rows).
+enum class Dim { V, T, C, C3, F, E, FS, FE, G };
 // zeros, ones, N(0, init_std²), N(0, init_std² / (2 n_layer)) (GPT-2's residual projections).
 enum class Init { zeros, ones, normal, normal_resid };
 // What the precision policy needs to know beyond the class: layernorm and gate parameters stay
@@ -138,7 +139,7 @@ inline constexpr TensorRow<P> kTensorTable[] = {
       {Dim::C}, 1, false, LayerClass::ffn, Init::zeros, Role::layernorm},
      nullptr, &BlockTensors<P>::ln2_b},
     {{"h.{l}.moe.gate.weight", Scope::block, Blocks::moe,
-      {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},
+      {Dim::G, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},
      nullptr, &BlockTensors<P>::gate_w},
     {{"h.{l}.moe.noise.weight", Scope::block, Blocks::moe_noisy,
       {Dim::E, Dim::C}, 2, true, LayerClass::ffn, Init::normal, Role::gate},

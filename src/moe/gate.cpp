@@ -249,4 +249,43 @@ int64_t capacity_drop(int32_t* expert_idx, const int64_t* ahead, int64_t capacit
     return dropped;
 }
 
+void expand_product_keys(float* logits, const float* keys, int64_t N, int E1, int E2) {
+    const int64_t E = static_cast<int64_t>(E1) * E2, G = E1 + E2;
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* u = keys + t * G;
+            const float* v = u + E1;
+            float* row     = logits + t * E;
+            for (int a = 0; a < E1; ++a) {
+                float* r = row + static_cast<int64_t>(a) * E2;
+                for (int b = 0; b < E2; ++b) r[b] = u[a] + v[b];
+            }
+        }
+    });
+}
+
+void reduce_product_keys(float* dkeys, const float* dlogits, int64_t N, int E1, int E2) {
+    const int64_t E = static_cast<int64_t>(E1) * E2, G = E1 + E2;
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<double> col;  // the column sums; grown once per thread
+        if (col.size() < static_cast<size_t>(E2)) col.resize(static_cast<size_t>(E2));
+        for (int64_t t = begin; t < end; ++t) {
+            const float* row = dlogits + t * E;
+            float* du        = dkeys + t * G;
+            std::fill(col.begin(), col.begin() + E2, 0.0);
+            for (int a = 0; a < E1; ++a) {
+                const float* r = row + static_cast<int64_t>(a) * E2;
+                double s       = 0;
+                for (int b = 0; b < E2; ++b) {
+                    s += r[b];
+                    col[static_cast<size_t>(b)] += r[b];
+                }
+                du[a] = static_cast<float>(s);
+            }
+            for (int b = 0; b < E2; ++b)
+                du[E1 + b] = static_cast<float>(col[static_cast<size_t>(b)]);
+        }
+    });
+}
+
 }  // namespace bagualu::moe

@@ -53,6 +53,15 @@ void full_prob_forward(float* probs, const int32_t* selected, const float* softm
 void full_prob_backward(float* dlogits, const float* dprobs, const int32_t* selected,
                         const float* softmax_full, int N, int E);
 
+// Product-key gate (model.product_keys, docs/model.md): keys (N, E1 + E2) hold each token's
+// scores u_a . x (a < E1) then v_b . x (b < E2). logits (N, E1 E2), overwritten:
+// logits[t, a E2 + b] = keys[t, a] + keys[t, E1 + b] (a float sum).
+void expand_product_keys(float* logits, const float* keys, int64_t N, int E1, int E2);
+// Its gradient: dkeys (N, E1 + E2), overwritten with the row and column sums of each token's
+// dlogits viewed as (E1, E2): dkeys[t, a] = sum_b dlogits[t, a E2 + b], dkeys[t, E1 + b] =
+// sum_a dlogits[t, a E2 + b], each summed in double in that order and rounded once.
+void reduce_product_keys(float* dkeys, const float* dlogits, int64_t N, int E1, int E2);
+
 // prob_sum: (E), overwritten: sum over this call's tokens of softmax_full[t, e].
 void gate_prob_sums(double* prob_sum, const float* softmax_full, int N, int E);
 // From counts and probability sums over all n_total tokens: fills f (E) and returns aux.

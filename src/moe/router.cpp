@@ -42,6 +42,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
       aux_coef_(aux_coef),
       gate_(gate),
       par_(par),
+      rows_(gate.product_keys > 0 ? gate.product_keys + E / gate.product_keys : E),
       bias_(E),
       scr_(scratch ? std::move(scratch) : std::make_shared<RouterScratch>()),
       kept_(kept ? std::move(kept) : std::make_shared<RouterKept>()),
@@ -81,8 +82,10 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
     if (gate.route_nodes > 0) size_shared(sc.limited, N * Es, "limited");
     if (gate.half != Dtype::float32) {
         size_shared(sc.x_half, N * Cs, "x_half");
-        size_shared(sc.w_half, Cs * Es, "w_half");
+        // the gate's rows (the noisy gate, whose noise weight has E, has no product keys)
+        size_shared(sc.w_half, Cs * static_cast<size_t>(rows_), "w_half");
     }
+    if (gate.product_keys > 0) size_shared(sc.keys, N * static_cast<size_t>(rows_), "keys");
     if (noisy_) {
         size_shared(sc.dnoise_logits, N * Es, "dnoise_logits");
         size_shared(sc.dnoisy, N * Es, "dnoisy");
@@ -249,44 +252,45 @@ double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts
     return sum;
 }
 
-void Router::gate_linear_forward(float* out, const float* x, const float* w, int N) const {
+void Router::gate_linear_forward(float* out, const float* x, const float* w, int N,
+                                 int rows) const {
     if (gate_.fp64) {
-        kernels::linear_forward_f64(out, x, w, nullptr, N, C_, E_);
+        kernels::linear_forward_f64(out, x, w, nullptr, N, C_, rows);
     } else if (gate_.half != Dtype::float32) {
         // the half product with float32 accumulation on the operands rounded: by its own 16-bit
         // conversion, or into the shared scratch (the weight stays float32: the optimizer's)
         if (!kernels::half_products_convert(gate_.half)) {
-            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * E_;
+            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * rows;
             kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
             kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
             x = scr_->x_half.data();
             w = scr_->w_half.data();
         }
-        kernels::linear_forward_half(gate_.half, out, x, w, nullptr, N, C_, E_);
+        kernels::linear_forward_half(gate_.half, out, x, w, nullptr, N, C_, rows);
     } else {
-        kernels::linear_forward(out, x, w, nullptr, N, C_, E_);
+        kernels::linear_forward(out, x, w, nullptr, N, C_, rows);
     }
 }
 
 void Router::gate_linear_backward(float* dx, float* dw, float* dout, const float* x, const float* w,
-                                  int N) const {
+                                  int N, int rows) const {
     if (gate_.fp64) {
-        kernels::linear_backward_f64(dx, dw, nullptr, dout, x, w, N, C_, E_);
+        kernels::linear_backward_f64(dx, dw, nullptr, dout, x, w, N, C_, rows);
     } else if (gate_.half != Dtype::float32) {
         // as forward; without the 16-bit conversion the logits' gradient is rounded in place
         // (nothing reads it after this), the input and weight again into the scratch (another
         // layer's forward may have used it since)
         if (!kernels::half_products_convert(gate_.half)) {
-            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * E_;
-            kernels::round_inplace(dout, static_cast<size_t>(N) * E_, gate_.half);
+            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * rows;
+            kernels::round_inplace(dout, static_cast<size_t>(N) * rows, gate_.half);
             kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
             kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
             x = scr_->x_half.data();
             w = scr_->w_half.data();
         }
-        kernels::linear_backward_half(gate_.half, dx, dw, nullptr, dout, x, w, N, C_, E_);
+        kernels::linear_backward_half(gate_.half, dx, dw, nullptr, dout, x, w, N, C_, rows);
     } else {
-        kernels::linear_backward(dx, dw, nullptr, dout, x, w, N, C_, E_);
+        kernels::linear_backward(dx, dw, nullptr, dout, x, w, N, C_, rows);
     }
 }
 
@@ -313,12 +317,18 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         }
         x = x_jit_.data();
     }
-    gate_linear_forward(logits_.data(), x, gate_w, N);
+    if (gate_.product_keys > 0) {  // the keys' scores, then every expert's sum of two
+        gate_linear_forward(scr_->keys.data(), x, gate_w, N, rows_);
+        expand_product_keys(logits_.data(), scr_->keys.data(), N, gate_.product_keys,
+                            E_ / gate_.product_keys);
+    } else {
+        gate_linear_forward(logits_.data(), x, gate_w, N, E_);
+    }
     const double entropy =
         softmax_rows(softmax_full_.data(), entropy_.data(), logits_.data(), N, E_);
     const float* route = logits_.data();  // the logits top-k and the weights use
     if (noisy_) {
-        gate_linear_forward(noise_logits_.data(), x, noise_w, N);
+        gate_linear_forward(noise_logits_.data(), x, noise_w, N, E_);
         for (int64_t t = 0; t < N; ++t) {
             for (int e = 0; e < E_; ++e) {
                 double z = 0;
@@ -547,9 +557,15 @@ void Router::backward(float* dinp, float* dgate_w, float* dnoise_w, const float*
             }
         }
     }
-    gate_linear_backward(dinp, dgate_w, dlogits_.data(), x, gate_w, N);
+    if (gate_.product_keys > 0) {
+        reduce_product_keys(scr_->keys.data(), dlogits_.data(), N, gate_.product_keys,
+                            E_ / gate_.product_keys);
+        gate_linear_backward(dinp, dgate_w, scr_->keys.data(), x, gate_w, N, rows_);
+    } else {
+        gate_linear_backward(dinp, dgate_w, dlogits_.data(), x, gate_w, N, E_);
+    }
     if (noisy_) {
-        gate_linear_backward(dx_noise_.data(), dnoise_w, dnoise_logits_.data(), x, noise_w, N);
+        gate_linear_backward(dx_noise_.data(), dnoise_w, dnoise_logits_.data(), x, noise_w, N, E_);
         for (int64_t i = 0; i < static_cast<int64_t>(N) * C_; ++i) dinp[i] += dx_noise_[i];
     }
     if (jittered_) {

@@ -53,6 +53,9 @@ struct GateConfig {
     // route_nodes best of route_groups expert groups (gate.h limit_to_groups). 0 = unlimited.
     int route_nodes  = 0;
     int route_groups = 0;
+    // model.product_keys: the gate weight holds product_keys + E / product_keys key rows and
+    // the logits are sums of two keys' scores (gate.h expand_product_keys). 0 = a row per expert.
+    int product_keys = 0;
 };
 
 // Set by the trainer before each forward; the default routes as at inference (no randomness,
@@ -93,7 +96,8 @@ struct RouterScratch {
     Buffer<float> dnoise_logits, dnoisy;  // (N, E) noisy gate
     Buffer<float> dx_noise;               // (N, C) noisy gate
     Buffer<float> x_half,
-        w_half;  // (N, C), (C, E) rounded operands (GateConfig::half, float products)
+        w_half;          // (N, C), (C, E) rounded operands (GateConfig::half, float products)
+    Buffer<float> keys;  // (N, G) product keys' scores forward, their gradient backward
 };
 
 // What a router keeps from its forward to its backward that grows with N x E: per layer, or
@@ -160,9 +164,10 @@ class Router {
    private:
     // The gate's (and the noisy gate's noise) linear layer, in the arithmetic of gate_.fp64 /
     // gate_.half (backward rounds dout in place under half).
-    void gate_linear_forward(float* out, const float* x, const float* w, int N) const;
+    // rows: the weight's (E, or the product keys' rows_).
+    void gate_linear_forward(float* out, const float* x, const float* w, int N, int rows) const;
     void gate_linear_backward(float* dx, float* dw, float* dout, const float* x, const float* w,
-                              int N) const;
+                              int N, int rows) const;
     void swipe_rounds(int N);
     // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
     void override_routes(int N, int64_t tok0);
@@ -177,6 +182,7 @@ class Router {
     double aux_coef_;
     GateConfig gate_;
     dist::ParallelContext* par_;
+    int rows_;  // of the gate weight: E, or the product keys' E1 + E2
     RoutingContext ctx_;
     int n_           = 0;
     int64_t n_total_ = 0;

@@ -197,7 +197,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, E, C, n_moe, peak_gate);
+        linear("gemm: MoE gate", N, m.gate_rows(), C, n_moe, peak_gate);
         linear("gemm: experts", rows, FE, C, n_moe * El, pf, peak_rank);
         linear("gemm: experts", rows, C, FE, n_moe * El, pf, peak_rank);
         if (fp.moe_rounds > 1) {
@@ -232,7 +232,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     forward_again(N, C, F, rc.dense_mlps, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;
-        forward_again(N, E, C, rc.moe_layers, peak_gate);
+        forward_again(N, m.gate_rows(), C, rc.moe_layers, peak_gate);
         forward_again(rows, FE, C, rc.moe_layers * El, peak_rank);
         forward_again(rows, C, FE, rc.moe_layers * El, peak_rank);
         const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
@@ -258,6 +258,13 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double NKC = N * K * C;
         bytes("moe permute/unpermute", A * n_moe * (40 * NKC + 16 * NC + 24 * N * E));
+        if (m.product_keys > 0) {
+            // moe/gate.h: the logits written from the keys (forward, again when recomputed),
+            // dlogits read into the keys' gradient (backward)
+            const double NG = N * m.gate_rows();
+            bytes("moe gate keys", A * (n_moe + rc.moe_layers) * (4 * N * E + 4 * NG) +
+                                       A * n_moe * (4 * N * E + 4 * NG));
+        }
         if (L.ep > 1) bytes("moe permute/unpermute", A * n_moe * 4 * 8 * NKC);
     }
     if (prec.mixed()) {
@@ -306,7 +313,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             // weight forward and backward (again in a recomputed forward) and the logits'
             // gradient to 16 bits, as for the dense products; fp16 (float products) rounds them
             // into copies, the logits' gradient in place
-            const double CE = C * E, NE = N * E;
+            const double CE = C * m.gate_rows(), NE = N * m.gate_rows();
             const double per = prec.router_dtype() == Dtype::bfloat16 ? 6 : 8;
             b += per * ((n_moe * 2 + rc.moe_layers) * (NC + CE) + n_moe * NE);
         }

@@ -82,14 +82,15 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     s += buf(N * E, 4);  // softmax
     a += buf(N * K, 4);  // probs_
     (noisy || m.router_score == RouterScore::sigmoid ? s : d) += buf(N * E, 4);
-    a += buf(N * K, 4) + buf(E, 4);                   // expert_idx_, tokens_per_expert_
-    a += 2 * buf(N * K, 4) + buf(N * K, 1);           // selected_, dprobs_aux_, reassigned_
-    a += buf(N, 8);                                   // entropy_
-    if (m.router_z_loss_coef > 0) a += buf(N, 8);     // lse_
-    if (m.jitter > 0) a += 2 * buf(N * C, 4);         // x_jit_, jit_
-    d += buf(N * E, 4);                               // dlogits
-    if (m.balance_bias_rate > 0) d += buf(N * E, 4);  // biased
-    if (m.route_nodes > 0) d += buf(N * E, 4);        // limited
+    a += buf(N * K, 4) + buf(E, 4);                          // expert_idx_, tokens_per_expert_
+    a += 2 * buf(N * K, 4) + buf(N * K, 1);                  // selected_, dprobs_aux_, reassigned_
+    a += buf(N, 8);                                          // entropy_
+    if (m.router_z_loss_coef > 0) a += buf(N, 8);            // lse_
+    if (m.jitter > 0) a += 2 * buf(N * C, 4);                // x_jit_, jit_
+    d += buf(N * E, 4);                                      // dlogits
+    if (m.product_keys > 0) d += buf(N * m.gate_rows(), 4);  // keys (product-key gate)
+    if (m.balance_bias_rate > 0) d += buf(N * E, 4);         // biased
+    if (m.route_nodes > 0) d += buf(N * E, 4);               // limited
     if (noisy) {
         const double R1 = std::min(K + 1, E);
         s += 4 * buf(N * E, 4);  // noise logits, eps, noisy logits, load prob
@@ -206,10 +207,10 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         }
         // the router's products under precision.router = "half" (moe/router.cpp)
         if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
-            const double E = m.n_experts;
+            const double G = m.gate_rows();  // E, or the product keys' rows
             inp            = std::max(inp, N * C);
-            w              = std::max(w, C * E);
-            dout           = std::max(dout, N * E);
+            w              = std::max(w, C * G);
+            dout           = std::max(dout, N * G);
         }
         // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
         half_linear(
@@ -236,7 +237,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // moe::RouterScratch x_half, w_half: precision.router = "half" rounds the gate's input and
     // weight into them (one pair for all the layers)
     if (n_moe > 0 && prec.router_dtype() != Dtype::float32)
-        mem.activations += buf(N * C, 4) + buf(C * static_cast<double>(m.n_experts), 4);
+        mem.activations += buf(N * C, 4) + buf(C * static_cast<double>(m.gate_rows()), 4);
     if (rc != Recompute::none && n_moe > 1) mem.activations -= (n_moe - 1) * moe.layer_buffers;
     // collectives of the forward: one more for each MoE layer backward runs again
     const double n_fwd = n_moe + model::recomputed(m, rc).moe_layers;

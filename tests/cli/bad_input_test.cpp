@@ -127,6 +127,10 @@ TEST_F(BadInputTest, GateSettings) {
                  {"model.balance_loss_scope = \"sequence\"", "noisy gate"});
     expect_error(base + " --set parallel.a2a_chunks=0", {"parallel.a2a_chunks = 0", ">= 1"});
     expect_error(base + " --set parallel.a2a_grid=-2", {"parallel.a2a_grid = -2", ">= 0"});
+    expect_error(base + " --set model.product_keys=3",
+                 {"model.product_keys = 3", "must divide model.n_experts"});
+    expect_error(base + " --set model.product_keys=2 --set model.gate=noisy",
+                 {"model.product_keys", "noise weight"});
     expect_error(base + " --set precision.router=fp16",
                  {"precision.router", "\"fp32\", \"fp64\" or \"half\""});
     expect_error(base + " --set model.jitter=1.5", {"model.jitter = 1.5", "[0, 1)"});

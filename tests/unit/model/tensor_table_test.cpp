@@ -39,6 +39,8 @@ std::string dim_text(Dim d) {
             return "FS";
         case Dim::FE:
             return "FE";
+        case Dim::G:
+            return "G";
     }
     return "?";
 }

@@ -369,6 +369,81 @@ TEST(RouterHalfTest, ProductsOfRoundedOperands) {
     }
 }
 
+// model.product_keys: expert a E2 + b's logit is u_a . x + v_b . x. Against a flat gate whose
+// row a E2 + b is u_a + v_b: the same routing, the weights within float32 rounding of the two
+// sums, and the key rows' gradients the row and column sums of the flat gate's (its row
+// gradients summed over b for u_a, over a for v_b), within float32 summation error. The model's
+// gradient matches central differences with it on, with softmax and sigmoid scores.
+TEST(ProductKeyGateTest, IsTheFlatGateOfSummedRowsAndGradientMatches) {
+    const int N = 17, C = 16, F = 12, E1 = 2, E2 = 3, E = E1 * E2, G = E1 + E2, K = 2;
+    Rng rng(31);
+    MoEShape spk{C, F, E, K, 0.01}, sflat{C, F, E, K, 0.01};
+    spk.gate.product_keys = E1;
+    MoELayer pk(spk, N), flat(sflat, N);
+    RandomMoE w(rng, C, F, E);
+    const std::vector<float> keys = normal(size_t(G) * C, rng);
+    std::vector<float> rows(size_t(E) * C);
+    for (int a = 0; a < E1; ++a)
+        for (int b = 0; b < E2; ++b)
+            for (int c = 0; c < C; ++c)
+                rows[size_t(a * E2 + b) * C + c] =
+                    keys[size_t(a) * C + c] + keys[size_t(E1 + b) * C + c];
+    MoEWeights wpk = w.w, wflat = w.w;
+    wpk.gate_w     = keys.data();
+    wflat.gate_w   = rows.data();
+    const auto inp = normal(size_t(N) * C, rng), dout = normal(size_t(N) * C, rng);
+    std::vector<float> y1(inp.size()), y2(inp.size());
+    const double aux1 = pk.forward(y1.data(), inp.data(), wpk, N);
+    const double aux2 = flat.forward(y2.data(), inp.data(), wflat, N);
+    EXPECT_EQ(std::vector<int32_t>(pk.expert_idx(), pk.expert_idx() + N * K),
+              std::vector<int32_t>(flat.expert_idx(), flat.expert_idx() + N * K));
+    // logits of 16 products each way, summed in another order: ~1e-6 relative
+    EXPECT_NEAR(aux1, aux2, 1e-5 * aux2);
+    for (int i = 0; i < N * K; ++i) EXPECT_NEAR(pk.probs()[i], flat.probs()[i], 1e-5) << i;
+
+    std::vector<float> dg1(size_t(G) * C), dg2(size_t(E) * C), dx1(inp.size()), dx2(inp.size());
+    std::vector<float> e1(w.fc_w.size() + w.fc_b.size() + w.pw.size() + w.pb.size()), e2 = e1;
+    auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
+        MoEGrads gr;
+        gr.gate_w  = g.data();
+        float* p   = e.data();
+        gr.experts = {p,
+                      p + w.fc_w.size(),
+                      p + w.fc_w.size() + w.fc_b.size(),
+                      p + w.fc_w.size() + w.fc_b.size() + w.pw.size(),
+                      size_t(F) * C,
+                      size_t(F),
+                      size_t(C) * F,
+                      size_t(C)};
+        return gr;
+    };
+    MoEGrads g1 = grads(dg1, e1), g2 = grads(dg2, e2);
+    pk.backward(dx1.data(), g1, dout.data(), inp.data(), wpk, 1.0);
+    flat.backward(dx2.data(), g2, dout.data(), inp.data(), wflat, 1.0);
+    for (int c = 0; c < C; ++c) {
+        for (int a = 0; a < E1; ++a) {
+            double s = 0;
+            for (int b = 0; b < E2; ++b) s += dg2[size_t(a * E2 + b) * C + c];
+            EXPECT_NEAR(dg1[size_t(a) * C + c], s, 1e-4 * (1 + std::fabs(s))) << "u" << a;
+        }
+        for (int b = 0; b < E2; ++b) {
+            double s = 0;
+            for (int a = 0; a < E1; ++a) s += dg2[size_t(a * E2 + b) * C + c];
+            EXPECT_NEAR(dg1[size_t(E1 + b) * C + c], s, 1e-4 * (1 + std::fabs(s))) << "v" << b;
+        }
+    }
+    for (size_t i = 0; i < dx1.size(); ++i)
+        EXPECT_NEAR(dx1[i], dx2[i], 1e-4 * (1 + std::fabs(dx2[i]))) << i;
+
+    ModelConfig m  = testing::tiny_moe_config();
+    m.product_keys = 2;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "the gate's key rows";
+    // the tiny model (4 experts: keys of 2 x 2, top-2): larger ones change their routing within
+    // every step the check can take, with a flat gate as well
+    m.router_score = RouterScore::sigmoid;
+    EXPECT_EQ(expect_gradient_matches(m, ".moe.gate."), 1) << "sigmoid scores";
+}
+
 // sigmoid scores: the top-K of g, weights sigmoid(g) normalised over the K (docs/model.md)
 TEST(RouterSigmoidTest, WeightsAreSigmoidScoresNormalisedOverTheChosen) {
     const int N = 9, C = 8, F = 12, E = 6, K = 3;

@@ -177,6 +177,7 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         RouterScore score = RouterScore::softmax;  // sigmoid: the logits kept per layer
         bool half_router  = false;  // fp16 with precision.router = "half": its rounded operands
         Recompute rc      = Recompute::none;  // moe: one RouterKept for all the layers
+        int product_keys  = 0;                // the keys' scratch and a smaller gate weight
     };
     for (const Case g :
          {Case{moe::GateKind::topk, 0.0, 0}, Case{moe::GateKind::topk, 0.01, 2},
@@ -185,7 +186,8 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
           Case{moe::GateKind::noisy, 0.01, 0},
           Case{moe::GateKind::topk, 0.0, 0, RouterScore::softmax, true},
           Case{moe::GateKind::topk, 0.0, 0, RouterScore::sigmoid, false, Recompute::moe},
-          Case{moe::GateKind::noisy, 0.0, 0, RouterScore::softmax, false, Recompute::moe}}) {
+          Case{moe::GateKind::noisy, 0.0, 0, RouterScore::softmax, false, Recompute::moe},
+          Case{moe::GateKind::topk, 0.0, 0, RouterScore::softmax, true, Recompute::none, 16}}) {
         TrainConfig c              = small_config(1, 256);  // every block MoE, 256 experts
         c.model.d_model            = 32;
         c.model.d_ff               = 16;
@@ -201,8 +203,9 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
             c.precision.dtype  = Dtype::float16;
             c.precision.router = RouterPrecision::half;
         }
-        c.train.recompute = g.rc;
-        const Footprint f = footprint(c, layout_of(c, 1, 1), 0, 0);
+        c.train.recompute    = g.rc;
+        c.model.product_keys = g.product_keys;
+        const Footprint f    = footprint(c, layout_of(c, 1, 1), 0, 0);
         // the model's tensor table (names and shapes of 3 x 256 x 4 expert tensors, 0.3 MiB
         // here) is not among the planner's buffers; at scale a rank holds few experts
         double table = allocated_bytes();
@@ -222,7 +225,7 @@ TEST(PlanMemory, RouterBuffersMatchGptAllocations) {
         EXPECT_NEAR(during, predict, 0.01 * predict + 65536)
             << name_of(g.gate) << " " << name_of(g.score) << " bias " << g.bias << " route_nodes "
             << g.route_nodes << (g.half_router ? " fp16, half router" : "") << " recompute "
-            << name_of(g.rc);
+            << name_of(g.rc) << " product_keys " << g.product_keys;
     }
 }
 
