@@ -44,6 +44,25 @@ struct RandomMoE {
     }
 };
 
+// The gradient slots of a layer with r's shapes: the gate's in g (sized by the caller), the
+// experts' in e, sized here.
+MoEGrads grads_into(const RandomMoE& r, int C, int F, std::vector<float>& g,
+                    std::vector<float>& e) {
+    e.assign(r.fc_w.size() + r.fc_b.size() + r.pw.size() + r.pb.size(), 0.0f);
+    MoEGrads d;
+    d.gate_w  = g.data();
+    float* p  = e.data();
+    d.experts = {p,
+                 p + r.fc_w.size(),
+                 p + r.fc_w.size() + r.fc_b.size(),
+                 p + r.fc_w.size() + r.fc_b.size() + r.pw.size(),
+                 size_t(F) * C,
+                 size_t(F),
+                 size_t(C) * F,
+                 size_t(C)};
+    return d;
+}
+
 // y (C) += W2 gelu(W1 x + b1) + b2 in double: W1 (F, C), W2 (C, F).
 void ffn_reference(std::vector<double>& y, const float* x, const float* w1, const float* b1,
                    const float* w2, const float* b2, int C, int F) {
@@ -260,22 +279,8 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
     EXPECT_NEAR(auxa, auxb, 1e-6 * auxa);
     for (int i = 0; i < N * K; ++i) EXPECT_NEAR(a.probs()[i], b.probs()[i], 1e-5) << i;
     std::vector<float> dga(size_t(E) * C), dgb(dga.size()), dxa(inp.size()), dxb(inp.size());
-    std::vector<float> ea(r.fc_w.size() + r.fc_b.size() + r.pw.size() + r.pb.size()), eb = ea;
-    auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
-        MoEGrads d;
-        d.gate_w  = g.data();
-        float* p  = e.data();
-        d.experts = {p,
-                     p + r.fc_w.size(),
-                     p + r.fc_w.size() + r.fc_b.size(),
-                     p + r.fc_w.size() + r.fc_b.size() + r.pw.size(),
-                     size_t(F) * C,
-                     size_t(F),
-                     size_t(C) * F,
-                     size_t(C)};
-        return d;
-    };
-    MoEGrads ga = grads(dga, ea), gb = grads(dgb, eb);
+    std::vector<float> ea, eb;  // the experts' gradients (grads_into)
+    MoEGrads ga = grads_into(r, C, F, dga, ea), gb = grads_into(r, C, F, dgb, eb);
     a.backward(dxa.data(), ga, dout.data(), inp.data(), r.w, 1.0);
     b.backward(dxb.data(), gb, dout.data(), inp.data(), r.w, 1.0);
     bool differ = false;
@@ -337,22 +342,8 @@ TEST(RouterHalfTest, ProductsOfRoundedOperands) {
         EXPECT_GT(most_from_unrounded, 1e-4) << "the operands were rounded";
 
         std::vector<float> dgh(size_t(E) * C), dgf(dgh.size()), dxh(inp.size()), dxf(inp.size());
-        std::vector<float> eh(w.fc_w.size() + w.fc_b.size() + w.pw.size() + w.pb.size()), ef = eh;
-        auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
-            MoEGrads gr;
-            gr.gate_w  = g.data();
-            float* p   = e.data();
-            gr.experts = {p,
-                          p + w.fc_w.size(),
-                          p + w.fc_w.size() + w.fc_b.size(),
-                          p + w.fc_w.size() + w.fc_b.size() + w.pw.size(),
-                          size_t(F) * C,
-                          size_t(F),
-                          size_t(C) * F,
-                          size_t(C)};
-            return gr;
-        };
-        MoEGrads gh = grads(dgh, eh), gf = grads(dgf, ef);
+        std::vector<float> eh, ef;
+        MoEGrads gh = grads_into(w, C, F, dgh, eh), gf = grads_into(w, C, F, dgf, ef);
         h.backward(dxh.data(), gh, dout.data(), inp.data(), w.w, 1.0);
         f.backward(dxf.data(), gf, dout.data(), inp.data(), w.w, 1.0);
         double scale = 0, err = 0;
@@ -402,22 +393,8 @@ TEST(ProductKeyGateTest, IsTheFlatGateOfSummedRowsAndGradientMatches) {
     for (int i = 0; i < N * K; ++i) EXPECT_NEAR(pk.probs()[i], flat.probs()[i], 1e-5) << i;
 
     std::vector<float> dg1(size_t(G) * C), dg2(size_t(E) * C), dx1(inp.size()), dx2(inp.size());
-    std::vector<float> e1(w.fc_w.size() + w.fc_b.size() + w.pw.size() + w.pb.size()), e2 = e1;
-    auto grads = [&](std::vector<float>& g, std::vector<float>& e) {
-        MoEGrads gr;
-        gr.gate_w  = g.data();
-        float* p   = e.data();
-        gr.experts = {p,
-                      p + w.fc_w.size(),
-                      p + w.fc_w.size() + w.fc_b.size(),
-                      p + w.fc_w.size() + w.fc_b.size() + w.pw.size(),
-                      size_t(F) * C,
-                      size_t(F),
-                      size_t(C) * F,
-                      size_t(C)};
-        return gr;
-    };
-    MoEGrads g1 = grads(dg1, e1), g2 = grads(dg2, e2);
+    std::vector<float> e1, e2;
+    MoEGrads g1 = grads_into(w, C, F, dg1, e1), g2 = grads_into(w, C, F, dg2, e2);
     pk.backward(dx1.data(), g1, dout.data(), inp.data(), wpk, 1.0);
     flat.backward(dx2.data(), g2, dout.data(), inp.data(), wflat, 1.0);
     for (int c = 0; c < C; ++c) {
