@@ -96,7 +96,7 @@ struct RouterScratch {
     Buffer<float> dnoise_logits, dnoisy;  // (N, E) noisy gate
     Buffer<float> dx_noise;               // (N, C) noisy gate
     Buffer<float> x_half,
-        w_half;          // (N, C), (C, E) rounded operands (GateConfig::half, float products)
+        w_half;          // (N, C), (G, C) rounded operands (GateConfig::half, float products)
     Buffer<float> keys;  // (N, G) product keys' scores forward, their gradient backward
 };
 
