@@ -252,6 +252,13 @@ double Router::scoped_balance_sum(int N, const std::vector<int64_t>& topk_counts
     return sum;
 }
 
+void Router::round_operands(const float*& x, const float*& w, int N, int rows) const {
+    kernels::round_copy(scr_->x_half.data(), x, static_cast<size_t>(N) * C_, gate_.half);
+    kernels::round_copy(scr_->w_half.data(), w, static_cast<size_t>(C_) * rows, gate_.half);
+    x = scr_->x_half.data();
+    w = scr_->w_half.data();
+}
+
 void Router::gate_linear_forward(float* out, const float* x, const float* w, int N,
                                  int rows) const {
     if (gate_.fp64) {
@@ -259,13 +266,7 @@ void Router::gate_linear_forward(float* out, const float* x, const float* w, int
     } else if (gate_.half != Dtype::float32) {
         // the half product with float32 accumulation on the operands rounded: by its own 16-bit
         // conversion, or into the shared scratch (the weight stays float32: the optimizer's)
-        if (!kernels::half_products_convert(gate_.half)) {
-            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * rows;
-            kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
-            kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
-            x = scr_->x_half.data();
-            w = scr_->w_half.data();
-        }
+        if (!kernels::half_products_convert(gate_.half)) round_operands(x, w, N, rows);
         kernels::linear_forward_half(gate_.half, out, x, w, nullptr, N, C_, rows);
     } else {
         kernels::linear_forward(out, x, w, nullptr, N, C_, rows);
@@ -281,12 +282,8 @@ void Router::gate_linear_backward(float* dx, float* dw, float* dout, const float
         // (nothing reads it after this), the input and weight again into the scratch (another
         // layer's forward may have used it since)
         if (!kernels::half_products_convert(gate_.half)) {
-            const size_t nx = static_cast<size_t>(N) * C_, nw = static_cast<size_t>(C_) * rows;
             kernels::round_inplace(dout, static_cast<size_t>(N) * rows, gate_.half);
-            kernels::round_copy(scr_->x_half.data(), x, nx, gate_.half);
-            kernels::round_copy(scr_->w_half.data(), w, nw, gate_.half);
-            x = scr_->x_half.data();
-            w = scr_->w_half.data();
+            round_operands(x, w, N, rows);
         }
         kernels::linear_backward_half(gate_.half, dx, dw, nullptr, dout, x, w, N, C_, rows);
     } else {

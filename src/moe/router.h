@@ -168,6 +168,9 @@ class Router {
     void gate_linear_forward(float* out, const float* x, const float* w, int N, int rows) const;
     void gate_linear_backward(float* dx, float* dw, float* dout, const float* x, const float* w,
                               int N, int rows) const;
+    // gate_.half on float products: x (N, C) and w (rows, C) rounded into the shared scratch,
+    // the pointers moved to the copies.
+    void round_operands(const float*& x, const float*& w, int N, int rows) const;
     void swipe_rounds(int N);
     // selected_, expert_idx_ (N, K) <- the forced choice of gate_.route_override.
     void override_routes(int N, int64_t tok0);
