@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "kernels/gemm/avx2/pack.h"
+#include "kernels/gemm/avx512/pack_pairs.h"
 #include "kernels/gemm/microkernel.h"
-#include "kernels/gemm/pack.h"
 
 namespace bagualu::kernels::gemm::avx512 {
 
@@ -61,7 +61,7 @@ void pack_f32(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
 
 template <int R>
 void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
-    pack_panels<R, 2, bf16, bf16>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
+    pack_pairs_avx512<R>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
 }
 
 constexpr KernelSpec kF32{kMR,
@@ -94,6 +94,8 @@ constexpr KernelSpec kBf16Dot{kMR,
                               pack_pairs<kMR>,
                               pack_pairs<kNR>,
                               micro_tile<OpsBf16Dot, kMR, kNV>};
+
+static_assert(kBf16Dot.kc <= kMaxPairK, "the pair packer's zero row covers one k block");
 
 }  // namespace
 

@@ -1,0 +1,108 @@
+// AVX-512 packing of bf16 operands into the (k, k + 1) pair panels of the AVX512_BF16 kernel:
+// the layout of pack_panels<R, 2, bf16, bf16> (kernels/gemm/pack.h), panels (kcp / 2, R, 2),
+// zero-padded, written with vector loads and stores instead of one element at a time.
+//   k contiguous (A in NN, B in NT): a pair is one 32-bit word of a row, so packing is a
+//     transpose of 32-bit words, 8 x 8 in registers;
+//   r contiguous (B in NN, A in TN): the panel's rows of k and k + 1 are interleaved 16 bits at
+//     a time (vpermt2w), up to 32 rows per instruction.
+// Internal linkage, like pack.h: included by the avx512 kernels only (needs AVX512BW and VL).
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/gemm/avx2/pack.h"
+#include "kernels/gemm/driver.h"
+
+namespace bagualu::kernels::gemm::avx512 {
+namespace {
+
+// Longest k block the transposing path accepts: rows past the panel's end read a zero row.
+constexpr int kMaxPairK                         = 1024;
+alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32] = {};
+
+// Indices for vpermt2w: the low and high halves of (a0, b0, a1, b1, ...) from rows a and b.
+inline __m512i interleave_index(int half) {
+    alignas(64) int16_t idx[32];
+    for (int i = 0; i < 16; ++i) {
+        idx[2 * i]     = static_cast<int16_t>(half * 16 + i);
+        idx[2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
+    }
+    return _mm512_load_si512(idx);
+}
+
+template <int R>
+void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
+    static_assert(R >= 1 && R <= 32, "pair panels of up to 32 rows");
+    const bf16* x    = static_cast<const bf16*>(src.data);
+    const size_t ld  = static_cast<size_t>(src.ld);
+    const int npairs = (kc + 1) / 2;
+    for (int p = 0; p < rn; p += R) {
+        const int rows = std::min(R, rn - p);
+        bf16* d        = dst + size_t(p) * size_t(2 * npairs);
+        if (src.k_contiguous) {
+            constexpr int G = (R + 7) / 8;
+            const bf16* s[G * 8];
+            for (int r = 0; r < G * 8; ++r) {
+                s[r] = r < rows ? x + size_t(r0 + p + r) * ld + size_t(p0) : kZeroPairRow;
+            }
+            // 8 pairs of 8 rows at a time; with R % 8 != 0 a group's store spills into the next
+            // pair's slots (rewritten next) or past the panel (the driver's slack).
+            int g = 0;
+            for (; 2 * (g + 8) <= kc; g += 8) {
+                __m256 t[G][8];
+                for (int q = 0; q < G; ++q) {
+                    for (int i = 0; i < 8; ++i) {
+                        t[q][i] = _mm256_castsi256_ps(_mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(s[q * 8 + i] + 2 * g)));
+                    }
+                    avx2::transpose8(t[q]);
+                }
+                for (int i = 0; i < 8; ++i) {
+                    for (int q = 0; q < G; ++q) {
+                        _mm256_storeu_ps(reinterpret_cast<float*>(d + 2 * ((g + i) * R + q * 8)),
+                                         t[q][i]);
+                    }
+                }
+            }
+            for (; g < npairs; ++g) {
+                for (int r = 0; r < R; ++r) {
+                    d[2 * (g * R + r)]     = s[r][2 * g];
+                    d[2 * (g * R + r) + 1] = 2 * g + 1 < kc ? s[r][2 * g + 1] : bf16{};
+                }
+            }
+        } else {
+            const __m512i lo_idx   = interleave_index(0);
+            const __m512i hi_idx   = interleave_index(1);
+            const __mmask32 in     = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
+            constexpr int lo_elems = 2 * std::min(R, 16);
+            constexpr int hi_elems = 2 * (R > 16 ? R - 16 : 0);
+            const bf16* s          = x + size_t(p0) * ld + size_t(r0 + p);
+            for (int g = 0; g < npairs; ++g) {
+                const bf16* s0  = s + size_t(2 * g) * ld;
+                const __m512i a = _mm512_maskz_loadu_epi16(in, s0);
+                const __m512i b =
+                    2 * g + 1 < kc ? _mm512_maskz_loadu_epi16(in, s0 + ld) : _mm512_setzero_si512();
+                bf16* dg = d + size_t(2 * R) * size_t(g);
+                const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b);
+                if constexpr (lo_elems == 32) {
+                    _mm512_storeu_si512(dg, lo);
+                } else {
+                    _mm512_mask_storeu_epi16(dg, (__mmask32{1} << lo_elems) - 1, lo);
+                }
+                if constexpr (hi_elems > 0) {
+                    const __m512i hi = _mm512_permutex2var_epi16(a, hi_idx, b);
+                    const __mmask32 m =
+                        hi_elems == 32 ? ~__mmask32{0} : (__mmask32{1} << hi_elems) - 1;
+                    _mm512_mask_storeu_epi16(dg + 32, m, hi);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::kernels::gemm::avx512
