@@ -30,6 +30,7 @@ constexpr KernelTable kGeneric = {
     .attention_isa         = Isa::generic,
     .crossentropy_isa      = Isa::generic,
     .adamw_isa             = Isa::generic,
+    .convert_isa           = Isa::generic,
     .layernorm_forward     = generic::layernorm_forward,
     .layernorm_backward    = generic::layernorm_backward,
     .gelu_forward          = generic::gelu_forward,
@@ -39,6 +40,9 @@ constexpr KernelTable kGeneric = {
     .crossentropy_forward  = generic::crossentropy_forward,
     .crossentropy_backward = generic::crossentropy_backward,
     .adamw_update          = generic::adamw_update,
+    .bf16_narrow           = generic::bf16_narrow_range,
+    .bf16_round            = generic::bf16_round_range,
+    .bf16_widen            = generic::bf16_widen_range,
 };
 
 constexpr KernelTable kAvx2 = {
@@ -48,6 +52,7 @@ constexpr KernelTable kAvx2 = {
     .attention_isa         = Isa::avx2,
     .crossentropy_isa      = Isa::avx2,
     .adamw_isa             = Isa::avx2,
+    .convert_isa           = Isa::avx2,
     .layernorm_forward     = avx2::layernorm_forward,
     .layernorm_backward    = avx2::layernorm_backward,
     .gelu_forward          = avx2::gelu_forward,
@@ -57,9 +62,13 @@ constexpr KernelTable kAvx2 = {
     .crossentropy_forward  = avx2::crossentropy_forward,
     .crossentropy_backward = avx2::crossentropy_backward,
     .adamw_update          = avx2::adamw_update,
+    .bf16_narrow           = avx2::bf16_narrow_range,
+    .bf16_round            = avx2::bf16_round_range,
+    .bf16_widen            = avx2::bf16_widen_range,
 };
 
-// AVX-512 GELU and AdamW; layernorm, attention and cross-entropy are the AVX2 kernels.
+// AVX-512 GELU and AdamW; layernorm, attention, cross-entropy and the conversions are the AVX2
+// kernels.
 constexpr KernelTable kAvx512 = [] {
     KernelTable t   = kAvx2;
     t.isa           = Isa::avx512;
@@ -127,11 +136,12 @@ Isa best_isa() { return best_isa(cpu_features()); }
 
 std::string KernelTable::describe() const {
     return fmt::format(
-        "isa {}: gemm {}, layernorm {}, gelu {}, attention {}{}, crossentropy {}, adamw {}",
+        "isa {}: gemm {}, layernorm {}, gelu {}, attention {}{}, crossentropy {}, adamw {}, "
+        "convert {}",
         isa_name(isa), gemm_backend_name(), isa_name(layernorm_isa), isa_name(gelu_isa),
         isa_name(attention_isa),
         attention_isa == Isa::generic ? "" : " (head size a multiple of 8, else generic)",
-        isa_name(crossentropy_isa), isa_name(adamw_isa));
+        isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa));
 }
 
 const KernelTable& kernel_table(Isa isa) {

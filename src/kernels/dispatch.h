@@ -33,7 +33,7 @@ Isa best_isa();
 struct KernelTable {
     Isa isa;  // the ISA this table was built for
     // The ISA of the implementation each family runs (at most isa).
-    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa;
+    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa;
 
     void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C);
@@ -52,9 +52,14 @@ struct KernelTable {
                                   const float* dlosses, int N, int V);
     void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, int step);
+    // bfloat16 conversions of n elements on the calling thread, bitwise core/dtype.h's
+    // bf16_from_float / bf16_to_float (kernels/mixed.h threads them).
+    void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);
+    void (*bf16_round)(float* out, const float* in, size_t n);
+    void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
 
     // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx2 (head size a
-    // multiple of 8, else generic), crossentropy avx2, adamw avx512".
+    // multiple of 8, else generic), crossentropy avx2, adamw avx512, convert avx2".
     std::string describe() const;
 };
 

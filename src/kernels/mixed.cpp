@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
@@ -31,7 +32,7 @@ void round_copy(float* out, const float* in, size_t n, Dtype d) {
     }
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
         if (d == Dtype::bfloat16) {
-            for (int64_t i = begin; i < end; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
+            dispatch().bf16_round(out + begin, in + begin, size_t(end - begin));
         } else {
             for (int64_t i = begin; i < end; ++i) out[i] = fp16_to_float(fp16_from_float(in[i]));
         }
@@ -43,7 +44,11 @@ void round_inplace(float* x, size_t n, Dtype d) { round_copy(x, x, n, d); }
 void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n) {
     BGL_CHECK(d != Dtype::float32, "narrow_half: float32 is not a half type");
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        to_half(d, x + begin, dst + begin, size_t(end - begin));
+        if (d == Dtype::bfloat16) {
+            dispatch().bf16_narrow(dst + begin, x + begin, size_t(end - begin));
+        } else {
+            to_half(d, x + begin, dst + begin, size_t(end - begin));
+        }
     });
 }
 
@@ -51,7 +56,11 @@ namespace {
 
 void widen_half(Dtype d, float* out, const uint16_t* inp, size_t n) {
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        from_half(d, inp + begin, out + begin, size_t(end - begin));
+        if (d == Dtype::bfloat16) {
+            dispatch().bf16_widen(out + begin, inp + begin, size_t(end - begin));
+        } else {
+            from_half(d, inp + begin, out + begin, size_t(end - begin));
+        }
     });
 }
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/dispatch.h"
@@ -479,6 +480,16 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
             pp[i] -= lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + weight_decay * pp[i]);
         }
     });
+}
+
+void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_from_float(x[i]);
+}
+void bf16_round_range(float* out, const float* in, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
+}
+void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
 }  // namespace generic

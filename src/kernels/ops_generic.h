@@ -28,5 +28,9 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
                            const float* dlosses, int N, int V);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step);
+// bfloat16 conversions of n elements on the calling thread (core/dtype.h's rounding).
+void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);
+void bf16_round_range(float* out, const float* in, size_t n);
+void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 
 }  // namespace bagualu::kernels::generic

@@ -53,7 +53,11 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.crossentropy_forward, &generic::crossentropy_forward);
     EXPECT_EQ(t.crossentropy_backward, &generic::crossentropy_backward);
     EXPECT_EQ(t.adamw_update, &generic::adamw_update);
-    for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa}) {
+    EXPECT_EQ(t.bf16_narrow, &generic::bf16_narrow_range);
+    EXPECT_EQ(t.bf16_round, &generic::bf16_round_range);
+    EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
+    for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
+                  t.convert_isa}) {
         EXPECT_EQ(f, Isa::generic);
     }
 }
@@ -65,9 +69,10 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.isa, isa);
         EXPECT_TRUE(t.layernorm_forward && t.layernorm_backward && t.gelu_forward &&
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
-                    t.crossentropy_forward && t.crossentropy_backward && t.adamw_update);
-        for (Isa f :
-             {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa}) {
+                    t.crossentropy_forward && t.crossentropy_backward && t.adamw_update &&
+                    t.bf16_narrow && t.bf16_round && t.bf16_widen);
+        for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa,
+                      t.adamw_isa, t.convert_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
         }
         // A family that runs generic code points at the generic kernel, and the other way round.
@@ -79,13 +84,15 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                   t.layernorm_forward == &generic::layernorm_forward);
         EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward);
         EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_update == &generic::adamw_update);
+        EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
     }
 }
 
 TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
     const std::string d = kernel_table(Isa::avx2).describe();
     EXPECT_EQ(d.rfind("isa avx2: gemm " + gemm_backend_name() + ", layernorm avx2, ", 0), 0u) << d;
-    for (const char* family : {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2"}) {
+    for (const char* family :
+         {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2", "convert avx2"}) {
         EXPECT_NE(d.find(family), std::string::npos) << family << " not in: " << d;
     }
     // the generic table's families (its GEMM is the process's backend, avx2 on an AVX2 CPU)
@@ -171,7 +178,7 @@ TEST_F(DispatchEnv, ForcesTheGenericPathInATrainingRun) {
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("isa generic: gemm "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("layernorm generic, gelu generic, attention generic, crossentropy "
-                            "generic, adamw generic"),
+                            "generic, adamw generic, convert generic"),
               std::string::npos)
         << r.output;
 }

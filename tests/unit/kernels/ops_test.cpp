@@ -20,10 +20,12 @@
 // core/rng.h uses unsigned __int128, which -Wpedantic flags in ISO C++ mode.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpedantic"
+#include "core/dtype.h"
 #include "core/rng.h"
 #pragma GCC diagnostic pop
 #include "core/thread_pool.h"
 #include "isa_params.h"
+#include "kernels/dispatch.h"
 #include "kernels/ops_generic.h"
 #include "kernels/ref/ops_ref.h"
 
@@ -323,6 +325,43 @@ TEST_P(OpsIsaVsRef, AdamwIsBitwiseTheGenericKernel) {
         EXPECT_EQ(first_bit_difference(p, p_gen), -1);
         EXPECT_EQ(first_bit_difference(m, m_gen), -1);
         EXPECT_EQ(first_bit_difference(v, v_gen), -1);
+    }
+}
+
+TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
+    // The table's bf16 narrowing, rounding and widening against core/dtype.h's scalar functions
+    // on every class of float: ties to even both ways, carries into the exponent, the largest
+    // finite values (which round to infinity), infinities, quiet and signalling NaNs of both
+    // signs, zeros and denormals (which SIMD conversion instructions flush), plus random values;
+    // lengths around the 8- and 16-lane steps.
+    const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u,
+                                 0x00018000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu,
+                                 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                 0xffc00001u, 0x7f800001u, 0xff8fffffu, 0x7fffffffu, 0x00ff8000u};
+    Rng rng(23);
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(15), size_t(16), size_t(17),
+                     size_t(37), size_t(100003)}) {
+        SCOPED_TRACE(n);
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) {
+            const uint32_t u = i < std::size(specials) && n < 1000
+                                   ? specials[i]
+                                   : uint32_t(rng.next_u64() >> 32);  // any bit pattern
+            std::memcpy(&x[i], &u, sizeof u);
+        }
+        std::vector<uint16_t> narrow(n), narrow_ref(n);
+        std::vector<float> rounded(n), rounded_ref(n), widened(n), widened_ref(n);
+        dispatch().bf16_narrow(narrow.data(), x.data(), n);
+        dispatch().bf16_round(rounded.data(), x.data(), n);
+        dispatch().bf16_widen(widened.data(), narrow.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+            narrow_ref[i]  = bf16_from_float(x[i]);
+            rounded_ref[i] = bf16_to_float(bf16_from_float(x[i]));
+            widened_ref[i] = bf16_to_float(narrow_ref[i]);
+        }
+        EXPECT_EQ(narrow, narrow_ref);
+        EXPECT_EQ(first_bit_difference(rounded, rounded_ref), -1);
+        EXPECT_EQ(first_bit_difference(widened, widened_ref), -1);
     }
 }
 

@@ -1,0 +1,65 @@
+// bfloat16 conversions, 16 values at a time in integer arithmetic: the rounding of
+// core/dtype.h's bf16_from_float (round to nearest even, a NaN stays a quiet NaN), so every
+// result is bitwise the scalar one, denormals included (vcvtneps2bf16 flushes those to zero,
+// so it is not used).
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/ops_avx2.h"
+
+namespace bagualu::kernels::avx2 {
+
+namespace {
+
+// The 16 high bits of bf16_from_float for 8 floats, in the low half of each 32-bit lane.
+inline __m256i bf16_bits(__m256i u) {
+    const __m256i abs   = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i isnan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb   = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i sum   = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    const __m256i nan   = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(_mm256_srli_epi32(sum, 16), nan, isnan);
+}
+
+inline __m256i load8(const float* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+}  // namespace
+
+void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i lo = bf16_bits(load8(x + i));
+        const __m256i hi = bf16_bits(load8(x + i + 8));
+        // packus interleaves the 128-bit lanes (lo0 hi0 lo1 hi1): put them back in order
+        const __m256i packed =
+            _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), packed);
+    }
+    for (; i < n; ++i) dst[i] = bf16_from_float(x[i]);
+}
+
+void bf16_round_range(float* out, const float* in, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i r = _mm256_slli_epi32(bf16_bits(load8(in + i)), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), r);
+    }
+    for (; i < n; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
+}
+
+void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i w =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(w, 16));
+    }
+    for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
+}
+
+}  // namespace bagualu::kernels::avx2
