@@ -42,7 +42,15 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
                          size_t stride_c);
 
-// Rows of depth grouped_gemm_tn_f32 sums as one block on the active GEMM path: a group's rows
+// The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
+// kernel with grouped_gemm_tn_f32's depth block, so that the depth splits at
+// grouped_gemm_tn_depth_block() are exact for both (the ref and openblas paths loop over
+// gemm_bf16). The experts' weight gradients on 16-bit operands (kernels/mixed.h).
+void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
+                          int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
+                          size_t stride_c);
+
+// Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a group's rows
 // split at multiples of it over several calls with beta = 1 give bitwise the result of one call
 // (each block is summed from zero and then added to C). 0 when the path sums the whole depth at
 // once (ref, openblas), so that no split is exact. At most kMaxTnDepthBlock.

@@ -145,6 +145,24 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                       C + size_t(offsets[0]) * size_t(ldc), ldc);
 }
 
+void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
+                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c) {
+    if (!on_16bit(d) || G == 0) {
+        grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c);
+        return;
+    }
+    // the groups' rows of A and B from offsets[0] on (the last one to its M-th / N-th element)
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const size_t asz  = rows == 0 ? 0 : (rows - 1) * size_t(lda) + size_t(M);
+    const size_t bsz  = rows == 0 ? 0 : (rows - 1) * size_t(ldb) + size_t(N);
+    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), asz);
+    const bf16* b     = to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), bsz);
+    thread_local std::vector<int32_t> rel;
+    rel.assign(offsets, offsets + G + 1);
+    for (int32_t& o : rel) o -= offsets[0];
+    grouped_gemm_tn_bf16(G, rel.data(), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c);
+}
+
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC) {
     if (!on_16bit(d)) {

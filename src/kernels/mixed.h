@@ -64,6 +64,14 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
                        int ldc);
 
+// grouped_gemm_tn_f32 (alpha 1, beta 1: C_g += A_g^T B_g) for operands that already hold values
+// of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and
+// B's rows [offsets[0], offsets[G]) where the CPU has 16-bit arithmetic, else
+// grouped_gemm_tn_f32 on the floats. The experts' weight gradients; either way a depth split at
+// grouped_gemm_tn_depth_block() is exact. Call from outside pool jobs.
+void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
+                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c);
+
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.
 bool half_products_convert(Dtype d);

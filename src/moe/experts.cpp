@@ -2,10 +2,11 @@
 // experts (kernels/grouped_gemm.h), so threads balance over experts' rows together and an expert
 // with no rows costs nothing. Bias adds and bias-gradient sums run threaded once over all rows.
 // Results match running linear_forward / linear_backward per expert, bit for bit. With bf16
-// operands on a CPU with 16-bit arithmetic the four products of activations and weights run on
-// 16-bit copies (kernels::grouped_gemm_half); the two weight gradients stay float32 products of
-// the rounded values, so that their depth splits at the float kernel's block whatever the
-// rounds and pieces (moe_layer.h), as bitwise equality over budgets needs.
+// operands on a CPU with 16-bit arithmetic all six products run on 16-bit copies
+// (kernels::grouped_gemm_half, grouped_gemm_tn_half); the two weight gradients' bf16 kernel sums
+// the depth in the float kernel's blocks, so that a split at grouped_gemm_tn_depth_block()
+// whatever the rounds and pieces (moe_layer.h) stays exact, as bitwise equality over budgets
+// needs.
 #include "moe/experts.h"
 
 #include <algorithm>
@@ -117,8 +118,8 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
     kernels::round_inplace(g, RF, prec.gemm);
     // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
-    kernels::grouped_gemm_tn_f32(E, offsets, C, F, 1.0f, dy, C, g, F, 1.0f, dw.proj_w, F,
-                                 dw.proj_w_stride);
+    kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
+                                  dw.proj_w_stride);
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
     kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, F, C, dy, C, w.proj_w, F,
@@ -130,8 +131,8 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                                w.fc_w_stride, dx, C);
     kernels::round_inplace(dx, RC, prec.act);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
-    kernels::grouped_gemm_tn_f32(E, offsets, F, C, 1.0f, dh, F, x, C, 1.0f, dw.fc_w, C,
-                                 dw.fc_w_stride);
+    kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, F, C, dh, F, x, C, dw.fc_w, C,
+                                  dw.fc_w_stride);
     add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F, acc_fc, F + C);
 }
 

@@ -1,8 +1,8 @@
-// grouped_gemm_f32 / grouped_gemm_tn_f32 (kernels/grouped_gemm.h) on the packed driver: units of
-// (group, column strip, row block) handed out to the threads as they come free, each run by
-// gemm_rect with the same packing and micro-kernel as gemm_f32 (gemm_bf16 for the bf16 form), so
-// each element is summed in the same order as there. The ref and openblas paths loop over
-// gemm_f32 (gemm_bf16) instead.
+// grouped_gemm_f32 / grouped_gemm_tn_f32 and their bf16 forms (kernels/grouped_gemm.h) on the
+// packed driver: units of (group, column strip, row block) handed out to the threads as they
+// come free, each run by gemm_rect with the same packing and micro-kernel as gemm_f32 (gemm_bf16
+// for the bf16 forms), so each element is summed in the same order as there. The ref and
+// openblas paths loop over gemm_f32 (gemm_bf16) instead.
 // Packing buffers are reserved for the largest unit a call can have (mc rows, a strip, one kc
 // block), so the row counts changing from call to call (routing) do not make them grow again.
 #include <algorithm>
@@ -125,9 +125,11 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
 }
 
 // Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g, never split.
+// T: the element type the spec's packers read (float or bf16).
+template <typename T>
 void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M, int N,
-                       float alpha, const float* A, int lda, const float* B, int ldb, float beta,
-                       float* C, int ldc, size_t stride_c) {
+                       float alpha, const T* A, int lda, const T* B, int ldb, float beta, float* C,
+                       int ldc, size_t stride_c) {
     int64_t depth = 0;  // sum of K_g over groups with work
     int busy      = 0;
     for (int g = 0; g < G; ++g) {
@@ -225,6 +227,31 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
     }
     gemm::grouped_tn_packed(gemm::f32_spec(gemm::packed_path(p)), G, offsets, M, N, alpha, A, lda,
                             B, ldb, beta, C, ldc, stride_c);
+}
+
+void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
+                          int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
+                          size_t stride_c) {
+    BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
+    gemm::check_offsets(G, offsets);
+    if (G == 0 || M == 0 || N == 0) return;
+    const gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
+        for (int g = 0; g < G; ++g) {
+            gemm_bf16(Trans::T, Trans::N, M, N, offsets[g + 1] - offsets[g], alpha,
+                      A + size_t(offsets[g]) * size_t(lda), lda,
+                      B + size_t(offsets[g]) * size_t(ldb), ldb, beta, C + size_t(g) * stride_c,
+                      ldc);
+        }
+        return;
+    }
+    // The bf16 kernel with the float kernel's depth block, so that grouped_gemm_tn_depth_block()
+    // splits both forms exactly (the block is even, so no pair straddles a split).
+    const gemm::Path pp  = gemm::packed_path(p);
+    gemm::KernelSpec s   = gemm::bf16_spec(pp);
+    s.kc                 = gemm::f32_spec(pp).kc;
+    BGL_CHECK(s.kc % s.kstep == 0, "kc {} kstep {}", s.kc, s.kstep);
+    gemm::grouped_tn_packed(s, G, offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc, stride_c);
 }
 
 int grouped_gemm_tn_depth_block() {

@@ -3,11 +3,13 @@
 // double-accumulating reference per group. Group sizes are random, 0 and 1, and one group with
 // all rows; shapes are the four products and two weight gradients of the experts. Also checks
 // bit-identical results for 1, 2 and 3 threads, and that beta == 0 never reads C. The bf16 forward
-// form (grouped_gemm_bf16) the same way against gemm_bf16 per group.
+// form (grouped_gemm_bf16) the same way against gemm_bf16 per group; the bf16 weight-gradient
+// form (grouped_gemm_tn_bf16) against the reference, and split at the depth block.
 #include "kernels/grouped_gemm.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -327,6 +329,64 @@ TEST(GroupedGemm, ExpertShapesMatchPerGroupGemmAndReference) {
     check_expert_shapes(16, 24, 4, 24, 11);    // tests/unit/model tiny_config
     check_expert_shapes(40, 136, 9, 70, 21);   // edge tiles in every direction
     check_expert_shapes(256, 768, 8, 12, 31);  // the default model, few rows (reference is slow)
+}
+
+// The bf16 weight-gradient form: within the float bound of the reference on the widened
+// operands per group (products of bf16 values are exact in float32), on every path; and, where
+// the path sums the depth in blocks, a group's rows split at grouped_gemm_tn_depth_block() over
+// two calls (the second with beta = 1) give bitwise the one call's result, for the bf16 form as
+// for the float one (rounds and all-to-all pieces of the experts split them there).
+void check_tn_bf16(const std::vector<int>& sizes, int M, int N, float alpha, float beta,
+                   uint64_t seed) {
+    const Tn t                   = make_tn(sizes, M, N, alpha, beta, seed);
+    const std::vector<bf16> A16  = to_bf16(t.A), B16 = to_bf16(t.B);
+    const std::vector<float> A32 = widened(A16), B32 = widened(B16);
+    const auto want = run_tn_per_group(t, A32, B32, t.C0, alpha, beta, ref::gemm_f32);
+    const auto mag  = run_tn_per_group(t, abs_of(A32), abs_of(B32), abs_of(t.C0), std::fabs(alpha),
+                                       std::fabs(beta), ref::gemm_f32);
+    const auto depth = [&](size_t row) {
+        const size_t g = row / size_t(M);
+        return t.off[g + 1] - t.off[g];
+    };
+    const int G = int(t.off.size()) - 1;
+    PathGuard guard;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        const std::string what = std::string(gemm::path_name(path)) + " tn bf16 M=" +
+                                 std::to_string(M) + " N=" + std::to_string(N) +
+                                 " G=" + std::to_string(G);
+        std::vector<float> got = t.C0;
+        grouped_gemm_tn_bf16(G, t.off.data(), M, N, alpha, A16.data(), t.lda, B16.data(), t.ldb,
+                             beta, got.data(), t.ldc, t.stride_c);
+        expect_close(got, want, mag, N, t.ldc, depth, what);
+        const int blk = grouped_gemm_tn_depth_block();
+        if (blk == 0) continue;  // ref, openblas: the whole depth at once
+        // each group's rows cut at its first block boundary: [start, start + blk), then the rest
+        std::vector<float> split = t.C0;
+        for (int g = 0; g < G; ++g) {
+            const int32_t start = t.off[size_t(g)], end = t.off[size_t(g) + 1];
+            const int32_t cut   = std::min(start + blk, end);
+            const int32_t head[2] = {start, cut}, tail[2] = {cut, end};
+            float* cg = split.data() + size_t(g) * t.stride_c;
+            grouped_gemm_tn_bf16(1, head, M, N, alpha, A16.data(), t.lda, B16.data(), t.ldb, beta,
+                                 cg, t.ldc, t.stride_c);
+            grouped_gemm_tn_bf16(1, tail, M, N, alpha, A16.data(), t.lda, B16.data(), t.ldb, 1.0f,
+                                 cg, t.ldc, t.stride_c);
+        }
+        EXPECT_TRUE(same_bits(got, split)) << what << " split at " << blk;
+    }
+}
+
+TEST(GroupedGemm, Bf16WeightGradientMatchesReferenceAndSplitsExactlyAtTheDepthBlock) {
+    Rng rng(9);
+    for (const auto& [C, F, G, rows] :
+         {std::tuple{12, 20, 5, 37}, std::tuple{40, 136, 4, 300}, std::tuple{33, 17, 3, 700}}) {
+        for (const std::vector<int>& sizes : size_patterns(rng, G, rows)) {
+            check_tn_bf16(sizes, C, F, 1.0f, 1.0f, 61);
+            check_tn_bf16(sizes, F, C, 1.0f, 1.0f, 62);
+            check_tn_bf16(sizes, C, F, 0.5f, 0.0f, 63);
+        }
+    }
 }
 
 TEST(GroupedGemm, OtherTransposesAndScalars) {
