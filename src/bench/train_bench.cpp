@@ -23,6 +23,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
 #include "kernels/peak.h"
 #include "moe/token_dispatcher.h"
 #include "train/trainer.h"
@@ -167,8 +168,29 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     enable_phase_timer(false);
 
     // After training, on the pool it set up (a second set_compute_threads could resize it).
-    double peak = kernels::measure_peak_gflops_f32(1.0);
-    par.world().allreduce_sum(std::span<double>(&peak, 1));
+    // MFU is taken against the peak of the path the products ran on: in a bf16 run whose
+    // products use 16-bit arithmetic, the vdpbf16ps peak (or the AMX tiles' where the backend
+    // is oneDNN, which uses them, and they are faster); else the float FMA peak. Both are
+    // reported.
+    const bool half16 = cfg.precision.dtype == Dtype::bfloat16 &&
+                        kernels::half_products_convert(Dtype::bfloat16);
+    const kernels::gemm::Path gp = kernels::gemm::active_path();
+    double peaks[2]              = {kernels::measure_peak_gflops_f32(1.0), 0.0};
+    std::string peak_path        = "fp32 fma";
+    if (half16) {
+        peaks[1]  = kernels::measure_peak_gflops_bf16(1.0);
+        peak_path = "bf16 vdpbf16ps";
+        if (gp == kernels::gemm::Path::onednn || gp == kernels::gemm::Path::automatic) {
+            const double amx = kernels::measure_peak_gflops_amx_bf16(1.0);
+            if (amx > peaks[1]) {
+                peaks[1]  = amx;
+                peak_path = "bf16 amx";
+            }
+        }
+    }
+    par.world().allreduce_sum(std::span<double>(peaks, 2));
+    const double peak_f32 = peaks[0];
+    const double peak     = half16 ? peaks[1] : peaks[0];
 
     // The slowest rank's data wait (a non-reader waits for its scatter, not the prefetch).
     double waited = data_wait - wait_at_warmup;
@@ -196,6 +218,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     const double tokens_per_s = tokens_per_step / med_s;
     const double model_gflops = tokens_per_s * sum.flops_per_token * 1e-9;
     const double mfu          = peak > 0 ? model_gflops / peak : 0.0;
+    const double mfu_f32      = peak_f32 > 0 ? model_gflops / peak_f32 : 0.0;
     const double max_rss      = *std::max_element(rss.begin(), rss.end());
 
     const auto& totals = phase_seconds();
@@ -237,7 +260,10 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["tokens_per_s"]              = tokens_per_s;
         j["model_gflops"]              = model_gflops;
         j["peak_gflops"]               = peak;
+        j["peak_path"]                 = peak_path;
         j["mfu"]                       = mfu;
+        j["peak_gflops_f32"]           = peak_f32;
+        j["mfu_f32"]                   = mfu_f32;
         j["peak_rss_mb"]               = max_rss;
         j["peak_rss_mb_per_rank"]      = rss;
         j["recompute"]                 = name_of(cfg.train.recompute);
@@ -264,8 +290,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
                tokens_per_step);
     fmt::print(
         "step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
-        "peak {:.1f} GFLOP/s, MFU {:.3f}\n",
-        med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, mfu);
+        "peak {:.1f} GFLOP/s ({}), MFU {:.3f}\n",
+        med_s * 1e3, mean_s * 1e3, tokens_per_s, model_gflops, peak, peak_path, mfu);
     if (P > 1) {
         fmt::print("gradient reduction after backward (exposed): {:.2f} ms median\n",
                    median(wait_s) * 1e3);

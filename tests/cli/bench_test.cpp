@@ -123,6 +123,38 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_GT(jb["recompute_s_per_step"].get<double>(), 0.0);
 }
 
+TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
+    // fp32: the float FMA peak; bf16: the vdpbf16ps peak exactly where the products run on
+    // 16-bit arithmetic (AVX512_BF16 under the default backend), else the float one. Both MFUs
+    // are reported, and they are the same model GFLOP/s over the two peaks.
+    TempDir dir;
+    std::vector<int32_t> tokens(4000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
+    data::write_token_file(dir / "train.bin", tokens, 128);
+    data::write_token_file(dir / "val.bin", tokens, 128);
+    const std::string data = " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
+                             " --set data.val=" + (dir / "val.bin") +
+                             " --set data.tokenizer=" + (dir / "none.model");
+    const bool dot = bagualu::kernels::cpu_features().avx512_bf16;
+    for (const char* dtype : {"fp32", "bf16"}) {
+        SCOPED_TRACE(dtype);
+        const CommandResult r =
+            bagualu(std::string("bench train --config configs/tiny.toml --steps 1 --warmup 1 --json "
+                                "--set precision.dtype=") +
+                    dtype + data);
+        ASSERT_EQ(r.status, 0) << r.output;
+        const nlohmann::json j = json_of(r.output);
+        const bool half16      = std::string(dtype) == "bf16" && dot;
+        EXPECT_EQ(j["peak_path"], half16 ? "bf16 vdpbf16ps" : "fp32 fma") << j["gemm_backend"];
+        const double gf = j["model_gflops"].get<double>();
+        EXPECT_NEAR(j["mfu"].get<double>(), gf / j["peak_gflops"].get<double>(), 1e-9);
+        EXPECT_NEAR(j["mfu_f32"].get<double>(), gf / j["peak_gflops_f32"].get<double>(), 1e-9);
+        if (!half16) {
+            EXPECT_EQ(j["peak_gflops"].get<double>(), j["peak_gflops_f32"].get<double>());
+        }
+    }
+}
+
 TEST(BenchCli, IoReportsWriteAndReadRatiosAndCleansUp) {
     TempDir dir;
     const CommandResult r = bagualu("bench io --mib 1 --repeats 1 --json --dir " + dir.str());
