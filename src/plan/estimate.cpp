@@ -162,25 +162,23 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     std::map<std::string, double> compute, memory;  // seconds per step by group
     // Mixed precision (model/precision.h): the classes at O1 and above run their dense products
     // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
-    // rounded operands); the experts' grouped products too, but for their weight gradients, which
-    // stay float32 (moe/experts.cpp).
+    // rounded operands); the experts' grouped products too, weight gradients included
+    // (moe/experts.cpp).
     const double half_peak_rank =
         nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
     auto peak_of = [&](model::LayerClass c) {
         return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank
                                                                            : peak_rank;
     };
-    // a linear layer (rows, out, in): forward and dinp products at `peak`, dweight at
-    // `peak_dw` (0: the same)
+    // a linear layer (rows, out, in): its forward, dinp and dweight products at `peak`
     auto linear = [&](const char* group, double rows, double out, double in, double count,
-                      double peak, double peak_dw = 0) {
+                      double peak) {
         if (rows <= 0) return;
         const double f = 2 * rows * out * in;
-        compute[group] +=
-            count * A *
-            (f / (peak * gemm_efficiency(nd, rows, out, in)) +
-             f / (peak * gemm_efficiency(nd, rows, in, out)) +
-             f / ((peak_dw > 0 ? peak_dw : peak) * gemm_efficiency(nd, out, in, rows)));
+        compute[group] += count * A *
+                          (f / (peak * gemm_efficiency(nd, rows, out, in)) +
+                           f / (peak * gemm_efficiency(nd, rows, in, out)) +
+                           f / (peak * gemm_efficiency(nd, out, in, rows)));
     };
     auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
 
@@ -198,8 +196,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
         linear("gemm: MoE gate", N, m.gate_rows(), C, n_moe, peak_gate);
-        linear("gemm: experts", rows, FE, C, n_moe * El, pf, peak_rank);
-        linear("gemm: experts", rows, C, FE, n_moe * El, pf, peak_rank);
+        linear("gemm: experts", rows, FE, C, n_moe * El, pf);
+        linear("gemm: experts", rows, C, FE, n_moe * El, pf);
         if (fp.moe_rounds > 1) {
             // several rounds: backward recomputes the experts' forward products
             // (moe/moe_layer.cpp); the balanced load is N K rows per rank
@@ -211,8 +209,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         // shared experts: every token, grouped products like the routed ones
         const double S = m.n_shared_experts, FS = m.shared_width();
         if (S > 0) {
-            linear("gemm: shared experts", N, FS, C, n_moe * S, pf, peak_rank);
-            linear("gemm: shared experts", N, C, FS, n_moe * S, pf, peak_rank);
+            linear("gemm: shared experts", N, FS, C, n_moe * S, pf);
+            linear("gemm: shared experts", N, C, FS, n_moe * S, pf);
         }
     }
     linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
@@ -302,11 +300,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
         conv(LayerClass::head, C, V, 1);
         if (n_moe > 0 && prec.gemm_dtype(LayerClass::ffn) == Dtype::bfloat16) {
             // kernels::grouped_gemm_half: the rows and the local experts' weights of the four
-            // products of activations and weights (forward x and g, backward dy and dh), the
-            // routed experts' at the balanced load and the shared experts'
+            // products of activations and weights (forward x and g, backward dy and dh), and
+            // grouped_gemm_tn_half: both row operands of the two weight gradients (dy and g, dh
+            // and x); the routed experts' at the balanced load and the shared experts'
             const double S = m.n_shared_experts, FS = m.shared_width();
             b += n_moe * 6 *
-                 (2 * RK * (C + FE) + 4 * El * FE * C + S * (2 * N * (C + FS) + 4 * FS * C));
+                 (4 * RK * (C + FE) + 4 * El * FE * C + S * (4 * N * (C + FS) + 4 * FS * C));
         }
         if (n_moe > 0 && prec.router_dtype() != Dtype::float32) {
             // moe/router.cpp under precision.router = "half": bf16 converts the input and the

@@ -92,8 +92,8 @@ TEST_P(ExpertsGelu, BackwardMultipliesByForwardsGeluOutput) {
     const ExpertsRun r = run(s, false);
     // dproj_w from forward's g: the same GEMM on the same operands gives the same bits
     std::vector<float> want(s.proj_w.size());
-    kernels::grouped_gemm_tn_f32(E, s.offsets.data(), C, F, 1.0f, r.dy.data(), C, r.g_fwd.data(), F,
-                                 1.0f, want.data(), F, size_t(C) * F);
+    kernels::grouped_gemm_tn_half(s.prec.gemm, E, s.offsets.data(), C, F, r.dy.data(), C,
+                                  r.g_fwd.data(), F, want.data(), F, size_t(C) * F);
     EXPECT_EQ(r.dproj_w, want);
     // and the rows of expert 1 (none) leave its gradients at zero
     for (size_t i = size_t(C) * F; i < 2 * size_t(C) * F; ++i) EXPECT_EQ(r.dproj_w[i], 0.0f);
