@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/kernels_bench.h"
@@ -23,7 +24,6 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
-#include "kernels/mixed.h"
 #include "kernels/peak.h"
 #include "moe/token_dispatcher.h"
 #include "train/trainer.h"
@@ -168,29 +168,17 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     enable_phase_timer(false);
 
     // After training, on the pool it set up (a second set_compute_threads could resize it).
-    // MFU is taken against the peak of the path the products ran on: in a bf16 run whose
-    // products use 16-bit arithmetic, the vdpbf16ps peak (or the AMX tiles' where the backend
-    // is oneDNN, which uses them, and they are faster); else the float FMA peak. Both are
-    // reported.
-    const bool half16 = cfg.precision.dtype == Dtype::bfloat16 &&
-                        kernels::half_products_convert(Dtype::bfloat16);
-    const kernels::gemm::Path gp = kernels::gemm::active_path();
-    double peaks[2]              = {kernels::measure_peak_gflops_f32(1.0), 0.0};
-    std::string peak_path        = "fp32 fma";
-    if (half16) {
-        peaks[1]  = kernels::measure_peak_gflops_bf16(1.0);
-        peak_path = "bf16 vdpbf16ps";
-        if (gp == kernels::gemm::Path::onednn || gp == kernels::gemm::Path::automatic) {
-            const double amx = kernels::measure_peak_gflops_amx_bf16(1.0);
-            if (amx > peaks[1]) {
-                peaks[1]  = amx;
-                peak_path = "bf16 amx";
-            }
-        }
-    }
+    // MFU is taken against the peak of the path the products ran on (kernels/peak.h); the
+    // FP32-peak MFU is reported beside it.
+    const kernels::ProductPeak pp = kernels::measure_product_peak(cfg.precision.dtype, 1.0);
+    double peaks[2]               = {pp.path == std::string_view("fp32 fma")
+                                         ? pp.gflops
+                                         : kernels::measure_peak_gflops_f32(1.0),
+                                     pp.gflops};
     par.world().allreduce_sum(std::span<double>(peaks, 2));
-    const double peak_f32 = peaks[0];
-    const double peak     = half16 ? peaks[1] : peaks[0];
+    const double peak_f32       = peaks[0];
+    const double peak           = peaks[1];
+    const std::string peak_path = pp.path;
 
     // The slowest rank's data wait (a non-reader waits for its scatter, not the prefetch).
     double waited = data_wait - wait_at_warmup;

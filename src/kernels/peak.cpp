@@ -8,6 +8,8 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
 #include "kernels/peak_loops.h"
 
 namespace bagualu::kernels {
@@ -85,6 +87,25 @@ double measure_peak_gflops_bf16(double seconds) {
         return measure({avx512::dot_loop_bf16, avx512::kDotLoopBf16Flops}, seconds);
     }
     return measure(f32_loop(), seconds);
+}
+
+ProductPeak measure_product_peak(Dtype products, double seconds) {
+    ProductPeak p;
+    if (products != Dtype::bfloat16 || !half_products_convert(Dtype::bfloat16)) {
+        p.gflops = measure_peak_gflops_f32(seconds);
+        return p;
+    }
+    p.gflops            = measure_peak_gflops_bf16(seconds);
+    p.path              = "bf16 vdpbf16ps";
+    const gemm::Path gp = gemm::active_path();
+    if (gp == gemm::Path::onednn || gp == gemm::Path::automatic) {
+        const double amx = measure_peak_gflops_amx_bf16(seconds);
+        if (amx > p.gflops) {
+            p.gflops = amx;
+            p.path   = "bf16 amx";
+        }
+    }
+    return p;
 }
 
 }  // namespace bagualu::kernels

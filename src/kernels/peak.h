@@ -2,6 +2,7 @@
 // independent accumulators to keep every FMA pipe busy, run on all compute-pool workers at once.
 // The yardstick for GEMM efficiency (ours / peak) in benchmarks and training-speed reports.
 #pragma once
+#include "core/dtype.h"
 
 namespace bagualu::kernels {
 
@@ -15,5 +16,15 @@ double measure_peak_gflops_bf16(double seconds);
 
 // Same for AMX-BF16 tiles (tdpbf16ps); 0 when the CPU or the OS has no AMX.
 double measure_peak_gflops_amx_bf16(double seconds);
+
+// The peak of the arithmetic the GEMMs of a run in dtype `products` use, the yardstick of its
+// MFU: in bf16 where the products run on 16-bit arithmetic (kernels/mixed.h
+// half_products_convert), the vdpbf16ps peak, or the AMX tiles' where the GEMM backend is
+// oneDNN or auto (which use them) and they are faster; else the float FMA peak.
+struct ProductPeak {
+    double gflops    = 0;
+    const char* path = "fp32 fma";  // "fp32 fma", "bf16 vdpbf16ps" or "bf16 amx"
+};
+ProductPeak measure_product_peak(Dtype products, double seconds);
 
 }  // namespace bagualu::kernels

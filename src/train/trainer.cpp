@@ -132,6 +132,7 @@ class Trainer {
     dist::paro::MemoryFootprint mem_;
     std::vector<int32_t> inputs_, targets_;  // (MB, T): this rank's micro-step
     double peak_gflops_      = 0;
+    const char* peak_path_   = "fp32 fma";  // kernels::ProductPeak::path
     double flops_per_token_  = 0;  // forward + backward
     int64_t tokens_per_step_ = 0;  // all ranks
     std::optional<Checkpointer> ckpt_;
@@ -183,7 +184,10 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
         GemmChoiceRecord(gemm_choice_path(cfg.train.run_dir, par_->rank()), !opt.dry_run);
     inputs_.resize(static_cast<size_t>(MB_) * T_);
     targets_.resize(inputs_.size());
-    peak_gflops_     = kernels::measure_peak_gflops_f32(0.2);
+    // MFU against the peak of the arithmetic the run's products use (kernels/peak.h)
+    const kernels::ProductPeak pk = kernels::measure_product_peak(cfg.precision.dtype, 0.2);
+    peak_gflops_                  = pk.gflops;
+    peak_path_                    = pk.path;
     flops_per_token_ = 3.0 * gpt_->flops_per_token(T_);
     tokens_per_step_ = cfg.train.batch_size * T_;
     if (writer_) log_setup();
@@ -291,8 +295,8 @@ void Trainer::log_setup() const {
     log::info(
         "precision: {}{}", prec_.describe(),
         scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
-    log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s fp32",
-              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_);
+    log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s {}",
+              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_, peak_path_);
     if (P_ > 1) {
         log::info("gradient reduction: {}", optimizer_->overlapped()
                                                 ? "overlapped with backward (helper thread)"
