@@ -333,7 +333,8 @@ TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
     // on every class of float: ties to even both ways, carries into the exponent, the largest
     // finite values (which round to infinity), infinities, quiet and signalling NaNs of both
     // signs, zeros and denormals (which SIMD conversion instructions flush), plus random values;
-    // lengths around the 8- and 16-lane steps.
+    // lengths around the 8- and 16-lane steps; rounding in place too, where the input is
+    // half rounded already (every other vector).
     const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u,
                                  0x00018000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu,
                                  0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
@@ -359,8 +360,16 @@ TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
             rounded_ref[i] = bf16_to_float(bf16_from_float(x[i]));
             widened_ref[i] = bf16_to_float(narrow_ref[i]);
         }
+        // in place, as the weights are rounded: the same bits (a vector already rounded is
+        // left unwritten)
+        std::vector<float> in_place = x;
+        for (size_t i = 0; i < n; i += 16) {  // vectors already rounded next to ones that are not
+            for (size_t j = i; j < std::min(n, i + 8); ++j) in_place[j] = rounded_ref[j];
+        }
+        dispatch().bf16_round(in_place.data(), in_place.data(), n);
         EXPECT_EQ(narrow, narrow_ref);
         EXPECT_EQ(first_bit_difference(rounded, rounded_ref), -1);
+        EXPECT_EQ(first_bit_difference(in_place, rounded_ref), -1);
         EXPECT_EQ(first_bit_difference(widened, widened_ref), -1);
     }
 }
