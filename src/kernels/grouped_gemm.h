@@ -50,10 +50,10 @@ void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alp
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
                           size_t stride_c);
 
-// Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a group's rows
-// split at multiples of it over several calls with beta = 1 give bitwise the result of one call
-// (each block is summed from zero and then added to C). 0 when the path sums the whole depth at
-// once (ref, openblas), so that no split is exact. At most kMaxTnDepthBlock.
+// Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a
+// group's rows split at multiples of it over several calls with beta = 1 give bitwise the result of
+// one call (each block is summed from zero and then added to C). 0 when the path sums the whole
+// depth at once (ref, openblas), so that no split is exact. At most kMaxTnDepthBlock.
 int grouped_gemm_tn_depth_block();
 inline constexpr int kMaxTnDepthBlock = 256;
 

@@ -133,8 +133,8 @@ class Trainer {
     std::vector<int32_t> inputs_, targets_;  // (MB, T): this rank's micro-step
     double peak_gflops_      = 0;
     const char* peak_path_   = "fp32 fma";  // kernels::ProductPeak::path
-    double flops_per_token_  = 0;  // forward + backward
-    int64_t tokens_per_step_ = 0;  // all ranks
+    double flops_per_token_  = 0;           // forward + backward
+    int64_t tokens_per_step_ = 0;           // all ranks
     std::optional<Checkpointer> ckpt_;
     GemmChoiceRecord gemm_choices_;  // BGL_GEMM=auto's table of this rank
     int64_t start_step_ = 0;
@@ -188,8 +188,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     const kernels::ProductPeak pk = kernels::measure_product_peak(cfg.precision.dtype, 0.2);
     peak_gflops_                  = pk.gflops;
     peak_path_                    = pk.path;
-    flops_per_token_ = 3.0 * gpt_->flops_per_token(T_);
-    tokens_per_step_ = cfg.train.batch_size * T_;
+    flops_per_token_              = 3.0 * gpt_->flops_per_token(T_);
+    tokens_per_step_              = cfg.train.batch_size * T_;
     if (writer_) log_setup();
     sum_.peak_gflops         = peak_gflops_;
     sum_.flops_per_token     = flops_per_token_;

@@ -138,10 +138,10 @@ TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
     const bool dot = bagualu::kernels::cpu_features().avx512_bf16;
     for (const char* dtype : {"fp32", "bf16"}) {
         SCOPED_TRACE(dtype);
-        const CommandResult r =
-            bagualu(std::string("bench train --config configs/tiny.toml --steps 1 --warmup 1 --json "
-                                "--set precision.dtype=") +
-                    dtype + data);
+        const CommandResult r = bagualu(
+            std::string("bench train --config configs/tiny.toml --steps 1 --warmup 1 --json "
+                        "--set precision.dtype=") +
+            dtype + data);
         ASSERT_EQ(r.status, 0) << r.output;
         const nlohmann::json j = json_of(r.output);
         const bool half16      = std::string(dtype) == "bf16" && dot;

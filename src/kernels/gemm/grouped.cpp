@@ -247,9 +247,9 @@ void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alp
     }
     // The bf16 kernel with the float kernel's depth block, so that grouped_gemm_tn_depth_block()
     // splits both forms exactly (the block is even, so no pair straddles a split).
-    const gemm::Path pp  = gemm::packed_path(p);
-    gemm::KernelSpec s   = gemm::bf16_spec(pp);
-    s.kc                 = gemm::f32_spec(pp).kc;
+    const gemm::Path pp = gemm::packed_path(p);
+    gemm::KernelSpec s  = gemm::bf16_spec(pp);
+    s.kc                = gemm::f32_spec(pp).kc;
     BGL_CHECK(s.kc % s.kstep == 0, "kc {} kstep {}", s.kc, s.kstep);
     gemm::grouped_tn_packed(s, G, offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc, stride_c);
 }

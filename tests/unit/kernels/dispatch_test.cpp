@@ -71,8 +71,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_update &&
                     t.bf16_narrow && t.bf16_round && t.bf16_widen);
-        for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa,
-                      t.adamw_isa, t.convert_isa}) {
+        for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
+                      t.convert_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
         }
         // A family that runs generic code points at the generic kernel, and the other way round.

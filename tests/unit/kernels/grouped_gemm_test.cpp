@@ -338,12 +338,12 @@ TEST(GroupedGemm, ExpertShapesMatchPerGroupGemmAndReference) {
 // for the float one (rounds and all-to-all pieces of the experts split them there).
 void check_tn_bf16(const std::vector<int>& sizes, int M, int N, float alpha, float beta,
                    uint64_t seed) {
-    const Tn t                   = make_tn(sizes, M, N, alpha, beta, seed);
-    const std::vector<bf16> A16  = to_bf16(t.A), B16 = to_bf16(t.B);
+    const Tn t                  = make_tn(sizes, M, N, alpha, beta, seed);
+    const std::vector<bf16> A16 = to_bf16(t.A), B16 = to_bf16(t.B);
     const std::vector<float> A32 = widened(A16), B32 = widened(B16);
-    const auto want = run_tn_per_group(t, A32, B32, t.C0, alpha, beta, ref::gemm_f32);
-    const auto mag  = run_tn_per_group(t, abs_of(A32), abs_of(B32), abs_of(t.C0), std::fabs(alpha),
-                                       std::fabs(beta), ref::gemm_f32);
+    const auto want  = run_tn_per_group(t, A32, B32, t.C0, alpha, beta, ref::gemm_f32);
+    const auto mag   = run_tn_per_group(t, abs_of(A32), abs_of(B32), abs_of(t.C0), std::fabs(alpha),
+                                        std::fabs(beta), ref::gemm_f32);
     const auto depth = [&](size_t row) {
         const size_t g = row / size_t(M);
         return t.off[g + 1] - t.off[g];
@@ -352,8 +352,8 @@ void check_tn_bf16(const std::vector<int>& sizes, int M, int N, float alpha, flo
     PathGuard guard;
     for (Path path : supported_paths()) {
         gemm::set_active_path(path);
-        const std::string what = std::string(gemm::path_name(path)) + " tn bf16 M=" +
-                                 std::to_string(M) + " N=" + std::to_string(N) +
+        const std::string what = std::string(gemm::path_name(path)) +
+                                 " tn bf16 M=" + std::to_string(M) + " N=" + std::to_string(N) +
                                  " G=" + std::to_string(G);
         std::vector<float> got = t.C0;
         grouped_gemm_tn_bf16(G, t.off.data(), M, N, alpha, A16.data(), t.lda, B16.data(), t.ldb,
@@ -365,7 +365,7 @@ void check_tn_bf16(const std::vector<int>& sizes, int M, int N, float alpha, flo
         std::vector<float> split = t.C0;
         for (int g = 0; g < G; ++g) {
             const int32_t start = t.off[size_t(g)], end = t.off[size_t(g) + 1];
-            const int32_t cut   = std::min(start + blk, end);
+            const int32_t cut     = std::min(start + blk, end);
             const int32_t head[2] = {start, cut}, tail[2] = {cut, end};
             float* cg = split.data() + size_t(g) * t.stride_c;
             grouped_gemm_tn_bf16(1, head, M, N, alpha, A16.data(), t.lda, B16.data(), t.ldb, beta,

@@ -21,7 +21,7 @@ namespace bagualu::kernels::gemm::avx512 {
 namespace {
 
 // Longest k block the transposing path accepts: rows past the panel's end read a zero row.
-constexpr int kMaxPairK                         = 1024;
+constexpr int kMaxPairK                             = 1024;
 alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32] = {};
 
 // Indices for vpermt2w: the low and high halves of (a0, b0, a1, b1, ...) from rows a and b.
@@ -86,7 +86,7 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
                 const __m512i a = _mm512_maskz_loadu_epi16(in, s0);
                 const __m512i b =
                     2 * g + 1 < kc ? _mm512_maskz_loadu_epi16(in, s0 + ld) : _mm512_setzero_si512();
-                bf16* dg = d + size_t(2 * R) * size_t(g);
+                bf16* dg         = d + size_t(2 * R) * size_t(g);
                 const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b);
                 if constexpr (lo_elems == 32) {
                     _mm512_storeu_si512(dg, lo);
