@@ -171,9 +171,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     // MFU is taken against the peak of the path the products ran on (kernels/peak.h); the
     // FP32-peak MFU is reported beside it.
     const kernels::ProductPeak pp = kernels::measure_product_peak(cfg.precision.dtype, 1.0);
-    double peaks[2]               = {
-                      pp.path == std::string_view("fp32 fma") ? pp.gflops : kernels::measure_peak_gflops_f32(1.0),
-        pp.gflops};
+    const bool f32_path           = pp.path == std::string_view("fp32 fma");
+    double peaks[2] = {f32_path ? pp.gflops : kernels::measure_peak_gflops_f32(1.0), pp.gflops};
     par.world().allreduce_sum(std::span<double>(peaks, 2));
     const double peak_f32       = peaks[0];
     const double peak           = peaks[1];
