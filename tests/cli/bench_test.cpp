@@ -63,16 +63,19 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     EXPECT_TRUE(qkv_dw);
 }
 
-TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
-    TempDir dir;
+// A small token corpus in dir and the --set arguments that train configs/tiny.toml on it.
+std::string tiny_corpus(const TempDir& dir) {
     std::vector<int32_t> tokens(4000);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
     data::write_token_file(dir / "train.bin", tokens, 128);
     data::write_token_file(dir / "val.bin", tokens, 128);
-    const std::string data = " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
-                             " --set data.val=" + (dir / "val.bin") +
-                             " --set data.tokenizer=" + (dir / "none.model") +
-                             " --set train.run_dir=" + (dir / "run");
+    return " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
+           " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" + (dir / "none.model");
+}
+
+TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
+    TempDir dir;
+    const std::string data = tiny_corpus(dir) + " --set train.run_dir=" + (dir / "run");
     const CommandResult r =
         bagualu("bench train --config configs/tiny.toml --steps 2 --warmup 1 --json" + data);
     ASSERT_EQ(r.status, 0) << r.output;
@@ -128,14 +131,8 @@ TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
     // 16-bit arithmetic (AVX512_BF16 under the default backend), else the float one. Both MFUs
     // are reported, and they are the same model GFLOP/s over the two peaks.
     TempDir dir;
-    std::vector<int32_t> tokens(4000);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
-    data::write_token_file(dir / "train.bin", tokens, 128);
-    data::write_token_file(dir / "val.bin", tokens, 128);
-    const std::string data = " --set model.vocab_size=128 --set data.train=" + (dir / "train.bin") +
-                             " --set data.val=" + (dir / "val.bin") +
-                             " --set data.tokenizer=" + (dir / "none.model");
-    const bool dot = bagualu::kernels::cpu_features().avx512_bf16;
+    const std::string data = tiny_corpus(dir);
+    const bool dot         = bagualu::kernels::cpu_features().avx512_bf16;
     for (const char* dtype : {"fp32", "bf16"}) {
         SCOPED_TRACE(dtype);
         const CommandResult r = bagualu(

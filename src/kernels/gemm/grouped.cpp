@@ -192,6 +192,40 @@ void grouped_forward(const KernelSpec& (*spec)(Path),
                    beta, C, ldc);
 }
 
+// The weight-gradient form for element type T: per group through `loop` (gemm_f32 /
+// gemm_bf16) on the ref and openblas paths, else the grouped driver on spec(the packed path).
+template <typename T, typename SpecOf>
+void grouped_tn(SpecOf spec,
+                void (*loop)(Trans, Trans, int, int, int, float, const T*, int, const T*, int,
+                             float, float*, int),
+                int G, const int32_t* offsets, int M, int N, float alpha, const T* A, int lda,
+                const T* B, int ldb, float beta, float* C, int ldc, size_t stride_c) {
+    BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
+    check_offsets(G, offsets);
+    if (G == 0 || M == 0 || N == 0) return;
+    const Path p = active_path();
+    if (p == Path::ref || p == Path::openblas) {
+        for (int g = 0; g < G; ++g) {
+            loop(Trans::T, Trans::N, M, N, offsets[g + 1] - offsets[g], alpha,
+                 A + size_t(offsets[g]) * size_t(lda), lda, B + size_t(offsets[g]) * size_t(ldb),
+                 ldb, beta, C + size_t(g) * stride_c, ldc);
+        }
+        return;
+    }
+    grouped_tn_packed(spec(packed_path(p)), G, offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc,
+                      stride_c);
+}
+
+// The bf16 weight-gradient kernel: the path's bf16 kernel with the float kernel's depth block,
+// so that grouped_gemm_tn_depth_block() splits both forms exactly (the block is even, so no k
+// pair straddles a split).
+KernelSpec bf16_tn_spec(Path p) {
+    KernelSpec s = bf16_spec(p);
+    s.kc         = f32_spec(p).kc;
+    BGL_CHECK(s.kc % s.kstep == 0, "kc {} kstep {}", s.kc, s.kstep);
+    return s;
+}
+
 }  // namespace
 }  // namespace gemm
 
@@ -212,46 +246,15 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
                          size_t stride_c) {
-    BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
-    gemm::check_offsets(G, offsets);
-    if (G == 0 || M == 0 || N == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
-        for (int g = 0; g < G; ++g) {
-            gemm_f32(Trans::T, Trans::N, M, N, offsets[g + 1] - offsets[g], alpha,
-                     A + size_t(offsets[g]) * size_t(lda), lda,
-                     B + size_t(offsets[g]) * size_t(ldb), ldb, beta, C + size_t(g) * stride_c,
-                     ldc);
-        }
-        return;
-    }
-    gemm::grouped_tn_packed(gemm::f32_spec(gemm::packed_path(p)), G, offsets, M, N, alpha, A, lda,
-                            B, ldb, beta, C, ldc, stride_c);
+    gemm::grouped_tn<float>(gemm::f32_spec, gemm_f32, G, offsets, M, N, alpha, A, lda, B, ldb, beta,
+                            C, ldc, stride_c);
 }
 
 void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
                           size_t stride_c) {
-    BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
-    gemm::check_offsets(G, offsets);
-    if (G == 0 || M == 0 || N == 0) return;
-    const gemm::Path p = gemm::active_path();
-    if (p == gemm::Path::ref || p == gemm::Path::openblas) {
-        for (int g = 0; g < G; ++g) {
-            gemm_bf16(Trans::T, Trans::N, M, N, offsets[g + 1] - offsets[g], alpha,
-                      A + size_t(offsets[g]) * size_t(lda), lda,
-                      B + size_t(offsets[g]) * size_t(ldb), ldb, beta, C + size_t(g) * stride_c,
-                      ldc);
-        }
-        return;
-    }
-    // The bf16 kernel with the float kernel's depth block, so that grouped_gemm_tn_depth_block()
-    // splits both forms exactly (the block is even, so no pair straddles a split).
-    const gemm::Path pp = gemm::packed_path(p);
-    gemm::KernelSpec s  = gemm::bf16_spec(pp);
-    s.kc                = gemm::f32_spec(pp).kc;
-    BGL_CHECK(s.kc % s.kstep == 0, "kc {} kstep {}", s.kc, s.kstep);
-    gemm::grouped_tn_packed(s, G, offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc, stride_c);
+    gemm::grouped_tn<bf16>(gemm::bf16_tn_spec, gemm_bf16, G, offsets, M, N, alpha, A, lda, B, ldb,
+                           beta, C, ldc, stride_c);
 }
 
 int grouped_gemm_tn_depth_block() {
