@@ -1,4 +1,4 @@
-// bfloat16 conversions, 16 values at a time in integer arithmetic: the rounding of
+// bfloat16 conversions, 8 values to a vector in integer arithmetic: the rounding of
 // core/dtype.h's bf16_from_float (round to nearest even, a NaN stays a quiet NaN), so every
 // result is bitwise the scalar one, denormals included (vcvtneps2bf16 flushes those to zero,
 // so it is not used).
