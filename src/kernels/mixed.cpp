@@ -111,6 +111,19 @@ const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
     return out;
 }
 
+// Elements from the first of `rows` rows of stride ld to the `width`-th of the last.
+size_t span(size_t rows, int ld, size_t width) {
+    return rows == 0 ? 0 : (rows - 1) * size_t(ld) + width;
+}
+
+// offsets made relative to offsets[0], where the 16-bit copies of the groups' rows start
+const int32_t* rebased(const int32_t* offsets, int G) {
+    thread_local std::vector<int32_t> rel;
+    rel.assign(offsets, offsets + G + 1);
+    for (int32_t& o : rel) o -= offsets[0];
+    return rel.data();
+}
+
 }  // namespace
 
 void force_16bit_operands(bool on) { g_force16 = on; }
@@ -127,8 +140,8 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
     // A's rows from offsets[0] on (the last one to its K-th element); each group's op(B), its
     // rows to the last one's end, one after another (at once when the groups are adjacent)
     const size_t rows = size_t(offsets[G] - offsets[0]), blk = size_t(tb == Trans::T ? N : K);
-    const size_t asz = rows == 0 ? 0 : (rows - 1) * size_t(lda) + size_t(K);
-    const size_t wsz = blk == 0 ? 0 : (blk - 1) * size_t(ldb) + size_t(tb == Trans::T ? K : N);
+    const size_t asz = span(rows, lda, size_t(K));
+    const size_t wsz = span(blk, ldb, size_t(tb == Trans::T ? K : N));
     const bf16* a    = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), asz);
     bf16* w          = grow(g_w16, size_t(G) * wsz);
     if (stride_b == wsz) {
@@ -137,11 +150,7 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
         for (int g = 0; g < G; ++g)
             narrow_half(Dtype::bfloat16, w + size_t(g) * wsz, B + size_t(g) * stride_b, wsz);
     }
-    // offsets relative to A's first row, where the copy starts
-    thread_local std::vector<int32_t> rel;
-    rel.assign(offsets, offsets + G + 1);
-    for (int32_t& o : rel) o -= offsets[0];
-    grouped_gemm_bf16(Trans::N, tb, G, rel.data(), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
+    grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
                       C + size_t(offsets[0]) * size_t(ldc), ldc);
 }
 
@@ -153,14 +162,9 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
     }
     // the groups' rows of A and B from offsets[0] on (the last one to its M-th / N-th element)
     const size_t rows = size_t(offsets[G] - offsets[0]);
-    const size_t asz  = rows == 0 ? 0 : (rows - 1) * size_t(lda) + size_t(M);
-    const size_t bsz  = rows == 0 ? 0 : (rows - 1) * size_t(ldb) + size_t(N);
-    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), asz);
-    const bf16* b     = to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), bsz);
-    thread_local std::vector<int32_t> rel;
-    rel.assign(offsets, offsets + G + 1);
-    for (int32_t& o : rel) o -= offsets[0];
-    grouped_gemm_tn_bf16(G, rel.data(), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c);
+    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
+    const bf16* b     = to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), span(rows, ldb, N));
+    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c);
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
