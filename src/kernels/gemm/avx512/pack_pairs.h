@@ -24,15 +24,22 @@ namespace {
 constexpr int kMaxPairK                             = 1024;
 alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32] = {};
 
-// Indices for vpermt2w: the low and high halves of (a0, b0, a1, b1, ...) from rows a and b.
-inline __m512i interleave_index(int half) {
-    alignas(64) int16_t idx[32];
-    for (int i = 0; i < 16; ++i) {
-        idx[2 * i]     = static_cast<int16_t>(half * 16 + i);
-        idx[2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
+// Indices for vpermt2w: the low (half 0) and high (half 1) halves of (a0, b0, a1, b1, ...)
+// from rows a and b.
+struct InterleaveIndex {
+    alignas(64) int16_t idx[2][32];
+};
+constexpr InterleaveIndex make_interleave_index() {
+    InterleaveIndex t{};
+    for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 16; ++i) {
+            t.idx[half][2 * i]     = static_cast<int16_t>(half * 16 + i);
+            t.idx[half][2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
+        }
     }
-    return _mm512_load_si512(idx);
+    return t;
 }
+constexpr InterleaveIndex kInterleave = make_interleave_index();
 
 template <int R>
 void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
@@ -75,8 +82,8 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
                 }
             }
         } else {
-            const __m512i lo_idx   = interleave_index(0);
-            const __m512i hi_idx   = interleave_index(1);
+            const __m512i lo_idx   = _mm512_load_si512(kInterleave.idx[0]);
+            const __m512i hi_idx   = _mm512_load_si512(kInterleave.idx[1]);
             const __mmask32 in     = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
             constexpr int lo_elems = 2 * std::min(R, 16);
             constexpr int hi_elems = 2 * (R > 16 ? R - 16 : 0);
