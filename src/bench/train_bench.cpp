@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "bench/kernels_bench.h"
@@ -171,12 +170,12 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     // MFU is taken against the peak of the path the products ran on (kernels/peak.h); the
     // FP32-peak MFU is reported beside it.
     const kernels::ProductPeak pp = kernels::measure_product_peak(cfg.precision.dtype, 1.0);
-    const bool f32_path           = pp.path == std::string_view("fp32 fma");
+    const bool f32_path           = pp.path == kernels::PeakPath::fp32_fma;
     double peaks[2] = {f32_path ? pp.gflops : kernels::measure_peak_gflops_f32(1.0), pp.gflops};
     par.world().allreduce_sum(std::span<double>(peaks, 2));
     const double peak_f32       = peaks[0];
     const double peak           = peaks[1];
-    const std::string peak_path = pp.path;
+    const std::string peak_path = kernels::peak_path_name(pp.path);
 
     // The slowest rank's data wait (a non-reader waits for its scatter, not the prefetch).
     double waited = data_wait - wait_at_warmup;

@@ -89,6 +89,18 @@ double measure_peak_gflops_bf16(double seconds) {
     return measure(f32_loop(), seconds);
 }
 
+const char* peak_path_name(PeakPath p) {
+    switch (p) {
+        case PeakPath::fp32_fma:
+            return "fp32 fma";
+        case PeakPath::bf16_dot:
+            return "bf16 vdpbf16ps";
+        case PeakPath::bf16_amx:
+            return "bf16 amx";
+    }
+    return "?";
+}
+
 ProductPeak measure_product_peak(Dtype products, double seconds) {
     ProductPeak p;
     if (products != Dtype::bfloat16 || !half_products_convert(Dtype::bfloat16)) {
@@ -96,13 +108,13 @@ ProductPeak measure_product_peak(Dtype products, double seconds) {
         return p;
     }
     p.gflops            = measure_peak_gflops_bf16(seconds);
-    p.path              = "bf16 vdpbf16ps";
+    p.path              = PeakPath::bf16_dot;
     const gemm::Path gp = gemm::active_path();
     if (gp == gemm::Path::onednn || gp == gemm::Path::automatic) {
         const double amx = measure_peak_gflops_amx_bf16(seconds);
         if (amx > p.gflops) {
             p.gflops = amx;
-            p.path   = "bf16 amx";
+            p.path   = PeakPath::bf16_amx;
         }
     }
     return p;

@@ -21,9 +21,12 @@ double measure_peak_gflops_amx_bf16(double seconds);
 // MFU: in bf16 where the products run on 16-bit arithmetic (kernels/mixed.h
 // half_products_convert), the vdpbf16ps peak, or the AMX tiles' where the GEMM backend is
 // oneDNN or auto (which use them) and they are faster; else the float FMA peak.
+enum class PeakPath { fp32_fma, bf16_dot, bf16_amx };
+// "fp32 fma", "bf16 vdpbf16ps", "bf16 amx"
+const char* peak_path_name(PeakPath p);
 struct ProductPeak {
-    double gflops    = 0;
-    const char* path = "fp32 fma";  // "fp32 fma", "bf16 vdpbf16ps" or "bf16 amx"
+    double gflops = 0;
+    PeakPath path = PeakPath::fp32_fma;
 };
 ProductPeak measure_product_peak(Dtype products, double seconds);
 

@@ -132,7 +132,7 @@ class Trainer {
     dist::paro::MemoryFootprint mem_;
     std::vector<int32_t> inputs_, targets_;  // (MB, T): this rank's micro-step
     double peak_gflops_      = 0;
-    const char* peak_path_   = "fp32 fma";  // kernels::ProductPeak::path
+    const char* peak_path_   = "fp32 fma";  // kernels::peak_path_name
     double flops_per_token_  = 0;           // forward + backward
     int64_t tokens_per_step_ = 0;           // all ranks
     std::optional<Checkpointer> ckpt_;
@@ -187,7 +187,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     // MFU against the peak of the arithmetic the run's products use (kernels/peak.h)
     const kernels::ProductPeak pk = kernels::measure_product_peak(cfg.precision.dtype, 0.2);
     peak_gflops_                  = pk.gflops;
-    peak_path_                    = pk.path;
+    peak_path_                    = kernels::peak_path_name(pk.path);
     flops_per_token_              = 3.0 * gpt_->flops_per_token(T_);
     tokens_per_step_              = cfg.train.batch_size * T_;
     if (writer_) log_setup();
