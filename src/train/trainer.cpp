@@ -131,10 +131,10 @@ class Trainer {
     std::unique_ptr<dist::paro::Optimizer> optimizer_;
     dist::paro::MemoryFootprint mem_;
     std::vector<int32_t> inputs_, targets_;  // (MB, T): this rank's micro-step
-    double peak_gflops_      = 0;
-    const char* peak_path_   = "fp32 fma";  // kernels::peak_path_name
-    double flops_per_token_  = 0;           // forward + backward
-    int64_t tokens_per_step_ = 0;           // all ranks
+    double peak_gflops_          = 0;
+    kernels::PeakPath peak_path_ = kernels::PeakPath::fp32_fma;
+    double flops_per_token_      = 0;  // forward + backward
+    int64_t tokens_per_step_     = 0;  // all ranks
     std::optional<Checkpointer> ckpt_;
     GemmChoiceRecord gemm_choices_;  // BGL_GEMM=auto's table of this rank
     int64_t start_step_ = 0;
@@ -187,7 +187,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
     // MFU against the peak of the arithmetic the run's products use (kernels/peak.h)
     const kernels::ProductPeak pk = kernels::measure_product_peak(cfg.precision.dtype, 0.2);
     peak_gflops_                  = pk.gflops;
-    peak_path_                    = kernels::peak_path_name(pk.path);
+    peak_path_                    = pk.path;
     flops_per_token_              = 3.0 * gpt_->flops_per_token(T_);
     tokens_per_step_              = cfg.train.batch_size * T_;
     if (writer_) log_setup();
@@ -296,7 +296,8 @@ void Trainer::log_setup() const {
         "precision: {}{}", prec_.describe(),
         scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
     log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s {}",
-              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_, peak_path_);
+              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_,
+              kernels::peak_path_name(peak_path_));
     if (P_ > 1) {
         log::info("gradient reduction: {}", optimizer_->overlapped()
                                                 ? "overlapped with backward (helper thread)"
