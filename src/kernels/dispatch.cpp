@@ -67,8 +67,8 @@ constexpr KernelTable kAvx2 = {
     .bf16_widen            = avx2::bf16_widen_range,
 };
 
-// AVX-512 GELU and AdamW; layernorm, attention, cross-entropy and the conversions are the AVX2
-// kernels.
+// AVX-512 GELU, AdamW and the bf16 conversions; layernorm, attention and cross-entropy are the
+// AVX2 kernels.
 constexpr KernelTable kAvx512 = [] {
     KernelTable t   = kAvx2;
     t.isa           = Isa::avx512;
@@ -77,6 +77,10 @@ constexpr KernelTable kAvx512 = [] {
     t.gelu_backward = avx512::gelu_backward;
     t.adamw_isa     = Isa::avx512;
     t.adamw_update  = avx512::adamw_update;
+    t.convert_isa   = Isa::avx512;
+    t.bf16_narrow   = avx512::bf16_narrow_range;
+    t.bf16_round    = avx512::bf16_round_range;
+    t.bf16_widen    = avx512::bf16_widen_range;
     return t;
 }();
 

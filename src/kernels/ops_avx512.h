@@ -15,6 +15,11 @@ void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end
 void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
                          int64_t end);
 
+// ---- bfloat16 conversions of n elements on the calling thread; bitwise the generic ones ----
+void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);
+void bf16_round_range(float* out, const float* in, size_t n);
+void bf16_widen_range(float* out, const uint16_t* in, size_t n);
+
 // ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
 // c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,

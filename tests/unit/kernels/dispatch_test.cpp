@@ -95,6 +95,11 @@ TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
          {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2", "convert avx2"}) {
         EXPECT_NE(d.find(family), std::string::npos) << family << " not in: " << d;
     }
+    // the AVX-512 table's own kernels (describing a table calls none of them)
+    const std::string x = kernel_table(Isa::avx512).describe();
+    for (const char* family : {"gelu avx512", "adamw avx512", "convert avx512", "attention avx2"}) {
+        EXPECT_NE(x.find(family), std::string::npos) << family << " not in: " << x;
+    }
     // the generic table's families (its GEMM is the process's backend, avx2 on an AVX2 CPU)
     const std::string g = kernel_table(Isa::generic).describe();
     EXPECT_EQ(g.substr(g.find(", layernorm")).find("avx"), std::string::npos) << g;
