@@ -128,6 +128,9 @@ const int32_t* rebased(const int32_t* offsets, int G) {
 
 void force_16bit_operands(bool on) { g_force16 = on; }
 bool half_products_convert(Dtype d) { return on_16bit(d); }
+void round_operand(float* x, size_t n, Dtype d) {
+    if (!on_16bit(d)) round_inplace(x, n, d);
+}
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
@@ -201,14 +204,16 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
         gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, a, IC, 1.f, dweight, IC);
     }
     if (!dbias) return;
-    // column sums in double, each column block over all rows in order (as ops.cpp)
+    // column sums in double, each column block over all rows in order (as ops.cpp), of the
+    // 16-bit copy: dout's values rounded, which a caller need not have done itself
     const int64_t nblk = (OC + kColBlock - 1) / kColBlock;
     parallel_rows(nblk, int64_t(N) * kColBlock, [&](int64_t b0, int64_t b1) {
         for (int64_t blk = b0; blk < b1; ++blk) {
             const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, OC);
             double acc[kColBlock] = {};
             for (int64_t i = 0; i < N; ++i) {
-                for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(dout[i * OC + c]);
+                for (int64_t c = c0; c < c1; ++c)
+                    acc[c - c0] += double(bf16_to_float(dy[i * OC + c]));
             }
             for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
         }

@@ -76,6 +76,12 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.
 bool half_products_convert(Dtype d);
 
+// round_inplace(x, n, d) for an array whose values only feed the products above (as an operand,
+// or as the dout whose column sums linear_backward_half's dbias takes): nothing where those
+// products convert their operands themselves (half_products_convert(d)), since the conversion
+// rounds the same way; the results are bitwise the same either way.
+void round_operand(float* x, size_t n, Dtype d);
+
 // Tests: run the bf16 products above on 16-bit copies even where gemm_bf16 only widens them
 // (there the results are bitwise those of the float path: the widening kernels share the float
 // kernels' blocking). Not thread-safe: set between products.

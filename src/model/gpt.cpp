@@ -449,7 +449,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     aux_loss_ = 0;
     for (int l = 0; l < cfg_.n_layer; ++l) aux_loss_ += block_forward(l);
     op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
-    round_inplace(a.lnf, NC, gh);
+    round_operand(a.lnf, NC, gh);  // only the head's products read it
     PhaseScope lm_head(Phase::lm_head);
     // fused: the same per-row math over blocks of head_rows_ tokens (the GEMM gives a row the
     // same sums whatever the number of rows), so the losses are those of the unfused head
@@ -480,7 +480,7 @@ double GPT::block_forward(int l) {
     float* y       = a.resid[static_cast<size_t>(l) + 1];
     double aux     = 0;
     op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
-    round_inplace(b.ln1, NC, ga);
+    round_operand(b.ln1, NC, ga);  // only the qkv products read it
     {
         PhaseScope phase(Phase::attention);
         linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
@@ -492,8 +492,13 @@ double GPT::block_forward(int l) {
     }
     add_forward(b.res1, b.res1, x, NC);
     op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
-    round_inplace(b.ln2, NC, gf);
     const int mi = moe_index_[static_cast<size_t>(l)];
+    // a dense block's fc products are its only readers; a MoE layer's router reads it too
+    if (mi >= 0) {
+        round_inplace(b.ln2, NC, gf);
+    } else {
+        round_operand(b.ln2, NC, gf);
+    }
     if (mi >= 0) {
         PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
         aux = moe_[static_cast<size_t>(mi)]->forward(y, b.ln2, moe_weights(w), N);
@@ -507,7 +512,7 @@ double GPT::block_forward(int l) {
         round_inplace(hf, NF, af);
         if (b.fch.half) narrow_half(af, b.fch.half, hf, NF);
         op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
-        round_inplace(a.df, NF, gf);
+        round_operand(a.df, NF, gf);
         linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C);
         round_inplace(y, NC, af);
     }
@@ -524,9 +529,10 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
     const Dtype ga        = prec_.gemm_dtype(LayerClass::attention),
                 gf = prec_.gemm_dtype(LayerClass::ffn), gh = prec_.gemm_dtype(LayerClass::head);
-    // d (N, C) as a GEMM operand of dtype d: itself for float32, else a rounded copy.
+    // d (N, C) as a GEMM operand of dtype d: itself for float32 or where the products convert
+    // their operands (kernels/mixed.h, round_operand), else a rounded copy.
     auto operand = [&](const float* d, Dtype dt) -> const float* {
-        if (dt == Dtype::float32) return d;
+        if (dt == Dtype::float32 || half_products_convert(dt)) return d;
         round_copy(dround_.data(), d, NC, dt);
         return dround_.data();
     };
@@ -535,7 +541,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
         for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
         if (head_rows_ == 0) {
             op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
-            round_inplace(a.logits, static_cast<size_t>(N) * V, gh);
+            round_operand(a.logits, static_cast<size_t>(N) * V, gh);
             linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
         } else {
             // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
@@ -548,7 +554,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V);
                 round_inplace(a.logits, nv, ah);
                 op.ce_bwd(a.logits, a.logits, a.targets.data() + r0, a.dlosses + r0, n, V);
-                round_inplace(a.logits, nv, gh);
+                round_operand(a.logits, nv, gh);
                 linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte, nullptr,
                                      a.logits, lnf, head_w_, n, C, V);
             }
@@ -592,12 +598,12 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             const Dtype af  = prec_.act_dtype(LayerClass::ffn);
             const bool f64  = prec_.fp64_sensitive;
             gelu_forward_kept(af, a.df, b.fch, NF, f64);
-            round_inplace(a.df, NF, gf);
+            round_operand(a.df, NF, gf);
             linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N, F,
                                  C);
             linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
             gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64);
-            round_inplace(a.df, NF, gf);
+            round_operand(a.df, NF, gf);
             linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);
@@ -607,7 +613,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
                                  w.proj_w, N, C, C);
             op.attn_bwd(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
-            round_inplace(a.dqkv, 3 * NC, ga);
+            round_operand(a.dqkv, 3 * NC, ga);
             linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
         }
         op.ln_bwd(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd, N, C);

@@ -97,7 +97,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     kernels::round_inplace(hf, RF, prec.act);
     if (h.half) kernels::narrow_half(prec.act, h.half, hf, RF);
     (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // may be in place
-    kernels::round_inplace(g, RF, prec.gemm);
+    kernels::round_operand(g, RF, prec.gemm);  // only the proj products read it
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
                                w.proj_w_stride, y, C);
@@ -116,7 +116,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // g = gelu(h) again, as forward made it, into dh
     float* g = dh;
     kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
-    kernels::round_inplace(g, RF, prec.gemm);
+    kernels::round_operand(g, RF, prec.gemm);
     // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
     kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
                                   dw.proj_w_stride);
