@@ -25,30 +25,47 @@ constexpr double kGeluA = 0.044715;
 
 }  // namespace
 
+namespace {
+
+void round_range(float* out, const float* in, size_t n, Dtype d) {
+    if (d == Dtype::bfloat16) {
+        dispatch().bf16_round(out, in, n);
+    } else {
+        for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(fp16_from_float(in[i]));
+    }
+}
+
+}  // namespace
+
 void round_copy(float* out, const float* in, size_t n, Dtype d) {
     if (d == Dtype::float32) {
         if (out != in) std::copy(in, in + n, out);
         return;
     }
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        if (d == Dtype::bfloat16) {
-            dispatch().bf16_round(out + begin, in + begin, size_t(end - begin));
-        } else {
-            for (int64_t i = begin; i < end; ++i) out[i] = fp16_to_float(fp16_from_float(in[i]));
-        }
+        round_range(out + begin, in + begin, size_t(end - begin), d);
     });
 }
 
 void round_inplace(float* x, size_t n, Dtype d) { round_copy(x, x, n, d); }
 
+void round_inplace_serial(float* x, size_t n, Dtype d) {
+    if (d != Dtype::float32) round_range(x, x, n, d);
+}
+
+void narrow_half_serial(Dtype d, uint16_t* dst, const float* x, size_t n) {
+    BGL_CHECK(d != Dtype::float32, "narrow_half: float32 is not a half type");
+    if (d == Dtype::bfloat16) {
+        dispatch().bf16_narrow(dst, x, n);
+    } else {
+        to_half(d, x, dst, n);
+    }
+}
+
 void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n) {
     BGL_CHECK(d != Dtype::float32, "narrow_half: float32 is not a half type");
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        if (d == Dtype::bfloat16) {
-            dispatch().bf16_narrow(dst + begin, x + begin, size_t(end - begin));
-        } else {
-            to_half(d, x + begin, dst + begin, size_t(end - begin));
-        }
+        narrow_half_serial(d, dst + begin, x + begin, size_t(end - begin));
     });
 }
 
@@ -77,10 +94,11 @@ void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool f
 }
 
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
-                        bool fp64) {
+                        bool fp64, Dtype dinp_dtype) {
     const auto gelu = fp64 ? gelu_backward_f64 : gelu_backward;
     if (!x.half) {
         gelu(dinp, x.f32, dout, n);
+        round_inplace(dinp, n, dinp_dtype);
         return;
     }
     // the inputs widened a slice at a time (elementwise, so slices give the whole call's bits)
@@ -91,6 +109,7 @@ void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* d
         const size_t len = std::min(kSlice, n - o);
         widen_half(d, w, x.half + o, len);
         gelu(dinp + o, w, dout + o, len);
+        round_inplace(dinp + o, len, dinp_dtype);
     }
 }
 
@@ -171,19 +190,30 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
-                         const float* bias, int N, int IC, int OC) {
+                         const float* bias, int N, int IC, int OC, Dtype out_dtype,
+                         uint16_t* out_half) {
+    BGL_CHECK(!out_half || out_dtype != Dtype::float32,
+              "linear_forward_half: a 16-bit out needs a half out_dtype");
+    const size_t n_out = size_t(N) * size_t(OC);
     if (!on_16bit(d)) {
         linear_forward(out, inp, weight, bias, N, IC, OC);
+        round_inplace(out, n_out, out_dtype);
+        if (out_half) narrow_half(out_dtype, out_half, out, n_out);
         return;
     }
     const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
     const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
     gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, a, IC, w, IC, 0.f, out, OC);
-    if (!bias) return;
+    if (!bias && out_dtype == Dtype::float32) return;
+    // bias, rounding and narrowing a row at a time, while the row is in cache
     parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             float* __restrict o = out + i * OC;
-            for (int c = 0; c < OC; ++c) o[c] += bias[c];
+            if (bias) {
+                for (int c = 0; c < OC; ++c) o[c] += bias[c];
+            }
+            round_inplace_serial(o, size_t(OC), out_dtype);
+            if (out_half) narrow_half_serial(out_dtype, out_half + i * OC, o, size_t(OC));
         }
     });
 }

@@ -20,6 +20,9 @@ namespace bagualu::kernels {
 
 // x[i] = round_to(d, x[i]); nothing for Dtype::float32.
 void round_inplace(float* x, size_t n, Dtype d);
+// round_inplace and narrow_half (below) on the calling thread, for a pool job's own rows.
+void round_inplace_serial(float* x, size_t n, Dtype d);
+void narrow_half_serial(Dtype d, uint16_t* dst, const float* x, size_t n);
 // out[i] = round_to(d, in[i]); out may alias in.
 void round_copy(float* out, const float* in, size_t n, Dtype d);
 
@@ -41,8 +44,10 @@ struct KeptArray {
 // kernels on the float32 values. out may alias nothing; dinp may alias dout. Call from outside
 // pool jobs.
 void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false);
+// gelu_backward_kept's dinp can then be stored as values of dinp_dtype (round_inplace), a slice
+// at a time while it is in cache where x is kept in 16 bits: the same bits.
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
-                        bool fp64 = false);
+                        bool fp64 = false, Dtype dinp_dtype = Dtype::float32);
 
 // linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
 // already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies where the CPU has
@@ -50,8 +55,12 @@ void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* d
 // on the floats themselves, skipping conversions that would only be widened again (exact
 // products and float32 accumulation either way; those are bit for bit the ops.h kernels).
 // Call from outside pool jobs, as the GEMMs.
+// linear_forward_half's out can then be stored as values of out_dtype (round_inplace) and, with
+// out_half, also as their 16 bits there (narrow_half): on 16-bit copies in the same pass as the
+// bias, else after it; the same bits as those calls after the product.
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
-                         const float* bias, int N, int IC, int OC);
+                         const float* bias, int N, int IC, int OC, Dtype out_dtype = Dtype::float32,
+                         uint16_t* out_half = nullptr);
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int IC, int OC);
 

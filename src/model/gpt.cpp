@@ -457,8 +457,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = std::min(rows, N - r0);
         linear_forward_half(gh, a.logits, a.lnf + static_cast<size_t>(r0) * C, head_w_, nullptr, n,
-                            C, V);
-        round_inplace(a.logits, static_cast<size_t>(n) * V, ah);
+                            C, V, ah);
         op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V);
     }
     double sum = 0;
@@ -483,12 +482,10 @@ double GPT::block_forward(int l) {
     round_operand(b.ln1, NC, ga);  // only the qkv products read it
     {
         PhaseScope phase(Phase::attention);
-        linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-        round_inplace(b.qkv, 3 * NC, aa);
+        linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
         op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
         round_inplace(b.atty, NC, ga);
-        linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C);
-        round_inplace(b.res1, NC, aa);
+        linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C, aa);
     }
     add_forward(b.res1, b.res1, x, NC);
     op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
@@ -508,13 +505,10 @@ double GPT::block_forward(int l) {
         // (free during forward), and backward computes it again from fch; a 16-bit fch is
         // formed in df and narrowed from there
         float* hf = b.fch.half ? a.df : b.fch.f32;
-        linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F);
-        round_inplace(hf, NF, af);
-        if (b.fch.half) narrow_half(af, b.fch.half, hf, NF);
+        linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
         op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
         round_operand(a.df, NF, gf);
-        linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C);
-        round_inplace(y, NC, af);
+        linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C, af);
     }
     add_forward(y, y, b.res1, NC);
     return aux;
@@ -551,8 +545,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 const int n      = std::min(head_rows_, N - r0);
                 const size_t nv  = static_cast<size_t>(n) * V;
                 const float* lnf = a.lnf + static_cast<size_t>(r0) * C;
-                linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V);
-                round_inplace(a.logits, nv, ah);
+                linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V, ah);
                 op.ce_bwd(a.logits, a.logits, a.targets.data() + r0, a.dlosses + r0, n, V);
                 round_operand(a.logits, nv, gh);
                 linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte, nullptr,

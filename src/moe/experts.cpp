@@ -29,9 +29,11 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 14;
 constexpr int kColBlock = 16;
 
 // out: (rows, D), rows = offsets[E]. out[r, :] += bias_e for each row r of expert e, where
-// bias_e = bias + e * stride: (D).
+// bias_e = bias + e * stride: (D); then the row is stored as values of round_to
+// (kernels::round_inplace) and, with half, also as their 16 bits there (kernels::narrow_half),
+// while it is in cache.
 void add_expert_bias(float* out, const float* bias, size_t stride, const int32_t* offsets, int E,
-                     int D) {
+                     int D, Dtype round_to = Dtype::float32, uint16_t* half = nullptr) {
     const int64_t rows = offsets[E];
     auto body          = [&](int64_t begin, int64_t end) {
         int e = static_cast<int>(std::upper_bound(offsets, offsets + E + 1, begin) - offsets) - 1;
@@ -40,6 +42,9 @@ void add_expert_bias(float* out, const float* bias, size_t stride, const int32_t
             const float* __restrict b = bias + static_cast<size_t>(e) * stride;
             float* __restrict o       = out + r * D;
             for (int c = 0; c < D; ++c) o[c] += b[c];
+            kernels::round_inplace_serial(o, static_cast<size_t>(D), round_to);
+            if (half)
+                kernels::narrow_half_serial(round_to, half + r * D, o, static_cast<size_t>(D));
         }
     };
     if (rows * D < kMinParallelWork) {
@@ -85,7 +90,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
                      const ExpertPrecision& prec) {
     const int64_t rows = offsets[E];
-    const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
+    const size_t RF    = static_cast<size_t>(rows * F);
     BGL_CHECK((h.half != nullptr) != (h.f32 != nullptr) && (!h.half || prec.act != Dtype::float32),
               "experts_forward: the hidden is kept in float32 or in 16 bits of a half act dtype");
     // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e: into h, or for a 16-bit h into
@@ -93,16 +98,13 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     float* hf = h.half ? g : h.f32;
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, F, C, x, C, w.fc_w, C,
                                w.fc_w_stride, hf, F);
-    add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F);
-    kernels::round_inplace(hf, RF, prec.act);
-    if (h.half) kernels::narrow_half(prec.act, h.half, hf, RF);
+    add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F, prec.act, h.half);
     (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // may be in place
     kernels::round_operand(g, RF, prec.gemm);  // only the proj products read it
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
                                w.proj_w_stride, y, C);
-    add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C);
-    kernels::round_inplace(y, RC, prec.act);
+    add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C, prec.act);
 }
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
@@ -124,8 +126,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
     kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, F, C, dy, C, w.proj_w, F,
                                w.proj_w_stride, dh, F);
-    kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64);
-    kernels::round_inplace(dh, RF, prec.gemm);
+    kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64, prec.gemm);
     // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
     kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, C, F, dh, F, w.fc_w, C,
                                w.fc_w_stride, dx, C);

@@ -2,9 +2,9 @@
 // (kernels/avx2/convert.cpp) at twice the width, with masks for the NaNs and the tails. Every
 // result is bitwise core/dtype.h's bf16_from_float, denormals included (vcvtneps2bf16 flushes
 // those to zero, so it is not used).
-// The all-ones masked (maskz) forms of the shifts, vpmovdw and vpmovzxwd are the unmasked instructions;
-// they are used because GCC 12 takes the unmasked intrinsics' undefined pass-through operand for
-// an uninitialised read (-Wmaybe-uninitialized).
+// The all-ones masked (maskz) forms of the shifts, vpmovdw and vpmovzxwd are the unmasked
+// instructions; they are used because GCC 12 takes the unmasked intrinsics' undefined pass-through
+// operand for an uninitialised read (-Wmaybe-uninitialized).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -43,7 +43,8 @@ void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
     }
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        const __m256i h   = _mm512_maskz_cvtepi32_epi16(kAll, bf16_bits(_mm512_maskz_loadu_epi32(m, x + i)));
+        const __m256i h =
+            _mm512_maskz_cvtepi32_epi16(kAll, bf16_bits(_mm512_maskz_loadu_epi32(m, x + i)));
         _mm256_mask_storeu_epi16(dst + i, m, h);
     }
 }
@@ -55,9 +56,9 @@ void bf16_round_range(float* out, const float* in, size_t n) {
         // back): store only the lanes that change, so the rest of the memory stays clean and the
         // pass costs a read.
         for (; i < n; i += 16) {
-            const __mmask16 m = n - i >= 16 ? kAll : tail_mask(n - i);
-            const __m512i x   = _mm512_maskz_loadu_epi32(m, in + i);
-            const __m512i r   = _mm512_maskz_slli_epi32(kAll, bf16_bits(x), 16);
+            const __mmask16 m       = n - i >= 16 ? kAll : tail_mask(n - i);
+            const __m512i x         = _mm512_maskz_loadu_epi32(m, in + i);
+            const __m512i r         = _mm512_maskz_slli_epi32(kAll, bf16_bits(x), 16);
             const __mmask16 changed = _mm512_mask_cmpneq_epi32_mask(m, r, x);
             if (changed) _mm512_mask_storeu_epi32(out + i, changed, r);
         }
@@ -78,8 +79,8 @@ void bf16_round_range(float* out, const float* in, size_t n) {
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512i w =
-            _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+        const __m512i w = _mm512_maskz_cvtepu16_epi32(
+            kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
         _mm512_storeu_si512(out + i, _mm512_maskz_slli_epi32(kAll, w, 16));
     }
     if (i < n) {
