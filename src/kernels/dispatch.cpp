@@ -67,20 +67,23 @@ constexpr KernelTable kAvx2 = {
     .bf16_widen            = avx2::bf16_widen_range,
 };
 
-// AVX-512 GELU, AdamW and the bf16 conversions; layernorm, attention and cross-entropy are the
+// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm and cross-entropy are the
 // AVX2 kernels.
 constexpr KernelTable kAvx512 = [] {
-    KernelTable t   = kAvx2;
-    t.isa           = Isa::avx512;
-    t.gelu_isa      = Isa::avx512;
-    t.gelu_forward  = avx512::gelu_forward;
-    t.gelu_backward = avx512::gelu_backward;
-    t.adamw_isa     = Isa::avx512;
-    t.adamw_update  = avx512::adamw_update;
-    t.convert_isa   = Isa::avx512;
-    t.bf16_narrow   = avx512::bf16_narrow_range;
-    t.bf16_round    = avx512::bf16_round_range;
-    t.bf16_widen    = avx512::bf16_widen_range;
+    KernelTable t        = kAvx2;
+    t.isa                = Isa::avx512;
+    t.attention_isa      = Isa::avx512;
+    t.attention_forward  = avx512::attention_forward;
+    t.attention_backward = avx512::attention_backward;
+    t.gelu_isa           = Isa::avx512;
+    t.gelu_forward       = avx512::gelu_forward;
+    t.gelu_backward      = avx512::gelu_backward;
+    t.adamw_isa          = Isa::avx512;
+    t.adamw_update       = avx512::adamw_update;
+    t.convert_isa        = Isa::avx512;
+    t.bf16_narrow        = avx512::bf16_narrow_range;
+    t.bf16_round         = avx512::bf16_round_range;
+    t.bf16_widen         = avx512::bf16_widen_range;
     return t;
 }();
 
@@ -144,7 +147,9 @@ std::string KernelTable::describe() const {
         "convert {}",
         isa_name(isa), gemm_backend_name(), isa_name(layernorm_isa), isa_name(gelu_isa),
         isa_name(attention_isa),
-        attention_isa == Isa::generic ? "" : " (head size a multiple of 8, else generic)",
+        attention_isa == Isa::generic ? ""
+        : attention_isa == Isa::avx2  ? " (head size a multiple of 8, else generic)"
+                                      : " (head size a multiple of 16, else avx2 or generic)",
         isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa));
 }
 

@@ -58,8 +58,8 @@ struct KernelTable {
     void (*bf16_round)(float* out, const float* in, size_t n);
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
 
-    // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx2 (head size a
-    // multiple of 8, else generic), crossentropy avx2, adamw avx512, convert avx512".
+    // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx512 (head size a
+    // multiple of 16, else avx2 or generic), crossentropy avx2, adamw avx512, convert avx512".
     std::string describe() const;
 };
 

@@ -9,6 +9,18 @@
 
 namespace bagualu::kernels::avx512 {
 
+// ---- causal attention, head size a multiple of 16; bitwise the AVX2 kernels' results ----
+// Items as avx2::attention_forward_items / attention_backward_items (kernels/ops_avx2.h), with
+// this file's scratch sizes.
+inline bool attention_shape_supported(int hs) { return hs > 0 && hs % 16 == 0; }
+size_t attention_forward_scratch(int T, int hs);
+void attention_forward_items(float* out, float* lse, const float* qkv, int T, int C, int NH,
+                             int64_t begin, int64_t end, float* scratch);
+size_t attention_backward_scratch(int T, int hs);
+void attention_backward_items(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
+                              float* scratch);
+
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
 // dinp may alias dout.
@@ -27,6 +39,11 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
                         float weight_decay, float c1, float c2);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
+// Attention with a head size the items do not take runs the AVX2 drivers (which fall back to
+// the generic kernels for a head size that is not a multiple of 8).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,

@@ -413,6 +413,39 @@ TEST_P(OpsIsaVsRef, Attention) {
     }
 }
 
+TEST(OpsAvx512, AttentionIsBitwiseTheAvx2Kernel) {
+    // The AVX-512 attention runs the AVX2 kernel's operations lane for lane (kernels/avx512/
+    // attention.cpp), so its outputs, log-sum-exps and gradients are the AVX2 ones to the last
+    // bit: head sizes 16 to 80 (tiles of 64, 32 and 16 columns), ragged query blocks, and peaked
+    // scores whose exponentials underflow; hs = 24 takes the AVX2 items from the AVX-512 table.
+    if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "this CPU lacks AVX-512F/BW/VL/DQ";
+    const KernelTable &x = kernel_table(Isa::avx512), &y = kernel_table(Isa::avx2);
+    Rng rng(11);
+    const int B = 2, NH = 2;
+    for (double scale : {1.0, 4.0}) {
+        for (int T : {1, 17, 40, 130}) {
+            for (int hs : {16, 24, 32, 48, 64, 80}) {
+                const int C = NH * hs;
+                SCOPED_TRACE(shape({B, T, C, NH}));
+                auto qkv = randn(rng, size_t(B) * T * 3 * C, scale);
+                auto out = nans(size_t(B) * T * C), out2 = out;
+                auto lse = nans(size_t(B) * NH * T), lse2 = lse;
+                x.attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+                y.attention_forward(out2.data(), lse2.data(), qkv.data(), B, T, C, NH);
+                EXPECT_EQ(first_bit_difference(out, out2), -1);
+                EXPECT_EQ(first_bit_difference(lse, lse2), -1);
+                auto dout = randn(rng, out.size());
+                auto dqkv = nans(qkv.size()), dqkv2 = dqkv;
+                x.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                     B, T, C, NH);
+                y.attention_backward(dqkv2.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                     B, T, C, NH);
+                EXPECT_EQ(first_bit_difference(dqkv, dqkv2), -1);
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, AttentionPeakedScores) {
     // q, k, v ~ N(0, 16): scaled scores have a spread of ~16 per row (up to ~+-60), so many
     // probabilities underflow (exp below -87.3 is 0) and each row is dominated by a few keys.
