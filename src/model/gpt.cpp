@@ -375,6 +375,11 @@ GPT::~GPT() = default;
 
 const float* GPT::logits() const { return a_->logits; }
 
+void GPT::hold_compute_weights() {
+    BGL_CHECK(B_ > 0, "GPT::hold_compute_weights: before any forward");
+    hold_compute_ = true;
+}
+
 void GPT::refresh_compute_weights() {
     // idempotent on values the optimizer (or a checkpoint) already rounded; others (the initial
     // weights, a model loaded or set from outside) take their stored dtype here
@@ -440,7 +445,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     std::copy(tokens, tokens + N, a.tokens.data());
     std::copy(targets, targets + N, a.targets.data());
     for (auto& layer : moe_) layer->set_seq_len(T);
-    if (prec_.mixed()) refresh_compute_weights();
+    if (prec_.mixed() && !hold_compute_) refresh_compute_weights();
     const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
     const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
 

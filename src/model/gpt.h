@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "core/error.h"
 #include "core/function_ref.h"
 #include "dist/parallel.h"
 #include "model/param_layout.h"
@@ -126,8 +127,17 @@ class GPT {
     // FP32 masters) has stepped, and forward rounds them in place regardless (the initial
     // weights, or values set from outside).
     Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
-    float* params() { return params_.data(); }
+    float* params() {
+        BGL_CHECK(!hold_compute_, "GPT::params(): writable while the compute weights are held");
+        return params_.data();
+    }
     const float* params() const { return params_.data(); }
+    // Between hold_compute_weights() and release_compute_weights(), forwards reuse the compute
+    // weights the last forward made (the half-stored tensors rounded, the O1 copies) instead of
+    // making them again: for the micro-batches of one step, between which nothing writes the
+    // parameters. Writable params() is refused meanwhile; hold only after a forward.
+    void hold_compute_weights();
+    void release_compute_weights() { hold_compute_ = false; }
     float* grads() { return grads_.data(); }
     size_t n_floats() const { return layout_.total_floats(); }
     void zero_grad() { grads_.zero(); }
@@ -186,6 +196,7 @@ class GPT {
     int B_ = 0, T_ = 0;
     Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();
+    bool hold_compute_ = false;  // hold_compute_weights()
     // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].
     // Returns its MoE aux loss (0 for a dense block).
     double block_forward(int l);

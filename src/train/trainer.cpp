@@ -408,6 +408,10 @@ void Trainer::train_step(int64_t step) {
 // times P; aux: the step's aux loss. An uneven split weighs each micro-batch by its rows
 // (config/batch_split.h); an even one by 1 / accum, as it always has.
 double Trainer::forward_backward(int64_t step, double& aux) {
+    struct Release {  // the compute weights held below, however the loop ends
+        model::GPT& gpt;
+        ~Release() { gpt.release_compute_weights(); }
+    } release{*gpt_};
     gpt_->zero_grad();
     // Set before backward: with overlap, buckets are unscaled on the helper thread meanwhile.
     optimizer_->set_loss_scale(scaler_.scale());
@@ -428,6 +432,8 @@ double Trainer::forward_backward(int64_t step, double& aux) {
         }
         gpt_->set_routing_context(ctx);
         const double fwd = gpt_->forward(inputs_.data(), targets_.data(), rows, T_);
+        // the step's later micro-batches compute from the weights this forward rounded
+        if (micro == 0 && accum_ > 1) gpt_->hold_compute_weights();
         add_choice_loads(*gpt_);
         // the weights of this micro-batch's mean CE and of the aux losses (one number over the
         // micro-step on all ranks)

@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "../../common/tiny_model.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "kernels/mixed.h"
 #include "model/gpt.h"
@@ -196,6 +198,38 @@ TEST(PrecisionModel, ComputesWithRoundedWeightsCopyingOnlyO1) {
         EXPECT_EQ(copied, static_cast<size_t>(m.n_layer) * 4 * C * C) << dt;
         EXPECT_EQ(plan_compute_copies(raw.layout(), prec).floats, copied) << dt;
     }
+}
+
+// The trainer holds the compute weights over a step's micro-batches (GPT::hold_compute_weights):
+// the held forwards give the loss a fresh model gives on the same parameters, skip the rounding
+// and the O1 copies (a value written behind the hold's back is not seen until it is released),
+// and writable params() is refused meanwhile.
+TEST(PrecisionModel, HeldComputeWeightsAreTheLastForwards) {
+    const ModelConfig m = testing::tiny_moe_config();
+    const int B = 2, T = m.seq_len;
+    GPT gpt(m, B, nullptr, 1, bagualu_policy(Dtype::bfloat16));
+    init_params(gpt.params(), gpt.layout(), m, 11);
+    Rng rng(3);
+    for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += float(0.1 * rng.normal());
+    GPT fresh(m, B, nullptr, 1, bagualu_policy(Dtype::bfloat16));
+    std::copy(gpt.params(), gpt.params() + gpt.n_floats(), fresh.params());
+    EXPECT_THROW(gpt.hold_compute_weights(), InternalError) << "held before any forward";
+    const Batch b1 = random_batch(B * T, m.vocab_size);
+    Batch b2       = b1;
+    std::reverse(b2.x.begin(), b2.x.end());
+    float* attn = gpt.params() + gpt.layout().find("h.0.attn.c_attn.weight")->offset;
+    gpt.forward(b1.x.data(), b1.y.data(), B, T);
+    gpt.hold_compute_weights();
+    EXPECT_THROW(gpt.params(), InternalError);
+    const double held = gpt.forward(b2.x.data(), b2.y.data(), B, T);
+    EXPECT_EQ(held, fresh.forward(b2.x.data(), b2.y.data(), B, T));
+    // an O1 weight changed through a pointer taken before the hold: its compute copy is not
+    // made again while held, and is once released
+    for (int i = 0; i < 64; ++i) attn[i] += 0.5f;
+    EXPECT_EQ(gpt.forward(b2.x.data(), b2.y.data(), B, T), held);
+    gpt.release_compute_weights();
+    EXPECT_NE(gpt.forward(b2.x.data(), b2.y.data(), B, T), held);
+    EXPECT_NO_THROW(gpt.params());
 }
 
 TEST(PrecisionModel, Fp64SensitiveOpsAgreeWithFp32) {
