@@ -80,8 +80,7 @@ constexpr KernelTable kAvx512 = [] {
     t.gelu_backward      = avx512::gelu_backward;
     t.adamw_isa          = Isa::avx512;
     t.adamw_update       = avx512::adamw_update;
-    t.convert_isa        = Isa::avx512;
-    t.bf16_narrow        = avx512::bf16_narrow_range;
+    t.convert_isa        = Isa::avx512;  // narrowing stays AVX2's (kernels/avx512/convert.cpp)
     t.bf16_round         = avx512::bf16_round_range;
     t.bf16_widen         = avx512::bf16_widen_range;
     return t;

@@ -1,17 +1,17 @@
-// bfloat16 conversions, 16 values to a vector in integer arithmetic: the AVX2 kernels' method
-// (kernels/avx2/convert.cpp) at twice the width, with masks for the NaNs and the tails (long
-// narrowings go to the AVX2 loop, below). Every
-// result is bitwise core/dtype.h's bf16_from_float, denormals included (vcvtneps2bf16 flushes
-// those to zero, so it is not used).
-// The all-ones masked (maskz) forms of the shifts, vpmovdw and vpmovzxwd are the unmasked
-// instructions; they are used because GCC 12 takes the unmasked intrinsics' undefined pass-through
-// operand for an uninitialised read (-Wmaybe-uninitialized).
+// bfloat16 rounding and widening, 16 values to a vector in integer arithmetic: the AVX2 kernels'
+// method (kernels/avx2/convert.cpp) at twice the width, with masks for the NaNs and the tails.
+// Narrowing stays the AVX2 loop's (kernels/dispatch.cpp): on the AMD Zen 5 measured, a 512-bit
+// version was twice as fast on arrays in L2 but 15% slower on the model's arrays, which stream
+// from L3 and memory (0.61 against 0.53 ms for 4 Mi values). Every result is bitwise
+// core/dtype.h's bf16_from_float, denormals included.
+// The all-ones masked (maskz) forms of the shifts and of vpmovzxwd are the unmasked instructions;
+// they are used because GCC 12 takes the unmasked intrinsics' undefined pass-through operand for
+// an uninitialised read (-Wmaybe-uninitialized).
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/ops_avx2.h"
 #include "kernels/ops_avx512.h"
 
 namespace bagualu::kernels::avx512 {
@@ -33,35 +33,9 @@ inline __m512i rounded_bits(__m512i u) {
     return _mm512_and_si512(_mm512_mask_mov_epi32(sum, is_nan, quiet_nan), high16);
 }
 
-// The 16 bits of bf16_from_float for 16 floats, in the low half of each 32-bit lane.
-inline __m512i bf16_bits(__m512i u) { return _mm512_maskz_srli_epi32(kAll, rounded_bits(u), 16); }
-
 inline __mmask16 tail_mask(size_t left) { return static_cast<__mmask16>((1u << left) - 1u); }
 
 }  // namespace
-
-// Above this many values (1 MiB of input, past L2) the AVX2 loop narrows faster on the AMD Zen 5
-// measured (0.53 against 0.61 ms for 4 Mi values), below it this one (7 against 13 us for
-// 128 Ki): two 256-bit streams keep up with memory better than one of 512-bit loads there.
-constexpr size_t kNarrowInCache = size_t(1) << 18;
-
-void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
-    if (n > kNarrowInCache) {
-        avx2::bf16_narrow_range(dst, x, n);
-        return;
-    }
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256i h = _mm512_maskz_cvtepi32_epi16(kAll, bf16_bits(_mm512_loadu_si512(x + i)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
-    }
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m256i h =
-            _mm512_maskz_cvtepi32_epi16(kAll, bf16_bits(_mm512_maskz_loadu_epi32(m, x + i)));
-        _mm256_mask_storeu_epi16(dst + i, m, h);
-    }
-}
 
 void bf16_round_range(float* out, const float* in, size_t n) {
     size_t i = 0;
