@@ -333,7 +333,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     ms.gate.z_loss_coef     = cfg.router_z_loss_coef;
     ms.gate.score           = cfg.router_score;
     ms.gate.balance_scope   = cfg.balance_loss_scope;
-    ms.gate.fp64            = prec_.router_fp64;
+    ms.gate.fp64            = prec_.router_fp64();
     ms.gate.half            = prec_.router_dtype();
     ms.gate.virtual_workers = virtual_workers;
     ms.gate.balance_bias    = cfg.balance_bias_rate > 0;

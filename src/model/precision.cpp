@@ -25,8 +25,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     r.level[static_cast<int>(LayerClass::ffn)]       = p.ffn;
     r.level[static_cast<int>(LayerClass::head)]      = p.head;
     r.fp64_sensitive                                 = p.fp64_sensitive;
-    r.router_fp64                                    = p.router == RouterPrecision::fp64;
-    r.router_half                                    = p.router == RouterPrecision::half;
+    r.router                                         = p.router;
     r.half_reduce                                    = p.grad_reduce == GradReduce::half;
     return r;
 }
@@ -70,10 +69,11 @@ Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
 }
 
 std::string PrecisionPolicy::describe() const {
-    const std::string extra = fmt::format(
-        "{}{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
-        router_fp64 ? ", fp64 router" : "", router_half && mixed() ? ", half router" : "",
-        half_reduce && mixed() ? ", half gradient reduce-scatter" : "");
+    const std::string extra =
+        fmt::format("{}{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
+                    router_fp64() ? ", fp64 router" : "",
+                    router_dtype() != Dtype::float32 ? ", half router" : "",
+                    half_reduce && mixed() ? ", half gradient reduce-scatter" : "");
     if (!mixed()) return "fp32" + extra;
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),
                        level_name(level[0]), level_name(level[1]), level_name(level[2]),

@@ -27,9 +27,10 @@ struct PrecisionPolicy {
     Dtype dtype         = Dtype::float32;
     Level level[4]      = {Level::O0, Level::O0, Level::O0, Level::O0};  // by LayerClass
     bool fp64_sensitive = false;
-    bool router_fp64    = false;  // precision.router = "fp64"
-    bool router_half    = false;  // precision.router = "half" (mixed precision only)
-    bool half_reduce    = false;  // precision.grad_reduce = "half" (mixed precision only)
+    // precision.router: the router's products and softmax in float32, in FP64, or (in a
+    // mixed-precision run only) on operands of the half type
+    RouterPrecision router = RouterPrecision::fp32;
+    bool half_reduce       = false;  // precision.grad_reduce = "half" (mixed precision only)
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).
@@ -42,7 +43,10 @@ struct PrecisionPolicy {
     Dtype gemm_dtype(LayerClass c) const { return of(c) >= Level::O1 ? dtype : Dtype::float32; }
     // The operands of the MoE router's products: float32, or the half type under
     // precision.router = "half" in a mixed-precision run.
-    Dtype router_dtype() const { return router_half && mixed() ? dtype : Dtype::float32; }
+    Dtype router_dtype() const {
+        return router == RouterPrecision::half && mixed() ? dtype : Dtype::float32;
+    }
+    bool router_fp64() const { return router == RouterPrecision::fp64; }
     // Activations the class stores (O2 and up); the residual stream stays float32.
     Dtype act_dtype(LayerClass c) const { return of(c) >= Level::O2 ? dtype : Dtype::float32; }
     // Dynamic loss scaling runs for fp16 only.

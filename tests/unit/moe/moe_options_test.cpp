@@ -294,7 +294,7 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
 
     ModelConfig m = testing::tiny_moe_config();
     model::PrecisionPolicy prec;
-    prec.router_fp64 = true;
+    prec.router = RouterPrecision::fp64;
     EXPECT_EQ(expect_gradient_matches(m, ".moe.gate.", prec), 1) << "the gate weight";
 }
 
