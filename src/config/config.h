@@ -62,9 +62,7 @@ struct ModelConfig {
     int shared_width() const { return shared_d_ff > 0 ? shared_d_ff : d_ff; }
     int expert_width() const { return expert_d_ff > 0 ? expert_d_ff : d_ff; }
     // Rows of the gate's weight: E, or the product keys' u and v rows.
-    int gate_rows() const {
-        return product_keys > 0 ? product_keys + n_experts / product_keys : n_experts;
-    }
+    int gate_rows() const { return gate_weight_rows(n_experts, product_keys); }
 };
 
 // Every [model] key once, in order: v(key, field, inference), where inference says whether the

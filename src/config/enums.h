@@ -7,6 +7,12 @@ namespace bagualu {
 
 // model.gate (docs/model.md, Gates).
 enum class GateKind { topk, switch_top1, gshard, noisy, swipe };
+// Rows of the MoE gate's weight for E experts: one per expert, or with model.product_keys P > 0
+// the product keys' P + E / P rows (moe/gate.h expand_product_keys). ModelConfig::gate_rows and
+// the router both count them here.
+constexpr int gate_weight_rows(int n_experts, int product_keys) {
+    return product_keys > 0 ? product_keys + n_experts / product_keys : n_experts;
+}
 // model.router_score: the router's scores, softmax or sigmoid of the logits (docs/model.md).
 enum class RouterScore { softmax, sigmoid };
 // model.balance_bias_update: the step of the balancing bias (moe/balance_bias.h)

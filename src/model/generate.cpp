@@ -110,29 +110,17 @@ const float* Generator::step(int32_t token) {
             // choice ranks logit + balancing bias, kept to the token's best expert groups under
             // node-limited routing; the weights read the logits (every gate routes as plain
             // top-k at inference, docs/model.md, Gates).
-            const float* gl = gate_logits_.data();
-            const float* ch = gl;
-            if (!biases_.empty()) {
-                const std::vector<float>& b = biases_[moe_i];
-                for (int e = 0; e < E; ++e)
-                    choice_[static_cast<size_t>(e)] = gl[e] + b[static_cast<size_t>(e)];
-                ch = choice_.data();
-            }
+            const float* gl   = gate_logits_.data();
+            const float* bias = biases_.empty() ? nullptr : biases_[moe_i].data();
             ++moe_i;
-            if (cfg_.route_nodes > 0) {
-                moe::limit_to_groups(limited_.data(), ch, 1, E, cfg_.route_groups, cfg_.route_nodes,
-                                     K);
-                ch = limited_.data();
-            }
+            const float* ch = moe::choice_scores(gl, bias, choice_.data(), limited_.data(), 1, E,
+                                                 cfg_.route_groups, cfg_.route_nodes, K);
             moe::rank_experts(order_.data(), ch, 1, E, K);
             if (cfg_.gate == GateKind::switch_top1) {
                 moe::softmax_rows(softmax_.data(), nullptr, gl, 1, E);
-                moe::full_prob_forward(probs_.data(), order_.data(), softmax_.data(), 1, E);
-            } else if (cfg_.router_score == RouterScore::sigmoid) {
-                moe::selected_sigmoid_forward(probs_.data(), order_.data(), gl, 1, E, K);
-            } else {
-                moe::selected_softmax_forward(probs_.data(), order_.data(), gl, 1, E, K);
             }
+            moe::selected_weights(probs_.data(), order_.data(), gl, softmax_.data(), 1, E, K,
+                                  cfg_.gate, cfg_.router_score);
             std::fill(atty_.data(), atty_.data() + C, 0.0f);
             for (int k = 0; k < K; ++k) {
                 expert(w.experts, order_[static_cast<size_t>(k)], FE);

@@ -31,6 +31,34 @@ void rank_experts(int32_t* preference, const float* logits, int N, int E, int R)
     });
 }
 
+const float* choice_scores(const float* scores, const float* bias, float* biased, float* limited,
+                           int N, int E, int G, int M, int K) {
+    const float* choice = scores;
+    if (bias) {
+        for (int64_t t = 0; t < N; ++t) {
+            for (int e = 0; e < E; ++e) biased[t * E + e] = scores[t * E + e] + bias[e];
+        }
+        choice = biased;
+    }
+    if (M > 0) {
+        limit_to_groups(limited, choice, N, E, G, M, K);
+        choice = limited;
+    }
+    return choice;
+}
+
+void selected_weights(float* probs, const int32_t* selected, const float* scores,
+                      const float* softmax_full, int N, int E, int K, GateKind gate,
+                      RouterScore score) {
+    if (gate == GateKind::switch_top1) {
+        full_prob_forward(probs, selected, softmax_full, N, E);
+    } else if (score == RouterScore::sigmoid) {
+        selected_sigmoid_forward(probs, selected, scores, N, E, K);
+    } else {
+        selected_softmax_forward(probs, selected, scores, N, E, K);
+    }
+}
+
 void limit_to_groups(float* masked, const float* scores, int N, int E, int G, int M, int K) {
     const int per = E / G, top = (K + M - 1) / M;
     const float ninf = -std::numeric_limits<float>::infinity();

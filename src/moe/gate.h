@@ -10,6 +10,8 @@
 #pragma once
 #include <cstdint>
 
+#include "config/enums.h"
+
 namespace bagualu::moe {
 
 // probs: (N, K). expert_idx: (N, K). softmax_full: (N, E), saved for the aux loss backward.
@@ -30,6 +32,19 @@ void rank_experts(int32_t* preference, const float* logits, int N, int E, int R)
 // group's score is the sum of its ceil(K / M) largest scores; ties keep the lower group.
 // Needs K <= M * E / G, so the K best of masked are all finite.
 void limit_to_groups(float* masked, const float* scores, int N, int E, int G, int M, int K);
+// The scores the router ranks experts by (docs/model.md, Gates): scores plus the balancing bias
+// (bias: (E), nullptr for none) into biased, then with node-limited routing (M > 0) kept to each
+// token's M best of G groups into limited (limit_to_groups). Returns scores itself when neither
+// applies; biased and limited, (N, E), are written only when used. The router and the
+// generator both choose through it.
+const float* choice_scores(const float* scores, const float* bias, float* biased, float* limited,
+                           int N, int E, int G, int M, int K);
+// The selected experts' weights, probs (N, K) overwritten, by the gate's scoring: the Switch
+// gate's full softmax (softmax_full, (N, E); full_prob_forward), else the normalised sigmoid or
+// the softmax of the selected scores.
+void selected_weights(float* probs, const int32_t* selected, const float* scores,
+                      const float* softmax_full, int N, int E, int K, GateKind gate,
+                      RouterScore score);
 // softmax_full: (N, E), overwritten. entropy: (N), overwritten with H(softmax(g[t, :])) (nats),
 // or nullptr. Returns sum_t of the entropies (0 without the buffer).
 double softmax_rows(float* softmax_full, double* entropy, const float* logits, int N, int E);

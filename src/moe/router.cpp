@@ -42,7 +42,7 @@ Router::Router(int C, int E, int K, double aux_coef, const GateConfig& gate, int
       aux_coef_(aux_coef),
       gate_(gate),
       par_(par),
-      rows_(gate.product_keys > 0 ? gate.product_keys + E / gate.product_keys : E),
+      rows_(gate_weight_rows(E, gate.product_keys)),
       bias_(E),
       scr_(scratch ? std::move(scratch) : std::make_shared<RouterScratch>()),
       kept_(kept ? std::move(kept) : std::make_shared<RouterKept>()),
@@ -351,22 +351,13 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
     // The choice ranks route + bias when the balancing bias is on; the weights below read route.
     // With node-limited routing, the choice ranks those scores kept to the token's best groups.
     const int32_t* load_pref = preference_.data();  // the noisy gate's load: unbiased ranking
-    const float* choice      = route;
-    if (gate_.balance_bias) {
-        const float* b = bias_.values();
-        for (int64_t t = 0; t < N; ++t) {
-            for (int e = 0; e < E_; ++e) biased_[t * E_ + e] = route[t * E_ + e] + b[e];
-        }
-        choice = biased_.data();
-        if (noisy_) {
-            rank_experts(load_pref_.data(), route, N, E_, R);
-            load_pref = load_pref_.data();
-        }
+    if (gate_.balance_bias && noisy_) {
+        rank_experts(load_pref_.data(), route, N, E_, R);
+        load_pref = load_pref_.data();
     }
-    if (gate_.route_nodes > 0) {
-        limit_to_groups(limited_.data(), choice, N, E_, gate_.route_groups, gate_.route_nodes, K_);
-        choice = limited_.data();
-    }
+    const float* choice =
+        choice_scores(route, gate_.balance_bias ? bias_.values() : nullptr, biased_.data(),
+                      limited_.data(), N, E_, gate_.route_groups, gate_.route_nodes, K_);
     rank_experts(preference_.data(), choice, N, E_, R);
     std::vector<int64_t>& topk_counts = topk_counts_;
     std::fill(topk_counts.begin(), topk_counts.end(), 0);
@@ -392,13 +383,8 @@ double Router::forward(const float* inp, const float* gate_w, const float* noise
         swipe_rounds(N);
         std::copy_n(expert_idx_.data(), static_cast<size_t>(N) * K_, selected_.data());
     }
-    if (gate_.kind == GateKind::switch_top1) {
-        full_prob_forward(probs_.data(), selected_.data(), softmax_full_.data(), N, E_);
-    } else if (gate_.score == RouterScore::sigmoid) {
-        selected_sigmoid_forward(probs_.data(), selected_.data(), route, N, E_, K_);
-    } else {
-        selected_softmax_forward(probs_.data(), selected_.data(), route, N, E_, K_);
-    }
+    selected_weights(probs_.data(), selected_.data(), route, softmax_full_.data(), N, E_, K_,
+                     gate_.kind, gate_.score);
     if (train && gate_.kind == GateKind::gshard) {
         // the second expert is kept with probability min(1, 2 p2), p2 its normalised weight
         for (int64_t t = 0; t < N; ++t) {
