@@ -13,20 +13,37 @@
 
 namespace bagualu::kernels::avx2 {
 
+void attention_forward_with(AttentionForwardItems items, AttentionScratch scratch_floats,
+                            float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    // One item per (b, h, query block): see attention_forward_items.
+    const int64_t nqb  = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+    const int64_t work = int64_t{kAttentionQueryBlock} * T * (C / NH);
+    parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, scratch_floats(T, C / NH));
+        items(out, lse, qkv, T, C, NH, begin, end, scratch);
+    });
+}
+
+void attention_backward_with(AttentionBackwardItems items, AttentionScratch scratch_floats,
+                             float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int C, int NH) {
+    // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
+    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* scratch = grow(buf, scratch_floats(T, C / NH));
+        items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    });
+}
+
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     if (!attention_shape_supported(C / NH)) {
         generic::attention_forward(out, lse, qkv, B, T, C, NH);
         return;
     }
-    // One item per (b, h, query block): see attention_forward_items.
-    const int64_t nqb  = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
-    const int64_t work = int64_t{kAttentionQueryBlock} * T * (C / NH);
-    parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_forward_scratch(T, C / NH));
-        attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
-    });
+    attention_forward_with(attention_forward_items, attention_forward_scratch, out, lse, qkv, B, T,
+                           C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -36,12 +53,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         generic::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }
-    // One item per (b, h), so each head's dk, dv are summed on one thread in one order.
-    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
-        attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
-    });
+    attention_backward_with(attention_backward_items, attention_backward_scratch, dqkv, dout, qkv,
+                            out, lse, B, T, C, NH);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -70,6 +70,19 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
+// The same threading and scratch over another ISA's items (kernels/ops_avx512.cpp), which must
+// take the head size.
+using AttentionScratch       = size_t (*)(int T, int hs);
+using AttentionForwardItems  = void (*)(float* out, float* lse, const float* qkv, int T, int C,
+                                       int NH, int64_t begin, int64_t end, float* scratch);
+using AttentionBackwardItems = void (*)(float* dqkv, const float* dout, const float* qkv,
+                                        const float* out, const float* lse, int T, int C, int NH,
+                                        int64_t begin, int64_t end, float* scratch);
+void attention_forward_with(AttentionForwardItems items, AttentionScratch scratch_floats,
+                            float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_with(AttentionBackwardItems items, AttentionScratch scratch_floats,
+                             float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int C, int NH);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -5,7 +5,6 @@
 #include "kernels/ops_avx512.h"
 
 #include <cmath>
-#include <vector>
 
 #include "core/error.h"
 #include "kernels/ops_avx2.h"
@@ -13,20 +12,15 @@
 
 namespace bagualu::kernels::avx512 {
 
-// The AVX2 drivers' work splits (kernels/ops_avx2.cpp), so the same items go to the threads.
+// The AVX2 drivers' threading and scratch (kernels/ops_avx2.cpp) over these items.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     if (!attention_shape_supported(C / NH)) {
         avx2::attention_forward(out, lse, qkv, B, T, C, NH);
         return;
     }
-    const int64_t nqb  = (T + avx2::kAttentionQueryBlock - 1) / avx2::kAttentionQueryBlock;
-    const int64_t work = int64_t{avx2::kAttentionQueryBlock} * T * (C / NH);
-    parallel_rows(int64_t{B} * NH * nqb, work, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_forward_scratch(T, C / NH));
-        attention_forward_items(out, lse, qkv, T, C, NH, begin, end, scratch);
-    });
+    avx2::attention_forward_with(attention_forward_items, attention_forward_scratch, out, lse, qkv,
+                                 B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -36,11 +30,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         avx2::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }
-    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_backward_scratch(T, C / NH));
-        attention_backward_items(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
-    });
+    avx2::attention_backward_with(attention_backward_items, attention_backward_scratch, dqkv, dout,
+                                  qkv, out, lse, B, T, C, NH);
 }
 
 void gelu_forward(float* out, const float* inp, size_t n) {
