@@ -93,6 +93,25 @@ void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool f
     gelu(out, out, n);  // elementwise: in place is safe
 }
 
+void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
+                         bool fp64) {
+    BGL_CHECK(d != Dtype::float32, "gelu_forward_narrow: float32 is not a half type");
+    const auto gelu         = fp64 ? gelu_forward_f64 : gelu_forward;
+    constexpr size_t kSlice = size_t{1} << 17;
+    thread_local std::vector<float> buf;
+    float* w = grow(buf, std::min(n, kSlice));
+    for (size_t o = 0; o < n; o += kSlice) {
+        const size_t len = std::min(kSlice, n - o);
+        if (x.half) {
+            widen_half(x_dtype, w, x.half + o, len);
+            gelu(w, w, len);
+        } else {
+            gelu(w, x.f32 + o, len);
+        }
+        narrow_half(d, out + o, w, len);
+    }
+}
+
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64, Dtype dinp_dtype) {
     const auto gelu = fp64 ? gelu_backward_f64 : gelu_backward;
@@ -151,6 +170,26 @@ void round_operand(float* x, size_t n, Dtype d) {
     if (!on_16bit(d)) round_inplace(x, n, d);
 }
 
+namespace {
+
+// 16-bit copies of G groups' op(B) (grouped_gemm_half's B), each its rows to the last one's end,
+// one after another (at once when the groups are adjacent); wsz: elements per group.
+const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, size_t stride_b,
+                      size_t& wsz) {
+    const size_t blk = size_t(tb == Trans::T ? N : K);
+    wsz              = span(blk, ldb, size_t(tb == Trans::T ? K : N));
+    bf16* w          = grow(g_w16, size_t(G) * wsz);
+    if (stride_b == wsz) {
+        narrow_half(Dtype::bfloat16, w, B, size_t(G) * wsz);
+    } else {
+        for (int g = 0; g < G; ++g)
+            narrow_half(Dtype::bfloat16, w + size_t(g) * wsz, B + size_t(g) * stride_b, wsz);
+    }
+    return w;
+}
+
+}  // namespace
+
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
                        int ldc) {
@@ -159,21 +198,37 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                          ldc);
         return;
     }
-    // A's rows from offsets[0] on (the last one to its K-th element); each group's op(B), its
-    // rows to the last one's end, one after another (at once when the groups are adjacent)
-    const size_t rows = size_t(offsets[G] - offsets[0]), blk = size_t(tb == Trans::T ? N : K);
-    const size_t asz = span(rows, lda, size_t(K));
-    const size_t wsz = span(blk, ldb, size_t(tb == Trans::T ? K : N));
-    const bf16* a    = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), asz);
-    bf16* w          = grow(g_w16, size_t(G) * wsz);
-    if (stride_b == wsz) {
-        narrow_half(Dtype::bfloat16, w, B, size_t(G) * wsz);
-    } else {
-        for (int g = 0; g < G; ++g)
-            narrow_half(Dtype::bfloat16, w + size_t(g) * wsz, B + size_t(g) * stride_b, wsz);
-    }
+    // A's rows from offsets[0] on (the last one to its K-th element)
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
+    size_t wsz        = 0;
+    const bf16* w     = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
     grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
                       C + size_t(offsets[0]) * size_t(ldc), ldc);
+}
+
+void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
+                       const uint16_t* A16, int lda, const float* B, int ldb, size_t stride_b,
+                       float* C, int ldc) {
+    BGL_CHECK(on_16bit(d), "grouped_gemm_half: 16-bit operands where the products do not convert");
+    if (G == 0) return;
+    size_t wsz    = 0;
+    const bf16* w = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
+    grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f,
+                      A16 + size_t(offsets[0]) * size_t(lda), lda, w, ldb, wsz, 0.f,
+                      C + size_t(offsets[0]) * size_t(ldc), ldc);
+}
+
+void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
+                          int lda, const uint16_t* B16, int ldb, float* C, int ldc,
+                          size_t stride_c) {
+    BGL_CHECK(on_16bit(d),
+              "grouped_gemm_tn_half: 16-bit operands where the products do not convert");
+    if (G == 0) return;
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
+    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda,
+                         B16 + size_t(offsets[0]) * size_t(ldb), ldb, 1.f, C, ldc, stride_c);
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,

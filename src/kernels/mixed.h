@@ -44,6 +44,12 @@ struct KeptArray {
 // kernels on the float32 values. out may alias nothing; dinp may alias dout. Call from outside
 // pool jobs.
 void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false);
+// gelu_forward_kept's output as the 16 bits of d, where half_products_convert(d): out[i] = the
+// 16 bits of gelu(x[i]) rounded to d, formed a slice at a time in a float buffer that stays in
+// cache, so a product's 16-bit operand costs no float array. out may start where x.f32 starts
+// (each slice is read before its 16 bits are written, and they end no further than the slice).
+void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
+                         bool fp64 = false);
 // gelu_backward_kept's dinp can then be stored as values of dinp_dtype (round_inplace), a slice
 // at a time while it is in cache where x is kept in 16 bits: the same bits.
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
@@ -73,6 +79,12 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
                        int ldc);
 
+// The same with A already as the 16 bits of d (A16, its rows as A's above), where
+// half_products_convert(d).
+void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
+                       const uint16_t* A16, int lda, const float* B, int ldb, size_t stride_b,
+                       float* C, int ldc);
+
 // grouped_gemm_tn_f32 (alpha 1, beta 1: C_g += A_g^T B_g) for operands that already hold values
 // of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and
 // B's rows [offsets[0], offsets[G]) where the CPU has 16-bit arithmetic, else
@@ -80,6 +92,12 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
 // grouped_gemm_tn_depth_block() is exact. Call from outside pool jobs.
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
                           int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c);
+
+// The same with B already as the 16 bits of d (B16, its rows as B's above), where
+// half_products_convert(d).
+void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
+                          int lda, const uint16_t* B16, int ldb, float* C, int ldc,
+                          size_t stride_c);
 
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.

@@ -99,11 +99,20 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, F, C, x, C, w.fc_w, C,
                                w.fc_w_stride, hf, F);
     add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F, prec.act, h.half);
-    (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // may be in place
-    kernels::round_operand(g, RF, prec.gemm);  // only the proj products read it
-    // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e
-    kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
-                               w.proj_w_stride, y, C);
+    // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e, g = gelu(h): where the
+    // products convert, g only as the 16-bit operand, formed in g's own storage a slice at a
+    // time (hf may be there too: gelu_forward_narrow reads each slice first)
+    if (kernels::half_products_convert(prec.gemm)) {
+        auto* g16 = reinterpret_cast<uint16_t*>(g);
+        kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, {hf, nullptr}, RF, prec.fp64);
+        kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g16, F, w.proj_w, F,
+                                   w.proj_w_stride, y, C);
+    } else {
+        (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // in place ok
+        kernels::round_inplace(g, RF, prec.gemm);
+        kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
+                                   w.proj_w_stride, y, C);
+    }
     add_expert_bias(y, w.proj_b, w.proj_b_stride, offsets, E, C, prec.act);
 }
 
@@ -115,13 +124,21 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(dy, RC, prec.gemm);
-    // g = gelu(h) again, as forward made it, into dh
-    float* g = dh;
-    kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
-    kernels::round_operand(g, RF, prec.gemm);
-    // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F); dproj_b_e (C) += sum dy_e
-    kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
-                                  dw.proj_w_stride);
+    // g = gelu(h) again, as forward made it, into dh (as the 16-bit operand where the products
+    // convert); dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F)
+    if (kernels::half_products_convert(prec.gemm)) {
+        auto* g16 = reinterpret_cast<uint16_t*>(dh);
+        kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, h, RF, prec.fp64);
+        kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g16, F, dw.proj_w, F,
+                                      dw.proj_w_stride);
+    } else {
+        float* g = dh;
+        kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
+        kernels::round_inplace(g, RF, prec.gemm);
+        kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
+                                      dw.proj_w_stride);
+    }
+    // dproj_b_e (C) += sum dy_e
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
     // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
     kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, F, C, dy, C, w.proj_w, F,

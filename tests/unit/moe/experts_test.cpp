@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
@@ -59,7 +61,14 @@ ExpertsRun run(const ThreeExperts& s, bool half16) {
     const kernels::KeptArray h{half16 ? nullptr : h32.data(), half16 ? h16.data() : nullptr};
     experts_forward(r.y.data(), h, g.data(), s.x.data(), s.weights(), s.offsets.data(), E, C, F,
                     s.prec);
-    r.g_fwd = g;  // what forward multiplied by; not kept by the layer
+    // what forward multiplied by (not kept by the layer): where the products convert, forward
+    // leaves only its 16 bits, at the start of g's storage
+    r.g_fwd = g;
+    if (kernels::half_products_convert(s.prec.gemm)) {
+        std::vector<uint16_t> g16(RF);
+        std::memcpy(g16.data(), g.data(), RF * sizeof(uint16_t));
+        for (size_t i = 0; i < RF; ++i) r.g_fwd[i] = bf16_to_float(g16[i]);
+    }
     r.dfc_w.resize(s.fc_w.size());
     r.dfc_b.resize(s.fc_b.size());
     r.dproj_w.resize(s.proj_w.size());
