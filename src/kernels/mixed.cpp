@@ -256,9 +256,19 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
         if (out_half) narrow_half(out_dtype, out_half, out, n_out);
         return;
     }
-    const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
+    linear_forward_half16(d, out, to_bf16(g_inp16, inp, size_t(N) * IC), weight, bias, N, IC, OC,
+                          out_dtype, out_half);
+}
+
+void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
+                           const float* bias, int N, int IC, int OC, Dtype out_dtype,
+                           uint16_t* out_half) {
+    BGL_CHECK(on_16bit(d),
+              "linear_forward_half16: 16-bit operands where the products do not convert");
+    BGL_CHECK(!out_half || out_dtype != Dtype::float32,
+              "linear_forward_half: a 16-bit out needs a half out_dtype");
     const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
-    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, a, IC, w, IC, 0.f, out, OC);
+    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
     if (!bias && out_dtype == Dtype::float32) return;
     // bias, rounding and narrowing a row at a time, while the row is in cache
     parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
@@ -279,14 +289,21 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
         linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
         return;
     }
+    const bf16* a = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
+    linear_backward_half16(d, dinp, dweight, dbias, dout, a, weight, N, IC, OC);
+}
+
+void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                            const uint16_t* inp16, const float* weight, int N, int IC, int OC) {
+    BGL_CHECK(on_16bit(d),
+              "linear_backward_half16: 16-bit operands where the products do not convert");
     const bf16* dy = to_bf16(g_dout16, dout, size_t(N) * OC);
     if (dinp) {
         const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
         gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
     }
     if (dweight && N > 0) {
-        const bf16* a = to_bf16(g_inp16, inp, size_t(N) * IC);
-        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, a, IC, 1.f, dweight, IC);
+        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, inp16, IC, 1.f, dweight, IC);
     }
     if (!dbias) return;
     // column sums in double, each column block over all rows in order (as ops.cpp), of the

@@ -511,9 +511,17 @@ double GPT::block_forward(int l) {
         // formed in df and narrowed from there
         float* hf = b.fch.half ? a.df : b.fch.f32;
         linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
-        op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
-        round_operand(a.df, NF, gf);
-        linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C, af);
+        if (half_products_convert(gf)) {
+            // the GELU's output only as the next product's 16-bit operand, formed in df's
+            // storage a slice at a time (hf may be df: gelu_forward_narrow reads each slice first)
+            auto* g16 = reinterpret_cast<uint16_t*>(a.df);
+            gelu_forward_narrow(gf, g16, af, {hf, nullptr}, NF, prec_.fp64_sensitive);
+            linear_forward_half16(gf, y, g16, w.fcproj_w, w.fcproj_b, N, F, C, af);
+        } else {
+            op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
+            round_inplace(a.df, NF, gf);
+            linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C, af);
+        }
     }
     add_forward(y, y, b.res1, NC);
     return aux;
@@ -595,10 +603,17 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             const float* dy = operand(a.dresid, gf);
             const Dtype af  = prec_.act_dtype(LayerClass::ffn);
             const bool f64  = prec_.fp64_sensitive;
-            gelu_forward_kept(af, a.df, b.fch, NF, f64);
-            round_operand(a.df, NF, gf);
-            linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N, F,
-                                 C);
+            if (half_products_convert(gf)) {  // as forward: only its 16 bits, in df's storage
+                auto* g16 = reinterpret_cast<uint16_t*>(a.df);
+                gelu_forward_narrow(gf, g16, af, b.fch, NF, f64);
+                linear_backward_half16(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, g16, w.fcproj_w, N,
+                                       F, C);
+            } else {
+                gelu_forward_kept(af, a.df, b.fch, NF, f64);
+                round_inplace(a.df, NF, gf);
+                linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N,
+                                     F, C);
+            }
             linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
             gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64);
             round_operand(a.df, NF, gf);
