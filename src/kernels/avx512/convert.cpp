@@ -1,9 +1,9 @@
 // bfloat16 rounding and widening, 16 values to a vector in integer arithmetic: the AVX2 kernels'
 // method (kernels/avx2/convert.cpp) at twice the width, with masks for the NaNs and the tails.
 // Narrowing stays the AVX2 loop's (kernels/dispatch.cpp): on the AMD Zen 5 measured, a 512-bit
-// version was twice as fast on arrays in L2 but 15% slower on the model's arrays, which stream
-// from L3 and memory (0.61 against 0.53 ms for 4 Mi values). Every result is bitwise
-// core/dtype.h's bf16_from_float, denormals included.
+// version was faster on arrays in L2 but slower on arrays that stream from L3 and memory, as the
+// model's do (docs/results.md). Every result is bitwise core/dtype.h's bf16_from_float,
+// denormals included.
 // The all-ones masked (maskz) forms of the shifts and of vpmovzxwd are the unmasked instructions;
 // they are used because GCC 12 takes the unmasked intrinsics' undefined pass-through operand for
 // an uninitialised read (-Wmaybe-uninitialized).
