@@ -23,10 +23,6 @@ namespace {
 const double kGeluK     = std::sqrt(2.0 / std::numbers::pi);
 constexpr double kGeluA = 0.044715;
 
-}  // namespace
-
-namespace {
-
 void round_range(float* out, const float* in, size_t n, Dtype d) {
     if (d == Dtype::bfloat16) {
         dispatch().bf16_round(out, in, n);
@@ -162,16 +158,6 @@ const int32_t* rebased(const int32_t* offsets, int G) {
     return rel.data();
 }
 
-}  // namespace
-
-void force_16bit_operands(bool on) { g_force16 = on; }
-bool half_products_convert(Dtype d) { return on_16bit(d); }
-void round_operand(float* x, size_t n, Dtype d) {
-    if (!on_16bit(d)) round_inplace(x, n, d);
-}
-
-namespace {
-
 // 16-bit copies of G groups' op(B) (grouped_gemm_half's B), each its rows to the last one's end,
 // one after another (at once when the groups are adjacent); wsz: elements per group.
 const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, size_t stride_b,
@@ -189,6 +175,12 @@ const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, si
 }
 
 }  // namespace
+
+void force_16bit_operands(bool on) { g_force16 = on; }
+bool half_products_convert(Dtype d) { return on_16bit(d); }
+void round_operand(float* x, size_t n, Dtype d) {
+    if (!on_16bit(d)) round_inplace(x, n, d);
+}
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
@@ -266,7 +258,7 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
     BGL_CHECK(on_16bit(d),
               "linear_forward_half16: 16-bit operands where the products do not convert");
     BGL_CHECK(!out_half || out_dtype != Dtype::float32,
-              "linear_forward_half: a 16-bit out needs a half out_dtype");
+              "linear_forward_half16: a 16-bit out needs a half out_dtype");
     const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
     gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
     if (!bias && out_dtype == Dtype::float32) return;
