@@ -1,6 +1,7 @@
 // Goto/BLIS blocked GEMM. gemm_rect, for one thread's rectangle: jc (NC) -> pc (KC) -> pack B ->
 // ic (MC) -> pack A -> jr (NR) -> ir (MR) -> micro-kernel. gemm_packed: units of C (a column
-// strip x a row block, whole depth) taken from a shared counter, B packed per strip and thread.
+// strip x a row block, whole depth), each thread taking those of its own range first, then
+// helping in the others'; B packed per strip and thread.
 // Threads write disjoint parts of C, so they need no barrier; packing buffers are per thread,
 // 64-byte aligned and grow-only (allocated with operator new, so allocation counters see them).
 #include "kernels/gemm/driver.h"
@@ -114,15 +115,25 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
     }
 }
 
-// ---- gemm_packed: column strips x row blocks, handed out to the threads as they come free ----
+// ---- gemm_packed: column strips x row blocks, a range of them per thread ----
 //
 // C is cut into strips of `cols` columns and each strip into row blocks of `rows`; a unit is one
-// (strip, row block) over the whole depth. Units are numbered strip by strip and taken from a
-// shared counter, so a thread whose core is busy with other work takes fewer of them rather than
-// holding up the call (a static split waits for its slowest thread). A thread packs op(B) of a
-// strip for every k block once, when it takes its first unit of that strip; a unit packs its rows
-// of op(A) per k block into an L2-sized block. The strip's B slice for one k block (kc x cols)
-// is sized for L2 next to the A block. Which thread runs a unit changes nothing in its sums.
+// (strip, row block) over the whole depth. Units are numbered strip by strip and cut into one
+// consecutive range per thread. A thread takes the units of its own range from the range's
+// counter, then helps in the other ranges through their counters, so a thread whose core is
+// busy with other work takes fewer units rather than holding up the call (a static split waits
+// for its slowest thread). A thread packs op(B) of a strip for every k block when it takes its
+// first unit of that strip, so with ranges each strip is packed about once, by its range's
+// thread (with a single counter the threads took turns within a strip, so each packed every
+// strip); a unit packs its rows of op(A) per k block into an L2-sized block. The strip's B slice
+// for one k block (kc x cols) is sized for L2 next to the A block. No thread ever waits for
+// another's packing: a late-starting thread delays only what it takes. Which thread runs a unit
+// changes nothing in its sums.
+//
+// Measured with two threads on the Zen 5 of docs/results.md against the previous scheme (one
+// counter, and a small op(B) packed once by all threads together, each unit waiting for the
+// slices it needs; that now serves only more than two threads a strip, gemm_shared_b below):
+// `bench kernels` on bench-medium's products, median 1.08x (0.98-1.34x), the squares 1.14-1.30x.
 
 namespace {
 
@@ -160,6 +171,7 @@ int rows_cap(const KernelSpec& s, const Budgets& b, int kcp) {
 // Units per thread to aim for, so that a stalled thread's share can be taken over.
 constexpr int kUnitsPerThread     = 4;
 constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
+constexpr int kMaxRanges          = 256;      // at most this many threads get a range
 
 Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     const size_t elem = size_t(s.elem_bytes);
@@ -170,9 +182,11 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     cols = std::min(cols, static_cast<int>(b.strip / (size_t(kp) * elem)) / s.nr * s.nr);
     cols = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
     Plan p{};
-    p.threads      = double(M) * N * K < kMinThreadedWork ? 1 : threads;
-    p.cols         = cols;
-    p.strips       = ceil_div(N, cols);
+    p.threads = double(M) * N * K < kMinThreadedWork ? 1 : threads;
+    p.strips  = ceil_div(N, cols);
+    // Strips of (nearly) equal width: a narrow last strip would pack all of A again for a sliver
+    // of the products, and leave its range's thread short of work.
+    p.cols         = round_up(ceil_div(N, p.strips), s.nr);
     const int want = ceil_div(kUnitsPerThread * p.threads, p.strips);
     p.rows         = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, rows_cap(s, b, kcp));
     p.mblocks      = ceil_div(M, p.rows);
@@ -214,16 +228,20 @@ void pack_strip(const KernelSpec& s, PackSrc b, int j0, int j1, int K, char* dst
     }
 }
 
-// When the whole of op(B) packed is small (it fits in L3 with room to spare), it is packed once
-// for all threads instead: packing tasks (strip, k block) are taken from a counter first, each
-// marked ready when done, then units of row blocks over all of N, packing A once per k block.
-// A unit waits for a B slice only while another thread is still packing it.
+// When more than two threads share each strip (many cores, few strips), each would pack the
+// strips its range touches, so op(B) would be packed many times over. Then, if the whole of op(B)
+// packed is small (it fits in L3 with room to spare), it is packed once for all threads instead:
+// packing tasks (strip, k block) are taken from a counter first, each marked ready when done,
+// then units of row blocks over all of N, packing A once per k block. A unit waits for a B slice
+// only while another thread is still packing it. With one or two threads a strip the ranges were
+// faster (a late-starting thread's slices hold up the other; docs/results.md).
 constexpr size_t kSharedBBytes = size_t(4) << 20;
 constexpr int kMaxPackTasks    = 256;
 
 bool fits_shared(const KernelSpec& s, const Plan& p, int K) {
     const size_t elem = size_t(s.elem_bytes);
-    return size_t(round_up(K, s.kstep)) * size_t(p.strips) * size_t(p.cols) * elem <=
+    return p.threads > 2 * p.strips &&
+           size_t(round_up(K, s.kstep)) * size_t(p.strips) * size_t(p.cols) * elem <=
                kSharedBBytes &&
            p.strips * ceil_div(K, s.kc) <= kMaxPackTasks;
 }
@@ -312,23 +330,35 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
     }
     const int units   = p.strips * p.mblocks;
     const size_t elem = size_t(spec.elem_bytes);
-    std::atomic<int> next{0};
-    auto body = [&](int) {
+    struct alignas(64) Range {  // units [next, end) not taken yet; a cache line each
+        std::atomic<int> next;
+        int end;
+    };
+    const int nranges = p.threads == 1 ? 1 : std::min({p.threads, units, kMaxRanges});
+    Range ranges[kMaxRanges];
+    for (int r = 0; r < nranges; ++r) {
+        ranges[r].next.store(int(int64_t(units) * r / nranges), std::memory_order_relaxed);
+        ranges[r].end = int(int64_t(units) * (r + 1) / nranges);
+    }
+    auto body = [&](int tid) {
         auto* bbuf = static_cast<char*>(
             t_b_buffer.get(size_t(round_up(K, spec.kstep)) * size_t(p.cols) * elem));
         auto* abuf = static_cast<char*>(t_a_buffer.get(
             size_t(round_up(std::min(spec.kc, K), spec.kstep)) * size_t(p.rows) * elem));
         int packed = -1;  // strip whose B is in bbuf
-        for (int u = next.fetch_add(1, std::memory_order_relaxed); u < units;
-             u     = next.fetch_add(1, std::memory_order_relaxed)) {
-            const int strip = u / p.mblocks, blk = u % p.mblocks;
-            const int j0 = strip * p.cols, j1 = std::min(N, j0 + p.cols);
-            const int i0 = blk * p.rows, i1 = std::min(M, i0 + p.rows);
-            if (strip != packed) {
-                pack_strip(spec, b, j0, j1, K, bbuf);
-                packed = strip;
+        for (int i = 0; i < nranges; ++i) {
+            Range& range = ranges[(tid + i) % nranges];
+            for (int u = range.next.fetch_add(1, std::memory_order_relaxed); u < range.end;
+                 u     = range.next.fetch_add(1, std::memory_order_relaxed)) {
+                const int strip = u / p.mblocks, blk = u % p.mblocks;
+                const int j0 = strip * p.cols, j1 = std::min(N, j0 + p.cols);
+                const int i0 = blk * p.rows, i1 = std::min(M, i0 + p.rows);
+                if (strip != packed) {
+                    pack_strip(spec, b, j0, j1, K, bbuf);
+                    packed = strip;
+                }
+                run_unit(spec, a, bbuf, i0, i1, j0, j1, K, alpha, beta, C, ldc, abuf);
             }
-            run_unit(spec, a, bbuf, i0, i1, j0, j1, K, alpha, beta, C, ldc, abuf);
         }
     };
     if (p.threads == 1 || units == 1) {

@@ -37,9 +37,10 @@ struct KernelSpec {
 inline constexpr int kPackSlack = 256;
 
 // C = alpha * op(A) @ op(B) + beta * C with A and B of the element type spec's packers read.
-// Threads take units of C (column strip x row block) from a shared counter as they come free,
-// so a thread slowed by other work on its core does not hold up the call; a small op(B) is packed
-// once for all threads.
+// Units of C (column strip x row block) are cut into one range per thread; a thread takes the
+// units of its own range, then helps in the others', so a thread slowed by other work on its core
+// does not hold up the call, and each strip of op(B) is packed about once. With more than two
+// threads a strip, a small op(B) is packed once by all of them together instead.
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc);
 

@@ -231,10 +231,13 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
     const Case cases[] = {{Trans::N, Trans::T, 256, 200, 300, 1.0f, 0.0f, 0, 0, 0},
                           {Trans::T, Trans::N, 37, 500, 129, 0.5f, 1.0f, 3, 0, 5},
                           {Trans::N, Trans::N, 611, 45, 260, 1.0f, 0.25f, 0, 1, 0},
-                          // several column strips and k blocks, B packed once for all threads
+                          // one strip, several k blocks: a range of units per thread (2
+                          // threads), B packed once for all threads (3: more than 2 a strip)
                           {Trans::N, Trans::N, 150, 600, 700, 1.0f, 0.0f, 0, 0, 0},
-                          // packed B too large to share: each thread packs its strips
-                          {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0}};
+                          // few rows, two strips: the ranges are whole strips
+                          {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0},
+                          // one unit, deep: fewer ranges than threads (2 threads)
+                          {Trans::N, Trans::N, 12, 40, 3000, 1.0f, 0.0f, 0, 0, 0}};
     for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
