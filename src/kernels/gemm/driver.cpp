@@ -133,7 +133,7 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
 // Measured with two threads on the Zen 5 of docs/results.md against the previous scheme (one
 // counter, and a small op(B) packed once by all threads together, each unit waiting for the
 // slices it needs; that now serves only more than two threads a strip, gemm_shared_b below):
-// `bench kernels` on bench-medium's products, median 1.08x (0.98-1.34x), the squares 1.14-1.30x.
+// `bench kernels` on bench-medium's products, median 1.08x (0.98-1.34x), the squares 1.14-1.34x.
 
 namespace {
 
