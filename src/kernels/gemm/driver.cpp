@@ -238,7 +238,7 @@ void pack_strip(const KernelSpec& s, PackSrc b, int j0, int j1, int K, char* dst
 constexpr size_t kSharedBBytes = size_t(4) << 20;
 constexpr int kMaxPackTasks    = 256;
 
-bool fits_shared(const KernelSpec& s, const Plan& p, int K) {
+bool use_shared_b(const KernelSpec& s, const Plan& p, int K) {
     const size_t elem = size_t(s.elem_bytes);
     return p.threads > 2 * p.strips &&
            size_t(round_up(K, s.kstep)) * size_t(p.strips) * size_t(p.cols) * elem <=
@@ -324,7 +324,7 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
     const PackSrc b{B, ldb, tb == Trans::T};
     ThreadPool& pool = compute_pool();
     const Plan p     = make_plan(spec, M, N, K, pool.size());
-    if (fits_shared(spec, p, K)) {
+    if (use_shared_b(spec, p, K)) {
         gemm_shared_b(spec, p, a, b, M, N, K, alpha, beta, C, ldc);
         return;
     }
@@ -334,7 +334,7 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
         std::atomic<int> next;
         int end;
     };
-    const int nranges = p.threads == 1 ? 1 : std::min({p.threads, units, kMaxRanges});
+    const int nranges = std::min({p.threads, units, kMaxRanges});
     Range ranges[kMaxRanges];
     for (int r = 0; r < nranges; ++r) {
         ranges[r].next.store(int(int64_t(units) * r / nranges), std::memory_order_relaxed);
