@@ -31,6 +31,7 @@ constexpr KernelTable kGeneric = {
     .crossentropy_isa      = Isa::generic,
     .adamw_isa             = Isa::generic,
     .convert_isa           = Isa::generic,
+    .rows_isa              = Isa::generic,
     .layernorm_forward     = generic::layernorm_forward,
     .layernorm_backward    = generic::layernorm_backward,
     .gelu_forward          = generic::gelu_forward,
@@ -43,6 +44,8 @@ constexpr KernelTable kGeneric = {
     .bf16_narrow           = generic::bf16_narrow_range,
     .bf16_round            = generic::bf16_round_range,
     .bf16_widen            = generic::bf16_widen_range,
+    .col_sums_f64          = generic::col_sums_f64,
+    .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
 };
 
 constexpr KernelTable kAvx2 = {
@@ -53,6 +56,7 @@ constexpr KernelTable kAvx2 = {
     .crossentropy_isa      = Isa::avx2,
     .adamw_isa             = Isa::avx2,
     .convert_isa           = Isa::avx2,
+    .rows_isa              = Isa::avx2,
     .layernorm_forward     = avx2::layernorm_forward,
     .layernorm_backward    = avx2::layernorm_backward,
     .gelu_forward          = avx2::gelu_forward,
@@ -65,10 +69,12 @@ constexpr KernelTable kAvx2 = {
     .bf16_narrow           = avx2::bf16_narrow_range,
     .bf16_round            = avx2::bf16_round_range,
     .bf16_widen            = avx2::bf16_widen_range,
+    .col_sums_f64          = avx2::col_sums_f64,
+    .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
 };
 
-// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm and cross-entropy are the
-// AVX2 kernels.
+// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy and the row
+// kernels are the AVX2 ones.
 constexpr KernelTable kAvx512 = [] {
     KernelTable t        = kAvx2;
     t.isa                = Isa::avx512;
@@ -143,13 +149,13 @@ Isa best_isa() { return best_isa(cpu_features()); }
 std::string KernelTable::describe() const {
     return fmt::format(
         "isa {}: gemm {}, layernorm {}, gelu {}, attention {}{}, crossentropy {}, adamw {}, "
-        "convert {}",
+        "convert {}, rows {}",
         isa_name(isa), gemm_backend_name(), isa_name(layernorm_isa), isa_name(gelu_isa),
         isa_name(attention_isa),
         attention_isa == Isa::generic ? ""
         : attention_isa == Isa::avx2  ? " (head size a multiple of 8, else generic)"
                                       : " (head size a multiple of 16, else avx2 or generic)",
-        isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa));
+        isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa), isa_name(rows_isa));
 }
 
 const KernelTable& kernel_table(Isa isa) {

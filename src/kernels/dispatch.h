@@ -33,7 +33,7 @@ Isa best_isa();
 struct KernelTable {
     Isa isa;  // the ISA this table was built for
     // The ISA of the implementation each family runs (at most isa).
-    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa;
+    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa, rows_isa;
 
     void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C);
@@ -57,9 +57,14 @@ struct KernelTable {
     void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);
     void (*bf16_round)(float* out, const float* in, size_t n);
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
+    // Row sums in double and the combine's gradient rows, on the calling thread.
+    void (*col_sums_f64)(double* s, const float* x, int64_t n, int64_t ld, int w);
+    void (*scaled_rows_and_dots)(float* const* dy, float* dots, const float* w, const float* d,
+                                 const float* const* y, int n, int C);
 
     // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx512 (head size a
-    // multiple of 16, else avx2 or generic), crossentropy avx2, adamw avx512, convert avx512".
+    // multiple of 16, else avx2 or generic), crossentropy avx2, adamw avx512, convert avx512, rows
+    // avx2".
     std::string describe() const;
 };
 

@@ -128,10 +128,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
         const int64_t w = c1 - c0;
         double* acc     = grow(buf, size_t(w));
         std::fill(acc, acc + w, 0.0);
-        for (int64_t i = 0; i < N; ++i) {
-            const float* __restrict d = dout + i * OC + c0;
-            for (int64_t c = 0; c < w; ++c) acc[c] += double(d[c]);
-        }
+        col_sums_f64(acc, dout + c0, N, OC, static_cast<int>(w));
         for (int64_t c = 0; c < w; ++c) dbias[c0 + c] = float(double(dbias[c0 + c]) + acc[c]);
     });
 }
@@ -492,9 +489,45 @@ void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float* __restrict row = x + r * ld;
+        for (int c = 0; c < w; ++c) s[c] += double(row[c]);
+    }
+}
+
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C) {
+    for (int j = 0; j < n; ++j) {
+        double s[4]               = {0, 0, 0, 0};
+        float* __restrict o       = dy[j];
+        const float* __restrict v = y[j];
+        int c                     = 0;
+        for (; c + 4 <= C; c += 4) {
+            for (int i = 0; i < 4; ++i) {
+                s[i] += double(d[c + i]) * double(v[c + i]);
+                o[c + i] = w[j] * d[c + i];
+            }
+        }
+        for (; c < C; ++c) {
+            s[c & 3] += double(d[c]) * double(v[c]);
+            o[c] = w[j] * d[c];
+        }
+        dots[j] = float((s[0] + s[1]) + (s[2] + s[3]));
+    }
+}
+
 }  // namespace generic
 
 // ---- dispatched families: the active table of kernels/dispatch.h ----
+
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
+    dispatch().col_sums_f64(s, x, n, ld, w);
+}
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C) {
+    dispatch().scaled_rows_and_dots(dy, dots, w, d, y, n, C);
+}
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {

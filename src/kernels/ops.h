@@ -76,6 +76,17 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step);
 
+// ---- row sums and the combine's gradient rows, on the calling thread ----
+// s[c] += sum over rows r in [0, n) of x[r ld + c], c in [0, w): each column summed in double,
+// row by row in order, whatever the ISA (so a column's sum has the same bits everywhere).
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
+// For each j in [0, n): dy[j][c] = w[j] * d[c] and dots[j] = dot(d, y[j]) over c in [0, C),
+// the products in double into four partial sums (element c into sum c mod 4), returned as
+// float((s0 + s1) + (s2 + s3)); the same bits on every ISA. The n rows of one token's slots
+// run interleaved, so their dependent adds overlap.
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C);
+
 // Sum of squares of x, accumulated in double (for global-norm clipping).
 double sum_squares(const float* x, size_t n);
 // x *= s

@@ -47,6 +47,12 @@ void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, co
                              const float* mean, const float* rstd, int N, int C, int64_t c0,
                              int64_t c1, double* scratch);
 
+// ---- row sums and the combine's gradient rows (kernels/avx2/rows.cpp); bitwise the generic
+// kernels' results, ops.h signatures ----
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C);
+
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
 // dinp may alias dout.

@@ -28,6 +28,9 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
                            const float* dlosses, int N, int V);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step);
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C);
 // bfloat16 conversions of n elements on the calling thread (core/dtype.h's rounding).
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);
 void bf16_round_range(float* out, const float* in, size_t n);

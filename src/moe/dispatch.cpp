@@ -58,15 +58,14 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
                         const float* probs, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-            const float* d = dout + t * C;
+            SlotGradBatch batch(dout + t * C, C);
             for (int k = 0; k < K; ++k) {
                 const int64_t r = row_of[t * K + k];
                 if (r < 0) {
                     dprobs[t * K + k] = 0.0f;
                     continue;
                 }
-                dprobs[t * K + k] =
-                    scaled_row_and_dot(dy_perm + r * C, probs[t * K + k], d, y_perm + r * C, C);
+                batch.add(dy_perm + r * C, y_perm + r * C, probs[t * K + k], &dprobs[t * K + k]);
             }
         }
     });

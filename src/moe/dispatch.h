@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace bagualu::moe {
 
 // row_of: (N*K). token_of_row: (rows). expert_offsets: (E+1), prefix sums of tokens_per_expert.
@@ -30,29 +32,47 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C);
 
 // The row arithmetic of the combine and its gradient, shared with node_dispatcher.cpp so both
-// paths round alike. o += w * y; o += y; dy = w * d, returning dot(d, y) summed in double in
-// four interleaved partial sums (element c into sum c mod 4), added as (s0 + s1) + (s2 + s3):
-// four independent chains of adds instead of one, which ran at the adds' latency.
+// paths round alike: o += w * y; o += y.
 inline void add_scaled_row(float* o, float w, const float* y, int C) {
     for (int c = 0; c < C; ++c) o[c] += w * y[c];
 }
 inline void add_row(float* o, const float* y, int C) {
     for (int c = 0; c < C; ++c) o[c] += y[c];
 }
-inline float scaled_row_and_dot(float* dy, float w, const float* d, const float* y, int C) {
-    double s[4] = {0, 0, 0, 0};
-    int c       = 0;
-    for (; c + 4 <= C; c += 4) {
-        for (int j = 0; j < 4; ++j) {
-            s[j] += static_cast<double>(d[c + j]) * y[c + j];
-            dy[c + j] = w * d[c + j];
-        }
+
+// The combine's gradient for one token's slots, queued and run kernels::scaled_rows_and_dots
+// at a time: dy = w * d, *dprob = dot(d, y) summed in double (the same bits on every ISA).
+class SlotGradBatch {
+   public:
+    SlotGradBatch(const float* d, int C) : d_(d), C_(C) {}
+    ~SlotGradBatch() { run(); }
+    SlotGradBatch(const SlotGradBatch&)            = delete;
+    SlotGradBatch& operator=(const SlotGradBatch&) = delete;
+
+    void add(float* dy, const float* y, float w, float* dprob) {
+        dy_[n_]    = dy;
+        y_[n_]     = y;
+        w_[n_]     = w;
+        dprob_[n_] = dprob;
+        if (++n_ == kMax) run();
     }
-    for (; c < C; ++c) {
-        s[c & 3] += static_cast<double>(d[c]) * y[c];
-        dy[c] = w * d[c];
+    void run() {
+        if (n_ == 0) return;
+        kernels::scaled_rows_and_dots(dy_, dots_, w_, d_, y_, n_, C_);
+        for (int i = 0; i < n_; ++i) *dprob_[i] = dots_[i];
+        n_ = 0;
     }
-    return static_cast<float>((s[0] + s[1]) + (s[2] + s[3]));
-}
+
+   private:
+    static constexpr int kMax = 16;
+    const float* d_;
+    int C_;
+    int n_ = 0;
+    float* dy_[kMax];
+    const float* y_[kMax];
+    float w_[kMax];
+    float* dprob_[kMax];
+    float dots_[kMax];
+};
 
 }  // namespace bagualu::moe

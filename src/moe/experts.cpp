@@ -25,8 +25,9 @@ namespace {
 
 // Below this many elements a bias loop stays on the calling thread (as kernels/ops.cpp does).
 constexpr int64_t kMinParallelWork = int64_t{1} << 14;
-// Bias gradients sum columns in blocks of this many (one cache line of floats).
-constexpr int kColBlock = 16;
+// Bias gradients sum columns in blocks of this many (two cache lines of floats; the SIMD
+// kernel keeps a block's 32 double sums in registers).
+constexpr int kColBlock = 32;
 
 // out: (rows, D), rows = offsets[E]. out[r, :] += bias_e for each row r of expert e, where
 // bias_e = bias + e * stride: (D); then the row is stored as values of round_to
@@ -68,10 +69,8 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
             if (offsets[e + 1] == offsets[e]) continue;
             double sum[kColBlock] = {};
             double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
-            for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
-                const float* __restrict d = dout + r * D + c0;
-                for (int c = 0; c < w; ++c) s[c] += double(d[c]);
-            }
+            kernels::col_sums_f64(s, dout + int64_t{offsets[e]} * D + c0,
+                                            offsets[e + 1] - offsets[e], D, w);
             if (acc) continue;
             float* db = dbias + static_cast<size_t>(e) * stride + c0;
             for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);

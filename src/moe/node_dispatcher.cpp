@@ -353,6 +353,7 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const int32_t* mt = meta_recv_.data() + static_cast<size_t>(i) * 2 * K;
+            SlotGradBatch batch(r1 + static_cast<size_t>(i) * C, C_);
             for (size_t k = 0; k < K; ++k) {
                 const int64_t r = pos2_[static_cast<size_t>(i) * K + k];
                 float& dp       = dprobs_rel_[static_cast<size_t>(i) * K + k];
@@ -360,9 +361,8 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
                     dp = 0.0f;
                     continue;
                 }
-                dp = scaled_row_and_dot(
-                    s2 + static_cast<size_t>(r) * C, std::bit_cast<float>(mt[K + k]),
-                    r1 + static_cast<size_t>(i) * C, y + static_cast<size_t>(r) * C, C_);
+                batch.add(s2 + static_cast<size_t>(r) * C, y + static_cast<size_t>(r) * C,
+                          std::bit_cast<float>(mt[K + k]), &dp);
             }
         }
     });

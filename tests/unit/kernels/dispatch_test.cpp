@@ -56,8 +56,10 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.bf16_narrow, &generic::bf16_narrow_range);
     EXPECT_EQ(t.bf16_round, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
+    EXPECT_EQ(t.col_sums_f64, &generic::col_sums_f64);
+    EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
     for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
-                  t.convert_isa}) {
+                  t.convert_isa, t.rows_isa}) {
         EXPECT_EQ(f, Isa::generic);
     }
 }
@@ -70,9 +72,10 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_TRUE(t.layernorm_forward && t.layernorm_backward && t.gelu_forward &&
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_update &&
-                    t.bf16_narrow && t.bf16_round && t.bf16_widen);
+                    t.bf16_narrow && t.bf16_round && t.bf16_widen && t.col_sums_f64 &&
+                    t.scaled_rows_and_dots);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
-                      t.convert_isa}) {
+                      t.convert_isa, t.rows_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
         }
         // A family that runs generic code points at the generic kernel, and the other way round.
@@ -85,14 +88,17 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward);
         EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_update == &generic::adamw_update);
         EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
+        EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64 == &generic::col_sums_f64);
+        EXPECT_EQ(t.rows_isa == Isa::generic,
+                  t.scaled_rows_and_dots == &generic::scaled_rows_and_dots);
     }
 }
 
 TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
     const std::string d = kernel_table(Isa::avx2).describe();
     EXPECT_EQ(d.rfind("isa avx2: gemm " + gemm_backend_name() + ", layernorm avx2, ", 0), 0u) << d;
-    for (const char* family :
-         {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2", "convert avx2"}) {
+    for (const char* family : {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2",
+                               "convert avx2", "rows avx2"}) {
         EXPECT_NE(d.find(family), std::string::npos) << family << " not in: " << d;
     }
     // the AVX-512 table's own kernels (describing a table calls none of them)

@@ -272,6 +272,62 @@ TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
     }
 }
 
+TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
+    // col_sums_f64 and scaled_rows_and_dots keep the generic loops' order of double adds, so
+    // every ISA gives their bits: ragged widths around the 4-, 16- and 32-column steps, row
+    // counts around the 4-row groups, and a strided source. The sums are also checked against
+    // a long-double sum: 301 roundings of double sums of magnitude < 100 stay far below 1e-9.
+    Rng rng(21);
+    for (int w : {1, 3, 4, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100}) {
+        for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(301)}) {
+            SCOPED_TRACE(std::to_string(w) + " columns, " + std::to_string(n) + " rows");
+            const int64_t ld = w + 3;
+            const auto x     = randn(rng, size_t(std::max<int64_t>(n, 1) * ld), 3.0);
+            std::vector<double> s0(size_t(w) + 1);
+            for (auto& v : s0) v = rng.normal();
+            auto s = s0, s_gen = s0;
+            col_sums_f64(s.data(), x.data(), n, ld, w);
+            generic::col_sums_f64(s_gen.data(), x.data(), n, ld, w);
+            EXPECT_EQ(std::memcmp(s.data(), s_gen.data(), s.size() * sizeof(double)), 0);
+            EXPECT_EQ(s[size_t(w)], s0[size_t(w)]);  // the column past w untouched
+            for (int c = 0; c < w; ++c) {
+                long double want = s0[size_t(c)];
+                for (int64_t r = 0; r < n; ++r) want += x[size_t(r * ld + c)];
+                EXPECT_NEAR(s[size_t(c)], double(want), 1e-9);
+            }
+        }
+    }
+    for (int C : {1, 3, 4, 5, 8, 13, 256}) {
+        for (int n : {1, 2, 3, 4, 5, 8, 9}) {
+            SCOPED_TRACE(std::to_string(C) + " columns, " + std::to_string(n) + " rows");
+            const auto d = randn(rng, size_t(C)), y = randn(rng, size_t(n * C)),
+                       w = randn(rng, size_t(n));
+            auto dy = nans(size_t(n * C)), dy_gen = dy;
+            std::vector<float*> o(static_cast<size_t>(n)), o_gen(static_cast<size_t>(n));
+            std::vector<const float*> yr(static_cast<size_t>(n));
+            for (int j = 0; j < n; ++j) {
+                // rows in reverse order: the kernels follow the pointers, not a layout
+                o[size_t(j)]     = dy.data() + size_t((n - 1 - j) * C);
+                o_gen[size_t(j)] = dy_gen.data() + size_t((n - 1 - j) * C);
+                yr[size_t(j)]    = y.data() + size_t((n - 1 - j) * C);
+            }
+            std::vector<float> dots(size_t(n), -1.f), dots_gen(size_t(n), -2.f);
+            scaled_rows_and_dots(o.data(), dots.data(), w.data(), d.data(), yr.data(), n, C);
+            generic::scaled_rows_and_dots(o_gen.data(), dots_gen.data(), w.data(), d.data(),
+                                          yr.data(), n, C);
+            EXPECT_EQ(first_bit_difference(dy, dy_gen), -1);
+            EXPECT_EQ(first_bit_difference(dots, dots_gen), -1);
+            for (int j = 0; j < n; ++j) {
+                double want = 0;
+                for (int c = 0; c < C; ++c) want += double(d[size_t(c)]) * yr[size_t(j)][c];
+                // one float rounding of a double sum: relative 2^-24, plus the sum's own
+                EXPECT_NEAR(dots[size_t(j)], want, 1e-6 * (1 + std::abs(want)));
+                EXPECT_EQ(o[size_t(j)][C - 1], w[size_t(j)] * d[size_t(C - 1)]);
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
     // The SIMD layernorms keep the generic kernel's summation lanes and operation order, without
     // FMA, so they give its bits exactly. C around the 4-double and 8-float steps and the
