@@ -21,9 +21,12 @@ namespace bagualu::kernels {
 // offsets: (G+1), nondecreasing. A_g is op(A)'s rows offsets[g].. (ta == N: A + offsets[g] * lda,
 // ta == T: A + offsets[g]). B_g = B + g * stride_b (stride in floats). C_g = C + offsets[g] * ldc.
 // When beta == 0, C is not read.
+// With a_rows (ta == N only), A is gathered: row i of the stacked A_g is A's row a_rows[i]
+// (A + a_rows[i] * lda), read in place when the rows are packed, so a product over permuted
+// rows needs no permuted copy; the results are bitwise those on the copy.
 void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                      float* C, int ldc);
+                      float* C, int ldc, const int32_t* a_rows = nullptr);
 
 // The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
 // kernel (the best of ours under onednn and auto): each group's result is bitwise what gemm_bf16
@@ -31,16 +34,17 @@ void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, 
 // half values (kernels/mixed.h grouped_gemm_half).
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc);
+                       float* C, int ldc, const int32_t* a_rows = nullptr);
 
 // The weight-gradient form, summing over each group's rows: for g in [0, G), K_g = offsets[g+1]
 // - offsets[g] >= 0,
 //   C_g (M, N) = alpha * A_g^T (M, K_g) @ B_g (K_g, N) + beta * C_g     (+= when beta == 1)
 // A_g = A + offsets[g] * lda, (K_g, M). B_g = B + offsets[g] * ldb, (K_g, N).
 // C_g = C + g * stride_c (stride in floats). A group with K_g == 0 gets C_g = beta * C_g.
+// With b_rows, B is gathered as A is above: row i of the stacked B_g is B's row b_rows[i].
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
-                         size_t stride_c);
+                         size_t stride_c, const int32_t* b_rows = nullptr);
 
 // The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
 // kernel with grouped_gemm_tn_f32's depth block, so that the depth splits at
@@ -48,7 +52,7 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
 // gemm_bf16). The experts' weight gradients on 16-bit operands (kernels/mixed.h).
 void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
-                          size_t stride_c);
+                          size_t stride_c, const int32_t* b_rows = nullptr);
 
 // Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a
 // group's rows split at multiples of it over several calls with beta = 1 give bitwise the result of

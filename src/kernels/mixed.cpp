@@ -150,6 +150,13 @@ size_t span(size_t rows, int ld, size_t width) {
     return rows == 0 ? 0 : (rows - 1) * size_t(ld) + width;
 }
 
+// Rows of the source a gather (rows [0, n)) reads: one past the largest index.
+size_t gathered_extent(const int32_t* rows, size_t n) {
+    int32_t top = -1;
+    for (size_t i = 0; i < n; ++i) top = std::max(top, rows[i]);
+    return size_t(top + 1);
+}
+
 // offsets made relative to offsets[0], where the 16-bit copies of the groups' rows start
 const int32_t* rebased(const int32_t* offsets, int G) {
     thread_local std::vector<int32_t> rel;
@@ -184,17 +191,26 @@ void round_operand(float* x, size_t n, Dtype d) {
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
-                       int ldc) {
+                       int ldc, const int32_t* a_rows) {
     if (!on_16bit(d) || G == 0) {
-        grouped_gemm_f32(Trans::N, tb, G, offsets, N, K, 1.f, A, lda, B, ldb, stride_b, 0.f, C,
-                         ldc);
+        grouped_gemm_f32(Trans::N, tb, G, offsets, N, K, 1.f, A, lda, B, ldb, stride_b, 0.f, C, ldc,
+                         a_rows);
+        return;
+    }
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    size_t wsz        = 0;
+    const bf16* w     = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
+    if (a_rows) {
+        // the source rows the gather reads, converted once (fewer than the gathered rows when
+        // a row is read by several groups), and the gather on the 16-bit copy
+        const int32_t* r = a_rows + offsets[0];
+        const bf16* a    = to_bf16(g_inp16, A, span(gathered_extent(r, rows), lda, K));
+        grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
+                          C + size_t(offsets[0]) * size_t(ldc), ldc, r);
         return;
     }
     // A's rows from offsets[0] on (the last one to its K-th element)
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
-    size_t wsz        = 0;
-    const bf16* w     = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
+    const bf16* a = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
     grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
                       C + size_t(offsets[0]) * size_t(ldc), ldc);
 }
@@ -224,16 +240,21 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
-                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c) {
+                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c,
+                          const int32_t* b_rows) {
     if (!on_16bit(d) || G == 0) {
-        grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c);
+        grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c, b_rows);
         return;
     }
-    // the groups' rows of A and B from offsets[0] on (the last one to its M-th / N-th element)
+    // the groups' rows of A and B from offsets[0] on (the last one to its M-th / N-th element);
+    // a gathered B: the source rows it reads, gathered on the 16-bit copy
     const size_t rows = size_t(offsets[G] - offsets[0]);
     const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
-    const bf16* b     = to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), span(rows, ldb, N));
-    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c);
+    const int32_t* r  = b_rows ? b_rows + offsets[0] : nullptr;
+    const bf16* b     = r ? to_bf16(g_dout16, B, span(gathered_extent(r, rows), ldb, N))
+                          : to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), span(rows, ldb, N));
+    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c,
+                         r);
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,

@@ -80,10 +80,11 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
 // already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
 // copies (A's rows [offsets[0], offsets[G]) of lda; each group's op(B), (tb == T ? N : K) rows
 // of ldb) where the CPU has 16-bit arithmetic, else grouped_gemm_f32 on the floats. The experts'
-// forward-form products. Call from outside pool jobs.
+// forward-form products. With a_rows, A is gathered (kernels/grouped_gemm.h): then only the
+// source rows the gather reads are converted. Call from outside pool jobs.
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
-                       int ldc);
+                       int ldc, const int32_t* a_rows = nullptr);
 
 // The same with A already as the 16 bits of d (A16, its rows as A's above), where
 // half_products_convert(d).
@@ -95,9 +96,11 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
 // of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and
 // B's rows [offsets[0], offsets[G]) where the CPU has 16-bit arithmetic, else
 // grouped_gemm_tn_f32 on the floats. The experts' weight gradients; either way a depth split at
-// grouped_gemm_tn_depth_block() is exact. Call from outside pool jobs.
+// grouped_gemm_tn_depth_block() is exact. With b_rows, B is gathered, as A above. Call from
+// outside pool jobs.
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
-                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c);
+                          int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c,
+                          const int32_t* b_rows = nullptr);
 
 // The same with B already as the 16 bits of d (B16, its rows as B's above), where
 // half_products_convert(d).

@@ -87,7 +87,7 @@ void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const 
 
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
-                     const ExpertPrecision& prec) {
+                     const ExpertPrecision& prec, const int32_t* x_rows) {
     const int64_t rows = offsets[E];
     const size_t RF    = static_cast<size_t>(rows * F);
     BGL_CHECK((h.half != nullptr) != (h.f32 != nullptr) && (!h.half || prec.act != Dtype::float32),
@@ -96,7 +96,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     // g, narrowed from there
     float* hf = h.half ? g : h.f32;
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, F, C, x, C, w.fc_w, C,
-                               w.fc_w_stride, hf, F);
+                               w.fc_w_stride, hf, F, x_rows);
     add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F, prec.act, h.half);
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e, g = gelu(h): where the
     // products convert, g only as the 16-bit operand, formed in g's own storage a slice at a
@@ -117,7 +117,8 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
 
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
-                      int E, int C, int F, const ExpertPrecision& prec, double* bias_acc) {
+                      int E, int C, int F, const ExpertPrecision& prec, double* bias_acc,
+                      const int32_t* x_rows) {
     const int64_t rows = offsets[E];
     // bias_acc rows: (F) fc_b then (C) proj_b
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
@@ -149,7 +150,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     kernels::round_inplace(dx, RC, prec.act);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
     kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, F, C, dh, F, x, C, dw.fc_w, C,
-                                  dw.fc_w_stride);
+                                  dw.fc_w_stride, x_rows);
     add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F, acc_fc, F + C);
 }
 

@@ -34,19 +34,23 @@ struct ExpertPrecision {
 // prec.act is a half type (kernels::KeptArray). g: (rows, F) scratch for gelu(h),
 // the second product's operand: not kept, backward computes it again from h (the same kernel
 // on the same values, so the same bits), which saves a (rows, F) array per layer.
+// x_rows: nullptr, x being the (rows, C) permuted rows; or (rows) the row of x (the tokens,
+// unpermuted) each permuted row is, read in place by the first product (no permuted copy; the
+// same bits).
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
-                     const ExpertPrecision& prec = {});
+                     const ExpertPrecision& prec = {}, const int32_t* x_rows = nullptr);
 
 // dx: (rows, C), overwritten. dh: (rows, F) scratch (it holds gelu(h) first, then its
 // gradient). Parameter grads +=. dy is rounded to prec.gemm in place.
 // bias_acc: nullptr, or (E, F + C) doubles for a backward split over several calls (rounds):
 // the bias gradients' double sums then continue in it (+=) instead of being added to dw, and
 // experts_bias_grad_flush adds them once, so that the result is bitwise that of one call.
+// x, x_rows: as forward's.
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
                       int E, int C, int F, const ExpertPrecision& prec = {},
-                      double* bias_acc = nullptr);
+                      double* bias_acc = nullptr, const int32_t* x_rows = nullptr);
 
 // dw.fc_b, dw.proj_b += bias_acc (E, F + C) for the experts with had_rows[e] != 0, as one
 // experts_backward call adds its sums.

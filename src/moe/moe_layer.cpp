@@ -55,6 +55,9 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
             node_dispatcher_ = std::make_unique<NodeDispatcher>(*par, s.E, s.K, s.C);
     }
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
+    // one round on this rank's own tokens: the experts read the tokens' rows in place
+    gather_          = !dispatcher_ && !rounds_possible;
+    const size_t NKC = gather_ ? 0 : N * K * C;  // x_perm_
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
         // per layer: the bias gradients' sums over rounds or pieces, and the rounds' plan
         bias_acc_ = Buffer<double>(static_cast<size_t>(El_) * (F + C));
@@ -71,14 +74,14 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     const bool half_h = s.prec.act != Dtype::float32;
     if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
         BGL_CHECK(row_of_.size() == N * K && h_.size() + h16_.size() == R * F &&
-                      h16_.size() == (half_h ? R * F : 0) && x_perm_.size() == N * K * C &&
+                      h16_.size() == (half_h ? R * F : 0) && x_perm_.size() == NKC &&
                       x_local_.size() == RC && hs_.size() + hs16_.size() == NS,
                   "MoE layers sharing buffers differ in shape");
     } else {
         row_of_       = Buffer<int32_t>(N * K);
         token_of_row_ = Buffer<int32_t>(N * K);
         offsets_      = Buffer<int32_t>(E + 1);
-        x_perm_       = Buffer<float>(N * K * C);
+        x_perm_       = Buffer<float>(NKC);
         y_perm_       = Buffer<float>(N * K * C);
         x_local_      = Buffer<float>(RC);
         y_local_      = Buffer<float>(RC);
@@ -273,7 +276,10 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
         return aux;
     }
-    permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)], C);
+    if (!gather_) {
+        permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)],
+                        C);
+    }
     if (rounds_ > 1) {
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
@@ -301,8 +307,9 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         dispatcher_->combine(y_perm_.data(), y_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_forward(y_perm_.data(), hidden(0), dh_.data(), x_perm_.data(), w.experts,
-                        offsets_.data(), El_, C, s_.F, s_.prec);
+        experts_forward(y_perm_.data(), hidden(0), dh_.data(), gather_ ? inp : x_perm_.data(),
+                        w.experts, offsets_.data(), El_, C, s_.F, s_.prec,
+                        gather_ ? token_of_row_.data() : nullptr);
     }
     unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
     if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
@@ -438,8 +445,9 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         dispatcher_->combine(dx_perm_.data(), dx_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(), x_perm_.data(),
-                         hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec);
+        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(),
+                         gather_ ? inp : x_perm_.data(), hidden(0), w.experts, offsets_.data(), El_,
+                         C, s_.F, s_.prec, nullptr, gather_ ? token_of_row_.data() : nullptr);
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);

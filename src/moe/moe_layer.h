@@ -174,6 +174,9 @@ class MoELayer {
     // rows take one round, unpieced: node_dispatcher.h
     std::unique_ptr<NodeDispatcher> node_dispatcher_;
     bool dedup_ = false;  // the last forward went through node_dispatcher_
+    // No exchange and no rounds: the experts read the tokens' rows in place through
+    // token_of_row_ (kernels/grouped_gemm.h's gathered operands), so x_perm_ is never formed.
+    bool gather_ = false;
     Router router_;
     int n_          = 0;                 // tokens of the last forward
     int64_t budget_ = 0;                 // rows per round
@@ -190,7 +193,7 @@ class MoELayer {
     Buffer<int32_t>& row_of_       = buf_->row_of;        // (N*K)
     Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
     Buffer<int32_t>& offsets_      = buf_->offsets;       // (E+1)
-    Buffer<float>& x_perm_         = buf_->x_perm;        // (N*K, C) global expert-major
+    Buffer<float>& x_perm_         = buf_->x_perm;        // (N*K, C) expert-major; not gather_
     Buffer<float>& y_perm_         = buf_->y_perm;        // (N*K, C)
     Buffer<float>& x_local_        = buf_->x_local;       // (R, C), R = budget_ rows
     Buffer<float>& h_              = buf_->h;             // (R, F), or

@@ -100,9 +100,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     } else {
         d += buf(N * (m.gate == moe::GateKind::swipe ? E : K), 4);  // preference
     }
-    s += 2 * buf(N * K, 4) + buf(E + 1, 4);      // row_of_, token_of_row_, offsets_
-    a += 3 * E * 8;                              // global_tpe_, prob_sum_, f_
-    s += 2 * buf(N * K * C, 4);                  // x_perm_, y_perm_
+    s += 2 * buf(N * K, 4) + buf(E + 1, 4);  // row_of_, token_of_row_, offsets_
+    a += 3 * E * 8;                          // global_tpe_, prob_sum_, f_
+    // y_perm_, and x_perm_ unless the experts read the tokens in place (one round, no exchange)
+    s += (ep == 1 && !rounds ? 1 : 2) * buf(N * K * C, 4);
     const double hb = half_act ? 2 : 4;          // bytes of a kept pre-activation
     s += buf(R * F, hb);                         // h_ or h16_ (backward computes gelu(h) again)
     d += buf(R * F, 4);                          // dh_ (and the GELU outputs within a pass)

@@ -5,17 +5,31 @@
 // the spec's functions. Every element of C is summed in the same order (k blocks of kc, in
 // increasing k) for any thread count and whichever thread computes it.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 
 namespace bagualu::kernels::gemm {
 
 // A packing source: element (r, k) of op(X) is X[r * ld + k] when k_contiguous, else
-// X[k * ld + r]. data points to float or bf16, as the spec expects.
+// X[k * ld + r]. data points to float or bf16, as the spec expects. With rows, the source is
+// gathered: stored row i (r when k_contiguous, else k) is row rows[i] of data, so that a
+// product can read the rows of a permutation in place (the experts' tokens, kernels/
+// grouped_gemm.h) and pack them as it would the permuted copy.
 struct PackSrc {
     const void* data;
     int ld;
     bool k_contiguous;
+    const int32_t* rows = nullptr;
+
+    // Stored row i, as T.
+    template <typename T>
+    const T* row(int i) const {
+        const size_t r = rows ? static_cast<size_t>(rows[i]) : static_cast<size_t>(i);
+        return static_cast<const T*>(data) + r * static_cast<size_t>(ld);
+    }
 };
 
 struct KernelSpec {

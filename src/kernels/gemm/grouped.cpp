@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -103,8 +104,8 @@ void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows
 // T: the element type the spec's packers read (float or bf16).
 template <typename T>
 void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_t* offsets, int N,
-                    int K, float alpha, const T* A, int lda, const T* B, int ldb, size_t stride_b,
-                    float beta, float* C, int ldc) {
+                    int K, float alpha, const T* A, int lda, const int32_t* a_rows, const T* B,
+                    int ldb, size_t stride_b, float beta, float* C, int ldc) {
     const int row0 = offsets[0], R = offsets[G] - offsets[0];
     if (R == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {
@@ -117,7 +118,8 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
     const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
     const auto rows_of  = [&](int g) { return offsets[g + 1] - offsets[g]; };
     run_units(s, p, G, N, K, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
-        const PackSrc a{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
+        const PackSrc a = a_rows ? PackSrc{A, lda, true, a_rows + offsets[g]}
+                                 : PackSrc{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
         const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
         gemm_rect(s, a, w, i0, i1, j0, j1, K, alpha, beta, C + size_t(offsets[g]) * size_t(ldc),
                   ldc);
@@ -128,8 +130,8 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
 // T: the element type the spec's packers read (float or bf16).
 template <typename T>
 void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M, int N,
-                       float alpha, const T* A, int lda, const T* B, int ldb, float beta, float* C,
-                       int ldc, size_t stride_c) {
+                       float alpha, const T* A, int lda, const T* B, int ldb, const int32_t* b_rows,
+                       float beta, float* C, int ldc, size_t stride_c) {
     int64_t depth = 0;  // sum of K_g over groups with work
     int busy      = 0;
     for (int g = 0; g < G; ++g) {
@@ -151,7 +153,8 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
     run_units(s, p, G, N, s.kc, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
         const int kg = offsets[g + 1] - offsets[g];
         const PackSrc a{A + size_t(offsets[g]) * size_t(lda), lda, false};
-        const PackSrc x{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
+        const PackSrc x = b_rows ? PackSrc{B, ldb, false, b_rows + offsets[g]}
+                                 : PackSrc{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
         gemm_rect(s, a, x, i0, i1, j0, j1, kg, alpha, beta, C + size_t(g) * stride_c, ldc);
     });
 }
@@ -166,6 +169,18 @@ Path packed_path(Path p) { return p == Path::onednn || p == Path::automatic ? be
 namespace gemm {
 namespace {
 
+// Rows src[rows[i]] (width w of ld) for i in [0, n), copied one after another (ld w) into a
+// grow-only buffer of the calling thread: the ref and openblas paths' gathered operand.
+template <typename T>
+const T* gather_rows(const T* src, int ld, const int32_t* rows, int n, int w) {
+    thread_local std::vector<T> buf;
+    if (buf.size() < size_t(n) * size_t(w)) buf.resize(size_t(n) * size_t(w));
+    for (int i = 0; i < n; ++i) {
+        std::copy_n(src + size_t(rows[i]) * size_t(ld), w, buf.data() + size_t(i) * size_t(w));
+    }
+    return buf.data();
+}
+
 // The forward form for element type T: per group through `loop` (gemm_f32 / gemm_bf16) on the
 // ref and openblas paths, else the grouped driver on spec(the packed path).
 template <typename T>
@@ -173,23 +188,26 @@ void grouped_forward(const KernelSpec& (*spec)(Path),
                      void (*loop)(Trans, Trans, int, int, int, float, const T*, int, const T*, int,
                                   float, float*, int),
                      Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
-                     const T* A, int lda, const T* B, int ldb, size_t stride_b, float beta,
-                     float* C, int ldc) {
+                     const T* A, int lda, const int32_t* a_rows, const T* B, int ldb,
+                     size_t stride_b, float beta, float* C, int ldc) {
     BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
+    BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
     check_offsets(G, offsets);
     if (G == 0) return;
     const Path p = active_path();
     if (p == Path::ref || p == Path::openblas) {
         const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
         for (int g = 0; g < G; ++g) {
-            loop(ta, tb, offsets[g + 1] - offsets[g], N, K, alpha, A + size_t(offsets[g]) * a_step,
-                 lda, B + size_t(g) * stride_b, ldb, beta, C + size_t(offsets[g]) * size_t(ldc),
-                 ldc);
+            const int rows = offsets[g + 1] - offsets[g];
+            const T* a     = a_rows ? gather_rows(A, lda, a_rows + offsets[g], rows, K)
+                                    : A + size_t(offsets[g]) * a_step;
+            loop(ta, tb, rows, N, K, alpha, a, a_rows ? K : lda, B + size_t(g) * stride_b, ldb,
+                 beta, C + size_t(offsets[g]) * size_t(ldc), ldc);
         }
         return;
     }
-    grouped_packed(spec(packed_path(p)), ta, tb, G, offsets, N, K, alpha, A, lda, B, ldb, stride_b,
-                   beta, C, ldc);
+    grouped_packed(spec(packed_path(p)), ta, tb, G, offsets, N, K, alpha, A, lda, a_rows, B, ldb,
+                   stride_b, beta, C, ldc);
 }
 
 // The weight-gradient form for element type T: per group through `loop` (gemm_f32 /
@@ -199,21 +217,24 @@ void grouped_tn(SpecOf spec,
                 void (*loop)(Trans, Trans, int, int, int, float, const T*, int, const T*, int,
                              float, float*, int),
                 int G, const int32_t* offsets, int M, int N, float alpha, const T* A, int lda,
-                const T* B, int ldb, float beta, float* C, int ldc, size_t stride_c) {
+                const T* B, int ldb, const int32_t* b_rows, float beta, float* C, int ldc,
+                size_t stride_c) {
     BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
     check_offsets(G, offsets);
     if (G == 0 || M == 0 || N == 0) return;
     const Path p = active_path();
     if (p == Path::ref || p == Path::openblas) {
         for (int g = 0; g < G; ++g) {
-            loop(Trans::T, Trans::N, M, N, offsets[g + 1] - offsets[g], alpha,
-                 A + size_t(offsets[g]) * size_t(lda), lda, B + size_t(offsets[g]) * size_t(ldb),
-                 ldb, beta, C + size_t(g) * stride_c, ldc);
+            const int kg = offsets[g + 1] - offsets[g];
+            const T* b   = b_rows ? gather_rows(B, ldb, b_rows + offsets[g], kg, N)
+                                  : B + size_t(offsets[g]) * size_t(ldb);
+            loop(Trans::T, Trans::N, M, N, kg, alpha, A + size_t(offsets[g]) * size_t(lda), lda, b,
+                 b_rows ? N : ldb, beta, C + size_t(g) * stride_c, ldc);
         }
         return;
     }
-    grouped_tn_packed(spec(packed_path(p)), G, offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc,
-                      stride_c);
+    grouped_tn_packed(spec(packed_path(p)), G, offsets, M, N, alpha, A, lda, B, ldb, b_rows, beta,
+                      C, ldc, stride_c);
 }
 
 // The bf16 weight-gradient kernel: the path's bf16 kernel with the float kernel's depth block,
@@ -231,30 +252,30 @@ KernelSpec bf16_tn_spec(Path p) {
 
 void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                      float* C, int ldc) {
+                      float* C, int ldc, const int32_t* a_rows) {
     gemm::grouped_forward<float>(gemm::f32_spec, gemm_f32, ta, tb, G, offsets, N, K, alpha, A, lda,
-                                 B, ldb, stride_b, beta, C, ldc);
+                                 a_rows, B, ldb, stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc) {
+                       float* C, int ldc, const int32_t* a_rows) {
     gemm::grouped_forward<bf16>(gemm::bf16_spec, gemm_bf16, ta, tb, G, offsets, N, K, alpha, A, lda,
-                                B, ldb, stride_b, beta, C, ldc);
+                                a_rows, B, ldb, stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
-                         size_t stride_c) {
-    gemm::grouped_tn<float>(gemm::f32_spec, gemm_f32, G, offsets, M, N, alpha, A, lda, B, ldb, beta,
-                            C, ldc, stride_c);
+                         size_t stride_c, const int32_t* b_rows) {
+    gemm::grouped_tn<float>(gemm::f32_spec, gemm_f32, G, offsets, M, N, alpha, A, lda, B, ldb,
+                            b_rows, beta, C, ldc, stride_c);
 }
 
 void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
-                          size_t stride_c) {
+                          size_t stride_c, const int32_t* b_rows) {
     gemm::grouped_tn<bf16>(gemm::bf16_tn_spec, gemm_bf16, G, offsets, M, N, alpha, A, lda, B, ldb,
-                           beta, C, ldc, stride_c);
+                           b_rows, beta, C, ldc, stride_c);
 }
 
 int grouped_gemm_tn_depth_block() {

@@ -27,22 +27,20 @@ inline Dst convert_elem(Src x) {
 // Rows [r0, r0 + rn) x k in [p0, p0 + kc) of op(X) -> panels (kcp / KS, R, KS), zero-padded.
 template <int R, int KS, typename Src, typename Dst>
 void pack_panels(PackSrc src, int r0, int rn, int p0, int kc, Dst* dst) {
-    const Src* x    = static_cast<const Src*>(src.data);
-    const size_t ld = static_cast<size_t>(src.ld);
-    const int kcp   = (kc + KS - 1) / KS * KS;
+    const int kcp = (kc + KS - 1) / KS * KS;
     for (int p = 0; p < rn; p += R) {
         const int rows = std::min(R, rn - p);
         Dst* d         = dst + size_t(p) * size_t(kcp);
         if (src.k_contiguous) {
             for (int r = 0; r < rows; ++r) {
-                const Src* s = x + size_t(r0 + p + r) * ld + size_t(p0);
+                const Src* s = src.row<Src>(r0 + p + r) + size_t(p0);
                 for (int k = 0; k < kc; ++k) {
                     d[(k / KS) * R * KS + r * KS + k % KS] = convert_elem<Dst>(s[k]);
                 }
             }
         } else {
             for (int k = 0; k < kc; ++k) {
-                const Src* s = x + size_t(p0 + k) * ld + size_t(r0 + p);
+                const Src* s = src.row<Src>(p0 + k) + size_t(r0 + p);
                 Dst* dk      = d + (k / KS) * R * KS + k % KS;
                 for (int r = 0; r < rows; ++r) dk[r * KS] = convert_elem<Dst>(s[r]);
             }

@@ -22,6 +22,7 @@
 #include "gemm_paths.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace bagualu::kernels {
@@ -422,6 +423,89 @@ TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {
                 << gemm::path_name(path) << " forward, " << n + 1 << " threads";
             EXPECT_EQ(0, std::memcmp(tn[0].data(), tn[n].data(), tn[0].size() * 4))
                 << gemm::path_name(path) << " tn, " << n + 1 << " threads";
+        }
+    }
+    set_compute_threads(0);
+}
+
+// Gathered operands (a_rows / b_rows): each stacked row i is source row rows[i], as an MoE's
+// permuted rows are its tokens' (a token in up to K groups, some tokens in none). On every path,
+// in float32 and bf16, and through the mixed-precision entry points on 16-bit copies: the bits
+// of the same call on the gathered copy, with offsets starting past 0 and empty groups.
+TEST(GroupedGemm, GatheredOperandsGiveTheBitsOfThePermutedCopy) {
+    PathGuard guard;
+    Rng rng(77);
+    const int src_rows = 97, N = 40, K = 36, M = 13;
+    const std::vector<int> sizes = {0, 31, 1, 0, 57, 12, 44};
+    std::vector<int32_t> off     = offsets_of(sizes);
+    for (int32_t& o : off) o += 5;  // rows [0, 5) are before the first group
+    const int G = int(sizes.size()), rows = off[size_t(G)];
+    std::vector<int32_t> idx(static_cast<size_t>(rows));
+    for (auto& r : idx) r = int32_t(rng.below(uint64_t(src_rows - 3)));  // the last rows unread
+    const auto X = random_vector(rng, size_t(src_rows) * K);             // (src_rows, K)
+    const auto Y = random_vector(rng, size_t(src_rows) * N);             // (src_rows, N)
+    const auto A = random_vector(rng, size_t(rows) * M);                 // tn's A (rows, M)
+    const auto W = random_vector(rng, size_t(G) * N * K);                // (G, N, K)
+    std::vector<float> Xp(size_t(rows) * K), Yp(size_t(rows) * N);
+    for (int i = 0; i < rows; ++i) {
+        std::copy_n(X.data() + size_t(idx[size_t(i)]) * K, K, Xp.data() + size_t(i) * K);
+        std::copy_n(Y.data() + size_t(idx[size_t(i)]) * N, N, Yp.data() + size_t(i) * N);
+    }
+    const auto X16 = to_bf16(X), Xp16 = to_bf16(Xp), Y16 = to_bf16(Y), Yp16 = to_bf16(Yp),
+               W16 = to_bf16(W), A16 = to_bf16(A);
+    const size_t fwd_n = size_t(rows) * N, tn_n = size_t(G) * M * N;
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        for (int threads : {1, 2}) {
+            set_compute_threads(threads);
+            const std::string what =
+                std::string(gemm::path_name(path)) + ", " + std::to_string(threads) + " threads";
+            std::vector<float> c1(fwd_n, 0.5f), c2 = c1, t1(tn_n, 0.25f), t2 = t1;
+            grouped_gemm_f32(Trans::N, Trans::T, G, off.data(), N, K, 1.0f, X.data(), K, W.data(),
+                             K, size_t(N) * K, 0.0f, c1.data(), N, idx.data());
+            grouped_gemm_f32(Trans::N, Trans::T, G, off.data(), N, K, 1.0f, Xp.data(), K, W.data(),
+                             K, size_t(N) * K, 0.0f, c2.data(), N);
+            EXPECT_TRUE(same_bits(c1, c2)) << what << " f32 forward";
+            grouped_gemm_tn_f32(G, off.data(), M, N, 1.0f, A.data(), M, Y.data(), N, 1.0f,
+                                t1.data(), N, size_t(M) * N, idx.data());
+            grouped_gemm_tn_f32(G, off.data(), M, N, 1.0f, A.data(), M, Yp.data(), N, 1.0f,
+                                t2.data(), N, size_t(M) * N);
+            EXPECT_TRUE(same_bits(t1, t2)) << what << " f32 tn";
+            std::fill(c1.begin(), c1.end(), 0.5f);
+            c2 = c1;
+            grouped_gemm_bf16(Trans::N, Trans::T, G, off.data(), N, K, 1.0f, X16.data(), K,
+                              W16.data(), K, size_t(N) * K, 0.0f, c1.data(), N, idx.data());
+            grouped_gemm_bf16(Trans::N, Trans::T, G, off.data(), N, K, 1.0f, Xp16.data(), K,
+                              W16.data(), K, size_t(N) * K, 0.0f, c2.data(), N);
+            EXPECT_TRUE(same_bits(c1, c2)) << what << " bf16 forward";
+            std::fill(t1.begin(), t1.end(), 0.25f);
+            t2 = t1;
+            grouped_gemm_tn_bf16(G, off.data(), M, N, 1.0f, A16.data(), M, Y16.data(), N, 1.0f,
+                                 t1.data(), N, size_t(M) * N, idx.data());
+            grouped_gemm_tn_bf16(G, off.data(), M, N, 1.0f, A16.data(), M, Yp16.data(), N, 1.0f,
+                                 t2.data(), N, size_t(M) * N);
+            EXPECT_TRUE(same_bits(t1, t2)) << what << " bf16 tn";
+            // the mixed-precision entry points, on 16-bit copies where forced to (bf16 values)
+            const auto Xr = widened(X16), Xpr = widened(Xp16), Yr = widened(Y16),
+                       Ypr = widened(Yp16);
+            for (bool force : {false, true}) {
+                force_16bit_operands(force);
+                std::fill(c1.begin(), c1.end(), 0.5f);
+                c2 = c1;
+                grouped_gemm_half(Dtype::bfloat16, Trans::T, G, off.data(), N, K, Xr.data(), K,
+                                  W.data(), K, size_t(N) * K, c1.data(), N, idx.data());
+                grouped_gemm_half(Dtype::bfloat16, Trans::T, G, off.data(), N, K, Xpr.data(), K,
+                                  W.data(), K, size_t(N) * K, c2.data(), N);
+                EXPECT_TRUE(same_bits(c1, c2)) << what << " half forward, forced " << force;
+                std::fill(t1.begin(), t1.end(), 0.25f);
+                t2 = t1;
+                grouped_gemm_tn_half(Dtype::bfloat16, G, off.data(), M, N, A.data(), M, Yr.data(),
+                                     N, t1.data(), N, size_t(M) * N, idx.data());
+                grouped_gemm_tn_half(Dtype::bfloat16, G, off.data(), M, N, A.data(), M, Ypr.data(),
+                                     N, t2.data(), N, size_t(M) * N);
+                EXPECT_TRUE(same_bits(t1, t2)) << what << " half tn, forced " << force;
+            }
+            force_16bit_operands(false);
         }
     }
     set_compute_threads(0);

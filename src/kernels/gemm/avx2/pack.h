@@ -70,14 +70,13 @@ template <int R, typename Src>
 void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
     constexpr int G = (R + 7) / 8;
     const Src* x    = static_cast<const Src*>(src.data);
-    const size_t ld = static_cast<size_t>(src.ld);
     for (int p = 0; p < rn; p += R) {
         const int rows = std::min(R, rn - p);
         float* d       = dst + size_t(p) * size_t(kc);
         if (src.k_contiguous) {
             const Src* s[G * 8];
             for (int r = 0; r < G * 8; ++r) {
-                s[r] = r < rows ? x + size_t(r0 + p + r) * ld + size_t(p0) : zero_row(x);
+                s[r] = r < rows ? src.row<Src>(r0 + p + r) + size_t(p0) : zero_row(x);
             }
             int k = 0;
             for (; k + 8 <= kc; k += 8) {
@@ -96,7 +95,7 @@ void pack_panels_f32(PackSrc src, int r0, int rn, int p0, int kc, float* dst) {
             }
         } else {
             for (int k = 0; k < kc; ++k) {
-                const Src* s = x + size_t(p0 + k) * ld + size_t(r0 + p);
+                const Src* s = src.row<Src>(p0 + k) + size_t(r0 + p);
                 float* dk    = d + k * R;
                 int r        = 0;
                 if (rows == R) {

@@ -44,8 +44,6 @@ constexpr InterleaveIndex kInterleave = make_interleave_index();
 template <int R>
 void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
     static_assert(R >= 1 && R <= 32, "pair panels of up to 32 rows");
-    const bf16* x    = static_cast<const bf16*>(src.data);
-    const size_t ld  = static_cast<size_t>(src.ld);
     const int npairs = (kc + 1) / 2;
     for (int p = 0; p < rn; p += R) {
         const int rows = std::min(R, rn - p);
@@ -54,7 +52,7 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
             constexpr int G = (R + 7) / 8;
             const bf16* s[G * 8];
             for (int r = 0; r < G * 8; ++r) {
-                s[r] = r < rows ? x + size_t(r0 + p + r) * ld + size_t(p0) : kZeroPairRow;
+                s[r] = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : kZeroPairRow;
             }
             // 8 pairs of 8 rows at a time; with R % 8 != 0 a group's store spills into the next
             // pair's slots (rewritten next) or past the panel (the driver's slack).
@@ -87,12 +85,11 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
             const __mmask32 in     = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
             constexpr int lo_elems = 2 * std::min(R, 16);
             constexpr int hi_elems = 2 * (R > 16 ? R - 16 : 0);
-            const bf16* s          = x + size_t(p0) * ld + size_t(r0 + p);
             for (int g = 0; g < npairs; ++g) {
-                const bf16* s0  = s + size_t(2 * g) * ld;
-                const __m512i a = _mm512_maskz_loadu_epi16(in, s0);
-                const __m512i b =
-                    2 * g + 1 < kc ? _mm512_maskz_loadu_epi16(in, s0 + ld) : _mm512_setzero_si512();
+                const __m512i a  = _mm512_maskz_loadu_epi16(in, src.row<bf16>(p0 + 2 * g) + r0 + p);
+                const __m512i b  = 2 * g + 1 < kc ? _mm512_maskz_loadu_epi16(
+                                                        in, src.row<bf16>(p0 + 2 * g + 1) + r0 + p)
+                                                  : _mm512_setzero_si512();
                 bf16* dg         = d + size_t(2 * R) * size_t(g);
                 const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b);
                 if constexpr (lo_elems == 32) {
