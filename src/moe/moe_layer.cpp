@@ -55,8 +55,8 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
             node_dispatcher_ = std::make_unique<NodeDispatcher>(*par, s.E, s.K, s.C);
     }
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
-    // one round on this rank's own tokens: the experts read the tokens' rows in place
-    gather_          = !dispatcher_ && !rounds_possible;
+    // no exchange: the experts (or the rounds) read the tokens' rows in place
+    gather_          = !dispatcher_;
     const size_t NKC = gather_ ? 0 : N * K * C;  // x_perm_
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
         // per layer: the bias gradients' sums over rounds or pieces, and the rounds' plan
@@ -142,7 +142,7 @@ const int32_t* MoELayer::round_offsets() const {
 }
 
 // x_local (round rows, C) <- the current round's rows of x_perm.
-void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload) {
+void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload, bool tokens) {
     if (dispatcher_) {
         dispatcher_->dispatch(x_local, x_perm, payload);
         return;
@@ -153,8 +153,15 @@ void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload) {
         const size_t n = static_cast<size_t>(local_offsets_[i + 1] - local_offsets_[i]);
         const size_t row =
             static_cast<size_t>(offsets_[i]) + static_cast<size_t>(local_rounds_.lo(e));
-        std::memcpy(x_local + static_cast<size_t>(local_offsets_[i]) * C, x_perm + row * C,
-                    sizeof(float) * n * C);
+        float* to = x_local + static_cast<size_t>(local_offsets_[i]) * C;
+        if (!tokens) {
+            std::memcpy(to, x_perm + row * C, sizeof(float) * n * C);
+            continue;
+        }
+        for (size_t j = 0; j < n; ++j) {
+            const auto t = static_cast<size_t>(token_of_row_[row + j]);
+            std::memcpy(to + j * C, x_perm + t * C, sizeof(float) * C);
+        }
     }
 }
 
@@ -284,7 +291,7 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), x_perm_.data(), s_.prec.gemm);
+            round_in(x_local_.data(), gather_ ? inp : x_perm_.data(), s_.prec.gemm, gather_);
             PhaseScope phase(Phase::experts);
             experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
                             round_offsets(), El_, C, s_.F, s_.prec);
@@ -412,7 +419,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         std::fill(had_rows_.data(), had_rows_.data() + had_rows_.size(), uint8_t{0});
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), x_perm_.data(), s_.prec.gemm);
+            round_in(x_local_.data(), gather_ ? inp : x_perm_.data(), s_.prec.gemm, gather_);
             round_in(dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
             const int32_t* offs = round_offsets();
             PhaseScope phase(Phase::experts);

@@ -150,7 +150,8 @@ class MoELayer {
     void begin_rounds();
     void set_round(int r);
     const int32_t* round_offsets() const;
-    void round_in(float* x_local, const float* x_perm, Dtype payload);
+    // tokens (EP 1 only): x_perm is the layer's input, its rows gathered through token_of_row_.
+    void round_in(float* x_local, const float* x_perm, Dtype payload, bool tokens = false);
     void round_out(float* y_perm, const float* y_local, Dtype payload);
     // The pieces of one round (TokenDispatcher::chunks() > 1): the exchange of piece c + 1 and
     // the combine of piece c - 1 run on helper_ while the experts compute piece c.
@@ -174,8 +175,9 @@ class MoELayer {
     // rows take one round, unpieced: node_dispatcher.h
     std::unique_ptr<NodeDispatcher> node_dispatcher_;
     bool dedup_ = false;  // the last forward went through node_dispatcher_
-    // No exchange and no rounds: the experts read the tokens' rows in place through
-    // token_of_row_ (kernels/grouped_gemm.h's gathered operands), so x_perm_ is never formed.
+    // No exchange (EP 1): the experts' input rows are read from the tokens through
+    // token_of_row_, so x_perm_ is never formed: in place by the products in one round
+    // (kernels/grouped_gemm.h's gathered operands), copied per round into x_local_ in rounds.
     bool gather_ = false;
     Router router_;
     int n_          = 0;                 // tokens of the last forward

@@ -102,8 +102,8 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     }
     s += 2 * buf(N * K, 4) + buf(E + 1, 4);  // row_of_, token_of_row_, offsets_
     a += 3 * E * 8;                          // global_tpe_, prob_sum_, f_
-    // y_perm_, and x_perm_ unless the experts read the tokens in place (one round, no exchange)
-    s += (ep == 1 && !rounds ? 1 : 2) * buf(N * K * C, 4);
+    // y_perm_, and x_perm_ with an exchange (with EP 1 the experts read the tokens in place)
+    s += (ep == 1 ? 1 : 2) * buf(N * K * C, 4);
     const double hb = half_act ? 2 : 4;          // bytes of a kept pre-activation
     s += buf(R * F, hb);                         // h_ or h16_ (backward computes gelu(h) again)
     d += buf(R * F, 4);                          // dh_ (and the GELU outputs within a pass)
