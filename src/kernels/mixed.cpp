@@ -251,8 +251,8 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
     const size_t rows = size_t(offsets[G] - offsets[0]);
     const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
     const int32_t* r  = b_rows ? b_rows + offsets[0] : nullptr;
-    const bf16* b     = r ? to_bf16(g_dout16, B, span(gathered_extent(r, rows), ldb, N))
-                          : to_bf16(g_dout16, B + size_t(offsets[0]) * size_t(ldb), span(rows, ldb, N));
+    const float* b0   = r ? B : B + size_t(offsets[0]) * size_t(ldb);
+    const bf16* b     = to_bf16(g_dout16, b0, span(r ? gathered_extent(r, rows) : rows, ldb, N));
     grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c,
                          r);
 }
