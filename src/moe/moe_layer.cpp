@@ -141,7 +141,8 @@ const int32_t* MoELayer::round_offsets() const {
     return dispatcher_ ? dispatcher_->local_offsets() : local_offsets_.data();
 }
 
-// x_local (round rows, C) <- the current round's rows of x_perm.
+// x_local (round rows, C) <- the current round's rows of x_perm (tokens: x_perm is the
+// layer's input, the rows gathered through token_of_row_).
 void MoELayer::round_in(float* x_local, const float* x_perm, Dtype payload, bool tokens) {
     if (dispatcher_) {
         dispatcher_->dispatch(x_local, x_perm, payload);
@@ -291,7 +292,7 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), gather_ ? inp : x_perm_.data(), s_.prec.gemm, gather_);
+            round_in(x_local_.data(), experts_input(inp), s_.prec.gemm, gather_);
             PhaseScope phase(Phase::experts);
             experts_forward(y_local_.data(), hidden(0), dh_.data(), x_local_.data(), w.experts,
                             round_offsets(), El_, C, s_.F, s_.prec);
@@ -314,9 +315,8 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         dispatcher_->combine(y_perm_.data(), y_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_forward(y_perm_.data(), hidden(0), dh_.data(), gather_ ? inp : x_perm_.data(),
-                        w.experts, offsets_.data(), El_, C, s_.F, s_.prec,
-                        gather_ ? token_of_row_.data() : nullptr);
+        experts_forward(y_perm_.data(), hidden(0), dh_.data(), experts_input(inp), w.experts,
+                        offsets_.data(), El_, C, s_.F, s_.prec, experts_rows());
     }
     unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
     if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
@@ -419,7 +419,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         std::fill(had_rows_.data(), had_rows_.data() + had_rows_.size(), uint8_t{0});
         for (int r = 0; r < rounds_; ++r) {
             set_round(r);
-            round_in(x_local_.data(), gather_ ? inp : x_perm_.data(), s_.prec.gemm, gather_);
+            round_in(x_local_.data(), experts_input(inp), s_.prec.gemm, gather_);
             round_in(dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
             const int32_t* offs = round_offsets();
             PhaseScope phase(Phase::experts);
@@ -453,8 +453,8 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     } else {
         PhaseScope phase(Phase::experts);
         experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(),
-                         gather_ ? inp : x_perm_.data(), hidden(0), w.experts, offsets_.data(), El_,
-                         C, s_.F, s_.prec, nullptr, gather_ ? token_of_row_.data() : nullptr);
+                         experts_input(inp), hidden(0), w.experts, offsets_.data(), El_, C, s_.F,
+                         s_.prec, nullptr, experts_rows());
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);

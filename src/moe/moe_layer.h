@@ -179,6 +179,9 @@ class MoELayer {
     // token_of_row_, so x_perm_ is never formed: in place by the products in one round
     // (kernels/grouped_gemm.h's gathered operands), copied per round into x_local_ in rounds.
     bool gather_ = false;
+    // The experts' input and, with gather_, the token each of its rows is (else nullptr).
+    const float* experts_input(const float* inp) const { return gather_ ? inp : x_perm_.data(); }
+    const int32_t* experts_rows() const { return gather_ ? token_of_row_.data() : nullptr; }
     Router router_;
     int n_          = 0;                 // tokens of the last forward
     int64_t budget_ = 0;                 // rows per round
