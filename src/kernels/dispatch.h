@@ -50,8 +50,10 @@ struct KernelTable {
                                  int V);
     void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
                                   const float* dlosses, int N, int V);
-    void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int step);
+    // AdamW on elements [begin, end) on the calling thread (ops.h adamw_update_range).
+    void (*adamw_range)(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2, float grad_scale);
     // bfloat16 conversions of n elements on the calling thread, bitwise core/dtype.h's
     // bf16_from_float / bf16_to_float (kernels/mixed.h threads them).
     void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);

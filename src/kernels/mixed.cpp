@@ -612,20 +612,57 @@ void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_
 
 // ---- AdamW ----
 
-void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int step) {
+namespace {
+
+void adamw_f64_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                     int64_t end, float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int step, float grad_scale) {
     const double b1 = beta1, b2 = beta2;
     const double c1 = 1.0 - std::pow(b1, step), c2 = 1.0 - std::pow(b2, step);
+    for (int64_t i = begin; i < end; ++i) {
+        const double g  = grad[i] * grad_scale;
+        const double mi = b1 * double(m[i]) + (1.0 - b1) * g;
+        const double vi = b2 * double(v[i]) + (1.0 - b2) * g * g;
+        const double p  = param[i];
+        m[i]            = float(mi);
+        v[i]            = float(vi);
+        param[i]        = float(p - double(lr) * ((mi / c1) / (std::sqrt(vi / c2) + double(eps)) +
+                                           double(weight_decay) * p));
+    }
+}
+
+}  // namespace
+
+void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int step,
+                      float grad_scale) {
     parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const double g  = grad[i];
-            const double mi = b1 * double(m[i]) + (1.0 - b1) * g;
-            const double vi = b2 * double(v[i]) + (1.0 - b2) * g * g;
-            const double p  = param[i];
-            m[i]            = float(mi);
-            v[i]            = float(vi);
-            param[i] = float(p - double(lr) * ((mi / c1) / (std::sqrt(vi / c2) + double(eps)) +
-                                               double(weight_decay) * p));
+        adamw_f64_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, step,
+                        grad_scale);
+    });
+}
+
+void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const float* grad,
+                          float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, int step, float grad_scale) {
+    // Slices of 4 Ki elements: the master's 16 KiB are still in L1 when they are rounded.
+    constexpr int64_t kSlice = 4096;
+    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t s = begin; s < end; s += kSlice) {
+            const int64_t e = std::min(end, s + kSlice);
+            if (fp64) {
+                adamw_f64_range(master, grad, m, v, s, e, lr, beta1, beta2, eps, weight_decay, step,
+                                grad_scale);
+            } else {
+                adamw_update_range(master, grad, m, v, s, e, lr, beta1, beta2, eps, weight_decay, c,
+                                   grad_scale);
+            }
+            if (d == Dtype::float32) {
+                std::copy(master + s, master + e, param + s);
+            } else {
+                round_range(param + s, master + s, size_t(e - s), d);
+            }
         }
     });
 }

@@ -146,7 +146,16 @@ void crossentropy_forward_f64(float* losses, const float* logits, const int32_t*
                               int V);
 void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
                                const float* dlosses, int N, int V);
+// grad_scale as kernels/ops.h adamw_update's: g = double(grad * grad_scale), the float product.
 void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int step);
+                      float beta1, float beta2, float eps, float weight_decay, int step,
+                      float grad_scale = 1.0f);
+
+// AdamW on a float32 master copy (adamw_update, or adamw_update_f64 with fp64), then
+// param = master rounded to d, a slice at a time while it is in cache: bitwise those two calls
+// and round_copy(param, master, n, d), without the second pass over the master.
+void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const float* grad,
+                          float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, int step, float grad_scale = 1.0f);
 
 }  // namespace bagualu::kernels

@@ -459,23 +459,30 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
 
 // ---- AdamW ----
 
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2, float grad_scale) {
+    float* __restrict pp       = param;
+    const float* __restrict gp = grad;
+    float* __restrict mp       = m;
+    float* __restrict vp       = v;
+    for (int64_t i = begin; i < end; ++i) {
+        const float g  = gp[i] * grad_scale;
+        const float mi = beta1 * mp[i] + (1.f - beta1) * g;
+        const float vi = beta2 * vp[i] + (1.f - beta2) * g * g;
+        mp[i]          = mi;
+        vp[i]          = vi;
+        pp[i] -= lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + weight_decay * pp[i]);
+    }
+}
+
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step) {
-    const float c1 = float(1.0 - std::pow(double(beta1), step));
-    const float c2 = float(1.0 - std::pow(double(beta2), step));
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale) {
+    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
     parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
-        float* __restrict pp       = param;
-        const float* __restrict gp = grad;
-        float* __restrict mp       = m;
-        float* __restrict vp       = v;
-        for (int64_t i = begin; i < end; ++i) {
-            const float g  = gp[i];
-            const float mi = beta1 * mp[i] + (1.f - beta1) * g;
-            const float vi = beta2 * vp[i] + (1.f - beta2) * g * g;
-            mp[i]          = mi;
-            vp[i]          = vi;
-            pp[i] -= lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + weight_decay * pp[i]);
-        }
+        adamw_update_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1,
+                           c.c2, grad_scale);
     });
 }
 
@@ -565,9 +572,26 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
     dispatch().crossentropy_backward(dlogits, logits, targets, dlosses, N, V);
 }
 
+AdamWCorrections adamw_corrections(float beta1, float beta2, int step) {
+    return {float(1.0 - std::pow(double(beta1), step)), float(1.0 - std::pow(double(beta2), step))};
+}
+
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, const AdamWCorrections& c, float grad_scale) {
+    dispatch().adamw_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1,
+                           c.c2, grad_scale);
+}
+
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step) {
-    dispatch().adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale) {
+    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
+    const auto range         = dispatch().adamw_range;
+    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
+        range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1, c.c2,
+              grad_scale);
+    });
 }
 
 // ---- norms and scaling ----

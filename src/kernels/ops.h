@@ -70,11 +70,25 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
                            const float* dlosses, int N, int V);
 
 // ---- AdamW (decoupled weight decay), one flat block of parameters ----
-// step is 1-based (bias correction uses beta^step). Updates param, m, v in place:
+// step is 1-based (bias correction uses beta^step). With g = grad * grad_scale (one float
+// multiply: bitwise scale_inplace(grad, grad_scale) first, so the global-norm clip costs no pass
+// of its own; grad itself is only read), updates param, m, v in place:
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   param -= lr * ( m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param )
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale = 1.0f);
+// The bias corrections 1 - beta^step, rounded to float as every AdamW kernel uses them.
+struct AdamWCorrections {
+    float c1, c2;
+};
+AdamWCorrections adamw_corrections(float beta1, float beta2, int step);
+// adamw_update on elements [begin, end) only, on the calling thread (for a caller's own pool
+// job that does more with each slice while it is in cache: kernels/mixed.h
+// adamw_update_rounded).
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, const AdamWCorrections& c, float grad_scale = 1.0f);
 
 // ---- row sums and the combine's gradient rows, on the calling thread ----
 // s[c] += sum over rows r in [0, n) of x[r ld + c], c in [0, w): each column summed in double,

@@ -68,7 +68,7 @@ void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 // c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, float c1, float c2);
+                        float weight_decay, float c1, float c2, float grad_scale);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 // Attention with a head size the items do not take (attention_shape_supported) runs
@@ -99,7 +99,5 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V);
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
 
 }  // namespace bagualu::kernels::avx2

@@ -45,15 +45,4 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
     });
 }
 
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step) {
-    // The bias corrections as the generic kernel rounds them.
-    const float c1 = float(1.0 - std::pow(double(beta1), step));
-    const float c2 = float(1.0 - std::pow(double(beta2), step));
-    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
-        adamw_update_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1,
-                           c2);
-    });
-}
-
 }  // namespace bagualu::kernels::avx512

@@ -36,7 +36,7 @@ void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 // c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, float c1, float c2);
+                        float weight_decay, float c1, float c2, float grad_scale);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 // Attention with a head size the items do not take runs the AVX2 drivers (which fall back to
@@ -46,7 +46,5 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int B, int T, int C, int NH);
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
 
 }  // namespace bagualu::kernels::avx512

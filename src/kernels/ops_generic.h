@@ -27,7 +27,11 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale = 1.0f);
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2, float grad_scale);
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);

@@ -15,21 +15,23 @@ std::vector<MasterMode> master_modes(const model::ParamLayout& layout,
 }
 
 void adamw_update(MasterMode mode, Dtype dtype, bool fp64, float* param, float* master, float* grad,
-                  float* m, float* v, size_t n, float lr, const AdamWHyper& h, bool decay,
-                  int step) {
+                  float* m, float* v, size_t n, float lr, const AdamWHyper& h, bool decay, int step,
+                  float grad_scale) {
     const auto adamw = fp64 ? kernels::adamw_update_f64 : kernels::adamw_update;
     const float wd   = decay ? h.weight_decay : 0.0f;
     switch (mode) {
         case MasterMode::none:
-            adamw(param, grad, m, v, n, lr, h.beta1, h.beta2, h.eps, wd, step);
+            adamw(param, grad, m, v, n, lr, h.beta1, h.beta2, h.eps, wd, step, grad_scale);
             break;
         case MasterMode::master:
-            adamw(master, grad, m, v, n, lr, h.beta1, h.beta2, h.eps, wd, step);
-            kernels::round_copy(param, master, n, dtype);
+            kernels::adamw_update_rounded(dtype, fp64, param, master, grad, m, v, n, lr, h.beta1,
+                                          h.beta2, h.eps, wd, step, grad_scale);
             break;
         case MasterMode::half:
+            // the half gradient is the scaled one rounded: scaled first
+            if (grad_scale != 1.0f) kernels::scale_inplace(grad, grad_scale, n);
             kernels::round_inplace(grad, n, dtype);
-            adamw(param, grad, m, v, n, lr, h.beta1, h.beta2, h.eps, wd, step);
+            adamw(param, grad, m, v, n, lr, h.beta1, h.beta2, h.eps, wd, step, 1.0f);
             kernels::round_inplace(param, n, dtype);
             break;
     }

@@ -26,8 +26,11 @@ std::vector<model::MasterMode> master_modes(const model::ParamLayout& layout,
 // one without master (O3) on half gradients in place, then rounded again. param, grad, m, v,
 // master: (n); master unused unless mode is master. fp64: the update in double precision
 // (precision.fp64_sensitive). decay: apply the weight decay. step: 1-based, the steps taken.
+// grad_scale: the gradient is grad * grad_scale (the global-norm clip), as if grad had been
+// scaled in place first (kernels::scale_inplace): the same bits, without that pass where the
+// kernels fold it in; grad is left unscaled then (scaled, and rounded, under MasterMode::half).
 void adamw_update(model::MasterMode mode, Dtype dtype, bool fp64, float* param, float* master,
                   float* grad, float* m, float* v, size_t n, float lr, const AdamWHyper& h,
-                  bool decay, int step);
+                  bool decay, int step, float grad_scale = 1.0f);
 
 }  // namespace bagualu::optim

@@ -179,7 +179,6 @@ void PartitionedAdamW::update_shards(float* params, float* grads, float lr, int 
     // AdamW on the shard: on the parameters (float32) or on the FP32 master shard
     for (ShardState& st : shards_) {
         for (const ShardPiece& p : st.map.pieces()) {
-            if (clip != 1.0f) kernels::scale_inplace(grads + p.flat_offset, clip, p.len);
             float* master = st.master.size() > 0 ? st.master.data() + p.shard_offset : nullptr;
             if (modes_[p.spec] == MasterMode::master && !masters_ready_) {
                 std::copy(params + p.flat_offset, params + p.flat_offset + p.len, master);
@@ -187,7 +186,7 @@ void PartitionedAdamW::update_shards(float* params, float* grads, float lr, int 
             optim::adamw_update(modes_[p.spec], st.dtype, prec_.fp64_sensitive,
                                 params + p.flat_offset, master, grads + p.flat_offset,
                                 st.m.data() + p.shard_offset, st.v.data() + p.shard_offset, p.len,
-                                lr, hyper_, p.decay, step);
+                                lr, hyper_, p.decay, step, clip);
         }
     }
     masters_ready_ = true;

@@ -56,8 +56,7 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
         ++n_skipped_;
         return norm;
     }
-    const float clip = optim::clip_factor(norm, hyper_.grad_clip);
-    if (clip != 1.0f) kernels::scale_inplace(grads, clip, layout_.total_floats());
+    const float clip = optim::clip_factor(norm, hyper_.grad_clip);  // applied by the update
     for (size_t i = 0; i < layout_.specs().size(); ++i) {
         const model::ParamSpec& s = layout_.spec(i);
         float* master             = master_.data() + master_at_[i];
@@ -67,7 +66,7 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
         optim::adamw_update(modes_[i], prec_.dtype, prec_.fp64_sensitive, params + s.offset, master,
                             grads + s.offset, m_.data() + s.offset, v_.data() + s.offset, s.numel,
                             static_cast<float>(lr), hyper_, s.decay,
-                            static_cast<int>(step - n_skipped_));
+                            static_cast<int>(step - n_skipped_), clip);
     }
     masters_ready_ = true;
     return norm;

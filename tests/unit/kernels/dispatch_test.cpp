@@ -52,7 +52,7 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.attention_backward, &generic::attention_backward);
     EXPECT_EQ(t.crossentropy_forward, &generic::crossentropy_forward);
     EXPECT_EQ(t.crossentropy_backward, &generic::crossentropy_backward);
-    EXPECT_EQ(t.adamw_update, &generic::adamw_update);
+    EXPECT_EQ(t.adamw_range, &generic::adamw_update_range);
     EXPECT_EQ(t.bf16_narrow, &generic::bf16_narrow_range);
     EXPECT_EQ(t.bf16_round, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
@@ -71,7 +71,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.isa, isa);
         EXPECT_TRUE(t.layernorm_forward && t.layernorm_backward && t.gelu_forward &&
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
-                    t.crossentropy_forward && t.crossentropy_backward && t.adamw_update &&
+                    t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_widen && t.col_sums_f64 &&
                     t.scaled_rows_and_dots);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
@@ -86,7 +86,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.layernorm_isa == Isa::generic,
                   t.layernorm_forward == &generic::layernorm_forward);
         EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward);
-        EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_update == &generic::adamw_update);
+        EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_range == &generic::adamw_update_range);
         EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64 == &generic::col_sums_f64);
         EXPECT_EQ(t.rows_isa == Isa::generic,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -273,6 +274,41 @@ TEST(Fp64Ops, AdamW) {
     EXPECT_LE(max_err(m64, m32), kF32);
     EXPECT_LE(max_err(v64, v32), kF32);
     EXPECT_EQ(max_err(p64, pref), 0.0);  // the same double formula, elementwise
+}
+
+TEST(Fp64Ops, AdamWScaledAndRoundedIsTheThreeCallsBitwise) {
+    // adamw_update_rounded(d, fp64, ..., s) against scale_inplace(g, s), the update on the
+    // master (float32 or FP64 kernel) and round_copy(param, master, n, d): the same bits for
+    // bf16, fp16 and float32 copies, on a length that is threaded and leaves a ragged slice.
+    Rng rng(6, 0);
+    const size_t n = 3 * 4096 * 4 + 1234;
+    for (Dtype d : {Dtype::bfloat16, Dtype::float16, Dtype::float32}) {
+        for (bool fp64 : {false, true}) {
+            SCOPED_TRACE(testing::Message() << dtype_name(d) << (fp64 ? " fp64" : " fp32"));
+            auto master = randn(rng, n, 0.05), m = randn(rng, n, 1e-3);
+            std::vector<float> v(n, 1e-6f), param(n, 0.0f), param2(n, 0.0f);
+            auto master2 = master, m2 = m, v2 = v;
+            for (int step = 1; step <= 2; ++step) {
+                const auto g  = randn(rng, n, 1e-2);
+                const float s = 0.377f * float(step);
+                auto gs       = g;
+                scale_inplace(gs.data(), s, n);
+                (fp64 ? adamw_update_f64 : adamw_update)(master.data(), gs.data(), m.data(),
+                                                         v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                                                         0.1f, step, 1.0f);
+                round_copy(param.data(), master.data(), n, d);
+                adamw_update_rounded(d, fp64, param2.data(), master2.data(), g.data(), m2.data(),
+                                     v2.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, s);
+            }
+            EXPECT_EQ(0, std::memcmp(master.data(), master2.data(), n * sizeof(float)));
+            EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * sizeof(float)));
+            EXPECT_EQ(0, std::memcmp(v.data(), v2.data(), n * sizeof(float)));
+            EXPECT_EQ(0, std::memcmp(param.data(), param2.data(), n * sizeof(float)));
+            if (d != Dtype::float32) {
+                EXPECT_NE(param, master);  // the copy is rounded
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -365,23 +365,50 @@ TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
 TEST_P(OpsIsaVsRef, AdamwIsBitwiseTheGenericKernel) {
     // The SIMD AdamWs do the generic kernel's float operations in its order, without FMA, with
     // IEEE division and square root: its bits exactly, over several steps, lengths around the
-    // 8- and 16-lane steps and one large enough to be threaded.
+    // 8- and 16-lane steps and one large enough to be threaded; with a gradient scale too.
     Rng rng(11);
-    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(17), size_t(33), size_t(100003)}) {
-        SCOPED_TRACE(n);
-        auto p = randn(rng, n), m = randn(rng, n, 0.1), v = randn(rng, n, 0.0, 0.01);
-        auto p_gen = p, m_gen = m, v_gen = v;
-        for (int step = 1; step <= 3; ++step) {
-            auto g = randn(rng, n);
-            adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                         step);
-            generic::adamw_update(p_gen.data(), g.data(), m_gen.data(), v_gen.data(), n, 1e-2f,
-                                  0.9f, 0.95f, 1e-8f, 0.1f, step);
+    for (float scale : {1.0f, 0.3711f}) {
+        for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(17), size_t(33), size_t(100003)}) {
+            SCOPED_TRACE(::testing::Message() << "n " << n << " scale " << scale);
+            auto p = randn(rng, n), m = randn(rng, n, 0.1), v = randn(rng, n, 0.0, 0.01);
+            auto p_gen = p, m_gen = m, v_gen = v;
+            for (int step = 1; step <= 3; ++step) {
+                auto g = randn(rng, n);
+                adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                             0.1f, step, scale);
+                generic::adamw_update(p_gen.data(), g.data(), m_gen.data(), v_gen.data(), n, 1e-2f,
+                                      0.9f, 0.95f, 1e-8f, 0.1f, step, scale);
+            }
+            EXPECT_EQ(first_bit_difference(p, p_gen), -1);
+            EXPECT_EQ(first_bit_difference(m, m_gen), -1);
+            EXPECT_EQ(first_bit_difference(v, v_gen), -1);
         }
-        EXPECT_EQ(first_bit_difference(p, p_gen), -1);
-        EXPECT_EQ(first_bit_difference(m, m_gen), -1);
-        EXPECT_EQ(first_bit_difference(v, v_gen), -1);
     }
+}
+
+TEST_P(OpsIsaVsRef, AdamwGradientScaleIsTheScaledGradientsBits) {
+    // The clip folded into the update: bitwise scale_inplace(grad, s) then the update, and the
+    // gradient left as it was. The scales are ones whose products round (not powers of two), so an
+    // ignored scale shows in p, m and v.
+    Rng rng(12);
+    const size_t n = 50021;
+    auto p = randn(rng, n), m = randn(rng, n, 0.1), v = randn(rng, n, 0.0, 0.01);
+    auto p2 = p, m2 = m, v2 = v;
+    for (int step = 1; step <= 3; ++step) {
+        const auto g    = randn(rng, n);
+        auto g_scaled   = g;
+        auto g_unscaled = g;
+        const float s   = 0.1f * float(step) + 0.0123f;
+        scale_inplace(g_scaled.data(), s, n);
+        adamw_update(p.data(), g_scaled.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, step);
+        adamw_update(p2.data(), g_unscaled.data(), m2.data(), v2.data(), n, 1e-2f, 0.9f, 0.95f,
+                     1e-8f, 0.1f, step, s);
+        EXPECT_EQ(first_bit_difference(g_unscaled, g), -1);
+    }
+    EXPECT_EQ(first_bit_difference(p, p2), -1);
+    EXPECT_EQ(first_bit_difference(m, m2), -1);
+    EXPECT_EQ(first_bit_difference(v, v2), -1);
 }
 
 TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
