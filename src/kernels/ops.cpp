@@ -100,6 +100,18 @@ inline double row_logsumexp(const float* x, int n) {
     return double(m) + std::log(sum);
 }
 
+// AdamW over n elements on the compute pool, each thread's rows through range (the generic
+// kernel's, or the active table's).
+void adamw_threaded(decltype(KernelTable::adamw_range) range, float* param, const float* grad,
+                    float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int step, float grad_scale) {
+    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
+    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
+        range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1, c.c2,
+              grad_scale);
+    });
+}
+
 }  // namespace
 
 // ---- linear ----
@@ -479,11 +491,8 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step,
                   float grad_scale) {
-    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
-    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
-        adamw_update_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1,
-                           c.c2, grad_scale);
-    });
+    adamw_threaded(adamw_update_range, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                   step, grad_scale);
 }
 
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
@@ -586,12 +595,8 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step,
                   float grad_scale) {
-    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
-    const auto range         = dispatch().adamw_range;
-    parallel_rows(int64_t(n), 4, [&](int64_t begin, int64_t end) {
-        range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c.c1, c.c2,
-              grad_scale);
-    });
+    adamw_threaded(dispatch().adamw_range, param, grad, m, v, n, lr, beta1, beta2, eps,
+                   weight_decay, step, grad_scale);
 }
 
 // ---- norms and scaling ----

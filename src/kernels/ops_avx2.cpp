@@ -4,7 +4,6 @@
 // AVX2 instructions. Work splits and scratch are the ones the items document.
 #include "kernels/ops_avx2.h"
 
-#include <cmath>
 #include <vector>
 
 #include "core/error.h"

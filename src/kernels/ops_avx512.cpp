@@ -4,8 +4,6 @@
 // any split of the elements over threads gives the same bits.
 #include "kernels/ops_avx512.h"
 
-#include <cmath>
-
 #include "core/error.h"
 #include "kernels/ops_avx2.h"
 #include "kernels/parallel_rows.h"

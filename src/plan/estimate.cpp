@@ -321,9 +321,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // per step: zero grads and the gradient scale after the all-reduce over every local float;
     // then on this rank's shard (dense over opt_shards, experts over opt_shards_expert) the
     // norm (g read) and AdamW with the clip folded in (p, g, m, v read, p, m, v written): 32
-    // bytes a float, at memory
-    // speed or at the calibrated per-float cost of those passes on the rank's cores, whichever
-    // is slower
+    // bytes a float, at memory speed or at the calibrated per-float cost of those passes on the
+    // rank's cores, whichever is slower
     const double ne    = static_cast<double>(fp.expert_floats);
     const double shard = (n - ne) / L.opt_shards + ne / L.opt_shards_expert;
     bytes("optimizer + gradient passes", n * (4 + (L.ranks > 1 ? 8 : 0)));
