@@ -69,11 +69,21 @@ size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
 
 }  // namespace
 
+// op(A) stored by k (A transposed, as the weight gradients read their row operand) is read in
+// place (KernelSpec::micro_cols) instead of packed when its rows are used for at most this
+// many column tiles: packing copies A, which pays only when many tiles read it again (an
+// expert's narrow layer reads a gradient row for a few).
+constexpr int kInPlaceMaxTiles = 4;
+
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
     const size_t elem = static_cast<size_t>(s.elem_bytes);
     auto* bbuf        = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
     auto* abuf        = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
+    // A in place: stored by k and not gathered; a tile short of mr rows is packed
+    const bool in_place =
+        s.micro_cols && !a.k_contiguous && !a.rows && n1 - n0 <= kInPlaceMaxTiles * s.nr;
+    const auto* a_data = static_cast<const float*>(a.data);
 
     for (int jc = n0; jc < n1; jc += s.nc) {
         const int nc = std::min(s.nc, n1 - jc);
@@ -83,15 +93,24 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
             const float beta_k = pc == 0 ? beta : 1.0f;
             s.pack_b(b, jc, nc, pc, kc, bbuf);
             for (int ic = m0; ic < m1; ic += s.mc) {
-                const int mc = std::min(s.mc, m1 - ic);
-                s.pack_a(a, ic, mc, pc, kc, abuf);
+                const int mc   = std::min(s.mc, m1 - ic);
+                const int full = in_place ? mc / s.mr * s.mr : 0;  // whole tiles in place
+                if (full < mc) {
+                    s.pack_a(a, ic + full, mc - full, pc, kc, abuf + size_t(full) * kcp * elem);
+                }
                 for (int jr = 0; jr < nc; jr += s.nr) {
                     const char* bp = bbuf + size_t(jr) * size_t(kcp) * elem;
                     const int n    = std::min(s.nr, nc - jr);
                     for (int ir = 0; ir < mc; ir += s.mr) {
-                        const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                        float* cp      = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
-                        s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir), n);
+                        float* cp   = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
+                        const int m = std::min(s.mr, mc - ir);
+                        if (ir < full) {
+                            const float* ap = a_data + size_t(pc) * size_t(a.ld) + size_t(ic + ir);
+                            s.micro_cols(kc, ap, a.ld, bp, cp, ldc, alpha, beta_k, m, n);
+                        } else {
+                            const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
+                            s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, m, n);
+                        }
                     }
                 }
             }

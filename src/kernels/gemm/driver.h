@@ -46,6 +46,11 @@ struct KernelSpec {
     // depth. beta == 0: C is not read.
     void (*micro)(int kcp, const void* a, const void* b, float* c, int ldc, float alpha, float beta,
                   int m, int n);
+    // The same tile with A read where it lies, op(A) stored by k (element (i, k) at
+    // a[k * lda + i], all mr rows readable), instead of from a packed panel: bitwise micro on
+    // the packed rows (kstep 1 specs only, else nullptr).
+    void (*micro_cols)(int kc, const float* a, int lda, const void* b, float* c, int ldc,
+                       float alpha, float beta, int m, int n) = nullptr;
 };
 
 inline constexpr int kPackSlack = 256;

@@ -402,6 +402,17 @@ TEST(GroupedGemm, OtherTransposesAndScalars) {
     }
 }
 
+// A stored by k and read in place by the weight-gradient form and ta = T (KernelSpec::micro_cols,
+// when few column tiles read it): bitwise the packed per-group gemm_f32 over depths of several
+// k blocks (the in-place reads start at each block), row counts with a short last tile (packed
+// instead) and fewer rows than a tile.
+TEST(GroupedGemm, OperandReadInPlaceGivesThePackedBits) {
+    const std::vector<int> sizes = {301, 0, 250, 13};
+    check_tn(sizes, 29, 40, 1.0f, 0.5f, 47);
+    check_tn(sizes, 5, 40, 1.0f, 0.0f, 48);
+    check_forward({7, 0, 40}, Trans::T, Trans::N, 40, 600, 1.0f, 0.0f, 49);
+}
+
 // Zipf-like skewed groups large enough to spread over threads: results must be bitwise equal for
 // any thread count, since no thread ever splits a sum.
 TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {

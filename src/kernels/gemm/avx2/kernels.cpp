@@ -48,7 +48,8 @@ constexpr KernelSpec kF32{kMR,
                           4096,
                           pack<kMR, float>,
                           pack<kNR, float>,
-                          micro_tile<OpsF32, kMR, kNV>};
+                          micro_tile<OpsF32, kMR, kNV>,
+                          micro_tile_cols<OpsF32, kMR, kNV>};
 constexpr KernelSpec kBf16{
     kMR, kNR, 1, 4, 144, 256, 4096, pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<OpsF32, kMR, kNV>};
 

@@ -73,7 +73,8 @@ constexpr KernelSpec kF32{kMR,
                           4096,
                           pack_f32<kMR, float>,
                           pack_f32<kNR, float>,
-                          micro_tile<OpsF32, kMR, kNV>};
+                          micro_tile<OpsF32, kMR, kNV>,
+                          micro_tile_cols<OpsF32, kMR, kNV>};
 constexpr KernelSpec kBf16{kMR,
                            kNR,
                            1,
