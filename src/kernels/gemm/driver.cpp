@@ -69,21 +69,54 @@ size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
 
 }  // namespace
 
+namespace {
+
 // op(A) stored by k (A transposed, as the weight gradients read their row operand) is read in
 // place (KernelSpec::micro_cols) instead of packed when its rows are used for at most this
 // many column tiles: packing copies A, which pays only when many tiles read it again (an
 // expert's narrow layer reads a gradient row for a few).
 constexpr int kInPlaceMaxTiles = 4;
 
+bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
+    return s.micro_cols && !a.k_contiguous && !a.rows && cols <= kInPlaceMaxTiles * s.nr;
+}
+
+// A's rows [i0, i0 + mc) for the k block [pc, pc + kc): with in_place, its whole tiles are read
+// where they lie and only a last short tile is packed (into abuf at its place); returns how many
+// rows are read in place.
+int prepare_a(const KernelSpec& s, PackSrc a, bool in_place, int i0, int mc, int pc, int kc,
+              char* abuf) {
+    const int full = in_place ? mc / s.mr * s.mr : 0;
+    if (full < mc) {
+        const size_t at = size_t(full) * size_t(round_up(kc, s.kstep)) * size_t(s.elem_bytes);
+        s.pack_a(a, i0 + full, mc - full, pc, kc, abuf + at);
+    }
+    return full;
+}
+
+// The tile of rows [ir, ir + m) of that block times the packed B panel bp into cp.
+inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, int i0, int ir,
+                   int pc, int kc, const char* bp, float* cp, int ldc, float alpha, float beta,
+                   int m, int n) {
+    if (ir < full) {
+        const float* ap =
+            static_cast<const float*>(a.data) + size_t(pc) * size_t(a.ld) + size_t(i0 + ir);
+        s.micro_cols(kc, ap, a.ld, bp, cp, ldc, alpha, beta, m, n);
+        return;
+    }
+    const int kcp  = round_up(kc, s.kstep);
+    const char* ap = abuf + size_t(ir) * size_t(kcp) * size_t(s.elem_bytes);
+    s.micro(kcp, ap, bp, cp, ldc, alpha, beta, m, n);
+}
+
+}  // namespace
+
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
-    const size_t elem = static_cast<size_t>(s.elem_bytes);
-    auto* bbuf        = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
-    auto* abuf        = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
-    // A in place: stored by k and not gathered; a tile short of mr rows is packed
-    const bool in_place =
-        s.micro_cols && !a.k_contiguous && !a.rows && n1 - n0 <= kInPlaceMaxTiles * s.nr;
-    const auto* a_data = static_cast<const float*>(a.data);
+    const size_t elem   = static_cast<size_t>(s.elem_bytes);
+    auto* bbuf          = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
+    auto* abuf          = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
+    const bool in_place = a_in_place(s, a, n1 - n0);
 
     for (int jc = n0; jc < n1; jc += s.nc) {
         const int nc = std::min(s.nc, n1 - jc);
@@ -94,23 +127,14 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
             s.pack_b(b, jc, nc, pc, kc, bbuf);
             for (int ic = m0; ic < m1; ic += s.mc) {
                 const int mc   = std::min(s.mc, m1 - ic);
-                const int full = in_place ? mc / s.mr * s.mr : 0;  // whole tiles in place
-                if (full < mc) {
-                    s.pack_a(a, ic + full, mc - full, pc, kc, abuf + size_t(full) * kcp * elem);
-                }
+                const int full = prepare_a(s, a, in_place, ic, mc, pc, kc, abuf);
                 for (int jr = 0; jr < nc; jr += s.nr) {
                     const char* bp = bbuf + size_t(jr) * size_t(kcp) * elem;
                     const int n    = std::min(s.nr, nc - jr);
                     for (int ir = 0; ir < mc; ir += s.mr) {
-                        float* cp   = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
-                        const int m = std::min(s.mr, mc - ir);
-                        if (ir < full) {
-                            const float* ap = a_data + size_t(pc) * size_t(a.ld) + size_t(ic + ir);
-                            s.micro_cols(kc, ap, a.ld, bp, cp, ldc, alpha, beta_k, m, n);
-                        } else {
-                            const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                            s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, m, n);
-                        }
+                        float* cp = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
+                        a_tile(s, a, full, abuf, ic, ir, pc, kc, bp, cp, ldc, alpha, beta_k,
+                               std::min(s.mr, mc - ir), n);
                     }
                 }
             }
@@ -216,23 +240,24 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
 // already packed in `bstrip` (k blocks one after another, each (kcp, cols rounded to nr)).
 void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1, int j0, int j1,
               int K, float alpha, float beta, float* C, int ldc, char* abuf) {
-    const size_t elem = size_t(s.elem_bytes);
-    const int nw      = j1 - j0;
-    const int nwr     = round_up(nw, s.nr);
-    const int mc      = i1 - i0;
+    const size_t elem   = size_t(s.elem_bytes);
+    const int nw        = j1 - j0;
+    const int nwr       = round_up(nw, s.nr);
+    const int mc        = i1 - i0;
+    const bool in_place = a_in_place(s, a, nw);
     for (int pc = 0; pc < K; pc += s.kc) {
         const int kc       = std::min(s.kc, K - pc);
         const int kcp      = round_up(kc, s.kstep);
         const float beta_k = pc == 0 ? beta : 1.0f;
         const char* bslice = bstrip + size_t(pc) * size_t(nwr) * elem;
-        s.pack_a(a, i0, mc, pc, kc, abuf);
+        const int full     = prepare_a(s, a, in_place, i0, mc, pc, kc, abuf);
         for (int jr = 0; jr < nw; jr += s.nr) {
             const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
             const int n    = std::min(s.nr, nw - jr);
             for (int ir = 0; ir < mc; ir += s.mr) {
-                const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
-                s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir), n);
+                float* cp = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                a_tile(s, a, full, abuf, i0, ir, pc, kc, bp, cp, ldc, alpha, beta_k,
+                       std::min(s.mr, mc - ir), n);
             }
         }
     }

@@ -292,6 +292,37 @@ TEST(Gemm, Bf16WideningPathsEqualFloatOnWidenedValues) {
     }
 }
 
+// op(A) stored by k (ta = T) is read in place by our packed paths when few column tiles read it
+// (KernelSpec::micro_cols): bitwise the product on A stored by row (ta = N, packed), over
+// widths on both sides of the threshold, several k blocks, and rows that end in a short tile.
+TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
+    PathGuard guard;
+    Rng rng(17);
+    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        for (const int M : {5, 29, 203}) {
+            for (const int N : {16, 40, 100, 300}) {
+                for (const int K : {7, 300}) {
+                    std::vector<float> a(size_t(M) * K), at(a.size()), b(size_t(K) * N);
+                    for (float& v : a) v = float(rng.normal());
+                    for (float& v : b) v = float(rng.normal());
+                    for (int i = 0; i < M; ++i) {
+                        for (int k = 0; k < K; ++k) at[size_t(k) * M + i] = a[size_t(i) * K + k];
+                    }
+                    std::vector<float> c1(size_t(M) * N, 0.5f), c2 = c1;
+                    gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), N, 0.25f,
+                             c1.data(), N);
+                    gemm_f32(Trans::T, Trans::N, M, N, K, 1.5f, at.data(), M, b.data(), N, 0.25f,
+                             c2.data(), N);
+                    ASSERT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
+                        << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K;
+                }
+            }
+        }
+    }
+}
+
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
     for (Path p : {Path::avx2, Path::avx512}) {
