@@ -8,50 +8,17 @@
 namespace bagualu::kernels::gemm {
 namespace {
 
-// C tile (m, n) = alpha * acc + beta * C (C not read when beta == 0): the micro-kernels' end.
-template <typename Ops, int MR, int NV>
-inline void store_tile(typename Ops::reg (&acc)[MR][NV], float* c, int ldc, float alpha, float beta,
-                       int m, int n) {
-    using reg        = typename Ops::reg;
-    constexpr int W  = Ops::width;
-    constexpr int NR = NV * W;
-    const reg va     = Ops::set1(alpha);
-    if (m == MR && n == NR) {
-        const reg vb = Ops::set1(beta);
-#pragma GCC unroll 32
-        for (int i = 0; i < MR; ++i) {
-            float* ci = c + size_t(i) * size_t(ldc);
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) {
-                reg t = Ops::mul(acc[i][v], va);
-                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
-                Ops::storeu(ci + v * W, t);
-            }
-        }
-        return;
-    }
-    alignas(64) float tile[MR * NR];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) Ops::storeu(tile + i * NR + v * W, Ops::mul(acc[i][v], va));
-    }
-    for (int i = 0; i < m; ++i) {
-        float* ci = c + size_t(i) * size_t(ldc);
-        for (int j = 0; j < n; ++j) {
-            const float t = tile[i * NR + j];
-            ci[j]         = beta == 0.0f ? t : Ops::fmadd_scalar(beta, ci[j], t);
-        }
-    }
-}
-
 // Ops provides: reg, packed_t, width, kstep, zero(), load_b(const packed_t*) (width * kstep
 // packed values), bcast_a(const packed_t*) (kstep values to every lane), madd(acc, a, b),
 // set1(float), mul(reg, reg), loadu/storeu(float*), fmadd(a, b, c) = a * b + c and its scalar
 // twin fmadd_scalar, rounding exactly as one lane of fmadd does.
+// The tile with A's MR * kstep values of a k step at a, the next step's a_step further on: a
+// packed panel (a_step = MR * kstep, micro_tile below) or A where it lies (micro_tile_cols).
 template <typename Ops, int MR, int NV>
-void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc, float alpha,
-                float beta, int m, int n) {
+[[gnu::always_inline]] inline void micro_tile_strided(int kcp, const typename Ops::packed_t* a,
+                                                      size_t a_step, const void* b_panel, float* c,
+                                                      int ldc, float alpha, float beta, int m,
+                                                      int n) {
     // B is prefetched this many k steps ahead; past the panel's end that is the next panel,
     // which the next tile of the jr loop starts on (measured: +2-5% over none on Zen 3).
     constexpr int kPrefetchK = 32;
@@ -60,7 +27,6 @@ void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int
     constexpr int W          = Ops::width;
     constexpr int KS         = Ops::kstep;
     constexpr int NR         = NV * W;
-    const auto* a            = static_cast<const packed_t*>(a_panel);
     const auto* b            = static_cast<const packed_t*>(b_panel);
 
     reg acc[MR][NV];
@@ -90,63 +56,57 @@ void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int
 #pragma GCC unroll 8
             for (int v = 0; v < NV; ++v) acc[i][v] = Ops::madd(acc[i][v], av, bv[v]);
         }
-        a += MR * KS;
+        a += a_step;
         b += NR * KS;
     }
 
-    store_tile<Ops, MR, NV>(acc, c, ldc, alpha, beta, m, n);
-}
-
-// micro_tile with A read where it lies instead of from a packed panel (kstep 1 only), element
-// (i, k) of the tile at at(i, k): the same multiply-adds in the same order as micro_tile on the
-// packed rows, so bitwise its results, without copying an operand that few column tiles read.
-template <typename Ops, int MR, int NV, typename At>
-inline void micro_tile_in_place(int kc, At at, const void* b_panel, float* c, int ldc, float alpha,
-                                float beta, int m, int n) {
-    static_assert(Ops::kstep == 1, "A in place: one k a step");
-    constexpr int kPrefetchK = 32;
-    using reg                = typename Ops::reg;
-    constexpr int W          = Ops::width;
-    constexpr int NR         = NV * W;
-    const auto* b            = static_cast<const float*>(b_panel);
-
-    reg acc[MR][NV];
+    const reg va = Ops::set1(alpha);
+    if (m == MR && n == NR) {
+        const reg vb = Ops::set1(beta);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) {
+            float* ci = c + size_t(i) * size_t(ldc);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) {
+                reg t = Ops::mul(acc[i][v], va);
+                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
+                Ops::storeu(ci + v * W, t);
+            }
+        }
+        return;
+    }
+    alignas(64) float tile[MR * NR];
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) acc[i][v] = Ops::zero();
+        for (int v = 0; v < NV; ++v) Ops::storeu(tile + i * NR + v * W, Ops::mul(acc[i][v], va));
     }
-    for (int i = 0; i < (m < MR ? m : MR); ++i) {
-        __builtin_prefetch(c + size_t(i) * size_t(ldc));
-        __builtin_prefetch(c + size_t(i) * size_t(ldc) + (n < NR ? n : NR) - 1);
-    }
-#pragma GCC unroll 2
-    for (int k = 0; k < kc; ++k) {
-        reg bv[NV];
-        const char* pb = reinterpret_cast<const char*>(b + NR * kPrefetchK);
-#pragma GCC unroll 4
-        for (size_t off = 0; off < NR * sizeof(float); off += 64) __builtin_prefetch(pb + off);
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) bv[v] = Ops::load_b(b + v * W);
-#pragma GCC unroll 32
-        for (int i = 0; i < MR; ++i) {
-            const reg av = Ops::bcast_a(at(i, k));
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) acc[i][v] = Ops::madd(acc[i][v], av, bv[v]);
+    for (int i = 0; i < m; ++i) {
+        float* ci = c + size_t(i) * size_t(ldc);
+        for (int j = 0; j < n; ++j) {
+            const float t = tile[i * NR + j];
+            ci[j]         = beta == 0.0f ? t : Ops::fmadd_scalar(beta, ci[j], t);
         }
-        b += NR;
     }
-    store_tile<Ops, MR, NV>(acc, c, ldc, alpha, beta, m, n);
 }
 
-// Columns of A in place: element (i, k) of the tile is a[k * lda + i] (r contiguous: the tile's
-// MR values of a k lie together); all MR must be readable.
+// The register tile over a packed A panel (kcp: the padded depth).
+template <typename Ops, int MR, int NV>
+void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc, float alpha,
+                float beta, int m, int n) {
+    micro_tile_strided<Ops, MR, NV>(kcp, static_cast<const typename Ops::packed_t*>(a_panel),
+                                    size_t(MR) * Ops::kstep, b_panel, c, ldc, alpha, beta, m, n);
+}
+
+// The same tile with A read where it lies instead of packed (kstep 1 only): element (i, k) of
+// the tile is a[k * lda + i] (op(A) stored by k: the tile's MR values of a k lie together; all
+// MR must be readable). The same multiply-adds in the same order as micro_tile on the packed
+// rows, so bitwise its results, without copying an operand that few column tiles read.
 template <typename Ops, int MR, int NV>
 void micro_tile_cols(int kc, const float* a, int lda, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
-    micro_tile_in_place<Ops, MR, NV>(
-        kc, [&](int i, int k) { return a + size_t(k) * size_t(lda) + i; }, b_panel, c, ldc, alpha,
-        beta, m, n);
+    static_assert(Ops::kstep == 1, "A in place: one k a step");
+    micro_tile_strided<Ops, MR, NV>(kc, a, size_t(lda), b_panel, c, ldc, alpha, beta, m, n);
 }
 
 }  // namespace
