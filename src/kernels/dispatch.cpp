@@ -46,6 +46,7 @@ constexpr KernelTable kGeneric = {
     .bf16_widen            = generic::bf16_widen_range,
     .col_sums_f64          = generic::col_sums_f64,
     .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
+    .rank_rows             = generic::rank_rows,
 };
 
 constexpr KernelTable kAvx2 = {
@@ -71,6 +72,7 @@ constexpr KernelTable kAvx2 = {
     .bf16_widen            = avx2::bf16_widen_range,
     .col_sums_f64          = avx2::col_sums_f64,
     .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
+    .rank_rows             = avx2::rank_rows,
 };
 
 // AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy and the row

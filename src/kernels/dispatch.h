@@ -63,6 +63,7 @@ struct KernelTable {
     void (*col_sums_f64)(double* s, const float* x, int64_t n, int64_t ld, int w);
     void (*scaled_rows_and_dots)(float* const* dy, float* dots, const float* w, const float* d,
                                  const float* const* y, int n, int C);
+    void (*rank_rows)(int32_t* top, const float* x, int64_t n, int E, int R);
 
     // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx512 (head size a
     // multiple of 16, else avx2 or generic), crossentropy avx2, adamw avx512, convert avx512, rows

@@ -533,9 +533,31 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
     }
 }
 
+void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
+    for (int64_t r = 0; r < n; ++r) {
+        // insertion into the output row, in descending order; ties keep the lower index first
+        // (inserted earlier, passed only by a strictly larger score)
+        const float* l = x + r * E;
+        int32_t* t     = top + r * R;
+        int k          = 0;
+        for (int32_t e = 0; e < E; ++e) {
+            int j = k;
+            while (j > 0 && l[e] > l[t[j - 1]]) --j;
+            if (j >= R) continue;
+            for (int i = (k < R ? k : R - 1); i > j; --i) t[i] = t[i - 1];
+            t[j] = e;
+            if (k < R) ++k;
+        }
+    }
+}
+
 }  // namespace generic
 
 // ---- dispatched families: the active table of kernels/dispatch.h ----
+
+void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
+    dispatch().rank_rows(top, x, n, E, R);
+}
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     dispatch().col_sums_f64(s, x, n, ld, w);

@@ -100,6 +100,11 @@ void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 // run interleaved, so their dependent adds overlap.
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
+// Each of n rows of E scores (row r at x + r E) ranked: top[r R + i] = the index of the row's
+// i-th largest score, i in [0, R), 1 <= R <= E, equal scores in increasing index (a stable sort
+// into descending order, its first R). The same indices on every ISA: a row holding a NaN is
+// ranked by the generic insertion there too (a NaN passes no score and no score passes it).
+void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 
 // Sum of squares of x, accumulated in double (for global-norm clipping).
 double sum_squares(const float* x, size_t n);

@@ -52,6 +52,7 @@ void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, co
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
+void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);

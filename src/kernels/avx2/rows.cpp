@@ -4,9 +4,14 @@
 //   generic loop, compiled for any x86-64, reloads and stores its sums every row);
 // - scaled_rows_and_dots runs four rows at once, one register of four partial sums each: the
 //   generic loop's single chain of dependent adds per row ran at the adds' latency.
+// - rank_rows counts, for every score, the scores ranked above it, 8 at a time, instead of the
+//   generic insertion's data-dependent branches (kernels/ops.h; the same indices).
 #include <immintrin.h>
 
+#include <vector>
+
 #include "kernels/ops_avx2.h"
+#include "kernels/ops_generic.h"
 
 namespace bagualu::kernels::avx2 {
 
@@ -79,6 +84,116 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
             }
             dots[j0 + i] = float((s[0] + s[1]) + (s[2] + s[3]));
         }
+    }
+}
+
+namespace {
+
+// Scores v[0, n) padded with -inf to whole vectors: t[place] = ids[i] (or i) for every score i
+// whose place, the number of scores ranked above it, is below R.
+void place_by_count(int32_t* t, const float* v, int n, int R, const int32_t* ids) {
+    const int np = (n + 7) / 8 * 8;
+    for (int i = 0; i < n; ++i) {
+        const __m256 s = _mm256_set1_ps(v[i]);
+        const int ib   = i / 8 * 8;  // the vector holding i
+        int above      = 0;
+        int j          = 0;
+        // before i's vector: larger or equal; every 8 vectors, stop once past the R-th place
+        for (; j < ib; j += 8) {
+            above += __builtin_popcount(static_cast<unsigned>(
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + j), s, _CMP_GE_OQ))));
+            if ((j & 63) == 56 && above >= R) break;
+        }
+        if (above >= R) continue;
+        {
+            const __m256 w = _mm256_loadu_ps(v + ib);
+            const auto ge =
+                static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(w, s, _CMP_GE_OQ)));
+            const auto gt =
+                static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(w, s, _CMP_GT_OQ)));
+            const unsigned low = (1u << (i - ib)) - 1u;  // lanes before i
+            above += __builtin_popcount((ge & low) | (gt & ~low));
+        }
+        for (j = ib + 8; j < np; j += 8) {
+            above += __builtin_popcount(static_cast<unsigned>(
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + j), s, _CMP_GT_OQ))));
+            if ((j & 63) == 56 && above >= R) break;
+        }
+        if (above < R) t[above] = ids ? ids[i] : i;
+    }
+}
+
+}  // namespace
+
+void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
+    // A score's place is the number of scores ranked above it: those larger, and those equal at a
+    // lower index (the generic insertion's stable order). The row is copied padded to whole
+    // vectors with -inf, which is never larger than a score and lies above every index.
+    // For a short ranking (R <= 32) of a longer row, only the candidates are placed: the scores
+    // at or above tau, the least of G * 8 maxima over disjoint sets of the row (lane l of
+    // accumulator g: vectors g, g + G, ...), G * 8 >= R. Those are G * 8 distinct scores >= tau,
+    // so the R-th largest is >= tau, and every score below tau is ranked below every candidate.
+    constexpr int kMaxAcc = 4;
+    const int EP          = (E + 7) / 8 * 8;
+    const int G           = (R + 7) / 8;
+    const bool filter     = G <= kMaxAcc && 2 * G * 8 <= EP;
+    thread_local std::vector<float> row, cand;
+    thread_local std::vector<int32_t> ids;
+    if (row.size() < static_cast<size_t>(EP)) {
+        row.resize(static_cast<size_t>(EP));
+        cand.resize(static_cast<size_t>(EP));
+        ids.resize(static_cast<size_t>(EP));
+    }
+    float* l = row.data();
+    for (int e = E; e < EP; ++e) l[e] = -__builtin_inff();
+    for (int64_t r = 0; r < n; ++r) {
+        const float* src = x + r * E;
+        int32_t* t       = top + r * R;
+        __m256 nan       = _mm256_setzero_ps();
+        int e            = 0;
+        for (; e + 8 <= E; e += 8) {
+            const __m256 v = _mm256_loadu_ps(src + e);
+            nan            = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            _mm256_storeu_ps(l + e, v);
+        }
+        bool has_nan = _mm256_movemask_ps(nan) != 0;
+        for (; e < E; ++e) {
+            l[e]    = src[e];
+            has_nan = has_nan || src[e] != src[e];
+        }
+        if (has_nan) {
+            generic::rank_rows(t, src, 1, E, R);
+            continue;
+        }
+        if (!filter) {
+            place_by_count(t, l, E, R, nullptr);
+            continue;
+        }
+        __m256 acc[kMaxAcc];
+        for (int g = 0; g < G; ++g) acc[g] = _mm256_set1_ps(-__builtin_inff());
+        for (int j = 0, g = 0; j < EP; j += 8, g = g + 1 == G ? 0 : g + 1)
+            acc[g] = _mm256_max_ps(acc[g], _mm256_loadu_ps(l + j));
+        __m256 lo = acc[0];
+        for (int g = 1; g < G; ++g) lo = _mm256_min_ps(lo, acc[g]);
+        lo               = _mm256_min_ps(lo, _mm256_permute2f128_ps(lo, lo, 1));
+        lo               = _mm256_min_ps(lo, _mm256_shuffle_ps(lo, lo, _MM_SHUFFLE(1, 0, 3, 2)));
+        lo               = _mm256_min_ps(lo, _mm256_shuffle_ps(lo, lo, _MM_SHUFFLE(2, 3, 0, 1)));
+        const __m256 tau = lo;  // tau in every lane
+        float* cv        = cand.data();
+        int32_t* ci      = ids.data();
+        int c            = 0;
+        for (int j = 0; j < EP; j += 8) {
+            auto m = static_cast<unsigned>(
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + j), tau, _CMP_GE_OQ)));
+            for (; m != 0; m &= m - 1) {
+                const int k = j + __builtin_ctz(m);
+                if (k >= E) break;  // padding (-inf), when tau is -inf
+                cv[c]   = l[k];
+                ci[c++] = k;
+            }
+        }
+        for (int k = c; k < (c + 7) / 8 * 8; ++k) cv[k] = -__builtin_inff();
+        place_by_count(t, cv, c, R, ci);
     }
 }
 

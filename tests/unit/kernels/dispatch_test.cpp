@@ -58,6 +58,7 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
     EXPECT_EQ(t.col_sums_f64, &generic::col_sums_f64);
     EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
+    EXPECT_EQ(t.rank_rows, &generic::rank_rows);
     for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                   t.convert_isa, t.rows_isa}) {
         EXPECT_EQ(f, Isa::generic);
@@ -73,7 +74,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_widen && t.col_sums_f64 &&
-                    t.scaled_rows_and_dots);
+                    t.scaled_rows_and_dots && t.rank_rows);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                       t.convert_isa, t.rows_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
@@ -91,6 +92,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64 == &generic::col_sums_f64);
         EXPECT_EQ(t.rows_isa == Isa::generic,
                   t.scaled_rows_and_dots == &generic::scaled_rows_and_dots);
+        EXPECT_EQ(t.rows_isa == Isa::generic, t.rank_rows == &generic::rank_rows);
     }
 }
 

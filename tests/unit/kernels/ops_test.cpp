@@ -328,6 +328,45 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
     }
 }
 
+TEST_P(OpsIsaVsRef, RankRowsGivesTheStableDescendingOrder) {
+    // rank_rows against the stable sort it defines, and every ISA against the generic insertion:
+    // rows around the 8-lane steps and the candidate filter's thresholds (2 G 8 <= padded E,
+    // R <= 32), rankings from 1 to the whole row, rows of distinct scores and rows of many ties
+    // (values from a set of 3, so the order among equals decides most places), -0 beside +0,
+    // infinities, and a row with a NaN (ranked by the generic insertion on every ISA).
+    Rng rng(23);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int E : {1, 2, 7, 8, 9, 15, 16, 17, 33, 64, 65, 256}) {
+        for (int R : {1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 256}) {
+            if (R > E) continue;
+            for (int kind = 0; kind < 3; ++kind) {
+                SCOPED_TRACE(shape({E, R, kind}));
+                const int64_t n = 37;
+                std::vector<float> x(size_t(n * E));
+                for (auto& v : x) {
+                    v = kind == 0 ? float(rng.normal()) : float(int(rng.below(3)) - 1);
+                    if (kind == 2 && rng.below(4) == 0) v = rng.below(2) ? -inf : inf;
+                    if (v == 0.0f && rng.below(2)) v = -0.0f;
+                }
+                x[size_t(E / 2)] = std::numeric_limits<float>::quiet_NaN();  // in row 0
+                std::vector<int32_t> top(size_t(n * R), -1), top_gen(size_t(n * R), -2);
+                rank_rows(top.data(), x.data(), n, E, R);
+                generic::rank_rows(top_gen.data(), x.data(), n, E, R);
+                EXPECT_EQ(top, top_gen);
+                for (int64_t r = 1; r < n; ++r) {  // the rows without a NaN: the stable sort
+                    std::vector<int32_t> want(static_cast<size_t>(E));
+                    for (int e = 0; e < E; ++e) want[size_t(e)] = e;
+                    const float* l = x.data() + r * E;
+                    std::stable_sort(want.begin(), want.end(),
+                                     [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+                    for (int i = 0; i < R; ++i)
+                        ASSERT_EQ(top[size_t(r * R + i)], want[size_t(i)]) << "row " << r;
+                }
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
     // The SIMD layernorms keep the generic kernel's summation lanes and operation order, without
     // FMA, so they give its bits exactly. C around the 4-double and 8-float steps and the
