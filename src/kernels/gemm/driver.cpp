@@ -357,6 +357,8 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
 
 void set_blocking_caches(const CacheSizes* caches) { g_blocking_caches = caches; }
 
+size_t b_slice_bytes() { return budgets(1).slice; }
+
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc) {
     if (M <= 0 || N <= 0) return;

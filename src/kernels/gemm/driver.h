@@ -68,6 +68,10 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
 // thread-safe: set it between GEMMs.
 void set_blocking_caches(const CacheSizes* caches);
 
+// Bytes of one k block of a strip's packed B that gemm_packed plans for: half of L2 (of the
+// blocking caches above), clamped to [64 KiB, 2 MiB]. The grouped driver's strips use it too.
+size_t b_slice_bytes();
+
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);
 

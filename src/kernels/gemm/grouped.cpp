@@ -41,8 +41,6 @@ void check_offsets(int G, const int32_t* offsets) {
 constexpr double kMinThreadedWork = 1 << 18;
 // Units per thread to aim for, so that a stalled thread's share can be taken over.
 constexpr int kUnitsPerThread = 4;
-// Bytes of one k block of a unit's packed B: with the A block it should stay in L2.
-constexpr size_t kBSliceBytes = size_t(256) << 10;
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
@@ -54,15 +52,19 @@ struct UnitPlan {
 };
 
 // Units for `busy` groups of about `avg_rows` rows each, N columns and depth up to K (kc-blocked):
-// strips as wide as an L2-sized B slice allows, then row blocks only as short as needed to give
-// every thread kUnitsPerThread units.
+// strips as wide as gemm_packed's B slice (a k block of it in half of L2, from the CPU's caches)
+// allows and of (nearly) equal width, then row blocks only as short as needed to give every
+// thread kUnitsPerThread units. Each strip packs the group's A rows again, so a narrow last strip
+// would pay that for a sliver of the products. (A fixed 256 KiB slice cut an expert's 384 columns
+// into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
 UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds) {
     UnitPlan p{};
-    p.threads             = madds < kMinThreadedWork ? 1 : compute_pool().size();
-    const int kcp         = round_up(std::min(s.kc, K), s.kstep);
-    p.cols                = int(kBSliceBytes / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
-    p.cols                = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
-    p.strips              = ceil_div(N, p.cols);
+    p.threads     = madds < kMinThreadedWork ? 1 : compute_pool().size();
+    const int kcp = round_up(std::min(s.kc, K), s.kstep);
+    p.cols        = int(b_slice_bytes() / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
+    p.cols        = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
+    p.strips      = ceil_div(N, p.cols);
+    p.cols        = round_up(ceil_div(N, p.strips), s.nr);
     const int want_blocks = ceil_div(kUnitsPerThread * p.threads, busy * p.strips);
     p.rows                = round_up(std::max(1, ceil_div(avg_rows, want_blocks)), s.mr);
     return p;
