@@ -51,13 +51,14 @@ struct UnitPlan {
     int threads;
 };
 
-// Units for `busy` groups of about `avg_rows` rows each, N columns and depth up to K (kc-blocked):
+// Units for `busy` groups of about `avg_rows` rows each, N columns and depth up to K (kc-blocked),
 // strips as wide as gemm_packed's B slice (a k block of it in half of L2, from the CPU's caches)
 // allows and of (nearly) equal width, then row blocks only as short as needed to give every
-// thread kUnitsPerThread units. Each strip packs the group's A rows again, so a narrow last strip
+// thread units_per_thread units. Each strip packs the group's A rows again, so a narrow last strip
 // would pay that for a sliver of the products. (A fixed 256 KiB slice cut an expert's 384 columns
 // into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
-UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds) {
+UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds,
+                    int units_per_thread = kUnitsPerThread) {
     UnitPlan p{};
     p.threads     = madds < kMinThreadedWork ? 1 : compute_pool().size();
     const int kcp = round_up(std::min(s.kc, K), s.kstep);
@@ -65,7 +66,7 @@ UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, d
     p.cols        = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
     p.strips      = ceil_div(N, p.cols);
     p.cols        = round_up(ceil_div(N, p.strips), s.nr);
-    const int want_blocks = ceil_div(kUnitsPerThread * p.threads, busy * p.strips);
+    const int want_blocks = ceil_div(units_per_thread * p.threads, busy * p.strips);
     p.rows                = round_up(std::max(1, ceil_div(avg_rows, want_blocks)), s.mr);
     return p;
 }
@@ -148,7 +149,11 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
     if (busy == 0) return;
     // Strips planned for a whole kc block whatever the depths, so that the packing buffers do
     // not grow when the routing changes.
-    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N);
+    // A unit packs its strip of B (K_g rows of it) for every k block; row blocks of one strip
+    // would each pack it again, so a group's output rows are cut only when the groups and strips
+    // are fewer than the threads (one expert of 256 x 768 over 2,048 rows ran at 0.8x gemm_f32's
+    // TN product with four units a thread, as fast with one: docs/results.md).
+    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1);
     const auto rows_of = [&](int g) {
         return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
     };
