@@ -5,7 +5,8 @@
 // process forked before this one has started any OpenMP thread, and OpenBLAS (cblas_sgemm; this
 // OpenBLAS has no bf16 GEMM). Each gets the compute pool's thread count; they are timed one
 // after another with a pause between, so one's spinning workers do not steal the next one's
-// cores. Last, the experts' grouped GEMM: one grouped call against a loop of gemm_f32.
+// cores. Last, the experts' grouped GEMM: one grouped call against a loop of gemm_f32 (8 experts
+// of skewed sizes, and one expert over all the rows), and the router's top-k ranking.
 #include "bench/kernels_bench.h"
 
 #include <cblas.h>
@@ -29,10 +30,13 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/onednn.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/ops.h"
+#include "kernels/ops_generic.h"
 #include "kernels/peak.h"
 
 namespace bagualu::bench {
@@ -276,11 +280,19 @@ nlohmann::json to_json(const std::optional<double>& v) {
 
 // ---- grouped GEMM of the experts ----
 
-// The default model's MoE layer: E experts, C = d_model, F = d_ff, `rows` routed (token, slot)
-// pairs (16 x 128 tokens, top-2), split over the experts by Zipf's law (weights 1 / (e + 1)).
-constexpr int kGroupedE = 8, kGroupedC = 256, kGroupedF = 768, kGroupedRows = 4096;
+// Two cases of one MoE layer of the default model (C = d_model, F = d_ff): its E = 8 experts over
+// 16 x 128 tokens, top-2 (4,096 routed rows) split by Zipf's law (weights 1 / (e + 1)); and one
+// expert over 2,048 rows, as a shared expert or the only local expert runs, where the loop is one
+// gemm_f32 over all the rows.
+constexpr int kGroupedC = 256, kGroupedF = 768;
+
+struct GroupedCase {
+    std::string name;
+    std::vector<int32_t> off;  // expert e's rows: [off[e], off[e + 1])
+};
 
 struct GroupedRow {
+    const GroupedCase* c;
     const char* name;                  // which product
     double grouped = 0.0, loop = 0.0;  // GFLOP/s, 2 rows F C flops per call
 };
@@ -297,9 +309,23 @@ std::vector<int32_t> zipf_offsets(int E, int rows) {
     return off;
 }
 
-std::vector<GroupedRow> run_grouped(int repeats) {
-    const int E = kGroupedE, C = kGroupedC, F = kGroupedF, R = kGroupedRows;
-    const std::vector<int32_t> off = zipf_offsets(E, R);
+std::string tokens_per_expert(const GroupedCase& c) {
+    std::string counts;
+    for (size_t e = 0; e + 1 < c.off.size(); ++e)
+        counts += fmt::format("{}{}", e ? " " : "", c.off[e + 1] - c.off[e]);
+    return counts;
+}
+
+const std::vector<GroupedCase>& grouped_cases() {
+    static const std::vector<GroupedCase> cases = {{"8 experts", zipf_offsets(8, 4096)},
+                                                   {"1 expert", {0, 2048}}};
+    return cases;
+}
+
+void run_grouped_case(const GroupedCase& gc, int repeats, std::vector<GroupedRow>& out) {
+    const int E = static_cast<int>(gc.off.size()) - 1, C = kGroupedC, F = kGroupedF,
+              R                     = gc.off.back();
+    const std::vector<int32_t>& off = gc.off;
     Rng rng(2);
     auto random = [&](size_t n) {
         std::vector<float> v(n);
@@ -312,7 +338,7 @@ std::vector<GroupedRow> run_grouped(int repeats) {
     const size_t ws = size_t(F) * C;
 
     // forward: h_e (rows_e, F) = x_e (rows_e, C) @ w_e^T
-    GroupedRow fwd{"x W1^T"};
+    GroupedRow fwd{&gc, "x W1^T"};
     const Shape fwd_shape{"grouped x W1^T", R, F, C, Trans::N, Trans::T};
     fwd.grouped = time_gflops(fwd_shape, repeats, [&] {
         kernels::grouped_gemm_f32(Trans::N, Trans::T, E, off.data(), F, C, 1.0f, x.data(), C,
@@ -329,7 +355,7 @@ std::vector<GroupedRow> run_grouped(int repeats) {
     });
     settle();
     // weight gradient: dw_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C)
-    GroupedRow wgrad{"dH^T X"};
+    GroupedRow wgrad{&gc, "dH^T X"};
     const Shape wgrad_shape{"grouped dH^T X", F, C, R, Trans::T, Trans::N};
     wgrad.grouped = time_gflops(wgrad_shape, repeats, [&] {
         kernels::grouped_gemm_tn_f32(E, off.data(), F, C, 1.0f, dh.data(), F, x.data(), C, 1.0f,
@@ -345,7 +371,52 @@ std::vector<GroupedRow> run_grouped(int repeats) {
         }
     });
     settle();
-    return {fwd, wgrad};
+    out.push_back(fwd);
+    out.push_back(wgrad);
+}
+
+std::vector<GroupedRow> run_grouped(int repeats) {
+    std::vector<GroupedRow> rows;
+    for (const GroupedCase& c : grouped_cases()) run_grouped_case(c, repeats, rows);
+    return rows;
+}
+
+// ---- the router's top-k ranking ----
+
+// kernels::rank_rows (the active ISA's) against the generic insertion on the same 2,048 rows of
+// normal scores, on the calling thread: ns a row, the median of `repeats` timed runs.
+struct RankRow {
+    int E, R;
+    double ours_ns = 0.0, generic_ns = 0.0;
+};
+
+std::vector<RankRow> run_rank(int repeats) {
+    constexpr int kRows = 2048;
+    std::vector<RankRow> out;
+    for (auto [E, R] : {std::pair{8, 2}, {64, 8}, {256, 16}, {64, 64}, {256, 256}}) {
+        Rng rng(3);
+        std::vector<float> x(size_t(kRows) * size_t(E));
+        for (float& v : x) v = float(rng.normal());
+        std::vector<int32_t> top(size_t(kRows) * size_t(R));
+        auto time_ns = [&](auto fn) {
+            std::vector<double> t;
+            fn();
+            for (int r = 0; r < repeats; ++r) {
+                const auto t0 = clock::now();
+                for (int i = 0; i < 5; ++i) fn();
+                t.push_back(std::chrono::duration<double>(clock::now() - t0).count() / 5 / kRows *
+                            1e9);
+            }
+            std::sort(t.begin(), t.end());
+            return t[t.size() / 2];
+        };
+        RankRow row{E, R};
+        row.ours_ns = time_ns([&] { kernels::rank_rows(top.data(), x.data(), kRows, E, R); });
+        row.generic_ns =
+            time_ns([&] { kernels::generic::rank_rows(top.data(), x.data(), kRows, E, R); });
+        out.push_back(row);
+    }
+    return out;
 }
 
 }  // namespace
@@ -415,12 +486,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         for (const Row& r : pair) rows.push_back(r);
     }
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
-    std::string counts;
-    const std::vector<int32_t> off = zipf_offsets(kGroupedE, kGroupedRows);
-    for (int e = 0; e < kGroupedE; ++e) {
-        counts += fmt::format("{}{}", e ? " " : "", off[size_t(e) + 1] - off[size_t(e)]);
-    }
-    const std::string ours_name = kernels::gemm::path_name(kernels::gemm::best_path());
+    const std::vector<RankRow> ranks      = run_rank(repeats);
+    const std::string ours_name           = kernels::gemm::path_name(kernels::gemm::best_path());
 
     if (opts.json) {
         nlohmann::json out;
@@ -453,11 +520,18 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         out["grouped_gemm"] = nlohmann::json::array();
         for (const GroupedRow& g : grouped) {
             out["grouped_gemm"].push_back({{"product", g.name},
-                                           {"experts", kGroupedE},
-                                           {"tokens_per_expert", counts},
+                                           {"experts", g.c->off.size() - 1},
+                                           {"tokens_per_expert", tokens_per_expert(*g.c)},
                                            {"grouped_gflops", g.grouped},
                                            {"loop_gflops", g.loop},
                                            {"grouped_over_loop", g.grouped / g.loop}});
+        }
+        out["rank_rows"] = nlohmann::json::array();
+        for (const RankRow& r : ranks) {
+            out["rank_rows"].push_back({{"experts", r.E},
+                                        {"top", r.R},
+                                        {"ns_per_row", r.ours_ns},
+                                        {"generic_ns_per_row", r.generic_ns}});
         }
         fmt::print("{}\n", out.dump(2));
         return 0;
@@ -490,12 +564,25 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                    cell(r.onednn_omp), cell(r.onednn_standalone), cell(r.openblas), r.ours / peak,
                    ratio(r.ours, r.onednn), omp_alone);
     }
-    fmt::print("grouped GEMM, {} experts, C={} F={}, tokens per expert {}\n", kGroupedE, kGroupedC,
-               kGroupedF, counts);
-    fmt::print("{:>8} {:>8} {:>8} {:>8}\n", "product", "grouped", "loop", "ratio");
+    const GroupedCase* shown = nullptr;
     for (const GroupedRow& g : grouped) {
+        if (g.c != shown) {
+            shown = g.c;
+            fmt::print("grouped GEMM, {}, C={} F={}, tokens per expert {}\n", g.c->name, kGroupedC,
+                       kGroupedF, tokens_per_expert(*g.c));
+            fmt::print("{:>8} {:>8} {:>8} {:>8}\n", "product", "grouped", "loop", "ratio");
+        }
         fmt::print("{:>8} {:8.1f} {:8.1f} {:8.2f}\n", g.name, g.grouped, g.loop,
                    g.grouped / g.loop);
+    }
+    fmt::print(
+        "router top-k ranking (kernels::rank_rows, rows {}) against the generic insertion, "
+        "ns a row, one thread\n",
+        kernels::dispatch().rows_isa == kernels::Isa::generic ? "generic" : "avx2");
+    fmt::print("{:>8} {:>5} {:>8} {:>8} {:>8}\n", "experts", "top", "ours", "generic", "ratio");
+    for (const RankRow& r : ranks) {
+        fmt::print("{:>8} {:>5} {:8.1f} {:8.1f} {:8.2f}\n", r.E, r.R, r.ours_ns, r.generic_ns,
+                   r.generic_ns / r.ours_ns);
     }
     return 0;
 }

@@ -61,6 +61,19 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     }
     EXPECT_TRUE(qkv_fwd);
     EXPECT_TRUE(qkv_dw);
+    // the grouped GEMM's two cases (8 experts of Zipf rows, one expert) x two products
+    ASSERT_EQ(j["grouped_gemm"].size(), 4u);
+    EXPECT_EQ(j["grouped_gemm"][0]["experts"], 8);
+    EXPECT_EQ(j["grouped_gemm"][2]["experts"], 1);
+    EXPECT_EQ(j["grouped_gemm"][2]["tokens_per_expert"], "2048");
+    for (const auto& g : j["grouped_gemm"]) EXPECT_GT(g["grouped_gflops"].get<double>(), 0.0);
+    // the router's ranking, ours and the generic insertion's, up to the whole row of 256
+    ASSERT_FALSE(j["rank_rows"].empty());
+    for (const auto& rank : j["rank_rows"]) {
+        EXPECT_GT(rank["ns_per_row"].get<double>(), 0.0);
+        EXPECT_GT(rank["generic_ns_per_row"].get<double>(), 0.0);
+        EXPECT_LE(rank["top"].get<int>(), rank["experts"].get<int>());
+    }
 }
 
 // A small token corpus in dir and the --set arguments that train configs/tiny.toml on it.
