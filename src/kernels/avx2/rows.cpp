@@ -133,10 +133,17 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
     // at or above tau, the least of G * 8 maxima over disjoint sets of the row (lane l of
     // accumulator g: vectors g, g + G, ...), G * 8 >= R. Those are G * 8 distinct scores >= tau,
     // so the R-th largest is >= tau, and every score below tau is ranked below every candidate.
-    constexpr int kMaxAcc = 4;
-    const int EP          = (E + 7) / 8 * 8;
-    const int G           = (R + 7) / 8;
-    const bool filter     = G <= kMaxAcc && 2 * G * 8 <= EP;
+    // Counting costs about n^2 / 8 comparisons for n scores placed, the insertion about E R: a row
+    // longer than kMaxCount with a long ranking, or whose candidates are more than kMaxCount (many
+    // scores tied at tau, as when the gate's weights are all equal), is ranked by the insertion.
+    constexpr int kMaxAcc = 4, kMaxCount = 256;
+    const int EP      = (E + 7) / 8 * 8;
+    const int G       = (R + 7) / 8;
+    const bool filter = G <= kMaxAcc && 2 * G * 8 <= EP;
+    if (!filter && E > kMaxCount) {
+        generic::rank_rows(top, x, n, E, R);
+        return;
+    }
     thread_local std::vector<float> row, cand;
     thread_local std::vector<int32_t> ids;
     if (row.size() < static_cast<size_t>(EP)) {
@@ -191,6 +198,10 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
                 cv[c]   = l[k];
                 ci[c++] = k;
             }
+        }
+        if (c > kMaxCount) {
+            generic::rank_rows(t, src, 1, E, R);
+            continue;
         }
         for (int k = c; k < (c + 7) / 8 * 8; ++k) cv[k] = -__builtin_inff();
         place_by_count(t, cv, c, R, ci);

@@ -365,6 +365,22 @@ TEST_P(OpsIsaVsRef, RankRowsGivesTheStableDescendingOrder) {
             }
         }
     }
+    // Long rows: a long ranking, and a short one whose scores are all equal (every score a
+    // candidate), which go to the insertion, and a short one of distinct scores, which does not.
+    for (auto [E, R] : {std::pair{4096, 48}, {4096, 8}}) {
+        for (int kind = 0; kind < 2; ++kind) {
+            SCOPED_TRACE(shape({E, R, kind}));
+            std::vector<float> x(size_t(3) * size_t(E));
+            for (auto& v : x) v = kind == 0 ? float(rng.normal()) : 0.5f;
+            std::vector<int32_t> top(size_t(3 * R), -1), top_gen(size_t(3 * R), -2);
+            rank_rows(top.data(), x.data(), 3, E, R);
+            generic::rank_rows(top_gen.data(), x.data(), 3, E, R);
+            EXPECT_EQ(top, top_gen);
+            if (kind == 1) {
+                EXPECT_EQ(top[size_t(R - 1)], R - 1);  // ties: the lowest indices
+            }
+        }
+    }
 }
 
 TEST_P(OpsIsaVsRef, LayernormIsBitwiseTheGenericKernel) {
