@@ -578,7 +578,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     fmt::print(
         "router top-k ranking (kernels::rank_rows, rows {}) against the generic insertion, "
         "ns a row, one thread\n",
-        kernels::dispatch().rows_isa == kernels::Isa::generic ? "generic" : "avx2");
+        kernels::isa_name(kernels::dispatch().rows_isa));
     fmt::print("{:>8} {:>5} {:>8} {:>8} {:>8}\n", "experts", "top", "ours", "generic", "ratio");
     for (const RankRow& r : ranks) {
         fmt::print("{:>8} {:>5} {:8.1f} {:8.1f} {:8.2f}\n", r.E, r.R, r.ours_ns, r.generic_ns,
