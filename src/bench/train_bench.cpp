@@ -130,7 +130,152 @@ int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelC
     return 0;
 }
 
+// What one run of `--compare` measured: its steps' median, the phases per step (the timer's
+// phases, then "other"), the final loss.
+struct SettingRun {
+    double step_s = 0;
+    std::vector<double> phase_s;
+    double final_loss = 0;
+};
+
+SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
+                        dist::ParallelContext& par) {
+    std::vector<double> step_s;
+    train::TrainOptions opt;
+    opt.dry_run = true;
+    opt.on_step = [&](int64_t step, double seconds, double) {
+        if (step + 1 == o.warmup) reset_phase_timer();
+        if (step >= o.warmup) step_s.push_back(seconds);
+    };
+    reset_phase_timer();
+    enable_phase_timer(true);
+    const train::TrainSummary sum = train::run_training(cfg, opt, &par);
+    enable_phase_timer(false);
+    SettingRun run;
+    run.step_s     = median(step_s);
+    run.final_loss = sum.final_loss;
+    double mean = 0, covered = 0;
+    for (double s : step_s) mean += s;
+    mean /= static_cast<double>(step_s.size());
+    const auto& totals = phase_seconds();
+    for (size_t i = 0; i < kNumPhases; ++i) {
+        run.phase_s.push_back(totals[i] / static_cast<double>(step_s.size()));
+        covered += run.phase_s.back();
+    }
+    run.phase_s.push_back(std::max(0.0, mean - covered));
+    return run;
+}
+
 }  // namespace
+
+// The settings take turns: round r runs setting r mod n first, so that neither a setting's place
+// in the round nor a slow stretch of the machine favours one of them; each setting's figures
+// are medians over the rounds, and its speed against the first setting is the median of the
+// rounds' ratios (a round's runs lie close in time).
+int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions& o) {
+    if (settings.size() < 2) input_error("bench train --compare: give at least two settings");
+    if (o.steps < 1 || o.warmup < 0) input_error("bench train: need steps >= 1 and warmup >= 0");
+    if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
+    for (BenchSetting& s : settings) {
+        s.cfg.train.steps      = o.warmup + o.steps;
+        s.cfg.train.eval_every = 0;
+        s.cfg.train.log_every  = s.cfg.train.steps;
+    }
+    const size_t n = settings.size();
+    std::vector<std::vector<SettingRun>> runs(n);  // [setting][round]
+    for (int r = 0; r < o.repeats; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+            const size_t v = (i + static_cast<size_t>(r)) % n;
+            runs[v].push_back(time_setting(settings[v].cfg, o, *settings[v].par));
+        }
+    }
+    if (settings.front().par->rank() != 0) return 0;
+
+    auto tokens_per_step = [](const TrainConfig& c) {
+        return static_cast<double>(c.train.batch_size) * static_cast<double>(c.model.seq_len);
+    };
+    const double first_tokens = tokens_per_step(settings.front().cfg);
+    nlohmann::json out        = nlohmann::json::array();
+    for (size_t v = 0; v < n; ++v) {
+        const TrainConfig& c = settings[v].cfg;
+        std::vector<double> step_s, speedup, step_ratio, losses;
+        for (int r = 0; r < o.repeats; ++r) {
+            const SettingRun& run   = runs[v][static_cast<size_t>(r)];
+            const SettingRun& first = runs[0][static_cast<size_t>(r)];
+            step_s.push_back(run.step_s);
+            step_ratio.push_back(run.step_s / first.step_s);
+            speedup.push_back((tokens_per_step(c) / run.step_s) / (first_tokens / first.step_s));
+            losses.push_back(run.final_loss);
+        }
+        nlohmann::json phases = nlohmann::json::object();
+        for (size_t i = 0; i <= kNumPhases; ++i) {
+            std::vector<double> ph;
+            for (const SettingRun& run : runs[v]) ph.push_back(run.phase_s[i]);
+            phases[i < kNumPhases ? kPhaseNames[i] : "other"] = median(ph);
+        }
+        const double med = median(step_s);
+        out.push_back({{"setting", settings[v].label},
+                       {"ranks", settings[v].par->size()},
+                       {"tokens_per_step", tokens_per_step(c)},
+                       {"step_s_median", med},
+                       {"tokens_per_s", tokens_per_step(c) / med},
+                       {"step_s_rounds", step_s},
+                       {"speedup_vs_first_rounds", speedup},
+                       {"speedup_vs_first_median", median(speedup)},
+                       {"step_ratio_vs_first_median", median(step_ratio)},
+                       {"final_loss_rounds", losses},
+                       {"phases_s_per_step", phases}});
+    }
+    const TrainConfig& base = settings.front().cfg;
+    if (o.json) {
+        nlohmann::json j;
+        j["config"]           = base.name;
+        j["cpu_model"]        = kernels::cpu_features().model;
+        j["half_features"]    = kernels::half_precision_features();
+        j["threads_per_rank"] = compute_pool().size();
+        j["steps"]            = o.steps;
+        j["warmup"]           = o.warmup;
+        j["rounds"]           = o.repeats;
+        j["settings"]         = out;
+        fmt::print("{}\n", j.dump(2));
+        std::fflush(stdout);
+        return 0;
+    }
+    fmt::print(
+        "bench train {} --compare: {} settings in turn, {} round(s) of {} + {} warm-up steps "
+        "each; cpu {}; 16-bit features: {}\n",
+        base.name, n, o.repeats, o.steps, o.warmup, kernels::cpu_features().model,
+        kernels::half_precision_features());
+    size_t width = 8;
+    for (const BenchSetting& s : settings) width = std::max(width, s.label.size() + 4);
+    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10}  {}\n", "setting", width, "step ms", "tokens/s",
+               "speed", "step", "speed vs the first, per round");
+    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10}\n", "", width, "(median)", "", "vs first",
+               "vs first");
+    for (size_t v = 0; v < n; ++v) {
+        const nlohmann::json& e = out[v];
+        std::vector<std::string> rounds;
+        for (const auto& x : e["speedup_vs_first_rounds"])
+            rounds.push_back(fmt::format("{:.3f}", x.get<double>()));
+        fmt::print("{:<{}} {:>9.1f} {:>10.0f} {:>9.3f} {:>10.3f}  {}\n",
+                   fmt::format("#{} {}", v + 1, settings[v].label), width,
+                   e["step_s_median"].get<double>() * 1e3, e["tokens_per_s"].get<double>(),
+                   e["speedup_vs_first_median"].get<double>(),
+                   e["step_ratio_vs_first_median"].get<double>(), fmt::join(rounds, " "));
+    }
+    fmt::print("\nms per step (median over rounds)\n{:<14}", "phase");
+    for (size_t v = 0; v < n; ++v) fmt::print(" {:>10}", fmt::format("#{}", v + 1));
+    fmt::print("\n");
+    for (size_t i = 0; i <= kNumPhases; ++i) {
+        const char* name = i < kNumPhases ? kPhaseNames[i] : "other";
+        fmt::print("{:<14}", name);
+        for (const auto& e : out)
+            fmt::print(" {:>10.2f}", e["phases_s_per_step"][name].get<double>() * 1e3);
+        fmt::print("\n");
+    }
+    std::fflush(stdout);
+    return 0;
+}
 
 int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
                     dist::ParallelContext& par) {

@@ -6,8 +6,14 @@
 // (gemm_backends: phase, gemm, m, n, k, f32, bf16), the backend that GEMM ran on.
 // With compare_overlap it instead times the same steps with parallel.overlap_grad_reduce off and
 // on, alternating runs, and reports the median step time of each and their ratio.
+// compare_settings times several settings of one model side by side (`--compare`): rounds of one
+// run per setting, each round starting at the next setting, and reports per setting the median
+// step time, tokens/s, the median over rounds of its speed against the first setting's in the
+// same round, and the phases.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "dist/parallel.h"
@@ -22,6 +28,17 @@ struct TrainBenchOptions {
     bool compare_overlap = false;
     int repeats          = 3;
 };
+
+// One setting of `bench train --compare`: its label (the overrides as given), its config and the
+// process layout made for it.
+struct BenchSetting {
+    std::string label;
+    TrainConfig cfg;
+    dist::ParallelContext* par = nullptr;
+};
+
+// Collective over the settings' world. options.repeats rounds; needs at least two settings.
+int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions& options);
 
 // Returns 0. cfg: the run to time; its steps, evaluation and logging settings are replaced.
 int run_train_bench(const TrainConfig& cfg, const TrainBenchOptions& options,

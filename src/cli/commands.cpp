@@ -376,7 +376,65 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
     return bench::run_comm_bench(world, o);
 }
 
+// The overrides of one `--compare` value: "KEY=VALUE" items separated by ';'.
+static std::vector<std::string> compare_overrides(const std::string& setting) {
+    std::vector<std::string> items;
+    size_t start = 0;
+    for (;;) {
+        const size_t end = setting.find(';', start);
+        std::string item = setting.substr(start, end == std::string::npos ? end : end - start);
+        const size_t a = item.find_first_not_of(" \t"), z = item.find_last_not_of(" \t");
+        item = a == std::string::npos ? "" : item.substr(a, z - a + 1);
+        if (item.find('=') == std::string::npos || item.front() == '=') {
+            input_error(
+                "--compare \"{}\": expected SECTION.KEY=VALUE items separated by ';', got \"{}\"",
+                setting, item);
+        }
+        items.push_back(item);
+        if (end == std::string::npos) return items;
+        start = end + 1;
+    }
+}
+
+// `bench train --compare S1 --compare S2 ...`: each setting is the config with --set and then
+// its own overrides, checked like a run's config, with its own process layout.
+static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
+    std::vector<bench::BenchSetting> settings(b.compare.size());
+    check_on_every_rank(world, [&] {
+        if (b.compare.size() < 2) {
+            input_error(
+                "--compare: give at least two settings (got {}), e.g. --compare "
+                "precision.dtype=fp32 --compare precision.dtype=bf16",
+                b.compare.size());
+        }
+        for (size_t i = 0; i < b.compare.size(); ++i) {
+            CommonArgs with = a;
+            for (std::string& o : compare_overrides(b.compare[i])) with.overrides.push_back(o);
+            try {
+                settings[i].cfg = resolve_config(with);
+                validate_layout(settings[i].cfg, world.size());
+                validate_micro_batch(settings[i].cfg, world.size());
+            } catch (const InputError& e) {
+                input_error("--compare \"{}\": {}", b.compare[i], e.what());
+            }
+            settings[i].label = b.compare[i];
+        }
+    });
+    std::vector<std::unique_ptr<dist::ParallelContext>> layouts;
+    for (bench::BenchSetting& s : settings) {
+        layouts.push_back(make_parallel(s.cfg, world));
+        s.par = layouts.back().get();
+    }
+    bench::TrainBenchOptions o;
+    o.steps  = b.steps;
+    o.warmup = b.warmup;
+    o.json   = b.json;
+    if (b.repeats > 0) o.repeats = b.repeats;
+    return bench::compare_settings(std::move(settings), o);
+}
+
 int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
+    if (!b.compare.empty()) return bench_train_compare(a, b, world);
     TrainConfig cfg;
     check_on_every_rank(world, [&] {
         cfg = resolve_config(a);

@@ -48,14 +48,15 @@ int cmd_report_compare(const ReportCompareArgs& a);
 // present, else the built-in defaults). comm and train are collective over world.
 struct BenchArgs {
     bool json   = false;
-    int repeats = 0;                 // kernels, comm; 0: the benchmark's default
-    std::string filter;              // kernels: only GEMMs whose name contains it
-    bool standalone_check = false;   // kernels: oneDNN also in a child process
-    std::vector<std::string> sizes;  // comm: MIN MAX message sizes, e.g. 4K 64M
-    int ranks_per_node   = 0;        // comm: a node every R ranks; 0: detect
-    int64_t steps        = 10;       // train: timed steps
-    int64_t warmup       = 2;        // train: untimed steps first
-    bool compare_overlap = false;    // train: overlap off vs on
+    int repeats = 0;                   // kernels, comm; 0: the benchmark's default
+    std::string filter;                // kernels: only GEMMs whose name contains it
+    bool standalone_check = false;     // kernels: oneDNN also in a child process
+    std::vector<std::string> sizes;    // comm: MIN MAX message sizes, e.g. 4K 64M
+    int ranks_per_node   = 0;          // comm: a node every R ranks; 0: detect
+    int64_t steps        = 10;         // train: timed steps
+    int64_t warmup       = 2;          // train: untimed steps first
+    bool compare_overlap = false;      // train: overlap off vs on
+    std::vector<std::string> compare;  // train: settings side by side, "KEY=VALUE[;KEY=VALUE]"
 };
 int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b);
 int cmd_bench_comm(const BenchArgs& b, dist::Comm& world);

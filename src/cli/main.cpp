@@ -167,8 +167,14 @@ int main(int argc, char** argv) {
     bench_train->add_flag(
         "--compare-overlap", ba.compare_overlap,
         "Time the steps with parallel.overlap_grad_reduce off and on, side by side");
+    bench_train
+        ->add_option("--compare", ba.compare,
+                     "Time this setting beside the others (repeatable, two or more): "
+                     "SECTION.KEY=VALUE items separated by ';', applied after --set; "
+                     "speeds are given against the first")
+        ->excludes("--compare-overlap");
     bench_train->add_option("--repeats", ba.repeats,
-                            "Runs of each setting for --compare-overlap (default 3)");
+                            "Runs of each setting for --compare and --compare-overlap (default 3)");
     bench::IoBenchOptions io_options;
     int64_t io_mib = 256;
     auto* bench_io = bench->add_subcommand(

@@ -139,6 +139,66 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     EXPECT_GT(jb["recompute_s_per_step"].get<double>(), 0.0);
 }
 
+TEST(BenchCli, TrainCompareTimesSettingsInTurnAgainstTheFirst) {
+    // Two settings, the second with twice the tokens per step: each setting's speed against the
+    // first is the ratio of tokens/s within a round, its median over the rounds is reported, and
+    // a setting's overrides (two, separated by ';') come after --set.
+    TempDir dir;
+    const std::string data = tiny_corpus(dir) + " --set train.run_dir=" + (dir / "run");
+    const CommandResult r  = bagualu(
+         "bench train --config configs/tiny.toml --steps 1 --warmup 1 --repeats 3 --json "
+          "--set model.top_k=1 --compare precision.dtype=fp32 "
+          "--compare \"train.batch_size=16; precision.dtype=bf16\"" +
+         data);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);
+    for (const char* key : {"cpu_model", "half_features", "rounds", "settings"}) {
+        ASSERT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_EQ(j["rounds"], 3);
+    ASSERT_EQ(j["settings"].size(), 2u);
+    const auto& first = j["settings"][0];
+    const auto& bf16  = j["settings"][1];
+    EXPECT_EQ(first["setting"], "precision.dtype=fp32");
+    EXPECT_EQ(bf16["setting"], "train.batch_size=16; precision.dtype=bf16");
+    EXPECT_EQ(first["tokens_per_step"].get<double>(), 8.0 * 64);
+    EXPECT_EQ(bf16["tokens_per_step"].get<double>(), 16.0 * 64);
+    for (const auto& s : j["settings"]) {
+        ASSERT_EQ(s["step_s_rounds"].size(), 3u) << s.dump();
+        ASSERT_EQ(s["speedup_vs_first_rounds"].size(), 3u) << s.dump();
+        EXPECT_GT(s["step_s_median"].get<double>(), 0.0);
+        EXPECT_NEAR(s["tokens_per_s"].get<double>(),
+                    s["tokens_per_step"].get<double>() / s["step_s_median"].get<double>(), 1e-6);
+        for (const char* phase : {"attention", "mlp", "experts", "gate_dispatch", "lm_head",
+                                  "optimizer", "data", "other"}) {
+            EXPECT_GE(s["phases_s_per_step"][phase].get<double>(), 0.0) << phase;
+        }
+    }
+    std::vector<double> speedup;
+    for (int round = 0; round < 3; ++round) {
+        EXPECT_EQ(first["speedup_vs_first_rounds"][round].get<double>(), 1.0);
+        const double mine = bf16["step_s_rounds"][round].get<double>();
+        const double base = first["step_s_rounds"][round].get<double>();
+        EXPECT_NEAR(bf16["speedup_vs_first_rounds"][round].get<double>(), 2.0 * base / mine, 1e-9);
+        speedup.push_back(2.0 * base / mine);
+    }
+    std::sort(speedup.begin(), speedup.end());
+    EXPECT_NEAR(bf16["speedup_vs_first_median"].get<double>(), speedup[1], 1e-9);
+    // the settings trained what they say: the same batch twice as large is another loss
+    EXPECT_NE(first["final_loss_rounds"][0], bf16["final_loss_rounds"][0]);
+    EXPECT_EQ(first["final_loss_rounds"][0], first["final_loss_rounds"][2]);
+    EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "bench train writes nothing";
+
+    const CommandResult table = bagualu(
+        "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 1 "
+        "--compare model.top_k=1 --compare model.top_k=2" +
+        data);
+    ASSERT_EQ(table.status, 0) << table.output;
+    EXPECT_NE(table.output.find("#2 model.top_k=2"), std::string::npos) << table.output;
+    EXPECT_NE(table.output.find("ms per step (median over rounds)"), std::string::npos)
+        << table.output;
+}
+
 TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
     // fp32: the float FMA peak; bf16: the vdpbf16ps peak exactly where the products run on
     // 16-bit arithmetic (AVX512_BF16 under the default backend), else the float one. Both MFUs
@@ -210,7 +270,12 @@ TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
          {"bench", "bench nope", "bench train", "bench train --config configs/tiny.toml --steps 0",
           "bench kernels --repeats 0", "bench comm --sizes 4K", "bench comm --sizes 4Q 1M",
           "bench comm --sizes 1M 4K", "bench io --mib 0", "bench io --repeats 0",
-          "bench io --dir /nonexistent/dir"}) {
+          "bench io --dir /nonexistent/dir",
+          "bench train --config configs/tiny.toml --compare precision.dtype=fp32",
+          "bench train --config configs/tiny.toml --compare model.top_k --compare model.top_k=1",
+          "bench train --config configs/tiny.toml --compare model.nope=1 --compare model.top_k=1",
+          "bench train --config configs/tiny.toml --compare model.top_k=1 --compare "
+          "model.top_k=2 --compare-overlap"}) {
         const CommandResult r = bagualu(args);
         EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
         std::string line = r.output;
