@@ -40,8 +40,11 @@ struct KernelTable {
     void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int N, int C);
-    void (*gelu_forward)(float* out, const float* inp, size_t n);
-    void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n);
+    // GELU of elements [begin, end) on the calling thread (ops.h threads them; kernels/mixed.h
+    // runs them a block at a time beside the 16-bit conversions).
+    void (*gelu_forward)(float* out, const float* inp, int64_t begin, int64_t end);
+    void (*gelu_backward)(float* dinp, const float* inp, const float* dout, int64_t begin,
+                          int64_t end);
     void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int C,
                               int NH);
     void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <vector>
 
@@ -67,65 +68,116 @@ void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n) {
 
 namespace {
 
-void widen_half(Dtype d, float* out, const uint16_t* inp, size_t n) {
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        if (d == Dtype::bfloat16) {
-            dispatch().bf16_widen(out + begin, inp + begin, size_t(end - begin));
-        } else {
-            from_half(d, inp + begin, out + begin, size_t(end - begin));
-        }
+// The GELU's FP64 versions on elements [begin, end) (gelu_forward_f64 / gelu_backward_f64 thread
+// them).
+void gelu_forward_f64_range(float* out, const float* inp, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+        const double x = inp[i];
+        out[i]         = float(0.5 * x * (1.0 + std::tanh(kGeluK * (x + kGeluA * x * x * x))));
+    }
+}
+
+void gelu_backward_f64_range(float* dinp, const float* inp, const float* dout, int64_t begin,
+                             int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+        const double x     = inp[i];
+        const double th    = std::tanh(kGeluK * (x + kGeluA * x * x * x));
+        const double du_dx = kGeluK * (1.0 + 3.0 * kGeluA * x * x);
+        const double grad  = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du_dx;
+        dinp[i]            = float(grad * double(dout[i]));
+    }
+}
+
+using GeluForwardRange  = void (*)(float*, const float*, int64_t, int64_t);
+using GeluBackwardRange = void (*)(float*, const float*, const float*, int64_t, int64_t);
+GeluForwardRange gelu_forward_range(bool fp64) {
+    return fp64 ? gelu_forward_f64_range : dispatch().gelu_forward;
+}
+GeluBackwardRange gelu_backward_range(bool fp64) {
+    return fp64 ? gelu_backward_f64_range : dispatch().gelu_backward;
+}
+
+void widen_serial(Dtype d, float* out, const uint16_t* in, size_t n) {
+    if (d == Dtype::bfloat16) {
+        dispatch().bf16_widen(out, in, n);
+    } else {
+        from_half(d, in, out, n);
+    }
+}
+
+// f(o, len) over [0, n) in blocks of at most kFuseBlock elements, each thread the blocks of its
+// own range: a block's widening, GELU and narrowing or rounding follow one another while its
+// floats are in L1, in one pass over the arrays and one parallel call. Elementwise, so any
+// split gives the whole call's bits.
+constexpr int64_t kFuseBlock = 2048;
+template <typename F>
+void in_blocks(size_t n, F&& f) {
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; o += kFuseBlock)
+            f(size_t(o), size_t(std::min(kFuseBlock, end - o)));
     });
+}
+
+// Whether n 16-bit values at out overlap n floats at x.
+bool overlaps(const uint16_t* out, const float* x, size_t n) {
+    const auto o = reinterpret_cast<uintptr_t>(out), f = reinterpret_cast<uintptr_t>(x);
+    return o < f + n * sizeof(float) && f < o + n * sizeof(uint16_t);
 }
 
 }  // namespace
 
 void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64) {
-    const auto gelu = fp64 ? gelu_forward_f64 : gelu_forward;
     if (!x.half) {
-        gelu(out, x.f32, n);
+        (fp64 ? gelu_forward_f64 : gelu_forward)(out, x.f32, n);
         return;
     }
-    widen_half(d, out, x.half, n);
-    gelu(out, out, n);  // elementwise: in place is safe
+    const GeluForwardRange gelu = gelu_forward_range(fp64);
+    in_blocks(n, [&](size_t o, size_t len) {
+        widen_serial(d, out + o, x.half + o, len);
+        gelu(out + o, out + o, 0, int64_t(len));  // elementwise: in place is safe
+    });
 }
 
 void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
                          bool fp64) {
     BGL_CHECK(d != Dtype::float32, "gelu_forward_narrow: float32 is not a half type");
-    const auto gelu         = fp64 ? gelu_forward_f64 : gelu_forward;
-    constexpr size_t kSlice = size_t{1} << 17;
-    thread_local std::vector<float> buf;
-    float* w = grow(buf, std::min(n, kSlice));
-    for (size_t o = 0; o < n; o += kSlice) {
-        const size_t len = std::min(kSlice, n - o);
-        if (x.half) {
-            widen_half(x_dtype, w, x.half + o, len);
-            gelu(w, w, len);
-        } else {
+    if (x.f32 && overlaps(out, x.f32, n)) {
+        // the 16 bits overwrite floats other threads may still read: slice by slice, each read
+        // whole into a buffer before any of its 16 bits are written
+        const auto gelu         = fp64 ? gelu_forward_f64 : gelu_forward;
+        constexpr size_t kSlice = size_t{1} << 17;
+        thread_local std::vector<float> buf;
+        float* w = grow(buf, std::min(n, kSlice));
+        for (size_t o = 0; o < n; o += kSlice) {
+            const size_t len = std::min(kSlice, n - o);
             gelu(w, x.f32 + o, len);
+            narrow_half(d, out + o, w, len);
         }
-        narrow_half(d, out + o, w, len);
+        return;
     }
+    const GeluForwardRange gelu = gelu_forward_range(fp64);
+    in_blocks(n, [&](size_t o, size_t len) {
+        alignas(64) float w[kFuseBlock];
+        if (x.half) {
+            widen_serial(x_dtype, w, x.half + o, len);
+            gelu(w, w, 0, int64_t(len));
+        } else {
+            gelu(w, x.f32 + o, 0, int64_t(len));
+        }
+        narrow_half_serial(d, out + o, w, len);
+    });
 }
 
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64, Dtype dinp_dtype) {
-    const auto gelu = fp64 ? gelu_backward_f64 : gelu_backward;
-    if (!x.half) {
-        gelu(dinp, x.f32, dout, n);
-        round_inplace(dinp, n, dinp_dtype);
-        return;
-    }
-    // the inputs widened a slice at a time (elementwise, so slices give the whole call's bits)
-    constexpr size_t kSlice = size_t{1} << 16;
-    thread_local std::vector<float> buf;
-    float* w = grow(buf, std::min(n, kSlice));
-    for (size_t o = 0; o < n; o += kSlice) {
-        const size_t len = std::min(kSlice, n - o);
-        widen_half(d, w, x.half + o, len);
-        gelu(dinp + o, w, dout + o, len);
-        round_inplace(dinp + o, len, dinp_dtype);
-    }
+    const GeluBackwardRange gelu = gelu_backward_range(fp64);
+    in_blocks(n, [&](size_t o, size_t len) {
+        alignas(64) float w[kFuseBlock];
+        const float* xo = x.f32 ? x.f32 + o : w;
+        if (!x.f32) widen_serial(d, w, x.half + o, len);
+        gelu(dinp + o, xo, dout + o, 0, int64_t(len));  // dinp may alias dout: elementwise
+        if (dinp_dtype != Dtype::float32) round_range(dinp + o, dinp + o, len, dinp_dtype);
+    });
 }
 
 // ---- linear layers with half-precision operands ----
@@ -408,22 +460,13 @@ void layernorm_backward_f64(float* dinp, float* dweight, float* dbias, const flo
 
 void gelu_forward_f64(float* out, const float* inp, size_t n) {
     parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const double x = inp[i];
-            out[i]         = float(0.5 * x * (1.0 + std::tanh(kGeluK * (x + kGeluA * x * x * x))));
-        }
+        gelu_forward_f64_range(out, inp, begin, end);
     });
 }
 
 void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t n) {
     parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const double x     = inp[i];
-            const double th    = std::tanh(kGeluK * (x + kGeluA * x * x * x));
-            const double du_dx = kGeluK * (1.0 + 3.0 * kGeluA * x * x);
-            const double grad  = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du_dx;
-            dinp[i]            = float(grad * double(dout[i]));
-        }
+        gelu_backward_f64_range(dinp, inp, dout, begin, end);
     });
 }
 

@@ -41,17 +41,19 @@ struct KeptArray {
 };
 // gelu_forward / gelu_backward of kernels/ops.h (their FP64 versions with fp64) on a kept
 // activation x of n elements, widened from the 16 bits of d when kept so: bit for bit those
-// kernels on the float32 values. out may alias nothing; dinp may alias dout. Call from outside
-// pool jobs.
+// kernels on the float32 values. Each thread runs its range a block at a time, the widening,
+// the GELU and what follows it (narrowing, rounding) on a block in L1, in one parallel call.
+// out may alias nothing; dinp may alias dout. Call from outside pool jobs.
 void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false);
 // gelu_forward_kept's output as the 16 bits of d, where half_products_convert(d): out[i] = the
-// 16 bits of gelu(x[i]) rounded to d, formed a slice at a time in a float buffer that stays in
-// cache, so a product's 16-bit operand costs no float array. out may start where x.f32 starts
-// (each slice is read before its 16 bits are written, and they end no further than the slice).
+// 16 bits of gelu(x[i]) rounded to d, formed a block at a time in a float buffer in L1, so a
+// product's 16-bit operand costs no float array. out may start where x.f32 starts (then slice
+// by slice, each read whole before its 16 bits are written, in three parallel calls a slice:
+// pass a 16-bit copy of x instead where there is one).
 void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
                          bool fp64 = false);
-// gelu_backward_kept's dinp can then be stored as values of dinp_dtype (round_inplace), a slice
-// at a time while it is in cache where x is kept in 16 bits: the same bits.
+// gelu_backward_kept's dinp then stored as values of dinp_dtype (as round_inplace), a block at
+// a time while it is in cache: the same bits.
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64 = false, Dtype dinp_dtype = Dtype::float32);
 

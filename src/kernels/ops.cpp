@@ -258,27 +258,24 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 namespace generic {
 
-void gelu_forward(float* out, const float* inp, size_t n) {
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float x = inp[i];
-            const float e = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
-            out[i]        = x / (1.f + e);
-        }
-    });
+void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+        const float x = inp[i];
+        const float e = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
+        out[i]        = x / (1.f + e);
+    }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin,
+                         int64_t end) {
     // No __restrict: dinp may alias dout.
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float x     = inp[i];
-            const float e     = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
-            const float sg    = 1.f / (1.f + e);
-            const float du_dx = kGeluK * (1.f + 3.f * kGeluA * x * x);
-            dinp[i]           = (sg + 2.f * x * (sg * sg * e) * du_dx) * dout[i];
-        }
-    });
+    for (int64_t i = begin; i < end; ++i) {
+        const float x     = inp[i];
+        const float e     = exp_f32(-2.f * kGeluK * (x + kGeluA * x * x * x));
+        const float sg    = 1.f / (1.f + e);
+        const float du_dx = kGeluK * (1.f + 3.f * kGeluA * x * x);
+        dinp[i]           = (sg + 2.f * x * (sg * sg * e) * du_dx) * dout[i];
+    }
 }
 
 }  // namespace generic
@@ -578,10 +575,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     dispatch().layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
-void gelu_forward(float* out, const float* inp, size_t n) { dispatch().gelu_forward(out, inp, n); }
+void gelu_forward(float* out, const float* inp, size_t n) {
+    const auto f = dispatch().gelu_forward;
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) { f(out, inp, begin, end); });
+}
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    dispatch().gelu_backward(dinp, inp, dout, n);
+    const auto f = dispatch().gelu_backward;
+    parallel_rows(int64_t(n), 1,
+                  [&](int64_t begin, int64_t end) { f(dinp, inp, dout, begin, end); });
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {

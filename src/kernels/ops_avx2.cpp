@@ -77,17 +77,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     });
 }
 
-void gelu_forward(float* out, const float* inp, size_t n) {
-    parallel_rows(int64_t(n), 1,
-                  [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
-}
-
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        gelu_backward_range(dinp, inp, dout, begin, end);
-    });
-}
-
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                           int V) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {

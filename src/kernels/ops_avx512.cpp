@@ -32,15 +32,4 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                                   qkv, out, lse, B, T, C, NH);
 }
 
-void gelu_forward(float* out, const float* inp, size_t n) {
-    parallel_rows(int64_t(n), 1,
-                  [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
-}
-
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        gelu_backward_range(dinp, inp, dout, begin, end);
-    });
-}
-
 }  // namespace bagualu::kernels::avx512

@@ -44,7 +44,5 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 }  // namespace bagualu::kernels::avx512

@@ -513,9 +513,9 @@ double GPT::block_forward(int l) {
         linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
         if (half_products_convert(gf)) {
             // the GELU's output only as the next product's 16-bit operand, formed in df's
-            // storage a slice at a time (hf may be df: gelu_forward_narrow reads each slice first)
+            // storage from fch (a 16-bit fch is read rather than hf in df, the same values)
             auto* g16 = reinterpret_cast<uint16_t*>(a.df);
-            gelu_forward_narrow(gf, g16, af, {hf, nullptr}, NF, prec_.fp64_sensitive);
+            gelu_forward_narrow(gf, g16, af, b.fch, NF, prec_.fp64_sensitive);
             linear_forward_half16(gf, y, g16, w.fcproj_w, w.fcproj_b, N, F, C, af);
         } else {
             op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe

@@ -99,11 +99,12 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
                                w.fc_w_stride, hf, F, x_rows);
     add_expert_bias(hf, w.fc_b, w.fc_b_stride, offsets, E, F, prec.act, h.half);
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e, g = gelu(h): where the
-    // products convert, g only as the 16-bit operand, formed in g's own storage a slice at a
-    // time (hf may be there too: gelu_forward_narrow reads each slice first)
+    // products convert, g only as the 16-bit operand, formed in g's own storage from h (a
+    // 16-bit h is read rather than hf, the same values, which its 16 bits overwrite)
     if (kernels::half_products_convert(prec.gemm)) {
         auto* g16 = reinterpret_cast<uint16_t*>(g);
-        kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, {hf, nullptr}, RF, prec.fp64);
+        kernels::gelu_forward_narrow(prec.gemm, g16, prec.act,
+                                     h.half ? h : kernels::KeptArray{hf, nullptr}, RF, prec.fp64);
         kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g16, F, w.proj_w, F,
                                    w.proj_w_stride, y, C);
     } else {

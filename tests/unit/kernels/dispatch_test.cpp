@@ -46,8 +46,8 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.isa, Isa::generic);
     EXPECT_EQ(t.layernorm_forward, &generic::layernorm_forward);
     EXPECT_EQ(t.layernorm_backward, &generic::layernorm_backward);
-    EXPECT_EQ(t.gelu_forward, &generic::gelu_forward);
-    EXPECT_EQ(t.gelu_backward, &generic::gelu_backward);
+    EXPECT_EQ(t.gelu_forward, &generic::gelu_forward_range);
+    EXPECT_EQ(t.gelu_backward, &generic::gelu_backward_range);
     EXPECT_EQ(t.attention_forward, &generic::attention_forward);
     EXPECT_EQ(t.attention_backward, &generic::attention_backward);
     EXPECT_EQ(t.crossentropy_forward, &generic::crossentropy_forward);
@@ -86,7 +86,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                   t.crossentropy_forward == &generic::crossentropy_forward);
         EXPECT_EQ(t.layernorm_isa == Isa::generic,
                   t.layernorm_forward == &generic::layernorm_forward);
-        EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward);
+        EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward_range);
         EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_range == &generic::adamw_update_range);
         EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64 == &generic::col_sums_f64);

@@ -63,8 +63,9 @@ TEST(Rounding, Bf16AndFp16Values) {
 }
 
 // Activations of a half type kept in 16 bits: narrow_half is exact on them, and the GELU of the
-// 16-bit values is bit for bit the float kernels' on the widened values, over several of
-// gelu_backward_kept's slices and a ragged tail, FP64 versions included; dinp may alias dout.
+// 16-bit values is bit for bit the float kernels' on the widened values, over many of the
+// threads' blocks, the aliased narrowing's slices and a ragged tail, FP64 versions included;
+// dinp may alias dout, and gelu_forward_narrow's 16 bits may overwrite its float input.
 TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
     Rng rng(21);
     const size_t n = 3 * (size_t{1} << 16) + 123;
@@ -84,6 +85,28 @@ TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
             (fp64 ? gelu_backward_f64 : gelu_backward)(dwant.data(), x.data(), dy.data(), n);
             gelu_backward_kept(d, dgot.data(), {nullptr, x16.data()}, dgot.data(), n, fp64);
             EXPECT_EQ(dgot, dwant) << dtype_name(d) << " fp64 " << fp64;
+            // the input gradient stored as values of d: the float kernel's, rounded; from a
+            // float x as from its 16 bits
+            std::vector<float> dround = dwant, dgot32(n);
+            round_inplace(dround.data(), n, d);
+            for (const KeptArray kept : {KeptArray{nullptr, x16.data()}, KeptArray{x.data()}}) {
+                gelu_backward_kept(d, dgot32.data(), kept, dy.data(), n, fp64, d);
+                EXPECT_EQ(dgot32, dround) << dtype_name(d) << " fp64 " << fp64;
+            }
+            // the 16 bits of the GELU's output rounded to d, from the 16-bit x, from the float
+            // x, and written over the float x itself
+            std::vector<uint16_t> want16(n), got16(n);
+            narrow_half(d, want16.data(), want.data(), n);
+            gelu_forward_narrow(d, got16.data(), d, {nullptr, x16.data()}, n, fp64);
+            EXPECT_EQ(got16, want16) << dtype_name(d) << " fp64 " << fp64;
+            std::fill(got16.begin(), got16.end(), uint16_t{0});
+            gelu_forward_narrow(d, got16.data(), d, {x.data()}, n, fp64);
+            EXPECT_EQ(got16, want16) << dtype_name(d) << " fp64 " << fp64;
+            std::vector<float> over = x;
+            auto* over16            = reinterpret_cast<uint16_t*>(over.data());
+            gelu_forward_narrow(d, over16, d, {over.data()}, n, fp64);
+            EXPECT_TRUE(std::equal(want16.begin(), want16.end(), over16))
+                << dtype_name(d) << " fp64 " << fp64;
         }
     }
 }
