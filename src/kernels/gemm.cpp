@@ -243,6 +243,23 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
     gemm::bf16_on(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+bool gemm_bf16_float_b() {
+    const gemm::Path p = gemm::active_path();
+    return (p == gemm::Path::generic || p == gemm::Path::avx2 || p == gemm::Path::avx512) &&
+           gemm::bf16_spec(p).pack_b_f32 != nullptr;
+}
+
+void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+    BGL_CHECK(gemm_bf16_float_b(),
+              "gemm_bf16 with a float B on a path whose bf16 kernel cannot pack it");
+    BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
+    if (M == 0 || N == 0) return;
+    gemm::KernelSpec s = gemm::bf16_spec(gemm::active_path());
+    s.pack_b           = s.pack_b_f32;
+    gemm::gemm_packed(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 bool gemm_bf16_widens() {
     switch (gemm::active_path()) {
         case gemm::Path::ref:

@@ -23,6 +23,17 @@ void gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float*
 void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
                const bf16* B, int ldb, float beta, float* C, int ldc);
 
+// Whether the active implementation's bf16 kernel packs a float B itself, rounding each value to
+// bf16 as it packs (ours on AVX512_BF16; not under auto or onednn), so that the overload below
+// can run.
+bool gemm_bf16_float_b();
+// gemm_bf16 with B in float32, each value rounded to bf16 (bf16_from_float) as it is packed:
+// bitwise gemm_bf16 on B's narrowed copy, without writing and reading the copy (B is packed
+// about once per product: the weights of kernels/mixed.h's linear layers). Only where
+// gemm_bf16_float_b().
+void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc);
+
 // Whether gemm_bf16 on the active implementation widens its operands to float and runs the
 // float kernel: always on AVX2 and the generic and reference kernels, with OpenBLAS, and on
 // AVX-512 without AVX512_BF16 (and under onednn/auto when oneDNN has no native bf16 matmul on

@@ -36,6 +36,17 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
                        float* C, int ldc, const int32_t* a_rows = nullptr);
 
+// Whether the active path's bf16 kernel packs a float B itself (rounding it to bf16 as it
+// packs; avx512 with AVX512_BF16), so that the overload below can run.
+bool grouped_gemm_bf16_float_b();
+// grouped_gemm_bf16 with B in float32, each value rounded to bf16 (bf16_from_float) as the
+// kernel packs it: bitwise grouped_gemm_bf16 on B's narrowed copy, without the copy. B is
+// packed about once per product, so this saves writing and reading a 16-bit copy of it (the
+// experts' weights). Only where grouped_gemm_bf16_float_b().
+void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                       const bf16* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
+                       float* C, int ldc, const int32_t* a_rows = nullptr);
+
 // The weight-gradient form, summing over each group's rows: for g in [0, G), K_g = offsets[g+1]
 // - offsets[g] >= 0,
 //   C_g (M, N) = alpha * A_g^T (M, K_g) @ B_g (K_g, N) + beta * C_g     (+= when beta == 1)

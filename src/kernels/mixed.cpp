@@ -233,6 +233,25 @@ const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, si
     return w;
 }
 
+// grouped_gemm_half's product once its A is 16-bit (a: the groups' rows from offsets[0] on, or
+// with r the gather's source): the float weights B stored by k (tb = T) packed by the bf16 kernel
+// where it can round them as it packs (faster than narrowing them first; slower for B stored by
+// row, docs/results.md), else from a narrowed copy.
+void grouped_gemm_half_b(Trans tb, int G, const int32_t* offsets, int N, int K, const bf16* a,
+                         int lda, const float* B, int ldb, size_t stride_b, float* C, int ldc,
+                         const int32_t* r) {
+    float* c                = C + size_t(offsets[0]) * size_t(ldc);
+    const int32_t* relative = rebased(offsets, G);
+    if (tb == Trans::T && grouped_gemm_bf16_float_b()) {
+        grouped_gemm_bf16(Trans::N, tb, G, relative, N, K, 1.f, a, lda, B, ldb, stride_b, 0.f, c,
+                          ldc, r);
+        return;
+    }
+    size_t wsz    = 0;
+    const bf16* w = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
+    grouped_gemm_bf16(Trans::N, tb, G, relative, N, K, 1.f, a, lda, w, ldb, wsz, 0.f, c, ldc, r);
+}
+
 }  // namespace
 
 void force_16bit_operands(bool on) { g_force16 = on; }
@@ -250,21 +269,13 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
         return;
     }
     const size_t rows = size_t(offsets[G] - offsets[0]);
-    size_t wsz        = 0;
-    const bf16* w     = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
-    if (a_rows) {
-        // the source rows the gather reads, converted once (fewer than the gathered rows when
-        // a row is read by several groups), and the gather on the 16-bit copy
-        const int32_t* r = a_rows + offsets[0];
-        const bf16* a    = to_bf16(g_inp16, A, span(gathered_extent(r, rows), lda, K));
-        grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
-                          C + size_t(offsets[0]) * size_t(ldc), ldc, r);
-        return;
-    }
-    // A's rows from offsets[0] on (the last one to its K-th element)
-    const bf16* a = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
-    grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f, a, lda, w, ldb, wsz, 0.f,
-                      C + size_t(offsets[0]) * size_t(ldc), ldc);
+    // the source rows a gather reads, converted once (fewer than the gathered rows when a row is
+    // read by several groups), and the gather on the 16-bit copy; else A's rows from offsets[0]
+    // on (the last one to its K-th element)
+    const int32_t* r = a_rows ? a_rows + offsets[0] : nullptr;
+    const bf16* a    = r ? to_bf16(g_inp16, A, span(gathered_extent(r, rows), lda, K))
+                         : to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
+    grouped_gemm_half_b(tb, G, offsets, N, K, a, lda, B, ldb, stride_b, C, ldc, r);
 }
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
@@ -272,11 +283,8 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                        float* C, int ldc) {
     BGL_CHECK(on_16bit(d), "grouped_gemm_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
-    size_t wsz    = 0;
-    const bf16* w = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
-    grouped_gemm_bf16(Trans::N, tb, G, rebased(offsets, G), N, K, 1.f,
-                      A16 + size_t(offsets[0]) * size_t(lda), lda, w, ldb, wsz, 0.f,
-                      C + size_t(offsets[0]) * size_t(ldc), ldc);
+    grouped_gemm_half_b(tb, G, offsets, N, K, A16 + size_t(offsets[0]) * size_t(lda), lda, B, ldb,
+                        stride_b, C, ldc, nullptr);
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
@@ -332,8 +340,12 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
               "linear_forward_half16: 16-bit operands where the products do not convert");
     BGL_CHECK(!out_half || out_dtype != Dtype::float32,
               "linear_forward_half16: a 16-bit out needs a half out_dtype");
-    const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
-    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
+    if (gemm_bf16_float_b()) {  // the weight stored by k: packed from its floats (see above)
+        gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, weight, IC, 0.f, out, OC);
+    } else {
+        const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
+        gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
+    }
     if (!bias && out_dtype == Dtype::float32) return;
     // bias, rounding and narrowing a row at a time, while the row is in cache
     parallel_rows(N, OC, [&](int64_t begin, int64_t end) {

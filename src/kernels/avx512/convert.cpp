@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/avx512/bf16_round.h"
 #include "kernels/ops_avx512.h"
 
 namespace bagualu::kernels::avx512 {
@@ -19,19 +20,6 @@ namespace bagualu::kernels::avx512 {
 namespace {
 
 constexpr __mmask16 kAll = 0xffff;
-
-// bf16_from_float for 16 floats up to the last step: round to nearest even (a NaN keeps its sign
-// and payload, made quiet), as the float bits whose low 16 bits are zero.
-inline __m512i rounded_bits(__m512i u) {
-    const __m512i high16   = _mm512_set1_epi32(int(0xffff0000u));
-    const __m512i abs      = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-    const __m512i lsb =
-        _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(1));
-    const __m512i sum       = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    const __m512i quiet_nan = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
-    return _mm512_and_si512(_mm512_mask_mov_epi32(sum, is_nan, quiet_nan), high16);
-}
 
 inline __mmask16 tail_mask(size_t left) { return static_cast<__mmask16>((1u << left) - 1u); }
 
@@ -46,16 +34,17 @@ void bf16_round_range(float* out, const float* in, size_t n) {
         // times slower here.)
         for (; i + 16 <= n; i += 16) {
             const __m512i x = _mm512_loadu_si512(in + i);
-            const __m512i r = rounded_bits(x);
+            const __m512i r = bf16_rounded_bits(x);
             if (_mm512_cmpneq_epi32_mask(r, x)) _mm512_storeu_si512(out + i, r);
         }
     } else {
         for (; i + 16 <= n; i += 16)
-            _mm512_storeu_si512(out + i, rounded_bits(_mm512_loadu_si512(in + i)));
+            _mm512_storeu_si512(out + i, bf16_rounded_bits(_mm512_loadu_si512(in + i)));
     }
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_epi32(out + i, m, rounded_bits(_mm512_maskz_loadu_epi32(m, in + i)));
+        _mm512_mask_storeu_epi32(out + i, m,
+                                 bf16_rounded_bits(_mm512_maskz_loadu_epi32(m, in + i)));
     }
 }
 

@@ -51,6 +51,10 @@ struct KernelSpec {
     // the packed rows (kstep 1 specs only, else nullptr).
     void (*micro_cols)(int kc, const float* a, int lda, const void* b, float* c, int ldc,
                        float alpha, float beta, int m, int n) = nullptr;
+    // pack_b for a float op(B) whose values are rounded to the spec's 16-bit type as they are
+    // packed: the panels pack_b makes of the narrowed copy (16-bit specs that have it, else
+    // nullptr).
+    void (*pack_b_f32)(PackSrc src, int r0, int rn, int p0, int kc, void* dst) = nullptr;
 };
 
 inline constexpr int kPackSlack = 256;

@@ -104,10 +104,10 @@ void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows
 }
 
 // Forward form: group g is rows [offsets[g], offsets[g+1]) of A and C times its own op(B_g).
-// T: the element type the spec's packers read (float or bf16).
-template <typename T>
+// TA, TB: the element types the spec's packers read (float or bf16).
+template <typename TA, typename TB = TA>
 void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_t* offsets, int N,
-                    int K, float alpha, const T* A, int lda, const int32_t* a_rows, const T* B,
+                    int K, float alpha, const TA* A, int lda, const int32_t* a_rows, const TB* B,
                     int ldb, size_t stride_b, float beta, float* C, int ldc) {
     const int row0 = offsets[0], R = offsets[G] - offsets[0];
     if (R == 0 || N == 0) return;
@@ -269,6 +269,27 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
                        float* C, int ldc, const int32_t* a_rows) {
     gemm::grouped_forward<bf16>(gemm::bf16_spec, gemm_bf16, ta, tb, G, offsets, N, K, alpha, A, lda,
                                 a_rows, B, ldb, stride_b, beta, C, ldc);
+}
+
+bool grouped_gemm_bf16_float_b() {
+    const gemm::Path p = gemm::active_path();
+    return p != gemm::Path::ref && p != gemm::Path::openblas &&
+           gemm::bf16_spec(gemm::packed_path(p)).pack_b_f32 != nullptr;
+}
+
+void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
+                       const bf16* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
+                       float* C, int ldc, const int32_t* a_rows) {
+    BGL_CHECK(grouped_gemm_bf16_float_b(),
+              "grouped_gemm_bf16 with a float B on a path whose bf16 kernel cannot pack it");
+    BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
+    BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
+    gemm::check_offsets(G, offsets);
+    if (G == 0) return;
+    gemm::KernelSpec s = gemm::bf16_spec(gemm::packed_path(gemm::active_path()));
+    s.pack_b           = s.pack_b_f32;
+    gemm::grouped_packed<bf16, float>(s, ta, tb, G, offsets, N, K, alpha, A, lda, a_rows, B, ldb,
+                                      stride_b, beta, C, ldc);
 }
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,

@@ -59,9 +59,9 @@ void pack_f32(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     avx2::pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
-template <int R>
+template <int R, typename T = bf16>
 void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
-    pack_pairs_avx512<R>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
+    pack_pairs_avx512<R, T>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
 }
 
 constexpr KernelSpec kF32{kMR,
@@ -94,7 +94,9 @@ constexpr KernelSpec kBf16Dot{kMR,
                               4096,
                               pack_pairs<kMR>,
                               pack_pairs<kNR>,
-                              micro_tile<OpsBf16Dot, kMR, kNV>};
+                              micro_tile<OpsBf16Dot, kMR, kNV>,
+                              nullptr,
+                              pack_pairs<kNR, float>};
 
 static_assert(kBf16Dot.kc <= kMaxPairK, "the pair packer's zero row covers one k block");
 

@@ -5,6 +5,10 @@
 //     transpose of 32-bit words, 8 x 8 in registers;
 //   r contiguous (B in NN, A in TN): the panel's rows of k and k + 1 are interleaved 16 bits at
 //     a time (vpermt2w), up to 32 rows per instruction.
+// A float source (B of the products whose float operands hold bf16 values, kernels/mixed.h) is
+// rounded to bf16 as it is loaded: the panels of its narrowed copy. Measured on a Zen 5 against
+// narrowing first, weights from memory: k contiguous 2-7% faster, r contiguous 3-6% slower
+// (docs/results.md), so the callers use it for B stored by k only.
 // Internal linkage, like pack.h: included by the avx512 kernels only (needs AVX512BW and VL).
 #pragma once
 #include <immintrin.h>
@@ -12,8 +16,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
+#include "kernels/avx512/bf16_round.h"
 #include "kernels/gemm/avx2/pack.h"
 #include "kernels/gemm/driver.h"
 
@@ -21,8 +27,9 @@ namespace bagualu::kernels::gemm::avx512 {
 namespace {
 
 // Longest k block the transposing path accepts: rows past the panel's end read a zero row.
-constexpr int kMaxPairK                             = 1024;
-alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32] = {};
+constexpr int kMaxPairK                               = 1024;
+alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32]   = {};
+alignas(64) const float kZeroFloatRow[kMaxPairK + 32] = {};
 
 // Indices for vpermt2w: the low (half 0) and high (half 1) halves of (a0, b0, a1, b1, ...)
 // from rows a and b.
@@ -41,7 +48,37 @@ constexpr InterleaveIndex make_interleave_index() {
 }
 constexpr InterleaveIndex kInterleave = make_interleave_index();
 
-template <int R>
+// Eight (k, k + 1) pairs of a row from 16 values at p: of bf16 as they are, of float rounded
+// to bf16 (bf16_from_float) on the way.
+inline __m256 pairs8(const bf16* p) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m256 pairs8(const float* p) {
+    return _mm256_castsi256_ps(kernels::avx512::bf16_of(_mm512_loadu_ps(p)));
+}
+// 32 consecutive values of a row, the lanes of `in` only (the rest zero), as bf16.
+inline __m512i row32(const bf16* p, __mmask32 in) { return _mm512_maskz_loadu_epi16(in, p); }
+inline __m512i row32(const float* p, __mmask32 in) {
+    const __m256i lo = kernels::avx512::bf16_of(_mm512_maskz_loadu_ps(__mmask16(in), p));
+    const __m256i hi = kernels::avx512::bf16_of(_mm512_maskz_loadu_ps(__mmask16(in >> 16), p + 16));
+    const __m512i low = _mm512_maskz_inserti64x4(__mmask8(0xff), _mm512_setzero_si512(), lo, 0);
+    return _mm512_maskz_inserti64x4(__mmask8(0xff), low, hi, 1);
+}
+inline bf16 bf16_value(bf16 x) { return x; }
+inline bf16 bf16_value(float x) { return bf16_from_float(x); }
+template <typename T>
+const T* zero_row() {
+    if constexpr (std::is_same_v<T, float>) {
+        return kZeroFloatRow;
+    } else {
+        return kZeroPairRow;
+    }
+}
+
+// Pair panels of a source of element type T: bf16, or float rounded to bf16 as it is packed
+// (the same panels as packing the narrowed copy; for an operand packed about once per product,
+// such as the weights, this saves writing and reading that copy).
+template <int R, typename T = bf16>
 void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
     static_assert(R >= 1 && R <= 32, "pair panels of up to 32 rows");
     const int npairs = (kc + 1) / 2;
@@ -50,9 +87,9 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
         bf16* d        = dst + size_t(p) * size_t(2 * npairs);
         if (src.k_contiguous) {
             constexpr int G = (R + 7) / 8;
-            const bf16* s[G * 8];
+            const T* s[G * 8];
             for (int r = 0; r < G * 8; ++r) {
-                s[r] = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : kZeroPairRow;
+                s[r] = r < rows ? src.row<T>(r0 + p + r) + size_t(p0) : zero_row<T>();
             }
             // 8 pairs of 8 rows at a time; with R % 8 != 0 a group's store spills into the next
             // pair's slots (rewritten next) or past the panel (the driver's slack).
@@ -61,8 +98,13 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
                 __m256 t[G][8];
                 for (int q = 0; q < G; ++q) {
                     for (int i = 0; i < 8; ++i) {
-                        t[q][i] = _mm256_castsi256_ps(_mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(s[q * 8 + i] + 2 * g)));
+                        if constexpr (std::is_same_v<T, float>) {
+                            // 32 rows read side by side are more streams than the hardware
+                            // prefetcher follows: a row's next lines, 4 steps ahead
+                            _mm_prefetch(reinterpret_cast<const char*>(s[q * 8 + i] + 2 * g + 64),
+                                         _MM_HINT_T0);
+                        }
+                        t[q][i] = pairs8(s[q * 8 + i] + 2 * g);
                     }
                     avx2::transpose8(t[q]);
                 }
@@ -75,8 +117,8 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
             }
             for (; g < npairs; ++g) {
                 for (int r = 0; r < R; ++r) {
-                    d[2 * (g * R + r)]     = s[r][2 * g];
-                    d[2 * (g * R + r) + 1] = 2 * g + 1 < kc ? s[r][2 * g + 1] : bf16{};
+                    d[2 * (g * R + r)]     = bf16_value(s[r][2 * g]);
+                    d[2 * (g * R + r) + 1] = 2 * g + 1 < kc ? bf16_value(s[r][2 * g + 1]) : bf16{};
                 }
             }
         } else {
@@ -86,9 +128,8 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
             constexpr int lo_elems = 2 * std::min(R, 16);
             constexpr int hi_elems = 2 * (R > 16 ? R - 16 : 0);
             for (int g = 0; g < npairs; ++g) {
-                const __m512i a  = _mm512_maskz_loadu_epi16(in, src.row<bf16>(p0 + 2 * g) + r0 + p);
-                const __m512i b  = 2 * g + 1 < kc ? _mm512_maskz_loadu_epi16(
-                                                        in, src.row<bf16>(p0 + 2 * g + 1) + r0 + p)
+                const __m512i a  = row32(src.row<T>(p0 + 2 * g) + r0 + p, in);
+                const __m512i b  = 2 * g + 1 < kc ? row32(src.row<T>(p0 + 2 * g + 1) + r0 + p, in)
                                                   : _mm512_setzero_si512();
                 bf16* dg         = d + size_t(2 * R) * size_t(g);
                 const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b);
