@@ -6,7 +6,9 @@
 // OpenBLAS has no bf16 GEMM). Each gets the compute pool's thread count; they are timed one
 // after another with a pause between, so one's spinning workers do not steal the next one's
 // cores. Last, the experts' grouped GEMM: one grouped call against a loop of gemm_f32 (8 experts
-// of skewed sizes, and one expert over all the rows), and the router's top-k ranking.
+// of skewed sizes, and one expert over all the rows), the bf16 products' float weights packed
+// from their floats against narrowed first (where the bf16 kernel can), and the router's top-k
+// ranking.
 #include "bench/kernels_bench.h"
 
 #include <cblas.h>
@@ -35,6 +37,7 @@
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/onednn.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "kernels/ops_generic.h"
 #include "kernels/peak.h"
@@ -383,6 +386,70 @@ std::vector<GroupedRow> run_grouped(int repeats) {
 
 // ---- the router's top-k ranking ----
 
+// ---- bf16 products of float weights: packed from the floats, or narrowed first ----
+
+// A product of 16-bit activations and float weights holding bf16 values (kernels/mixed.h), as
+// the linear layers and the experts run it: the weights narrowed to a 16-bit copy and that
+// packed (before), or packed from their floats, rounded as they are packed (gemm_bf16_float_b).
+// Each call starts with the weights out of cache, as in a training step (a 64 MiB buffer is
+// written in between, not timed): ms a call, the median of `repeats`.
+struct FloatBRow {
+    std::string name;
+    Trans tb;
+    int m, n, k;
+    double narrowed_ms = 0.0, float_b_ms = 0.0;
+};
+
+std::vector<FloatBRow> run_float_b(int repeats) {
+    std::vector<FloatBRow> out;
+    if (!kernels::gemm_bf16_float_b() || !kernels::grouped_gemm_bf16_float_b()) return out;
+    const int C = kGroupedC, F = kGroupedF, E = 8, R = 4096;
+    std::vector<float> evict(size_t(16) << 20);
+    const std::vector<int32_t> off = zipf_offsets(E, R);
+    for (const auto& [grouped, tb] : {std::pair{true, Trans::T}, std::pair{true, Trans::N},
+                                      std::pair{false, Trans::T}, std::pair{false, Trans::N}}) {
+        // x W1^T (B = W1, F x C, stored by k) and dY W2 (B = W2, C x F, stored by row)
+        const int M = grouped ? R : 2048, N = tb == Trans::T ? F : C, K = tb == Trans::T ? C : F;
+        const int G = grouped ? E : 1, ldb = tb == Trans::T ? K : N;
+        Rng rng(5);
+        std::vector<float> w(size_t(G) * size_t(N) * size_t(K)), c(size_t(M) * size_t(N));
+        for (float& v : w) v = bf16_to_float(bf16_from_float(float(rng.normal())));
+        std::vector<bf16> a(size_t(M) * size_t(K)), w16(w.size());
+        for (bf16& v : a) v = bf16_from_float(float(rng.normal()));
+        auto product = [&](const auto* b) {
+            if (grouped) {
+                kernels::grouped_gemm_bf16(Trans::N, tb, G, off.data(), N, K, 1.0f, a.data(), K, b,
+                                           ldb, size_t(N) * size_t(K), 0.0f, c.data(), N);
+            } else {
+                kernels::gemm_bf16(Trans::N, tb, M, N, K, 1.0f, a.data(), K, b, ldb, 0.0f, c.data(),
+                                   N);
+            }
+        };
+        auto time_ms = [&](auto fn) {
+            std::vector<double> t;
+            fn();
+            for (int r = 0; r < repeats; ++r) {
+                for (size_t i = 0; i < evict.size(); i += 16) evict[i] += 1.0f;
+                const auto t0 = clock::now();
+                fn();
+                t.push_back(std::chrono::duration<double>(clock::now() - t0).count() * 1e3);
+            }
+            std::sort(t.begin(), t.end());
+            return t[t.size() / 2];
+        };
+        FloatBRow row{
+            fmt::format("{} {}", grouped ? "experts" : "linear", tb == Trans::T ? "x W^T" : "dY W"),
+            tb, M, N, K};
+        row.narrowed_ms = time_ms([&] {
+            kernels::narrow_half(Dtype::bfloat16, w16.data(), w.data(), w.size());
+            product(w16.data());
+        });
+        row.float_b_ms  = time_ms([&] { product(w.data()); });
+        out.push_back(row);
+    }
+    return out;
+}
+
 // kernels::rank_rows (the active ISA's) against the generic insertion on the same 2,048 rows of
 // normal scores, on the calling thread: ns a row, the median of `repeats` timed runs.
 struct RankRow {
@@ -486,6 +553,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         for (const Row& r : pair) rows.push_back(r);
     }
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
+    const std::vector<FloatBRow> float_b  = run_float_b(repeats);
     const std::vector<RankRow> ranks      = run_rank(repeats);
     const std::string ours_name           = kernels::gemm::path_name(kernels::gemm::best_path());
 
@@ -525,6 +593,16 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                            {"grouped_gflops", g.grouped},
                                            {"loop_gflops", g.loop},
                                            {"grouped_over_loop", g.grouped / g.loop}});
+        }
+        out["float_b"] = nlohmann::json::array();
+        for (const FloatBRow& f : float_b) {
+            out["float_b"].push_back({{"product", f.name},
+                                      {"trans", f.tb == Trans::T ? "NT" : "NN"},
+                                      {"m", f.m},
+                                      {"n", f.n},
+                                      {"k", f.k},
+                                      {"narrowed_ms", f.narrowed_ms},
+                                      {"float_b_ms", f.float_b_ms}});
         }
         out["rank_rows"] = nlohmann::json::array();
         for (const RankRow& r : ranks) {
@@ -574,6 +652,19 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         }
         fmt::print("{:>8} {:8.1f} {:8.1f} {:8.2f}\n", g.name, g.grouped, g.loop,
                    g.grouped / g.loop);
+    }
+    if (float_b.empty()) {
+        fmt::print("bf16 weights packed from their floats: not on this path (needs AVX512_BF16)\n");
+    } else {
+        fmt::print(
+            "bf16 products of float weights (cold), ms a call: narrowed to 16 bits first, or "
+            "packed from the floats\n{:<16} {:>3} {:>6} {:>6} {:>6} {:>9} {:>9} {:>6}\n",
+            "product", "op", "m", "n", "k", "narrowed", "float B", "ratio");
+        for (const FloatBRow& f : float_b) {
+            fmt::print("{:<16} {:>3} {:>6} {:>6} {:>6} {:9.3f} {:9.3f} {:6.3f}\n", f.name,
+                       f.tb == Trans::T ? "NT" : "NN", f.m, f.n, f.k, f.narrowed_ms, f.float_b_ms,
+                       f.float_b_ms / f.narrowed_ms);
+        }
     }
     fmt::print(
         "router top-k ranking (kernels::rank_rows, rows {}) against the generic insertion, "

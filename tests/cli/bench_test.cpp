@@ -67,6 +67,14 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     EXPECT_EQ(j["grouped_gemm"][2]["experts"], 1);
     EXPECT_EQ(j["grouped_gemm"][2]["tokens_per_expert"], "2048");
     for (const auto& g : j["grouped_gemm"]) EXPECT_GT(g["grouped_gflops"].get<double>(), 0.0);
+    // bf16 products of float weights, narrowed first and packed from the floats, both ways of
+    // storing B: where the bf16 kernel packs floats (AVX512_BF16 under the default backend)
+    ASSERT_TRUE(j.contains("float_b"));
+    EXPECT_EQ(j["float_b"].size(), bagualu::kernels::cpu_features().avx512_bf16 ? 4u : 0u);
+    for (const auto& f : j["float_b"]) {
+        EXPECT_GT(f["narrowed_ms"].get<double>(), 0.0);
+        EXPECT_GT(f["float_b_ms"].get<double>(), 0.0);
+    }
     // the router's ranking, ours and the generic insertion's, up to the whole row of 256
     ASSERT_FALSE(j["rank_rows"].empty());
     for (const auto& rank : j["rank_rows"]) {
