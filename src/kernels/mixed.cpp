@@ -375,12 +375,14 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
     BGL_CHECK(on_16bit(d),
               "linear_backward_half16: 16-bit operands where the products do not convert");
     const bf16* dy = to_bf16(g_dout16, dout, size_t(N) * OC);
+    // dweight first: dinp may overwrite inp16 (the MLP's second layer, its input's 16 bits in the
+    // storage its input gradient goes to)
+    if (dweight && N > 0) {
+        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, inp16, IC, 1.f, dweight, IC);
+    }
     if (dinp) {
         const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
         gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
-    }
-    if (dweight && N > 0) {
-        gemm_bf16(Trans::T, Trans::N, OC, IC, N, 1.f, dy, OC, inp16, IC, 1.f, dweight, IC);
     }
     if (!dbias) return;
     // column sums in double, each column block over all rows in order (as ops.cpp), of the

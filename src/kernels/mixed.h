@@ -71,7 +71,8 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
                          uint16_t* out_half = nullptr);
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int IC, int OC);
-// The same with inp already as the 16 bits of d (inp16), where half_products_convert(d).
+// The same with inp already as the 16 bits of d (inp16), where half_products_convert(d). Backward
+// reads inp16 for dweight before it writes dinp, so dinp may be where inp16 lies.
 void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
                            const float* bias, int N, int IC, int OC,
                            Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);

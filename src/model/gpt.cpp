@@ -606,15 +606,17 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             if (half_products_convert(gf)) {  // as forward: only its 16 bits, in df's storage
                 auto* g16 = reinterpret_cast<uint16_t*>(a.df);
                 gelu_forward_narrow(gf, g16, af, b.fch, NF, f64);
-                linear_backward_half16(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, g16, w.fcproj_w, N,
-                                       F, C);
+                // one call, dy narrowed once: the weight gradient reads g16 before the input
+                // gradient overwrites it in df
+                linear_backward_half16(gf, a.df, g.fcproj_w, g.fcproj_b, dy, g16, w.fcproj_w, N, F,
+                                       C);
             } else {
                 gelu_forward_kept(af, a.df, b.fch, NF, f64);
                 round_inplace(a.df, NF, gf);
                 linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N,
                                      F, C);
+                linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
             }
-            linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
             gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64);
             round_operand(a.df, NF, gf);
             linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);

@@ -141,6 +141,34 @@ TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
 // double and a sum of a few hundred of them loses ~1e-14 relative, so each output is within half
 // a float ulp of the long-double sum (plus that slack). Inputs with cancellation (large terms of
 // both signs) make the float32 GEMM miss by many ulps, which the last check shows.
+// linear_backward_half16 reads its 16-bit input for the weight gradient before it writes the
+// input gradient, so the input gradient may go where the 16 bits lie (the MLP's second layer
+// does that): the same bits as with separate arrays. On 16-bit operands everywhere (forced where
+// gemm_bf16 widens).
+TEST(HalfLinear, BackwardOn16BitInputMayWriteItsInputGradientOverIt) {
+    force_16bit_operands(true);
+    Rng rng(10, 0);
+    const int N = 37, IC = 48, OC = 21;
+    auto x = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC),
+         dy = randn(rng, size_t(N) * OC);
+    for (auto* v : {&x, &w, &dy}) round_inplace(v->data(), v->size(), Dtype::bfloat16);
+    std::vector<uint16_t> x16(x.size());
+    narrow_half(Dtype::bfloat16, x16.data(), x.data(), x.size());
+    std::vector<float> dx(x.size()), dw(w.size(), 0.25f), db(OC, 0.5f);
+    std::vector<float> dw2 = dw, db2 = db;
+    linear_backward_half16(Dtype::bfloat16, dx.data(), dw.data(), db.data(), dy.data(), x16.data(),
+                           w.data(), N, IC, OC);
+    // the 16 bits of x at the start of the float array the input gradient is written to
+    std::vector<float> shared(x.size());
+    std::memcpy(shared.data(), x16.data(), x16.size() * sizeof(uint16_t));
+    linear_backward_half16(Dtype::bfloat16, shared.data(), dw2.data(), db2.data(), dy.data(),
+                           reinterpret_cast<const uint16_t*>(shared.data()), w.data(), N, IC, OC);
+    force_16bit_operands(false);
+    EXPECT_EQ(shared, dx);
+    EXPECT_EQ(dw2, dw);
+    EXPECT_EQ(db2, db);
+}
+
 TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
     Rng rng(9, 0);
     const int N = 29, IC = 203, OC = 13;
