@@ -71,6 +71,13 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
     return out;
 }
 
+// One JSON object on stdout, flushed; returns 0 (the benchmark's exit status).
+int print_json(const nlohmann::json& j) {
+    fmt::print("{}\n", j.dump(2));
+    std::fflush(stdout);
+    return 0;
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -112,9 +119,7 @@ int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelC
         j["overlap_off"]         = {{"step_s_median", off_s}, {"grad_reduce_wait_s_median", off_w}};
         j["overlap_on"]          = {{"step_s_median", on_s}, {"grad_reduce_wait_s_median", on_w}};
         j["step_ratio_on_over_off"] = off_s > 0 ? on_s / off_s : 0.0;
-        fmt::print("{}\n", j.dump(2));
-        std::fflush(stdout);
-        return 0;
+        return print_json(j);
     }
     fmt::print(
         "bench train {} --compare-overlap: {} rank(s), expert parallel {}, {} threads per "
@@ -237,9 +242,7 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
         j["warmup"]           = o.warmup;
         j["rounds"]           = o.repeats;
         j["settings"]         = out;
-        fmt::print("{}\n", j.dump(2));
-        std::fflush(stdout);
-        return 0;
+        return print_json(j);
     }
     fmt::print(
         "bench train {} --compare: {} settings in turn, {} round(s) of {} + {} warm-up steps "
@@ -410,9 +413,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
             j["phases"][name] = {{"s_per_step", s},
                                  {"fraction", phase_sum > 0 ? s / phase_sum : 0.0}};
         }
-        fmt::print("{}\n", j.dump(2));
-        std::fflush(stdout);
-        return 0;
+        return print_json(j);
     }
     fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank\nkernels {}\n",
                cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe());
