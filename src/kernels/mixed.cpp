@@ -272,9 +272,9 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
     // the source rows a gather reads, converted once (fewer than the gathered rows when a row is
     // read by several groups), and the gather on the 16-bit copy; else A's rows from offsets[0]
     // on (the last one to its K-th element)
-    const int32_t* r = a_rows ? a_rows + offsets[0] : nullptr;
-    const bf16* a    = r ? to_bf16(g_inp16, A, span(gathered_extent(r, rows), lda, K))
-                         : to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, K));
+    const int32_t* r   = a_rows ? a_rows + offsets[0] : nullptr;
+    const float* a_src = r ? A : A + size_t(offsets[0]) * size_t(lda);
+    const bf16* a      = to_bf16(g_inp16, a_src, span(r ? gathered_extent(r, rows) : rows, lda, K));
     grouped_gemm_half_b(tb, G, offsets, N, K, a, lda, B, ldb, stride_b, C, ldc, r);
 }
 
