@@ -6,9 +6,9 @@
 //   r contiguous (B in NN, A in TN): the panel's rows of k and k + 1 are interleaved 16 bits at
 //     a time (vpermt2w), up to 32 rows per instruction.
 // A float source (B of the products whose float operands hold bf16 values, kernels/mixed.h) is
-// rounded to bf16 as it is loaded: the panels of its narrowed copy. Measured on a Zen 5 against
-// narrowing first, weights from memory: k contiguous 2-7% faster, r contiguous 3-6% slower
-// (docs/results.md), so the callers use it for B stored by k only.
+// rounded to bf16 as it is loaded: the panels of its narrowed copy. Against narrowing first,
+// weights from memory (`bench kernels`, float_b), it was faster with k contiguous and slower with
+// r contiguous on the Zen 5 of docs/results.md, so the callers use it for B stored by k only.
 // Internal linkage, like pack.h: included by the avx512 kernels only (needs AVX512BW and VL).
 #pragma once
 #include <immintrin.h>
