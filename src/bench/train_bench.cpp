@@ -84,6 +84,39 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double mean(const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / static_cast<double>(v.size());
+}
+
+// cfg as the benchmark runs it: warmup + steps steps, no evaluation, one log line.
+TrainConfig timed_config(TrainConfig cfg, const TrainBenchOptions& o) {
+    if (o.steps < 1 || o.warmup < 0) input_error("bench train: need steps >= 1 and warmup >= 0");
+    cfg.train.steps      = o.warmup + o.steps;
+    cfg.train.eval_every = 0;
+    cfg.train.log_every  = cfg.train.steps;
+    return cfg;
+}
+
+double tokens_per_step(const TrainConfig& cfg) {  // all ranks
+    return static_cast<double>(cfg.train.batch_size) * static_cast<double>(cfg.model.seq_len);
+}
+
+// Seconds per step of each timer phase (kPhaseNames, since the timer's last reset), then of
+// "other": the mean step's time no phase covered.
+std::vector<double> phases_per_step(const std::vector<double>& step_s) {
+    const auto& totals = phase_seconds();
+    std::vector<double> out;
+    double covered = 0;
+    for (size_t i = 0; i < kNumPhases; ++i) {
+        out.push_back(totals[i] / static_cast<double>(step_s.size()));
+        covered += out.back();
+    }
+    out.push_back(std::max(0.0, mean(step_s) - covered));
+    return out;
+}
+
 // Steps of cfg with overlap off and on, `repeats` runs of each, alternating which goes first.
 int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelContext& par) {
     std::vector<double> step_s[2], wait_s[2];  // [overlap off, on]
@@ -156,19 +189,7 @@ SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
     enable_phase_timer(true);
     const train::TrainSummary sum = train::run_training(cfg, opt, &par);
     enable_phase_timer(false);
-    SettingRun run;
-    run.step_s     = median(step_s);
-    run.final_loss = sum.final_loss;
-    double mean = 0, covered = 0;
-    for (double s : step_s) mean += s;
-    mean /= static_cast<double>(step_s.size());
-    const auto& totals = phase_seconds();
-    for (size_t i = 0; i < kNumPhases; ++i) {
-        run.phase_s.push_back(totals[i] / static_cast<double>(step_s.size()));
-        covered += run.phase_s.back();
-    }
-    run.phase_s.push_back(std::max(0.0, mean - covered));
-    return run;
+    return {median(step_s), phases_per_step(step_s), sum.final_loss};
 }
 
 }  // namespace
@@ -179,13 +200,8 @@ SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
 // rounds' ratios (a round's runs lie close in time).
 int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions& o) {
     if (settings.size() < 2) input_error("bench train --compare: give at least two settings");
-    if (o.steps < 1 || o.warmup < 0) input_error("bench train: need steps >= 1 and warmup >= 0");
     if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
-    for (BenchSetting& s : settings) {
-        s.cfg.train.steps      = o.warmup + o.steps;
-        s.cfg.train.eval_every = 0;
-        s.cfg.train.log_every  = s.cfg.train.steps;
-    }
+    for (BenchSetting& s : settings) s.cfg = timed_config(s.cfg, o);
     const size_t n = settings.size();
     std::vector<std::vector<SettingRun>> runs(n);  // [setting][round]
     for (int r = 0; r < o.repeats; ++r) {
@@ -196,9 +212,6 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
     }
     if (settings.front().par->rank() != 0) return 0;
 
-    auto tokens_per_step = [](const TrainConfig& c) {
-        return static_cast<double>(c.train.batch_size) * static_cast<double>(c.model.seq_len);
-    };
     const double first_tokens = tokens_per_step(settings.front().cfg);
     nlohmann::json out        = nlohmann::json::array();
     for (size_t v = 0; v < n; ++v) {
@@ -282,12 +295,8 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
 
 int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
                     dist::ParallelContext& par) {
-    if (o.steps < 1 || o.warmup < 0) input_error("bench train: need steps >= 1 and warmup >= 0");
-    TrainConfig cfg      = cfg_in;
-    cfg.train.steps      = o.warmup + o.steps;
-    cfg.train.eval_every = 0;
-    cfg.train.log_every  = cfg.train.steps;
-    const int P          = par.size();
+    const TrainConfig cfg = timed_config(cfg_in, o);
+    const int P           = par.size();
     if (o.compare_overlap) {
         if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
         return compare_overlap(cfg, o, par);
@@ -342,27 +351,19 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     par.world().allgather(&own_rss, sizeof(double), rss.data());
     if (par.rank() != 0) return 0;
 
-    const auto T                 = static_cast<double>(cfg.model.seq_len);
-    const double tokens_per_step = static_cast<double>(cfg.train.batch_size) * T;  // all ranks
-    double mean_s                = 0;
-    for (double s : step_s) mean_s += s;
-    mean_s /= static_cast<double>(step_s.size());
+    const double tokens       = tokens_per_step(cfg);
+    const double mean_s       = mean(step_s);
     const double med_s        = median(step_s);
-    const double tokens_per_s = tokens_per_step / med_s;
+    const double tokens_per_s = tokens / med_s;
     const double model_gflops = tokens_per_s * sum.flops_per_token * 1e-9;
     const double mfu          = peak > 0 ? model_gflops / peak : 0.0;
     const double mfu_f32      = peak_f32 > 0 ? model_gflops / peak_f32 : 0.0;
     const double max_rss      = *std::max_element(rss.begin(), rss.end());
 
-    const auto& totals = phase_seconds();
+    const std::vector<double> phase_s = phases_per_step(step_s);
     std::vector<std::pair<std::string, double>> phases;  // seconds per step
-    double covered = 0;
-    for (size_t i = 0; i < kNumPhases; ++i) {
-        const double s = totals[i] / static_cast<double>(step_s.size());
-        phases.emplace_back(kPhaseNames[i], s);
-        covered += s;
-    }
-    phases.emplace_back("other", std::max(0.0, mean_s - covered));
+    for (size_t i = 0; i <= kNumPhases; ++i)
+        phases.emplace_back(i < kNumPhases ? kPhaseNames[i] : "other", phase_s[i]);
     // train.recompute: the forward backward runs again, inside the phases (rank 0's)
     const double recompute_s = recompute_seconds() / static_cast<double>(step_s.size());
     double phase_sum         = 0;
@@ -387,7 +388,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["bf16_gemm_as_f32"]          = kernels::gemm_bf16_widens();
         j["steps"]                     = o.steps;
         j["warmup"]                    = o.warmup;
-        j["tokens_per_step"]           = tokens_per_step;
+        j["tokens_per_step"]           = tokens;
         j["step_s_median"]             = med_s;
         j["step_s_mean"]               = mean_s;
         j["tokens_per_s"]              = tokens_per_s;
@@ -418,7 +419,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
     fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank\nkernels {}\n",
                cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe());
     fmt::print("{} timed steps after {} warm-up, {:.0f} tokens per step\n", o.steps, o.warmup,
-               tokens_per_step);
+               tokens);
     fmt::print(
         "step {:.1f} ms median ({:.1f} ms mean): {:.0f} tokens/s, {:.1f} model GFLOP/s, "
         "peak {:.1f} GFLOP/s ({}), MFU {:.3f}\n",
