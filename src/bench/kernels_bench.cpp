@@ -384,8 +384,6 @@ std::vector<GroupedRow> run_grouped(int repeats) {
     return rows;
 }
 
-// ---- the router's top-k ranking ----
-
 // ---- bf16 products of float weights: packed from the floats, or narrowed first ----
 
 // A product of 16-bit activations and float weights holding bf16 values (kernels/mixed.h), as
@@ -449,6 +447,8 @@ std::vector<FloatBRow> run_float_b(int repeats) {
     }
     return out;
 }
+
+// ---- the router's top-k ranking ----
 
 // kernels::rank_rows (the active ISA's) against the generic insertion on the same 2,048 rows of
 // normal scores, on the calling thread: ns a row, the median of `repeats` timed runs.

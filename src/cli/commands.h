@@ -48,7 +48,7 @@ int cmd_report_compare(const ReportCompareArgs& a);
 // present, else the built-in defaults). comm and train are collective over world.
 struct BenchArgs {
     bool json   = false;
-    int repeats = 0;                   // kernels, comm; 0: the benchmark's default
+    int repeats = 0;                   // kernels, comm, train comparisons; 0: the default
     std::string filter;                // kernels: only GEMMs whose name contains it
     bool standalone_check = false;     // kernels: oneDNN also in a child process
     std::vector<std::string> sizes;    // comm: MIN MAX message sizes, e.g. 4K 64M
