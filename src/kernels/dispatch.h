@@ -51,8 +51,10 @@ struct KernelTable {
                                const float* lse, int B, int T, int C, int NH);
     void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets, int N,
                                  int V);
+    // The cross-entropy's gradient of rows [begin, end) on the calling thread (ops.h threads it;
+    // kernels/mixed.h narrows or rounds each row while it is in cache).
     void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
-                                  const float* dlosses, int N, int V);
+                                  const float* dlosses, int64_t begin, int64_t end, int V);
     // AdamW on elements [begin, end) on the calling thread (ops.h adamw_update_range).
     void (*adamw_range)(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,

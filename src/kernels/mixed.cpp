@@ -97,6 +97,16 @@ GeluBackwardRange gelu_backward_range(bool fp64) {
     return fp64 ? gelu_backward_f64_range : dispatch().gelu_backward;
 }
 
+// crossentropy_backward_f64's rows (defined with the FP64 kernels below), and the cross-entropy
+// gradient's row kernel of either precision.
+void crossentropy_backward_f64_rows(float* dlogits, const float* logits, const int32_t* targets,
+                                    const float* dlosses, int64_t begin, int64_t end, int V);
+using CrossentropyBackwardRows = void (*)(float*, const float*, const int32_t*, const float*,
+                                          int64_t, int64_t, int);
+CrossentropyBackwardRows crossentropy_backward_rows(bool fp64) {
+    return fp64 ? crossentropy_backward_f64_rows : dispatch().crossentropy_backward;
+}
+
 void widen_serial(Dtype d, float* out, const uint16_t* in, size_t n) {
     if (d == Dtype::bfloat16) {
         dispatch().bf16_widen(out, in, n);
@@ -370,11 +380,11 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
     linear_backward_half16(d, dinp, dweight, dbias, dout, a, weight, N, IC, OC);
 }
 
-void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
-                            const uint16_t* inp16, const float* weight, int N, int IC, int OC) {
-    BGL_CHECK(on_16bit(d),
-              "linear_backward_half16: 16-bit operands where the products do not convert");
-    const bf16* dy = to_bf16(g_dout16, dout, size_t(N) * OC);
+namespace {
+
+// linear_backward_half16's products and column sums on the 16-bit dout dy.
+void backward16(float* dinp, float* dweight, float* dbias, const bf16* dy, const bf16* inp16,
+                const float* weight, int N, int IC, int OC) {
     // dweight first: dinp may overwrite inp16 (the MLP's second layer, its input's 16 bits in the
     // storage its input gradient goes to)
     if (dweight && N > 0) {
@@ -399,6 +409,47 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
             for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
         }
     });
+}
+
+}  // namespace
+
+void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                            const uint16_t* inp16, const float* weight, int N, int IC, int OC) {
+    BGL_CHECK(on_16bit(d),
+              "linear_backward_half16: 16-bit operands where the products do not convert");
+    backward16(dinp, dweight, dbias, to_bf16(g_dout16, dout, size_t(N) * OC), inp16, weight, N, IC,
+               OC);
+}
+
+void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
+                                       const int32_t* targets, const float* dlosses,
+                                       const float* inp, const float* weight, int N, int IC,
+                                       int V, bool fp64) {
+    const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
+    if (!on_16bit(d)) {
+        // dlogits over the logits, each row rounded while it is in cache
+        parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                ce(logits, logits, targets, dlosses, i, i + 1, V);
+                round_inplace_serial(logits + i * V, size_t(V), d);
+            }
+        });
+        linear_backward(dinp, dweight, nullptr, logits, inp, weight, N, IC, V);
+        return;
+    }
+    // each row's dlogits in a buffer in cache, kept only as its 16 bits: the floats never reach
+    // memory and the product's operand needs no pass of its own
+    bf16* dy = grow(g_dout16, size_t(N) * V);
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> row;
+        float* w = grow(row, size_t(V));
+        for (int64_t i = begin; i < end; ++i) {
+            ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V);
+            narrow_half_serial(Dtype::bfloat16, dy + i * V, w, size_t(V));
+        }
+    });
+    const bf16* x = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
+    backward16(dinp, dweight, nullptr, dy, x, weight, N, IC, V);
 }
 
 // ---- layernorm ----
@@ -638,6 +689,22 @@ double row_logsumexp_f64(const float* x, int V) {
     for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) - m);
     return m + std::log(sum);
 }
+// crossentropy_backward_f64 of rows [begin, end) on the calling thread.
+void crossentropy_backward_f64_rows(float* dlogits, const float* logits, const int32_t* targets,
+                                    const float* dlosses, int64_t begin, int64_t end, int V) {
+    // dlogits may alias logits: each element is read before it is written.
+    for (int64_t i = begin; i < end; ++i) {
+        const float* x  = logits + i * V;
+        float* d        = dlogits + i * V;
+        const double l  = row_logsumexp_f64(x, V);
+        const double dl = dlosses[i];
+        const int tg    = targets[i];
+        for (int j = 0; j < V; ++j) {
+            d[j] = float((std::exp(double(x[j]) - l) - (j == tg ? 1.0 : 0.0)) * dl);
+        }
+    }
+}
+
 }  // namespace
 
 void crossentropy_forward_f64(float* losses, const float* logits, const int32_t* targets, int N,
@@ -652,18 +719,8 @@ void crossentropy_forward_f64(float* losses, const float* logits, const int32_t*
 
 void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
                                const float* dlosses, int N, int V) {
-    // dlogits may alias logits: each element is read before it is written.
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* x  = logits + i * V;
-            float* d        = dlogits + i * V;
-            const double l  = row_logsumexp_f64(x, V);
-            const double dl = dlosses[i];
-            const int tg    = targets[i];
-            for (int j = 0; j < V; ++j) {
-                d[j] = float((std::exp(double(x[j]) - l) - (j == tg ? 1.0 : 0.0)) * dl);
-            }
-        }
+        crossentropy_backward_f64_rows(dlogits, logits, targets, dlosses, begin, end, V);
     });
 }
 

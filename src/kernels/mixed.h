@@ -79,6 +79,17 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
 void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                             const uint16_t* inp16, const float* weight, int N, int IC, int OC);
 
+// The tied LM head's backward from its logits (N, V): linear_backward_half (no bias, OC = V) with
+// dout = crossentropy_backward (crossentropy_backward_f64 with fp64) of targets and dlosses, as an
+// operand of d's products. Where half_products_convert(d), each row of that gradient is formed in
+// a per-thread buffer and kept only as its 16 bits (logits is left as it was); else it overwrites
+// logits, each row rounded to d while in cache. The same bits as crossentropy_backward in place,
+// round_operand and linear_backward_half. Call from outside pool jobs.
+void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
+                                       const int32_t* targets, const float* dlosses,
+                                       const float* inp, const float* weight, int N, int IC, int V,
+                                       bool fp64 = false);
+
 // grouped_gemm_f32 (kernels/grouped_gemm.h, op(A) = A, alpha 1, beta 0) for operands that
 // already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
 // copies (A's rows [offsets[0], offsets[G]) of lda; each group's op(B), (tb == T ? N : K) rows

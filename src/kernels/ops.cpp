@@ -449,21 +449,19 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
     });
 }
 
-void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           const float* dlosses, int N, int V) {
+void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
+                                const float* dlosses, int64_t begin, int64_t end, int V) {
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* x    = logits + i * V;
-            float* d          = dlogits + i * V;
-            const float l     = float(row_logsumexp(x, V));
-            const float dl    = dlosses[i];
-            const int tgt     = targets[i];
-            const float p_tgt = exp_f32(x[tgt] - l);
-            for (int j = 0; j < V; ++j) d[j] = exp_f32(x[j] - l) * dl;
-            d[tgt] = (p_tgt - 1.f) * dl;
-        }
-    });
+    for (int64_t i = begin; i < end; ++i) {
+        const float* x    = logits + i * V;
+        float* d          = dlogits + i * V;
+        const float l     = float(row_logsumexp(x, V));
+        const float dl    = dlosses[i];
+        const int tgt     = targets[i];
+        const float p_tgt = exp_f32(x[tgt] - l);
+        for (int j = 0; j < V; ++j) d[j] = exp_f32(x[j] - l) * dl;
+        d[tgt] = (p_tgt - 1.f) * dl;
+    }
 }
 
 // ---- AdamW ----
@@ -602,7 +600,10 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                            const float* dlosses, int N, int V) {
-    dispatch().crossentropy_backward(dlogits, logits, targets, dlosses, N, V);
+    const auto f = dispatch().crossentropy_backward;
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        f(dlogits, logits, targets, dlosses, begin, end, V);
+    });
 }
 
 AdamWCorrections adamw_corrections(float beta1, float beta2, int step) {

@@ -84,11 +84,4 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
     });
 }
 
-void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           const float* dlosses, int N, int V) {
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_backward_rows(dlogits, logits, targets, dlosses, begin, end, V);
-    });
-}
-
 }  // namespace bagualu::kernels::avx2

@@ -96,7 +96,5 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
-void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           const float* dlosses, int N, int V);
 
 }  // namespace bagualu::kernels::avx2

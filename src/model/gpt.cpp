@@ -406,17 +406,15 @@ struct SensitiveOps {
     decltype(&gelu_forward) gelu_fwd;  // backward: gelu_*_kept (kernels/mixed.h)
     decltype(&attention_forward) attn_fwd;
     decltype(&attention_backward) attn_bwd;
-    decltype(&crossentropy_forward) ce_fwd;
-    decltype(&crossentropy_backward) ce_bwd;
+    decltype(&crossentropy_forward) ce_fwd;  // backward: crossentropy_linear_backward_half
 };
 SensitiveOps sensitive_ops(bool fp64) {
     if (fp64) {
-        return {layernorm_forward_f64,    layernorm_backward_f64, gelu_forward_f64,
-                attention_forward_f64,    attention_backward_f64, crossentropy_forward_f64,
-                crossentropy_backward_f64};
+        return {layernorm_forward_f64, layernorm_backward_f64, gelu_forward_f64,
+                attention_forward_f64, attention_backward_f64, crossentropy_forward_f64};
     }
-    return {layernorm_forward,  layernorm_backward,   gelu_forward,         attention_forward,
-            attention_backward, crossentropy_forward, crossentropy_backward};
+    return {layernorm_forward,  layernorm_backward, gelu_forward, attention_forward,
+            attention_backward, crossentropy_forward};
 }
 }  // namespace
 
@@ -547,22 +545,20 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
         PhaseScope phase(Phase::lm_head);
         for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
         if (head_rows_ == 0) {
-            op.ce_bwd(a.logits, a.logits, a.targets.data(), a.dlosses, N, V);
-            round_operand(a.logits, static_cast<size_t>(N) * V, gh);
-            linear_backward_half(gh, a.dc, g_.wte, nullptr, a.logits, a.lnf, head_w_, N, C, V);
+            crossentropy_linear_backward_half(gh, a.dc, g_.wte, a.logits, a.targets.data(),
+                                              a.dlosses, a.lnf, head_w_, N, C, V,
+                                              prec_.fp64_sensitive);
         } else {
             // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
             // the unfused ones, dwte sums the blocks' products one after another
             const Dtype ah = prec_.act_dtype(LayerClass::head);
             for (int r0 = 0; r0 < N; r0 += head_rows_) {
                 const int n      = std::min(head_rows_, N - r0);
-                const size_t nv  = static_cast<size_t>(n) * V;
                 const float* lnf = a.lnf + static_cast<size_t>(r0) * C;
                 linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V, ah);
-                op.ce_bwd(a.logits, a.logits, a.targets.data() + r0, a.dlosses + r0, n, V);
-                round_operand(a.logits, nv, gh);
-                linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte, nullptr,
-                                     a.logits, lnf, head_w_, n, C, V);
+                crossentropy_linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte,
+                                                  a.logits, a.targets.data() + r0, a.dlosses + r0,
+                                                  lnf, head_w_, n, C, V, prec_.fp64_sensitive);
             }
         }
     }

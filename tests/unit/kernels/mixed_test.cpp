@@ -169,6 +169,55 @@ TEST(HalfLinear, BackwardOn16BitInputMayWriteItsInputGradientOverIt) {
     EXPECT_EQ(db2, db);
 }
 
+// The LM head's backward from its logits in one call: the bits of the cross-entropy gradient in
+// place, round_operand and linear_backward_half, for every dtype, both ways of forming the
+// products' operands (16-bit copies or the rounded floats) and both precisions of the
+// cross-entropy; V not a multiple of any vector width, values that need rounding.
+TEST(HalfLinear, CrossEntropyHeadBackwardIsTheThreeCalls) {
+    const int N = 23, IC = 40, V = 301;
+    Rng rng(11, 0);
+    auto x = randn(rng, size_t(N) * IC), w = randn(rng, size_t(V) * IC),
+         logits = randn(rng, size_t(N) * V);
+    for (auto& v : logits) v *= 3.f;
+    std::vector<int32_t> tg(N);
+    std::vector<float> dl(N);
+    for (int i = 0; i < N; ++i) {
+        tg[size_t(i)] = int32_t((i * 37) % V);
+        dl[size_t(i)] = 1.f / float(N + i);
+    }
+    for (const Dtype d : {Dtype::float32, Dtype::bfloat16, Dtype::float16}) {
+        auto xr = x, wr = w;
+        round_inplace(xr.data(), xr.size(), d);
+        round_inplace(wr.data(), wr.size(), d);
+        for (const bool force : {false, true}) {
+            for (const bool fp64 : {false, true}) {
+                SCOPED_TRACE(::testing::Message() << dtype_name(d) << " force16 " << force
+                                                  << " fp64 " << fp64);
+                force_16bit_operands(force);
+                std::vector<float> dx(xr.size(), 7.f), dw(wr.size(), 0.25f);
+                auto dx2 = dx, dw2 = dw, lg = logits, lg2 = logits;
+                (fp64 ? crossentropy_backward_f64 : crossentropy_backward)(
+                    lg.data(), lg.data(), tg.data(), dl.data(), N, V);
+                round_operand(lg.data(), lg.size(), d);
+                linear_backward_half(d, dx.data(), dw.data(), nullptr, lg.data(), xr.data(),
+                                     wr.data(), N, IC, V);
+                crossentropy_linear_backward_half(d, dx2.data(), dw2.data(), lg2.data(), tg.data(),
+                                                  dl.data(), xr.data(), wr.data(), N, IC, V, fp64);
+                const bool sixteen = half_products_convert(d);
+                force_16bit_operands(false);
+                EXPECT_EQ(dx2, dx);
+                EXPECT_EQ(dw2, dw);
+                // the 16-bit path leaves the logits; the other holds the rounded gradient there
+                if (sixteen) {
+                    EXPECT_EQ(lg2, logits);
+                } else {
+                    EXPECT_EQ(lg2, lg);
+                }
+            }
+        }
+    }
+}
+
 TEST(Fp64Ops, LinearRoundsTheExactSumOnce) {
     Rng rng(9, 0);
     const int N = 29, IC = 203, OC = 13;
