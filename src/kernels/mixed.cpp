@@ -136,15 +136,21 @@ bool overlaps(const uint16_t* out, const float* x, size_t n) {
 
 }  // namespace
 
-void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64) {
-    if (!x.half) {
+void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64,
+                       Dtype out_dtype) {
+    if (!x.half && out_dtype == Dtype::float32) {
         (fp64 ? gelu_forward_f64 : gelu_forward)(out, x.f32, n);
         return;
     }
     const GeluForwardRange gelu = gelu_forward_range(fp64);
     in_blocks(n, [&](size_t o, size_t len) {
-        widen_serial(d, out + o, x.half + o, len);
-        gelu(out + o, out + o, 0, int64_t(len));  // elementwise: in place is safe
+        if (!x.half) {
+            gelu(out + o, x.f32 + o, 0, int64_t(len));  // elementwise: out may be x.f32
+        } else {
+            widen_serial(d, out + o, x.half + o, len);
+            gelu(out + o, out + o, 0, int64_t(len));
+        }
+        if (out_dtype != Dtype::float32) round_range(out + o, out + o, len, out_dtype);
     });
 }
 

@@ -43,8 +43,11 @@ struct KeptArray {
 // activation x of n elements, widened from the 16 bits of d when kept so: bit for bit those
 // kernels on the float32 values. Each thread runs its range a block at a time, the widening,
 // the GELU and what follows it (narrowing, rounding) on a block in L1, in one parallel call.
-// out may alias nothing; dinp may alias dout. Call from outside pool jobs.
-void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false);
+// out may be x.f32 and alias nothing else; dinp may alias dout. Call from outside pool jobs.
+// The output then stored as values of out_dtype (as round_inplace), a block at a time while it
+// is in cache: the same bits.
+void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false,
+                       Dtype out_dtype = Dtype::float32);
 // gelu_forward_kept's output as the 16 bits of d, where half_products_convert(d): out[i] = the
 // 16 bits of gelu(x[i]) rounded to d, formed a block at a time in a float buffer in L1, so a
 // product's 16-bit operand costs no float array. out may start where x.f32 starts (then slice

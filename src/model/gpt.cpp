@@ -403,18 +403,17 @@ namespace {
 struct SensitiveOps {
     decltype(&layernorm_forward) ln_fwd;
     decltype(&layernorm_backward) ln_bwd;
-    decltype(&gelu_forward) gelu_fwd;  // backward: gelu_*_kept (kernels/mixed.h)
     decltype(&attention_forward) attn_fwd;
     decltype(&attention_backward) attn_bwd;
     decltype(&crossentropy_forward) ce_fwd;  // backward: crossentropy_linear_backward_half
 };
 SensitiveOps sensitive_ops(bool fp64) {
     if (fp64) {
-        return {layernorm_forward_f64, layernorm_backward_f64, gelu_forward_f64,
-                attention_forward_f64, attention_backward_f64, crossentropy_forward_f64};
+        return {layernorm_forward_f64, layernorm_backward_f64, attention_forward_f64,
+                attention_backward_f64, crossentropy_forward_f64};
     }
-    return {layernorm_forward,  layernorm_backward, gelu_forward, attention_forward,
-            attention_backward, crossentropy_forward};
+    return {layernorm_forward, layernorm_backward, attention_forward, attention_backward,
+            crossentropy_forward};
 }
 }  // namespace
 
@@ -516,8 +515,7 @@ double GPT::block_forward(int l) {
             gelu_forward_narrow(gf, g16, af, b.fch, NF, prec_.fp64_sensitive);
             linear_forward_half16(gf, y, g16, w.fcproj_w, w.fcproj_b, N, F, C, af);
         } else {
-            op.gelu_fwd(a.df, hf, NF);  // elementwise: in place is safe
-            round_inplace(a.df, NF, gf);
+            gelu_forward_kept(af, a.df, {hf, nullptr}, NF, prec_.fp64_sensitive, gf);
             linear_forward_half(gf, y, a.df, w.fcproj_w, w.fcproj_b, N, F, C, af);
         }
     }
@@ -607,14 +605,14 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 linear_backward_half16(gf, a.df, g.fcproj_w, g.fcproj_b, dy, g16, w.fcproj_w, N, F,
                                        C);
             } else {
-                gelu_forward_kept(af, a.df, b.fch, NF, f64);
-                round_inplace(a.df, NF, gf);
+                gelu_forward_kept(af, a.df, b.fch, NF, f64, gf);
                 linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N,
                                      F, C);
                 linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
             }
-            gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64);
-            round_operand(a.df, NF, gf);
+            // dh rounded as the products' operand where they do not convert it themselves
+            gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64,
+                               half_products_convert(gf) ? Dtype::float32 : gf);
             linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);

@@ -108,8 +108,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
         kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g16, F, w.proj_w, F,
                                    w.proj_w_stride, y, C);
     } else {
-        (prec.fp64 ? kernels::gelu_forward_f64 : kernels::gelu_forward)(g, hf, RF);  // in place ok
-        kernels::round_inplace(g, RF, prec.gemm);
+        kernels::gelu_forward_kept(prec.act, g, {hf, nullptr}, RF, prec.fp64, prec.gemm);
         kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, C, F, g, F, w.proj_w, F,
                                    w.proj_w_stride, y, C);
     }
@@ -134,8 +133,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                                       dw.proj_w_stride);
     } else {
         float* g = dh;
-        kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64);
-        kernels::round_inplace(g, RF, prec.gemm);
+        kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64, prec.gemm);
         kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
                                       dw.proj_w_stride);
     }

@@ -93,6 +93,17 @@ TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
                 gelu_backward_kept(d, dgot32.data(), kept, dy.data(), n, fp64, d);
                 EXPECT_EQ(dgot32, dround) << dtype_name(d) << " fp64 " << fp64;
             }
+            // the output stored as values of d: the float kernel's, rounded; from the 16-bit x,
+            // from the float x, and over the float x itself
+            std::vector<float> round_want = want, rgot(n);
+            round_inplace(round_want.data(), n, d);
+            for (const KeptArray kept : {KeptArray{nullptr, x16.data()}, KeptArray{x.data()}}) {
+                gelu_forward_kept(d, rgot.data(), kept, n, fp64, d);
+                EXPECT_EQ(rgot, round_want) << dtype_name(d) << " fp64 " << fp64;
+            }
+            rgot = x;
+            gelu_forward_kept(d, rgot.data(), {rgot.data()}, n, fp64, d);
+            EXPECT_EQ(rgot, round_want) << dtype_name(d) << " fp64 " << fp64;
             // the 16 bits of the GELU's output rounded to d, from the 16-bit x, from the float
             // x, and written over the float x itself
             std::vector<uint16_t> want16(n), got16(n);
