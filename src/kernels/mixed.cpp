@@ -333,6 +333,52 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
                          r);
 }
 
+namespace {
+
+// grouped_linear_backward_half once dout's and inp's 16-bit rows are at hand (from offsets[0]
+// on; r: inp's gather, b its source).
+void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* dinp, float* dweight,
+                        size_t stride_dw, const bf16* dy, const bf16* b, const int32_t* r,
+                        const float* weight, size_t stride_w) {
+    grouped_gemm_tn_bf16(G, rebased(offsets, G), OUT, IN, 1.f, dy, OUT, b, IN, 1.f, dweight, IN,
+                         stride_dw, r);
+    grouped_gemm_half_b(Trans::N, G, offsets, IN, OUT, dy, OUT, weight, IN, stride_w, dinp, IN,
+                        nullptr);
+}
+
+}  // namespace
+
+void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
+                                  const float* inp, const int32_t* inp_rows, const float* weight,
+                                  size_t stride_w) {
+    if (!on_16bit(d) || G == 0) {
+        grouped_gemm_tn_half(d, G, offsets, OUT, IN, dout, OUT, inp, IN, dweight, IN, stride_dw,
+                             inp_rows);
+        grouped_gemm_half(d, Trans::N, G, offsets, IN, OUT, dout, OUT, weight, IN, stride_w, dinp,
+                          IN);
+        return;
+    }
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const bf16* dy    = to_bf16(g_dout16, dout + size_t(offsets[0]) * size_t(OUT), rows * OUT);
+    const int32_t* r  = inp_rows ? inp_rows + offsets[0] : nullptr;
+    const float* b0   = r ? inp : inp + size_t(offsets[0]) * size_t(IN);
+    const bf16* b     = to_bf16(g_inp16, b0, (r ? gathered_extent(r, rows) : rows) * size_t(IN));
+    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b, r, weight, stride_w);
+}
+
+void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
+                                  const uint16_t* inp16, const float* weight, size_t stride_w) {
+    BGL_CHECK(on_16bit(d),
+              "grouped_linear_backward_half: 16-bit operands where the products do not convert");
+    if (G == 0) return;
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const bf16* dy    = to_bf16(g_dout16, dout + size_t(offsets[0]) * size_t(OUT), rows * OUT);
+    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
+                       inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w);
+}
+
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC, Dtype out_dtype,
                          uint16_t* out_half) {
@@ -429,8 +475,8 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
 
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
-                                       const float* inp, const float* weight, int N, int IC,
-                                       int V, bool fp64) {
+                                       const float* inp, const float* weight, int N, int IC, int V,
+                                       bool fp64) {
     const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
     if (!on_16bit(d)) {
         // dlogits over the logits, each row rounded while it is in cache

@@ -125,6 +125,23 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
                           int lda, const uint16_t* B16, int ldb, float* C, int ldc,
                           size_t stride_c);
 
+// The backward products of G linear layers of weights W_g (OUT, IN) on the groups' rows, for
+// operands that already hold values of d (the experts' two layers):
+//   dweight_g (OUT, IN) += dout_g^T inp_g   (grouped_gemm_tn_half, stride_dw between groups)
+//   dinp (rows, IN)      = dout_g W_g       (grouped_gemm_half with Trans::N, stride_w)
+// dout (rows, OUT), dinp and inp (rows, IN) dense, their rows [offsets[0], offsets[G]). Where
+// half_products_convert(d), dout is narrowed once for both products (rather than once each);
+// the same bits as the two calls. inp: float rows (gathered by inp_rows, as b_rows above) or
+// their 16 bits (inp16); dweight is formed first, so dinp may lie where inp or inp16 does. Call
+// from outside pool jobs.
+void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
+                                  const float* inp, const int32_t* inp_rows, const float* weight,
+                                  size_t stride_w);
+void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
+                                  const uint16_t* inp16, const float* weight, size_t stride_w);
+
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.
 bool half_products_convert(Dtype d);

@@ -125,31 +125,28 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     kernels::round_inplace(dy, RC, prec.gemm);
     // g = gelu(h) again, as forward made it, into dh (as the 16-bit operand where the products
-    // convert); dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F)
+    // convert); dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F), then dg (rows, F) =
+    // dy_e (rows_e, C) @ proj_w_e (C, F) into dh (g is no longer needed), dy narrowed once
     if (kernels::half_products_convert(prec.gemm)) {
         auto* g16 = reinterpret_cast<uint16_t*>(dh);
         kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, h, RF, prec.fp64);
-        kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g16, F, dw.proj_w, F,
-                                      dw.proj_w_stride);
+        kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
+                                              dw.proj_w_stride, dy, g16, w.proj_w, w.proj_w_stride);
     } else {
         float* g = dh;
         kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64, prec.gemm);
-        kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, C, F, dy, C, g, F, dw.proj_w, F,
-                                      dw.proj_w_stride);
+        kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
+                                              dw.proj_w_stride, dy, g, nullptr, w.proj_w,
+                                              w.proj_w_stride);
     }
     // dproj_b_e (C) += sum dy_e
     add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
-    // dg (rows, F) = dy_e (rows_e, C) @ proj_w_e (C, F), into dh (g is no longer needed)
-    kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, F, C, dy, C, w.proj_w, F,
-                               w.proj_w_stride, dh, F);
     kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64, prec.gemm);
-    // dx (rows, C) = dh_e (rows_e, F) @ fc_w_e (F, C)
-    kernels::grouped_gemm_half(prec.gemm, Trans::N, E, offsets, C, F, dh, F, w.fc_w, C,
-                               w.fc_w_stride, dx, C);
+    // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C), then dx (rows, C) = dh_e (rows_e, F)
+    // @ fc_w_e (F, C), dh narrowed once; dfc_b_e (F) += sum dh_e
+    kernels::grouped_linear_backward_half(prec.gemm, E, offsets, F, C, dx, dw.fc_w, dw.fc_w_stride,
+                                          dh, x, x_rows, w.fc_w, w.fc_w_stride);
     kernels::round_inplace(dx, RC, prec.act);
-    // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C); dfc_b_e (F) += sum dh_e
-    kernels::grouped_gemm_tn_half(prec.gemm, E, offsets, F, C, dh, F, x, C, dw.fc_w, C,
-                                  dw.fc_w_stride, x_rows);
     add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F, acc_fc, F + C);
 }
 

@@ -522,6 +522,73 @@ TEST(GroupedGemm, GatheredOperandsGiveTheBitsOfThePermutedCopy) {
     set_compute_threads(0);
 }
 
+// A grouped layer's backward in one call (dout narrowed once) against its two products, for
+// every dtype, 16-bit copies forced or not, inputs read directly, gathered or as 16 bits, and
+// an empty group, on rows from a non-zero offset: the same bits, dweight formed before dinp.
+TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
+    Rng rng(31);
+    const int OUT = 37, IN = 52, G = 4;
+    const std::vector<int32_t> off = {3, 20, 20, 61, 90};  // rows before 3 are not the groups'
+    const size_t rows = 90, src_rows = 120;
+    const std::vector<float> dout0 = random_vector(rng, rows * OUT),
+                             inp0  = random_vector(rng, rows * IN),
+                             src0  = random_vector(rng, src_rows * IN),
+                             w0    = random_vector(rng, size_t(G) * OUT * IN);
+    std::vector<int32_t> gather(rows);
+    for (size_t i = 0; i < rows; ++i) gather[i] = int32_t((i * 7 + 5) % src_rows);
+    const size_t stride_w = size_t(OUT) * IN;
+    for (const Dtype d : {Dtype::float32, Dtype::bfloat16, Dtype::float16}) {
+        auto dout = dout0, inp = inp0, src = src0, w = w0;
+        for (auto* v : {&dout, &inp, &src, &w}) round_inplace(v->data(), v->size(), d);
+        for (const bool force : {false, true}) {
+            for (const int form : {0, 1, 2}) {  // inp direct, gathered, as 16 bits
+                force_16bit_operands(force);
+                if (form == 2 && !half_products_convert(d)) continue;
+                SCOPED_TRACE(::testing::Message()
+                             << dtype_name(d) << " force " << force << " form " << form);
+                std::vector<float> dx1(rows * IN, 0.5f), dw1(size_t(G) * stride_w, 0.25f);
+                auto dx2 = dx1, dw2 = dw1;
+                const float* x    = form == 1 ? src.data() : inp.data();
+                const int32_t* xr = form == 1 ? gather.data() : nullptr;
+                grouped_gemm_tn_half(d, G, off.data(), OUT, IN, dout.data(), OUT, x, IN, dw1.data(),
+                                     IN, stride_w, xr);
+                grouped_gemm_half(d, Trans::N, G, off.data(), IN, OUT, dout.data(), OUT, w.data(),
+                                  IN, stride_w, dx1.data(), IN);
+                if (form == 2) {
+                    std::vector<uint16_t> x16(inp.size());
+                    narrow_half(d, x16.data(), inp.data(), inp.size());
+                    grouped_linear_backward_half(d, G, off.data(), OUT, IN, dx2.data(), dw2.data(),
+                                                 stride_w, dout.data(), x16.data(), w.data(),
+                                                 stride_w);
+                } else {
+                    grouped_linear_backward_half(d, G, off.data(), OUT, IN, dx2.data(), dw2.data(),
+                                                 stride_w, dout.data(), x, xr, w.data(), stride_w);
+                }
+                EXPECT_TRUE(same_bits(dx1, dx2));
+                EXPECT_TRUE(same_bits(dw1, dw2));
+                // the rows before offsets[0] are not written
+                EXPECT_EQ(dx2[0], 0.5f);
+            }
+        }
+        force_16bit_operands(false);
+    }
+    // dinp over its own input's 16 bits (the experts' second layer: g16 in dh's storage)
+    force_16bit_operands(true);
+    auto dout = dout0, inp = inp0, w = w0;
+    for (auto* v : {&dout, &inp, &w}) round_inplace(v->data(), v->size(), Dtype::bfloat16);
+    std::vector<float> dx1(rows * IN), dw1(size_t(G) * stride_w, 0.25f), dw2 = dw1;
+    grouped_linear_backward_half(Dtype::bfloat16, G, off.data(), OUT, IN, dx1.data(), dw1.data(),
+                                 stride_w, dout.data(), inp.data(), nullptr, w.data(), stride_w);
+    std::vector<float> shared(rows * IN);
+    auto* s16 = reinterpret_cast<uint16_t*>(shared.data());
+    narrow_half(Dtype::bfloat16, s16, inp.data(), inp.size());
+    grouped_linear_backward_half(Dtype::bfloat16, G, off.data(), OUT, IN, shared.data(), dw2.data(),
+                                 stride_w, dout.data(), s16, w.data(), stride_w);
+    force_16bit_operands(false);
+    EXPECT_TRUE(same_bits(dw1, dw2));
+    EXPECT_TRUE(std::equal(dx1.begin() + off[0] * IN, dx1.end(), shared.begin() + off[0] * IN));
+}
+
 TEST(GroupedGemm, RejectsDecreasingOffsets) {
     const std::vector<int32_t> off = {0, 5, 3};
     std::vector<float> a(64), b(64), c(64);

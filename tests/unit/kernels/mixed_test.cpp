@@ -202,8 +202,8 @@ TEST(HalfLinear, CrossEntropyHeadBackwardIsTheThreeCalls) {
         round_inplace(wr.data(), wr.size(), d);
         for (const bool force : {false, true}) {
             for (const bool fp64 : {false, true}) {
-                SCOPED_TRACE(::testing::Message() << dtype_name(d) << " force16 " << force
-                                                  << " fp64 " << fp64);
+                SCOPED_TRACE(::testing::Message()
+                             << dtype_name(d) << " force16 " << force << " fp64 " << fp64);
                 force_16bit_operands(force);
                 std::vector<float> dx(xr.size(), 7.f), dw(wr.size(), 0.25f);
                 auto dx2 = dx, dw2 = dw, lg = logits, lg2 = logits;
