@@ -225,6 +225,23 @@ size_t gathered_extent(const int32_t* rows, size_t n) {
     return size_t(top + 1);
 }
 
+// The 16-bit copy (in buf) of the rows grouped products read from X (rows of ld, `width`
+// elements of each used), offsets as theirs: with a gather (rows_of, indexed like the stacked
+// rows) the source rows it reads, converted once each (fewer than the gathered rows when a row is
+// read by several groups) up to the last one, and r = the gather from offsets[0] on, to apply to
+// the copy; else X's rows [offsets[0], offsets[G]) (the last one to its width-th element), r null.
+struct Rows16 {
+    const bf16* x;
+    const int32_t* r;
+};
+Rows16 group_rows16(std::vector<bf16>& buf, const float* X, int ld, size_t width,
+                    const int32_t* offsets, int G, const int32_t* rows_of = nullptr) {
+    const size_t rows = size_t(offsets[G] - offsets[0]);
+    const int32_t* r  = rows_of ? rows_of + offsets[0] : nullptr;
+    const float* src  = r ? X : X + size_t(offsets[0]) * size_t(ld);
+    return {to_bf16(buf, src, span(r ? gathered_extent(r, rows) : rows, ld, width)), r};
+}
+
 // offsets made relative to offsets[0], where the 16-bit copies of the groups' rows start
 const int32_t* rebased(const int32_t* offsets, int G) {
     thread_local std::vector<int32_t> rel;
@@ -284,14 +301,8 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
                          a_rows);
         return;
     }
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    // the source rows a gather reads, converted once (fewer than the gathered rows when a row is
-    // read by several groups), and the gather on the 16-bit copy; else A's rows from offsets[0]
-    // on (the last one to its K-th element)
-    const int32_t* r   = a_rows ? a_rows + offsets[0] : nullptr;
-    const float* a_src = r ? A : A + size_t(offsets[0]) * size_t(lda);
-    const bf16* a      = to_bf16(g_inp16, a_src, span(r ? gathered_extent(r, rows) : rows, lda, K));
-    grouped_gemm_half_b(tb, G, offsets, N, K, a, lda, B, ldb, stride_b, C, ldc, r);
+    const Rows16 a = group_rows16(g_inp16, A, lda, size_t(K), offsets, G, a_rows);
+    grouped_gemm_half_b(tb, G, offsets, N, K, a.x, lda, B, ldb, stride_b, C, ldc, a.r);
 }
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
@@ -309,8 +320,7 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
     BGL_CHECK(on_16bit(d),
               "grouped_gemm_tn_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
+    const bf16* a = group_rows16(g_inp16, A, lda, size_t(M), offsets, G).x;
     grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda,
                          B16 + size_t(offsets[0]) * size_t(ldb), ldb, 1.f, C, ldc, stride_c);
 }
@@ -322,15 +332,10 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
         grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c, b_rows);
         return;
     }
-    // the groups' rows of A and B from offsets[0] on (the last one to its M-th / N-th element);
-    // a gathered B: the source rows it reads, gathered on the 16-bit copy
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    const bf16* a     = to_bf16(g_inp16, A + size_t(offsets[0]) * size_t(lda), span(rows, lda, M));
-    const int32_t* r  = b_rows ? b_rows + offsets[0] : nullptr;
-    const float* b0   = r ? B : B + size_t(offsets[0]) * size_t(ldb);
-    const bf16* b     = to_bf16(g_dout16, b0, span(r ? gathered_extent(r, rows) : rows, ldb, N));
-    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b, ldb, 1.f, C, ldc, stride_c,
-                         r);
+    const bf16* a  = group_rows16(g_inp16, A, lda, size_t(M), offsets, G).x;
+    const Rows16 b = group_rows16(g_dout16, B, ldb, size_t(N), offsets, G, b_rows);
+    grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b.x, ldb, 1.f, C, ldc, stride_c,
+                         b.r);
 }
 
 namespace {
@@ -359,12 +364,10 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
                           IN);
         return;
     }
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    const bf16* dy    = to_bf16(g_dout16, dout + size_t(offsets[0]) * size_t(OUT), rows * OUT);
-    const int32_t* r  = inp_rows ? inp_rows + offsets[0] : nullptr;
-    const float* b0   = r ? inp : inp + size_t(offsets[0]) * size_t(IN);
-    const bf16* b     = to_bf16(g_inp16, b0, (r ? gathered_extent(r, rows) : rows) * size_t(IN));
-    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b, r, weight, stride_w);
+    const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
+    const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
+    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
+                       stride_w);
 }
 
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
@@ -373,8 +376,7 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
     BGL_CHECK(on_16bit(d),
               "grouped_linear_backward_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
-    const size_t rows = size_t(offsets[G] - offsets[0]);
-    const bf16* dy    = to_bf16(g_dout16, dout + size_t(offsets[0]) * size_t(OUT), rows * OUT);
+    const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
                        inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w);
 }
