@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
@@ -184,6 +185,7 @@ struct Plan {
     int cols, rows;       // strip width (multiple of nr) and row block (multiple of mr)
     int strips, mblocks;  // units = strips * mblocks
     int threads;
+    int tiles;  // row tiles of mr: ceil(M / mr)
 };
 
 // The cache budgets of the blocking, from the sizes the CPU reports (kernels/cpu_features.h);
@@ -229,11 +231,33 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     p.strips  = ceil_div(N, cols);
     // Strips of (nearly) equal width: a narrow last strip would pack all of A again for a sliver
     // of the products, and leave its range's thread short of work.
-    p.cols         = round_up(ceil_div(N, p.strips), s.nr);
-    const int want = ceil_div(kUnitsPerThread * p.threads, p.strips);
-    p.rows         = std::clamp(round_up(ceil_div(M, want), s.mr), s.mr, rows_cap(s, b, kcp));
-    p.mblocks      = ceil_div(M, p.rows);
+    p.cols = round_up(ceil_div(N, p.strips), s.nr);
+    // Row blocks: enough for kUnitsPerThread units a thread, each within its A budget, and the
+    // units a multiple of the threads where the tiles allow, so that no thread is left with one
+    // unit more than the other at the end of the call. The blocks share the row tiles evenly.
+    const int tiles = ceil_div(M, s.mr);
+    const int cap   = rows_cap(s, b, kcp) / s.mr;
+    int mblocks = std::max(ceil_div(kUnitsPerThread * p.threads, p.strips), ceil_div(tiles, cap));
+    mblocks     = std::min(mblocks, tiles);
+    for (int more = mblocks; more <= std::min(tiles, mblocks + p.threads - 1); ++more) {
+        if (p.strips * more % p.threads == 0) {
+            mblocks = more;
+            break;
+        }
+    }
+    p.mblocks = mblocks;
+    p.rows    = ceil_div(tiles, mblocks) * s.mr;
+    p.tiles   = tiles;
     return p;
+}
+
+// Rows [i0, i1) of row block blk: the blocks share the plan's row tiles evenly (the first
+// tiles % mblocks blocks one tile more), at most plan.rows rows each.
+std::pair<int, int> row_block(const KernelSpec& s, const Plan& p, int blk, int M) {
+    const int base = p.tiles / p.mblocks, extra = p.tiles % p.mblocks;
+    const int t0 = blk * base + std::min(blk, extra);
+    const int t1 = t0 + base + (blk < extra ? 1 : 0);
+    return {std::min(M, t0 * s.mr), std::min(M, t1 * s.mr)};
 }
 
 // One unit: rows [i0, i1) x columns [j0, j1) of C over the whole depth, with the strip's B
@@ -398,7 +422,7 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
                  u     = range.next.fetch_add(1, std::memory_order_relaxed)) {
                 const int strip = u / p.mblocks, blk = u % p.mblocks;
                 const int j0 = strip * p.cols, j1 = std::min(N, j0 + p.cols);
-                const int i0 = blk * p.rows, i1 = std::min(M, i0 + p.rows);
+                const auto [i0, i1] = row_block(spec, p, blk, M);
                 if (strip != packed) {
                     pack_strip(spec, b, j0, j1, K, bbuf);
                     packed = strip;
