@@ -161,7 +161,7 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
 
 // ---- gemm_packed: column strips x row blocks, a range of them per thread ----
 //
-// C is cut into strips of `cols` columns and each strip into row blocks of `rows`; a unit is one
+// C is cut into strips of `cols` columns and each strip into row blocks (row_block); a unit is one
 // (strip, row block) over the whole depth. Units are numbered strip by strip and cut into one
 // consecutive range per thread. A thread takes the units of its own range from the range's
 // counter, then helps in the other ranges through their counters, so a thread whose core is
@@ -182,10 +182,9 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
 namespace {
 
 struct Plan {
-    int cols, rows;       // strip width (multiple of nr) and row block (multiple of mr)
+    int cols, rows;       // strip width (multiple of nr), largest row block (multiple of mr)
     int strips, mblocks;  // units = strips * mblocks
     int threads;
-    int tiles;  // row tiles of mr: ceil(M / mr)
 };
 
 // The cache budgets of the blocking, from the sizes the CPU reports (kernels/cpu_features.h);
@@ -247,14 +246,14 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     }
     p.mblocks = mblocks;
     p.rows    = ceil_div(tiles, mblocks) * s.mr;
-    p.tiles   = tiles;
     return p;
 }
 
-// Rows [i0, i1) of row block blk: the blocks share the plan's row tiles evenly (the first
+// Rows [i0, i1) of row block blk: the blocks share M's row tiles evenly (the first
 // tiles % mblocks blocks one tile more), at most plan.rows rows each.
 std::pair<int, int> row_block(const KernelSpec& s, const Plan& p, int blk, int M) {
-    const int base = p.tiles / p.mblocks, extra = p.tiles % p.mblocks;
+    const int tiles = ceil_div(M, s.mr);
+    const int base = tiles / p.mblocks, extra = tiles % p.mblocks;
     const int t0 = blk * base + std::min(blk, extra);
     const int t1 = t0 + base + (blk < extra ? 1 : 0);
     return {std::min(M, t0 * s.mr), std::min(M, t1 * s.mr)};
