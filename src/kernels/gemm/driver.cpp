@@ -112,6 +112,8 @@ inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, i
 
 }  // namespace
 
+int a_in_place_cols(const KernelSpec& s) { return s.micro_cols ? kInPlaceMaxTiles * s.nr : 0; }
+
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
     const size_t elem   = static_cast<size_t>(s.elem_bytes);

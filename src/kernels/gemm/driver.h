@@ -81,6 +81,10 @@ void scale_c(int M, int N, float beta, float* C, int ldc);
 
 // ---- pieces of the grouped driver (gemm/grouped.cpp) ----
 
+// The widest strip of C for which gemm_rect reads an op(A) stored by k where it lies
+// (KernelSpec::micro_cols) instead of packing it; 0 when the spec cannot.
+int a_in_place_cols(const KernelSpec& spec);
+
 // Rows [m0, m1) x columns [n0, n1) of C = alpha * op(A) @ op(B) + beta * C on the calling
 // thread, with its own packing buffers. The sums of an element do not depend on the rectangle.
 void gemm_rect(const KernelSpec& spec, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "core/error.h"
@@ -53,45 +54,63 @@ struct UnitPlan {
 
 // Units for `busy` groups of about `avg_rows` rows each, N columns and depth up to K (kc-blocked),
 // strips as wide as gemm_packed's B slice (a k block of it in half of L2, from the CPU's caches)
-// allows and of (nearly) equal width, then row blocks only as short as needed to give every
-// thread units_per_thread units. Each strip packs the group's A rows again, so a narrow last strip
-// would pay that for a sliver of the products. (A fixed 256 KiB slice cut an expert's 384 columns
-// into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
+// allows (and at most max_cols when that is not 0) and of (nearly) equal width, then row blocks
+// only as short as needed to give every thread units_per_thread units. Each strip packs the group's
+// A rows again, so a narrow last strip would pay that for a sliver of the products. (A fixed 256
+// KiB slice cut an expert's 384 columns into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
 UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds,
-                    int units_per_thread = kUnitsPerThread) {
+                    int units_per_thread = kUnitsPerThread, int max_cols = 0) {
     UnitPlan p{};
     p.threads     = madds < kMinThreadedWork ? 1 : compute_pool().size();
     const int kcp = round_up(std::min(s.kc, K), s.kstep);
     p.cols        = int(b_slice_bytes() / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
     p.cols        = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
-    p.strips      = ceil_div(N, p.cols);
-    p.cols        = round_up(ceil_div(N, p.strips), s.nr);
+    if (max_cols > 0) p.cols = std::min(p.cols, max_cols);
+    p.strips              = ceil_div(N, p.cols);
+    p.cols                = round_up(ceil_div(N, p.strips), s.nr);
     const int want_blocks = ceil_div(units_per_thread * p.threads, busy * p.strips);
     p.rows                = round_up(std::max(1, ceil_div(avg_rows, want_blocks)), s.mr);
     return p;
 }
 
-// Runs unit(g, i0, i1, j0, j1) for every unit, on p.threads threads; rows_of(g) is group g's
-// row count (0: no units). Every thread first reserves its packing buffers for the largest unit,
-// whether or not it gets one this time, so that no later call allocates.
+// The groups in decreasing order of their rows (offsets[g + 1] - offsets[g], which both forms'
+// work grows with), ties in group order: handed out in that order, the largest groups' units
+// go first and the small ones fill the end, so the threads end closer together than in group
+// order (8 experts of 350-650 rows are 8 units for 2 threads). In a grow-only buffer of the
+// calling thread.
+const int* largest_first(int G, const int32_t* offsets) {
+    thread_local std::vector<int> order;
+    order.resize(size_t(G));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return offsets[a + 1] - offsets[a] > offsets[b + 1] - offsets[b];
+    });
+    return order.data();
+}
+
+// Runs unit(g, i0, i1, j0, j1) for every unit, on p.threads threads, taking the groups in
+// `order` (G entries); rows_of(g) is group g's row count (0: no units). Every thread first
+// reserves its packing buffers for the largest unit, whether or not it gets one this time, so
+// that no later call allocates.
 template <typename Rows, typename Unit>
-void run_units(const KernelSpec& s, const UnitPlan& p, int G, int N, int K, Rows rows_of,
-               Unit unit) {
+void run_units(const KernelSpec& s, const UnitPlan& p, int G, const int* order, int N, int K,
+               Rows rows_of, Unit unit) {
     int64_t total = 0;
     for (int g = 0; g < G; ++g) total += int64_t(p.strips) * ceil_div(rows_of(g), p.rows);
     std::atomic<int64_t> next{0};
     auto body = [&](int) {
         reserve_pack_buffers(s, s.mc, p.cols, K);
-        int g        = 0;
-        int64_t base = 0;  // units before group g
+        int o        = 0;  // position in order of the current group
+        int64_t base = 0;  // units before it
         for (int64_t u = next.fetch_add(1, std::memory_order_relaxed); u < total;
              u         = next.fetch_add(1, std::memory_order_relaxed)) {
-            int mblocks = ceil_div(rows_of(g), p.rows);
+            int mblocks = ceil_div(rows_of(order[o]), p.rows);
             while (u >= base + int64_t(p.strips) * mblocks) {
                 base += int64_t(p.strips) * mblocks;
-                mblocks = ceil_div(rows_of(++g), p.rows);
+                mblocks = ceil_div(rows_of(order[++o]), p.rows);
             }
-            const int local = int(u - base), strip = local / mblocks, blk = local % mblocks;
+            const int g = order[o], local = int(u - base), strip = local / mblocks,
+                      blk = local % mblocks;
             const int j0 = strip * p.cols, i0 = blk * p.rows;
             unit(g, i0, std::min(rows_of(g), i0 + p.rows), j0, std::min(N, j0 + p.cols));
         }
@@ -120,7 +139,8 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
     const UnitPlan p    = plan_units(s, busy, ceil_div(R, busy), N, K, double(R) * N * K);
     const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
     const auto rows_of  = [&](int g) { return offsets[g + 1] - offsets[g]; };
-    run_units(s, p, G, N, K, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
+    const int* order    = largest_first(G, offsets);
+    run_units(s, p, G, order, N, K, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
         const PackSrc a = a_rows ? PackSrc{A, lda, true, a_rows + offsets[g]}
                                  : PackSrc{A + size_t(offsets[g]) * a_step, lda, ta == Trans::N};
         const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
@@ -129,7 +149,8 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
     });
 }
 
-// Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g, never split.
+// Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g, never split
+// over the depth.
 // T: the element type the spec's packers read (float or bf16).
 template <typename T>
 void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M, int N,
@@ -153,11 +174,16 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
     // would each pack it again, so a group's output rows are cut only when the groups and strips
     // are fewer than the threads (one expert of 256 x 768 over 2,048 rows ran at 0.8x gemm_f32's
     // TN product with four units a thread, as fast with one: docs/results.md).
-    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1);
+    // Where the spec reads A in place, strips no wider than that allows: A (K_g x M, stored by
+    // k) is then never packed, so narrower strips cost nothing and give the threads more units
+    // of B's columns (8 experts' weight gradients 4-8% faster, docs/results.md).
+    const UnitPlan p =
+        plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1, a_in_place_cols(s));
     const auto rows_of = [&](int g) {
         return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
     };
-    run_units(s, p, G, N, s.kc, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
+    const int* order = largest_first(G, offsets);
+    run_units(s, p, G, order, N, s.kc, rows_of, [&](int g, int i0, int i1, int j0, int j1) {
         const int kg = offsets[g + 1] - offsets[g];
         const PackSrc a{A + size_t(offsets[g]) * size_t(lda), lda, false};
         const PackSrc x = b_rows ? PackSrc{B, ldb, false, b_rows + offsets[g]}
