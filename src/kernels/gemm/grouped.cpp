@@ -82,8 +82,10 @@ const int* largest_first(int G, const int32_t* offsets) {
     thread_local std::vector<int> order;
     order.resize(size_t(G));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return offsets[a + 1] - offsets[a] > offsets[b + 1] - offsets[b];
+    // std::sort with the index as the tie-break: in place (a stable sort takes a buffer)
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+        const int ra = offsets[a + 1] - offsets[a], rb = offsets[b + 1] - offsets[b];
+        return ra > rb || (ra == rb && a < b);
     });
     return order.data();
 }
