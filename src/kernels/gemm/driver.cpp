@@ -79,7 +79,7 @@ namespace {
 constexpr int kInPlaceMaxTiles = 4;
 
 bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
-    return s.micro_cols && !a.k_contiguous && !a.rows && cols <= kInPlaceMaxTiles * s.nr;
+    return !a.k_contiguous && !a.rows && cols <= a_in_place_cols(s);
 }
 
 // A's rows [i0, i0 + mc) for the k block [pc, pc + kc): with in_place, its whole tiles are read
