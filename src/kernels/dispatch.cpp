@@ -32,6 +32,7 @@ constexpr KernelTable kGeneric = {
     .adamw_isa             = Isa::generic,
     .convert_isa           = Isa::generic,
     .rows_isa              = Isa::generic,
+    .exp_isa               = Isa::generic,
     .layernorm_forward     = generic::layernorm_forward,
     .layernorm_backward    = generic::layernorm_backward,
     .gelu_forward          = generic::gelu_forward_range,
@@ -47,6 +48,7 @@ constexpr KernelTable kGeneric = {
     .col_sums_f64          = generic::col_sums_f64,
     .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
     .rank_rows             = generic::rank_rows,
+    .exp_f64               = generic::exp_f64,
 };
 
 constexpr KernelTable kAvx2 = {
@@ -58,6 +60,7 @@ constexpr KernelTable kAvx2 = {
     .adamw_isa             = Isa::avx2,
     .convert_isa           = Isa::avx2,
     .rows_isa              = Isa::avx2,
+    .exp_isa               = Isa::avx2,
     .layernorm_forward     = avx2::layernorm_forward,
     .layernorm_backward    = avx2::layernorm_backward,
     .gelu_forward          = avx2::gelu_forward_range,
@@ -73,10 +76,12 @@ constexpr KernelTable kAvx2 = {
     .col_sums_f64          = avx2::col_sums_f64,
     .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
     .rank_rows             = avx2::rank_rows,
+    .exp_f64               = avx2::exp_f64,
 };
 
-// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy and the row
-// kernels are the AVX2 ones.
+// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy, the row
+// kernels and the double exp are the AVX2 ones (libmvec's 8-wide exp gives the 4-wide one's
+// bits and was no faster on an AMD Zen 5: kernels/avx2/exp64.cpp).
 constexpr KernelTable kAvx512 = [] {
     KernelTable t        = kAvx2;
     t.isa                = Isa::avx512;
@@ -151,13 +156,14 @@ Isa best_isa() { return best_isa(cpu_features()); }
 std::string KernelTable::describe() const {
     return fmt::format(
         "isa {}: gemm {}, layernorm {}, gelu {}, attention {}{}, crossentropy {}, adamw {}, "
-        "convert {}, rows {}",
+        "convert {}, rows {}, exp64 {}",
         isa_name(isa), gemm_backend_name(), isa_name(layernorm_isa), isa_name(gelu_isa),
         isa_name(attention_isa),
         attention_isa == Isa::generic ? ""
         : attention_isa == Isa::avx2  ? " (head size a multiple of 8, else generic)"
                                       : " (head size a multiple of 16, else avx2 or generic)",
-        isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa), isa_name(rows_isa));
+        isa_name(crossentropy_isa), isa_name(adamw_isa), isa_name(convert_isa), isa_name(rows_isa),
+        isa_name(exp_isa));
 }
 
 const KernelTable& kernel_table(Isa isa) {

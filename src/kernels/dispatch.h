@@ -33,7 +33,8 @@ Isa best_isa();
 struct KernelTable {
     Isa isa;  // the ISA this table was built for
     // The ISA of the implementation each family runs (at most isa).
-    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa, rows_isa;
+    Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa, rows_isa,
+        exp_isa;
 
     void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C);
@@ -69,10 +70,12 @@ struct KernelTable {
     void (*scaled_rows_and_dots)(float* const* dy, float* dots, const float* w, const float* d,
                                  const float* const* y, int n, int C);
     void (*rank_rows)(int32_t* top, const float* x, int64_t n, int E, int R);
+    // exp of n doubles on the calling thread (ops.h exp_f64).
+    void (*exp_f64)(double* y, const double* x, int64_t n);
 
     // "isa avx512: gemm avx512, layernorm avx2, gelu avx512, attention avx512 (head size a
     // multiple of 16, else avx2 or generic), crossentropy avx2, adamw avx512, convert avx512, rows
-    // avx2".
+    // avx2, exp64 avx2".
     std::string describe() const;
 };
 

@@ -546,6 +546,10 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
     }
 }
 
+void exp_f64(double* y, const double* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
 }  // namespace generic
 
 // ---- dispatched families: the active table of kernels/dispatch.h ----
@@ -553,6 +557,8 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
     dispatch().rank_rows(top, x, n, E, R);
 }
+
+void exp_f64(double* y, const double* x, int64_t n) { dispatch().exp_f64(y, x, n); }
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     dispatch().col_sums_f64(s, x, n, ld, w);

@@ -105,6 +105,10 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
 // into descending order, its first R). The same indices on every ISA: a row holding a NaN is
 // ranked by the generic insertion there too (a NaN passes no score and no score passes it).
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
+// y[i] = exp(x[i]) for i in [0, n) on the calling thread (y == x allowed), for the FP64
+// softmaxes of the router. generic: std::exp; avx2 and avx512: glibc's vector exp (libmvec,
+// 4 at a time), within 3 ulp of std::exp, the same bits in both tables.
+void exp_f64(double* y, const double* x, int64_t n);
 
 // Sum of squares of x, accumulated in double (for global-norm clipping).
 double sum_squares(const float* x, size_t n);

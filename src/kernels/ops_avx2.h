@@ -54,6 +54,9 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
                           const float* const* y, int n, int C);
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 
+// ---- exp of doubles through libmvec (kernels/avx2/exp64.cpp); ops.h exp_f64 ----
+void exp_f64(double* y, const double* x, int64_t n);
+
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
 // dinp may alias dout.

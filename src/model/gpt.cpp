@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/phase_timer.h"
 #include "core/rng.h"
+#include "core/thread_pool.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
 
@@ -374,6 +376,17 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
 GPT::~GPT() = default;
 
 const float* GPT::logits() const { return a_->logits; }
+
+void GPT::zero_grad() {
+    constexpr size_t kChunk = 4096;  // floats: a page, so that no two threads share a line
+    const size_t n          = grads_.size();
+    float* g                = grads_.data();
+    parallel_for(static_cast<int64_t>((n + kChunk - 1) / kChunk), [&](int64_t begin, int64_t end) {
+        const size_t lo = static_cast<size_t>(begin) * kChunk;
+        const size_t hi = std::min(n, static_cast<size_t>(end) * kChunk);
+        std::memset(static_cast<void*>(g + lo), 0, (hi - lo) * sizeof(float));
+    });
+}
 
 void GPT::hold_compute_weights() {
     BGL_CHECK(B_ > 0, "GPT::hold_compute_weights: before any forward");

@@ -99,11 +99,10 @@ double softmax_rows(float* softmax_full, double* entropy, const float* logits, i
             const float* l = logits + t * E;
             double mx      = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
+            for (int e = 0; e < E; ++e) ex[static_cast<size_t>(e)] = l[e] - mx;
+            kernels::exp_f64(ex.data(), ex.data(), E);  // the row's exps at once (SIMD)
             double sum = 0;
-            for (int e = 0; e < E; ++e) {
-                ex[static_cast<size_t>(e)] = std::exp(l[e] - mx);
-                sum += ex[static_cast<size_t>(e)];
-            }
+            for (int e = 0; e < E; ++e) sum += ex[static_cast<size_t>(e)];
             const double log_sum = std::log(sum);
             double h             = 0;
             for (int e = 0; e < E; ++e) {
@@ -121,16 +120,24 @@ double softmax_rows(float* softmax_full, double* entropy, const float* logits, i
 
 void selected_softmax_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K) {
-    for (int64_t t = 0; t < N; ++t) {
-        const float* l     = logits + t * E;
-        const int32_t* sel = selected + t * K;
-        double mx          = l[sel[0]];
-        for (int k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(l[sel[k]]));
-        double s = 0;
-        for (int k = 0; k < K; ++k) s += std::exp(l[sel[k]] - mx);
-        for (int k = 0; k < K; ++k)
-            probs[t * K + k] = static_cast<float>(std::exp(l[sel[k]] - mx) / s);
-    }
+    // threaded over tokens, each exponential once (in a grow-only row of the calling thread)
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<double> row;
+        if (row.size() < static_cast<size_t>(K)) row.resize(static_cast<size_t>(K));
+        double* ex = row.data();
+        for (int64_t t = begin; t < end; ++t) {
+            const float* l     = logits + t * E;
+            const int32_t* sel = selected + t * K;
+            double mx          = l[sel[0]];
+            for (int k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(l[sel[k]]));
+            double s = 0;
+            for (int k = 0; k < K; ++k) {
+                ex[k] = std::exp(l[sel[k]] - mx);
+                s += ex[k];
+            }
+            for (int k = 0; k < K; ++k) probs[t * K + k] = static_cast<float>(ex[k] / s);
+        }
+    });
 }
 
 void selected_softmax_backward(float* dlogits, const float* dprobs, const float* probs,
@@ -150,15 +157,21 @@ void selected_softmax_backward(float* dlogits, const float* dprobs, const float*
 
 void selected_sigmoid_forward(float* probs, const int32_t* selected, const float* logits, int N,
                               int E, int K) {
-    for (int64_t t = 0; t < N; ++t) {
-        const float* l     = logits + t * E;
-        const int32_t* sel = selected + t * K;
-        double sum         = 0;
-        for (int k = 0; k < K; ++k) sum += 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
-        for (int k = 0; k < K; ++k) {
-            probs[t * K + k] = static_cast<float>(1.0 / (1.0 + std::exp(-double(l[sel[k]]))) / sum);
+    parallel_for(N, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<double> row;
+        if (row.size() < static_cast<size_t>(K)) row.resize(static_cast<size_t>(K));
+        double* sg = row.data();
+        for (int64_t t = begin; t < end; ++t) {
+            const float* l     = logits + t * E;
+            const int32_t* sel = selected + t * K;
+            double sum         = 0;
+            for (int k = 0; k < K; ++k) {
+                sg[k] = 1.0 / (1.0 + std::exp(-double(l[sel[k]])));
+                sum += sg[k];
+            }
+            for (int k = 0; k < K; ++k) probs[t * K + k] = static_cast<float>(sg[k] / sum);
         }
-    }
+    });
 }
 
 void selected_sigmoid_backward(float* dlogits, const float* dprobs, const float* probs,

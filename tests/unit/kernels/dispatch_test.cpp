@@ -59,8 +59,9 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.col_sums_f64, &generic::col_sums_f64);
     EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
     EXPECT_EQ(t.rank_rows, &generic::rank_rows);
+    EXPECT_EQ(t.exp_f64, &generic::exp_f64);
     for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
-                  t.convert_isa, t.rows_isa}) {
+                  t.convert_isa, t.rows_isa, t.exp_isa}) {
         EXPECT_EQ(f, Isa::generic);
     }
 }
@@ -74,9 +75,9 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_widen && t.col_sums_f64 &&
-                    t.scaled_rows_and_dots && t.rank_rows);
+                    t.scaled_rows_and_dots && t.rank_rows && t.exp_f64);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
-                      t.convert_isa, t.rows_isa}) {
+                      t.convert_isa, t.rows_isa, t.exp_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
         }
         // A family that runs generic code points at the generic kernel, and the other way round.
@@ -93,6 +94,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.rows_isa == Isa::generic,
                   t.scaled_rows_and_dots == &generic::scaled_rows_and_dots);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.rank_rows == &generic::rank_rows);
+        EXPECT_EQ(t.exp_isa == Isa::generic, t.exp_f64 == &generic::exp_f64);
     }
 }
 
@@ -100,7 +102,7 @@ TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
     const std::string d = kernel_table(Isa::avx2).describe();
     EXPECT_EQ(d.rfind("isa avx2: gemm " + gemm_backend_name() + ", layernorm avx2, ", 0), 0u) << d;
     for (const char* family : {"gelu avx2", "attention avx2", "crossentropy avx2", "adamw avx2",
-                               "convert avx2", "rows avx2"}) {
+                               "convert avx2", "rows avx2", "exp64 avx2"}) {
         EXPECT_NE(d.find(family), std::string::npos) << family << " not in: " << d;
     }
     // the AVX-512 table's own kernels (describing a table calls none of them)
