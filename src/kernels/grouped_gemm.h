@@ -12,9 +12,18 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/function_ref.h"
 #include "kernels/gemm.h"
 
 namespace bagualu::kernels {
+
+// Called by the forward form on each finished rectangle of C: rows [i0, i1) of group g (counted
+// from the group's first row, C_g's row i0 on) by columns [j0, j1), once every element of it holds
+// its final value, on the thread that computed it, while the rectangle is in that thread's cache.
+// Each element of C lies in exactly one call; calls of one product may run at the same time (on
+// disjoint rectangles). For a pass over the result that would otherwise read C again from
+// memory: the experts' bias add (moe/experts.cpp).
+using GroupEpilogue = FunctionRef<void(int g, int i0, int i1, int j0, int j1)>;
 
 // For g in [0, G), with M_g = offsets[g+1] - offsets[g] >= 0 rows:
 //   C_g (M_g, N) = alpha * op(A_g) (M_g, K) @ op(B_g) (K, N) + beta * C_g      (= when beta == 0)
@@ -24,9 +33,11 @@ namespace bagualu::kernels {
 // With a_rows (ta == N only), A is gathered: row i of the stacked A_g is A's row a_rows[i]
 // (A + a_rows[i] * lda), read in place when the rows are packed, so a product over permuted
 // rows needs no permuted copy; the results are bitwise those on the copy.
+// With epilogue, it runs on every finished rectangle of C (GroupEpilogue above).
 void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                      float* C, int ldc, const int32_t* a_rows = nullptr);
+                      float* C, int ldc, const int32_t* a_rows = nullptr,
+                      GroupEpilogue epilogue = {});
 
 // The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
 // kernel (the best of ours under onednn and auto): each group's result is bitwise what gemm_bf16
@@ -34,7 +45,8 @@ void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, 
 // half values (kernels/mixed.h grouped_gemm_half).
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc, const int32_t* a_rows = nullptr);
+                       float* C, int ldc, const int32_t* a_rows = nullptr,
+                       GroupEpilogue epilogue = {});
 
 // Whether the active path's bf16 kernel packs a float B itself (rounding it to bf16 as it
 // packs; avx512 with AVX512_BF16), so that the overload below can run.
@@ -45,7 +57,8 @@ bool grouped_gemm_bf16_float_b();
 // experts' weights). Only where grouped_gemm_bf16_float_b().
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc, const int32_t* a_rows = nullptr);
+                       float* C, int ldc, const int32_t* a_rows = nullptr,
+                       GroupEpilogue epilogue = {});
 
 // The weight-gradient form, summing over each group's rows: for g in [0, G), K_g = offsets[g+1]
 // - offsets[g] >= 0,

@@ -272,17 +272,18 @@ const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, si
 // row, docs/results.md), else from a narrowed copy.
 void grouped_gemm_half_b(Trans tb, int G, const int32_t* offsets, int N, int K, const bf16* a,
                          int lda, const float* B, int ldb, size_t stride_b, float* C, int ldc,
-                         const int32_t* r) {
+                         const int32_t* r, GroupEpilogue epilogue) {
     float* c                = C + size_t(offsets[0]) * size_t(ldc);
     const int32_t* relative = rebased(offsets, G);
     if (tb == Trans::T && grouped_gemm_bf16_float_b()) {
         grouped_gemm_bf16(Trans::N, tb, G, relative, N, K, 1.f, a, lda, B, ldb, stride_b, 0.f, c,
-                          ldc, r);
+                          ldc, r, epilogue);
         return;
     }
     size_t wsz    = 0;
     const bf16* w = weights16(tb, G, N, K, B, ldb, stride_b, wsz);
-    grouped_gemm_bf16(Trans::N, tb, G, relative, N, K, 1.f, a, lda, w, ldb, wsz, 0.f, c, ldc, r);
+    grouped_gemm_bf16(Trans::N, tb, G, relative, N, K, 1.f, a, lda, w, ldb, wsz, 0.f, c, ldc, r,
+                      epilogue);
 }
 
 }  // namespace
@@ -295,23 +296,23 @@ void round_operand(float* x, size_t n, Dtype d) {
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
-                       int ldc, const int32_t* a_rows) {
+                       int ldc, const int32_t* a_rows, GroupEpilogue epilogue) {
     if (!on_16bit(d) || G == 0) {
         grouped_gemm_f32(Trans::N, tb, G, offsets, N, K, 1.f, A, lda, B, ldb, stride_b, 0.f, C, ldc,
-                         a_rows);
+                         a_rows, epilogue);
         return;
     }
     const Rows16 a = group_rows16(g_inp16, A, lda, size_t(K), offsets, G, a_rows);
-    grouped_gemm_half_b(tb, G, offsets, N, K, a.x, lda, B, ldb, stride_b, C, ldc, a.r);
+    grouped_gemm_half_b(tb, G, offsets, N, K, a.x, lda, B, ldb, stride_b, C, ldc, a.r, epilogue);
 }
 
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const uint16_t* A16, int lda, const float* B, int ldb, size_t stride_b,
-                       float* C, int ldc) {
+                       float* C, int ldc, GroupEpilogue epilogue) {
     BGL_CHECK(on_16bit(d), "grouped_gemm_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
     grouped_gemm_half_b(tb, G, offsets, N, K, A16 + size_t(offsets[0]) * size_t(lda), lda, B, ldb,
-                        stride_b, C, ldc, nullptr);
+                        stride_b, C, ldc, nullptr, epilogue);
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
@@ -348,7 +349,7 @@ void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* d
     grouped_gemm_tn_bf16(G, rebased(offsets, G), OUT, IN, 1.f, dy, OUT, b, IN, 1.f, dweight, IN,
                          stride_dw, r);
     grouped_gemm_half_b(Trans::N, G, offsets, IN, OUT, dy, OUT, weight, IN, stride_w, dinp, IN,
-                        nullptr);
+                        nullptr, {});
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 
 namespace bagualu::kernels {
 
@@ -98,16 +99,17 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
 // copies (A's rows [offsets[0], offsets[G]) of lda; each group's op(B), (tb == T ? N : K) rows
 // of ldb) where the CPU has 16-bit arithmetic, else grouped_gemm_f32 on the floats. The experts'
 // forward-form products. With a_rows, A is gathered (kernels/grouped_gemm.h): then only the
-// source rows the gather reads are converted. Call from outside pool jobs.
+// source rows the gather reads are converted. With epilogue, it runs on each finished rectangle
+// of C (kernels/grouped_gemm.h GroupEpilogue). Call from outside pool jobs.
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const float* A, int lda, const float* B, int ldb, size_t stride_b, float* C,
-                       int ldc, const int32_t* a_rows = nullptr);
+                       int ldc, const int32_t* a_rows = nullptr, GroupEpilogue epilogue = {});
 
 // The same with A already as the 16 bits of d (A16, its rows as A's above), where
 // half_products_convert(d).
 void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, int K,
                        const uint16_t* A16, int lda, const float* B, int ldb, size_t stride_b,
-                       float* C, int ldc);
+                       float* C, int ldc, GroupEpilogue epilogue = {});
 
 // grouped_gemm_tn_f32 (alpha 1, beta 1: C_g += A_g^T B_g) for operands that already hold values
 // of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and

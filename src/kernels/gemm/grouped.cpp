@@ -129,11 +129,15 @@ void run_units(const KernelSpec& s, const UnitPlan& p, int G, const int* order, 
 template <typename TA, typename TB = TA>
 void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_t* offsets, int N,
                     int K, float alpha, const TA* A, int lda, const int32_t* a_rows, const TB* B,
-                    int ldb, size_t stride_b, float beta, float* C, int ldc) {
+                    int ldb, size_t stride_b, float beta, float* C, int ldc,
+                    GroupEpilogue epilogue) {
     const int row0 = offsets[0], R = offsets[G] - offsets[0];
     if (R == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {
         scale_c(R, N, beta, C + size_t(row0) * size_t(ldc), ldc);
+        for (int g = 0; epilogue && g < G; ++g) {
+            if (offsets[g + 1] > offsets[g]) epilogue(g, 0, offsets[g + 1] - offsets[g], 0, N);
+        }
         return;
     }
     int busy = 0;
@@ -148,6 +152,7 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
         const PackSrc w{B + size_t(g) * stride_b, ldb, tb == Trans::T};
         gemm_rect(s, a, w, i0, i1, j0, j1, K, alpha, beta, C + size_t(offsets[g]) * size_t(ldc),
                   ldc);
+        if (epilogue) epilogue(g, i0, i1, j0, j1);
     });
 }
 
@@ -224,7 +229,7 @@ void grouped_forward(const KernelSpec& (*spec)(Path),
                                   float, float*, int),
                      Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                      const T* A, int lda, const int32_t* a_rows, const T* B, int ldb,
-                     size_t stride_b, float beta, float* C, int ldc) {
+                     size_t stride_b, float beta, float* C, int ldc, GroupEpilogue epilogue) {
     BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
     BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
     check_offsets(G, offsets);
@@ -238,11 +243,12 @@ void grouped_forward(const KernelSpec& (*spec)(Path),
                                     : A + size_t(offsets[g]) * a_step;
             loop(ta, tb, rows, N, K, alpha, a, a_rows ? K : lda, B + size_t(g) * stride_b, ldb,
                  beta, C + size_t(offsets[g]) * size_t(ldc), ldc);
+            if (epilogue && rows > 0 && N > 0) epilogue(g, 0, rows, 0, N);
         }
         return;
     }
     grouped_packed(spec(packed_path(p)), ta, tb, G, offsets, N, K, alpha, A, lda, a_rows, B, ldb,
-                   stride_b, beta, C, ldc);
+                   stride_b, beta, C, ldc, epilogue);
 }
 
 // The weight-gradient form for element type T: per group through `loop` (gemm_f32 /
@@ -287,16 +293,16 @@ KernelSpec bf16_tn_spec(Path p) {
 
 void grouped_gemm_f32(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                       const float* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                      float* C, int ldc, const int32_t* a_rows) {
+                      float* C, int ldc, const int32_t* a_rows, GroupEpilogue epilogue) {
     gemm::grouped_forward<float>(gemm::f32_spec, gemm_f32, ta, tb, G, offsets, N, K, alpha, A, lda,
-                                 a_rows, B, ldb, stride_b, beta, C, ldc);
+                                 a_rows, B, ldb, stride_b, beta, C, ldc, epilogue);
 }
 
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const bf16* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc, const int32_t* a_rows) {
+                       float* C, int ldc, const int32_t* a_rows, GroupEpilogue epilogue) {
     gemm::grouped_forward<bf16>(gemm::bf16_spec, gemm_bf16, ta, tb, G, offsets, N, K, alpha, A, lda,
-                                a_rows, B, ldb, stride_b, beta, C, ldc);
+                                a_rows, B, ldb, stride_b, beta, C, ldc, epilogue);
 }
 
 bool grouped_gemm_bf16_float_b() {
@@ -307,7 +313,7 @@ bool grouped_gemm_bf16_float_b() {
 
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
-                       float* C, int ldc, const int32_t* a_rows) {
+                       float* C, int ldc, const int32_t* a_rows, GroupEpilogue epilogue) {
     BGL_CHECK(grouped_gemm_bf16_float_b(),
               "grouped_gemm_bf16 with a float B on a path whose bf16 kernel cannot pack it");
     BGL_CHECK(N >= 0 && K >= 0, "N={} K={}", N, K);
@@ -317,7 +323,7 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
     gemm::KernelSpec s = gemm::bf16_spec(gemm::packed_path(gemm::active_path()));
     s.pack_b           = s.pack_b_f32;
     gemm::grouped_packed<bf16, float>(s, ta, tb, G, offsets, N, K, alpha, A, lda, a_rows, B, ldb,
-                                      stride_b, beta, C, ldc);
+                                      stride_b, beta, C, ldc, epilogue);
 }
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,

@@ -440,6 +440,71 @@ TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {
     set_compute_threads(0);
 }
 
+// The forward form's epilogue: on every path, 1 to 3 threads, in float32 and bf16 and with K = 0,
+// it is called once for every element of C (no element twice, none of the padding columns, no
+// row of an empty group), and each element it sees already holds its final value, which is what
+// the same call without an epilogue leaves there; what the epilogue writes stays.
+TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
+    PathGuard guard;
+    const std::vector<int> sizes = {75, 150, 0, 301, 1, 12};
+    for (int K : {0, 40}) {
+        const Forward f = make_forward(sizes, Trans::N, Trans::T, 101, K, 1.0f, 0.0f, 61);
+        const int G     = int(f.off.size()) - 1;
+        const std::vector<bf16> A16 = to_bf16(f.A), B16 = to_bf16(f.B);
+        for (Path path : supported_paths()) {
+            gemm::set_active_path(path);
+            for (int n = 1; n <= 3; ++n) {
+                set_compute_threads(n);
+                for (bool half : {false, true}) {
+                    const std::string what = std::string(gemm::path_name(path)) + " K=" +
+                                             std::to_string(K) + (half ? " bf16 " : " f32 ") +
+                                             std::to_string(n) + " threads";
+                    std::vector<float> plain = f.C0, c = f.C0;
+                    std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
+                    auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
+                        if (half) {
+                            grouped_gemm_bf16(f.ta, f.tb, G, f.off.data(), f.N, f.K, f.alpha,
+                                              A16.data(), f.lda, B16.data(), f.ldb, f.stride_b,
+                                              f.beta, out.data(), f.ldc, nullptr, epi);
+                        } else {
+                            grouped_gemm_f32(f.ta, f.tb, G, f.off.data(), f.N, f.K, f.alpha,
+                                             f.A.data(), f.lda, f.B.data(), f.ldb, f.stride_b,
+                                             f.beta, out.data(), f.ldc, nullptr, epi);
+                        }
+                    };
+                    run(plain, {});
+                    const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
+                        for (int i = i0; i < i1; ++i) {
+                            for (int j = j0; j < j1; ++j) {
+                                const size_t k = size_t(f.off[size_t(g)] + i) * size_t(f.ldc) +
+                                                 size_t(j);
+                                ++seen[k];  // rectangles are disjoint: no two threads share k
+                                stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
+                                c[k] = 2.0f * c[k];
+                            }
+                        }
+                    };
+                    run(c, epi);
+                    int twice = 0, missed = 0, padding = 0, early = 0, lost = 0;
+                    for (size_t k = 0; k < c.size(); ++k) {
+                        const bool pad = int(k % size_t(f.ldc)) >= f.N;
+                        padding += pad && seen[k] != 0;
+                        missed += !pad && seen[k] == 0;
+                        twice += seen[k] > 1;
+                        early += stale[k];
+                        lost += !pad && c[k] != 2.0f * plain[k];
+                    }
+                    EXPECT_EQ(twice + missed + padding + early + lost, 0)
+                        << what << ": " << twice << " twice, " << missed << " missed, " << padding
+                        << " padding, " << early << " before their final value, " << lost
+                        << " not as the epilogue left them";
+                }
+            }
+        }
+    }
+    set_compute_threads(0);
+}
+
 // Gathered operands (a_rows / b_rows): each stacked row i is source row rows[i], as an MoE's
 // permuted rows are its tokens' (a token in up to K groups, some tokens in none). On every path,
 // in float32 and bf16, and through the mixed-precision entry points on 16-bit copies: the bits
