@@ -81,7 +81,7 @@ constexpr KernelTable kAvx2 = {
 
 // AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy, the row
 // kernels and the double exp are the AVX2 ones (libmvec's 8-wide exp gives the 4-wide one's
-// bits and was no faster on an AMD Zen 5: kernels/avx2/exp64.cpp).
+// bits and was not clearly faster on an AMD Zen 5: kernels/avx2/exp64.cpp).
 constexpr KernelTable kAvx512 = [] {
     KernelTable t        = kAvx2;
     t.isa                = Isa::avx512;

@@ -43,8 +43,8 @@ struct BiasEpilogue {
     size_t stride;
     const int32_t* offsets;
     int D;
-    Dtype round_to  = Dtype::float32;
-    uint16_t* half  = nullptr;
+    Dtype round_to = Dtype::float32;
+    uint16_t* half = nullptr;
 
     void operator()(int g, int i0, int i1, int j0, int j1) const {
         const float* __restrict b = bias + static_cast<size_t>(g) * stride;

@@ -456,9 +456,9 @@ TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
             for (int n = 1; n <= 3; ++n) {
                 set_compute_threads(n);
                 for (bool half : {false, true}) {
-                    const std::string what = std::string(gemm::path_name(path)) + " K=" +
-                                             std::to_string(K) + (half ? " bf16 " : " f32 ") +
-                                             std::to_string(n) + " threads";
+                    const std::string what =
+                        std::string(gemm::path_name(path)) + " K=" + std::to_string(K) +
+                        (half ? " bf16 " : " f32 ") + std::to_string(n) + " threads";
                     std::vector<float> plain = f.C0, c = f.C0;
                     std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
                     auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
@@ -476,8 +476,8 @@ TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
                     const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
                         for (int i = i0; i < i1; ++i) {
                             for (int j = j0; j < j1; ++j) {
-                                const size_t k = size_t(f.off[size_t(g)] + i) * size_t(f.ldc) +
-                                                 size_t(j);
+                                const size_t k =
+                                    size_t(f.off[size_t(g)] + i) * size_t(f.ldc) + size_t(j);
                                 ++seen[k];  // rectangles are disjoint: no two threads share k
                                 stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
                                 c[k] = 2.0f * c[k];
