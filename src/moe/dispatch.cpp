@@ -8,6 +8,28 @@
 
 namespace bagualu::moe {
 
+namespace {
+
+// The passes over a token's K slot rows read rows in K different experts' blocks: with many
+// experts, more streams than the hardware prefetchers follow. So every line of a token's rows
+// is fetched this many tokens ahead (64 experts of 96, top-8, 2,048 tokens, cold caches: the
+// combine 1.01-1.09 -> 0.67-0.69 ms a layer, the input gradient's sum 1.02-1.20 -> 0.71-0.72 ms,
+// the combine's gradient 0.96-1.18 -> 0.90-0.97 ms; 8 experts, top-2 unchanged: docs/results.md).
+constexpr int64_t kRowsAhead = 4;
+
+// Prefetches, for reading, every line of the slot rows of one token (row_of: its K entries, -1
+// for none) in base (rows of C floats).
+inline void prefetch_slot_rows(const float* base, const int32_t* row_of, int K, int C) {
+    for (int k = 0; k < K; ++k) {
+        if (row_of[k] < 0) continue;
+        const char* p = reinterpret_cast<const char*>(base + static_cast<int64_t>(row_of[k]) * C);
+        for (size_t off = 0; off < sizeof(float) * static_cast<size_t>(C); off += 64)
+            __builtin_prefetch(p + off);
+    }
+}
+
+}  // namespace
+
 void build_routing(int32_t* row_of, int32_t* token_of_row, int32_t* expert_offsets,
                    const int32_t* expert_idx, const int32_t* tokens_per_expert, int N, int E,
                    int K) {
@@ -43,6 +65,8 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
                        int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
+            if (t + kRowsAhead < end)
+                prefetch_slot_rows(y_perm, row_of + (t + kRowsAhead) * K, K, C);
             float* o = out + t * C;
             for (int c = 0; c < C; ++c) o[c] = 0.0f;
             for (int k = 0; k < K; ++k) {
@@ -58,6 +82,9 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
                         const float* probs, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
+            if (t + kRowsAhead < end) {
+                prefetch_slot_rows(y_perm, row_of + (t + kRowsAhead) * K, K, C);
+            }
             SlotGradBatch batch(dout + t * C, C);
             for (int k = 0; k < K; ++k) {
                 const int64_t r = row_of[t * K + k];
@@ -80,6 +107,8 @@ void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, in
         if (row.size() < static_cast<size_t>(C)) row.resize(static_cast<size_t>(C));
         float* sum = row.data();
         for (int64_t t = begin; t < end; ++t) {
+            if (t + kRowsAhead < end)
+                prefetch_slot_rows(dx_perm, row_of + (t + kRowsAhead) * K, K, C);
             float* o          = dx + t * C;
             const int32_t* ro = row_of + t * K;
             std::fill(sum, sum + C, 0.0f);
