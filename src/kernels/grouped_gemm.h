@@ -66,9 +66,12 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
 // A_g = A + offsets[g] * lda, (K_g, M). B_g = B + offsets[g] * ldb, (K_g, N).
 // C_g = C + g * stride_c (stride in floats). A group with K_g == 0 gets C_g = beta * C_g.
 // With b_rows, B is gathered as A is above: row i of the stacked B_g is B's row b_rows[i].
+// With epilogue, it runs on every finished rectangle of a C_g as the forward form's does (rows
+// i of C_g, i in [0, M)); a group with K_g == 0 has none.
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
-                         size_t stride_c, const int32_t* b_rows = nullptr);
+                         size_t stride_c, const int32_t* b_rows = nullptr,
+                         GroupEpilogue epilogue = {});
 
 // The same with A and B in bf16 (products accumulated in float32), on the active path's bf16
 // kernel with grouped_gemm_tn_f32's depth block, so that the depth splits at
@@ -76,7 +79,8 @@ void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alph
 // gemm_bf16). The experts' weight gradients on 16-bit operands (kernels/mixed.h).
 void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
-                          size_t stride_c, const int32_t* b_rows = nullptr);
+                          size_t stride_c, const int32_t* b_rows = nullptr,
+                          GroupEpilogue epilogue = {});
 
 // Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a
 // group's rows split at multiples of it over several calls with beta = 1 give bitwise the result of

@@ -316,27 +316,29 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
-                          int lda, const uint16_t* B16, int ldb, float* C, int ldc,
-                          size_t stride_c) {
+                          int lda, const uint16_t* B16, int ldb, float* C, int ldc, size_t stride_c,
+                          GroupEpilogue epilogue) {
     BGL_CHECK(on_16bit(d),
               "grouped_gemm_tn_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
     const bf16* a = group_rows16(g_inp16, A, lda, size_t(M), offsets, G).x;
     grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda,
-                         B16 + size_t(offsets[0]) * size_t(ldb), ldb, 1.f, C, ldc, stride_c);
+                         B16 + size_t(offsets[0]) * size_t(ldb), ldb, 1.f, C, ldc, stride_c,
+                         nullptr, epilogue);
 }
 
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
                           int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c,
-                          const int32_t* b_rows) {
+                          const int32_t* b_rows, GroupEpilogue epilogue) {
     if (!on_16bit(d) || G == 0) {
-        grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c, b_rows);
+        grouped_gemm_tn_f32(G, offsets, M, N, 1.f, A, lda, B, ldb, 1.f, C, ldc, stride_c, b_rows,
+                            epilogue);
         return;
     }
     const bf16* a  = group_rows16(g_inp16, A, lda, size_t(M), offsets, G).x;
     const Rows16 b = group_rows16(g_dout16, B, ldb, size_t(N), offsets, G, b_rows);
     grouped_gemm_tn_bf16(G, rebased(offsets, G), M, N, 1.f, a, lda, b.x, ldb, 1.f, C, ldc, stride_c,
-                         b.r);
+                         b.r, epilogue);
 }
 
 namespace {
@@ -345,9 +347,9 @@ namespace {
 // on; r: inp's gather, b its source).
 void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* dinp, float* dweight,
                         size_t stride_dw, const bf16* dy, const bf16* b, const int32_t* r,
-                        const float* weight, size_t stride_w) {
+                        const float* weight, size_t stride_w, GroupEpilogue dweight_epilogue) {
     grouped_gemm_tn_bf16(G, rebased(offsets, G), OUT, IN, 1.f, dy, OUT, b, IN, 1.f, dweight, IN,
-                         stride_dw, r);
+                         stride_dw, r, dweight_epilogue);
     grouped_gemm_half_b(Trans::N, G, offsets, IN, OUT, dy, OUT, weight, IN, stride_w, dinp, IN,
                         nullptr, {});
 }
@@ -357,10 +359,10 @@ void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* d
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
                                   const float* inp, const int32_t* inp_rows, const float* weight,
-                                  size_t stride_w) {
+                                  size_t stride_w, GroupEpilogue dweight_epilogue) {
     if (!on_16bit(d) || G == 0) {
         grouped_gemm_tn_half(d, G, offsets, OUT, IN, dout, OUT, inp, IN, dweight, IN, stride_dw,
-                             inp_rows);
+                             inp_rows, dweight_epilogue);
         grouped_gemm_half(d, Trans::N, G, offsets, IN, OUT, dout, OUT, weight, IN, stride_w, dinp,
                           IN);
         return;
@@ -368,18 +370,20 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
     const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
     const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
-                       stride_w);
+                       stride_w, dweight_epilogue);
 }
 
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
-                                  const uint16_t* inp16, const float* weight, size_t stride_w) {
+                                  const uint16_t* inp16, const float* weight, size_t stride_w,
+                                  GroupEpilogue dweight_epilogue) {
     BGL_CHECK(on_16bit(d),
               "grouped_linear_backward_half: 16-bit operands where the products do not convert");
     if (G == 0) return;
     const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
-                       inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w);
+                       inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w,
+                       dweight_epilogue);
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,

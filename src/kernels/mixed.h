@@ -115,17 +115,18 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
 // of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and
 // B's rows [offsets[0], offsets[G]) where the CPU has 16-bit arithmetic, else
 // grouped_gemm_tn_f32 on the floats. The experts' weight gradients; either way a depth split at
-// grouped_gemm_tn_depth_block() is exact. With b_rows, B is gathered, as A above. Call from
+// grouped_gemm_tn_depth_block() is exact. With b_rows, B is gathered, as A above; with
+// epilogue, it runs on every finished rectangle of a C_g (kernels/grouped_gemm.h). Call from
 // outside pool jobs.
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
                           int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c,
-                          const int32_t* b_rows = nullptr);
+                          const int32_t* b_rows = nullptr, GroupEpilogue epilogue = {});
 
 // The same with B already as the 16 bits of d (B16, its rows as B's above), where
 // half_products_convert(d).
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
-                          int lda, const uint16_t* B16, int ldb, float* C, int ldc,
-                          size_t stride_c);
+                          int lda, const uint16_t* B16, int ldb, float* C, int ldc, size_t stride_c,
+                          GroupEpilogue epilogue = {});
 
 // The backward products of G linear layers of weights W_g (OUT, IN) on the groups' rows, for
 // operands that already hold values of d (the experts' two layers):
@@ -134,15 +135,17 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 // dout (rows, OUT), dinp and inp (rows, IN) dense, their rows [offsets[0], offsets[G]). Where
 // half_products_convert(d), dout is narrowed once for both products (rather than once each);
 // the same bits as the two calls. inp: float rows (gathered by inp_rows, as b_rows above) or
-// their 16 bits (inp16); dweight is formed first, so dinp may lie where inp or inp16 does. Call
-// from outside pool jobs.
+// their 16 bits (inp16); dweight is formed first, so dinp may lie where inp or inp16 does.
+// dweight_epilogue: the weight gradient's epilogue (grouped_gemm_tn_half), which may read dout's
+// float rows (dinp is written after it). Call from outside pool jobs.
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
                                   const float* inp, const int32_t* inp_rows, const float* weight,
-                                  size_t stride_w);
+                                  size_t stride_w, GroupEpilogue dweight_epilogue = {});
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
-                                  const uint16_t* inp16, const float* weight, size_t stride_w);
+                                  const uint16_t* inp16, const float* weight, size_t stride_w,
+                                  GroupEpilogue dweight_epilogue = {});
 
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.

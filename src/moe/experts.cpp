@@ -1,7 +1,8 @@
 // Expert MLPs over the permuted rows: each matrix product is one grouped GEMM over all local
 // experts (kernels/grouped_gemm.h), so threads balance over experts' rows together and an expert
-// with no rows costs nothing. The bias adds run inside the products, on each finished rectangle of
-// the output (BiasEpilogue); the bias-gradient sums run threaded once over all rows.
+// with no rows costs nothing. The bias adds and the bias gradients' sums run inside the products,
+// on each finished rectangle of the output (BiasEpilogue) and after each expert's weight gradient
+// (BiasGradEpilogue), while what they read is in cache.
 // Results match running linear_forward / linear_backward per expert, bit for bit. With bf16
 // operands on a CPU with 16-bit arithmetic all six products run on 16-bit copies
 // (kernels::grouped_gemm_half, grouped_gemm_tn_half); the two weight gradients' bf16 kernel sums
@@ -24,8 +25,6 @@ using kernels::Trans;
 
 namespace {
 
-// Below this many elements a bias loop stays on the calling thread (as kernels/ops.cpp does).
-constexpr int64_t kMinParallelWork = int64_t{1} << 14;
 // Bias gradients sum columns in blocks of this many (two cache lines of floats; the SIMD
 // kernel keeps a block's 32 double sums in registers).
 constexpr int kColBlock = 32;
@@ -59,32 +58,41 @@ struct BiasEpilogue {
 };
 
 // dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
-// Each (expert, column block) is summed in double over its rows in order, as linear_backward
-// sums its bias gradient, then added once; with acc (E, acc_ld) the sums continue there instead.
-void add_expert_bias_grad(float* dbias, size_t stride, const float* dout, const int32_t* offsets,
-                          int E, int D, double* acc, int acc_ld) {
-    const int nblk      = (D + kColBlock - 1) / kColBlock;
-    const int64_t units = int64_t{E} * nblk;
-    auto body           = [&](int64_t begin, int64_t end) {
-        for (int64_t u = begin; u < end; ++u) {
-            const int e = static_cast<int>(u / nblk), c0 = static_cast<int>(u % nblk) * kColBlock;
-            const int w = std::min(kColBlock, D - c0);
-            if (offsets[e + 1] == offsets[e]) continue;
-            double sum[kColBlock] = {};
-            double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
-            kernels::col_sums_f64(s, dout + int64_t{offsets[e]} * D + c0,
-                                            offsets[e + 1] - offsets[e], D, w);
-            if (acc) continue;
-            float* db = dbias + static_cast<size_t>(e) * stride + c0;
-            for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
-        }
-    };
-    if (int64_t{offsets[E]} * D < kMinParallelWork) {
-        body(0, units);
-        return;
+// Each column block is summed in double over the rows in order, as linear_backward sums its bias
+// gradient, then added once; with acc (E, acc_ld) the sums continue there instead.
+void expert_bias_grad(float* dbias, size_t stride, const float* dout, const int32_t* offsets, int e,
+                      int D, double* acc, int acc_ld) {
+    const int n = offsets[e + 1] - offsets[e];
+    if (n == 0) return;
+    for (int c0 = 0; c0 < D; c0 += kColBlock) {
+        const int w           = std::min(kColBlock, D - c0);
+        double sum[kColBlock] = {};
+        double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
+        kernels::col_sums_f64(s, dout + int64_t{offsets[e]} * D + c0, n, D, w);
+        if (acc) continue;
+        float* db = dbias + static_cast<size_t>(e) * stride + c0;
+        for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
     }
-    parallel_for(units, body);
 }
+
+// The bias gradients as the weight gradient's epilogue (kernels/grouped_gemm.h): expert g's on
+// the rectangle at (0, 0) of its weight gradient, which every expert with rows has once, on the
+// thread that computed it, right after the product read that expert's rows of dout (in place,
+// where the product is in float), so they are summed from cache rather than in a pass over all
+// of dout afterwards. The same sums as that pass.
+struct BiasGradEpilogue {
+    float* dbias;
+    size_t stride;
+    const float* dout;
+    const int32_t* offsets;
+    int D;
+    double* acc;
+    int acc_ld;
+
+    void operator()(int g, int i0, int /*i1*/, int j0, int /*j1*/) const {
+        if (i0 == 0 && j0 == 0) expert_bias_grad(dbias, stride, dout, offsets, g, D, acc, acc_ld);
+    }
+};
 
 }  // namespace
 
@@ -130,27 +138,29 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // g = gelu(h) again, as forward made it, into dh (as the 16-bit operand where the products
     // convert); dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F), then dg (rows, F) =
     // dy_e (rows_e, C) @ proj_w_e (C, F) into dh (g is no longer needed), dy narrowed once
+    // dproj_b_e (C) += sum dy_e, as the weight gradient's epilogue
+    const BiasGradEpilogue proj_b{dw.proj_b, dw.proj_b_stride, dy, offsets, C, acc_proj, F + C};
     if (kernels::half_products_convert(prec.gemm)) {
         auto* g16 = reinterpret_cast<uint16_t*>(dh);
         kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, h, RF, prec.fp64);
         kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
-                                              dw.proj_w_stride, dy, g16, w.proj_w, w.proj_w_stride);
+                                              dw.proj_w_stride, dy, g16, w.proj_w, w.proj_w_stride,
+                                              proj_b);
     } else {
         float* g = dh;
         kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64, prec.gemm);
         kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
                                               dw.proj_w_stride, dy, g, nullptr, w.proj_w,
-                                              w.proj_w_stride);
+                                              w.proj_w_stride, proj_b);
     }
-    // dproj_b_e (C) += sum dy_e
-    add_expert_bias_grad(dw.proj_b, dw.proj_b_stride, dy, offsets, E, C, acc_proj, F + C);
     kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64, prec.gemm);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C), then dx (rows, C) = dh_e (rows_e, F)
-    // @ fc_w_e (F, C), dh narrowed once; dfc_b_e (F) += sum dh_e
+    // @ fc_w_e (F, C), dh narrowed once; dfc_b_e (F) += sum dh_e, as the weight gradient's
+    // epilogue
+    const BiasGradEpilogue fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
     kernels::grouped_linear_backward_half(prec.gemm, E, offsets, F, C, dx, dw.fc_w, dw.fc_w_stride,
-                                          dh, x, x_rows, w.fc_w, w.fc_w_stride);
+                                          dh, x, x_rows, w.fc_w, w.fc_w_stride, fc_b);
     kernels::round_inplace(dx, RC, prec.act);
-    add_expert_bias_grad(dw.fc_b, dw.fc_b_stride, dh, offsets, E, F, acc_fc, F + C);
 }
 
 void experts_bias_grad_flush(ExpertGrads& dw, const double* bias_acc, const uint8_t* had_rows,

@@ -162,7 +162,7 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
 template <typename T>
 void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M, int N,
                        float alpha, const T* A, int lda, const T* B, int ldb, const int32_t* b_rows,
-                       float beta, float* C, int ldc, size_t stride_c) {
+                       float beta, float* C, int ldc, size_t stride_c, GroupEpilogue epilogue) {
     int64_t depth = 0;  // sum of K_g over groups with work
     int busy      = 0;
     for (int g = 0; g < G; ++g) {
@@ -196,6 +196,7 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
         const PackSrc x = b_rows ? PackSrc{B, ldb, false, b_rows + offsets[g]}
                                  : PackSrc{B + size_t(offsets[g]) * size_t(ldb), ldb, false};
         gemm_rect(s, a, x, i0, i1, j0, j1, kg, alpha, beta, C + size_t(g) * stride_c, ldc);
+        if (epilogue) epilogue(g, i0, i1, j0, j1);
     });
 }
 
@@ -259,7 +260,7 @@ void grouped_tn(SpecOf spec,
                              float, float*, int),
                 int G, const int32_t* offsets, int M, int N, float alpha, const T* A, int lda,
                 const T* B, int ldb, const int32_t* b_rows, float beta, float* C, int ldc,
-                size_t stride_c) {
+                size_t stride_c, GroupEpilogue epilogue) {
     BGL_CHECK(M >= 0 && N >= 0, "M={} N={}", M, N);
     check_offsets(G, offsets);
     if (G == 0 || M == 0 || N == 0) return;
@@ -271,11 +272,12 @@ void grouped_tn(SpecOf spec,
                                   : B + size_t(offsets[g]) * size_t(ldb);
             loop(Trans::T, Trans::N, M, N, kg, alpha, A + size_t(offsets[g]) * size_t(lda), lda, b,
                  b_rows ? N : ldb, beta, C + size_t(g) * stride_c, ldc);
+            if (epilogue && kg > 0 && alpha != 0.0f) epilogue(g, 0, M, 0, N);
         }
         return;
     }
     grouped_tn_packed(spec(packed_path(p)), G, offsets, M, N, alpha, A, lda, B, ldb, b_rows, beta,
-                      C, ldc, stride_c);
+                      C, ldc, stride_c, epilogue);
 }
 
 // The bf16 weight-gradient kernel: the path's bf16 kernel with the float kernel's depth block,
@@ -328,16 +330,16 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
 
 void grouped_gemm_tn_f32(int G, const int32_t* offsets, int M, int N, float alpha, const float* A,
                          int lda, const float* B, int ldb, float beta, float* C, int ldc,
-                         size_t stride_c, const int32_t* b_rows) {
+                         size_t stride_c, const int32_t* b_rows, GroupEpilogue epilogue) {
     gemm::grouped_tn<float>(gemm::f32_spec, gemm_f32, G, offsets, M, N, alpha, A, lda, B, ldb,
-                            b_rows, beta, C, ldc, stride_c);
+                            b_rows, beta, C, ldc, stride_c, epilogue);
 }
 
 void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alpha, const bf16* A,
                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
-                          size_t stride_c, const int32_t* b_rows) {
+                          size_t stride_c, const int32_t* b_rows, GroupEpilogue epilogue) {
     gemm::grouped_tn<bf16>(gemm::bf16_tn_spec, gemm_bf16, G, offsets, M, N, alpha, A, lda, B, ldb,
-                           b_rows, beta, C, ldc, stride_c);
+                           b_rows, beta, C, ldc, stride_c, epilogue);
 }
 
 int grouped_gemm_tn_depth_block() {
