@@ -505,6 +505,70 @@ TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
     set_compute_threads(0);
 }
 
+// The weight-gradient form's epilogue, the same way: once for every element of every C_g whose
+// group has rows, at its final value (beta = 1, the depth over several k blocks and strips of
+// 300 columns), never for a group without rows (its C_g is only scaled), float32 and bf16.
+TEST(GroupedGemm, TnEpilogueSeesEveryElementOnceAtItsFinalValue) {
+    PathGuard guard;
+    const std::vector<int> sizes = {301, 0, 250, 13, 1};
+    const Tn t                   = make_tn(sizes, 29, 300, 1.0f, 1.0f, 62);
+    const int G                  = int(t.off.size()) - 1;
+    const std::vector<bf16> A16 = to_bf16(t.A), B16 = to_bf16(t.B);
+    for (Path path : supported_paths()) {
+        gemm::set_active_path(path);
+        for (int n = 1; n <= 3; ++n) {
+            set_compute_threads(n);
+            for (bool half : {false, true}) {
+                const std::string what = std::string(gemm::path_name(path)) +
+                                         (half ? " bf16 " : " f32 ") + std::to_string(n) +
+                                         " threads";
+                std::vector<float> plain = t.C0, c = t.C0;
+                std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
+                auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
+                    if (half) {
+                        grouped_gemm_tn_bf16(G, t.off.data(), t.M, t.N, t.alpha, A16.data(), t.lda,
+                                             B16.data(), t.ldb, t.beta, out.data(), t.ldc,
+                                             t.stride_c, nullptr, epi);
+                    } else {
+                        grouped_gemm_tn_f32(G, t.off.data(), t.M, t.N, t.alpha, t.A.data(), t.lda,
+                                            t.B.data(), t.ldb, t.beta, out.data(), t.ldc,
+                                            t.stride_c, nullptr, epi);
+                    }
+                };
+                run(plain, {});
+                const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
+                    for (int i = i0; i < i1; ++i) {
+                        for (int j = j0; j < j1; ++j) {
+                            const size_t k =
+                                size_t(g) * t.stride_c + size_t(i) * size_t(t.ldc) + size_t(j);
+                            ++seen[k];
+                            stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
+                            c[k] = 2.0f * c[k];
+                        }
+                    }
+                };
+                run(c, epi);
+                int twice = 0, missed = 0, extra = 0, early = 0, lost = 0;
+                for (size_t k = 0; k < c.size(); ++k) {
+                    const size_t g   = k / t.stride_c;
+                    const bool pad   = int(k % size_t(t.ldc)) >= t.N;
+                    const bool empty = sizes[g] == 0;
+                    extra += (pad || empty) && seen[k] != 0;
+                    missed += !pad && !empty && seen[k] == 0;
+                    twice += seen[k] > 1;
+                    early += stale[k];
+                    lost += !pad && !empty && c[k] != 2.0f * plain[k];
+                }
+                EXPECT_EQ(twice + missed + extra + early + lost, 0)
+                    << what << ": " << twice << " twice, " << missed << " missed, " << extra
+                    << " padding or empty group, " << early << " before their final value, " << lost
+                    << " not as the epilogue left them";
+            }
+        }
+    }
+    set_compute_threads(0);
+}
+
 // Gathered operands (a_rows / b_rows): each stacked row i is source row rows[i], as an MoE's
 // permuted rows are its tokens' (a token in up to K groups, some tokens in none). On every path,
 // in float32 and bf16, and through the mixed-precision entry points on 16-bit copies: the bits
