@@ -640,7 +640,38 @@ double sum_squares(const float* x, size_t n) {
     const int64_t nblk        = nn < kMinParallelWork ? 1 : kBlocks;
     double partial[kBlocks];
     parallel_rows(nblk, nn / nblk, [&](int64_t begin, int64_t end) {
-        for (int64_t blk = begin; blk < end; ++blk) {
+        int64_t blk = begin;
+        // four blocks at once: their lanes' sums are independent chains of adds, so one block's
+        // chain no longer waits on the adds' latency (the same sums in the same order as
+        // sum_f64 gives each block: 16M floats from memory 1.50 -> 1.32 ms on two threads of a Zen
+        // 5)
+        for (; blk + 4 <= end; blk += 4) {
+            const float* xb[4];
+            int64_t len[4];
+            for (int b = 0; b < 4; ++b) {
+                const int64_t lo = nn * (blk + b) / nblk;
+                xb[b]            = x + lo;
+                len[b]           = nn * (blk + b + 1) / nblk - lo;
+            }
+            double acc[4][4] = {};
+            const int64_t common =
+                std::min(std::min(len[0], len[1]), std::min(len[2], len[3])) / 4 * 4;
+            for (int64_t i = 0; i < common; i += 4) {
+                for (int b = 0; b < 4; ++b) {
+                    for (int l = 0; l < 4; ++l) acc[b][l] += double(xb[b][i + l]) * xb[b][i + l];
+                }
+            }
+            for (int b = 0; b < 4; ++b) {
+                int64_t i = common;
+                for (; i + 4 <= len[b]; i += 4) {
+                    for (int l = 0; l < 4; ++l) acc[b][l] += double(xb[b][i + l]) * xb[b][i + l];
+                }
+                for (; i < len[b]; ++i)
+                    acc[b][i - (len[b] & ~int64_t{3})] += double(xb[b][i]) * xb[b][i];
+                partial[blk + b] = (acc[b][0] + acc[b][2]) + (acc[b][1] + acc[b][3]);
+            }
+        }
+        for (; blk < end; ++blk) {
             const int64_t lo = nn * blk / nblk;
             const int64_t hi = nn * (blk + 1) / nblk;
             const float* xb  = x + lo;

@@ -1053,6 +1053,39 @@ std::vector<std::vector<float>> run_all_kernels() {
     return res;
 }
 
+// sum_squares is its definition to the last bit (the gradient norm's clip factor, and so every
+// update, depends on it): 64 fixed blocks of the n squares, each summed in double in four lanes
+// (element i into lane i mod 4, the tail's into the lanes from 0), the lanes combined as (0 + 2)
+// + (1 + 3), the blocks' sums added in order. A last-bit difference in one block's sum would
+// vanish in the total of all 64, so the squares are nonzero in one block at a time, of every
+// position within the four the kernel takes at once, and the block lengths differ by one.
+TEST(SumSquares, IsItsBlockedDefinitionBitwise) {
+    Rng rng(5);
+    for (int64_t n : {int64_t{1} << 16, (int64_t{1} << 16) + 37, int64_t{1000003}}) {
+        for (int64_t only : {0, 1, 2, 3, 6, 33, 63}) {
+            std::vector<float> x(static_cast<size_t>(n), 0.0f);
+            const int64_t lo = n * only / 64, len = n * (only + 1) / 64 - lo;
+            // magnitudes over 2^-20 .. 2^20, so that the order of the adds shows in the last bits
+            for (int64_t i = 0; i < len; ++i)
+                x[size_t(lo + i)] = float(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
+            double acc[4] = {0.0, 0.0, 0.0, 0.0};
+            for (int64_t i = 0; i < len; ++i) {
+                const double t = double(x[size_t(lo + i)]) * x[size_t(lo + i)];
+                acc[i < len / 4 * 4 ? i % 4 : i - len / 4 * 4] += t;
+            }
+            const double want = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+            for (int threads = 1; threads <= 3; ++threads) {
+                set_compute_threads(threads);
+                const double got = sum_squares(x.data(), size_t(n));
+                EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+                    << "n " << n << ", block " << only << ", " << threads << " threads: " << got
+                    << " vs " << want;
+            }
+        }
+    }
+    set_compute_threads(0);
+}
+
 TEST_P(OpsThreads, ResultsIndependentOfThreadCount) {
     set_compute_threads(1);
     const auto one = run_all_kernels();
