@@ -48,6 +48,8 @@ constexpr KernelTable kGeneric = {
     .col_sums_f64          = generic::col_sums_f64,
     .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
     .rank_rows             = generic::rank_rows,
+    .weighted_row_sum      = generic::weighted_row_sum,
+    .add_row_sum           = generic::add_row_sum,
     .exp_f64               = generic::exp_f64,
 };
 
@@ -76,6 +78,8 @@ constexpr KernelTable kAvx2 = {
     .col_sums_f64          = avx2::col_sums_f64,
     .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
     .rank_rows             = avx2::rank_rows,
+    .weighted_row_sum      = avx2::weighted_row_sum,
+    .add_row_sum           = avx2::add_row_sum,
     .exp_f64               = avx2::exp_f64,
 };
 

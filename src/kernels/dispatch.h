@@ -70,6 +70,8 @@ struct KernelTable {
     void (*scaled_rows_and_dots)(float* const* dy, float* dots, const float* w, const float* d,
                                  const float* const* y, int n, int C);
     void (*rank_rows)(int32_t* top, const float* x, int64_t n, int E, int R);
+    void (*weighted_row_sum)(float* o, const float* w, const float* const* y, int n, int C);
+    void (*add_row_sum)(float* o, const float* const* y, int n, int C);
     // exp of n doubles on the calling thread (ops.h exp_f64).
     void (*exp_f64)(double* y, const double* x, int64_t n);
 

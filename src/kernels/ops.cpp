@@ -550,6 +550,26 @@ void exp_f64(double* y, const double* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
+void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C) {
+    for (int c = 0; c < C; ++c) o[c] = 0.0f;
+    for (int j = 0; j < n; ++j) {
+        const float* __restrict v = y[j];
+        for (int c = 0; c < C; ++c) o[c] += w[j] * v[c];
+    }
+}
+
+void add_row_sum(float* o, const float* const* y, int n, int C) {
+    for (int c0 = 0; c0 < C; c0 += 64) {  // a block of the sum in a small buffer, then onto o
+        const int cn = C - c0 < 64 ? C - c0 : 64;
+        float s[64];
+        for (int c = 0; c < cn; ++c) s[c] = 0.0f;
+        for (int j = 0; j < n; ++j) {
+            for (int c = 0; c < cn; ++c) s[c] += y[j][c0 + c];
+        }
+        for (int c = 0; c < cn; ++c) o[c0 + c] += s[c];
+    }
+}
+
 }  // namespace generic
 
 // ---- dispatched families: the active table of kernels/dispatch.h ----
@@ -559,6 +579,14 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
 }
 
 void exp_f64(double* y, const double* x, int64_t n) { dispatch().exp_f64(y, x, n); }
+
+void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C) {
+    dispatch().weighted_row_sum(o, w, y, n, C);
+}
+
+void add_row_sum(float* o, const float* const* y, int n, int C) {
+    dispatch().add_row_sum(o, y, n, C);
+}
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     dispatch().col_sums_f64(s, x, n, ld, w);

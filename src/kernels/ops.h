@@ -105,6 +105,13 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
 // into descending order, its first R). The same indices on every ISA: a row holding a NaN is
 // ranked by the generic insertion there too (a NaN passes no score and no score passes it).
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
+// o[c] = the sum over j in [0, n) of w[j] * y[j][c], c in [0, C): from +0, in j order, each
+// product rounded to float before it is added (no FMA); the same bits on every ISA. The combine
+// of one token's slot rows.
+void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
+// o[c] += the sum over j in [0, n) of y[j][c]: the sum from +0 in j order, then added to o once;
+// the same bits on every ISA. The input gradient's sum over one token's slot rows.
+void add_row_sum(float* o, const float* const* y, int n, int C);
 // y[i] = exp(x[i]) for i in [0, n) on the calling thread (y == x allowed), for the FP64
 // softmaxes of the router. generic: std::exp; avx2 and avx512: glibc's vector exp (libmvec,
 // 4 at a time), within 3 ulp of std::exp, the same bits in both tables.

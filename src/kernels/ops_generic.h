@@ -37,6 +37,8 @@ void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
+void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
+void add_row_sum(float* o, const float* const* y, int n, int C);
 void exp_f64(double* y, const double* x, int64_t n);
 // bfloat16 conversions of n elements on the calling thread (core/dtype.h's rounding).
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);

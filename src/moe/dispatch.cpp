@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/ops.h"
 
 namespace bagualu::moe {
 
@@ -64,16 +65,24 @@ void permute_forward(float* x_perm, const float* x, const int32_t* token_of_row,
 void unpermute_forward(float* out, const float* y_perm, const float* probs, const int32_t* row_of,
                        int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
+        // a token's slot rows and weights, then one kernel call (kernels::weighted_row_sum, SIMD),
+        // in grow-only arrays of the calling thread
+        thread_local std::vector<const float*> rows;
+        thread_local std::vector<float> weights;
+        if (rows.size() < static_cast<size_t>(K)) {
+            rows.resize(static_cast<size_t>(K));
+            weights.resize(static_cast<size_t>(K));
+        }
         for (int64_t t = begin; t < end; ++t) {
             if (t + kRowsAhead < end)
                 prefetch_slot_rows(y_perm, row_of + (t + kRowsAhead) * K, K, C);
-            float* o = out + t * C;
-            for (int c = 0; c < C; ++c) o[c] = 0.0f;
+            int n = 0;
             for (int k = 0; k < K; ++k) {
                 if (row_of[t * K + k] < 0) continue;
-                add_scaled_row(o, probs[t * K + k],
-                               y_perm + static_cast<int64_t>(row_of[t * K + k]) * C, C);
+                rows[static_cast<size_t>(n)] = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
+                weights[static_cast<size_t>(n++)] = probs[t * K + k];
             }
+            kernels::weighted_row_sum(out + t * C, weights.data(), rows.data(), n, C);
         }
     });
 }
@@ -100,22 +109,19 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
 
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
-        // the slots first, from zero in slot order, then onto dx: row by row, so that the adds
-        // run along the row (vectorized) rather than across the K rows of each element
-        // (a grow-only row of the calling thread: no allocation once it has its size)
-        thread_local std::vector<float> row;
-        if (row.size() < static_cast<size_t>(C)) row.resize(static_cast<size_t>(C));
-        float* sum = row.data();
+        // the slots' sum from zero in slot order, then onto dx (kernels::add_row_sum, SIMD); the
+        // token's rows in a grow-only array of the calling thread
+        thread_local std::vector<const float*> rows;
+        if (rows.size() < static_cast<size_t>(K)) rows.resize(static_cast<size_t>(K));
         for (int64_t t = begin; t < end; ++t) {
             if (t + kRowsAhead < end)
                 prefetch_slot_rows(dx_perm, row_of + (t + kRowsAhead) * K, K, C);
-            float* o          = dx + t * C;
             const int32_t* ro = row_of + t * K;
-            std::fill(sum, sum + C, 0.0f);
+            int n             = 0;
             for (int k = 0; k < K; ++k) {
-                if (ro[k] >= 0) add_row(sum, dx_perm + static_cast<int64_t>(ro[k]) * C, C);
+                if (ro[k] >= 0) rows[static_cast<size_t>(n++)] = dx_perm + int64_t{ro[k]} * C;
             }
-            add_row(o, sum, C);
+            kernels::add_row_sum(dx + t * C, rows.data(), n, C);
         }
     });
 }

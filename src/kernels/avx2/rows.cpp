@@ -87,6 +87,49 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
     }
 }
 
+void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C) {
+    // 32 columns at a time in four registers across the rows, then the last ones one by one:
+    // per element the generic kernel's adds in its order (mul and add kept apart: this file is
+    // built without FMA contraction)
+    int c = 0;
+    for (; c + 32 <= C; c += 32) {
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        for (int j = 0; j < n; ++j) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            for (int v = 0; v < 4; ++v) {
+                acc[v] =
+                    _mm256_add_ps(acc[v], _mm256_mul_ps(wj, _mm256_loadu_ps(y[j] + c + 8 * v)));
+            }
+        }
+        for (int v = 0; v < 4; ++v) _mm256_storeu_ps(o + c + 8 * v, acc[v]);
+    }
+    for (; c < C; ++c) {
+        float s = 0.0f;
+        for (int j = 0; j < n; ++j) s += w[j] * y[j][c];
+        o[c] = s;
+    }
+}
+
+void add_row_sum(float* o, const float* const* y, int n, int C) {
+    int c = 0;
+    for (; c + 32 <= C; c += 32) {
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        for (int j = 0; j < n; ++j) {
+            for (int v = 0; v < 4; ++v)
+                acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(y[j] + c + 8 * v));
+        }
+        for (int v = 0; v < 4; ++v)
+            _mm256_storeu_ps(o + c + 8 * v, _mm256_add_ps(_mm256_loadu_ps(o + c + 8 * v), acc[v]));
+    }
+    for (; c < C; ++c) {
+        float s = 0.0f;
+        for (int j = 0; j < n; ++j) s += y[j][c];
+        o[c] += s;
+    }
+}
+
 namespace {
 
 // Scores v[0, n) padded with -inf to whole vectors: t[place] = ids[i] (or i) for every score i

@@ -60,6 +60,8 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
     EXPECT_EQ(t.rank_rows, &generic::rank_rows);
     EXPECT_EQ(t.exp_f64, &generic::exp_f64);
+    EXPECT_EQ(t.weighted_row_sum, &generic::weighted_row_sum);
+    EXPECT_EQ(t.add_row_sum, &generic::add_row_sum);
     for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                   t.convert_isa, t.rows_isa, t.exp_isa}) {
         EXPECT_EQ(f, Isa::generic);
@@ -75,7 +77,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_widen && t.col_sums_f64 &&
-                    t.scaled_rows_and_dots && t.rank_rows && t.exp_f64);
+                    t.scaled_rows_and_dots && t.rank_rows && t.exp_f64 && t.weighted_row_sum &&
+                    t.add_row_sum);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                       t.convert_isa, t.rows_isa, t.exp_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
@@ -95,6 +98,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                   t.scaled_rows_and_dots == &generic::scaled_rows_and_dots);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.rank_rows == &generic::rank_rows);
         EXPECT_EQ(t.exp_isa == Isa::generic, t.exp_f64 == &generic::exp_f64);
+        EXPECT_EQ(t.rows_isa == Isa::generic, t.weighted_row_sum == &generic::weighted_row_sum);
+        EXPECT_EQ(t.rows_isa == Isa::generic, t.add_row_sum == &generic::add_row_sum);
     }
 }
 

@@ -328,6 +328,44 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
     }
 }
 
+TEST_P(OpsIsaVsRef, SlotRowSumsAreBitwiseTheGenericKernels) {
+    // weighted_row_sum and add_row_sum against the generic loops they define, bit for bit: widths
+    // around the 32-column steps, 0 to 9 rows, weights and values of every magnitude (so that a
+    // fused multiply-add or another order of the adds would show), a -0 row sum (+0 + -0 is +0)
+    // and o starting at -0.
+    Rng rng(41);
+    for (int C : {1, 7, 31, 32, 33, 64, 96, 256, 257}) {
+        for (int n : {0, 1, 2, 3, 8, 9}) {
+            SCOPED_TRACE(shape({C, n}));
+            const size_t nr = static_cast<size_t>(n), nc = static_cast<size_t>(C);
+            std::vector<std::vector<float>> rows(nr, std::vector<float>(nc));
+            std::vector<const float*> ptr;
+            std::vector<float> w(nr);
+            for (int j = 0; j < n; ++j) {
+                for (auto& v : rows[size_t(j)])
+                    v = float(std::ldexp(rng.normal(), int(rng.below(31)) - 15));
+                rows[size_t(j)][0] = -0.0f;
+                w[size_t(j)]       = float(rng.uniform());
+                ptr.push_back(rows[size_t(j)].data());
+            }
+            std::vector<float> got(nc, 7.0f), want(nc, -7.0f);
+            weighted_row_sum(got.data(), w.data(), ptr.data(), n, C);
+            generic::weighted_row_sum(want.data(), w.data(), ptr.data(), n, C);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * size_t(C)), 0);
+            std::vector<float> o0(nc);
+            for (auto& v : o0) v = float(rng.normal());
+            o0[0]                = -0.0f;
+            std::vector<float> a = o0, b = o0;
+            add_row_sum(a.data(), ptr.data(), n, C);
+            generic::add_row_sum(b.data(), ptr.data(), n, C);
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * size_t(C)), 0);
+            if (n == 0) {
+                EXPECT_FALSE(std::signbit(a[0]));  // -0 + the empty sum's +0
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, RankRowsGivesTheStableDescendingOrder) {
     // rank_rows against the stable sort it defines, and every ISA against the generic insertion:
     // rows around the 8-lane steps and the candidate filter's thresholds (2 G 8 <= padded E,
