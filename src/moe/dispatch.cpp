@@ -6,6 +6,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#include "kernels/parallel_rows.h"
 
 namespace bagualu::moe {
 
@@ -67,22 +68,20 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
     parallel_for(N, [&](int64_t begin, int64_t end) {
         // a token's slot rows and weights, then one kernel call (kernels::weighted_row_sum, SIMD),
         // in grow-only arrays of the calling thread
-        thread_local std::vector<const float*> rows;
-        thread_local std::vector<float> weights;
-        if (rows.size() < static_cast<size_t>(K)) {
-            rows.resize(static_cast<size_t>(K));
-            weights.resize(static_cast<size_t>(K));
-        }
+        thread_local std::vector<const float*> row_buf;
+        thread_local std::vector<float> weight_buf;
+        const float** rows = kernels::grow(row_buf, static_cast<size_t>(K));
+        float* weights     = kernels::grow(weight_buf, static_cast<size_t>(K));
         for (int64_t t = begin; t < end; ++t) {
             if (t + kRowsAhead < end)
                 prefetch_slot_rows(y_perm, row_of + (t + kRowsAhead) * K, K, C);
             int n = 0;
             for (int k = 0; k < K; ++k) {
                 if (row_of[t * K + k] < 0) continue;
-                rows[static_cast<size_t>(n)] = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
-                weights[static_cast<size_t>(n++)] = probs[t * K + k];
+                rows[n]      = y_perm + static_cast<int64_t>(row_of[t * K + k]) * C;
+                weights[n++] = probs[t * K + k];
             }
-            kernels::weighted_row_sum(out + t * C, weights.data(), rows.data(), n, C);
+            kernels::weighted_row_sum(out + t * C, weights, rows, n, C);
         }
     });
 }
@@ -111,17 +110,17 @@ void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, in
     parallel_for(N, [&](int64_t begin, int64_t end) {
         // the slots' sum from zero in slot order, then onto dx (kernels::add_row_sum, SIMD); the
         // token's rows in a grow-only array of the calling thread
-        thread_local std::vector<const float*> rows;
-        if (rows.size() < static_cast<size_t>(K)) rows.resize(static_cast<size_t>(K));
+        thread_local std::vector<const float*> row_buf;
+        const float** rows = kernels::grow(row_buf, static_cast<size_t>(K));
         for (int64_t t = begin; t < end; ++t) {
             if (t + kRowsAhead < end)
                 prefetch_slot_rows(dx_perm, row_of + (t + kRowsAhead) * K, K, C);
             const int32_t* ro = row_of + t * K;
             int n             = 0;
             for (int k = 0; k < K; ++k) {
-                if (ro[k] >= 0) rows[static_cast<size_t>(n++)] = dx_perm + int64_t{ro[k]} * C;
+                if (ro[k] >= 0) rows[n++] = dx_perm + int64_t{ro[k]} * C;
             }
-            kernels::add_row_sum(dx + t * C, rows.data(), n, C);
+            kernels::add_row_sum(dx + t * C, rows, n, C);
         }
     });
 }

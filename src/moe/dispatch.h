@@ -31,14 +31,8 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
 // zero, in slot order), then added, as the node-deduplicated exchange adds its per-node sums.
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C);
 
-// The row arithmetic of the combine and its gradient, shared with node_dispatcher.cpp so both
-// paths round alike: o += w * y; o += y.
-inline void add_scaled_row(float* o, float w, const float* y, int C) {
-    for (int c = 0; c < C; ++c) o[c] += w * y[c];
-}
-inline void add_row(float* o, const float* y, int C) {
-    for (int c = 0; c < C; ++c) o[c] += y[c];
-}
+// The row arithmetic of the combine and of the slots' sums is kernels::weighted_row_sum and
+// add_row_sum (kernels/ops.h), shared with node_dispatcher.cpp so both paths round alike.
 
 // The combine's gradient for one token's slots, queued and run kernels::scaled_rows_and_dots
 // at a time: dy = w * d, *dprob = dot(d, y) summed in double (the same bits on every ISA).

@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
+#include "kernels/parallel_rows.h"
 
 namespace bagualu::moe {
 
@@ -93,20 +94,20 @@ double softmax_rows(float* softmax_full, double* entropy, const float* logits, i
         // each exponential once (a grow-only row of the calling thread), and the entropy from
         // log p = (g - max) - log(sum): one exp an expert instead of two exps and a log, which
         // made this the largest part of a 64-expert router's forward
-        thread_local std::vector<double> ex;
-        if (ex.size() < static_cast<size_t>(E)) ex.resize(static_cast<size_t>(E));
+        thread_local std::vector<double> row;
+        double* ex = kernels::grow(row, static_cast<size_t>(E));
         for (int64_t t = begin; t < end; ++t) {
             const float* l = logits + t * E;
             double mx      = l[0];
             for (int e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(l[e]));
-            for (int e = 0; e < E; ++e) ex[static_cast<size_t>(e)] = l[e] - mx;
-            kernels::exp_f64(ex.data(), ex.data(), E);  // the row's exps at once (SIMD)
+            for (int e = 0; e < E; ++e) ex[e] = l[e] - mx;
+            kernels::exp_f64(ex, ex, E);  // the row's exps at once (SIMD)
             double sum = 0;
-            for (int e = 0; e < E; ++e) sum += ex[static_cast<size_t>(e)];
+            for (int e = 0; e < E; ++e) sum += ex[e];
             const double log_sum = std::log(sum);
             double h             = 0;
             for (int e = 0; e < E; ++e) {
-                const double p          = ex[static_cast<size_t>(e)] / sum;
+                const double p          = ex[e] / sum;
                 softmax_full[t * E + e] = static_cast<float>(p);
                 if (p > 0) h -= p * ((l[e] - mx) - log_sum);
             }
@@ -123,8 +124,7 @@ void selected_softmax_forward(float* probs, const int32_t* selected, const float
     // threaded over tokens, each exponential once (in a grow-only row of the calling thread)
     parallel_for(N, [&](int64_t begin, int64_t end) {
         thread_local std::vector<double> row;
-        if (row.size() < static_cast<size_t>(K)) row.resize(static_cast<size_t>(K));
-        double* ex = row.data();
+        double* ex = kernels::grow(row, static_cast<size_t>(K));
         for (int64_t t = begin; t < end; ++t) {
             const float* l     = logits + t * E;
             const int32_t* sel = selected + t * K;
@@ -159,8 +159,7 @@ void selected_sigmoid_forward(float* probs, const int32_t* selected, const float
                               int E, int K) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         thread_local std::vector<double> row;
-        if (row.size() < static_cast<size_t>(K)) row.resize(static_cast<size_t>(K));
-        double* sg = row.data();
+        double* sg = kernels::grow(row, static_cast<size_t>(K));
         for (int64_t t = begin; t < end; ++t) {
             const float* l     = logits + t * E;
             const int32_t* sel = selected + t * K;

@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/ops.h"
+#include "kernels/parallel_rows.h"
 #include "moe/dispatch.h"
 #include "moe/token_dispatcher.h"
 
@@ -32,11 +34,7 @@ void layout(const std::vector<int64_t>& rows, int64_t width, std::vector<int64_t
     }
 }
 
-template <typename T>
-T* grow(std::vector<T>& v, int64_t n) {
-    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-    return v.data();
-}
+using kernels::grow;
 
 dist::NodeGroups& ep_nodes_of(dist::ParallelContext& par) {
     BGL_CHECK(par.ep_size() > 1 && par.ep_nodes() != nullptr,
@@ -272,14 +270,16 @@ float* NodeDispatcher::collect(std::vector<float>& dst, const float* src_local, 
 void NodeDispatcher::add_home(float* out, const float* back, size_t width) const {
     const auto C = static_cast<size_t>(C_);
     parallel_for(n_, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<const float*> row_buf;  // the token's entries' rows
         for (int64_t t = begin; t < end; ++t) {
+            const int32_t a0   = tok_ent_start_[static_cast<size_t>(t)];
+            const int n        = tok_ent_start_[static_cast<size_t>(t) + 1] - a0;
+            const float** rows = kernels::grow(row_buf, static_cast<size_t>(n));
+            for (int a = 0; a < n; ++a)
+                rows[a] = back + static_cast<size_t>(tok_ent_[static_cast<size_t>(a0 + a)]) * width;
             float* o = out + static_cast<size_t>(t) * C;
             std::fill(o, o + C, 0.0f);
-            for (int32_t a = tok_ent_start_[static_cast<size_t>(t)];
-                 a < tok_ent_start_[static_cast<size_t>(t) + 1]; ++a) {
-                add_row(o, back + static_cast<size_t>(tok_ent_[static_cast<size_t>(a)]) * width,
-                        C_);
-            }
+            kernels::add_row_sum(o, rows, n, C_);
         }
     });
 }
@@ -326,16 +326,21 @@ void NodeDispatcher::combine(float* out, const float* y_local, Dtype payload) {
     const float* y = collect(ykept_, y_local, payload);  // kept for dispatch_grad's dprobs
     float* part    = grow(r1_, got * C_);
     parallel_for(got, [&](int64_t begin, int64_t end) {
+        // the entry's slot rows and weights, then one kernel call (as moe/dispatch.cpp's combine)
+        thread_local std::vector<const float*> row_buf;
+        thread_local std::vector<float> weight_buf;
+        const float** rows = kernels::grow(row_buf, K);
+        float* weights     = kernels::grow(weight_buf, K);
         for (int64_t i = begin; i < end; ++i) {
-            float* p          = part + static_cast<size_t>(i) * C;
             const int32_t* mt = meta_recv_.data() + static_cast<size_t>(i) * 2 * K;
-            std::fill(p, p + C, 0.0f);
+            int n             = 0;
             for (size_t k = 0; k < K; ++k) {
                 const int64_t r = pos2_[static_cast<size_t>(i) * K + k];
                 if (r < 0) continue;
-                add_scaled_row(p, std::bit_cast<float>(mt[K + k]), y + static_cast<size_t>(r) * C,
-                               C_);
+                rows[n]      = y + static_cast<size_t>(r) * C;
+                weights[n++] = std::bit_cast<float>(mt[K + k]);
             }
+            kernels::weighted_row_sum(part + static_cast<size_t>(i) * C, weights, rows, n, C_);
         }
     });
     float* back = grow(s1_, sent * C_);
@@ -377,14 +382,18 @@ void NodeDispatcher::combine_grad(float* dx, float* dprobs, const float* dx_loca
     const float* s2 = collect(s2_, dx_local, payload);
     float* part     = grow(r1_, got * static_cast<int64_t>(W));
     parallel_for(got, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<const float*> row_buf;  // the entry's slot rows
+        const float** rows = kernels::grow(row_buf, K);
         for (int64_t i = begin; i < end; ++i) {
             float* p = part + static_cast<size_t>(i) * W;
-            std::fill(p, p + C, 0.0f);
+            int n    = 0;
             for (size_t k = 0; k < K; ++k) {
                 const int64_t r = pos2_[static_cast<size_t>(i) * K + k];
-                if (r >= 0) add_row(p, s2 + static_cast<size_t>(r) * C, C_);
+                if (r >= 0) rows[n++] = s2 + static_cast<size_t>(r) * C;
                 p[C + k] = dprobs_rel_[static_cast<size_t>(i) * K + k];
             }
+            std::fill(p, p + C, 0.0f);
+            kernels::add_row_sum(p, rows, n, C_);
         }
     });
     float* back = grow(s1_, sent * static_cast<int64_t>(W));
