@@ -440,6 +440,42 @@ TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {
     set_compute_threads(0);
 }
 
+// Runs a product twice from c0, through run(out, epilogue): without an epilogue, then with one
+// that counts and doubles every element it is handed (at(g, i, j): the index in out of C_g's
+// element (i, j)). covered(k): whether element k of out must be handed over. Returns what went
+// wrong, empty when every covered element was handed over once, at the value the run without an
+// epilogue leaves there, no other element was, and what the epilogue wrote stayed.
+template <typename Run, typename At, typename Covered>
+std::string check_epilogue(const std::vector<float>& c0, Run run, At at, Covered covered) {
+    std::vector<float> plain = c0, c = c0;
+    std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
+    run(plain, GroupEpilogue{});
+    const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
+        for (int i = i0; i < i1; ++i) {
+            for (int j = j0; j < j1; ++j) {
+                const size_t k = at(g, i, j);
+                ++seen[k];  // rectangles are disjoint: no two threads share k
+                stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
+                c[k] = 2.0f * c[k];
+            }
+        }
+    };
+    run(c, GroupEpilogue{epi});
+    int twice = 0, missed = 0, extra = 0, early = 0, lost = 0;
+    for (size_t k = 0; k < c.size(); ++k) {
+        const bool want = covered(k);
+        extra += !want && seen[k] != 0;
+        missed += want && seen[k] == 0;
+        twice += seen[k] > 1;
+        early += stale[k];
+        lost += want && c[k] != 2.0f * plain[k];
+    }
+    if (twice + missed + extra + early + lost == 0) return "";
+    return std::to_string(twice) + " twice, " + std::to_string(missed) + " missed, " +
+           std::to_string(extra) + " outside C's groups, " + std::to_string(early) +
+           " before their final value, " + std::to_string(lost) + " not as the epilogue left them";
+}
+
 // The forward form's epilogue: on every path, 1 to 3 threads, in float32 and bf16 and with K = 0,
 // it is called once for every element of C (no element twice, none of the padding columns, no
 // row of an empty group), and each element it sees already holds its final value, which is what
@@ -451,17 +487,16 @@ TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
         const Forward f = make_forward(sizes, Trans::N, Trans::T, 101, K, 1.0f, 0.0f, 61);
         const int G     = int(f.off.size()) - 1;
         const std::vector<bf16> A16 = to_bf16(f.A), B16 = to_bf16(f.B);
+        const auto at = [&](int g, int i, int j) {
+            return size_t(f.off[size_t(g)] + i) * size_t(f.ldc) + size_t(j);
+        };
+        const auto covered = [&](size_t k) { return int(k % size_t(f.ldc)) < f.N; };
         for (Path path : supported_paths()) {
             gemm::set_active_path(path);
             for (int n = 1; n <= 3; ++n) {
                 set_compute_threads(n);
                 for (bool half : {false, true}) {
-                    const std::string what =
-                        std::string(gemm::path_name(path)) + " K=" + std::to_string(K) +
-                        (half ? " bf16 " : " f32 ") + std::to_string(n) + " threads";
-                    std::vector<float> plain = f.C0, c = f.C0;
-                    std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
-                    auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
+                    const auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
                         if (half) {
                             grouped_gemm_bf16(f.ta, f.tb, G, f.off.data(), f.N, f.K, f.alpha,
                                               A16.data(), f.lda, B16.data(), f.ldb, f.stride_b,
@@ -472,32 +507,9 @@ TEST(GroupedGemm, EpilogueSeesEveryElementOnceAtItsFinalValue) {
                                              f.beta, out.data(), f.ldc, nullptr, epi);
                         }
                     };
-                    run(plain, {});
-                    const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
-                        for (int i = i0; i < i1; ++i) {
-                            for (int j = j0; j < j1; ++j) {
-                                const size_t k =
-                                    size_t(f.off[size_t(g)] + i) * size_t(f.ldc) + size_t(j);
-                                ++seen[k];  // rectangles are disjoint: no two threads share k
-                                stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
-                                c[k] = 2.0f * c[k];
-                            }
-                        }
-                    };
-                    run(c, epi);
-                    int twice = 0, missed = 0, padding = 0, early = 0, lost = 0;
-                    for (size_t k = 0; k < c.size(); ++k) {
-                        const bool pad = int(k % size_t(f.ldc)) >= f.N;
-                        padding += pad && seen[k] != 0;
-                        missed += !pad && seen[k] == 0;
-                        twice += seen[k] > 1;
-                        early += stale[k];
-                        lost += !pad && c[k] != 2.0f * plain[k];
-                    }
-                    EXPECT_EQ(twice + missed + padding + early + lost, 0)
-                        << what << ": " << twice << " twice, " << missed << " missed, " << padding
-                        << " padding, " << early << " before their final value, " << lost
-                        << " not as the epilogue left them";
+                    EXPECT_EQ(check_epilogue(f.C0, run, at, covered), "")
+                        << gemm::path_name(path) << " K=" << K << (half ? " bf16 " : " f32 ") << n
+                        << " threads";
                 }
             }
         }
@@ -514,17 +526,18 @@ TEST(GroupedGemm, TnEpilogueSeesEveryElementOnceAtItsFinalValue) {
     const Tn t                   = make_tn(sizes, 29, 300, 1.0f, 1.0f, 62);
     const int G                  = int(t.off.size()) - 1;
     const std::vector<bf16> A16 = to_bf16(t.A), B16 = to_bf16(t.B);
+    const auto at = [&](int g, int i, int j) {
+        return size_t(g) * t.stride_c + size_t(i) * size_t(t.ldc) + size_t(j);
+    };
+    const auto covered = [&](size_t k) {
+        return int(k % size_t(t.ldc)) < t.N && sizes[k / t.stride_c] != 0;
+    };
     for (Path path : supported_paths()) {
         gemm::set_active_path(path);
         for (int n = 1; n <= 3; ++n) {
             set_compute_threads(n);
             for (bool half : {false, true}) {
-                const std::string what = std::string(gemm::path_name(path)) +
-                                         (half ? " bf16 " : " f32 ") + std::to_string(n) +
-                                         " threads";
-                std::vector<float> plain = t.C0, c = t.C0;
-                std::vector<int> seen(c.size(), 0), stale(c.size(), 0);
-                auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
+                const auto run = [&](std::vector<float>& out, GroupEpilogue epi) {
                     if (half) {
                         grouped_gemm_tn_bf16(G, t.off.data(), t.M, t.N, t.alpha, A16.data(), t.lda,
                                              B16.data(), t.ldb, t.beta, out.data(), t.ldc,
@@ -535,34 +548,8 @@ TEST(GroupedGemm, TnEpilogueSeesEveryElementOnceAtItsFinalValue) {
                                             t.stride_c, nullptr, epi);
                     }
                 };
-                run(plain, {});
-                const auto epi = [&](int g, int i0, int i1, int j0, int j1) {
-                    for (int i = i0; i < i1; ++i) {
-                        for (int j = j0; j < j1; ++j) {
-                            const size_t k =
-                                size_t(g) * t.stride_c + size_t(i) * size_t(t.ldc) + size_t(j);
-                            ++seen[k];
-                            stale[k] += std::memcmp(&c[k], &plain[k], sizeof(float)) != 0;
-                            c[k] = 2.0f * c[k];
-                        }
-                    }
-                };
-                run(c, epi);
-                int twice = 0, missed = 0, extra = 0, early = 0, lost = 0;
-                for (size_t k = 0; k < c.size(); ++k) {
-                    const size_t g   = k / t.stride_c;
-                    const bool pad   = int(k % size_t(t.ldc)) >= t.N;
-                    const bool empty = sizes[g] == 0;
-                    extra += (pad || empty) && seen[k] != 0;
-                    missed += !pad && !empty && seen[k] == 0;
-                    twice += seen[k] > 1;
-                    early += stale[k];
-                    lost += !pad && !empty && c[k] != 2.0f * plain[k];
-                }
-                EXPECT_EQ(twice + missed + extra + early + lost, 0)
-                    << what << ": " << twice << " twice, " << missed << " missed, " << extra
-                    << " padding or empty group, " << early << " before their final value, " << lost
-                    << " not as the epilogue left them";
+                EXPECT_EQ(check_epilogue(t.C0, run, at, covered), "")
+                    << gemm::path_name(path) << (half ? " bf16 " : " f32 ") << n << " threads";
             }
         }
     }
