@@ -33,6 +33,43 @@ double unit_hash(std::string_view entry, uint64_t seed) {
     return static_cast<double>(entry_hash(entry, seed) >> 11) * 0x1.0p-53;
 }
 
+// Whether path is base or lies below it (both made absolute, with . and .. and symbolic links
+// resolved as far as they exist).
+bool same_or_below(const fs::path& path, const fs::path& base) {
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(path, ec), b = fs::weakly_canonical(base, ec);
+    if (p == b) return true;
+    const fs::path rel = p.lexically_relative(b);
+    return !rel.empty() && *rel.begin() != ".." && !rel.is_absolute();
+}
+
+// The outputs (the three files and the meta.json beside val) are written over whatever is there:
+// none may be another of them or one of the corpus inputs (or lie in a corpus folder), which
+// prepare would overwrite while, or before, reading it.
+void validate_outputs(const PrepareOptions& opts) {
+    const std::pair<const char*, std::string> outs[] = {
+        {"data.train", opts.train_path},
+        {"data.val", opts.val_path},
+        {"data.tokenizer", opts.tokenizer_path},
+        {"meta.json (beside data.val)", meta_path_for(opts.val_path)}};
+    for (size_t i = 0; i < std::size(outs); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+            if (same_or_below(outs[i].second, outs[j].second)) {
+                input_error("{} = \"{}\" is the same file as {}: prepare writes each of them",
+                            outs[i].first, outs[i].second, outs[j].first);
+            }
+        }
+        for (const std::string& c : opts.corpus) {
+            if (same_or_below(outs[i].second, c)) {
+                input_error(
+                    "{} = \"{}\" is (or lies in) the corpus input \"{}\": prepare would "
+                    "overwrite what it reads; write the outputs elsewhere",
+                    outs[i].first, outs[i].second, c);
+            }
+        }
+    }
+}
+
 void validate(const PrepareOptions& opts) {
     if (opts.corpus.empty()) input_error("corpus: no files or folders given");
     if (opts.train_path.empty() || opts.val_path.empty() || opts.tokenizer_path.empty()) {
@@ -43,6 +80,7 @@ void validate(const PrepareOptions& opts) {
     if (!(opts.val_fraction > 0.0 && opts.val_fraction < 1.0)) {
         input_error("val_fraction {} must be in (0, 1)", opts.val_fraction);
     }
+    validate_outputs(opts);
 }
 
 // Sorts by (hash, text) so the order depends on neither file order nor hash ties.

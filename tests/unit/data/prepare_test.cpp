@@ -165,6 +165,35 @@ TEST(Prepare, BadOptions) {
     expect_input_error([&] { prepare_corpus(opts); }, {dir.path("missing")});
 }
 
+// An output that is a corpus input, lies in a corpus folder, or is another output is refused
+// before anything is written: the corpus file keeps its bytes.
+TEST(Prepare, OutputsOverwritingInputsOrEachOtherAreRefused) {
+    TempDir dir;
+    const PrepareOptions good = make_corpus(dir, testing::small_corpus(20));
+    const std::string corpus  = read_all(good.corpus[0]);
+
+    PrepareOptions opts = good;
+    opts.train_path     = good.corpus[0];
+    expect_input_error([&] { prepare_corpus(opts); }, {"data.train", good.corpus[0], "corpus"});
+    EXPECT_EQ(read_all(good.corpus[0]), corpus);
+
+    opts          = good;
+    opts.corpus   = {dir.path("corpus")};  // the folder
+    opts.val_path = dir.path("corpus/sub/val.bin");
+    expect_input_error([&] { prepare_corpus(opts); }, {"data.val", "corpus"});
+
+    opts          = good;
+    opts.val_path = good.train_path;
+    expect_input_error([&] { prepare_corpus(opts); }, {"data.val", "same file as data.train"});
+
+    opts                = good;
+    opts.tokenizer_path = dir.path("out/./meta.json");
+    expect_input_error([&] { prepare_corpus(opts); }, {"meta.json", "data.tokenizer"});
+    EXPECT_FALSE(std::filesystem::exists(good.train_path));
+
+    prepare_corpus(good);  // and the options as made are fine
+}
+
 TEST(Prepare, UnigramEntropy) {
     EXPECT_EQ(unigram_entropy({}), 0.0);
     EXPECT_EQ(unigram_entropy(std::vector<int32_t>{7, 7, 7}), 0.0);
