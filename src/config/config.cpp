@@ -692,29 +692,64 @@ void validate_micro_batch(const TrainConfig& c, int ranks) {
     }
 }
 
+namespace {
+
+// tbl[key] = a config field's value as TOML.
+template <typename T>
+void insert_value(toml::table& tbl, const char* key, const T& field) {
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+        toml::array arr;
+        for (const auto& s : field) arr.push_back(s);
+        tbl.insert(key, std::move(arr));
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+        tbl.insert(key, static_cast<int64_t>(field));
+    } else if constexpr (std::is_enum_v<T>) {
+        tbl.insert(key, std::string(name_of(field)));
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        tbl.insert(key, static_cast<int64_t>(field));
+    } else {
+        tbl.insert(key, field);
+    }
+}
+
+}  // namespace
+
 std::string to_toml(const TrainConfig& cfg) {
     toml::table root;
     visit_fields(cfg, [&](const char* sec, const char* key, const auto& field) {
         if (!root.contains(sec)) root.insert(sec, toml::table{});
-        toml::table& tbl = *root[sec].as_table();
-        using T          = std::decay_t<decltype(field)>;
-        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-            toml::array arr;
-            for (const auto& s : field) arr.push_back(s);
-            tbl.insert(key, std::move(arr));
-        } else if constexpr (std::is_same_v<T, uint64_t>) {
-            tbl.insert(key, static_cast<int64_t>(field));
-        } else if constexpr (std::is_enum_v<T>) {
-            tbl.insert(key, std::string(name_of(field)));
-        } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-            tbl.insert(key, static_cast<int64_t>(field));
-        } else {
-            tbl.insert(key, field);
-        }
+        insert_value(*root[sec].as_table(), key, field);
     });
     std::ostringstream out;
     out << root << "\n";
     return out.str();
+}
+
+std::vector<KeyDifference> differing_keys(const TrainConfig& a, const TrainConfig& b,
+                                          const std::string& section) {
+    // each side's values as to_toml prints them: what a checkpoint's config holds
+    const auto values = [&](const TrainConfig& c) {
+        std::vector<std::pair<std::string, std::string>> out;
+        visit_fields(c, [&](const char* sec, const char* key, const auto& field) {
+            if (section != sec) return;
+            toml::table t;
+            insert_value(t, "v", field);
+            std::ostringstream text;
+            text << t;
+            std::string v = text.str();
+            v             = v.substr(v.find('=') + 1);
+            v.erase(0, v.find_first_not_of(' '));
+            while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+            out.emplace_back(fmt::format("{}.{}", sec, key), std::move(v));
+        });
+        return out;
+    };
+    const auto va = values(a), vb = values(b);
+    std::vector<KeyDifference> diff;
+    for (size_t i = 0; i < va.size(); ++i) {
+        if (va[i].second != vb[i].second) diff.push_back({va[i].first, va[i].second, vb[i].second});
+    }
+    return diff;
 }
 
 template <typename E>

@@ -297,6 +297,14 @@ void validate_layout(const TrainConfig& cfg, int ranks);
 void validate_micro_batch(const TrainConfig& cfg, int ranks);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
+// The keys of `section` whose values differ between a and b, each with both values as TOML
+// text, in declaration order.
+struct KeyDifference {
+    std::string key;  // "section.key"
+    std::string a, b;
+};
+std::vector<KeyDifference> differing_keys(const TrainConfig& a, const TrainConfig& b,
+                                          const std::string& section);
 
 // One enumerated value (enums.h: GateKind, Level, Partition, Resume, Recompute, Dtype) from its
 // spelling in a config file; InputError `<where> = "<text>": expected ...` for anything else.

@@ -13,6 +13,7 @@
 #include "dist/comm/checks.h"
 #include "dist/comm/collectives.h"
 #include "model/gpt.h"
+#include "model/precision.h"
 
 namespace bagualu::train {
 
@@ -218,8 +219,26 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     try {
         // rank 0 checks every file's hash; the others only sizes (they read what they need)
         reader = std::make_unique<io::ckpt::CheckpointReader>(dir, verify && par_.rank() == 0);
-        out.trainer =
-            parse_trainer_state(reader->manifest().state, dir + "/" + io::ckpt::kManifestName);
+        const std::string manifest = dir + "/" + io::ckpt::kManifestName;
+        out.trainer                = parse_trainer_state(reader->manifest().state, manifest);
+        if (out.trainer.steps_skipped > reader->manifest().step) {
+            input_error("{}: state.steps_skipped = {} exceeds the {} steps it has done", manifest,
+                        out.trainer.steps_skipped, reader->manifest().step);
+        }
+        // the run that wrote it (every manifest holds its config): the same model, as tensors
+        // of equal shapes can still belong to another one (another top_k, gate or head count),
+        // and whether it scaled its loss
+        const TrainConfig saved =
+            config_from_text(reader->manifest().config_toml, manifest + " (config)");
+        const std::vector<KeyDifference> diff = differing_keys(cfg_, saved, "model");
+        if (!diff.empty()) {
+            input_error(
+                "{}: written by another model: {} = {} here, {} in the checkpoint{} (model.* must "
+                "match to resume)",
+                dir, diff[0].key, diff[0].a, diff[0].b,
+                diff.size() > 1 ? fmt::format(", and {} more key(s)", diff.size() - 1) : "");
+        }
+        out.loss_scaled = model::PrecisionPolicy::from_config(saved.precision).loss_scaling();
         for (const StateSpace& sp : spaces) {
             for (const ShardPiece& p : sp.map->pieces()) {
                 const model::ParamSpec& s = layout_.spec(p.spec);

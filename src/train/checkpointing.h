@@ -48,6 +48,9 @@ struct ResumePoint {
     nlohmann::json state;  // the manifest's state: sampler cursor and counters
     TrainerState trainer;  // the same, checked and typed
     std::string dir;       // the checkpoint that was loaded
+    // whether its run scaled the loss (fp16): otherwise its loss scale is 1 and means nothing
+    // to a run that scales
+    bool loss_scaled = false;
 };
 
 class Checkpointer {

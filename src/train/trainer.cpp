@@ -322,7 +322,14 @@ void Trainer::resume() {
     const TrainerState& ts = rp->trainer;
     loader_->set_cursor({ts.epoch, ts.position});
     if (ts.has_loss_scale) {  // absent in checkpoints of FP32 runs' first format
-        scaler_.restore(ts.loss_scale, ts.clean_steps);
+        // a checkpoint of a run without loss scaling holds scale 1: an fp16 run resumed from it
+        // starts from its configured scale
+        if (rp->loss_scaled || !scaler_.enabled()) {
+            scaler_.restore(ts.loss_scale, ts.clean_steps);
+        } else if (writer_) {
+            log::info("{} was written without loss scaling: the loss scale starts from {}", rp->dir,
+                      scaler_.scale());
+        }
         optimizer_->set_steps_skipped(ts.steps_skipped);
     }
     if (cfg_.model.balance_bias_rate > 0) {
