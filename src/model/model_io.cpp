@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,17 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& s
     // value() would throw json's type_error on a model_type that is not a string
     if (!j.contains("model_type") || j["model_type"] != "bagualu-moe-gpt") {
         input_error("{}: model_type must be \"bagualu-moe-gpt\"", source);
+    }
+    // What model_config_to_json writes besides the fields: the format and the model's fixed
+    // math. Absent is fine (hand-written configs); another value is a model this code would
+    // run wrongly.
+    const nlohmann::json fixed = model_config_to_json(ModelConfig{});
+    for (const char* key :
+         {"format_version", "layer_norm_epsilon", "activation", "tie_word_embeddings"}) {
+        if (j.contains(key) && j[key] != fixed[key]) {
+            input_error("{}: {} = {}: this version reads {} only", source, key, j[key].dump(),
+                        fixed[key].dump());
+        }
     }
     ModelConfig m;
     // A key that changes the model at inference must be there; the training-only ones keep
@@ -156,7 +168,7 @@ LoadedModel load_model(const std::string& dir) {
         try {
             j = nlohmann::json::parse(f);
         } catch (const nlohmann::json::exception& e) {
-            input_error("{}: invalid JSON: {}", cfg_path, e.what());
+            input_error("{}: invalid JSON: {}", cfg_path, json_error_text(e.what()));
         }
     }
     LoadedModel out;
@@ -185,8 +197,19 @@ LoadedModel load_model(const std::string& dir) {
         }
     }
     out.params = Buffer<float>(layout.total_floats());
+    // a trained model's weights are finite: a NaN or infinity is a damaged file, whose
+    // evaluation or samples would mean nothing
+    const auto check_finite = [&](const std::vector<float>& v, const std::string& name) {
+        const auto bad =
+            std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+        if (bad != v.end()) {
+            input_error("{}: tensor {} holds {} at element {}: expected finite weights", st.path(),
+                        name, *bad, bad - v.begin());
+        }
+    };
     for (const ParamSpec& s : layout.specs()) {
         const std::vector<float> v = st.read_f32(s.name);
+        check_finite(v, s.name);
         std::copy(v.begin(), v.end(), out.params.data() + s.offset);
     }
     if (out.config.balance_bias_rate > 0) {
@@ -198,6 +221,7 @@ LoadedModel load_model(const std::string& dir) {
                             name, fmt::join(st.info(name).shape, ", "), out.config.n_experts);
             }
             out.biases.push_back(st.read_f32(name));
+            check_finite(out.biases.back(), name);
         }
     }
     for (const std::string& name : st.names()) {

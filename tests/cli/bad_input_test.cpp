@@ -254,6 +254,18 @@ TEST_F(BadInputTest, CraftedModelConfigJson) {
     expect_error("eval --model " + model, {"config.json", "d_model = 4294967360", "out of range"});
     with("n_experts", "16777216");
     expect_error("eval --model " + model, {"model.safetensors", "tensors", "config.json implies"});
+    // what the config states of the model's fixed math must be what this code computes
+    with("activation", "\"relu\"");
+    expect_error("eval --model " + model, {"config.json", "activation = \"relu\"", "gelu_tanh"});
+    with("format_version", "7");
+    expect_error("eval --model " + model, {"config.json", "format_version = 7"});
+    write_file(model + "/config.json", json);
+    // a NaN in the weights (the file's last float) is a damaged model, not a loss of nan
+    std::string st         = read_file(model + "/model.safetensors");
+    const char nan_bits[4] = {0x00, 0x00, static_cast<char>(0xc0), 0x7f};
+    st.replace(st.size() - 4, 4, nan_bits, 4);
+    write_file(model + "/model.safetensors", st);
+    expect_error("eval --model " + model, {"model.safetensors", "nan", "expected finite weights"});
 }
 
 }  // namespace
