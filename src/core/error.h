@@ -26,6 +26,14 @@ template <typename... Args>
     throw InputError(fmt::format(f, std::forward<Args>(args)...));
 }
 
+// A JSON parser's message without its exception tag ("[json.exception.parse_error.101] "), for
+// an input error that names the file itself.
+inline std::string json_error_text(const char* what) {
+    const std::string s = what;
+    const size_t end    = s.rfind("] ", s.find(' '));
+    return s.rfind("[json.exception.", 0) == 0 && end != std::string::npos ? s.substr(end + 2) : s;
+}
+
 }  // namespace bagualu
 
 #define BGL_CHECK(cond, ...)                                                                    \

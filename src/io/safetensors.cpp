@@ -295,7 +295,7 @@ Json parse_header(std::string_view text, const std::string& path,
     try {
         return Json::parse(text.begin(), text.end(), on_event);
     } catch (const Json::exception& e) {
-        input_error("{}: header is not valid JSON: {}", path, e.what());
+        input_error("{}: header is not valid JSON: {}", path, json_error_text(e.what()));
     }
 }
 

@@ -25,6 +25,10 @@ struct Record {
 };
 
 std::vector<Record> read_jsonl_records(const std::string& path) {
+    // a FIFO or device would block or never end
+    std::error_code ec;
+    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+        input_error("{}: not a regular file (expected the run's metrics log)", path);
     std::ifstream in(path);
     if (!in) input_error("{}: cannot open: {}", path, std::strerror(errno));
     std::vector<Record> records;
@@ -34,7 +38,7 @@ std::vector<Record> read_jsonl_records(const std::string& path) {
         try {
             records.push_back({line_no, nlohmann::json::parse(line)});
         } catch (const nlohmann::json::exception& e) {
-            input_error("{}:{}: invalid JSON: {}", path, line_no, e.what());
+            input_error("{}:{}: invalid JSON: {}", path, line_no, json_error_text(e.what()));
         }
     }
     if (in.bad()) input_error("{}: read failed: {}", path, std::strerror(errno));

@@ -37,7 +37,7 @@ GemmChoiceRecord::Loaded GemmChoiceRecord::load() {
     try {
         j = nlohmann::json::parse(text.str());
     } catch (const nlohmann::json::exception& e) {
-        input_error("{}: not JSON: {}", path_, e.what());
+        input_error("{}: not JSON: {}", path_, json_error_text(e.what()));
     }
     bool same_machine = false;
     try {

@@ -149,6 +149,14 @@ TEST_F(FaultTest, ModelFilesThatAreFifosAreRefusedWithoutBlocking) {
     }
 }
 
+TEST_F(FaultTest, MetricsThatAreAFifoAreRefusedWithoutBlocking) {
+    ASSERT_EQ(run(train("")).status, 0);
+    const std::string path = dir / "run/metrics.jsonl";
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    expect_one_error(run("report " + (dir / "run")), {"metrics.jsonl", "not a regular file"});
+}
+
 // ---- 2. run outputs that can be destroyed ----
 
 TEST_F(FaultTest, SecondRunIntoALockedDirectoryFailsAtOnceNamingTheHolder) {
@@ -303,6 +311,9 @@ TEST_F(CheckpointFaultTest, MistypedStateIsOneLine) {
         {[](nlohmann::json& j) { j["state"]["loss_scale"]["scale"] = nullptr; },
          "state.loss_scale.scale"},
         {[](nlohmann::json& j) { j["state"]["steps_skipped"] = 1.5; }, "state.steps_skipped"},
+        {[](nlohmann::json& j) { j["state"]["steps_skipped"] = 3; },
+         "state.steps_skipped = 3 exceeds the 2 steps"},
+        {[](nlohmann::json& j) { j["config"] = "this is [[[ not toml"; }, "manifest.json (config)"},
     };
     const std::string original = read_file(ckpt + "/manifest.json");
     for (const auto& [edit, needle] : cases) {
@@ -311,6 +322,33 @@ TEST_F(CheckpointFaultTest, MistypedStateIsOneLine) {
         expect_one_error(run(train("--resume --set train.steps=4")), {"manifest.json", needle});
         EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), metrics) << needle;
     }
+}
+
+// Tensors of the same shapes can belong to another model (top_k, the head count, the gate):
+// resuming compares the checkpoint's config, and keeps the run as it was.
+TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {
+    const std::string metrics = read_file(dir / "run/metrics.jsonl");
+    expect_one_error(run(train("--resume --set train.steps=4 --set model.top_k=1")),
+                     {"step_00000002", "model.top_k = 1 here, 2 in the checkpoint"});
+    expect_one_error(
+        run(train("--resume --set train.steps=4 --set model.n_head=2 --set model.top_k=1")),
+        {"model.n_head = 2 here, 4 in the checkpoint", "and 1 more key"});
+    EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), metrics);
+    EXPECT_TRUE(fs::exists(ckpt + "/manifest.json"));
+}
+
+// A float32 run's checkpoint holds loss scale 1: an fp16 run resumed from it starts from its
+// configured scale instead (a scale of 1 would let small fp16 gradients underflow).
+TEST_F(CheckpointFaultTest, Fp16ResumedFromAnUnscaledRunStartsFromItsOwnScale) {
+    const CommandResult r =
+        run(train("--resume --set train.steps=3 --set precision.dtype=fp16 "
+                  "--set precision.loss_scale=1024"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("written without loss scaling: the loss scale starts from 1024"),
+              std::string::npos)
+        << r.output;
+    const std::string metrics = read_file(dir / "run/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"loss_scale\":1024"), std::string::npos) << metrics;
 }
 
 TEST_F(CheckpointFaultTest, ManifestMustAgreeWithWhereItSits) {

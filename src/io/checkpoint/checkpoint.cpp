@@ -261,7 +261,7 @@ Manifest read_manifest(const std::string& dir) {
         try {
             j = nlohmann::json::parse(in);
         } catch (const nlohmann::json::exception& e) {
-            input_error("{}: invalid JSON: {}", path, e.what());
+            input_error("{}: invalid JSON: {}", path, json_error_text(e.what()));
         }
     }
     Manifest m = manifest_from_json(j, path);
