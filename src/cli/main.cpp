@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bench/io_bench.h"
+#include "cli/checks.h"
 #include "cli/commands.h"
 #include "cli/plan_commands.h"
 #include "core/error.h"
@@ -55,7 +56,12 @@ int main(int argc, char** argv) {
     std::string run_dir;
     auto* train = app.add_subcommand("train", "Train a model");
     add_common(train);
-    train->add_option("--run-dir", run_dir, "Output directory (default: runs/<config name>)");
+    train->add_option("--run-dir", run_dir, "Output directory (default: runs/<config name>)")
+        ->check(CLI::Validator(
+            [](std::string& dir) -> std::string {
+                return dir.empty() ? "expected a directory, got an empty path" : "";
+            },
+            ""));
     train->add_flag("--force", force, "Replace an earlier run in the run directory");
     bool resume = false;
     train->add_flag("--resume", resume,
@@ -72,15 +78,14 @@ int main(int argc, char** argv) {
     sample->add_option("--model", sa.model_dir, "Exported model directory or run directory")
         ->required();
     sample->add_option("--prompt", sa.prompts, "Prompt text (repeatable)");
-    sample->add_option("-n,--num-samples", sa.n, "Number of samples")
-        ->check(CLI::NonNegativeNumber);
+    sample->add_option("-n,--num-samples", sa.n, "Number of samples")->check(cli::non_negative());
     sample->add_option("--max-new-tokens", sa.max_new_tokens, "Tokens to generate per sample")
-        ->check(CLI::PositiveNumber);
+        ->check(cli::positive());
     sample->add_option("--temperature", sa.temperature, "Sampling temperature (0 = greedy)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     sample->add_option("--top-k", sa.top_k, "Sample from the k most likely tokens (0 = all)")
-        ->check(CLI::NonNegativeNumber);
-    sample->add_option("--seed", sa.seed, "Random seed")->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
+    sample->add_option("--seed", sa.seed, "Random seed")->check(cli::non_negative());
 
     std::string from, out, dtype = "f32", from_ckpt;
     auto* exp      = app.add_subcommand("export", "Write a model as safetensors + config.json");
@@ -131,7 +136,7 @@ int main(int argc, char** argv) {
     bench_kernels->add_option("--set", common.overrides, "Override a config key (repeatable)")
         ->type_name("SECTION.KEY=VALUE");
     bench_kernels->add_option("--repeats", ba.repeats, "Timed runs per GEMM (median)")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->default_str("5");
     bench_kernels->add_option("--filter", ba.filter,
                               "Only GEMMs whose name contains this, e.g. square, qkv, \"lm head\"");
@@ -145,12 +150,12 @@ int main(int argc, char** argv) {
         ->type_name("MIN MAX")
         ->default_str("4K 64M");
     bench_comm->add_option("--repeats", ba.repeats, "Timed runs per size and operation (median)")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->default_str("10");
     bench_comm
         ->add_option("--ranks-per-node", ba.ranks_per_node,
                      "Treat every R consecutive ranks as a node (0: the shared-memory split)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(cli::non_negative())
         ->default_str("0");
     bench_comm->add_flag("--json", ba.json, "Print one JSON object");
     auto* bench_train = bench->add_subcommand(
@@ -158,10 +163,10 @@ int main(int argc, char** argv) {
     add_common(bench_train);
     bench_train->get_option("--config")->required();
     bench_train->add_option("--steps", ba.steps, "Timed steps")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
     bench_train->add_option("--warmup", ba.warmup, "Untimed steps first")
-        ->check(CLI::NonNegativeNumber)
+        ->check(cli::non_negative())
         ->capture_default_str();
     bench_train->add_flag("--json", ba.json, "Print one JSON object");
     bench_train->add_flag(
@@ -173,8 +178,10 @@ int main(int argc, char** argv) {
                      "SECTION.KEY=VALUE items separated by ';', applied after --set; "
                      "speeds are given against the first")
         ->excludes("--compare-overlap");
-    bench_train->add_option("--repeats", ba.repeats,
-                            "Runs of each setting for --compare and --compare-overlap (default 3)");
+    bench_train
+        ->add_option("--repeats", ba.repeats,
+                     "Runs of each setting for --compare and --compare-overlap (default 3)")
+        ->check(cli::positive());
     bench::IoBenchOptions io_options;
     int64_t io_mib = 256;
     auto* bench_io = bench->add_subcommand(
@@ -183,7 +190,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
         ->capture_default_str();
     bench_io->add_option("--repeats", io_options.repeats, "Timed rounds (median)")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
     bench_io
         ->add_option("--dir", io_options.dir,
@@ -195,7 +202,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t{2}, int64_t{100000}))
         ->capture_default_str();
     bench_io->add_option("--stall-every", io_options.stall_every, "A checkpoint every N steps")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
     cli::PlanCommands plan_commands(app);
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/checks.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/proc_memory.h"
@@ -32,26 +33,24 @@ PlanCommands::PlanCommands(CLI::App& app) {
     plan_->add_option("--set", overrides_, "Override a config key (repeatable)")
         ->type_name("SECTION.KEY=VALUE");
     plan_->add_option("--machine", machine_, "Machine file (machines/*.toml)")->required();
-    plan_->add_option("--nodes", nodes_, "Nodes")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    plan_->add_option("--nodes", nodes_, "Nodes")->check(cli::positive())->capture_default_str();
     plan_->add_option("--ranks-per-node", ranks_per_node_, "MPI ranks per node")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
     plan_
         ->add_option("--overlap", overlap_,
                      "What-if: fraction f of min(gradient reduction, last backward) hidden "
                      "(default: as parallel.overlap_grad_reduce does, docs/scale.md)")
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(cli::number_in(0.0, 1.0, "a fraction in [0, 1]"));
     plan_
         ->add_option("--capacity-factor", capacity_,
                      "What-if: the MoE row budget, this x N x K rows per rank (as "
                      "model.moe_rows_budget; 0 = the config's)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::non_negative());
     plan_->add_flag("--sweep", sweep_,
                     "Rank layouts (expert parallelism, micro-batch) by predicted throughput");
     plan_->add_option("--top", top_, "Layouts listed by --sweep")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
     plan_->add_flag("--json", json_, "Print one JSON object");
 
@@ -61,7 +60,7 @@ PlanCommands::PlanCommands(CLI::App& app) {
     calibrate_->add_option("--out", out_, "Machine file to write (updated in place under mpirun)")
         ->capture_default_str();
     calibrate_->add_option("--seconds", seconds_, "Time per measurement")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::positive())
         ->capture_default_str();
 }
 
@@ -309,6 +308,7 @@ int run_sweep(const Inputs& base, int top, bool json) {
     const int64_t per = base.cfg.train.batch_size / P;
     const bool moe    = base.cfg.model.moe_every > 0;
     std::vector<Estimate> fit, nofit;
+    std::string why;  // the first layout's error, should none be valid
     for (int64_t ep : divisors(P)) {
         if (moe ? base.cfg.model.n_experts % ep != 0 : ep != 1) continue;
         for (int64_t mb : divisors(std::max<int64_t>(1, per))) {
@@ -321,10 +321,16 @@ int run_sweep(const Inputs& base, int top, bool json) {
                 in.layout.capacity_factor = base.layout.capacity_factor;
                 const Estimate e          = run_estimate(in);
                 (e.fits ? fit : nofit).push_back(e);
-            } catch (const InputError&) {
+            } catch (const InputError& e) {
+                if (why.empty()) why = e.what();
                 continue;  // layout invalid for this batch
             }
         }
+    }
+    if (fit.empty() && nofit.empty()) {
+        input_error("plan --sweep: no valid layout of {} ranks ({} node(s) x {}) for this config{}",
+                    P, base.layout.nodes(), base.layout.ranks_per_node,
+                    why.empty() ? "" : ", e.g.: " + why);
     }
     auto by_speed = [](const Estimate& a, const Estimate& b) {
         return a.tokens_per_s > b.tokens_per_s;

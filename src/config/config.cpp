@@ -17,6 +17,7 @@
 
 #include "config/toml_file.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace bagualu {
 namespace {
@@ -447,6 +448,13 @@ void validate(const TrainConfig& c) {
                     m.n_head);
     }
     if (m.moe_every < 0) input_error("{}: model.moe_every = {}: must be >= 0", src, m.moe_every);
+    if (m.moe_every > m.n_layer) {
+        // blocks moe_every, 2 moe_every, ...: none among n_layer, and the MoE keys would be ignored
+        input_error(
+            "{}: model.moe_every = {} > model.n_layer = {} makes no block an MoE layer: use "
+            "moe_every = 0 for a dense model",
+            src, m.moe_every, m.n_layer);
+    }
     if (m.moe_every > 0) {
         positive("model.n_experts", m.n_experts);
         positive("model.top_k", m.top_k);
@@ -689,6 +697,15 @@ void validate_micro_batch(const TrainConfig& c, int ranks) {
             "many for this model: an activation of (tokens x {}) values must hold at "
             "most {} (lower train.micro_batch_size)",
             src, mb, m.seq_len, width, kMaxInt32);
+    }
+    // The compute threads wait for each other by spinning: more of them than the CPUs this
+    // process may use (its affinity mask) makes every step wait on the scheduler instead.
+    const int cpus = static_cast<int>(allowed_cpus().size());
+    if (c.train.threads > cpus) {
+        input_error(
+            "{}: train.threads = {} exceeds the {} CPU(s) this process may run on (its "
+            "affinity mask): use at most {}, or 0 for all of them",
+            src, c.train.threads, cpus, cpus);
     }
 }
 

@@ -90,6 +90,13 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
                         L_.micro_batch);
     BGL_CHECK(!split_.has_empty(), "rank {}: an empty micro-batch in the split of {} over {}",
               L_.rank, split_.batch(), L_.ranks);
+    if (split_.batch() > n_windows_) {
+        // every step would hold some window twice, and a huge batch would run for ever
+        input_error(
+            "train.batch_size = {} sequences a step exceeds the {} windows of {} tokens that "
+            "data.train holds: lower train.batch_size or use more data",
+            split_.batch(), n_windows_, L_.seq_len + 1);
+    }
     window_ints_ = static_cast<size_t>(split_.max_rows()) * static_cast<size_t>(L_.seq_len + 1);
     if (reader_) {
         sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed);

@@ -231,6 +231,36 @@ TEST_F(BadInputTest, NonFiniteAndAbsurdNumbers) {
     expect_error(base + " --set sample.temperature=1e300", {"sample.temperature"});
 }
 
+// Values that are each in range but cannot run as meant: no block an MoE layer while the MoE
+// keys are set, more compute threads than CPUs (each waits by spinning), a batch larger than
+// the data (it ran for ever), an empty run directory (it fell back to runs/<name> here).
+TEST_F(BadInputTest, ValuesThatCannotRunAsMeant) {
+    expect_error(base + " --set model.moe_every=3",
+                 {"model.moe_every = 3 > model.n_layer = 2", "moe_every = 0"});
+    expect_error(base + " --set train.threads=4096",
+                 {"train.threads = 4096 exceeds the", "CPU(s) this process may run on"});
+    expect_error(base + " --set train.batch_size=100000 --set train.micro_batch_size=1",
+                 {"train.batch_size = 100000", "windows", "data.train"});
+    expect_error("train --config configs/tiny.toml --run-dir ''", {"--run-dir", "empty path"});
+}
+
+// Numeric options say what they expect, NaN included (the option library printed its bounds as
+// 300-digit numbers and let NaN through a range).
+TEST_F(BadInputTest, NumericOptionsSayWhatTheyExpect) {
+    expect_error("bench train --config configs/tiny.toml --steps 0",
+                 {"--steps: expected a positive number, got 0"});
+    expect_error(
+        "bench train --config configs/tiny.toml --compare model.top_k=1 --compare "
+        "model.top_k=2 --repeats -1",
+        {"--repeats: expected a positive number, got -1"});
+    const std::string plan =
+        "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml";
+    expect_error(plan + " --overlap nan", {"--overlap: expected a fraction in [0, 1], got nan"});
+    expect_error(plan + " --nodes 0", {"--nodes: expected a positive number, got 0"});
+    expect_error(plan + " --sweep --nodes 64 --ranks-per-node 6",
+                 {"plan --sweep: no valid layout of 384 ranks", "train.batch_size = 8"});
+}
+
 // One micro-batch whose activations exceed the kernels' int32 indexing is refused before any
 // allocation (here 2^25 sequences of 64 tokens: 2^31 tokens).
 TEST_F(BadInputTest, MicroBatchTooLargeForTheModel) {
