@@ -269,7 +269,17 @@ int cmd_inspect(const std::string& dir_arg) {
         "\n  {}\n",
         bad == 0 ? "all files pass their size and checksum checks"
                  : fmt::format("{} file(s) FAIL their checks: this checkpoint is not usable", bad));
-    return bad == 0 ? 0 : 1;
+    if (bad != 0) return 1;
+    // then every tensor read whole, as a resume reads it: files can pass their hashes and still
+    // not load (a manifest edited with its hashes)
+    const std::vector<std::string> unreadable = train::unreadable_tensors(dir);
+    for (const std::string& line : unreadable) fmt::print("  {}\n", line);
+    fmt::print("  {}\n",
+               unreadable.empty()
+                   ? "every tensor its config implies reads whole"
+                   : fmt::format("{} tensor(s) FAIL to read: this checkpoint is not usable",
+                                 unreadable.size()));
+    return unreadable.empty() ? 0 : 1;
 }
 
 int cmd_report(const std::string& run_dir) {

@@ -14,6 +14,9 @@ namespace bagualu {
 // what: the kind of file for the not-found message ("config", "machine").
 inline toml::table parse_toml_file(const std::string& path, const char* what) {
     if (!std::filesystem::exists(path)) input_error("{}: {} file not found", path, what);
+    // a directory would read as an empty table; a FIFO would block
+    if (!std::filesystem::is_regular_file(path))
+        input_error("{}: not a regular file (expected a {} file)", path, what);
     try {
         return toml::parse_file(path);
     } catch (const toml::parse_error& e) {

@@ -396,6 +396,35 @@ void Checkpointer::close() {
     last_ = allgather_strings(par_.world(), last_)[0];
 }
 
+std::vector<std::string> unreadable_tensors(const std::string& dir) {
+    const io::ckpt::CheckpointReader reader(dir, false);
+    const TrainConfig cfg =
+        config_from_text(reader.manifest().config_toml, dir + "/manifest.json (config)");
+    const model::ParamLayout full = model::make_layout(cfg.model);
+    std::vector<std::string> out;
+    std::vector<float> buf;
+    constexpr int64_t kChunk = int64_t{1} << 22;  // floats read at a time
+    for (const model::ParamSpec& s : full.specs()) {
+        for (const char* kind : kKinds) {
+            const std::string name = tensor_name(kind, s);
+            try {
+                if (!reader.has(name)) input_error("no such tensor (its config implies it)");
+                if (reader.shape(name) != s.shape) {
+                    input_error("shape [{}], its config implies [{}]",
+                                fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
+                }
+                const int64_t n = static_cast<int64_t>(s.numel);
+                buf.resize(static_cast<size_t>(std::min(n, kChunk)));
+                for (int64_t lo = 0; lo < n; lo += kChunk)
+                    reader.read(name, lo, std::min(n, lo + kChunk), buf.data());
+            } catch (const InputError& e) {
+                out.push_back(fmt::format("{}: {}", name, e.what()));
+            }
+        }
+    }
+    return out;
+}
+
 CheckpointModel read_checkpoint_model(const std::string& dir) {
     io::ckpt::CheckpointReader reader(dir, true);
     CheckpointModel out;

@@ -128,4 +128,10 @@ struct CheckpointModel {
 };
 CheckpointModel read_checkpoint_model(const std::string& dir);
 
+// What would stop a resume from reading the checkpoint at dir, whose files have passed their
+// checks: for every tensor its config's model implies (parameters and both moments), whether it
+// is there with that shape and reads whole (slices covering it exactly, each in its file with the
+// shape and dtype the manifest declares). One line per failing tensor; empty when all read.
+std::vector<std::string> unreadable_tensors(const std::string& dir);
+
 }  // namespace bagualu::train

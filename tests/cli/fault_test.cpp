@@ -351,6 +351,28 @@ TEST_F(CheckpointFaultTest, Fp16ResumedFromAnUnscaledRunStartsFromItsOwnScale) {
     EXPECT_NE(metrics.find("\"loss_scale\":1024"), std::string::npos) << metrics;
 }
 
+// inspect reads every tensor the config implies as a resume would: a manifest edited so that
+// a slice names no tensor of its file, or a tensor has no slice, fails it though every file
+// passes its hash.
+TEST_F(CheckpointFaultTest, InspectFailsACheckpointWhoseTensorsDoNotRead) {
+    const CommandResult ok = run("inspect " + ckpt);
+    EXPECT_EQ(ok.status, 0) << ok.output;
+    EXPECT_NE(ok.output.find("every tensor its config implies reads whole"), std::string::npos)
+        << ok.output;
+    const std::string original = read_file(ckpt + "/manifest.json");
+    edit_manifest([](nlohmann::json& j) { j["files"][0]["slices"][0]["key"] = "param/none"; });
+    CommandResult r = run("inspect " + ckpt);
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("no tensor named \"param/none\""), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("1 tensor(s) FAIL to read"), std::string::npos) << r.output;
+    write_file(ckpt + "/manifest.json", original);
+    edit_manifest([](nlohmann::json& j) { j["files"][0]["slices"].erase(5); });
+    r = run("inspect " + ckpt);
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("no such tensor (its config implies it)"), std::string::npos)
+        << r.output;
+}
+
 TEST_F(CheckpointFaultTest, ManifestMustAgreeWithWhereItSits) {
     fs::rename(ckpt, dir / "run/checkpoints/step_00000001");
     expect_one_error(run("inspect " + (dir / "run/checkpoints/step_00000001")),
