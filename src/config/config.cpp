@@ -645,6 +645,16 @@ void validate_layout(const TrainConfig& c, int ranks) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
     }
+    // Each rank lists its experts' tensors one by one (the parameter layout, the planner's
+    // footprint): millions of them on one rank took minutes and gigabytes before any check of
+    // the memory they need could say no.
+    constexpr int kMaxLocalExperts = 1 << 16;
+    if (c.model.moe_every > 0 && ep > 0 && c.model.n_experts / ep > kMaxLocalExperts) {
+        input_error(
+            "{}: model.n_experts = {} over parallel.expert_parallel = {} puts {} experts on each "
+            "rank: at most {} (raise parallel.expert_parallel)",
+            src, c.model.n_experts, ep, c.model.n_experts / ep, kMaxLocalExperts);
+    }
     const int rpn = c.parallel.ranks_per_node;
     if (rpn < 0 || (rpn > 0 && ranks % rpn != 0)) {
         input_error(

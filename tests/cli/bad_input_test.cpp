@@ -259,6 +259,9 @@ TEST_F(BadInputTest, NumericOptionsSayWhatTheyExpect) {
     expect_error(plan + " --nodes 0", {"--nodes: expected a positive number, got 0"});
     expect_error(plan + " --sweep --nodes 64 --ranks-per-node 6",
                  {"plan --sweep: no valid layout of 384 ranks", "train.batch_size = 8"});
+    // the most experts a config may have, all on one rank: refused at once (it ran for minutes)
+    expect_error(plan + " --set model.n_experts=16777216",
+                 {"puts 16777216 experts on each rank", "at most 65536"});
 }
 
 // One micro-batch whose activations exceed the kernels' int32 indexing is refused before any
