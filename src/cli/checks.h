@@ -3,6 +3,7 @@
 // "0 to max" where 0 is refused, and let NaN through a Range.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cfloat>
 #include <cmath>
 #include <string>
 
@@ -21,8 +22,8 @@ inline CLI::Validator number_in(double lo, double hi, const std::string& what) {
 }
 
 inline CLI::Validator positive() {
-    return number_in(std::nextafter(0.0, 1.0), HUGE_VAL, "a positive number");
+    return number_in(std::nextafter(0.0, 1.0), DBL_MAX, "a positive number");
 }
-inline CLI::Validator non_negative() { return number_in(0.0, HUGE_VAL, "a number >= 0"); }
+inline CLI::Validator non_negative() { return number_in(0.0, DBL_MAX, "a number >= 0"); }
 
 }  // namespace bagualu::cli

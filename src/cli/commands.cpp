@@ -132,7 +132,10 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
 }
 
 // A run directory holds model/; a model directory holds config.json.
-static std::string model_dir_of(const std::string& dir) {
+static std::string model_dir_of(const std::string& dir_arg) {
+    // "run/model/" and "run/model/." name run/model, whose parent holds the run's config.toml
+    std::string dir = fs::path(dir_arg).lexically_normal().string();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     if (fs::exists(fs::path(dir) / "config.json")) return dir;
     if (fs::exists(fs::path(dir) / "model" / "config.json"))
         return (fs::path(dir) / "model").string();
@@ -140,6 +143,14 @@ static std::string model_dir_of(const std::string& dir) {
 }
 
 int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::string& val_path) {
+    for (const std::string& o : a.overrides) {
+        if (o.rfind("model.", 0) == 0) {
+            input_error(
+                "eval: --set {}: the model is the exported one (its config.json); only "
+                "the other sections apply",
+                o);
+        }
+    }
     const std::string model_dir = model_dir_of(model_dir_arg);
     model::LoadedModel lm       = model::load_model(model_dir);
     // Evaluation settings: --config if given, else the run's own config.toml beside model/.
@@ -306,6 +317,11 @@ int cmd_report_compare(const ReportCompareArgs& a) {
     }
     if (a.out.empty())
         input_error("report --compare: --out FILE.svg is required (the chart to write)");
+    // the chart replaces what is at --out: only a chart (an input's metrics.jsonl was lost so)
+    if (fs::path(a.out).extension() != ".svg")
+        input_error("report --compare: --out {}: expected a file name ending in .svg", a.out);
+    if (fs::is_directory(a.out))
+        input_error("report --compare: --out {} is a directory, expected FILE.svg", a.out);
     std::vector<report::RunCurve> curves;
     for (size_t i = 0; i < a.run_dirs.size(); ++i) {
         const fs::path dir = a.run_dirs[i];

@@ -213,7 +213,9 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForAllHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        fmt::print(stderr, "bagualu: error: {} (see bagualu --help)\n", e.what());
+        // every rank of a job parses the same command line: one message, from the first
+        if (dist::first_or_only_process())
+            fmt::print(stderr, "bagualu: error: {} (see bagualu --help)\n", e.what());
         return 2;
     }
 

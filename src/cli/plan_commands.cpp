@@ -60,7 +60,7 @@ PlanCommands::PlanCommands(CLI::App& app) {
     calibrate_->add_option("--out", out_, "Machine file to write (updated in place under mpirun)")
         ->capture_default_str();
     calibrate_->add_option("--seconds", seconds_, "Time per measurement")
-        ->check(cli::positive())
+        ->check(cli::number_in(1e-6, 600, "a time in seconds, at most 600"))
         ->capture_default_str();
 }
 

@@ -257,10 +257,8 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
-            input_error(
-                "{}: unknown section [{}] (expected one of: model, train, data, sample, parallel, "
-                "optimizer, precision)",
-                source, sec);
+            input_error("{}: unknown section [{}] (expected one of: {})", source, sec,
+                        fmt::join(known_sections, ", "));
         }
         const toml::table* tbl = sec_node.as_table();
         if (!tbl) input_error("{}: '{}' must be a table [{}]", source, sec, sec);
@@ -463,6 +461,24 @@ void validate(const TrainConfig& c) {
                         m.n_experts);
         }
     }
+    {
+        // Parameter and memory counts are 64-bit integers: a model whose weights' bytes (16 a
+        // weight with gradient and moments) pass 2^63 would wrap them into small, plausible
+        // numbers. At most 1e17 weights (600 times the largest BaGuaLu model); in double, the
+        // weight matrices only (biases and norms are lower order).
+        const double C = m.d_model, L = m.n_layer;
+        const double moe_layers = m.moe_every > 0 ? std::floor(L / m.moe_every) : 0;
+        const double weights    = double(m.vocab_size) * C + double(m.seq_len) * C + L * 4 * C * C +
+                               (L - moe_layers) * 2 * C * m.d_ff +
+                               moe_layers * (double(m.n_experts) * 2 * C * m.expert_width() +
+                                             double(m.n_shared_experts) * 2 * C * m.shared_width());
+        if (!(weights <= 1e17)) {
+            input_error(
+                "{}: this model has about {:.3g} weights (model.n_layer = {}, d_model = {}, "
+                "n_experts = {}, ...): more than the 1e17 bagualu counts",
+                src, weights, m.n_layer, m.d_model, m.n_experts);
+        }
+    }
     non_negative("model.aux_loss_coef", m.aux_loss_coef);
     if (m.moe_every > 0 && m.balance_loss_scope != BalanceScope::global &&
         m.gate == GateKind::noisy) {
@@ -645,15 +661,18 @@ void validate_layout(const TrainConfig& c, int ranks) {
         input_error("{}: parallel.expert_parallel = {} must divide the number of ranks {}", src, ep,
                     ranks);
     }
-    // Each rank lists its experts' tensors one by one (the parameter layout, the planner's
-    // footprint): millions of them on one rank took minutes and gigabytes before any check of
-    // the memory they need could say no.
-    constexpr int kMaxLocalExperts = 1 << 16;
-    if (c.model.moe_every > 0 && ep > 0 && c.model.n_experts / ep > kMaxLocalExperts) {
-        input_error(
-            "{}: model.n_experts = {} over parallel.expert_parallel = {} puts {} experts on each "
-            "rank: at most {} (raise parallel.expert_parallel)",
-            src, c.model.n_experts, ep, c.model.n_experts / ep, kMaxLocalExperts);
+    // Each rank lists its experts' tensors one by one, per MoE layer (the parameter layout, the
+    // planner's footprint): millions of them on one rank took minutes and gigabytes before any
+    // check of the memory they need could say no.
+    constexpr int64_t kMaxLocalExpertFfns = int64_t{1} << 18;
+    if (c.model.moe_every > 0 && ep > 0) {
+        const int64_t local = c.model.n_experts / ep, layers = c.model.n_layer / c.model.moe_every;
+        if (local * layers > kMaxLocalExpertFfns) {
+            input_error(
+                "{}: model.n_experts = {} over parallel.expert_parallel = {} in {} MoE layers puts "
+                "{} expert FFNs on each rank: at most {} (raise parallel.expert_parallel)",
+                src, c.model.n_experts, ep, layers, local * layers, kMaxLocalExpertFfns);
+        }
     }
     const int rpn = c.parallel.ranks_per_node;
     if (rpn < 0 || (rpn > 0 && ranks % rpn != 0)) {

@@ -201,7 +201,7 @@ std::optional<ResumePoint> Checkpointer::load_latest(float* params) {
         if (chosen.empty() && !all.empty()) {
             error = fmt::format(
                 "{}: no usable checkpoint ({} failed their checks); move them away "
-                "or train without checkpoint.resume",
+                "or train without --resume (checkpoint.resume)",
                 root_, fmt::join(bad, ", "));
         }
     }

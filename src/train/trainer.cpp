@@ -206,6 +206,14 @@ void Trainer::check_inputs() {
         validate_micro_batch(cfg_, P_);
         loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
         ds_     = data::load_dataset(cfg_);
+        // evaluation gives every rank the same number of windows (train/evaluate.cpp): fewer
+        // windows than ranks would evaluate none and report a loss of 0
+        if (ds_.val.num_windows() < P_) {
+            input_error(
+                "data.val holds {} window(s) of {} tokens, fewer than the {} ranks that evaluate "
+                "it: use a longer validation split or fewer ranks",
+                ds_.val.num_windows(), cfg_.model.seq_len + 1, P_);
+        }
         if (writer_) run_dir_lock_ = prepare_run_dir(cfg_, opt_.force, resume_);
     } catch (const InputError& e) {
         error = e.what();

@@ -261,7 +261,14 @@ TEST_F(BadInputTest, NumericOptionsSayWhatTheyExpect) {
                  {"plan --sweep: no valid layout of 384 ranks", "train.batch_size = 8"});
     // the most experts a config may have, all on one rank: refused at once (it ran for minutes)
     expect_error(plan + " --set model.n_experts=16777216",
-                 {"puts 16777216 experts on each rank", "at most 65536"});
+                 {"puts 16777216 expert FFNs on each rank", "at most 262144"});
+    // weights past what 64-bit counts hold (it printed wrapped, plausible parameter counts)
+    expect_error(plan +
+                     " --set model.d_model=1048576 --set model.n_head=1 --set model.n_layer=4096 "
+                     "--set model.d_ff=4194304 --set model.moe_every=1 --set model.n_experts=1024",
+                 {"3.69e+19 weights", "more than the 1e17"});
+    expect_error("calibrate --seconds inf --out " + (dir / "m.toml"),
+                 {"--seconds: expected a time in seconds, at most 600, got inf"});
 }
 
 // One micro-batch whose activations exceed the kernels' int32 indexing is refused before any
@@ -283,6 +290,9 @@ TEST_F(BadInputTest, CraftedModelConfigJson) {
         std::string j    = json.substr(0, json.find(':', at) + 1) + " " + value + json.substr(end);
         write_file(model + "/config.json", j);
     };
+    // the model is the exported one: a --set model.* would be ignored
+    expect_error("eval --model " + model + " --set model.d_model=128",
+                 {"--set model.d_model=128", "config.json"});
     with("d_model", "4294967360");
     expect_error("eval --model " + model, {"config.json", "d_model = 4294967360", "out of range"});
     with("n_experts", "16777216");

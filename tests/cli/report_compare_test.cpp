@@ -119,6 +119,16 @@ TEST_F(ReportCompareTest, LabelCountMismatch) {
 
 TEST_F(ReportCompareTest, MissingOut) { expect_error(runs(), {"--out FILE.svg is required"}); }
 
+// --out is replaced by the chart: only an .svg file (an input's metrics.jsonl was lost so)
+TEST_F(ReportCompareTest, OutMustBeAnSvgFile) {
+    const std::string metrics = dir / "a/metrics.jsonl";
+    const std::string before  = read_file(metrics);
+    expect_error(runs() + " --out " + metrics, {"--out", "metrics.jsonl", "ending in .svg"});
+    EXPECT_EQ(read_file(metrics), before);
+    fs::create_directories(dir / "d.svg");
+    expect_error(runs() + " --out " + (dir / "d.svg"), {"is a directory"});
+}
+
 TEST_F(ReportCompareTest, UnknownMetricAndMixedUsage) {
     expect_error(runs() + " --metric lr --out " + (dir / "x.svg"), {"--metric lr", "val_loss"});
     expect_error((dir / "a") + " --out " + (dir / "x.svg"), {"--out go with --compare"});

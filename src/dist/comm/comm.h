@@ -113,5 +113,8 @@ std::unique_ptr<Comm> init_world(int* argc, char*** argv);
 void finalize_world();
 // True when the environment says a launcher (mpirun, srun) started this process.
 bool launched_by_mpi();
+// Whether this process is rank 0 of the job as its launcher numbers it (the environment, before
+// MPI is started), or runs alone: for a message every rank would print alike.
+bool first_or_only_process();
 
 }  // namespace bagualu::dist

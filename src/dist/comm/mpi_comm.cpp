@@ -298,6 +298,13 @@ bool launched_by_mpi() {
            std::getenv("PMI_RANK") != nullptr;
 }
 
+bool first_or_only_process() {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+        if (const char* rank = std::getenv(var)) return std::string(rank) == "0";
+    }
+    return true;
+}
+
 std::unique_ptr<Comm> init_world(int* argc, char*** argv) {
     if (!launched_by_mpi()) return make_local_comm();
     int initialized = 0;
