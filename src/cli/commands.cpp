@@ -143,14 +143,6 @@ static std::string model_dir_of(const std::string& dir_arg) {
 }
 
 int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::string& val_path) {
-    for (const std::string& o : a.overrides) {
-        if (o.rfind("model.", 0) == 0) {
-            input_error(
-                "eval: --set {}: the model is the exported one (its config.json); only "
-                "the other sections apply",
-                o);
-        }
-    }
     const std::string model_dir = model_dir_of(model_dir_arg);
     model::LoadedModel lm       = model::load_model(model_dir);
     // Evaluation settings: --config if given, else the run's own config.toml beside model/.
@@ -158,7 +150,21 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
     const fs::path run_cfg = fs::path(model_dir).parent_path() / "config.toml";
     if (ca.config.empty() && fs::exists(run_cfg)) ca.config = run_cfg.string();
     TrainConfig cfg = resolve_config(ca);
-    cfg.model       = lm.config;
+    // the model is the exported one: a --set model.* that disagrees with its config.json would
+    // be ignored
+    TrainConfig exported = cfg;
+    exported.model       = lm.config;
+    for (const KeyDifference& d : differing_keys(cfg, exported, "model")) {
+        for (const std::string& o : a.overrides) {
+            if (o.rfind(d.key + "=", 0) == 0) {
+                input_error(
+                    "eval: --set {}: the model's config.json has {} = {} (the exported "
+                    "model is evaluated as it is)",
+                    o, d.key, d.b);
+            }
+        }
+    }
+    cfg.model = lm.config;
     if (!val_path.empty()) cfg.data.val = val_path;
     validate_micro_batch(cfg, 1);
     set_compute_threads(cfg.train.threads);

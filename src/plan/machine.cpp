@@ -126,8 +126,8 @@ MachineSpec load_machine(const std::string& path) {
 void validate(const MachineSpec& m) {
     const std::string& src = m.source;
     auto positive          = [&](const char* key, double v) {
-        if (!(v > 0) || !std::isfinite(v))
-            input_error("{}: {} = {}: must be a finite number > 0", src, key, v);
+        if (!(v > 0)) input_error("{}: {} = {}: must be > 0", src, key, v);
+        if (!std::isfinite(v)) input_error("{}: {} = {}: must be finite", src, key, v);
     };
     auto fraction = [&](const char* key, double v) {
         if (!(v > 0 && v <= 1)) input_error("{}: {} = {}: must be in (0, 1]", src, key, v);

@@ -292,7 +292,7 @@ TEST_F(BadInputTest, CraftedModelConfigJson) {
     };
     // the model is the exported one: a --set model.* would be ignored
     expect_error("eval --model " + model + " --set model.d_model=128",
-                 {"--set model.d_model=128", "config.json"});
+                 {"--set model.d_model=128", "config.json has model.d_model = 64"});
     with("d_model", "4294967360");
     expect_error("eval --model " + model, {"config.json", "d_model = 4294967360", "out of range"});
     with("n_experts", "16777216");
