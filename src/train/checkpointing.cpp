@@ -230,7 +230,12 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
         // and whether it scaled its loss
         const TrainConfig saved =
             config_from_text(reader->manifest().config_toml, manifest + " (config)");
-        const std::vector<KeyDifference> diff = differing_keys(cfg_, saved, "model");
+        // but for the two keys that change neither the model nor its training: the rows
+        // budget (memory; bitwise the same steps) and the initialisation's scale
+        std::vector<KeyDifference> diff = differing_keys(cfg_, saved, "model");
+        std::erase_if(diff, [](const KeyDifference& d) {
+            return d.key == "model.moe_rows_budget" || d.key == "model.init_std";
+        });
         if (!diff.empty()) {
             input_error(
                 "{}: written by another model: {} = {} here, {} in the checkpoint{} (model.* must "

@@ -335,6 +335,11 @@ TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {
         {"model.n_head = 2 here, 4 in the checkpoint", "and 1 more key"});
     EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), metrics);
     EXPECT_TRUE(fs::exists(ckpt + "/manifest.json"));
+    // the rows budget (memory, the same steps) and the initialisation's scale may change
+    const CommandResult r =
+        run(train("--resume --set train.steps=3 --set model.moe_rows_budget=0.6 --set "
+                  "model.init_std=0.05"));
+    EXPECT_EQ(r.status, 0) << r.output;
 }
 
 // A float32 run's checkpoint holds loss scale 1: an fp16 run resumed from it starts from its
