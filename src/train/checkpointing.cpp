@@ -401,6 +401,22 @@ void Checkpointer::close() {
     last_ = allgather_strings(par_.world(), last_)[0];
 }
 
+namespace {
+
+// The checkpoint at dir holds tensor `name` with the shape its own config implies for s.
+void expect_config_tensor(const io::ckpt::CheckpointReader& reader, const std::string& dir,
+                          const std::string& name, const model::ParamSpec& s) {
+    if (!reader.has(name))
+        input_error("{}: no tensor {} (the manifest's config disagrees with its tensors)", dir,
+                    name);
+    if (reader.shape(name) != s.shape) {
+        input_error("{}: tensor {} has shape [{}], its config says [{}]", dir, name,
+                    fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
+    }
+}
+
+}  // namespace
+
 std::vector<std::string> unreadable_tensors(const std::string& dir) {
     const io::ckpt::CheckpointReader reader(dir, false);
     const TrainConfig cfg =
@@ -413,11 +429,7 @@ std::vector<std::string> unreadable_tensors(const std::string& dir) {
         for (const char* kind : kKinds) {
             const std::string name = tensor_name(kind, s);
             try {
-                if (!reader.has(name)) input_error("no such tensor (its config implies it)");
-                if (reader.shape(name) != s.shape) {
-                    input_error("shape [{}], its config implies [{}]",
-                                fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
-                }
+                expect_config_tensor(reader, dir, name, s);
                 const int64_t n = static_cast<int64_t>(s.numel);
                 buf.resize(static_cast<size_t>(std::min(n, kChunk)));
                 for (int64_t lo = 0; lo < n; lo += kChunk)
@@ -439,13 +451,7 @@ CheckpointModel read_checkpoint_model(const std::string& dir) {
     out.params                    = Buffer<float>(full.total_floats());
     for (const model::ParamSpec& s : full.specs()) {
         const std::string name = tensor_name("param", s);
-        if (!reader.has(name))
-            input_error("{}: no tensor {} (the manifest's config disagrees with its tensors)", dir,
-                        name);
-        if (reader.shape(name) != s.shape) {
-            input_error("{}: tensor {} has shape [{}], its config says [{}]", dir, name,
-                        fmt::join(reader.shape(name), ", "), fmt::join(s.shape, ", "));
-        }
+        expect_config_tensor(reader, dir, name, s);
         reader.read(name, 0, static_cast<int64_t>(s.numel), out.params.data() + s.offset);
     }
     out.biases = parse_trainer_state(reader.manifest().state, dir + "/manifest.json").balance_bias;
