@@ -334,15 +334,60 @@ void apply_override(toml::table& root, const std::string& item) {
     tbl->insert_or_assign(key, *parsed["v"].node());
 }
 
+// Whether msg names `key` ("section.key") as a whole word: not inside a longer key.
+bool names_key(const std::string& msg, const std::string& key) {
+    const auto word = [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
+    };
+    for (size_t at = msg.find(key); at != std::string::npos; at = msg.find(key, at + 1)) {
+        const size_t end = at + key.size();
+        if ((at == 0 || !word(msg[at - 1])) && (end == msg.size() || !word(msg[end]))) return true;
+    }
+    return false;
+}
+
+// A file that only a --set item made wrong is not to blame: the ones whose keys the message
+// names (the last item of each key, which is the one in effect) are put beside the file, or in
+// its place when there is none (the defaults).
+template <typename Check>
+void blaming_overrides(const std::string& source, const std::vector<std::string>& overrides,
+                       Check check) {
+    try {
+        check();
+    } catch (const InputError& e) {
+        std::vector<std::string> named;
+        for (size_t i = overrides.size(); i-- > 0;) {
+            const std::string key = overrides[i].substr(0, overrides[i].find('='));
+            bool later            = false;  // this key set again after this item
+            for (const std::string& n : named) later |= n.substr(0, n.find('=')) == key;
+            if (!later && names_key(e.what(), key)) named.insert(named.begin(), overrides[i]);
+        }
+        if (named.empty()) throw;
+        const std::string msg  = e.what(),
+                          sets = "--set " + fmt::format("{}", fmt::join(named, " --set "));
+        if (source == "<defaults>" && msg.rfind(source + ": ", 0) == 0) {
+            throw InputError(sets + msg.substr(source.size()));
+        }
+        if (msg.rfind(source + ": ", 0) == 0) {
+            throw InputError(
+                fmt::format("{} with {}: {}", source, sets, msg.substr(source.size() + 2)));
+        }
+        throw InputError(fmt::format("{} ({})", msg, sets));
+    }
+}
+
 TrainConfig from_table(toml::table root, const std::string& source, const std::string& name,
                        const std::vector<std::string>& overrides) {
     for (const auto& o : overrides) apply_override(root, o);
     TrainConfig cfg;
-    cfg.source = source;
-    cfg.name   = name;
-    apply_table(cfg, root, source);
-    if (cfg.train.run_dir.empty()) cfg.train.run_dir = "runs/" + name;
-    validate(cfg);
+    cfg.source    = source;
+    cfg.name      = name;
+    cfg.overrides = overrides;
+    blaming_overrides(source, overrides, [&] {
+        apply_table(cfg, root, source);
+        if (cfg.train.run_dir.empty()) cfg.train.run_dir = "runs/" + name;
+        validate(cfg);
+    });
     return cfg;
 }
 
@@ -654,7 +699,9 @@ void validate(const TrainConfig& c) {
     validate_limits(c);
 }
 
-void validate_layout(const TrainConfig& c, int ranks) {
+namespace {
+
+void check_layout(const TrainConfig& c, int ranks) {
     const std::string& src = c.source;
     const int ep           = c.parallel.expert_parallel;
     if (ranks % ep != 0) {
@@ -708,7 +755,7 @@ void validate_layout(const TrainConfig& c, int ranks) {
     }
 }
 
-void validate_micro_batch(const TrainConfig& c, int ranks) {
+void check_micro_batch(const TrainConfig& c, int ranks) {
     const std::string& src = c.source;
     const int64_t mb       = c.micro_batch(ranks);
     // Tokens of one micro-batch, and the widest activation row over them, on one rank.
@@ -736,6 +783,16 @@ void validate_micro_batch(const TrainConfig& c, int ranks) {
             "affinity mask): use at most {}, or 0 for all of them",
             src, c.train.threads, cpus, cpus);
     }
+}
+
+}  // namespace
+
+void validate_layout(const TrainConfig& c, int ranks) {
+    blaming_overrides(c.source, c.overrides, [&] { check_layout(c, ranks); });
+}
+
+void validate_micro_batch(const TrainConfig& c, int ranks) {
+    blaming_overrides(c.source, c.overrides, [&] { check_micro_batch(c, ranks); });
 }
 
 namespace {

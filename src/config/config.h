@@ -247,7 +247,10 @@ struct TrainConfig {
     PrecisionSection precision;
 
     std::string source = "<defaults>";  // file the config came from, for error messages
-    std::string name   = "default";     // stem of the config file
+    // the --set items applied over it ("section.key=value"), for error messages: a message that
+    // names a key one of them set says so, rather than blaming the file for the value
+    std::vector<std::string> overrides;
+    std::string name = "default";  // stem of the config file
 
     // How a step's batch splits over `ranks` processes and their micro-steps (batch_split.h):
     // micro_batch_size caps a micro-batch (0: no cap). Needs 1 <= ranks <= batch_size.

@@ -75,6 +75,30 @@ TEST_F(BadInputTest, MalformedOverride) {
     expect_error(base + " --set steps", {"--set steps", "section.key=value"});
 }
 
+// A value that only a --set item made wrong is put on that item, not on the file (which holds
+// another value of the key, or none); a key set twice is blamed on the item in effect (the last).
+TEST_F(BadInputTest, ValuesFromSetAreBlamedOnTheSet) {
+    // base's config file, copied: the messages name its path
+    write_file(dir / "ok.toml", read_file(std::string(BGL_SOURCE_DIR) + "/configs/tiny.toml"));
+    std::string cfg = base;
+    cfg.replace(cfg.find("configs/tiny.toml"), std::string("configs/tiny.toml").size(),
+                dir / "ok.toml");
+    expect_error(cfg + " --set model.n_head=-3", {"ok.toml with --set model.n_head=-3: ", "> 0"});
+    expect_error(cfg + " --set model.n_head=1 --set model.n_head=3",
+                 {"ok.toml with --set model.n_head=3: ", "model.n_head = 3"});
+    expect_error(cfg + " --set train.lr=fast", {"with --set train.lr=fast: train.lr"});
+    // checked with the number of ranks, after the file was read
+    expect_error(cfg + " --set train.threads=100000", {"with --set train.threads=100000: "});
+    // a key of the file that no item set keeps the file alone
+    std::string text = read_file(std::string(BGL_SOURCE_DIR) + "/configs/tiny.toml");
+    text.replace(text.find("n_head        = 4"), 17, "n_head        = 3");
+    write_file(dir / "bad.toml", text);
+    cfg = base;
+    cfg.replace(cfg.find("configs/tiny.toml"), std::string("configs/tiny.toml").size(),
+                dir / "bad.toml");
+    expect_error(cfg + " --set train.lr=0.01", {"bad.toml: model.d_model = 64"});
+}
+
 TEST_F(BadInputTest, DModelNotDivisibleByHeads) {
     expect_error(base + " --set model.n_head=3", {"model.d_model = 64", "model.n_head = 3"});
 }

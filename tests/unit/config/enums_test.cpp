@@ -83,21 +83,25 @@ TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
         }
         return "(no error)";
     };
-    EXPECT_EQ(
-        message({"precision.attention=O4"}),
-        "<defaults>: precision.attention = \"O4\": expected \"O0\", \"O1\", \"O2\" or \"O3\"");
+    EXPECT_EQ(message({"precision.attention=O4"}),
+              "--set precision.attention=O4: precision.attention = \"O4\": expected \"O0\", "
+              "\"O1\", \"O2\" or \"O3\"");
     EXPECT_EQ(message({"model.gate=Switch"}),
-              "<defaults>: model.gate = \"Switch\": expected topk, switch, gshard, noisy or swipe");
+              "--set model.gate=Switch: model.gate = \"Switch\": expected topk, switch, gshard, "
+              "noisy or swipe");
     EXPECT_EQ(message({"precision.dtype=3"}),
-              "<defaults>: precision.dtype: expected a string, got 3");
+              "--set precision.dtype=3: precision.dtype: expected a string, got 3");
     EXPECT_EQ(message({"parallel.collectives=tree"}),
-              "<defaults>: parallel.collectives = \"tree\": expected \"auto\", \"ring\" or "
+              "--set parallel.collectives=tree: parallel.collectives = \"tree\": expected "
+              "\"auto\", \"ring\" or "
               "\"halving\"");
     EXPECT_EQ(message({"train.recompute=full"}),
-              "<defaults>: train.recompute = \"full\": expected \"none\", \"moe\" or \"block\"");
+              "--set train.recompute=full: train.recompute = \"full\": expected \"none\", \"moe\" "
+              "or \"block\"");
     // a value that parses but does not fit the model
     EXPECT_EQ(message({"train.recompute=moe", "model.moe_every=0"}),
-              "<defaults>: train.recompute = \"moe\" needs MoE blocks (model.moe_every > 0)");
+              "--set train.recompute=moe --set model.moe_every=0: train.recompute = \"moe\" needs "
+              "MoE blocks (model.moe_every > 0)");
     EXPECT_EQ(message({"train.recompute=block", "model.moe_every=0"}), "(no error)");
 }
 
