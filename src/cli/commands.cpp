@@ -123,6 +123,9 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
+    if (world.rank() == 0) {
+        for (const std::string& w : ineffective_settings(cfg)) log::warn("{}", w);
+    }
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
     train::TrainOptions opt;

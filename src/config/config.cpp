@@ -787,6 +787,29 @@ void check_micro_batch(const TrainConfig& c, int ranks) {
 
 }  // namespace
 
+std::vector<std::string> ineffective_settings(const TrainConfig& c) {
+    const ModelConfig& m = c.model;
+    const ModelConfig d;  // the defaults
+    std::vector<std::string> out;
+    const auto add = [&](bool set, std::string what) {
+        if (set) out.push_back(fmt::format("{}: {}", c.source, what));
+    };
+    add(m.balance_bias_update != d.balance_bias_update && m.balance_bias_rate == 0.0,
+        fmt::format("model.balance_bias_update = \"{}\" has no effect: model.balance_bias_rate "
+                    "= 0 (the balancing bias is off)",
+                    name_of(m.balance_bias_update)));
+    add(m.route_groups != d.route_groups && m.route_nodes == 0,
+        fmt::format("model.route_groups = {} has no effect: model.route_nodes = 0 (routing is "
+                    "not node-limited)",
+                    m.route_groups));
+    const bool capacity_gate = m.gate == GateKind::switch_top1 || m.gate == GateKind::gshard;
+    add(m.capacity_factor != d.capacity_factor && !capacity_gate && m.moe_every > 0,
+        fmt::format("model.capacity_factor = {} has no effect: model.gate = \"{}\" has no "
+                    "expert capacity (only switch and gshard drop over it)",
+                    m.capacity_factor, name_of(m.gate)));
+    return out;
+}
+
 void validate_layout(const TrainConfig& c, int ranks) {
     blaming_overrides(c.source, c.overrides, [&] { check_layout(c, ranks); });
 }

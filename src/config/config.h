@@ -298,6 +298,11 @@ void validate_layout(const TrainConfig& cfg, int ranks);
 // activations (tokens x the widest row) fit the kernels' int32 indexing. `plan` does not call
 // it: it sizes models no single process here could run.
 void validate_micro_batch(const TrainConfig& cfg, int ranks);
+// Settings that are valid but change nothing in this config: a key set away from its default
+// whose feature another key has off (model.balance_bias_update with model.balance_bias_rate =
+// 0, ...). One sentence each, for the trainer to warn of at start-up: the documented way to turn
+// a feature off over a config is to set its switch alone, so these are not errors.
+std::vector<std::string> ineffective_settings(const TrainConfig& cfg);
 // The resolved configuration as TOML text (every key, including defaults).
 std::string to_toml(const TrainConfig& cfg);
 // The keys of `section` whose values differ between a and b, each with both values as TOML

@@ -99,6 +99,29 @@ TEST_F(BadInputTest, ValuesFromSetAreBlamedOnTheSet) {
     expect_error(cfg + " --set train.lr=0.01", {"bad.toml: model.d_model = 64"});
 }
 
+// Keys whose feature another key has off train as configured, with a warning naming each: a
+// feature is turned off over a config by its switch alone (docs/results.md's commands do).
+TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
+    const CommandResult r =
+        bagualu(base + " --set model.balance_bias_update=proportional --set model.route_groups=2" +
+                " --set model.capacity_factor=2");
+    EXPECT_EQ(r.status, 0) << r.output;
+    for (const char* w :
+         {"warning: configs/tiny.toml: model.balance_bias_update = \"proportional\" has no effect",
+          "warning: configs/tiny.toml: model.route_groups = 2 has no effect",
+          "warning: configs/tiny.toml: model.capacity_factor = 2 has no effect"}) {
+        EXPECT_NE(r.output.find(w), std::string::npos) << w << "\n" << r.output;
+    }
+    // with their features on, none
+    const CommandResult on =
+        bagualu(base + " --force --set model.balance_bias_update=proportional" +
+                " --set model.balance_bias_rate=0.01" +
+                " --set model.route_groups=2 --set model.route_nodes=1 --set model.gate=gshard" +
+                " --set model.capacity_factor=2");
+    EXPECT_EQ(on.status, 0) << on.output;
+    EXPECT_EQ(on.output.find("warning"), std::string::npos) << on.output;
+}
+
 TEST_F(BadInputTest, DModelNotDivisibleByHeads) {
     expect_error(base + " --set model.n_head=3", {"model.d_model = 64", "model.n_head = 3"});
 }
