@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/prepare.h"
@@ -130,8 +131,20 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     dist::ParallelContext& par = *par_ptr;
     train::TrainOptions opt;
     opt.force = force;
-    train::run_training(cfg, opt, &par);
-    return 0;
+    install_stop_handlers();
+    const train::TrainSummary s = train::run_training(cfg, opt, &par);
+    if (s.stop_signal == 0) return 0;
+    // stopped by a signal after a checkpoint: the status a shell gives a process the signal
+    // ended (128 + its number), so a job script does not take the run for finished
+    if (world.rank() == 0) {
+        std::fflush(stdout);
+        fmt::print(stderr, "bagualu: stopped by {} after step {} of {}: {}\n",
+                   signal_name(s.stop_signal), s.steps, cfg.train.steps,
+                   s.stop_checkpoint.empty()
+                       ? std::string("no checkpoint")
+                       : "checkpoint " + s.stop_checkpoint + " (continue with --resume)");
+    }
+    return 128 + s.stop_signal;
 }
 
 // A run directory holds model/; a model directory holds config.json.

@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "core/phase_timer.h"
 #include "core/proc_memory.h"
+#include "core/stop_signal.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -66,6 +67,17 @@ void maybe_inject_kill(int64_t step, int rank) {
     if ((r ? std::atoi(r) : 0) == rank) ::raise(SIGKILL);
 }
 
+// Tests of the graceful stop: BAGUALU_FAULT_SIGNAL_AT_STEP=N raises BAGUALU_FAULT_SIGNAL (a
+// number, default SIGTERM) on rank BAGUALU_FAULT_SIGNAL_RANK (default 0) during step N
+// (1-based), as `kill` from outside would, at a step the test knows.
+void maybe_inject_signal(int64_t step, int rank) {
+    static const char* at = std::getenv("BAGUALU_FAULT_SIGNAL_AT_STEP");
+    if (!at || std::atoll(at) != step) return;
+    const char* r = std::getenv("BAGUALU_FAULT_SIGNAL_RANK");
+    const char* s = std::getenv("BAGUALU_FAULT_SIGNAL");
+    if ((r ? std::atoi(r) : 0) == rank) ::raise(s ? std::atoi(s) : SIGTERM);
+}
+
 // A hash of this executable, so ranks can check they run the same build.
 uint64_t binary_hash() {
     std::ifstream f("/proc/self/exe", std::ios::binary);
@@ -104,6 +116,7 @@ class Trainer {
     double evaluate_at(int64_t step);
     void emit(const nlohmann::json& j);
     TrainSummary finish();
+    TrainSummary finish_stopped(int64_t steps_done);
     void report_checkpoints();
     void report_peak_rss();
     void write_outputs(const Buffer<float>& full);
@@ -144,6 +157,7 @@ class Trainer {
     dist::CommTally eval_comm_;   // evaluation's collectives, left out
     dist::CommTally comm_start_;  // of the steps' counts
     Clock::time_point t_train_;
+    bool stop_          = false;                // a rank was signalled to stop (core/stop_signal.h)
     double window_time_ = 0, window_wait_ = 0;  // since the last
     int64_t window_steps_ = 0;                  // metrics line
 };
@@ -154,7 +168,10 @@ TrainSummary Trainer::run() {
     open_metrics();
     comm_start_ = dist::comm_tally();
     t_train_    = Clock::now();
-    for (int64_t step = start_step_; step < cfg_.train.steps; ++step) train_step(step);
+    for (int64_t step = start_step_; step < cfg_.train.steps; ++step) {
+        train_step(step);
+        if (stop_ && step + 1 < cfg_.train.steps) return finish_stopped(step + 1);
+    }
     return finish();
 }
 
@@ -387,6 +404,7 @@ void Trainer::train_step(int64_t step) {
     r.loss_scale            = scaler_.scale();
     const double local_loss = forward_backward(step, r.aux);
     maybe_inject_kill(step + 1, par_->rank());
+    maybe_inject_signal(step + 1, par_->rank());
     r.loss = reduce_loss(local_loss, step);
     PhaseScope optimizer_phase(Phase::optimizer);
     r.lr        = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
@@ -410,8 +428,14 @@ void Trainer::train_step(int64_t step) {
     const bool last = step + 1 == cfg_.train.steps;
     if (ckpt_ && cfg_.checkpoint.every > 0 && ((step + 1) % cfg_.checkpoint.every == 0 || last)) {
         save_checkpoint(step);
+    } else if (stop_ && !last && !opt_.dry_run) {
+        // stopped by a signal: a checkpoint here, also where checkpoint.every = 0 (every rank
+        // agreed on the stop in reduce_loss, so they build the checkpointer together)
+        if (!ckpt_) ckpt_.emplace(cfg_, gpt_->layout(), *optimizer_, *par_);
+        save_checkpoint(step);
     }
-    if ((step + 1) % cfg_.train.log_every == 0 || last || step == 0 || r.skipped) log_step(r);
+    if ((step + 1) % cfg_.train.log_every == 0 || last || step == 0 || r.skipped || stop_)
+        log_step(r);
     if (cfg_.train.eval_every > 0 && (step + 1) % cfg_.train.eval_every == 0 && !last &&
         !opt_.dry_run) {
         evaluate_at(step + 1);
@@ -475,11 +499,12 @@ double Trainer::forward_backward(int64_t step, double& aux) {
 }
 
 // The mean loss over ranks. The step's one small collective also tells whether every rank's
-// checkpoint write is done, and then finalizes that checkpoint. A loss that is not finite ends
-// the run.
+// checkpoint write is done, and then finalizes that checkpoint, and whether any rank was
+// signalled to stop (then all stop after this step). A loss that is not finite ends the run.
 double Trainer::reduce_loss(double local_loss, int64_t step) {
-    double sums[2] = {local_loss, ckpt_ ? ckpt_->busy() : 0.0};
-    if (P_ > 1) par_->world().allreduce_sum(std::span<double>(sums, 2));
+    double sums[3] = {local_loss, ckpt_ ? ckpt_->busy() : 0.0, stop_signal() != 0 ? 1.0 : 0.0};
+    if (P_ > 1) par_->world().allreduce_sum(std::span<double>(sums, 3));
+    stop_             = sums[2] > 0;
     const double loss = sums[0] / P_;
     if (ckpt_ && ckpt_->pending() && sums[1] == 0) ckpt_->finalize();
     if (!std::isfinite(loss)) {
@@ -574,6 +599,30 @@ TrainSummary Trainer::finish() {
     const Buffer<float> full = gather_full_params(*gpt_, par_);
     sum_.model_dir           = cfg_.train.run_dir + "/model";
     if (root_) write_outputs(full);
+    return sum_;
+}
+
+// After a signal: the checkpoint of the step the ranks stopped at is written out and committed,
+// the metrics say so; no final evaluation, export or samples (a resumed run makes them).
+TrainSummary Trainer::finish_stopped(int64_t steps_done) {
+    // the signal that stopped the job: the lowest number any rank received
+    int64_t got[3] = {stop_signal() == SIGINT, stop_signal() == SIGTERM, stop_signal() == SIGUSR1};
+    if (P_ > 1) par_->world().allreduce_sum(std::span<int64_t>(got, 3));
+    sum_.stop_signal = got[0] ? SIGINT : got[1] ? SIGTERM : got[2] ? SIGUSR1 : stop_signal();
+    if (ckpt_) {
+        ckpt_->close();
+        sum_.stop_checkpoint = ckpt_->last_committed();
+    }
+    emit({{"step", steps_done},
+          {"stopped_by", signal_name(sum_.stop_signal)},
+          {"checkpoint", sum_.stop_checkpoint},
+          {"elapsed_s", seconds_since(t_start_)}});
+    report_checkpoints();
+    progress_.finish();
+    sum_.steps            = steps_done;
+    sum_.data_wait_s      = loader_->wait_seconds();
+    sum_.final_loss_scale = scaler_.scale();
+    sum_.run_dir          = cfg_.train.run_dir;
     return sum_;
 }
 

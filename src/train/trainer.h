@@ -40,6 +40,10 @@ struct TrainSummary {
     double data_wait_s         = 0;  // this rank's seconds blocked on training data
     std::string run_dir;
     std::string model_dir;
+    // A run stopped by a signal (core/stop_signal.h) after `steps` steps: the signal (0: ran to
+    // the end) and the checkpoint written there ("" if it could not be: a dry run).
+    int stop_signal = 0;
+    std::string stop_checkpoint;
 };
 
 // par: the process layout (nullptr: one process). Collective over par->world().

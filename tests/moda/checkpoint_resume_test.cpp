@@ -5,6 +5,7 @@
 // skipped; export --checkpoint and inspect read any of them.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -117,6 +118,64 @@ TEST_F(CheckpointTest, KilledRunWithBalanceBiasResumesBitExactTwoRanks) {
 }
 TEST_F(CheckpointTest, KilledFp16RunResumesBitExactOneRank) {
     bit_exact_resume(1, "--set precision.dtype=fp16 --set precision.loss_scale_window=7", "_fp16");
+}
+
+// A signal asks the run to stop (core/stop_signal.h): SIGUSR1, which mpirun forwards to every
+// rank, raised here on rank 1 alone during step 13 of a run with no periodic checkpoints. Both
+// ranks stop after step 13 with a checkpoint of it, the exit status is 128 + SIGUSR1's number,
+// and --resume continues to step 40 bit for bit as the run that was never stopped.
+TEST_F(CheckpointTest, SignalledRunStopsWithACheckpointAndResumesBitExact) {
+    const int P           = 2;
+    const CommandResult a = TinyRuns::run(P, args("ref40_sig", P, P, 40, ""));
+    ASSERT_EQ(a.status, 0) << a.output;
+    const CommandResult stopped = run_command(fmt::format(
+        "cd {} && BAGUALU_FAULT_SIGNAL_AT_STEP=13 BAGUALU_FAULT_SIGNAL_RANK=1 "
+        "BAGUALU_FAULT_SIGNAL={} timeout 300 {} --allow-run-as-root --oversubscribe -x "
+        "BAGUALU_FAULT_SIGNAL_AT_STEP -x BAGUALU_FAULT_SIGNAL_RANK -x BAGUALU_FAULT_SIGNAL -np {} "
+        "{} {}",
+        BGL_SOURCE_DIR, SIGUSR1, BGL_MPIEXEC, P, BGL_BINARY, args("sig", P, P, 40, "")));
+    EXPECT_EQ(stopped.status, 128 + SIGUSR1) << stopped.output;
+    EXPECT_NE(stopped.output.find("stopped by SIGUSR1 after step 13 of 40: checkpoint "),
+              std::string::npos)
+        << stopped.output;
+    EXPECT_FALSE(fs::exists(runs_->path("sig/model")));  // no export of an unfinished run
+    ASSERT_TRUE(fs::exists(checkpoint_of(runs_->path("sig/checkpoints"), 13) + "/manifest.json"));
+    EXPECT_EQ(losses_by_step(runs_->path("sig/metrics.jsonl")).rbegin()->first, 13);
+
+    const CommandResult resumed = TinyRuns::run(P, args("sig", P, P, 40, "--resume"));
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("step_00000013 (step 13)"), std::string::npos) << resumed.output;
+    const auto la = losses_by_step(runs_->path("ref40_sig/metrics.jsonl"));
+    const auto lb = losses_by_step(runs_->path("sig/metrics.jsonl"));
+    ASSERT_EQ(lb.size(), 40u);
+    for (int64_t s = 1; s <= 40; ++s) EXPECT_EQ(la.at(s), lb.at(s)) << "step " << s;
+    expect_same_model_bits(runs_->path("ref40_sig/model/model.safetensors"),
+                           runs_->path("sig/model/model.safetensors"));
+}
+
+// The same from outside, as a scheduler does it: SIGTERM to a one-process run at whatever step
+// it has reached; it ends with status 128 + 15, a complete checkpoint of the step it stopped
+// after, and the metrics' last line saying so.
+TEST_F(CheckpointTest, SigtermFromOutsideStopsAfterAStepWithACheckpoint) {
+    const std::string run = runs_->path("term");
+    const CommandResult r = run_command(fmt::format(
+        "cd {} && ({} {} & p=$!; for i in $(seq 600); do [ -s {}/metrics.jsonl ] && break; "
+        "sleep 0.1; done; kill -TERM $p; wait $p; echo \"exit status $?\")",
+        BGL_SOURCE_DIR, BGL_BINARY, args("term", 1, 1, 100000, ""), run));
+    EXPECT_NE(r.output.find("exit status 143"), std::string::npos) << r.output;
+    const auto at = r.output.find("stopped by SIGTERM after step ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const int step = std::atoi(r.output.c_str() + at + 30);
+    ASSERT_GT(step, 0) << r.output;
+    EXPECT_TRUE(fs::exists(checkpoint_of(run + "/checkpoints", step) + "/manifest.json"));
+    std::istringstream lines(read_file(run + "/metrics.jsonl"));
+    std::string line, last;
+    while (std::getline(lines, line)) last = line.empty() ? last : line;
+    const auto j = nlohmann::json::parse(last);
+    EXPECT_EQ(j.value("stopped_by", ""), "SIGTERM") << last;
+    EXPECT_EQ(j.value("step", int64_t{0}), step) << last;
+    const CommandResult ins = bagualu("inspect " + checkpoint_of(run + "/checkpoints", step));
+    EXPECT_EQ(ins.status, 0) << ins.output;
 }
 
 // Checkpoints of step 10 written at (4, 4) and at (2, 2) load at other layouts; the loss of the
