@@ -131,7 +131,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     dist::ParallelContext& par = *par_ptr;
     train::TrainOptions opt;
     opt.force = force;
-    install_stop_handlers();
+    install_stop_handlers(dist::launcher_owns_termination());
     const train::TrainSummary s = train::run_training(cfg, opt, &par);
     if (s.stop_signal == 0) return 0;
     // stopped by a signal after a checkpoint: the status a shell gives a process the signal

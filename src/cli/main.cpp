@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/plan_commands.h"
 #include "core/error.h"
+#include "core/stop_signal.h"
 #include "dist/comm/comm.h"
 
 using namespace bagualu;
@@ -222,6 +223,7 @@ int main(int argc, char** argv) {
     // Only `train`, `bench comm` and `bench train` run on several ranks; the world exists for them.
     std::unique_ptr<dist::Comm> world;
     auto fail = [&](int code, const std::string& msg) {
+        restore_default_stop_handlers();  // failing: a launcher's SIGTERM ends this rank at once
         std::fflush(stdout);
         if (world && world->size() > 1) {
             // An error one rank found alone, during the run (set-up errors end the ranks

@@ -25,8 +25,9 @@ void on_stop_signal(int sig) {
     for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
     if (log::g_rank <= 0) {  // one line for the job, not one per rank
         const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
-        const char* rest = ": stopping after this step, with a checkpoint (again to stop at once)\n";
-        const char* head = "\nbagualu: ";
+        const char* rest =
+            ": stopping after this step, with a checkpoint (again to stop at once)\n";
+        const char* head           = "\nbagualu: ";
         [[maybe_unused]] ssize_t n = ::write(2, head, std::strlen(head));
         n                          = ::write(2, name, std::strlen(name));
         n                          = ::write(2, rest, std::strlen(rest));
@@ -35,24 +36,37 @@ void on_stop_signal(int sig) {
 
 }  // namespace
 
-void install_stop_handlers() {
+void install_stop_handlers(bool usr1_only) {
     if (g_installed.exchange(true)) return;
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     for (int s : kSignals) sigaddset(&sa.sa_mask, s);
     sa.sa_flags = SA_RESTART;  // reads and writes of other threads carry on
-    for (int s : kSignals) ::sigaction(s, &sa, nullptr);
+    for (int s : kSignals) {
+        if (!usr1_only || s == SIGUSR1) ::sigaction(s, &sa, nullptr);
+    }
+}
+
+void restore_default_stop_handlers() {
+    if (!g_installed) return;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
 }
 
 int stop_signal() { return g_signal; }
 
 const char* signal_name(int sig) {
     switch (sig) {
-        case SIGINT: return "SIGINT";
-        case SIGTERM: return "SIGTERM";
-        case SIGUSR1: return "SIGUSR1";
-        default: return "a signal";
+        case SIGINT:
+            return "SIGINT";
+        case SIGTERM:
+            return "SIGTERM";
+        case SIGUSR1:
+            return "SIGUSR1";
+        default:
+            return "a signal";
     }
 }
 

@@ -8,8 +8,14 @@
 
 namespace bagualu {
 
-// Installs the handlers (once per process; later calls do nothing).
-void install_stop_handlers();
+// Installs the handlers (once per process; later calls do nothing): for SIGUSR1, and for SIGINT
+// and SIGTERM unless usr1_only (under a launcher that ends the job on those itself: a rank that
+// held on to them would outlive a job its launcher is ending).
+void install_stop_handlers(bool usr1_only = false);
+
+// The default action back for the three signals: for a process that is failing anyway, so that
+// the launcher's SIGTERM ends it as it would have without the handlers.
+void restore_default_stop_handlers();
 
 // The first of those signals this process received since install_stop_handlers, or 0.
 int stop_signal();

@@ -488,8 +488,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         }
     }
     if (Pi > 1) {
-        // train/trainer.cpp: the step's loss and the count of ranks still writing a checkpoint
-        add("loss", dist::CommKind::allreduce, "world", Pi, 1, 16);
+        // train/trainer.cpp: the step's loss, the count of ranks still writing a checkpoint and
+        // of ranks signalled to stop (three doubles)
+        add("loss", dist::CommKind::allreduce, "world", Pi, 1, 24);
     }
     if (Pi > 1 && L.opt_shards <= 1) {
         // dist/paro/replicated_adamw.cpp: one allreduce per run of dense tensors (n_moe + 1

@@ -113,6 +113,12 @@ std::unique_ptr<Comm> init_world(int* argc, char*** argv);
 void finalize_world();
 // True when the environment says a launcher (mpirun, srun) started this process.
 bool launched_by_mpi();
+// True when a launcher that turns SIGINT and SIGTERM into the end of the whole job started this
+// process: OpenMPI's mpirun (it sends SIGTERM, then SIGKILL, to every rank when it gets either,
+// or when a rank aborts), as opposed to one process, or Slurm's srun, which delivers a
+// scheduler's SIGTERM to the ranks themselves. Under mpirun only SIGUSR1, which it forwards to
+// the ranks and nothing more, can ask them to stop gracefully (core/stop_signal.h).
+bool launcher_owns_termination();
 // Whether this process is rank 0 of the job as its launcher numbers it (the environment, before
 // MPI is started), or runs alone: for a message every rank would print alike.
 bool first_or_only_process();

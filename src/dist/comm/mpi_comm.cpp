@@ -298,6 +298,13 @@ bool launched_by_mpi() {
            std::getenv("PMI_RANK") != nullptr;
 }
 
+bool launcher_owns_termination() {
+    // ORTE's environment for the processes mpirun starts (OpenMPI 4); srun's have none of it
+    return std::getenv("OMPI_MCA_orte_hnp_uri") != nullptr ||
+           std::getenv("OMPI_MCA_orte_launch") != nullptr ||
+           (launched_by_mpi() && std::getenv("SLURM_STEP_ID") == nullptr);
+}
+
 bool first_or_only_process() {
     for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
         if (const char* rank = std::getenv(var)) return std::string(rank) == "0";
