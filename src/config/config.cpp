@@ -112,6 +112,11 @@ struct Spelling<RouterScore> {
     static constexpr const char* expected = "\"softmax\" or \"sigmoid\"";
 };
 template <>
+struct Spelling<SwipeBalance> {
+    static constexpr SwipeBalance values[] = {SwipeBalance::round, SwipeBalance::step};
+    static constexpr const char* expected  = "\"round\" or \"step\"";
+};
+template <>
 struct Spelling<BiasUpdate> {
     static constexpr BiasUpdate values[]  = {BiasUpdate::sign, BiasUpdate::proportional};
     static constexpr const char* expected = "\"sign\" or \"proportional\"";
@@ -802,6 +807,10 @@ std::vector<std::string> ineffective_settings(const TrainConfig& c) {
         fmt::format("model.route_groups = {} has no effect: model.route_nodes = 0 (routing is "
                     "not node-limited)",
                     m.route_groups));
+    add(m.swipe_balance != d.swipe_balance && m.gate != GateKind::swipe && m.moe_every > 0,
+        fmt::format("model.swipe_balance = \"{}\" has no effect: model.gate = \"{}\" is not "
+                    "swipe",
+                    name_of(m.swipe_balance), name_of(m.gate)));
     const bool capacity_gate = m.gate == GateKind::switch_top1 || m.gate == GateKind::gshard;
     add(m.capacity_factor != d.capacity_factor && !capacity_gate && m.moe_every > 0,
         fmt::format("model.capacity_factor = {} has no effect: model.gate = \"{}\" has no "
@@ -888,6 +897,7 @@ E parse_enum(const std::string& text, const std::string& where) {
 template GateKind parse_enum<GateKind>(const std::string&, const std::string&);
 template RouterScore parse_enum<RouterScore>(const std::string&, const std::string&);
 template BiasUpdate parse_enum<BiasUpdate>(const std::string&, const std::string&);
+template SwipeBalance parse_enum<SwipeBalance>(const std::string&, const std::string&);
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
 template RouterPrecision parse_enum<RouterPrecision>(const std::string&, const std::string&);
 template GradReduce parse_enum<GradReduce>(const std::string&, const std::string&);

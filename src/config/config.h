@@ -29,11 +29,12 @@ struct ModelConfig {
     BalanceScope balance_loss_scope = BalanceScope::global;  // the tokens it balances over
     double router_z_loss_coef       = 0.0;  // ST-MoE router z-loss weight; 0 disables
     RouterScore router_score =
-        RouterScore::softmax;         // weights of the chosen experts (docs/model.md)
-    GateKind gate = GateKind::topk;   // topk | switch | gshard | noisy | swipe (docs/model.md)
-    double capacity_factor   = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
-    double jitter            = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
-    double balance_bias_rate = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
+        RouterScore::softmax;        // weights of the chosen experts (docs/model.md)
+    GateKind gate = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
+    SwipeBalance swipe_balance = SwipeBalance::round;  // swipe: each round's slots, or the step's
+    double capacity_factor     = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
+    double jitter              = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
+    double balance_bias_rate   = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
     BiasUpdate balance_bias_update = BiasUpdate::sign;  // the step: rate x sign or x relative error
     // Node-limited routing: the E experts form route_groups groups of E / route_groups
     // consecutive experts (set it to the nodes the expert-parallel group spans, so a group is a
@@ -92,6 +93,8 @@ void visit_model_fields(M& m, V&& v) {
     // changes the model; absent from models exported before it existed, which used softmax
     v("router_score", m.router_score, false);
     v("gate", m.gate, true);
+    // changes the routing in training only; absent from models exported before it (round)
+    v("swipe_balance", m.swipe_balance, false);
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);
     v("balance_bias_rate", m.balance_bias_rate, false);

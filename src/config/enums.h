@@ -17,6 +17,9 @@ constexpr int gate_weight_rows(int n_experts, int product_keys) {
 enum class RouterScore { softmax, sigmoid };
 // model.balance_bias_update: the step of the balancing bias (moe/balance_bias.h)
 enum class BiasUpdate { sign, proportional };
+// model.swipe_balance: what SWIPE balances exactly (docs/model.md, moe/swipe.h): each round's
+// slots, or the step's K slots of every token together (the last round evens them out).
+enum class SwipeBalance { round, step };
 // model.balance_loss_scope: the tokens the auxiliary balancing loss balances (docs/model.md):
 // all ranks' tokens of the micro-step, this rank's micro-batch, or each sequence.
 enum class BalanceScope { global, micro_batch, sequence };
@@ -68,6 +71,7 @@ inline const char* name_of(GateKind g) {
 inline const char* name_of(BiasUpdate u) {
     return u == BiasUpdate::proportional ? "proportional" : "sign";
 }
+inline const char* name_of(SwipeBalance b) { return b == SwipeBalance::step ? "step" : "round"; }
 inline const char* name_of(RouterScore s) {
     return s == RouterScore::sigmoid ? "sigmoid" : "softmax";
 }

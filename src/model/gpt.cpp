@@ -330,6 +330,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
 
     moe::MoEShape ms{cfg.d_model, cfg.expert_width(), cfg.n_experts, cfg.top_k, cfg.aux_loss_coef};
     ms.gate.kind            = cfg.gate;
+    ms.gate.swipe_balance   = cfg.swipe_balance;
     ms.gate.capacity_factor = cfg.capacity_factor;
     ms.gate.jitter          = cfg.jitter;
     ms.gate.z_loss_coef     = cfg.router_z_loss_coef;

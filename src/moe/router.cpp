@@ -154,6 +154,9 @@ void Router::swipe_rounds(int N) {
     std::vector<int64_t> mine(static_cast<size_t>(vw * E1)), all(static_cast<size_t>(W * E1));
     std::vector<int64_t> counts(static_cast<size_t>(W * E_)), shares(static_cast<size_t>(W));
     auto begin = [&](int v) { return static_cast<int64_t>(v) * N / vw; };
+    // the step rule: each expert's room is its K rounds' capacity less what it took so far
+    const bool by_step = gate_.swipe_balance == SwipeBalance::step;
+    std::vector<int64_t> received(static_cast<size_t>(E_), 0), room;
     for (int k = 0; k < K_; ++k) {
         swipe_request(expert_idx_.data(), preference_.data(), N, E_, K_, k);
         for (int v = 0; v < vw; ++v) {
@@ -171,7 +174,12 @@ void Router::swipe_rounds(int N) {
             std::copy_n(all.begin() + w * E1, E_, counts.begin() + w * E_);
             shares[static_cast<size_t>(w)] = all[static_cast<size_t>(w * E1 + E_)];
         }
-        const SwipePlan plan = swipe_plan(counts, shares, W, E_);
+        if (by_step) {
+            room = swipe_capacity(shares, W, E_);
+            for (int e = 0; e < E_; ++e) room[e] = K_ * room[e] - received[e];
+        }
+        const SwipePlan plan = swipe_plan(counts, shares, W, E_, room);
+        if (by_step) swipe_add_received(received.data(), plan, W, E_);
         for (int v = 0; v < vw; ++v) {
             const int64_t b = begin(v), n = begin(v + 1) - b;
             const size_t w = static_cast<size_t>(ep_rank * vw + v) * static_cast<size_t>(E_);

@@ -7,19 +7,17 @@
 
 namespace bagualu::moe {
 
-SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W,
-                     int E) {
+SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W, int E,
+                     std::span<const int64_t> room) {
     BGL_CHECK(W > 0 && E % W == 0, "{} experts over {} workers", E, W);
     BGL_CHECK(counts.size() == static_cast<size_t>(W) * static_cast<size_t>(E) &&
                   shares.size() == static_cast<size_t>(W),
               "swipe_plan: counts {} / shares {} for W = {}, E = {}", counts.size(), shares.size(),
               W, E);
-    const int G   = E / W;
     const auto at = [E](int w, int e) {
         return static_cast<size_t>(w) * static_cast<size_t>(E) + static_cast<size_t>(e);
     };
     SwipePlan p;
-    p.capacity.assign(static_cast<size_t>(E), 0);
     p.kept.assign(counts.size(), 0);
     p.quota.assign(counts.size(), 0);
     for (int w = 0; w < W; ++w) {
@@ -28,13 +26,18 @@ SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> s
         BGL_CHECK(sent == shares[static_cast<size_t>(w)],
                   "worker {} requests {} experts for {} tokens", w, sent,
                   shares[static_cast<size_t>(w)]);
-        for (int j = 0; j < G; ++j) {
-            p.capacity[static_cast<size_t>(w * G + j)] =
-                shares[static_cast<size_t>(w)] / G +
-                (j < shares[static_cast<size_t>(w)] % G ? 1 : 0);
-        }
     }
-    std::vector<int64_t> spare(p.capacity);  // [E] room left after the kept requests
+    p.capacity = swipe_capacity(shares, W, E);
+    BGL_CHECK(room.empty() || room.size() == static_cast<size_t>(E),
+              "swipe_plan: room of {} for E = {}", room.size(), E);
+    // [E] room left after the kept requests
+    std::vector<int64_t> spare =
+        room.empty() ? p.capacity : std::vector<int64_t>(room.begin(), room.end());
+    int64_t total_spare = 0, total_shares = 0;
+    for (int64_t s : spare) total_spare += s;
+    for (int64_t s : shares) total_shares += s;
+    BGL_CHECK(total_spare >= total_shares, "swipe_plan: room for {} slots, {} requests",
+              total_spare, total_shares);
     std::vector<int64_t> dropped(static_cast<size_t>(W), 0);
     for (int e = 0; e < E; ++e) {
         for (int w = 0; w < W; ++w) {
@@ -49,7 +52,7 @@ SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> s
     for (int w = 0; w < W; ++w) {
         int64_t need = dropped[static_cast<size_t>(w)];
         while (need > 0) {
-            while (spare[static_cast<size_t>(e)] == 0) ++e;  // total spare == total dropped
+            while (spare[static_cast<size_t>(e)] == 0) ++e;  // total spare >= total dropped
             const int64_t take = std::min(need, spare[static_cast<size_t>(e)]);
             p.quota[at(w, e)] += take;
             spare[static_cast<size_t>(e)] -= take;
@@ -58,6 +61,29 @@ SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> s
         }
     }
     return p;
+}
+
+std::vector<int64_t> swipe_capacity(std::span<const int64_t> shares, int W, int E) {
+    BGL_CHECK(W > 0 && E % W == 0 && shares.size() == static_cast<size_t>(W),
+              "swipe_capacity: {} shares, W = {}, E = {}", shares.size(), W, E);
+    const int G = E / W;
+    std::vector<int64_t> capacity(static_cast<size_t>(E));
+    for (int w = 0; w < W; ++w) {
+        const int64_t n = shares[static_cast<size_t>(w)];
+        for (int j = 0; j < G; ++j)
+            capacity[static_cast<size_t>(w * G + j)] = n / G + (j < n % G ? 1 : 0);
+    }
+    return capacity;
+}
+
+void swipe_add_received(int64_t* received, const SwipePlan& p, int W, int E) {
+    for (int w = 0; w < W; ++w) {
+        for (int e = 0; e < E; ++e) {
+            const size_t i =
+                static_cast<size_t>(w) * static_cast<size_t>(E) + static_cast<size_t>(e);
+            received[e] += p.kept[i] + p.quota[i];
+        }
+    }
 }
 
 static bool uses(const int32_t* row, int k, int32_t e) {

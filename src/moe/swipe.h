@@ -18,6 +18,12 @@ namespace bagualu::moe {
 //   spare[e]    = capacity[e] - sum_w kept[w, e]
 //   quota[w, e] = dropped tokens of w that go to e: the dropped tokens of workers 0, 1, ...
 //                 fill the spare slots of experts 0, 1, ... in that order
+// With room (model.swipe_balance = "step"), expert e keeps up to room[e] requests instead of
+// capacity[e], where room[e] = K capacity[e] - the slots e took in the step's earlier rounds:
+// an expert may take its whole step's share in any round, so a round moves only what the step
+// as a whole cannot hold, and the last round (room summing to its requests) evens out the step.
+// Rounds before it have more room than requests; the dropped tokens then fill the spare slots
+// in the same order, leaving the rest.
 struct SwipePlan {
     std::vector<int64_t> capacity;  // [E]
     std::vector<int64_t> kept;      // [W * E]
@@ -26,9 +32,17 @@ struct SwipePlan {
 };
 
 // counts: (W, E) requests of each worker per expert this round; shares: (W) tokens each worker
-// sends, equal to the row sums of counts. E must be a multiple of W.
-SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W,
-                     int E);
+// sends, equal to the row sums of counts. E must be a multiple of W. room: empty (the round
+// rule), or (E) with sum room >= sum shares (the step rule, above).
+SwipePlan swipe_plan(std::span<const int64_t> counts, std::span<const int64_t> shares, int W, int E,
+                     std::span<const int64_t> room = {});
+
+// capacity[e] of the rule above for workers sending shares (W) tokens: (E).
+std::vector<int64_t> swipe_capacity(std::span<const int64_t> shares, int W, int E);
+
+// The slots each expert took in a round under plan p: kept plus the quota of every worker.
+// received: (E), added to.
+void swipe_add_received(int64_t* received, const SwipePlan& p, int W, int E);
 
 // Round k's request of each of n tokens: its best-ranked expert not already among its experts
 // of rounds < k. preference: (n, E) every expert, best first. expert_idx: (n, K); column k is

@@ -1,6 +1,7 @@
 // SWIPE across real and virtual workers: `mpirun -np 2 bagualu train` with expert parallelism 2
 // and gate = "swipe" gives the same per-step loss as one process simulating the two workers
-// (parallel.virtual_workers = 2), and every logged step of both has expert load max/mean = 1.
+// (parallel.virtual_workers = 2), and every logged step of both has expert load max/mean = 1;
+// with SWIPE balancing each round (model.swipe_balance = "round") and the whole step ("step").
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -31,7 +32,8 @@ SwipeLog read_log(const std::string& path) {
     return out;
 }
 
-TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
+// balance: model.swipe_balance, "round" or "step".
+void two_ranks_match_one_rank_with_two_virtual_workers(const std::string& balance) {
     TempDir dir;
     const std::string data =
         fmt::format(" --set data.train={} --set data.val={} --set data.tokenizer={}",
@@ -44,8 +46,9 @@ TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
             "train --config configs/tiny.toml{} --run-dir {} --set train.steps=20 "
             "--set train.log_every=1 --set train.eval_every=0 --set train.threads=1 "
             "--set sample.n_samples=0 --set train.micro_batch_size={} --set model.gate=swipe "
-            "--set parallel.expert_parallel={} --set parallel.virtual_workers={} --force",
-            data, dir / run, 4 / P, ep, vw);
+            "--set parallel.expert_parallel={} --set parallel.virtual_workers={} "
+            "--set model.swipe_balance={} --force",
+            data, dir / run, 4 / P, ep, vw, balance);
     };
     const CommandResult one = bagualu(args("virtual", 1, 1, 2));
     ASSERT_EQ(one.status, 0) << one.output;
@@ -66,6 +69,13 @@ TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
         moved += a.reassigned[i];
     }
     EXPECT_GT(moved, 0.0);  // SWIPE had work to do
+}
+
+TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkers) {
+    two_ranks_match_one_rank_with_two_virtual_workers("round");
+}
+TEST(SwipeEquivalenceTest, TwoRanksMatchOneRankWithTwoVirtualWorkersStepBalance) {
+    two_ranks_match_one_rank_with_two_virtual_workers("step");
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // everything to one worker, Zipf), with W workers simulated in one process exactly as the
 // router does: after every round each expert (so each worker) receives exactly its capacity,
 // every slot has one expert, requests within capacity keep their expert, the number moved is
-// the minimum sum_e max(0, requests_e - capacity_e), and repeated runs agree.
+// the minimum sum_e max(0, requests_e - capacity_e), and repeated runs agree; with the step rule
+// (model.swipe_balance = "step") the same with each round's room for the capacity, and exactly
+// K capacities at every expert after the last round.
 #include "moe/swipe.h"
 
 #include <gtest/gtest.h>
@@ -54,10 +56,15 @@ struct Result {
 };
 
 // Runs K rounds for W workers of n tokens each; checks every round's invariants on the way.
-Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
+// by_step: the step rule (model.swipe_balance = "step"): each expert's room in a round is its
+// K rounds' capacity less what it took in the earlier ones, and the step, not each round, ends
+// with exactly K capacity_e slots at every expert.
+Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K,
+                 bool by_step = false) {
     const int64_t NT = static_cast<int64_t>(W) * n;
     Result r{std::vector<int32_t>(static_cast<size_t>(NT * K)),
              std::vector<uint8_t>(static_cast<size_t>(NT * K))};
+    std::vector<int64_t> received(static_cast<size_t>(E), 0), room;
     for (int k = 0; k < K; ++k) {
         std::vector<int64_t> counts(static_cast<size_t>(W * E)), shares(static_cast<size_t>(W), n);
         for (int w = 0; w < W; ++w) {
@@ -69,8 +76,16 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
         std::vector<int32_t> request(static_cast<size_t>(NT));
         for (int64_t t = 0; t < NT; ++t)
             request[static_cast<size_t>(t)] = r.expert_idx[static_cast<size_t>(t * K + k)];
-        const SwipePlan plan = swipe_plan(counts, shares, W, E);
-        int64_t moved        = 0;
+        if (by_step) {
+            room = swipe_capacity(shares, W, E);
+            for (int e = 0; e < E; ++e)
+                room[static_cast<size_t>(e)] =
+                    K * room[static_cast<size_t>(e)] - received[static_cast<size_t>(e)];
+        }
+        const SwipePlan plan = swipe_plan(counts, shares, W, E, room);
+        // what an expert may keep this round
+        const std::vector<int64_t>& limit = by_step ? room : plan.capacity;
+        int64_t moved                     = 0;
         for (int w = 0; w < W; ++w) {
             moved += swipe_assign(r.expert_idx.data() + static_cast<int64_t>(w) * n * K,
                                   r.reassigned.data() + static_cast<int64_t>(w) * n * K,
@@ -87,15 +102,28 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
         }
         int64_t minimum = 0;
         for (int e = 0; e < E; ++e) {
-            EXPECT_EQ(got[static_cast<size_t>(e)], plan.capacity[static_cast<size_t>(e)])
-                << "expert " << e << " round " << k;
+            received[static_cast<size_t>(e)] += got[static_cast<size_t>(e)];
+            // the round rule: exactly the capacity at every expert in every round; the step
+            // rule: never beyond the room, and exactly K capacities after the last round
+            if (!by_step) {
+                EXPECT_EQ(got[static_cast<size_t>(e)], plan.capacity[static_cast<size_t>(e)])
+                    << "expert " << e << " round " << k;
+            } else {
+                EXPECT_LE(got[static_cast<size_t>(e)], room[static_cast<size_t>(e)]);
+                if (k == K - 1) {
+                    EXPECT_EQ(received[static_cast<size_t>(e)],
+                              K * plan.capacity[static_cast<size_t>(e)])
+                        << "expert " << e;
+                }
+            }
             minimum += std::max<int64_t>(
-                0, requested[static_cast<size_t>(e)] - plan.capacity[static_cast<size_t>(e)]);
+                0, requested[static_cast<size_t>(e)] - limit[static_cast<size_t>(e)]);
         }
-        for (int w = 0; w < W; ++w) {
+        for (int w = 0; w < W && (!by_step || k == K - 1); ++w) {
             int64_t in = 0;
-            for (int j = 0; j < E / W; ++j) in += got[static_cast<size_t>(w * (E / W) + j)];
-            EXPECT_EQ(in, n) << "worker " << w;
+            for (int j = 0; j < E / W; ++j)
+                in += (by_step ? received : got)[static_cast<size_t>(w * (E / W) + j)];
+            EXPECT_EQ(in, by_step ? int64_t{K} * n : n) << "worker " << w;
         }
         EXPECT_EQ(moved, minimum);
         EXPECT_EQ(plan.reassigned, minimum);
@@ -103,8 +131,7 @@ Result run_swipe(const std::vector<int32_t>& pref, int W, int n, int E, int K) {
         std::vector<int64_t> seen(static_cast<size_t>(E), 0);
         for (int64_t t = 0; t < NT; ++t) {
             const int32_t e = request[static_cast<size_t>(t)];
-            const bool kept =
-                seen[static_cast<size_t>(e)]++ < plan.capacity[static_cast<size_t>(e)];
+            const bool kept = seen[static_cast<size_t>(e)]++ < limit[static_cast<size_t>(e)];
             EXPECT_EQ(kept, r.expert_idx[static_cast<size_t>(t * K + k)] == e) << "token " << t;
             EXPECT_EQ(kept, r.reassigned[static_cast<size_t>(t * K + k)] == 0) << "token " << t;
         }
@@ -129,6 +156,12 @@ TEST(SwipeTest, PropertiesOverManyRoutings) {
                 const Result a = run_swipe(pref, W, n, E, K);
                 const Result b = run_swipe(pref, W, n, E, K);
                 EXPECT_EQ(a.expert_idx, b.expert_idx);
+                const Result c = run_swipe(pref, W, n, E, K, true);
+                const Result d = run_swipe(pref, W, n, E, K, true);
+                EXPECT_EQ(c.expert_idx, d.expert_idx);
+                if (K == 1) {
+                    EXPECT_EQ(a.expert_idx, c.expert_idx);  // one round: the same rule
+                }
                 ++cases;
             }
         }
@@ -149,6 +182,34 @@ TEST(SwipeTest, EverythingToOneExpertMovesAllButItsCapacity) {
     const Result r = run_swipe(pref, W, n, E, K);
     // the moved tokens go to their best experts with room: expert 1 fills first
     EXPECT_EQ(r.expert_idx[static_cast<size_t>(n / 2)], 1);
+}
+
+// The step rule moves only what the step cannot hold: top-2 of 4 experts, first choices all on
+// expert 0 and second choices spread. The round rule moves 6 of expert 0's 8 first choices
+// (capacity 2 a round); the step rule keeps 4 (its whole step's share), and the second round
+// fills the rest of the step's shares.
+TEST(SwipeTest, StepRuleKeepsFirstChoicesUpToTheStepsShare) {
+    const int W = 1, E = 4, n = 8, K = 2;
+    std::vector<int32_t> pref;
+    for (int t = 0; t < n; ++t) {
+        // expert 0 first, then 1 + t % 3, then the others in order
+        std::vector<int32_t> p = {0, 1 + t % 3};
+        for (int32_t e = 1; e < E; ++e) {
+            if (e != p[1]) p.push_back(e);
+        }
+        pref.insert(pref.end(), p.begin(), p.end());
+    }
+    const Result round = run_swipe(pref, W, n, E, K), step = run_swipe(pref, W, n, E, K, true);
+    const auto moved = [&](const Result& r, int k) {
+        int m = 0;
+        for (int t = 0; t < n; ++t) m += r.reassigned[static_cast<size_t>(t * K + k)];
+        return m;
+    };
+    EXPECT_EQ(moved(round, 0), 6);
+    EXPECT_EQ(moved(step, 0), 4);
+    // the first 4 tokens keep expert 0 first under the step rule, 2 under the round rule
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(step.expert_idx[static_cast<size_t>(t * K)], 0) << t;
+    EXPECT_NE(round.expert_idx[2 * K], 0);
 }
 
 TEST(SwipeTest, UnequalSharesStillFillEveryWorkerExactly) {
