@@ -463,6 +463,10 @@ TrainConfig config_from_text(const std::string& toml_text, const std::string& so
         input_error("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line,
                     e.source().begin.column, e.description());
     }
+    // a checkpoint written before model.swipe_balance existed trained SWIPE with the round rule
+    if (toml::table* m = root["model"].as_table(); m && !m->contains("swipe_balance")) {
+        m->insert("swipe_balance", std::string(name_of(SwipeBalance::round)));
+    }
     return from_table(std::move(root), source, "checkpoint", {});
 }
 

@@ -31,7 +31,7 @@ struct ModelConfig {
     RouterScore router_score =
         RouterScore::softmax;        // weights of the chosen experts (docs/model.md)
     GateKind gate = GateKind::topk;  // topk | switch | gshard | noisy | swipe (docs/model.md)
-    SwipeBalance swipe_balance = SwipeBalance::round;  // swipe: each round's slots, or the step's
+    SwipeBalance swipe_balance = SwipeBalance::step;  // swipe: the step's slots, or each round's
     double capacity_factor     = 1.25;  // switch, gshard: expert capacity = ceil(cf * N * K / E)
     double jitter              = 0.0;   // router input times U[1 - jitter, 1 + jitter] in training
     double balance_bias_rate   = 0.0;   // per-expert choice bias step (moe/balance_bias.h); 0 = off
@@ -93,7 +93,8 @@ void visit_model_fields(M& m, V&& v) {
     // changes the model; absent from models exported before it existed, which used softmax
     v("router_score", m.router_score, false);
     v("gate", m.gate, true);
-    // changes the routing in training only; absent from models exported before it (round)
+    // changes the routing in training only; absent from models exported before it (and from
+    // checkpoints, which config_from_text reads as "round", the rule they trained with)
     v("swipe_balance", m.swipe_balance, false);
     v("capacity_factor", m.capacity_factor, false);
     v("jitter", m.jitter, false);

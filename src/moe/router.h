@@ -34,7 +34,7 @@ struct GateConfig {
     double capacity_factor       = 1.0;  // switch, gshard: capacity = ceil(cf * N_total * K / E)
     double jitter                = 0.0;  // router input times U[1 - jitter, 1 + jitter] in training
     int virtual_workers          = 1;    // swipe: workers simulated by each rank of the EP group
-    SwipeBalance swipe_balance   = SwipeBalance::round;  // swipe: per round or over the step
+    SwipeBalance swipe_balance   = SwipeBalance::step;  // swipe: over the step or per round
     int layer                    = 0;  // index of the MoE layer: a randomness stream
     RouteOverride route_override = RouteOverride::none;
     double z_loss_coef           = 0.0;  // router z-loss: coef * mean_t (logsumexp_e g[t, e])^2

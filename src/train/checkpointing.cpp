@@ -231,10 +231,14 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
         const TrainConfig saved =
             config_from_text(reader->manifest().config_toml, manifest + " (config)");
         // but for the two keys that change neither the model nor its training: the rows
-        // budget (memory; bitwise the same steps) and the initialisation's scale
+        // budget (memory; bitwise the same steps) and the initialisation's scale; and SWIPE's
+        // rule where neither run routes with SWIPE
         std::vector<KeyDifference> diff = differing_keys(cfg_, saved, "model");
-        std::erase_if(diff, [](const KeyDifference& d) {
-            return d.key == "model.moe_rows_budget" || d.key == "model.init_std";
+        const bool swipe =
+            cfg_.model.gate == GateKind::swipe || saved.model.gate == GateKind::swipe;
+        std::erase_if(diff, [&](const KeyDifference& d) {
+            return d.key == "model.moe_rows_budget" || d.key == "model.init_std" ||
+                   (d.key == "model.swipe_balance" && !swipe);
         });
         if (!diff.empty()) {
             input_error(

@@ -104,13 +104,13 @@ TEST_F(BadInputTest, ValuesFromSetAreBlamedOnTheSet) {
 TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
     const CommandResult r =
         bagualu(base + " --set model.balance_bias_update=proportional --set model.route_groups=2" +
-                " --set model.capacity_factor=2 --set model.swipe_balance=step");
+                " --set model.capacity_factor=2 --set model.swipe_balance=round");
     EXPECT_EQ(r.status, 0) << r.output;
     for (const char* w :
          {"warning: configs/tiny.toml: model.balance_bias_update = \"proportional\" has no effect",
           "warning: configs/tiny.toml: model.route_groups = 2 has no effect",
           "warning: configs/tiny.toml: model.capacity_factor = 2 has no effect",
-          "warning: configs/tiny.toml: model.swipe_balance = \"step\" has no effect"}) {
+          "warning: configs/tiny.toml: model.swipe_balance = \"round\" has no effect"}) {
         EXPECT_NE(r.output.find(w), std::string::npos) << w << "\n" << r.output;
     }
     // with their features on, none
