@@ -210,7 +210,8 @@ int cmd_sample(const SampleArgs& a) {
     if (a.top_k >= 0) s.top_k = a.top_k;
     if (a.temperature >= 0) s.temperature = a.temperature;
     if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
-    train::print_samples(lm.config, lm.params.data(), tok, s, lm.biases);
+    train::print_samples(lm.config, lm.params.data(), tok, s,
+                         a.prompts.empty() ? "the default prompts" : "--prompt", lm.biases);
     return 0;
 }
 

@@ -37,4 +37,16 @@ void warn(fmt::format_string<Args...> f, Args&&... args) {
     }
 }
 
+// A line on stderr about how a result is limited, where nothing is wrong with the input.
+template <typename... Args>
+void note(fmt::format_string<Args...> f, Args&&... args) {
+    std::string msg = fmt::format(f, std::forward<Args>(args)...);
+    std::fflush(stdout);  // after the lines before it, where both go to one terminal
+    if (g_rank >= 0) {
+        fmt::print(stderr, "[{}] note: {}\n", g_rank, msg);
+    } else {
+        fmt::print(stderr, "note: {}\n", msg);
+    }
+}
+
 }  // namespace bagualu::log

@@ -26,6 +26,7 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "dist/comm/checks.h"
 #include "dist/comm/counters.h"
 #include "dist/paro/optimizer.h"
@@ -55,6 +56,15 @@ namespace {
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Where sample.prompts came from, for an error about one: the --set item in effect, else the
+// config file.
+std::string prompts_source(const TrainConfig& cfg) {
+    for (size_t i = cfg.overrides.size(); i-- > 0;) {
+        if (cfg.overrides[i].rfind("sample.prompts=", 0) == 0) return "--set sample.prompts";
+    }
+    return cfg.source + ": sample.prompts";
 }
 
 // Test hook for crash recovery: BAGUALU_FAULT_KILL_AT_STEP=N sends SIGKILL to rank
@@ -223,6 +233,12 @@ void Trainer::check_inputs() {
         validate_micro_batch(cfg_, P_);
         loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
         ds_     = data::load_dataset(cfg_);
+        // the samples printed at the end: a prompt that cannot fit is refused now, not after
+        // the training
+        if (ds_.has_tokenizer && !opt_.quiet && cfg_.sample.n_samples > 0) {
+            check_prompts_fit(cfg_.model, data::Tokenizer::load(cfg_.data.tokenizer), cfg_.sample,
+                              prompts_source(cfg_));
+        }
         // evaluation gives every rank the same number of windows (train/evaluate.cpp): fewer
         // windows than ranks would evaluate none and report a loss of 0
         if (ds_.val.num_windows() < P_) {
@@ -701,7 +717,7 @@ void Trainer::write_outputs(const Buffer<float>& full) {
     log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg_.train.run_dir,
               gpt_->moe_layers().empty() ? "" : " expert_load.svg");
     if (!opt_.quiet && ds_.has_tokenizer && cfg_.sample.n_samples > 0) {
-        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample,
+        print_samples(m, full.data(), cfg_.data.tokenizer, cfg_.sample, prompts_source(cfg_),
                       m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     }
 }
