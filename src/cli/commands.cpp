@@ -209,7 +209,7 @@ int cmd_sample(const SampleArgs& a) {
     if (a.max_new_tokens > 0) s.max_new_tokens = a.max_new_tokens;
     if (a.top_k >= 0) s.top_k = a.top_k;
     if (a.temperature >= 0) s.temperature = a.temperature;
-    if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
+    if (a.seed) s.seed = *a.seed;
     train::print_samples(lm.config, lm.params.data(), tok, s,
                          a.prompts.empty() ? "the default prompts" : "--prompt", lm.biases);
     return 0;

@@ -2,6 +2,7 @@
 // Each returns the process exit status; errors are thrown (InputError -> 2).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct SampleArgs {
     std::vector<std::string> prompts;
     int n = -1, max_new_tokens = -1, top_k = -1;
     double temperature = -1;
-    long long seed     = -1;
+    std::optional<uint64_t> seed;  // --seed, any uint64; none: the default
 };
 int cmd_sample(const SampleArgs& a);
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype);

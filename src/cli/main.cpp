@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/plan_commands.h"
 #include "core/error.h"
+#include "core/numbers.h"
 #include "core/stop_signal.h"
 #include "dist/comm/comm.h"
 
@@ -86,7 +87,11 @@ int main(int argc, char** argv) {
         ->check(cli::non_negative());
     sample->add_option("--top-k", sa.top_k, "Sample from the k most likely tokens (0 = all)")
         ->check(cli::non_negative());
-    sample->add_option("--seed", sa.seed, "Random seed")->check(cli::non_negative());
+    sample
+        ->add_option_function<std::string>(
+            "--seed", [&](const std::string& text) { sa.seed = parse_uint64(text); },
+            "Random seed, 0 to 2^64-1")
+        ->check(cli::uint64_number("a seed"));
 
     std::string from, out, dtype = "f32", from_ckpt;
     auto* exp      = app.add_subcommand("export", "Write a model as safetensors + config.json");

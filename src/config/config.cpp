@@ -17,6 +17,7 @@
 
 #include "config/toml_file.h"
 #include "core/error.h"
+#include "core/numbers.h"
 #include "core/thread_pool.h"
 
 namespace bagualu {
@@ -196,6 +197,21 @@ constexpr const char* type_name() {
         return "an array of strings";
 }
 
+// A seed (train.seed, sample.seed): every uint64. TOML integers are signed 64-bit, so one from
+// 2^63 up is written as a string of digits, as to_toml writes it.
+uint64_t read_uint64(const toml::node& node, const std::string& where) {
+    if (const auto v = node.value_exact<int64_t>(); v && *v >= 0) return static_cast<uint64_t>(*v);
+    if (const auto text = node.value_exact<std::string>()) {
+        if (const auto v = parse_uint64(*text)) return *v;
+    }
+    std::ostringstream got;
+    node.visit([&](const auto& n) { got << n; });
+    input_error(
+        "{}: expected an integer from 0 to 18446744073709551615 (from 9223372036854775808 up "
+        "in quotes), got {}",
+        where, got.str());
+}
+
 // Reads one TOML node into a typed field; throws with `where` (file and key) on a type mismatch.
 template <typename T>
 void read_node(const toml::node& node, T& out, const std::string& where) {
@@ -208,12 +224,13 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         auto v = node.value_exact<bool>();
         if (!v) mismatch();
         out = *v;
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+        out = read_uint64(node, where);
     } else if constexpr (std::is_integral_v<T>) {
+        static_assert(std::is_signed_v<T>, "an unsigned key other than uint64_t");
         auto v = node.value_exact<int64_t>();
         if (!v) mismatch();
-        if constexpr (std::is_unsigned_v<T>) {
-            if (*v < 0) input_error("{}: expected a non-negative integer, got {}", where, *v);
-        } else if constexpr (sizeof(T) < sizeof(int64_t)) {
+        if constexpr (sizeof(T) < sizeof(int64_t)) {
             if (*v < std::numeric_limits<T>::min() || *v > std::numeric_limits<T>::max()) {
                 input_error("{}: {} is out of range for a {}-bit integer", where, *v,
                             8 * sizeof(T));
@@ -841,7 +858,11 @@ void insert_value(toml::table& tbl, const char* key, const T& field) {
         for (const auto& s : field) arr.push_back(s);
         tbl.insert(key, std::move(arr));
     } else if constexpr (std::is_same_v<T, uint64_t>) {
-        tbl.insert(key, static_cast<int64_t>(field));
+        // beyond TOML's signed 64-bit integers: a string of digits (read_uint64 reads it back)
+        if (field > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+            tbl.insert(key, std::to_string(field));
+        else
+            tbl.insert(key, static_cast<int64_t>(field));
     } else if constexpr (std::is_enum_v<T>) {
         tbl.insert(key, std::string(name_of(field)));
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {

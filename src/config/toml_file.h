@@ -20,8 +20,15 @@ inline toml::table parse_toml_file(const std::string& path, const char* what) {
     try {
         return toml::parse_file(path);
     } catch (const toml::parse_error& e) {
-        input_error("{}:{}:{}: invalid TOML: {}", path, e.source().begin.line,
-                    e.source().begin.column, e.description());
+        // toml++ says only "not representable in 64 bits" of an integer of 2^63 or more; the
+        // only keys of a run config that take one are its seeds
+        const bool too_big = std::string_view(what) == "config" &&
+                             e.description().find("not representable") != std::string_view::npos;
+        input_error("{}:{}:{}: invalid TOML: {}{}", path, e.source().begin.line,
+                    e.source().begin.column, e.description(),
+                    too_big ? " (TOML integers are signed 64-bit: a seed from "
+                              "9223372036854775808 to 18446744073709551615 is written in quotes)"
+                            : "");
     }
 }
 

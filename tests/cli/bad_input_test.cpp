@@ -270,6 +270,23 @@ TEST_F(BadInputTest, IntegersBeyondInt32) {
     expect_error(base + " --set train.threads=100000000", {"train.threads = 100000000", "<= 4096"});
 }
 
+// Seeds take every uint64: 2^63 and up were refused in a config (and saturated on the command
+// line); an integer TOML cannot hold says to quote it.
+TEST_F(BadInputTest, SeedsTakeEveryUint64) {
+    const CommandResult r = bagualu(
+        base + " --set train.seed=18446744073709551615 --set sample.seed=9223372036854775808");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string toml = read_file(dir / "run/config.toml");
+    EXPECT_NE(toml.find("seed = '18446744073709551615'"), std::string::npos) << toml;
+    expect_error(base + " --set train.seed=-1",
+                 {"train.seed: expected an integer from 0 to 18446744073709551615", "got -1"});
+    expect_error(base + " --set sample.seed=18446744073709551616",
+                 {"sample.seed: expected an integer", "got '18446744073709551616'"});
+    write_file(dir / "seed.toml", "[train]\nseed = 18446744073709551615\n");
+    expect_error("train --config " + (dir / "seed.toml"),
+                 {"seed.toml:2:", "not representable in 64 bits", "written in quotes"});
+}
+
 // inf and nan are valid TOML floats; no key accepts them, and absurd values fail up front.
 TEST_F(BadInputTest, NonFiniteAndAbsurdNumbers) {
     expect_error(base + " --set train.lr=inf", {"train.lr", "expected a finite number"});

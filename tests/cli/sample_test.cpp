@@ -142,5 +142,25 @@ TEST_F(SampleTest, TrainRefusesATooLongConfiguredPromptBeforeTraining) {
     EXPECT_EQ(count(ok.output, "--- sample "), 1u) << ok.output;
 }
 
+// --seed takes every uint64 (2^63 and up all became 2^63 - 1: the same samples) and refuses
+// anything else with one line.
+TEST_F(SampleTest, SeedTakesEveryUint64) {
+    const auto with_seed = [&](const std::string& seed) {
+        const CommandResult r = bagualu(sample("-n 2 --max-new-tokens 8 --seed " + seed));
+        EXPECT_EQ(r.status, 0) << r.output;
+        return r.output;
+    };
+    const std::string below = with_seed("9223372036854775807");
+    EXPECT_NE(with_seed("9223372036854775808"), below);
+    EXPECT_NE(with_seed("18446744073709551615"), with_seed("9223372036854775808"));
+    EXPECT_EQ(with_seed("9223372036854775807"), below);  // a seed repeats its samples
+    for (const std::string bad :
+         {"-1", "18446744073709551616", "99999999999999999999999", "1e3", "0x10", "12abc"}) {
+        expect_error(
+            sample("--seed " + bad),
+            {"--seed: expected a seed, an integer from 0 to 18446744073709551615, got " + bad});
+    }
+}
+
 }  // namespace
 }  // namespace bagualu::testing

@@ -39,5 +39,26 @@ TEST(ConfigOverride, ValuesThatAreNotUtf8AreInputErrors) {
     }
 }
 
+// Seeds are uint64: one from 2^63 up, beyond TOML's signed integers, is given as digits (bare
+// in --set, quoted in a file) and written so by to_toml; anything else says what is expected.
+TEST(ConfigOverride, SeedsTakeEveryUint64AndRoundTrip) {
+    const TrainConfig cfg =
+        default_config({"train.seed=18446744073709551615", "sample.seed=\"9223372036854775808\""});
+    EXPECT_EQ(cfg.train.seed, 18446744073709551615u);
+    EXPECT_EQ(cfg.sample.seed, 9223372036854775808u);
+    const TrainConfig back = config_from_text(to_toml(cfg), "rt");
+    EXPECT_EQ(back.train.seed, 18446744073709551615u);
+    EXPECT_EQ(back.sample.seed, 9223372036854775808u);
+    EXPECT_EQ(config_from_text(to_toml(default_config({"train.seed=7"})), "rt").train.seed, 7u);
+    EXPECT_TRUE(differing_keys(cfg, back, "train").empty());
+    for (const std::string bad :
+         {"-1", "18446744073709551616", "1.5", "\"12x\"", "\"-3\"", "true"}) {
+        const std::string e = error_of("sample.seed=" + bad);
+        EXPECT_NE(e.find("sample.seed: expected an integer from 0 to 18446744073709551615"),
+                  std::string::npos)
+            << bad << ": " << e;
+    }
+}
+
 }  // namespace
 }  // namespace bagualu
