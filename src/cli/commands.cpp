@@ -317,13 +317,11 @@ int cmd_inspect(const std::string& dir_arg) {
 }
 
 int cmd_report(const std::string& run_dir) {
-    report::write_loss_chart(run_dir);
-    log::info("report: wrote {}/loss.svg", run_dir);
-    if (report::write_expert_load_chart(run_dir))
-        log::info("report: wrote {}/expert_load.svg", run_dir);
-    for (const std::string& f : report::write_routing_charts(run_dir)) {
-        log::info("report: wrote {}/{}", run_dir, f);
-    }
+    // every chart drawn before any is written: a log that fails one chart leaves none (it left
+    // loss.svg new beside the earlier run's other charts)
+    const std::vector<report::ChartFile> charts = report::render_run_charts(run_dir);
+    report::write_charts(run_dir, charts);
+    for (const report::ChartFile& c : charts) log::info("report: wrote {}/{}", run_dir, c.name);
     return 0;
 }
 

@@ -1,6 +1,7 @@
-// JSON Lines reading, the loss and expert-load charts of a run directory, and the chart comparing
-// one metric over several runs. Chart files are written to a temp name and renamed, so a viewer
-// refreshing loss.svg never sees half a file.
+// JSON Lines reading, the charts of a run directory, and the chart comparing one metric over
+// several runs. Chart files are written to a temp name and renamed, so a viewer refreshing
+// loss.svg never sees half a file; a run's charts are all rendered before any is written, so a
+// log that fails one of them leaves none.
 #include "report/metrics.h"
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "report/svg_plot.h"
@@ -56,18 +58,21 @@ double number_at(const nlohmann::json& record, const char* key, const std::strin
     return v.get<double>();
 }
 
-void write_text_file(const fs::path& path, const std::string& text) {
+// Writes text to path + ".tmp" and returns that name; InputError naming path when it cannot.
+fs::path write_temporary(const fs::path& path, const std::string& text) {
     const fs::path tmp = path.string() + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << text;
-        out.close();
-        if (!out) {
-            std::error_code ec;
-            fs::remove(tmp, ec);
-            input_error("{}: cannot write: {}", path.string(), std::strerror(errno));
-        }
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        input_error("{}: cannot write: {}", path.string(), std::strerror(errno));
     }
+    return tmp;
+}
+
+void rename_into_place(const fs::path& tmp, const fs::path& path) {
     std::error_code ec;
     fs::rename(tmp, path, ec);
     if (ec) {
@@ -76,21 +81,24 @@ void write_text_file(const fs::path& path, const std::string& text) {
     }
 }
 
-}  // namespace
-
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-    std::vector<nlohmann::json> values;
-    for (Record& r : read_jsonl_records(path)) values.push_back(std::move(r.value));
-    return values;
+void write_text_file(const fs::path& path, const std::string& text) {
+    rename_into_place(write_temporary(path, text), path);
 }
 
-void write_loss_chart(const std::string& run_dir) {
-    const fs::path dir        = run_dir;
+std::string metrics_path(const fs::path& dir) {
     const std::string metrics = (dir / "metrics.jsonl").string();
     if (!fs::exists(metrics))
         input_error("{}: no such file (expected the run's metrics log)", metrics);
-    const std::vector<Record> records = read_jsonl_records(metrics);
+    return metrics;
+}
 
+std::string run_name(const fs::path& dir) {
+    return (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+}
+
+// loss.svg of a run's records: the train and validation curves.
+std::string loss_svg(const std::vector<Record>& records, const std::string& metrics,
+                     const std::string& name) {
     Series train{"train loss", "#1f77b4", {}, {}};
     Series val{"val loss", "#d62728", {}, {}};
     for (const auto& [line_no, r] : records) {
@@ -110,12 +118,31 @@ void write_loss_chart(const std::string& run_dir) {
             val.y.push_back(number_at(r, "val_loss", metrics, line_no));
         }
     }
+    // an empty log, or one a run left before its first step: an empty chart would pass for a
+    // report
+    if (train.x.empty() && val.x.empty()) {
+        input_error(
+            "{}: no step records (no line has a \"step\" with a \"loss\" or \"val_loss\"): "
+            "expected the metrics log of a run that trained at least one step",
+            metrics);
+    }
     std::vector<Series> series = {train};
     if (!val.x.empty()) series.push_back(val);
-    const std::string run_name =
-        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
-    write_text_file(dir / "loss.svg",
-                    line_chart_svg(fmt::format("Loss: {}", run_name), "step", "loss", series));
+    return line_chart_svg(fmt::format("Loss: {}", name), "step", "loss", series);
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+    std::vector<nlohmann::json> values;
+    for (Record& r : read_jsonl_records(path)) values.push_back(std::move(r.value));
+    return values;
+}
+
+void write_loss_chart(const std::string& run_dir) {
+    const std::string metrics = metrics_path(run_dir);
+    write_text_file(fs::path(run_dir) / "loss.svg",
+                    loss_svg(read_jsonl_records(metrics), metrics, run_name(run_dir)));
 }
 
 RunCurve read_metric_curve(const std::string& run_dir, const std::string& metric,
@@ -163,15 +190,15 @@ void write_comparison_chart(std::span<const RunCurve> curves, const std::string&
                                              "step", axis, series));
 }
 
-bool write_expert_load_chart(const std::string& run_dir) {
-    const fs::path dir        = run_dir;
-    const std::string metrics = (dir / "metrics.jsonl").string();
-    if (!fs::exists(metrics))
-        input_error("{}: no such file (expected the run's metrics log)", metrics);
+namespace {
+
+// expert_load.svg of a run's records, or none when no line has expert_tokens (a dense model).
+std::optional<std::string> expert_load_svg(const std::vector<Record>& records,
+                                           const std::string& metrics, const std::string& name) {
     std::vector<std::vector<double>> rows;  // [layer * E + expert][logged step]
     std::vector<std::string> labels;
     std::vector<double> steps;
-    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+    for (const auto& [line_no, r] : records) {
         if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
         if (!r.contains("expert_tokens")) continue;
         const nlohmann::json& layers = r["expert_tokens"];
@@ -203,27 +230,21 @@ bool write_expert_load_chart(const std::string& run_dir) {
             }
         }
     }
-    if (steps.empty()) return false;
-    const std::string run_name =
-        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+    if (steps.empty()) return std::nullopt;
     const std::string xlabel =
         fmt::format("logged step (columns {} .. {})", format_tick(steps.front(), 1),
                     format_tick(steps.back(), 1));
-    write_text_file(dir / "expert_load.svg",
-                    heatmap_svg(fmt::format("Expert load: {}", run_name), xlabel,
-                                "MoE layer, expert", rows, labels, "tokens / layer mean"));
-    return true;
+    return heatmap_svg(fmt::format("Expert load: {}", name), xlabel, "MoE layer, expert", rows,
+                       labels, "tokens / layer mean");
 }
-
-namespace {
 
 // One curve per MoE layer and key of `keys` from metrics.jsonl's per-layer arrays; the curve of
 // key k, layer l is labelled "moe l" plus the key's suffix.
-std::vector<Series> per_layer_series(const std::string& metrics,
+std::vector<Series> per_layer_series(const std::vector<Record>& records, const std::string& metrics,
                                      const std::vector<std::pair<const char*, const char*>>& keys) {
     std::vector<Series> series;
     std::vector<std::vector<size_t>> index(keys.size());  // [key][layer] -> series
-    for (const auto& [line_no, r] : read_jsonl_records(metrics)) {
+    for (const auto& [line_no, r] : records) {
         if (!r.is_object()) input_error("{}:{}: expected a JSON object", metrics, line_no);
         for (size_t k = 0; k < keys.size(); ++k) {
             const char* key = keys[k].first;
@@ -252,15 +273,9 @@ std::vector<Series> per_layer_series(const std::string& metrics,
     return series;
 }
 
-}  // namespace
-
-std::vector<std::string> write_routing_charts(const std::string& run_dir) {
-    const fs::path dir        = run_dir;
-    const std::string metrics = (dir / "metrics.jsonl").string();
-    if (!fs::exists(metrics))
-        input_error("{}: no such file (expected the run's metrics log)", metrics);
-    const std::string run_name =
-        (dir.filename().empty() ? dir.parent_path() : dir).filename().string();
+// The routing charts of a run's records that it holds metrics for.
+std::vector<ChartFile> routing_svgs(const std::vector<Record>& records, const std::string& metrics,
+                                    const std::string& name) {
     struct Chart {
         const char* file;
         const char* title;
@@ -278,15 +293,79 @@ std::vector<std::string> write_routing_charts(const std::string& run_dir) {
          {{"balance_bias_min", " min"}, {"balance_bias_max", " max"}}},
         {"router_z_loss.svg", "Router z-loss", "z-loss term", {{"router_z_loss", ""}}},
     };
-    std::vector<std::string> written;
+    std::vector<ChartFile> out;
     for (const Chart& c : charts) {
-        const std::vector<Series> series = per_layer_series(metrics, c.keys);
+        const std::vector<Series> series = per_layer_series(records, metrics, c.keys);
         if (series.empty()) continue;
-        write_text_file(dir / c.file, line_chart_svg(fmt::format("{}: {}", c.title, run_name),
-                                                     "step", c.ylabel, series));
-        written.push_back(c.file);
+        out.push_back({c.file, line_chart_svg(fmt::format("{}: {}", c.title, name), "step",
+                                              c.ylabel, series)});
     }
+    return out;
+}
+
+}  // namespace
+
+bool write_expert_load_chart(const std::string& run_dir) {
+    const std::string metrics = metrics_path(run_dir);
+    const std::optional<std::string> svg =
+        expert_load_svg(read_jsonl_records(metrics), metrics, run_name(run_dir));
+    if (!svg) return false;
+    write_text_file(fs::path(run_dir) / "expert_load.svg", *svg);
+    return true;
+}
+
+std::vector<std::string> write_routing_charts(const std::string& run_dir) {
+    const std::string metrics = metrics_path(run_dir);
+    const std::vector<ChartFile> charts =
+        routing_svgs(read_jsonl_records(metrics), metrics, run_name(run_dir));
+    write_charts(run_dir, charts);
+    std::vector<std::string> written;
+    for (const ChartFile& c : charts) written.push_back(c.name);
     return written;
+}
+
+std::vector<ChartFile> render_run_charts(const std::string& run_dir) {
+    const std::string metrics         = metrics_path(run_dir);
+    const std::vector<Record> records = read_jsonl_records(metrics);
+    const std::string name            = run_name(run_dir);
+    std::vector<ChartFile> charts     = {{"loss.svg", loss_svg(records, metrics, name)}};
+    if (auto svg = expert_load_svg(records, metrics, name))
+        charts.push_back({"expert_load.svg", std::move(*svg)});
+    for (ChartFile& c : routing_svgs(records, metrics, name)) charts.push_back(std::move(c));
+    return charts;
+}
+
+void write_charts(const std::string& run_dir, std::span<const ChartFile> charts) {
+    const fs::path dir = run_dir;
+    // A chart's name taken by a directory (or a FIFO) would fail its rename after the others
+    // were in place: refused first.
+    for (const ChartFile& c : charts) {
+        std::error_code ec;
+        const fs::file_status st = fs::symlink_status(dir / c.name, ec);
+        if (fs::exists(st) && !fs::is_regular_file(st)) {
+            input_error("{}: exists and is not a regular file (expected a chart to replace)",
+                        (dir / c.name).string());
+        }
+    }
+    // Every chart to its temporary, then the renames: a write that fails (a full disk) removes
+    // the temporaries and leaves the charts as they were.
+    std::vector<fs::path> tmps;
+    try {
+        for (const ChartFile& c : charts) tmps.push_back(write_temporary(dir / c.name, c.svg));
+    } catch (const InputError&) {
+        std::error_code ec;
+        for (const fs::path& t : tmps) fs::remove(t, ec);
+        throw;
+    }
+    for (size_t i = 0; i < charts.size(); ++i) {
+        try {
+            rename_into_place(tmps[i], dir / charts[i].name);
+        } catch (const InputError&) {
+            std::error_code ec;
+            for (size_t k = i + 1; k < tmps.size(); ++k) fs::remove(tmps[k], ec);
+            throw;
+        }
+    }
 }
 
 }  // namespace bagualu::report

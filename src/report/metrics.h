@@ -14,8 +14,9 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 // Reads run_dir/metrics.jsonl and writes run_dir/loss.svg: the "loss" of each line that has one
 // (train curve) and its "val_loss" (validation curve), both against "step". A null loss (NaN or
-// inf when logged) leaves a gap. Throws InputError naming metrics.jsonl if it is missing, or the
-// line that is not an object, has a loss without a numeric step, or a loss that is not a number.
+// inf when logged) leaves a gap. Throws InputError naming metrics.jsonl if it is missing or no
+// line has a loss or val_loss (an empty log: no chart to draw), or the line that is not an
+// object, has a loss without a numeric step, or a loss that is not a number.
 void write_loss_chart(const std::string& run_dir);
 
 // Reads run_dir/metrics.jsonl and writes run_dir/expert_load.svg: a heat map of the
@@ -36,6 +37,23 @@ bool write_expert_load_chart(const std::string& run_dir);
 // InputError as write_expert_load_chart does, naming a line whose metric is not an array of
 // numbers (one per MoE layer) beside a numeric "step".
 std::vector<std::string> write_routing_charts(const std::string& run_dir);
+
+// One chart of a run directory: its file name there and its SVG text.
+struct ChartFile {
+    std::string name;
+    std::string svg;
+};
+
+// Every chart of run_dir/metrics.jsonl, rendered and not written, the log read once: loss.svg,
+// then expert_load.svg and the routing charts where the log holds their metrics. Throws
+// InputError as the write_*_chart functions above do, before anything is written.
+std::vector<ChartFile> render_run_charts(const std::string& run_dir);
+
+// Writes the charts into run_dir, all or none: each to a temporary first, renamed into place
+// once every one is written. Throws InputError naming the chart when one cannot be written, or
+// its name is taken by something other than a file (a directory), leaving the charts that were
+// there before as they were.
+void write_charts(const std::string& run_dir, std::span<const ChartFile> charts);
 
 // One run's curve of one metric, for drawing several runs on one chart (`report --compare`).
 struct RunCurve {

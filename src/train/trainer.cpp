@@ -703,9 +703,7 @@ void Trainer::write_outputs(const Buffer<float>& full) {
                        {"val_loss", fmt::format("{:.9g}", sum_.final_val_loss)}},
                       m.balance_bias_rate > 0 ? gpt_->balance_biases() : moe::BalanceBiases{});
     metrics_.close();
-    report::write_loss_chart(cfg_.train.run_dir);
-    if (!gpt_->moe_layers().empty()) report::write_expert_load_chart(cfg_.train.run_dir);
-    if (!gpt_->moe_layers().empty()) report::write_routing_charts(cfg_.train.run_dir);
+    report::write_charts(cfg_.train.run_dir, report::render_run_charts(cfg_.train.run_dir));
     progress_.finish();
     log::info("final val loss {:.4f} nats/token (ppl {:.2f}) after {} steps, {:.1f} s",
               sum_.final_val_loss, std::exp(sum_.final_val_loss), sum_.steps,
