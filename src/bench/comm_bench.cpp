@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -43,7 +44,54 @@ struct Row {
 
 double gbs(double bytes, double s) { return s > 0 ? bytes / s * 1e-9 : 0.0; }
 
+double gib(uint64_t bytes) { return static_cast<double>(bytes) / (uint64_t{1} << 30); }
+
+// The reduce-scatter's floats for a message of `bytes`: a multiple of P, at least P.
+uint64_t rs_floats(size_t bytes, uint64_t P) {
+    return std::max<uint64_t>(bytes / sizeof(float) / P, 1) * P;
+}
+
 }  // namespace
+
+uint64_t comm_bench_rank_bytes(size_t bytes, int ranks) {
+    // five buffers of about `bytes` each: beyond 2^61 their sum may not fit in 64 bits
+    if (bytes > (uint64_t{1} << 61) || ranks < 1) return UINT64_MAX;
+    const auto P       = static_cast<uint64_t>(ranks);
+    const uint64_t n   = rs_floats(bytes, P);
+    const uint64_t a2a = 2 * (bytes / P * P);  // send and receive
+    return a2a + (2 * n + n / P) * sizeof(float);
+}
+
+void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, uint64_t available_bytes) {
+    const uint64_t rank = comm_bench_rank_bytes(max_bytes, ranks);
+    if (rank == UINT64_MAX) {
+        input_error(
+            "{} bytes per rank: the benchmark's buffers would be too large for a 64-bit byte count",
+            max_bytes);
+    }
+    // every rank on this machine holds its buffers at the same time; asked for more, the
+    // ranks would each fail to allocate, or be killed once the pages are touched
+    const auto here = static_cast<uint64_t>(std::max(ranks_here, 1));
+    if (available_bytes > 0 && rank > available_bytes / here) {
+        input_error(
+            "the largest size needs {:.1f} GiB per rank (all-to-all send and receive buffers, "
+            "reduce-scatter input, output and shard), {:.1f} GiB for the {} rank(s) on this "
+            "machine, which has {:.1f} GiB available (MemAvailable): expected a smaller largest "
+            "size",
+            gib(rank), gib(rank) * static_cast<double>(here), here, gib(available_bytes));
+    }
+    // the library's reduce-scatter and all-gather move a rank's block in one call, whose count
+    // is an int (one process calls no MPI)
+    const uint64_t block = rs_floats(max_bytes, static_cast<uint64_t>(ranks)) /
+                           static_cast<uint64_t>(ranks) * sizeof(float);
+    if (ranks > 1 && block > static_cast<uint64_t>(INT_MAX)) {
+        input_error(
+            "on {} ranks each rank's block of the reduce-scatter and all-gather would be {} "
+            "bytes, beyond the {} bytes (INT_MAX) of one MPI call: expected a largest size below "
+            "{}G",
+            ranks, block, INT_MAX, 2 * ranks);
+    }
+}
 
 int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
     if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.repeats < 1 || o.warmup < 0) {
@@ -57,8 +105,14 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
         o.ranks_per_node > 0 ? comm.rank() / o.ranks_per_node * o.ranks_per_node : comm.rank();
     if (o.ranks_per_node == 0) comm.split_shared()->broadcast(&node_id, sizeof(int), 0);
     const dist::NodeLayout lay = dist::make_node_layout(comm, node_id);
+    // min_bytes, x4, ... up to max_bytes; stops before `bytes * 4` could wrap past max_bytes
+    std::vector<size_t> sizes;
+    for (size_t bytes = o.min_bytes;; bytes *= 4) {
+        sizes.push_back(bytes);
+        if (bytes > o.max_bytes / 4) break;
+    }
     std::vector<Row> rows;
-    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+    for (const size_t bytes : sizes) {
         // All-to-all: bytes/P to every peer (the own block is a local copy).
         const size_t per_peer = bytes / up;
         std::vector<std::byte> send(per_peer * up, std::byte{1}), recv(per_peer * up);
@@ -69,7 +123,7 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& o) {
         });
 
         // Reduce-scatter + all-gather of n floats (n a multiple of P for the MPI version).
-        const size_t n     = std::max(bytes / sizeof(float) / up, size_t{1}) * up;
+        const size_t n     = rs_floats(bytes, up);
         const size_t block = n / up;
         std::vector<float> x(n, 1.0f + static_cast<float>(comm.rank())), full(n), shard(block);
         const double mpi  = time_median(comm, o, [&] {

@@ -5,6 +5,7 @@
 // object. Collective over `comm`. The CLI (`bagualu bench comm`) parses the options.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "dist/comm/comm.h"
 
@@ -21,5 +22,17 @@ struct CommBenchOptions {
 
 // Returns 0; prints on rank 0 only.
 int run_comm_bench(dist::Comm& comm, const CommBenchOptions& options);
+
+// Bytes one rank holds at once for the row of `bytes` on `ranks` ranks: the all-to-all's send
+// and receive buffers, still held while the reduce-scatter's input, gathered output and shard
+// are allocated. UINT64_MAX where that count would not fit in 64 bits.
+uint64_t comm_bench_rank_bytes(size_t bytes, int ranks);
+
+// Refuses a largest message of max_bytes that cannot run on `ranks` ranks, `ranks_here` of them
+// on this machine, which has `available_bytes` of memory available (0: unknown, not checked):
+// byte counts beyond 64 bits, buffers beyond that memory, or, on several ranks, a block per rank
+// beyond the int count of one MPI call. Throws InputError with the reason; the caller names the
+// option. Not collective: the caller makes every rank end with one message.
+void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, uint64_t available_bytes);
 
 }  // namespace bagualu::bench

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/proc_memory.h"
 #include "core/stop_signal.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
@@ -389,8 +392,10 @@ int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
 
 // "4096", "64K", "16M", "1G" (powers of 1024) -> bytes.
 static size_t parse_bytes(const std::string& text) {
+    errno             = 0;
     char* end         = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
+    const bool range  = errno == ERANGE;
     const std::string suffix(end);
     const std::string units = "KMG";
     const size_t pos        = suffix.size() == 1 ? units.find(suffix[0]) : std::string::npos;
@@ -398,11 +403,20 @@ static size_t parse_bytes(const std::string& text) {
         input_error("--sizes {}: expected a positive byte count such as 4096, 64K, 16M or 1G",
                     text);
     }
-    return static_cast<size_t>(v) << (suffix.empty() ? 0 : 10 * (pos + 1));
+    const size_t shift = suffix.empty() ? 0 : 10 * (pos + 1);
+    // a count that wraps would benchmark another size than the one asked for
+    if (range || static_cast<unsigned long long>(v) > (SIZE_MAX >> shift)) {
+        input_error(
+            "--sizes {}: too large for a 64-bit byte count; expected a size such as 64K, 16M or 1G",
+            text);
+    }
+    return static_cast<size_t>(v) << shift;
 }
 
 int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
     bench::CommBenchOptions o;
+    // the ranks whose buffers share this machine's memory (collective, so before the checks)
+    const int ranks_here = world.split_shared()->size();
     check_on_every_rank(world, [&] {
         if (!b.sizes.empty()) {
             o.min_bytes = parse_bytes(b.sizes.at(0));
@@ -411,6 +425,18 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
                 input_error("--sizes {} {}: the first (smallest) size must come first", b.sizes[0],
                             b.sizes[1]);
             }
+        }
+        // before any buffer is allocated: too large a size would otherwise fail on every rank
+        // alike, after the smaller sizes, with one out-of-memory message per rank
+        try {
+            bench::check_comm_bench_size(o.max_bytes, world.size(), ranks_here,
+                                         available_memory_bytes());
+        } catch (const InputError& e) {
+            input_error("--sizes {}: {}",
+                        b.sizes.empty()
+                            ? fmt::format("{} {} (the default)", o.min_bytes, o.max_bytes)
+                            : b.sizes[0] + " " + b.sizes[1],
+                        e.what());
         }
         if (b.ranks_per_node > 0 && world.size() % b.ranks_per_node != 0) {
             input_error("--ranks-per-node {}: must divide the number of ranks {}", b.ranks_per_node,

@@ -1,12 +1,14 @@
 // `bagualu bench` through the binary: kernels, train and io print one parseable JSON object with
 // the documented keys, train's phase fractions add up to one, io cleans up after itself, and bad
-// arguments exit 2 with one line.
+// arguments exit 2 with one line (under mpirun, once).
 // Kept fast: the tiny config, one repeat, two timed steps on token shards written directly.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -82,6 +84,47 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
         EXPECT_GT(rank["generic_ns_per_row"].get<double>(), 0.0);
         EXPECT_LE(rank["top"].get<int>(), rank["experts"].get<int>());
     }
+}
+
+// Status 2, a single line of output, containing every needle.
+void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
+    const CommandResult r = bagualu(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    std::string line = r.output;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n"
+                                                  << r.output;
+    for (const std::string& n : needles)
+        EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+}
+
+size_t count(const std::string& s, const std::string& needle) {
+    size_t n = 0;
+    for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+    return n;
+}
+
+// Sizes whose byte counts wrap, or whose buffers exceed this machine's memory, are refused before
+// any buffer is allocated; under mpirun with one message, not one per rank.
+TEST(BenchCli, CommSizesBeyondByteCountsOrMemoryAreRefusedOnce) {
+    // counts that would wrap: 17179869184G (2^64) to 0, 99999999999G to some other size
+    expect_error("bench comm --sizes 4K 17179869184G",
+                 {"--sizes 17179869184G", "64-bit byte count"});
+    expect_error("bench comm --sizes 4K 99999999999G",
+                 {"--sizes 99999999999G", "64-bit byte count"});
+    expect_error("bench comm --sizes 4K 99999999999999999999", {"64-bit byte count"});
+    expect_error("bench comm --sizes 4K 4294967295G",
+                 {"--sizes 4K 4294967295G", "64-bit byte count"});
+    // 1 TiB a rank: 5 TiB of buffers on one rank (4.5 TiB each on two), more than this machine has
+    expect_error("bench comm --sizes 4K 1024G",
+                 {"--sizes 4K 1024G", "5120.0 GiB per rank", "GiB available"});
+    const CommandResult r = run_command(fmt::format(
+        "cd {} && timeout 60 {} --allow-run-as-root --oversubscribe -np 2 {} bench comm --sizes 4K "
+        "1024G",
+        BGL_SOURCE_DIR, BGL_MPIEXEC, BGL_BINARY));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(count(r.output, "4608.0 GiB per rank"), 1u) << r.output;
+    EXPECT_EQ(count(r.output, "out of memory"), 0u) << r.output;
 }
 
 // A small token corpus in dir and the --set arguments that train configs/tiny.toml on it.
