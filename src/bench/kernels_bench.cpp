@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
@@ -528,8 +529,18 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     std::vector<Shape> shapes;
     for (int n : opts.squares) shapes.push_back({"square", n, n, n, Trans::N, Trans::N});
     for (const Shape& s : opts.model_shapes) shapes.push_back(s);
+    std::vector<std::string> names;  // what the filter can match, each once
+    for (const Shape& s : shapes) {
+        if (std::find(names.begin(), names.end(), s.name) == names.end()) names.push_back(s.name);
+    }
     std::erase_if(shapes,
                   [&](const Shape& s) { return s.name.find(opts.filter) == std::string::npos; });
+    // otherwise the tables come out empty and the run looks like a success
+    if (shapes.empty()) {
+        input_error(
+            "bench kernels --filter \"{}\": matches no GEMM; expected part of one of \"{}\"",
+            opts.filter, fmt::join(names, "\", \""));
+    }
     // First, while no OpenMP thread exists in this process.
     std::vector<std::optional<double>> alone;
     if (opts.standalone_check) alone = standalone_rates(shapes, repeats, threads);

@@ -104,6 +104,13 @@ size_t count(const std::string& s, const std::string& needle) {
     return n;
 }
 
+// A filter that selects no GEMM would print empty tables and succeed.
+TEST(BenchCli, KernelsFilterMatchingNothingListsWhatItCanMatch) {
+    expect_error(
+        "bench kernels --repeats 1 --config configs/tiny.toml --filter nomatch",
+        {"--filter \"nomatch\": matches no GEMM", "\"square\"", "\"qkv fwd\"", "\"lm head dw\""});
+}
+
 // Sizes whose byte counts wrap, or whose buffers exceed this machine's memory, are refused before
 // any buffer is allocated; under mpirun with one message, not one per rank.
 TEST(BenchCli, CommSizesBeyondByteCountsOrMemoryAreRefusedOnce) {
