@@ -449,20 +449,33 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
     return bench::run_comm_bench(world, o);
 }
 
-// The overrides of one `--compare` value: "KEY=VALUE" items separated by ';'.
+// The overrides of one `--compare` value: "SECTION.KEY=VALUE" items separated by ';', each key
+// once (a second value would silently replace the first: the setting would not be the one
+// written).
 static std::vector<std::string> compare_overrides(const std::string& setting) {
-    std::vector<std::string> items;
+    std::vector<std::string> items, keys;
     size_t start = 0;
     for (;;) {
         const size_t end = setting.find(';', start);
         std::string item = setting.substr(start, end == std::string::npos ? end : end - start);
         const size_t a = item.find_first_not_of(" \t"), z = item.find_last_not_of(" \t");
-        item = a == std::string::npos ? "" : item.substr(a, z - a + 1);
-        if (item.find('=') == std::string::npos || item.front() == '=') {
+        item             = a == std::string::npos ? "" : item.substr(a, z - a + 1);
+        const size_t eq  = item.find('=');
+        const size_t dot = item.find('.');
+        std::string key  = item.substr(0, eq);
+        key.erase(key.find_last_not_of(" \t") + 1);
+        if (eq == std::string::npos || dot == 0 || dot == std::string::npos || dot + 1 >= eq ||
+            key.back() == '.') {
             input_error(
                 "--compare \"{}\": expected SECTION.KEY=VALUE items separated by ';', got \"{}\"",
                 setting, item);
         }
+        if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
+            input_error(
+                "--compare \"{}\": {} is set twice in this setting (expected each key once)",
+                setting, key);
+        }
+        keys.push_back(key);
         items.push_back(item);
         if (end == std::string::npos) return items;
         start = end + 1;

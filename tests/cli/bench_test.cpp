@@ -343,5 +343,22 @@ TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
     }
 }
 
+// A setting is SECTION.KEY=VALUE items separated by ';', each key once: the same key twice would
+// silently time the last value only.
+TEST(BenchCli, CompareSettingSetsEachKeyOnce) {
+    TempDir dir;
+    const std::string base =
+        "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 1" +
+        tiny_corpus(dir) + " --compare model.top_k=1 --compare ";
+    expect_error(base + "\"model.top_k=1;model.top_k=2\"",
+                 {"--compare \"model.top_k=1;model.top_k=2\"", "model.top_k is set twice"});
+    expect_error(base + "\"model.top_k=1; precision.dtype=bf16; model.top_k =2\"",
+                 {"model.top_k is set twice"});
+    for (const char* bad : {"=2", "\" = 2\"", "model.top_k", "top_k=2", ".top_k=2", "model.=2",
+                            "\"model. =2\"", "\"model.top_k=2;\"", "\";\""}) {
+        expect_error(base + bad, {"--compare", "expected SECTION.KEY=VALUE"});
+    }
+}
+
 }  // namespace
 }  // namespace bagualu::testing
