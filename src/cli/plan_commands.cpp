@@ -14,9 +14,12 @@
 #include "core/error.h"
 #include "core/proc_memory.h"
 #include "core/thread_pool.h"
+#include "data/file_io.h"
 #include "data/token_file.h"
 #include "data/token_shards.h"
+#include "dist/comm/checks.h"
 #include "dist/comm/comm.h"
+#include "kernels/cpu_features.h"
 #include "plan/calibrate.h"
 #include "plan/estimate.h"
 
@@ -367,28 +370,47 @@ int run_sweep(const Inputs& base, int top, bool json) {
     return 0;
 }
 
+// The machine file `out` that calibrate may update: none yet (then a new one), or one that
+// calibrate wrote on this CPU. Another CPU's file, or one written by hand, is refused: the
+// update keeps the keys it does not measure, so it would mix two machines' figures.
+MachineSpec own_machine_file(const std::string& out) {
+    MachineSpec m;
+    if (!std::filesystem::exists(out)) return m;
+    m                      = load_machine(out);
+    const std::string& cpu = kernels::cpu_features().model;
+    if (m.cpu_model != cpu) {
+        input_error(
+            "calibrate --out {}: the file describes another machine ({}), this one has CPU \"{}\"; "
+            "nothing was written: choose another --out",
+            out,
+            m.cpu_model.empty()
+                ? fmt::format("\"{}\", no cpu_model: not measured here by calibrate", m.name)
+                : fmt::format("CPU \"{}\"", m.cpu_model),
+            cpu);
+    }
+    return m;
+}
+
+constexpr const char* kCalibrateHeader =
+    "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n";
+
 int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** argv) {
     set_compute_threads(1);
     if (!dist::launched_by_mpi()) {
-        MachineSpec m;
-        if (std::filesystem::exists(out)) m = load_machine(out);
-        m.name   = "local";
-        m.source = out;
+        MachineSpec m = own_machine_file(out);  // before measuring: a refusal comes at once
+        m.name        = "local";
+        m.source      = out;
+        m.cpu_model   = kernels::cpu_features().model;
         warm_up_kernels();
         m.node.baseline_rss_mib    = static_cast<double>(resident_bytes()) / 1048576;
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);
-        std::ifstream mem("/proc/meminfo");
-        std::string key;
-        double kib = 0;
-        if (mem >> key >> kib && key == "MemTotal:") m.node.memory_gib = kib / 1048576;
+        if (const uint64_t total = total_memory_bytes())
+            m.node.memory_gib = static_cast<double>(total) / kGiB;
         if (m.notes.empty())
             m.notes = "measured by bagualu calibrate; network: run it under mpirun";
-        std::ofstream f(out);
-        if (!f) input_error("{}: cannot write", out);
-        f << to_toml(
-            m,
-            "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n");
+        // a temporary file and a rename: an interrupted write leaves the file as it was
+        data::write_file_atomic(out, to_toml(m, kCalibrateHeader));
         fmt::print(
             "calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), triad {:.1f} GB/s per core, "
             "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; optimizer {:.2f} "
@@ -404,7 +426,20 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
     warm_up_kernels();
     const uint64_t rss0               = resident_bytes();
     std::unique_ptr<dist::Comm> world = dist::init_world(argc, argv);
-    int rc                            = 0;
+    // Rank 0 updates the file the run without mpirun wrote on this CPU: checked before the
+    // measurements, and every rank ends with rank 0's one message.
+    MachineSpec m;
+    std::string error;
+    if (world->rank() == 0) {
+        try {
+            if (!std::filesystem::exists(out))
+                input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
+            m = own_machine_file(out);
+        } catch (const InputError& e) {
+            error = e.what();
+        }
+    }
+    dist::fail_together(*world, error);
     {
         std::vector<double> warm(1 << 16, 1.0);
         world->allreduce_sum(std::span<double>(warm));
@@ -413,28 +448,26 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
             static_cast<double>(resident_bytes() - std::min(resident_bytes(), rss0)) / 1048576;
         world->allreduce_max(std::span<double>(&mpi_mib, 1));
         if (world->rank() == 0) {
-            if (!std::filesystem::exists(out))
-                input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
-            MachineSpec m = load_machine(out);
-            apply(m, c, world->size());
-            m.node.mpi_rss_mib = mpi_mib;
-            std::ofstream f(out);
-            f << to_toml(m,
-                         "# The local machine, measured by `bagualu calibrate` (per-core numbers x "
-                         "cores).\n");
-            fmt::print(
-                "calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce "
-                "{:.1f} us + "
-                "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} MiB "
-                "per process -> {}\n",
-                world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us,
-                c.allreduce_gbs, c.sync_us, mpi_mib, out);
+            try {
+                apply(m, c, world->size());
+                m.node.mpi_rss_mib = mpi_mib;
+                data::write_file_atomic(out, to_toml(m, kCalibrateHeader));
+                fmt::print(
+                    "calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce "
+                    "{:.1f} us + "
+                    "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} "
+                    "MiB per process -> {}\n",
+                    world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us,
+                    c.allreduce_gbs, c.sync_us, mpi_mib, out);
+            } catch (const InputError& e) {
+                error = e.what();
+            }
         }
-        world->barrier();
+        dist::fail_together(*world, error);  // a failed write ends every rank, not rank 0 alone
     }
     world.reset();
     dist::finalize_world();
-    return rc;
+    return 0;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ namespace {
 template <typename M, typename V>
 void visit_fields(M& m, V&& v) {
     v("", "name", m.name);
+    v("", "cpu_model", m.cpu_model);
     v("", "notes", m.notes);
     v("node", "peak_fp32_gflops", m.node.peak_fp32_gflops);
     v("node", "peak_half_gflops", m.node.peak_half_gflops);

@@ -46,7 +46,10 @@ struct NetworkSpec {
 struct MachineSpec {
     std::string name   = "machine";
     std::string source = "<built-in>";  // the file, for messages
-    std::string notes;                  // free text, kept when written back
+    // The CPU the figures were measured on (its CPUID brand string), as `calibrate` records it;
+    // "" in a file written by hand. `calibrate` updates only a file of its own CPU.
+    std::string cpu_model;
+    std::string notes;  // free text, kept when written back
     NodeSpec node;
     NetworkSpec network;
 };

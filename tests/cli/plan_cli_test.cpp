@@ -1,11 +1,18 @@
 // `bagualu plan` from the command line: paper-scale configs are the size their names say, the
 // JSON is one object, --sweep ranks layouts, and bad machine files end with one line and status 2.
+// `bagualu calibrate` updates only a machine file of its own CPU.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "../common/run_command.h"
+#include "kernels/cpu_features.h"
 
 namespace bagualu::testing {
 namespace {
@@ -160,6 +167,62 @@ TEST(PlanCli, BadMachineFileIsOneLineAndStatus2) {
         "plan --config configs/tiny.toml --machine machines/sunway-oceanlight.toml --nodes 200000");
     EXPECT_EQ(n.status, 2) << n.output;
     EXPECT_NE(n.output.find("network.total_nodes"), std::string::npos) << n.output;
+}
+
+// A machine file of another CPU, or one written by hand, is refused naming the file and both
+// machines, and left byte for byte as it was (calibrate keeps the keys it does not measure, so
+// the update would mix two machines' figures); under mpirun before any measurement, with one
+// message. The file calibrate wrote on this CPU is measured again in place, through a temporary
+// file that does not stay behind.
+TEST(PlanCli, CalibrateUpdatesOnlyAMachineFileOfThisCpu) {
+    TempDir dir;
+    const std::string model = kernels::cpu_features().model;
+    const std::string cpu   = "\"" + model + "\"";  // as the message quotes it
+    auto calibrate          = [](const std::string& file) {
+        return fmt::format("cd {} && {} calibrate --seconds 0.001 --out {}", BGL_SOURCE_DIR,
+                                    BGL_BINARY, file);
+    };
+    auto expect_refused = [&](const std::string& cmd, const std::string& file,
+                              const std::string& theirs) {
+        const std::string before = read_file(file);
+        const CommandResult r    = run_command(cmd);
+        EXPECT_EQ(r.status, 2) << cmd << "\n" << r.output;
+        size_t messages = 0;
+        for (size_t p = r.output.find("bagualu: error:"); p != std::string::npos;
+             p        = r.output.find("bagualu: error:", p + 1))
+            ++messages;
+        EXPECT_EQ(messages, 1u) << r.output;
+        for (const std::string& n : {file, cpu, theirs, std::string("choose another --out")})
+            EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+        EXPECT_EQ(read_file(file), before) << file << " was changed";
+    };
+
+    write_file(dir / "sunway.toml",
+               read_file(std::string(BGL_SOURCE_DIR) + "/machines/sunway-oceanlight.toml"));
+    expect_refused(calibrate(dir / "sunway.toml"), dir / "sunway.toml",
+                   "\"sunway-oceanlight\", no cpu_model");
+
+    const std::string own     = dir / "own.toml";
+    const CommandResult first = run_command(calibrate(own));
+    ASSERT_EQ(first.status, 0) << first.output;
+    std::string other = read_file(own);
+    ASSERT_NE(other.find("cpu_model = '" + model + "'"), std::string::npos) << other;
+    other.replace(other.find(model), model.size(), "Other CPU 9000");
+    write_file(dir / "other.toml", other);
+    expect_refused(calibrate(dir / "other.toml"), dir / "other.toml", "CPU \"Other CPU 9000\"");
+    expect_refused(fmt::format("cd {} && timeout 60 {} --allow-run-as-root --oversubscribe -np 2 "
+                               "{} calibrate --out {}",
+                               BGL_SOURCE_DIR, BGL_MPIEXEC, BGL_BINARY, dir / "other.toml"),
+                   dir / "other.toml", "CPU \"Other CPU 9000\"");
+
+    const CommandResult again = run_command(calibrate(own));
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_NE(read_file(own).find("cpu_model = '" + model + "'"), std::string::npos);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir.str()))
+        files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files, (std::vector<std::string>{"other.toml", "own.toml", "sunway.toml"}));
 }
 
 }  // namespace
