@@ -74,6 +74,25 @@ TEST(ConfigEnums, ResolvedConfigRoundTripsThroughToml) {
     EXPECT_EQ(b.precision.router, RouterPrecision::fp64);
 }
 
+// SWIPE balances the step unless told otherwise; a checkpoint's config without the key was
+// written before it existed, by a run that balanced each round, and reads as such (so a resume
+// with today's default is refused naming the key rather than changing the rule mid-run).
+TEST(ConfigEnums, SwipeBalanceDefaultsToStepAndOldCheckpointsReadAsRound) {
+    EXPECT_EQ(default_config().model.swipe_balance, SwipeBalance::step);
+    EXPECT_EQ(default_config({"model.swipe_balance=round"}).model.swipe_balance,
+              SwipeBalance::round);
+    std::string toml = to_toml(default_config({"model.gate=swipe"}));
+    EXPECT_EQ(config_from_text(toml, "manifest").model.swipe_balance, SwipeBalance::step);
+    const size_t at = toml.find("swipe_balance = 'step'\n");
+    ASSERT_NE(at, std::string::npos) << toml;
+    toml.erase(at, std::string("swipe_balance = 'step'\n").size());
+    const TrainConfig old = config_from_text(toml, "manifest");
+    EXPECT_EQ(old.model.swipe_balance, SwipeBalance::round);
+    ASSERT_EQ(differing_keys(default_config({"model.gate=swipe"}), old, "model").size(), 1u);
+    EXPECT_EQ(differing_keys(default_config({"model.gate=swipe"}), old, "model")[0].key,
+              "model.swipe_balance");
+}
+
 TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
     auto message = [](const std::vector<std::string>& sets) -> std::string {
         try {
