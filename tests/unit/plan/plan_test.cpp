@@ -322,12 +322,12 @@ TEST(PlanComm, BytesByHand) {
     EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 4 * N * K * C * 4 + E * 8);
     EXPECT_EQ(f.moe_rounds, 1);
     EXPECT_EQ(t[dist::CommKind::allgather].calls, 0u);
-    // routing statistics (5E + 4) x 8 in one call, the dispatcher's largest receipt 8, loss
-    // and checkpoint flag 16, dense gradients in 2 runs, expert gradients over
+    // routing statistics (5E + 4) x 8 in one call, the dispatcher's largest receipt 8, loss,
+    // checkpoint and stop flags 24, dense gradients in 2 runs, expert gradients over
     // EDP = 2 in 1 run, expert gradient norm 8
     EXPECT_EQ(t[dist::CommKind::allreduce].calls, 1u + 1 + 1 + 2 + 1 + 1);
     EXPECT_EQ(t[dist::CommKind::allreduce].bytes,
-              (5 * E + 4) * 8 + 8 + 16 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
+              (5 * E + 4) * 8 + 8 + 24 + s.dense_floats * 4 + s.expert_floats * 4 + 8);
     // one rank: nothing
     EXPECT_TRUE(footprint(c, layout_of(c, 1, 1), 0, 0).collectives.empty());
 }
