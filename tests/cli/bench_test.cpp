@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "../common/expect_error.h"
 #include "../common/run_command.h"
 #include "data/token_file.h"
 #include "kernels/cpu_features.h"
@@ -86,18 +87,6 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     }
 }
 
-// Status 2, a single line of output, containing every needle.
-void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
-    const CommandResult r = bagualu(args);
-    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
-    std::string line = r.output;
-    while (!line.empty() && line.back() == '\n') line.pop_back();
-    EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n"
-                                                  << r.output;
-    for (const std::string& n : needles)
-        EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
-}
-
 size_t count(const std::string& s, const std::string& needle) {
     size_t n = 0;
     for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
@@ -106,7 +95,7 @@ size_t count(const std::string& s, const std::string& needle) {
 
 // A filter that selects no GEMM would print empty tables and succeed.
 TEST(BenchCli, KernelsFilterMatchingNothingListsWhatItCanMatch) {
-    expect_error(
+    expect_one_line_error(
         "bench kernels --repeats 1 --config configs/tiny.toml --filter nomatch",
         {"--filter \"nomatch\": matches no GEMM", "\"square\"", "\"qkv fwd\"", "\"lm head dw\""});
 }
@@ -115,16 +104,16 @@ TEST(BenchCli, KernelsFilterMatchingNothingListsWhatItCanMatch) {
 // any buffer is allocated; under mpirun with one message, not one per rank.
 TEST(BenchCli, CommSizesBeyondByteCountsOrMemoryAreRefusedOnce) {
     // counts that would wrap: 17179869184G (2^64) to 0, 99999999999G to some other size
-    expect_error("bench comm --sizes 4K 17179869184G",
-                 {"--sizes 17179869184G", "64-bit byte count"});
-    expect_error("bench comm --sizes 4K 99999999999G",
-                 {"--sizes 99999999999G", "64-bit byte count"});
-    expect_error("bench comm --sizes 4K 99999999999999999999", {"64-bit byte count"});
-    expect_error("bench comm --sizes 4K 4294967295G",
-                 {"--sizes 4K 4294967295G", "64-bit byte count"});
+    expect_one_line_error("bench comm --sizes 4K 17179869184G",
+                          {"--sizes 17179869184G", "64-bit byte count"});
+    expect_one_line_error("bench comm --sizes 4K 99999999999G",
+                          {"--sizes 99999999999G", "64-bit byte count"});
+    expect_one_line_error("bench comm --sizes 4K 99999999999999999999", {"64-bit byte count"});
+    expect_one_line_error("bench comm --sizes 4K 4294967295G",
+                          {"--sizes 4K 4294967295G", "64-bit byte count"});
     // 1 TiB a rank: 5 TiB of buffers on one rank (4.5 TiB each on two), more than this machine has
-    expect_error("bench comm --sizes 4K 1024G",
-                 {"--sizes 4K 1024G", "5120.0 GiB per rank", "GiB available"});
+    expect_one_line_error("bench comm --sizes 4K 1024G",
+                          {"--sizes 4K 1024G", "5120.0 GiB per rank", "GiB available"});
     const CommandResult r = run_command(fmt::format(
         "cd {} && timeout 60 {} --allow-run-as-root --oversubscribe -np 2 {} bench comm --sizes 4K "
         "1024G",
@@ -334,12 +323,7 @@ TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
           "bench train --config configs/tiny.toml --compare model.nope=1 --compare model.top_k=1",
           "bench train --config configs/tiny.toml --compare model.top_k=1 --compare "
           "model.top_k=2 --compare-overlap"}) {
-        const CommandResult r = bagualu(args);
-        EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
-        std::string line = r.output;
-        while (!line.empty() && line.back() == '\n') line.pop_back();
-        EXPECT_EQ(line.find('\n'), std::string::npos) << args << ": expected one line, got:\n"
-                                                      << r.output;
+        expect_one_line_error(args, {});
     }
 }
 
@@ -350,13 +334,14 @@ TEST(BenchCli, CompareSettingSetsEachKeyOnce) {
     const std::string base =
         "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 1" +
         tiny_corpus(dir) + " --compare model.top_k=1 --compare ";
-    expect_error(base + "\"model.top_k=1;model.top_k=2\"",
-                 {"--compare \"model.top_k=1;model.top_k=2\"", "model.top_k is set twice"});
-    expect_error(base + "\"model.top_k=1; precision.dtype=bf16; model.top_k =2\"",
-                 {"model.top_k is set twice"});
+    expect_one_line_error(
+        base + "\"model.top_k=1;model.top_k=2\"",
+        {"--compare \"model.top_k=1;model.top_k=2\"", "model.top_k is set twice"});
+    expect_one_line_error(base + "\"model.top_k=1; precision.dtype=bf16; model.top_k =2\"",
+                          {"model.top_k is set twice"});
     for (const char* bad : {"=2", "\" = 2\"", "model.top_k", "top_k=2", ".top_k=2", "model.=2",
                             "\"model. =2\"", "\"model.top_k=2;\"", "\";\""}) {
-        expect_error(base + bad, {"--compare", "expected SECTION.KEY=VALUE"});
+        expect_one_line_error(base + bad, {"--compare", "expected SECTION.KEY=VALUE"});
     }
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "../common/expect_error.h"
 #include "../common/run_command.h"
 
 namespace bagualu::testing {
@@ -37,14 +38,7 @@ class ReportCompareTest : public ::testing::Test {
     }
     // Runs and checks: status 2, a single line of output, containing every `needle`.
     void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
-        const CommandResult r = bagualu("report " + args);
-        EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
-        std::string line = r.output;
-        while (!line.empty() && line.back() == '\n') line.pop_back();
-        EXPECT_EQ(line.find('\n'), std::string::npos) << "expected one line, got:\n" << r.output;
-        for (const auto& n : needles) {
-            EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
-        }
+        expect_one_line_error("report " + args, needles);
     }
     std::string runs() const { return "--compare " + (dir / "a") + " " + (dir / "b"); }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "../common/expect_error.h"
 #include "../common/run_command.h"
 
 namespace bagualu::testing {
@@ -37,13 +38,7 @@ class ReportTest : public ::testing::Test {
             return list;
         };
         const std::string before = files();
-        const CommandResult r    = bagualu("report " + dir.str());
-        EXPECT_EQ(r.status, 2) << r.output;
-        std::string line = r.output;
-        while (!line.empty() && line.back() == '\n') line.pop_back();
-        EXPECT_EQ(line.find('\n'), std::string::npos) << "expected one line, got:\n" << r.output;
-        for (const auto& n : needles)
-            EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+        expect_one_line_error("report " + dir.str(), needles);
         EXPECT_EQ(files(), before);
     }
     TempDir dir;

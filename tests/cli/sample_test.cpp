@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/expect_error.h"
 #include "../common/run_command.h"
 #include "../unit/data/small_corpus.h"
 #include "data/token_file.h"
@@ -72,13 +73,7 @@ class SampleTest : public ::testing::Test {
     }
     // Runs and checks: status 2, a single line of output, containing every `needle`.
     static void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
-        const CommandResult r = bagualu(args);
-        EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
-        std::string line = r.output;
-        while (!line.empty() && line.back() == '\n') line.pop_back();
-        EXPECT_EQ(line.find('\n'), std::string::npos) << "expected one line, got:\n" << r.output;
-        for (const auto& n : needles)
-            EXPECT_NE(r.output.find(n), std::string::npos) << "'" << n << "' not in: " << r.output;
+        expect_one_line_error(args, needles);
     }
     static size_t count(const std::string& text, const std::string& what) {
         size_t n = 0;
