@@ -14,12 +14,16 @@ namespace {
 
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 
-volatile std::sig_atomic_t g_signal = 0;
+// Written by the handler on whichever thread the signal lands (the helper and loader threads
+// included), read by the step loop: an atomic, lock-free and so async-signal-safe.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<bool> g_installed{false};
 
-// Async-signal-safe only: a store, sigaction and write(2).
+// Async-signal-safe only: an atomic exchange, sigaction and write(2).
 void on_stop_signal(int sig) {
-    if (g_signal == 0) g_signal = sig;
+    int none = 0;
+    g_signal.compare_exchange_strong(none, sig);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
@@ -55,7 +59,7 @@ void restore_default_stop_handlers() {
     for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
 }
 
-int stop_signal() { return g_signal; }
+int stop_signal() { return g_signal.load(); }
 
 const char* signal_name(int sig) {
     switch (sig) {
