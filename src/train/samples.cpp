@@ -75,16 +75,6 @@ void check_prompts_fit(const ModelConfig& m, const data::Tokenizer& tok, const S
     check_fit(m, s, prompt_ids(tok, s), where);
 }
 
-std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
-                                          const std::string& tokenizer_path, const SampleSection& s,
-                                          const std::string& where,
-                                          const moe::BalanceBiases& biases) {
-    const data::Tokenizer tok = data::Tokenizer::load(tokenizer_path);
-    const auto prompts        = prompt_ids(tok, s);
-    check_fit(m, s, prompts, where);
-    return generate(m, params, tok, s, prompts, biases);
-}
-
 void print_samples(const ModelConfig& m, const float* params, const std::string& tokenizer_path,
                    const SampleSection& s, const std::string& where,
                    const moe::BalanceBiases& biases) {

@@ -21,14 +21,10 @@ namespace bagualu::train {
 void check_prompts_fit(const ModelConfig& m, const data::Tokenizer& tok, const SampleSection& s,
                        const std::string& where);
 
-// s.n_samples texts (prompt + continuation), after check_prompts_fit.
-std::vector<std::string> generate_samples(const ModelConfig& m, const float* params,
-                                          const std::string& tokenizer_path, const SampleSection& s,
-                                          const std::string& where,
-                                          const moe::BalanceBiases& biases = {});
-// biases: the MoE blocks' balancing biases (model/model_io.h), or none. Prints the samples on
-// stdout; first, once, a note on stderr when a prompt and max_new_tokens need more than the
-// context (generation stops at seq_len tokens: the samples are shorter than asked).
+// Prints s.n_samples texts (prompt + continuation) on stdout, after check_prompts_fit; first,
+// once, a note on stderr when a prompt and max_new_tokens need more than the context
+// (generation stops at seq_len tokens: the samples are shorter than asked). biases: the MoE
+// blocks' balancing biases (model/model_io.h), or none.
 void print_samples(const ModelConfig& m, const float* params, const std::string& tokenizer_path,
                    const SampleSection& s, const std::string& where,
                    const moe::BalanceBiases& biases = {});
