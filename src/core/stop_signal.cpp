@@ -20,15 +20,21 @@ std::atomic<int> g_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<bool> g_installed{false};
 
-// Async-signal-safe only: an atomic exchange, sigaction and write(2).
-void on_stop_signal(int sig) {
-    int none = 0;
-    g_signal.compare_exchange_strong(none, sig);
+// The three signals' default actions back (async-signal-safe: sigaction only).
+void set_default_actions() {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
+}
+
+// Async-signal-safe only: an atomic exchange, sigaction, signal_name (string literals) and
+// write(2).
+void on_stop_signal(int sig) {
+    int none = 0;
+    g_signal.compare_exchange_strong(none, sig);
+    set_default_actions();
     if (log::g_rank <= 0) {  // one line for the job, not one per rank
-        const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1";
+        const char* name = signal_name(sig);
         const char* rest =
             ": stopping after this step, with a checkpoint (again to stop at once)\n";
         const char* head           = "\nbagualu: ";
@@ -53,10 +59,7 @@ void install_stop_handlers(bool usr1_only) {
 }
 
 void restore_default_stop_handlers() {
-    if (!g_installed) return;
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s : kSignals) ::sigaction(s, &dfl, nullptr);
+    if (g_installed) set_default_actions();
 }
 
 int stop_signal() { return g_signal.load(); }

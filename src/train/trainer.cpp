@@ -621,7 +621,7 @@ TrainSummary Trainer::finish() {
 // After a signal: the checkpoint of the step the ranks stopped at is written out and committed,
 // the metrics say so; no final evaluation, export or samples (a resumed run makes them).
 TrainSummary Trainer::finish_stopped(int64_t steps_done) {
-    // the signal that stopped the job: the lowest number any rank received
+    // the signal that stopped the job: SIGINT if any rank received it, else SIGTERM, else SIGUSR1
     int64_t got[3] = {stop_signal() == SIGINT, stop_signal() == SIGTERM, stop_signal() == SIGUSR1};
     if (P_ > 1) par_->world().allreduce_sum(std::span<int64_t>(got, 3));
     sum_.stop_signal = got[0] ? SIGINT : got[1] ? SIGTERM : got[2] ? SIGUSR1 : stop_signal();
@@ -638,7 +638,6 @@ TrainSummary Trainer::finish_stopped(int64_t steps_done) {
     sum_.steps            = steps_done;
     sum_.data_wait_s      = loader_->wait_seconds();
     sum_.final_loss_scale = scaler_.scale();
-    sum_.run_dir          = cfg_.train.run_dir;
     return sum_;
 }
 
