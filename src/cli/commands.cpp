@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -93,18 +92,6 @@ int cmd_prepare(const CommonArgs& a, bool force) {
     return 0;
 }
 
-// Runs the input checks in `check` on every rank: any rank's InputError ends every rank with one
-// message (exit 2); on one process it is thrown as usual.
-static void check_on_every_rank(dist::Comm& world, const std::function<void()>& check) {
-    std::string error;
-    try {
-        check();
-    } catch (const InputError& e) {
-        error = e.what();
-    }
-    dist::fail_together(world, error);
-}
-
 // The process layout of cfg on world (collective), with the config's collective settings.
 static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& cfg,
                                                             dist::Comm& world) {
@@ -120,7 +107,7 @@ static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& c
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
               dist::Comm& world) {
     TrainConfig cfg;
-    check_on_every_rank(world, [&] {
+    dist::check_together(world, [&] {
         cfg = resolve_config(a);
         if (!run_dir.empty()) cfg.train.run_dir = run_dir;
         if (resume) cfg.checkpoint.resume = Resume::automatic;
@@ -417,7 +404,7 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
     bench::CommBenchOptions o;
     // the ranks whose buffers share this machine's memory (collective, so before the checks)
     const int ranks_here = world.split_shared()->size();
-    check_on_every_rank(world, [&] {
+    dist::check_together(world, [&] {
         if (!b.sizes.empty()) {
             o.min_bytes = parse_bytes(b.sizes.at(0));
             o.max_bytes = parse_bytes(b.sizes.at(1));
@@ -486,7 +473,7 @@ static std::vector<std::string> compare_overrides(const std::string& setting) {
 // its own overrides, checked like a run's config, with its own process layout.
 static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
     std::vector<bench::BenchSetting> settings(b.compare.size());
-    check_on_every_rank(world, [&] {
+    dist::check_together(world, [&] {
         if (b.compare.size() < 2) {
             input_error(
                 "--compare: give at least two settings (got {}), e.g. --compare "
@@ -522,7 +509,7 @@ static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Co
 int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
     if (!b.compare.empty()) return bench_train_compare(a, b, world);
     TrainConfig cfg;
-    check_on_every_rank(world, [&] {
+    dist::check_together(world, [&] {
         cfg = resolve_config(a);
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());

@@ -429,17 +429,12 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
     // Rank 0 updates the file the run without mpirun wrote on this CPU: checked before the
     // measurements, and every rank ends with rank 0's one message.
     MachineSpec m;
-    std::string error;
-    if (world->rank() == 0) {
-        try {
-            if (!std::filesystem::exists(out))
-                input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
-            m = own_machine_file(out);
-        } catch (const InputError& e) {
-            error = e.what();
-        }
-    }
-    dist::fail_together(*world, error);
+    dist::check_together(*world, [&] {
+        if (world->rank() != 0) return;
+        if (!std::filesystem::exists(out))
+            input_error("{}: run `bagualu calibrate --out {}` without mpirun first", out, out);
+        m = own_machine_file(out);
+    });
     {
         std::vector<double> warm(1 << 16, 1.0);
         world->allreduce_sum(std::span<double>(warm));
@@ -447,23 +442,19 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         double mpi_mib =
             static_cast<double>(resident_bytes() - std::min(resident_bytes(), rss0)) / 1048576;
         world->allreduce_max(std::span<double>(&mpi_mib, 1));
-        if (world->rank() == 0) {
-            try {
-                apply(m, c, world->size());
-                m.node.mpi_rss_mib = mpi_mib;
-                data::write_file_atomic(out, to_toml(m, kCalibrateHeader));
-                fmt::print(
-                    "calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce "
-                    "{:.1f} us + "
-                    "{:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds {:.1f} "
-                    "MiB per process -> {}\n",
-                    world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us,
-                    c.allreduce_gbs, c.sync_us, mpi_mib, out);
-            } catch (const InputError& e) {
-                error = e.what();
-            }
-        }
-        dist::fail_together(*world, error);  // a failed write ends every rank, not rank 0 alone
+        // a failed write ends every rank, not rank 0 alone
+        dist::check_together(*world, [&] {
+            if (world->rank() != 0) return;
+            apply(m, c, world->size());
+            m.node.mpi_rss_mib = mpi_mib;
+            data::write_file_atomic(out, to_toml(m, kCalibrateHeader));
+            fmt::print(
+                "calibrate ({} ranks): all-to-all {:.1f} us + {:.2f} GB/s per rank; all-reduce "
+                "{:.1f} us + {:.2f} GB/s; {:.0f} us per blocking call when sharing cores; MPI adds "
+                "{:.1f} MiB per process -> {}\n",
+                world->size(), c.alltoall_latency_us, c.alltoall_gbs, c.allreduce_latency_us,
+                c.allreduce_gbs, c.sync_us, mpi_mib, out);
+        });
     }
     world.reset();
     dist::finalize_world();

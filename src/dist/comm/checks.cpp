@@ -65,6 +65,16 @@ void fail_together(Comm& comm, const std::string& error) {
     check_all_ok(comm, error.empty(), error);
 }
 
+void check_together(Comm& comm, FunctionRef<void()> check) {
+    std::string error;
+    try {
+        check();
+    } catch (const InputError& e) {
+        error = e.what();
+    }
+    fail_together(comm, error);
+}
+
 void check_all_ok(Comm& comm, bool ok, const std::string& error) {
     const int P = comm.size();
     // The max of (P - 1 - rank) over failing ranks names the lowest failing rank; -1: none.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/function_ref.h"
 #include "dist/comm/comm.h"
 
 namespace bagualu::dist {
@@ -24,5 +25,9 @@ void check_all_ok(Comm& comm, bool ok, const std::string& error);
 // failure is thrown as InputError (its caller prints it), with several every rank ends with the
 // lowest failing rank's message.
 void fail_together(Comm& comm, const std::string& error);
+
+// Runs `check` (input checks) on this rank, then fail_together with its InputError's message, if
+// any: every rank calls it, and a rank with nothing to check passes a check that does nothing.
+void check_together(Comm& comm, FunctionRef<void()> check);
 
 }  // namespace bagualu::dist
