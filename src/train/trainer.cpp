@@ -227,8 +227,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
 // Every input check before the first collective of the model: a problem on any rank ends every
 // rank with one message (exit 2). More than one rank: all run the same config and binary.
 void Trainer::check_inputs() {
-    std::string error;
-    try {
+    dist::check_together(par_->world(), [&] {
         validate_layout(cfg_, P_);
         validate_micro_batch(cfg_, P_);
         loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
@@ -248,10 +247,7 @@ void Trainer::check_inputs() {
                 ds_.val.num_windows(), cfg_.model.seq_len + 1, P_);
         }
         if (writer_) run_dir_lock_ = prepare_run_dir(cfg_, opt_.force, resume_);
-    } catch (const InputError& e) {
-        error = e.what();
-    }
-    dist::fail_together(par_->world(), error);
+    });
     if (P_ > 1) {
         const std::string toml = to_toml(cfg_);
         dist::check_same_everywhere(par_->world(), XXH64(toml.data(), toml.size(), 0),
