@@ -31,6 +31,7 @@
 #include "io/checkpoint/checkpoint.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
+#include "plan/memory_check.h"
 #include "report/metrics.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
@@ -104,6 +105,29 @@ static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& c
     return par;
 }
 
+// train.check_memory: the run's planned bytes per rank times the ranks on this machine against
+// what they may allocate (plan/memory_check.h), before the model is built; every rank ends with
+// the message if it cannot fit. Test hook: BAGUALU_FAULT_MEMORY_LEFT=<bytes> stands for what
+// this machine's ranks may allocate.
+static void check_run_memory(const TrainConfig& cfg, const std::string& config_path,
+                             dist::Comm& world) {
+    const int ranks_here = world.split_shared()->size();  // collective: before the check
+    dist::check_together(world, [&] {
+        if (!cfg.train.check_memory) return;
+        MemoryLeft left = memory_left();
+        if (const char* f = std::getenv("BAGUALU_FAULT_MEMORY_LEFT")) {
+            left = {std::strtoull(f, nullptr, 10), "BAGUALU_FAULT_MEMORY_LEFT"};
+        }
+        const int per_node =
+            cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : ranks_here;
+        const int cpus = static_cast<int>(allowed_cpus().size());
+        const int threads =
+            cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cpus / std::max(ranks_here, 1));
+        plan::check_memory_fits(cfg, config_path.empty() ? "the default config" : config_path,
+                                world.size(), per_node, ranks_here, threads, left);
+    });
+}
+
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
               dist::Comm& world) {
     TrainConfig cfg;
@@ -119,6 +143,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     }
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
+    check_run_memory(cfg, a.config, world);
     train::TrainOptions opt;
     opt.force = force;
     install_stop_handlers(dist::launcher_owns_termination());

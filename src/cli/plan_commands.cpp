@@ -71,26 +71,6 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
-// Tokens of a split's shards (a file, glob or directory) from their headers; a file that is
-// absent or not a shard counts 0.
-uint64_t shard_tokens(const std::string& spec) {
-    std::vector<std::string> paths;
-    try {
-        paths = data::resolve_shard_paths(spec, "data");
-    } catch (const InputError&) {
-        return 0;
-    }
-    uint64_t n = 0;
-    for (const std::string& path : paths) {
-        std::ifstream f(path, std::ios::binary);
-        int32_t h[3] = {0, 0, 0};
-        if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic)
-            continue;
-        n += static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
-    }
-    return n;
-}
-
 struct Inputs {
     TrainConfig cfg;
     MachineSpec machine;
@@ -475,7 +455,7 @@ int PlanCommands::run(int* argc, char*** argv) {
     in.layout = layout_on(in.cfg, model::PrecisionPolicy::from_config(in.cfg.precision), in.machine,
                           nodes_, ranks_per_node_);
     in.layout.capacity_factor = capacity_;
-    in.data_tokens            = shard_tokens(in.cfg.data.train) + shard_tokens(in.cfg.data.val);
+    in.data_tokens            = data_tokens(in.cfg);
     in.baseline               = (in.machine.node.baseline_rss_mib +
                    (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) *
                   1048576;

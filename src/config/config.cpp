@@ -46,6 +46,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "log_every", c.train.log_every);
     v("train", "threads", c.train.threads);
     v("train", "fused_head", c.train.fused_head);
+    v("train", "check_memory", c.train.check_memory);
     v("train", "run_dir", c.train.run_dir);
     v("train", "recompute", c.train.recompute);
 

@@ -128,8 +128,11 @@ struct TrainSection {
     int64_t log_every        = 10;
     int threads              = 0;      // compute workers; 0 = one per core in the affinity mask
     bool fused_head          = false;  // LM head + cross-entropy in row blocks (model/gpt.h)
-    std::string run_dir      = "";     // "" = runs/<config file stem>
-    Recompute recompute      = Recompute::none;  // none | moe | block (docs/model.md)
+    // refuse at start-up a run whose planned memory per rank, times the ranks sharing the
+    // machine, exceeds what they may allocate (plan/memory_check.h)
+    bool check_memory   = true;
+    std::string run_dir = "";               // "" = runs/<config file stem>
+    Recompute recompute = Recompute::none;  // none | moe | block (docs/model.md)
 };
 
 struct DataSection {

@@ -5,10 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "core/buffer.h"
+#include "core/error.h"
 #include "data/loader.h"
+#include "data/token_file.h"
+#include "data/token_shards.h"
 #include "dist/comm/alltoallv.h"
 #include "dist/comm/collectives.h"
 #include "dist/parallel.h"
@@ -59,6 +64,29 @@ ParoSpaces paro_spaces(const ModelConfig& m, int ep, const model::PrecisionPolic
 double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor) {
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
     return static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
+}
+
+// Tokens of a split's shards (a file, glob or directory) from their headers; a file that is
+// absent or not a shard counts 0.
+uint64_t shard_tokens(const std::string& spec) {
+    std::vector<std::string> paths;
+    try {
+        paths = data::resolve_shard_paths(spec, "data");
+    } catch (const InputError&) {
+        return 0;
+    }
+    uint64_t n = 0;
+    for (const std::string& path : paths) {
+        // a FIFO or device would block the open (the loader refuses them, naming the file)
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(path, ec)) continue;
+        std::ifstream f(path, std::ios::binary);
+        int32_t h[3] = {0, 0, 0};
+        if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic)
+            continue;
+        n += static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
+    }
+    return n;
 }
 
 }  // namespace
@@ -634,6 +662,10 @@ dist::CommTally per_kind(const std::vector<Collective>& cs) {
         t[c.kind].bytes += static_cast<uint64_t>(std::llround(c.bytes));
     }
     return t;
+}
+
+uint64_t data_tokens(const TrainConfig& cfg) {
+    return shard_tokens(cfg.data.train) + shard_tokens(cfg.data.val);
 }
 
 }  // namespace bagualu::plan

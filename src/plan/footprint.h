@@ -155,6 +155,10 @@ struct Footprint {
 Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
                    int ranks_per_node, int threads);
 
+// Tokens of the config's train and val shards, from their headers (a file that is absent or not
+// a shard counts 0): footprint's data_tokens.
+uint64_t data_tokens(const TrainConfig& cfg);
+
 // data_tokens: tokens of the train and val shards (0 when the files are absent).
 // baseline_bytes: the process baseline (machine file). Throws InputError when the layout does
 // not match the config (as validate_layout).

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include "../common/expect_error.h"
@@ -116,6 +118,38 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
                 " --set model.capacity_factor=2");
     EXPECT_EQ(on.status, 0) << on.output;
     EXPECT_EQ(on.output.find("warning"), std::string::npos) << on.output;
+}
+
+// A run whose planned memory per rank cannot fit in what this machine's ranks may allocate is
+// refused before the model is built, naming the figures and the way out; the test hook stands for
+// a small machine (or a tight cgroup limit). With train.check_memory = false, or room enough, it
+// trains.
+TEST_F(BadInputTest, RunThatCannotFitInMemoryIsRefusedAtStartUp) {
+    struct Env {
+        Env() { setenv("BAGUALU_FAULT_MEMORY_LEFT", "1000000", 1); }
+        ~Env() { unsetenv("BAGUALU_FAULT_MEMORY_LEFT"); }
+    } env;
+    expect_error(
+        base, {"configs/tiny.toml: the run needs about", "MiB per rank",
+               "may allocate 0.95 MiB (BAGUALU_FAULT_MEMORY_LEFT)", "train.check_memory = false"});
+    EXPECT_FALSE(std::filesystem::exists(dir / "run"));  // nothing written
+    // under mpirun: every rank ends, with one message
+    const CommandResult two =
+        run_command(std::string("cd ") + BGL_SOURCE_DIR + " && timeout 60 " + BGL_MPIEXEC +
+                    " --allow-run-as-root --oversubscribe " + "-np 2 " + BGL_BINARY + " " + base);
+    EXPECT_EQ(two.status, 2) << two.output;
+    size_t n = 0;
+    for (size_t at = two.output.find("the run needs about"); at != std::string::npos;
+         at        = two.output.find("the run needs about", at + 1))
+        ++n;
+    EXPECT_EQ(n, 1u) << two.output;
+    EXPECT_NE(two.output.find("for the 2 rank(s) on this machine"), std::string::npos)
+        << two.output;
+    const CommandResult off = bagualu(base + " --set train.check_memory=false");
+    EXPECT_EQ(off.status, 0) << off.output;
+    setenv("BAGUALU_FAULT_MEMORY_LEFT", "100000000000", 1);
+    const CommandResult room = bagualu(base + " --force");
+    EXPECT_EQ(room.status, 0) << room.output;
 }
 
 TEST_F(BadInputTest, DModelNotDivisibleByHeads) {

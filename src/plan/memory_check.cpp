@@ -1,0 +1,47 @@
+#include "plan/memory_check.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/precision.h"
+
+namespace bagualu::plan {
+
+namespace {
+
+// "1.61 GiB", or "27.4 MiB" below a GiB.
+std::string size_text(double bytes) {
+    constexpr double kMiB = 1048576.0, kGiB = 1024 * kMiB;
+    return bytes >= kGiB ? fmt::format("{:.2f} GiB", bytes / kGiB)
+                         : fmt::format("{:.2f} MiB", bytes / kMiB);
+}
+
+}  // namespace
+
+Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
+    const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
+    const Layout layout = make_layout(cfg, policy, ranks, ranks_per_node, threads);
+    return footprint(cfg, layout, data_tokens(cfg), 0).memory;
+}
+
+void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
+                       int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left) {
+    if (left.bytes == UINT64_MAX) return;  // nothing to hold it against
+    const Memory m      = run_memory(cfg, ranks, ranks_per_node, threads);
+    const double rank   = m.total();
+    const double here   = rank * ranks_here;
+    const double budget = static_cast<double>(left.bytes);
+    if (here <= budget) return;
+    input_error(
+        "{}: the run needs about {} per rank (parameters {}, gradients {}, optimizer state {}, "
+        "activations and buffers {}, data and checkpoint {}; `bagualu plan` details it), {} for "
+        "the {} rank(s) on this machine, which may allocate {} ({}): expected a smaller "
+        "train.micro_batch_size, train.recompute = \"moe\" or \"block\", the ranks spread over "
+        "more machines, or train.check_memory = false to start anyway",
+        where, size_text(rank), size_text(m.parameters), size_text(m.gradients),
+        size_text(m.optimizer), size_text(m.activations + m.comm_buffers),
+        size_text(m.data + m.checkpoint), size_text(here), ranks_here, size_text(budget),
+        left.what);
+}
+
+}  // namespace bagualu::plan
