@@ -105,14 +105,36 @@ static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& c
     return par;
 }
 
-// train.check_memory: the run's planned bytes per rank times the ranks on this machine against
-// what they may allocate (plan/memory_check.h), before the model is built; every rank ends with
-// the message if it cannot fit. Test hook: BAGUALU_FAULT_MEMORY_LEFT=<bytes> stands for what
-// this machine's ranks may allocate.
-static void check_run_memory(const TrainConfig& cfg, const std::string& config_path,
-                             dist::Comm& world) {
+// Free bytes of the file system that holds path, or would (its nearest existing ancestor);
+// UINT64_MAX when it cannot be read.
+static uint64_t free_disk_bytes(const std::string& path) {
+    fs::path p = fs::absolute(fs::path(path)).lexically_normal();
+    std::error_code ec;
+    while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+    const fs::space_info s = fs::space(p, ec);
+    return ec ? UINT64_MAX : static_cast<uint64_t>(s.available);
+}
+
+// What the run will need, before the model is built (plan/memory_check.h); every rank ends
+// with the message if it cannot fit:
+// - train.check_memory: the planned bytes per rank times the ranks on this machine against what
+//   they may allocate;
+// - the checkpoints (checkpoint.every > 0): one must fit in the free space of the checkpoint
+//   directory's file system (rank 0's view: a shared file system), and a warning when the
+//   checkpoints kept may not.
+// Test hooks: BAGUALU_FAULT_MEMORY_LEFT=<bytes> stands for what this machine's ranks may
+// allocate, BAGUALU_FAULT_DISK_FREE=<bytes> for the free space.
+static void check_run_resources(const TrainConfig& cfg, const std::string& config_path,
+                                dist::Comm& world) {
     const int ranks_here = world.split_shared()->size();  // collective: before the check
+    std::string warning;
     dist::check_together(world, [&] {
+        if (world.rank() == 0 && cfg.checkpoint.every > 0) {
+            uint64_t free = free_disk_bytes(cfg.checkpoint_dir());
+            if (const char* f = std::getenv("BAGUALU_FAULT_DISK_FREE"))
+                free = std::strtoull(f, nullptr, 10);
+            warning = plan::check_checkpoint_space(cfg, cfg.checkpoint_dir(), free);
+        }
         if (!cfg.train.check_memory) return;
         MemoryLeft left = memory_left();
         if (const char* f = std::getenv("BAGUALU_FAULT_MEMORY_LEFT")) {
@@ -126,6 +148,7 @@ static void check_run_memory(const TrainConfig& cfg, const std::string& config_p
         plan::check_memory_fits(cfg, config_path.empty() ? "the default config" : config_path,
                                 world.size(), per_node, ranks_here, threads, left);
     });
+    if (!warning.empty()) log::warn("{}", warning);
 }
 
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
@@ -143,7 +166,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     }
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
-    check_run_memory(cfg, a.config, world);
+    check_run_resources(cfg, a.config, world);
     train::TrainOptions opt;
     opt.force = force;
     install_stop_handlers(dist::launcher_owns_termination());

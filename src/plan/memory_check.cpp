@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/precision.h"
 
@@ -20,7 +22,7 @@ std::string size_text(double bytes) {
 
 Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
     const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    const Layout layout = make_layout(cfg, policy, ranks, ranks_per_node, threads);
+    const Layout layout                 = make_layout(cfg, policy, ranks, ranks_per_node, threads);
     return footprint(cfg, layout, data_tokens(cfg), 0).memory;
 }
 
@@ -42,6 +44,38 @@ void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ran
         size_text(m.optimizer), size_text(m.activations + m.comm_buffers),
         size_text(m.data + m.checkpoint), size_text(here), ranks_here, size_text(budget),
         left.what);
+}
+
+double checkpoint_bytes(const TrainConfig& cfg) {
+    const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
+    const Footprint f                   = footprint(cfg, make_layout(cfg, policy, 1, 1, 1), 0, 0);
+    return 3.0 * 4.0 * static_cast<double>(f.params_full);
+}
+
+std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
+                                   uint64_t free_bytes) {
+    if (cfg.checkpoint.every <= 0) return "";
+    const double one  = checkpoint_bytes(cfg);
+    const double free = static_cast<double>(free_bytes);
+    if (one > free) {
+        input_error(
+            "checkpoint.dir {}: one checkpoint of this run takes about {} (FP32 parameters, m and "
+            "v), its file system has {} free: expected more space, another checkpoint.dir, or "
+            "checkpoint.every = 0",
+            dir, size_text(one), size_text(free));
+    }
+    // the checkpoints written: every `every` steps, and one at the end
+    const int64_t written =
+        cfg.train.steps / cfg.checkpoint.every + (cfg.train.steps % cfg.checkpoint.every ? 1 : 0);
+    const int64_t kept =
+        cfg.checkpoint.keep > 0 ? std::min(cfg.checkpoint.keep + 1, written) : written;
+    if (one * static_cast<double>(kept) <= free) return "";
+    return fmt::format(
+        "checkpoint.dir {}: {} checkpoint(s) of about {} each may be on disk at once "
+        "(checkpoint.keep = {}{}), its file system has {} free: the run will fail to write one "
+        "unless space is freed",
+        dir, kept, size_text(one), cfg.checkpoint.keep,
+        cfg.checkpoint.keep > 0 ? ", and the one being written" : ": all of them", size_text(free));
 }
 
 }  // namespace bagualu::plan

@@ -4,7 +4,7 @@
 // against what those ranks may still allocate (core/proc_memory.h: MemAvailable and the control
 // groups' limits that Slurm and containers set). A run that cannot fit ends at once with one
 // line, instead of being killed by the kernel once its pages are touched, minutes later and on
-// one rank. train.check_memory = false skips it.
+// one rank. train.check_memory = false skips it. The same for the checkpoints' disk space.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,5 +24,16 @@ Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int thr
 // exceed left.bytes.
 void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
                        int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left);
+
+// Bytes of one checkpoint of cfg: the FP32 parameter, m and v of every parameter once, over all
+// ranks (train/checkpointing.cpp; the manifest and the files' headers, a few KiB, aside).
+double checkpoint_bytes(const TrainConfig& cfg);
+
+// With checkpoint.every > 0, against free_bytes on the checkpoint directory's file system: throws
+// InputError naming `dir` when one checkpoint cannot fit (the first write would fail, hours into
+// the run); returns a warning when the checkpoints kept (checkpoint.keep, and the one being
+// written beside them; every one when keep = 0) cannot, else "".
+std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
+                                   uint64_t free_bytes);
 
 }  // namespace bagualu::plan

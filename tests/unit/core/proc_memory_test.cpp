@@ -2,16 +2,15 @@
 // limit - usage over a group and its ancestors, in v2 and in v1, "max" and v1's huge number as no
 // limit, a path the mount does not show read from its nearest ancestor, and usage at or above the
 // limit as no room.
+#include "core/proc_memory.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <unistd.h>
-
-#include "core/proc_memory.h"
 
 namespace bagualu {
 namespace {
@@ -74,7 +73,7 @@ TEST(CgroupMemoryLeft, V1ReadsTheMemoryControllersGroupOrItsNearestAncestor) {
     put(mem / "job/memory.limit_in_bytes", "1073741824");
     put(mem / "job/memory.usage_in_bytes", "73741824");
     const std::string proc = "9:name=systemd:/\n4:cpuacct,memory:/job/task_9\n1:cpu:/\n0::/\n";
-    int version = 0;
+    int version            = 0;
     // job/task_9 is not in the mount: job's limit applies
     EXPECT_EQ(cgroup_memory_left(proc, root.string(), &version), 1000000000u);
     EXPECT_EQ(version, 1);
