@@ -62,8 +62,9 @@ uint64_t comm_bench_rank_bytes(size_t bytes, int ranks) {
     return a2a + (2 * n + n / P) * sizeof(float);
 }
 
-void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, uint64_t available_bytes) {
-    const uint64_t rank = comm_bench_rank_bytes(max_bytes, ranks);
+void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, const MemoryLeft& left) {
+    const uint64_t available_bytes = left.bytes == UINT64_MAX ? 0 : left.bytes;
+    const uint64_t rank            = comm_bench_rank_bytes(max_bytes, ranks);
     if (rank == UINT64_MAX) {
         input_error(
             "{} bytes per rank: the benchmark's buffers would be too large for a 64-bit byte count",
@@ -76,9 +77,9 @@ void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, uint64_t
         input_error(
             "the largest size needs {:.1f} GiB per rank (all-to-all send and receive buffers, "
             "reduce-scatter input, output and shard), {:.1f} GiB for the {} rank(s) on this "
-            "machine, which has {:.1f} GiB available (MemAvailable): expected a smaller largest "
-            "size",
-            gib(rank), gib(rank) * static_cast<double>(here), here, gib(available_bytes));
+            "machine, which has {:.1f} GiB available ({}): expected a smaller largest size",
+            gib(rank), gib(rank) * static_cast<double>(here), here, gib(available_bytes),
+            left.what);
     }
     // the library's reduce-scatter and all-gather move a rank's block in one call, whose count
     // is an int (one process calls no MPI)

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/proc_memory.h"
 #include "dist/comm/comm.h"
 
 namespace bagualu::bench {
@@ -29,10 +30,11 @@ int run_comm_bench(dist::Comm& comm, const CommBenchOptions& options);
 uint64_t comm_bench_rank_bytes(size_t bytes, int ranks);
 
 // Refuses a largest message of max_bytes that cannot run on `ranks` ranks, `ranks_here` of them
-// on this machine, which has `available_bytes` of memory available (0: unknown, not checked):
+// on this machine, whose ranks may allocate `left` (core/proc_memory.h memory_left(): the least
+// of MemAvailable and the cgroup limits' room; UINT64_MAX: unknown, not checked):
 // byte counts beyond 64 bits, buffers beyond that memory, or, on several ranks, a block per rank
 // beyond the int count of one MPI call. Throws InputError with the reason; the caller names the
 // option. Not collective: the caller makes every rank end with one message.
-void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, uint64_t available_bytes);
+void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, const MemoryLeft& left);
 
 }  // namespace bagualu::bench

@@ -464,8 +464,7 @@ int cmd_bench_comm(const BenchArgs& b, dist::Comm& world) {
         // before any buffer is allocated: too large a size would otherwise fail on every rank
         // alike, after the smaller sizes, with one out-of-memory message per rank
         try {
-            bench::check_comm_bench_size(o.max_bytes, world.size(), ranks_here,
-                                         available_memory_bytes());
+            bench::check_comm_bench_size(o.max_bytes, world.size(), ranks_here, memory_left());
         } catch (const InputError& e) {
             input_error("--sizes {}: {}",
                         b.sizes.empty()

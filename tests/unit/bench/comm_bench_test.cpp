@@ -41,7 +41,8 @@ TEST(CommBench, RejectsBadOptions) {
 // The reason check_comm_bench_size gives, "" when it accepts.
 std::string size_problem(size_t max_bytes, int ranks, int ranks_here, uint64_t available) {
     try {
-        check_comm_bench_size(max_bytes, ranks, ranks_here, available);
+        check_comm_bench_size(max_bytes, ranks, ranks_here,
+                              MemoryLeft{available ? available : UINT64_MAX, "MemAvailable"});
     } catch (const InputError& e) {
         return e.what();
     }
@@ -60,7 +61,7 @@ TEST(CommBench, SizeCheckRefusesWrappingCountsMemoryAndMpiBlocks) {
     const std::string memory = size_problem(GiB, 2, 2, 8 * GiB);
     EXPECT_NE(memory.find("4.5 GiB per rank"), std::string::npos) << memory;
     EXPECT_NE(memory.find("9.0 GiB for the 2 rank(s)"), std::string::npos) << memory;
-    EXPECT_NE(memory.find("8.0 GiB available"), std::string::npos) << memory;
+    EXPECT_NE(memory.find("8.0 GiB available (MemAvailable)"), std::string::npos) << memory;
     EXPECT_EQ(size_problem(GiB, 2, 1, 8 * GiB), "");
     EXPECT_EQ(size_problem(GiB, 2, 2, 0), "") << "unknown memory is not checked";
     // a block of 2^31 bytes per rank is beyond one MPI call's int count; one rank calls no MPI
