@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,6 +28,7 @@
 #include "data/token_file.h"
 #include "data/token_shards.h"
 #include "dist/comm/checks.h"
+#include "dist/node_cpus.h"
 #include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
 #include "model/gpt.h"
@@ -106,13 +108,15 @@ static std::unique_ptr<dist::ParallelContext> make_parallel(const TrainConfig& c
 }
 
 // Free bytes of the file system that holds path, or would (its nearest existing ancestor);
-// UINT64_MAX when it cannot be read.
+// UINT64_MAX when that cannot be told: unreadable, a file system without a size (/proc), or a
+// directory this process cannot write (the checkpointer names that at start-up).
 static uint64_t free_disk_bytes(const std::string& path) {
     fs::path p = fs::absolute(fs::path(path)).lexically_normal();
     std::error_code ec;
     while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
     const fs::space_info s = fs::space(p, ec);
-    return ec ? UINT64_MAX : static_cast<uint64_t>(s.available);
+    if (ec || s.capacity == 0 || ::access(p.c_str(), W_OK) != 0) return UINT64_MAX;
+    return static_cast<uint64_t>(s.available);
 }
 
 // What the run will need, before the model is built (plan/memory_check.h); every rank ends
@@ -128,27 +132,44 @@ static void check_run_resources(const TrainConfig& cfg, const std::string& confi
                                 dist::Comm& world) {
     const int ranks_here = world.split_shared()->size();  // collective: before the check
     std::string warning;
+    const int per_node = cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : ranks_here;
     dist::check_together(world, [&] {
         if (world.rank() == 0 && cfg.checkpoint.every > 0) {
             uint64_t free = free_disk_bytes(cfg.checkpoint_dir());
             if (const char* f = std::getenv("BAGUALU_FAULT_DISK_FREE"))
                 free = std::strtoull(f, nullptr, 10);
-            warning = plan::check_checkpoint_space(cfg, cfg.checkpoint_dir(), free);
+            warning = plan::check_checkpoint_space(cfg, cfg.checkpoint_dir(), free, world.size(),
+                                                   per_node);
         }
         if (!cfg.train.check_memory) return;
         MemoryLeft left = memory_left();
         if (const char* f = std::getenv("BAGUALU_FAULT_MEMORY_LEFT")) {
             left = {std::strtoull(f, nullptr, 10), "BAGUALU_FAULT_MEMORY_LEFT"};
         }
-        const int per_node =
-            cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : ranks_here;
-        const int cpus = static_cast<int>(allowed_cpus().size());
+        // the pool the trainer builds: train.threads, else one per CPU of this rank's part
         const int threads =
-            cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cpus / std::max(ranks_here, 1));
+            cfg.train.threads > 0 ? cfg.train.threads : static_cast<int>(allowed_cpus().size());
         plan::check_memory_fits(cfg, config_path.empty() ? "the default config" : config_path,
                                 world.size(), per_node, ranks_here, threads, left);
     });
     if (!warning.empty()) log::warn("{}", warning);
+}
+
+// The compute pool on this rank's part of the CPUs the launcher gave it, when it gave the same
+// ones to other ranks on this machine (dist/node_cpus.h); a warning when train.threads asks for
+// more threads than that part has.
+static void share_node_cpus(const TrainConfig& cfg, dist::Comm& world) {
+    const std::vector<int> mine  = launcher_cpus();
+    const std::vector<int> share = dist::node_cpu_share(world, mine);
+    if (share == mine) return;
+    set_allowed_cpus(share);
+    if (world.rank() == 0 && cfg.train.threads > static_cast<int>(share.size())) {
+        log::warn(
+            "train.threads = {}: this rank's part of the CPUs its launcher gave it and other ranks "
+            "on this machine is {} CPU(s) ({}), so its threads will wait for each other's cores: "
+            "expected train.threads = 0 (one per CPU of the part) or at most {}",
+            cfg.train.threads, share.size(), cpu_list_text(share), share.size());
+    }
 }
 
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
@@ -164,6 +185,7 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     if (world.rank() == 0) {
         for (const std::string& w : ineffective_settings(cfg)) log::warn("{}", w);
     }
+    share_node_cpus(cfg, world);
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
     check_run_resources(cfg, a.config, world);
@@ -540,6 +562,7 @@ static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Co
             settings[i].label = b.compare[i];
         }
     });
+    share_node_cpus(settings.front().cfg, world);
     std::vector<std::unique_ptr<dist::ParallelContext>> layouts;
     for (bench::BenchSetting& s : settings) {
         layouts.push_back(make_parallel(s.cfg, world));
@@ -561,6 +584,7 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
+    share_node_cpus(cfg, world);
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
     bench::TrainBenchOptions o;

@@ -802,8 +802,9 @@ void check_micro_batch(const TrainConfig& c, int ranks) {
             src, mb, m.seq_len, width, kMaxInt32);
     }
     // The compute threads wait for each other by spinning: more of them than the CPUs this
-    // process may use (its affinity mask) makes every step wait on the scheduler instead.
-    const int cpus = static_cast<int>(allowed_cpus().size());
+    // process may use (its affinity mask) makes every step wait on the scheduler instead. (The
+    // launcher's mask: a part of it shared with other ranks is warned of, cli/commands.cpp.)
+    const int cpus = static_cast<int>(launcher_cpus().size());
     if (c.train.threads > cpus) {
         input_error(
             "{}: train.threads = {} exceeds the {} CPU(s) this process may run on (its "

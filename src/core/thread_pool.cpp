@@ -12,9 +12,34 @@ namespace bagualu {
 // that must still see every core the process was given.
 static std::vector<int> read_allowed_cpus();
 
-std::vector<int> allowed_cpus() {
+std::vector<int> launcher_cpus() {
     static const std::vector<int> cpus = read_allowed_cpus();
     return cpus;
+}
+
+static std::vector<int>& cpu_share() {
+    static std::vector<int> share;  // empty: the launcher's mask
+    return share;
+}
+
+std::vector<int> allowed_cpus() {
+    const std::vector<int>& share = cpu_share();
+    return share.empty() ? launcher_cpus() : share;
+}
+
+void set_allowed_cpus(std::vector<int> cpus) { cpu_share() = std::move(cpus); }
+
+std::string cpu_list_text(const std::vector<int>& cpus) {
+    std::string s;
+    for (size_t i = 0; i < cpus.size();) {
+        size_t k = i;
+        while (k + 1 < cpus.size() && cpus[k + 1] == cpus[k] + 1) ++k;
+        if (!s.empty()) s += ',';
+        s += std::to_string(cpus[i]);
+        if (k > i) s += '-' + std::to_string(cpus[k]);
+        i = k + 1;
+    }
+    return s;
 }
 
 static std::vector<int> read_allowed_cpus() {
@@ -40,9 +65,9 @@ static void pin_to(std::thread::native_handle_type h, int cpu) {
     pthread_setaffinity_np(h, sizeof(set), &set);  // best effort: a failure only costs speed
 }
 
-ThreadPool::ThreadPool(int n_threads, bool pin) {
-    const std::vector<int> cpus = allowed_cpus();
-    n_threads_                  = n_threads > 0 ? n_threads : static_cast<int>(cpus.size());
+ThreadPool::ThreadPool(int n_threads, bool pin) : cpus_(allowed_cpus()) {
+    const std::vector<int>& cpus = cpus_;
+    n_threads_                   = n_threads > 0 ? n_threads : static_cast<int>(cpus.size());
     // Pinning only makes sense when every worker has a core of its own.
     pin = pin && n_threads_ <= static_cast<int>(cpus.size()) && n_threads_ > 1;
     workers_.reserve(static_cast<size_t>(n_threads_ - 1));
@@ -123,8 +148,10 @@ ThreadPool& compute_pool() {
 }
 
 void set_compute_threads(int n_threads, bool pin) {
-    auto& p = pool_slot();
-    if (p && p->size() == (n_threads > 0 ? n_threads : static_cast<int>(allowed_cpus().size())))
+    auto& p                     = pool_slot();
+    const std::vector<int> cpus = allowed_cpus();
+    if (p && p->cpus() == cpus &&
+        p->size() == (n_threads > 0 ? n_threads : static_cast<int>(cpus.size())))
         return;
     p.reset();
     p = std::make_unique<ThreadPool>(n_threads, pin);

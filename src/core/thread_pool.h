@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -14,8 +15,18 @@
 
 namespace bagualu {
 
-// CPUs in this process's affinity mask as it was at the first call (process start-up), ascending.
+// CPUs in this process's affinity mask as it was at the first call (process start-up), ascending;
+// or the part of it set_allowed_cpus gave this process.
 std::vector<int> allowed_cpus();
+// The mask as the process started, whatever set_allowed_cpus says.
+std::vector<int> launcher_cpus();
+// The compute pool's CPUs from now on: `cpus` (ascending), this rank's share of a mask
+// that other ranks on the machine were given too (dist/node_cpus.h). The pool is rebuilt on
+// them at the next set_compute_threads. Call at start-up, before any parallel work. Empty: the
+// launcher's mask again.
+void set_allowed_cpus(std::vector<int> cpus);
+// CPU numbers as ranges: "0-3,8".
+std::string cpu_list_text(const std::vector<int>& cpus);
 
 class ThreadPool {
    public:
@@ -26,6 +37,8 @@ class ThreadPool {
     ThreadPool& operator=(const ThreadPool&) = delete;
 
     int size() const { return n_threads_; }
+    // The CPUs it was built on (allowed_cpus() then).
+    const std::vector<int>& cpus() const { return cpus_; }
     // Runs fn(tid) for every tid in [0, size()), tid 0 on the calling thread; returns when all
     // are done and rethrows the first exception any of them threw. Not reentrant.
     void run(FunctionRef<void(int)> fn);
@@ -34,6 +47,7 @@ class ThreadPool {
     void worker_loop(int tid);
 
     int n_threads_;
+    std::vector<int> cpus_;
     std::vector<std::thread> workers_;
     FunctionRef<void(int)> job_;
     std::atomic<uint64_t> generation_{0};

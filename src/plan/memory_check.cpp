@@ -46,16 +46,16 @@ void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ran
         left.what);
 }
 
-double checkpoint_bytes(const TrainConfig& cfg) {
+double checkpoint_bytes(const TrainConfig& cfg, int ranks, int ranks_per_node) {
     const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    const Footprint f                   = footprint(cfg, make_layout(cfg, policy, 1, 1, 1), 0, 0);
+    const Footprint f = footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, 1), 0, 0);
     return 3.0 * 4.0 * static_cast<double>(f.params_full);
 }
 
 std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
-                                   uint64_t free_bytes) {
-    if (cfg.checkpoint.every <= 0) return "";
-    const double one  = checkpoint_bytes(cfg);
+                                   uint64_t free_bytes, int ranks, int ranks_per_node) {
+    if (cfg.checkpoint.every <= 0 || free_bytes == UINT64_MAX) return "";
+    const double one  = checkpoint_bytes(cfg, ranks, ranks_per_node);
     const double free = static_cast<double>(free_bytes);
     if (one > free) {
         input_error(

@@ -25,15 +25,16 @@ Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int thr
 void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
                        int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left);
 
-// Bytes of one checkpoint of cfg: the FP32 parameter, m and v of every parameter once, over all
-// ranks (train/checkpointing.cpp; the manifest and the files' headers, a few KiB, aside).
-double checkpoint_bytes(const TrainConfig& cfg);
+// Bytes of one checkpoint of cfg on `ranks` ranks, ranks_per_node to a node: the FP32 parameter,
+// m and v of every parameter once, over all ranks (train/checkpointing.cpp; the manifest and the
+// files' headers, a few KiB, aside).
+double checkpoint_bytes(const TrainConfig& cfg, int ranks, int ranks_per_node);
 
 // With checkpoint.every > 0, against free_bytes on the checkpoint directory's file system: throws
 // InputError naming `dir` when one checkpoint cannot fit (the first write would fail, hours into
 // the run); returns a warning when the checkpoints kept (checkpoint.keep, and the one being
 // written beside them; every one when keep = 0) cannot, else "".
 std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
-                                   uint64_t free_bytes);
+                                   uint64_t free_bytes, int ranks, int ranks_per_node);
 
 }  // namespace bagualu::plan

@@ -332,9 +332,14 @@ void Trainer::log_setup() const {
     log::info(
         "precision: {}{}", prec_.describe(),
         scaler_.enabled() ? fmt::format(", dynamic loss scale from {}", scaler_.scale()) : "");
-    log::info("compute: {} threads per rank, kernels {}, measured peak {:.1f} GFLOP/s {}",
-              compute_pool().size(), kernels::dispatch().describe(), peak_gflops_,
-              kernels::peak_path_name(peak_path_));
+    log::info(
+        "compute: {} threads per rank (rank 0 on CPUs {}{}), kernels {}, measured peak "
+        "{:.1f} GFLOP/s {}",
+        compute_pool().size(), cpu_list_text(compute_pool().cpus()),
+        allowed_cpus() == launcher_cpus() ? std::string()
+                                          : ", its part of " + cpu_list_text(launcher_cpus()) +
+                                                " shared with other ranks on this machine",
+        kernels::dispatch().describe(), peak_gflops_, kernels::peak_path_name(peak_path_));
     if (P_ > 1) {
         log::info("gradient reduction: {}", optimizer_->overlapped()
                                                 ? "overlapped with backward (helper thread)"
