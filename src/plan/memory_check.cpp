@@ -29,7 +29,12 @@ Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int thr
 void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
                        int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left) {
     if (left.bytes == UINT64_MAX) return;  // nothing to hold it against
-    const Memory m      = run_memory(cfg, ranks, ranks_per_node, threads);
+    Memory m;
+    try {
+        m = run_memory(cfg, ranks, ranks_per_node, threads);
+    } catch (const InputError&) {
+        return;  // a layout the planner cannot count (the run's own checks have passed): no check
+    }
     const double rank   = m.total();
     const double here   = rank * ranks_here;
     const double budget = static_cast<double>(left.bytes);
@@ -55,7 +60,12 @@ double checkpoint_bytes(const TrainConfig& cfg, int ranks, int ranks_per_node) {
 std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
                                    uint64_t free_bytes, int ranks, int ranks_per_node) {
     if (cfg.checkpoint.every <= 0 || free_bytes == UINT64_MAX) return "";
-    const double one  = checkpoint_bytes(cfg, ranks, ranks_per_node);
+    double one = 0;
+    try {
+        one = checkpoint_bytes(cfg, ranks, ranks_per_node);
+    } catch (const InputError&) {
+        return "";  // as check_memory_fits
+    }
     const double free = static_cast<double>(free_bytes);
     if (one > free) {
         input_error(

@@ -30,14 +30,14 @@ TEST(CoreScheduling, RanksGivenOneMaskSplitItsCpus) {
     // rank 0 takes the first half of the mask, and says so
     const std::string want = "compute: " + std::to_string(cpus / 2) +
                              " threads per rank (rank 0 on CPUs " +
-                             cpu_list_text(dist::cpu_part(launcher_cpus(), 0, 2)) + ", its part of " +
-                             cpu_list_text(launcher_cpus()) + " shared";
+                             cpu_list_text(dist::cpu_part(launcher_cpus(), 0, 2)) +
+                             ", its part of " + cpu_list_text(launcher_cpus()) + " shared";
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
     // an explicit thread count beyond the part is warned of
-    const CommandResult over = run_command(
-        std::string("cd ") + BGL_SOURCE_DIR + " && timeout 120 " + BGL_MPIEXEC +
-        " --allow-run-as-root --bind-to none -np 2 " + BGL_BINARY + " " + args + " --force" +
-        " --set train.threads=" + std::to_string(cpus));
+    const CommandResult over =
+        run_command(std::string("cd ") + BGL_SOURCE_DIR + " && timeout 120 " + BGL_MPIEXEC +
+                    " --allow-run-as-root --bind-to none -np 2 " + BGL_BINARY + " " + args +
+                    " --force" + " --set train.threads=" + std::to_string(cpus));
     EXPECT_EQ(over.status, 0) << over.output;
     EXPECT_NE(over.output.find("warning: train.threads = " + std::to_string(cpus)),
               std::string::npos)

@@ -1,11 +1,12 @@
 // dist::node_cpu_share under mpirun (P = 1..4, one machine): ranks given one mask split it into
 // disjoint contiguous parts that cover it, in rank order; ranks given different masks keep
 // theirs; more ranks than CPUs take one CPU each in turn. No ASSERT before the collectives.
+#include "dist/node_cpus.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "dist/node_cpus.h"
 #include "mpi_world.h"
 
 namespace bagualu::dist {
@@ -52,8 +53,7 @@ TEST(NodeCpus, RanksGivenOneMaskSplitIt) {
     const std::vector<std::vector<int>> two = shares(w, w.rank() % 2 ? b : a);
     const int na = (P + 1) / 2, nb = P / 2;
     for (int r = 0; r < P; ++r) {
-        const std::vector<int> want =
-            r % 2 ? cpu_part(b, r / 2, nb) : cpu_part(a, r / 2, na);
+        const std::vector<int> want = r % 2 ? cpu_part(b, r / 2, nb) : cpu_part(a, r / 2, na);
         EXPECT_EQ(two[size_t(r)], want) << "rank " << r;
     }
 }
