@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "core/numbers.h"
+
 namespace bagualu {
 
 // The mask as the process started (the launcher's binding). Read once: pinning the calling
@@ -29,18 +31,7 @@ std::vector<int> allowed_cpus() {
 
 void set_allowed_cpus(std::vector<int> cpus) { cpu_share() = std::move(cpus); }
 
-std::string cpu_list_text(const std::vector<int>& cpus) {
-    std::string s;
-    for (size_t i = 0; i < cpus.size();) {
-        size_t k = i;
-        while (k + 1 < cpus.size() && cpus[k + 1] == cpus[k] + 1) ++k;
-        if (!s.empty()) s += ',';
-        s += std::to_string(cpus[i]);
-        if (k > i) s += '-' + std::to_string(cpus[k]);
-        i = k + 1;
-    }
-    return s;
-}
+std::string cpu_list_text(const std::vector<int>& cpus) { return ranges_text(cpus, ","); }
 
 static std::vector<int> read_allowed_cpus() {
     std::vector<int> cpus;

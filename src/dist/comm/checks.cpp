@@ -10,23 +10,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/numbers.h"
 
 namespace bagualu::dist {
 
 namespace {
 
 // "1", "1-3", "1-3, 5": compact list of sorted rank numbers.
-std::string rank_list(const std::vector<int>& ranks) {
-    std::string out;
-    for (size_t i = 0; i < ranks.size();) {
-        size_t j = i;
-        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-        if (!out.empty()) out += ", ";
-        out += j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
-        i = j + 1;
-    }
-    return out;
-}
+std::string rank_list(const std::vector<int>& ranks) { return ranges_text(ranks, ", "); }
 
 void print_line(const std::string& line) {
     std::fflush(stdout);
