@@ -82,11 +82,12 @@ TEST(CgroupMemoryLeft, V1ReadsTheMemoryControllersGroupOrItsNearestAncestor) {
 }
 
 TEST(CgroupMemoryLeft, ThisProcessGetsAFigure) {
-    // whatever the machine: MemAvailable at least, never more than it
+    // whatever the machine: a figure from /proc/meminfo or a cgroup, never more than the
+    // machine's memory (MemAvailable itself moves with the other tests running beside this one)
     const MemoryLeft m = memory_left();
     ASSERT_GT(m.bytes, 0u);
     ASSERT_NE(m.bytes, UINT64_MAX) << "no /proc/meminfo";
-    EXPECT_LE(m.bytes, available_memory_bytes() + (uint64_t{64} << 20));
+    EXPECT_LE(m.bytes, total_memory_bytes());
     EXPECT_TRUE(m.what == "MemAvailable" || m.what.rfind("cgroup ", 0) == 0) << m.what;
 }
 
