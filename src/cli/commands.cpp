@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "bench/comm_bench.h"
@@ -119,48 +120,58 @@ static uint64_t free_disk_bytes(const std::string& path) {
     return static_cast<uint64_t>(s.available);
 }
 
-// What the run will need, before the model is built (plan/memory_check.h); every rank ends
-// with the message if it cannot fit:
-// - train.check_memory: the planned bytes per rank times the ranks on this machine against what
+// What the run will need, before the model is built (plan/memory_check.h), from the planner's
+// footprint of its layout; every rank ends with the message if it cannot fit:
+// - train.check_memory: the bytes per rank times the ranks on this machine (`node`) against what
 //   they may allocate;
 // - the checkpoints (checkpoint.every > 0): one must fit in the free space of the checkpoint
 //   directory's file system (rank 0's view: a shared file system), and a warning when the
 //   checkpoints kept may not.
-// Test hooks: BAGUALU_FAULT_MEMORY_LEFT=<bytes> stands for what this machine's ranks may
-// allocate, BAGUALU_FAULT_DISK_FREE=<bytes> for the free space.
+// The data shards' headers are read by rank 0 alone (every rank opening them at start-up would
+// load the file system for nothing). A layout the planner cannot count is not checked (the run's
+// own checks have passed). Test hooks: BAGUALU_FAULT_MEMORY_LEFT=<bytes> stands for what this
+// machine's ranks may allocate, BAGUALU_FAULT_DISK_FREE=<bytes> for the free space.
 static void check_run_resources(const TrainConfig& cfg, const std::string& config_path,
-                                dist::Comm& world) {
-    const int ranks_here = world.split_shared()->size();  // collective: before the check
-    std::string warning;
+                                dist::Comm& world, dist::Comm& node) {
+    const int ranks_here = node.size();
     const int per_node = cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : ranks_here;
+    uint64_t tokens    = world.rank() == 0 ? plan::data_tokens(cfg) : 0;
+    world.broadcast(&tokens, sizeof tokens, 0);
+    // the pool the trainer builds: train.threads, else one per CPU of this rank's part
+    const int threads =
+        cfg.train.threads > 0 ? cfg.train.threads : static_cast<int>(allowed_cpus().size());
+    std::optional<plan::Footprint> fp;
+    try {
+        fp = plan::run_footprint(cfg, world.size(), per_node, threads, tokens);
+    } catch (const InputError&) {
+        return;  // the same on every rank
+    }
+    std::string warning;
     dist::check_together(world, [&] {
         if (world.rank() == 0 && cfg.checkpoint.every > 0) {
             uint64_t free = free_disk_bytes(cfg.checkpoint_dir());
             if (const char* f = std::getenv("BAGUALU_FAULT_DISK_FREE"))
                 free = std::strtoull(f, nullptr, 10);
-            warning = plan::check_checkpoint_space(cfg, cfg.checkpoint_dir(), free, world.size(),
-                                                   per_node);
+            warning = plan::check_checkpoint_space(cfg, plan::checkpoint_bytes(fp->params_full),
+                                                   cfg.checkpoint_dir(), free);
         }
         if (!cfg.train.check_memory) return;
         MemoryLeft left = memory_left();
         if (const char* f = std::getenv("BAGUALU_FAULT_MEMORY_LEFT")) {
             left = {std::strtoull(f, nullptr, 10), "BAGUALU_FAULT_MEMORY_LEFT"};
         }
-        // the pool the trainer builds: train.threads, else one per CPU of this rank's part
-        const int threads =
-            cfg.train.threads > 0 ? cfg.train.threads : static_cast<int>(allowed_cpus().size());
-        plan::check_memory_fits(cfg, config_path.empty() ? "the default config" : config_path,
-                                world.size(), per_node, ranks_here, threads, left);
+        plan::check_memory_fits(
+            fp->memory, config_path.empty() ? "the default config" : config_path, ranks_here, left);
     });
     if (!warning.empty()) log::warn("{}", warning);
 }
 
 // The compute pool on this rank's part of the CPUs the launcher gave it, when it gave the same
-// ones to other ranks on this machine (dist/node_cpus.h); a warning when train.threads asks for
-// more threads than that part has.
-static void share_node_cpus(const TrainConfig& cfg, dist::Comm& world) {
+// ones to other ranks on this machine (`node`, dist/node_cpus.h); a warning when train.threads
+// asks for more threads than that part has.
+static void share_node_cpus(const TrainConfig& cfg, dist::Comm& world, dist::Comm& node) {
     const std::vector<int> mine  = launcher_cpus();
-    const std::vector<int> share = dist::node_cpu_share(world, mine);
+    const std::vector<int> share = dist::node_cpu_share(node, mine);
     if (share == mine) return;
     set_allowed_cpus(share);
     if (world.rank() == 0 && cfg.train.threads > static_cast<int>(share.size())) {
@@ -185,10 +196,11 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     if (world.rank() == 0) {
         for (const std::string& w : ineffective_settings(cfg)) log::warn("{}", w);
     }
-    share_node_cpus(cfg, world);
+    const std::unique_ptr<dist::Comm> node = world.split_shared();  // this machine's ranks
+    share_node_cpus(cfg, world, *node);
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
-    check_run_resources(cfg, a.config, world);
+    check_run_resources(cfg, a.config, world, *node);
     train::TrainOptions opt;
     opt.force = force;
     install_stop_handlers(dist::launcher_owns_termination());
@@ -562,7 +574,7 @@ static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Co
             settings[i].label = b.compare[i];
         }
     });
-    share_node_cpus(settings.front().cfg, world);
+    share_node_cpus(settings.front().cfg, world, *world.split_shared());
     std::vector<std::unique_ptr<dist::ParallelContext>> layouts;
     for (bench::BenchSetting& s : settings) {
         layouts.push_back(make_parallel(s.cfg, world));
@@ -584,7 +596,7 @@ int cmd_bench_train(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) 
         validate_layout(cfg, world.size());
         validate_micro_batch(cfg, world.size());
     });
-    share_node_cpus(cfg, world);
+    share_node_cpus(cfg, world, *world.split_shared());
     const auto par_ptr         = make_parallel(cfg, world);
     dist::ParallelContext& par = *par_ptr;
     bench::TrainBenchOptions o;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "core/error.h"
 
@@ -37,18 +36,17 @@ std::vector<int> cpu_part(const std::vector<int>& cpus, int j, int g) {
                             cpus.begin() + static_cast<std::ptrdiff_t>((J + 1) * n / G));
 }
 
-std::vector<int> node_cpu_share(Comm& world, const std::vector<int>& mine) {
-    const std::unique_ptr<Comm> node = world.split_shared();
-    const int n                      = node->size();
+std::vector<int> node_cpu_share(Comm& node, const std::vector<int>& mine) {
+    const int n = node.size();
     if (n == 1 || mine.empty()) return mine;
     const Mask m = mask_of(mine);
     Mask all(kMaskWords * static_cast<size_t>(n));
-    node->allgather(m.data(), kMaskWords * sizeof(uint64_t), all.data());
+    node.allgather(m.data(), kMaskWords * sizeof(uint64_t), all.data());
     int j = 0, g = 0;  // my place among the ranks given my mask, and their count
     for (int r = 0; r < n; ++r) {
         const bool same = std::equal(
             m.begin(), m.end(), all.begin() + static_cast<std::ptrdiff_t>(size_t(r) * kMaskWords));
-        if (same && r < node->rank()) ++j;
+        if (same && r < node.rank()) ++j;
         g += same;
     }
     return g == 1 ? mine : cpu_part(mine, j, g);

@@ -13,9 +13,9 @@
 
 namespace bagualu::dist {
 
-// This rank's part of `mine` (ascending CPU numbers below CPU_SETSIZE): collective over the ranks
-// of world on this machine (world.split_shared()); every rank calls it.
-std::vector<int> node_cpu_share(Comm& world, const std::vector<int>& mine);
+// This rank's part of `mine` (ascending CPU numbers below CPU_SETSIZE): collective over `node`,
+// the ranks on this machine (Comm::split_shared()); each of them calls it.
+std::vector<int> node_cpu_share(Comm& node, const std::vector<int>& mine);
 
 // The part of `cpus` (one mask, ascending) that the j-th of g ranks given it takes.
 std::vector<int> cpu_part(const std::vector<int>& cpus, int j, int g);

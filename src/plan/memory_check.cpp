@@ -20,21 +20,15 @@ std::string size_text(double bytes) {
 
 }  // namespace
 
-Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads) {
+Footprint run_footprint(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads,
+                        uint64_t data_tokens) {
     const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    const Layout layout                 = make_layout(cfg, policy, ranks, ranks_per_node, threads);
-    return footprint(cfg, layout, data_tokens(cfg), 0).memory;
+    return footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, threads), data_tokens, 0);
 }
 
-void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
-                       int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left) {
+void check_memory_fits(const Memory& m, const std::string& where, int ranks_here,
+                       const MemoryLeft& left) {
     if (left.bytes == UINT64_MAX) return;  // nothing to hold it against
-    Memory m;
-    try {
-        m = run_memory(cfg, ranks, ranks_per_node, threads);
-    } catch (const InputError&) {
-        return;  // a layout the planner cannot count (the run's own checks have passed): no check
-    }
     const double rank   = m.total();
     const double here   = rank * ranks_here;
     const double budget = static_cast<double>(left.bytes);
@@ -51,21 +45,9 @@ void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ran
         left.what);
 }
 
-double checkpoint_bytes(const TrainConfig& cfg, int ranks, int ranks_per_node) {
-    const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    const Footprint f = footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, 1), 0, 0);
-    return 3.0 * 4.0 * static_cast<double>(f.params_full);
-}
-
-std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
-                                   uint64_t free_bytes, int ranks, int ranks_per_node) {
+std::string check_checkpoint_space(const TrainConfig& cfg, double one, const std::string& dir,
+                                   uint64_t free_bytes) {
     if (cfg.checkpoint.every <= 0 || free_bytes == UINT64_MAX) return "";
-    double one = 0;
-    try {
-        one = checkpoint_bytes(cfg, ranks, ranks_per_node);
-    } catch (const InputError&) {
-        return "";  // as check_memory_fits
-    }
     const double free = static_cast<double>(free_bytes);
     if (one > free) {
         input_error(

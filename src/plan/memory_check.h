@@ -15,26 +15,31 @@
 
 namespace bagualu::plan {
 
-// Bytes per rank of cfg on `ranks` ranks, ranks_per_node to a node, `threads` compute threads
-// a rank: what footprint() counts, less the process baseline (already allocated, so already
-// outside MemAvailable).
-Memory run_memory(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads);
+// The footprint of cfg on `ranks` ranks, ranks_per_node to a node, `threads` compute threads a
+// rank, and data_tokens tokens of data (plan::data_tokens, read once for all ranks), without the
+// process baseline (already allocated, so already outside MemAvailable). Throws InputError where
+// the planner cannot count the layout.
+Footprint run_footprint(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads,
+                        uint64_t data_tokens);
 
-// Throws InputError naming `where` (the config) when ranks_here x the run's bytes per rank
+// Throws InputError naming `where` (the config) when ranks_here x m.total() (a rank's bytes)
 // exceed left.bytes.
-void check_memory_fits(const TrainConfig& cfg, const std::string& where, int ranks,
-                       int ranks_per_node, int ranks_here, int threads, const MemoryLeft& left);
+void check_memory_fits(const Memory& m, const std::string& where, int ranks_here,
+                       const MemoryLeft& left);
 
-// Bytes of one checkpoint of cfg on `ranks` ranks, ranks_per_node to a node: the FP32 parameter,
-// m and v of every parameter once, over all ranks (train/checkpointing.cpp; the manifest and the
-// files' headers, a few KiB, aside).
-double checkpoint_bytes(const TrainConfig& cfg, int ranks, int ranks_per_node);
+// Bytes of one checkpoint of a model of params_full parameters: the FP32 parameter, m and v of
+// every parameter once, over all ranks (train/checkpointing.cpp; the manifest and the files'
+// headers, a few KiB, aside).
+inline double checkpoint_bytes(uint64_t params_full) {
+    return 3.0 * 4.0 * static_cast<double>(params_full);
+}
 
-// With checkpoint.every > 0, against free_bytes on the checkpoint directory's file system: throws
-// InputError naming `dir` when one checkpoint cannot fit (the first write would fail, hours into
-// the run); returns a warning when the checkpoints kept (checkpoint.keep, and the one being
-// written beside them; every one when keep = 0) cannot, else "".
-std::string check_checkpoint_space(const TrainConfig& cfg, const std::string& dir,
-                                   uint64_t free_bytes, int ranks, int ranks_per_node);
+// With checkpoint.every > 0, one checkpoint of `one` bytes against free_bytes on the checkpoint
+// directory's file system (UINT64_MAX: unknown, not checked): throws InputError naming `dir` when
+// it cannot fit (the first write would fail, hours into the run); returns a warning when the
+// checkpoints kept (checkpoint.keep, and the one being written beside them; every one when
+// keep = 0) cannot, else "".
+std::string check_checkpoint_space(const TrainConfig& cfg, double one, const std::string& dir,
+                                   uint64_t free_bytes);
 
 }  // namespace bagualu::plan

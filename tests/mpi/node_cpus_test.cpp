@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "mpi_world.h"
@@ -14,7 +15,7 @@ namespace {
 
 // Every rank's share of the masks mask_of(rank), gathered (CPU lists padded with -1).
 std::vector<std::vector<int>> shares(Comm& w, const std::vector<int>& mine) {
-    const std::vector<int> got = node_cpu_share(w, mine);
+    const std::vector<int> got = node_cpu_share(*w.split_shared(), mine);
     constexpr int kMax         = 16;
     std::vector<int> padded(kMax, -1), all(size_t(kMax) * size_t(w.size()));
     for (size_t i = 0; i < got.size() && i < kMax; ++i) padded[i] = got[i];
