@@ -63,8 +63,7 @@ uint64_t comm_bench_rank_bytes(size_t bytes, int ranks) {
 }
 
 void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, const MemoryLeft& left) {
-    const uint64_t available_bytes = left.bytes == UINT64_MAX ? 0 : left.bytes;
-    const uint64_t rank            = comm_bench_rank_bytes(max_bytes, ranks);
+    const uint64_t rank = comm_bench_rank_bytes(max_bytes, ranks);
     if (rank == UINT64_MAX) {
         input_error(
             "{} bytes per rank: the benchmark's buffers would be too large for a 64-bit byte count",
@@ -73,13 +72,12 @@ void check_comm_bench_size(size_t max_bytes, int ranks, int ranks_here, const Me
     // every rank on this machine holds its buffers at the same time; asked for more, the
     // ranks would each fail to allocate, or be killed once the pages are touched
     const auto here = static_cast<uint64_t>(std::max(ranks_here, 1));
-    if (available_bytes > 0 && rank > available_bytes / here) {
+    if (left.bytes != UINT64_MAX && rank > left.bytes / here) {
         input_error(
             "the largest size needs {:.1f} GiB per rank (all-to-all send and receive buffers, "
             "reduce-scatter input, output and shard), {:.1f} GiB for the {} rank(s) on this "
             "machine, which has {:.1f} GiB available ({}): expected a smaller largest size",
-            gib(rank), gib(rank) * static_cast<double>(here), here, gib(available_bytes),
-            left.what);
+            gib(rank), gib(rank) * static_cast<double>(here), here, gib(left.bytes), left.what);
     }
     // the library's reduce-scatter and all-gather move a rank's block in one call, whose count
     // is an int (one process calls no MPI)

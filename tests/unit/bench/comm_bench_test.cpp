@@ -64,6 +64,15 @@ TEST(CommBench, SizeCheckRefusesWrappingCountsMemoryAndMpiBlocks) {
     EXPECT_NE(memory.find("8.0 GiB available (MemAvailable)"), std::string::npos) << memory;
     EXPECT_EQ(size_problem(GiB, 2, 1, 8 * GiB), "");
     EXPECT_EQ(size_problem(GiB, 2, 2, 0), "") << "unknown memory is not checked";
+    // a cgroup at its limit leaves no room: refused, not taken for unknown
+    std::string at_limit;
+    try {
+        check_comm_bench_size(GiB, 2, 2, MemoryLeft{0, "cgroup memory.max"});
+    } catch (const InputError& e) {
+        at_limit = e.what();
+    }
+    EXPECT_NE(at_limit.find("0.0 GiB available (cgroup memory.max)"), std::string::npos)
+        << at_limit;
     // a block of 2^31 bytes per rank is beyond one MPI call's int count; one rank calls no MPI
     EXPECT_EQ(size_problem((size_t{4} << 30) - 1, 2, 2, 0), "");
     const std::string block = size_problem(size_t{4} << 30, 2, 2, 0);
