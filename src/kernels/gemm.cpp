@@ -31,8 +31,8 @@ namespace gemm {
 
 namespace {
 
-constexpr Path kAllPaths[] = {Path::ref,      Path::generic, Path::avx2,     Path::avx512,
-                              Path::openblas, Path::onednn,  Path::automatic};
+constexpr Path kAllPaths[] = {Path::ref, Path::generic,  Path::avx2,   Path::avx512,
+                              Path::amx, Path::openblas, Path::onednn, Path::automatic};
 
 Path initial_path() {
     const char* env = std::getenv("BGL_GEMM");
@@ -43,7 +43,8 @@ Path initial_path() {
             return p;
         }
     }
-    input_error("BGL_GEMM={}: expected ref, generic, avx2, avx512, openblas, onednn or auto", env);
+    input_error("BGL_GEMM={}: expected ref, generic, avx2, avx512, amx, openblas, onednn or auto",
+                env);
 }
 
 std::atomic<Path>& path_slot() {
@@ -83,6 +84,8 @@ void openblas_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const b
 
 const KernelSpec& bf16_spec(Path p) {
     switch (p) {
+        case Path::amx:
+            return avx512::bf16_amx_kernel();
         case Path::avx512:
             return cpu_features().avx512_bf16 ? avx512::bf16_dot_kernel() : avx512::bf16_kernel();
         case Path::avx2:
@@ -95,6 +98,7 @@ const KernelSpec& bf16_spec(Path p) {
 const KernelSpec& f32_spec(Path p) {
     switch (p) {
         case Path::avx512:
+        case Path::amx:
             return avx512::f32_kernel();
         case Path::avx2:
             return avx2::f32_kernel();
@@ -113,6 +117,8 @@ const char* path_name(Path p) {
             return "avx2";
         case Path::avx512:
             return "avx512";
+        case Path::amx:
+            return "amx";
         case Path::openblas:
             return "openblas";
         case Path::onednn:
@@ -129,6 +135,9 @@ bool path_supported(Path p) {
             return cpu_features().avx2_fma;
         case Path::avx512:
             return cpu_features().avx512;
+        case Path::amx:
+            // the packers of the tiles' operands are AVX-512 (BW, VL)
+            return cpu_features().avx512 && cpu_features().amx_bf16 && request_amx();
         case Path::onednn:
             return onednn::available();  // auto: ours where oneDNN is not
         default:
@@ -137,6 +146,7 @@ bool path_supported(Path p) {
 }
 
 Path best_path() {
+    if (path_supported(Path::amx)) return Path::amx;
     if (path_supported(Path::avx512)) return Path::avx512;
     if (path_supported(Path::avx2)) return Path::avx2;
     return Path::generic;
@@ -245,7 +255,8 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
 
 bool gemm_bf16_float_b() {
     const gemm::Path p = gemm::active_path();
-    return (p == gemm::Path::generic || p == gemm::Path::avx2 || p == gemm::Path::avx512) &&
+    return (p == gemm::Path::generic || p == gemm::Path::avx2 || p == gemm::Path::avx512 ||
+            p == gemm::Path::amx) &&
            gemm::bf16_spec(p).pack_b_f32 != nullptr;
 }
 
@@ -269,11 +280,14 @@ bool gemm_bf16_widens() {
             return true;
         case gemm::Path::avx512:
             return !cpu_features().avx512_bf16;
+        case gemm::Path::amx:
+            return false;
         case gemm::Path::onednn:
         case gemm::Path::automatic:
             // gemm_bf16 runs oneDNN's native bf16 matmul, or the best of ours
             return !gemm::onednn::bf16_available() &&
-                   !(gemm::best_path() == gemm::Path::avx512 && cpu_features().avx512_bf16);
+                   !(gemm::best_path() == gemm::Path::amx ||
+                     (gemm::best_path() == gemm::Path::avx512 && cpu_features().avx512_bf16));
     }
     return false;
 }

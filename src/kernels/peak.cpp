@@ -107,9 +107,14 @@ ProductPeak measure_product_peak(Dtype products, double seconds) {
         p.gflops = measure_peak_gflops_f32(seconds);
         return p;
     }
-    p.gflops            = measure_peak_gflops_bf16(seconds);
-    p.path              = PeakPath::bf16_dot;
     const gemm::Path gp = gemm::active_path();
+    if (gp == gemm::Path::amx) {  // our products run on the tiles
+        p.gflops = measure_peak_gflops_amx_bf16(seconds);
+        p.path   = PeakPath::bf16_amx;
+        return p;
+    }
+    p.gflops = measure_peak_gflops_bf16(seconds);
+    p.path   = PeakPath::bf16_dot;
     if (gp == gemm::Path::onednn || gp == gemm::Path::automatic) {
         const double amx = measure_peak_gflops_amx_bf16(seconds);
         if (amx > p.gflops) {

@@ -229,8 +229,8 @@ size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head
 
 int64_t fused_head_rows(const ModelConfig& cfg) {
     // 768 is a multiple of the k block (KC) of each of our packed GEMMs (avx512 192 and 384,
-    // avx2 and generic 256): dwte += dlogits^T @ x then adds the same k blocks of N in the same
-    // order as one GEMM over all N rows, and the fused head gives the unfused one's bits.
+    // amx 768, avx2 and generic 256): dwte += dlogits^T @ x then adds the same k blocks of N in the
+    // same order as one GEMM over all N rows, and the fused head gives the unfused one's bits.
     constexpr int64_t kRowMultiple = 768;
     const int64_t rows             = (int64_t{1} << 22) / std::max<int64_t>(1, cfg.vocab_size);
     return std::max<int64_t>(1, rows / kRowMultiple) * kRowMultiple;

@@ -16,6 +16,7 @@
 #include "../common/run_command.h"
 #include "data/token_file.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 
 namespace bagualu::testing {
 namespace {
@@ -247,12 +248,14 @@ TEST(BenchCli, TrainCompareTimesSettingsInTurnAgainstTheFirst) {
 }
 
 TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
-    // fp32: the float FMA peak; bf16: the vdpbf16ps peak exactly where the products run on
-    // 16-bit arithmetic (AVX512_BF16 under the default backend), else the float one. Both MFUs
-    // are reported, and they are the same model GFLOP/s over the two peaks.
+    // fp32: the float FMA peak; bf16: the peak of the 16-bit arithmetic the products run on
+    // under the default backend (AMX tiles where the CPU has them, else AVX512_BF16's
+    // vdpbf16ps), else the float one. Both MFUs are reported, and they are the same model
+    // GFLOP/s over the two peaks.
     TempDir dir;
     const std::string data = tiny_corpus(dir);
-    const bool dot         = bagualu::kernels::cpu_features().avx512_bf16;
+    const bool amx = bagualu::kernels::gemm::path_supported(bagualu::kernels::gemm::Path::amx);
+    const bool dot = amx || bagualu::kernels::cpu_features().avx512_bf16;
     for (const char* dtype : {"fp32", "bf16"}) {
         SCOPED_TRACE(dtype);
         const CommandResult r = bagualu(
@@ -262,7 +265,10 @@ TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
         ASSERT_EQ(r.status, 0) << r.output;
         const nlohmann::json j = json_of(r.output);
         const bool half16      = std::string(dtype) == "bf16" && dot;
-        EXPECT_EQ(j["peak_path"], half16 ? "bf16 vdpbf16ps" : "fp32 fma") << j["gemm_backend"];
+        EXPECT_EQ(j["peak_path"], !half16 ? "fp32 fma"
+                                  : amx   ? "bf16 amx"
+                                          : "bf16 vdpbf16ps")
+            << j["gemm_backend"];
         const double gf = j["model_gflops"].get<double>();
         EXPECT_NEAR(j["mfu"].get<double>(), gf / j["peak_gflops"].get<double>(), 1e-9);
         EXPECT_NEAR(j["mfu_f32"].get<double>(), gf / j["peak_gflops_f32"].get<double>(), 1e-9);

@@ -13,8 +13,8 @@ namespace bagualu::kernels::gemm {
 
 namespace {
 
-constexpr Path kNamedPaths[] = {Path::ref,    Path::generic,  Path::avx2,
-                                Path::avx512, Path::openblas, Path::onednn};
+constexpr Path kNamedPaths[] = {Path::ref, Path::generic,  Path::avx2,  Path::avx512,
+                                Path::amx, Path::openblas, Path::onednn};
 
 const char* op_name(Trans ta, Trans tb) {
     static const char* names[] = {"NN", "NT", "TN", "TT"};

@@ -1,5 +1,5 @@
 // Which GEMM implementation gemm_f32/gemm_bf16 use. Chosen once at first use: BGL_GEMM=
-// ref|generic|avx2|avx512|openblas|onednn|auto if set (an unknown or unsupported name is an
+// ref|generic|avx2|avx512|amx|openblas|onednn|auto if set (an unknown or unsupported name is an
 // error), otherwise the best of ours this CPU supports. "auto" picks per shape between the best
 // of ours and oneDNN (gemm/choice.h); it runs anywhere, on ours alone where oneDNN has no native
 // matmul. Tests and benchmarks may switch it.
@@ -7,7 +7,8 @@
 
 namespace bagualu::kernels::gemm {
 
-enum class Path { ref, generic, avx2, avx512, openblas, onednn, automatic };
+// amx: the avx512 kernels, with AMX-BF16 tiles for the bf16 products.
+enum class Path { ref, generic, avx2, avx512, amx, openblas, onednn, automatic };
 
 struct KernelSpec;
 
@@ -19,10 +20,11 @@ Path best_path();
 Path active_path();
 // Throws InternalError when p is not supported on this CPU.
 void set_active_path(Path p);
-// The packed float kernel of a packed path (generic, avx2, avx512; generic for any other).
+// The packed float kernel of a packed path (generic, avx2, avx512, amx (avx512's); generic for
+// any other).
 const KernelSpec& f32_spec(Path p);
-// Its bf16 kernel: AVX512_BF16 dot products on avx512 where the CPU has them, else the float
-// kernel on operands widened while packing.
+// Its bf16 kernel: AMX tiles on amx; AVX512_BF16 dot products on avx512 where the CPU has them,
+// else the float kernel on operands widened while packing.
 const KernelSpec& bf16_spec(Path p);
 
 }  // namespace bagualu::kernels::gemm

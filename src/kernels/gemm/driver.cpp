@@ -120,6 +120,7 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
     auto* bbuf          = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
     auto* abuf          = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
     const bool in_place = a_in_place(s, a, n1 - n0);
+    const KernelScope scope(s);
 
     for (int jc = n0; jc < n1; jc += s.nc) {
         const int nc = std::min(s.nc, n1 - jc);
@@ -333,6 +334,7 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
     for (int t = 0; t < tasks; ++t) ready[t].store(0, std::memory_order_relaxed);
 
     auto body = [&](int) {
+        const KernelScope scope(s);
         for (int t = next_pack.fetch_add(1, std::memory_order_relaxed); t < tasks;
              t     = next_pack.fetch_add(1, std::memory_order_relaxed)) {
             const int strip = t / kblocks, pc = (t % kblocks) * s.kc;
@@ -412,6 +414,7 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
         ranges[r].end = int(int64_t(units) * (r + 1) / nranges);
     }
     auto body = [&](int tid) {
+        const KernelScope scope(spec);
         auto* bbuf = static_cast<char*>(
             t_b_buffer.get(size_t(round_up(K, spec.kstep)) * size_t(p.cols) * elem));
         auto* abuf = static_cast<char*>(t_a_buffer.get(

@@ -55,6 +55,26 @@ struct KernelSpec {
     // packed: the panels pack_b makes of the narrowed copy (16-bit specs that have it, else
     // nullptr).
     void (*pack_b_f32)(PackSrc src, int r0, int rn, int p0, int kc, void* dst) = nullptr;
+    // Called by a thread before its first micro-kernel of a product and after its last (the
+    // AMX kernel loads and releases its tile configuration), or nullptr.
+    void (*enter)() = nullptr;
+    void (*leave)() = nullptr;
+};
+
+// enter() on construction, leave() on destruction, where the spec has them.
+class KernelScope {
+   public:
+    explicit KernelScope(const KernelSpec& s) : s_(s) {
+        if (s_.enter) s_.enter();
+    }
+    ~KernelScope() {
+        if (s_.leave) s_.leave();
+    }
+    KernelScope(const KernelScope&)            = delete;
+    KernelScope& operator=(const KernelScope&) = delete;
+
+   private:
+    const KernelSpec& s_;
 };
 
 inline constexpr int kPackSlack = 256;

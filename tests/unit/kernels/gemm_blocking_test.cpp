@@ -31,7 +31,7 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
     EXPECT_GT(cpu.l1d, 0u);
     EXPECT_GE(cpu.l2, cpu.l1d);
     const Path saved = active_path();
-    for (Path p : {Path::generic, Path::avx2, Path::avx512}) {
+    for (Path p : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
         if (!path_supported(p)) continue;
         set_active_path(p);
         for (int threads : {1, 3}) {

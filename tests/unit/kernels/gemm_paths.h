@@ -9,8 +9,9 @@ namespace bagualu::kernels::testing {
 
 inline std::vector<gemm::Path> supported_paths() {
     std::vector<gemm::Path> out;
-    for (gemm::Path p : {gemm::Path::ref, gemm::Path::generic, gemm::Path::avx2, gemm::Path::avx512,
-                         gemm::Path::openblas, gemm::Path::onednn, gemm::Path::automatic}) {
+    for (gemm::Path p :
+         {gemm::Path::ref, gemm::Path::generic, gemm::Path::avx2, gemm::Path::avx512,
+          gemm::Path::amx, gemm::Path::openblas, gemm::Path::onednn, gemm::Path::automatic}) {
         if (gemm::path_supported(p)) out.push_back(p);
     }
     return out;

@@ -238,7 +238,7 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
                           {Trans::N, Trans::T, 40, 1100, 1000, 1.0f, 0.0f, 0, 0, 0},
                           // one unit, deep: fewer ranges than threads (2 threads)
                           {Trans::N, Trans::N, 12, 40, 3000, 1.0f, 0.0f, 0, 0, 0}};
-    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
         for (const Case& c : cases) {
@@ -298,7 +298,7 @@ TEST(Gemm, Bf16WideningPathsEqualFloatOnWidenedValues) {
 TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
     PathGuard guard;
     Rng rng(17);
-    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
         for (const int M : {5, 29, 203}) {
@@ -323,9 +323,51 @@ TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
     }
 }
 
+// The AMX-BF16 tile kernel, the default for bf16 where the CPU has it: every transpose against
+// the float64 reference on shapes ragged around its 32 x 32 tile, its 32-deep k step and its
+// k block (384; 192 for the experts' weight-gradient form), and through the float-B overload (B
+// rounded as it is packed) bitwise the product on B's rounded copy.
+TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
+    if (!gemm::path_supported(Path::amx)) {
+        GTEST_SKIP()
+            << "needs AMX-BF16 (CPUID amx_bf16 and amx_tile, tile state enabled by the OS)";
+    }
+    EXPECT_EQ(gemm::best_path(), Path::amx);
+    PathGuard guard;
+    gemm::set_active_path(Path::amx);
+    EXPECT_FALSE(gemm_bf16_widens());
+    ASSERT_TRUE(gemm_bf16_float_b());
+    const int dims[][3] = {{1, 1, 1},     {31, 33, 31},  {32, 32, 32},    {33, 31, 33},
+                           {17, 70, 383}, {65, 47, 385}, {100, 96, 1030}, {7, 5, 2}};
+    int seed            = 0;
+    for (const auto& d : dims) {
+        for (int t = 0; t < 4; ++t) {
+            const Case c{(t & 1) ? Trans::T : Trans::N,
+                         (t & 2) ? Trans::T : Trans::N,
+                         d[0],
+                         d[1],
+                         d[2],
+                         1.5f,
+                         t == 3 ? 0.0f : 0.5f,
+                         3,
+                         2,
+                         1};
+            const Problem p = make_problem(c, 900 + uint64_t(seed++));
+            std::vector<float> C;
+            run_bf16(p, C);
+            expect_matches(p, p.A_rounded, p.B_rounded, C, "bf16 amx");
+            std::vector<float> Cf = p.C0;
+            gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, p.A16.data(), p.lda, p.B.data(), p.ldb,
+                      c.beta, Cf.data(), p.ldc);
+            EXPECT_EQ(0, std::memcmp(C.data(), Cf.data(), C.size() * sizeof(float)))
+                << "float B, M=" << c.M << " N=" << c.N << " K=" << c.K;
+        }
+    }
+}
+
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
-    for (Path p : {Path::avx2, Path::avx512}) {
+    for (Path p : {Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(p)) {
             EXPECT_ANY_THROW(gemm::set_active_path(p));
         }

@@ -421,7 +421,7 @@ TEST(GroupedGemm, BitIdenticalForAnyThreadCount) {
     const std::vector<int> sizes = {75, 150, 0, 301, 60, 1, 43, 37};
     const Forward f              = make_forward(sizes, Trans::N, Trans::T, 96, 64, 1.0f, 0.0f, 3);
     const Tn t                   = make_tn(sizes, 96, 300, 1.0f, 1.0f, 4);
-    for (Path path : {Path::generic, Path::avx2, Path::avx512}) {
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
         std::vector<float> fwd[3], tn[3];

@@ -123,8 +123,8 @@ TEST(FusedHeadTest, BlocksOfFusedHeadRowsGiveTheUnfusedBits) {
     }
     m.vocab_size                    = 61;
     const kernels::gemm::Path saved = kernels::gemm::active_path();
-    for (kernels::gemm::Path p :
-         {kernels::gemm::Path::generic, kernels::gemm::Path::avx2, kernels::gemm::Path::avx512}) {
+    for (kernels::gemm::Path p : {kernels::gemm::Path::generic, kernels::gemm::Path::avx2,
+                                  kernels::gemm::Path::avx512, kernels::gemm::Path::amx}) {
         if (!kernels::gemm::path_supported(p)) continue;
         kernels::gemm::set_active_path(p);
         for (const PrecisionPolicy& prec : {PrecisionPolicy{}, bf16_policy()}) {
