@@ -98,7 +98,7 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
                 const bf16* s = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : nullptr;
                 for (int b = 0; b < kblk; ++b) {
                     const int left    = kc - b * kTileK;
-                    const __mmask32 m = s == nullptr   ? 0
+                    const __mmask32 m = s == nullptr ? 0
                                         : left >= 32 ? ~__mmask32{0}
                                                      : (__mmask32{1} << left) - 1;
                     const __m512i v   = _mm512_maskz_loadu_epi16(m, s ? s + b * kTileK : nullptr);
@@ -119,8 +119,8 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
                                               : _mm512_setzero_si512();
                     const __m512i y = k0 + 1 < kc ? row32(src.row<bf16>(p0 + k0 + 1) + r0 + p, in)
                                                   : _mm512_setzero_si512();
-                    lo[g] = _mm512_permutex2var_epi16(x, lo_idx, y);  // rows 0-15
-                    hi[g] = _mm512_permutex2var_epi16(x, hi_idx, y);  // rows 16-31
+                    lo[g]           = _mm512_permutex2var_epi16(x, lo_idx, y);  // rows 0-15
+                    hi[g]           = _mm512_permutex2var_epi16(x, hi_idx, y);  // rows 16-31
                 }
                 transpose16_epi32(lo);
                 transpose16_epi32(hi);
@@ -149,18 +149,17 @@ void pack_b_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void* a_v,
-                                                             const void* b_v, float* c, int ldc,
-                                                             float alpha, float beta, int m,
-                                                             int n) {
+                                                            const void* b_v, float* c, int ldc,
+                                                            float alpha, float beta, int m, int n) {
     const auto* a = static_cast<const bf16*>(a_v);
     const auto* b = static_cast<const bf16*>(b_v);
     // A whole tile with alpha 1 (every product but the scaled ones) is summed in C itself: the
     // C tiles start from C (beta 1) or zero (beta 0) and are stored back where they lie, with no
     // pass over a staging tile. Otherwise they start from zero and the staged sums are scaled.
-    const bool in_c     = m == kTileMR && n == kTileNR && alpha == 1.0f &&
-                          (beta == 0.0f || beta == 1.0f);
-    const size_t ldc_b  = size_t(ldc) * sizeof(float);
-    float* const c_hi   = c + size_t(16) * size_t(ldc);
+    const bool in_c =
+        m == kTileMR && n == kTileNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+    const size_t ldc_b = size_t(ldc) * sizeof(float);
+    float* const c_hi  = c + size_t(16) * size_t(ldc);
     if (in_c && beta == 1.0f) {
         _tile_loadd(0, c, ldc_b);
         _tile_loadd(1, c + 16, ldc_b);
@@ -216,7 +215,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
 // products, docs/results.md); 768 also divides the fused head's row blocks (model/gpt.cpp),
 // which then add the k blocks of one product in its order.
 constexpr KernelSpec kAmx = [] {
-    KernelSpec s{kTileMR, kTileNR, kTileK, 2,      256,       768,
+    KernelSpec s{kTileMR, kTileNR,    kTileK,           2,        256, 768,
                  4096,    pack_a_amx, pack_b_amx<bf16>, micro_amx};
     s.pack_b_f32 = pack_b_amx<float>;
     s.enter      = enter_tiles;
