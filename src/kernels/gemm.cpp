@@ -260,6 +260,10 @@ bool gemm_bf16_float_b() {
            gemm::bf16_spec(p).pack_b_f32 != nullptr;
 }
 
+bool gemm_bf16_float_b_rows() {
+    return gemm::active_path() == gemm::Path::amx && gemm_bf16_float_b();
+}
+
 void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
                const float* B, int ldb, float beta, float* C, int ldc) {
     BGL_CHECK(gemm_bf16_float_b(),
