@@ -337,6 +337,7 @@ TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
     gemm::set_active_path(Path::amx);
     EXPECT_FALSE(gemm_bf16_widens());
     ASSERT_TRUE(gemm_bf16_float_b());
+    EXPECT_TRUE(gemm_bf16_float_b_rows());
     const int dims[][3] = {{1, 1, 1},     {31, 33, 31},  {32, 32, 32},    {33, 31, 33},
                            {17, 70, 383}, {65, 47, 385}, {100, 96, 1030}, {7, 5, 2}};
     int seed            = 0;
@@ -367,6 +368,11 @@ TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
 
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
+    // a float B stored by row is packed from its floats on the amx path only
+    for (Path p : supported_paths()) {
+        gemm::set_active_path(p);
+        EXPECT_EQ(gemm_bf16_float_b_rows(), p == Path::amx) << gemm::path_name(p);
+    }
     for (Path p : {Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(p)) {
             EXPECT_ANY_THROW(gemm::set_active_path(p));
