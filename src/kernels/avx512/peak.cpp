@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kernels/avx512/tile_config.h"
 #include "kernels/peak_loops.h"
 
 namespace bagualu::kernels::avx512 {
@@ -51,25 +52,8 @@ void dot_loop_bf16(uint64_t iters, float* sink) {
     *sink = sum_lanes(acc);
 }
 
-namespace {
-
-// The tile configuration of ldtilecfg: palette 1, every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-    uint8_t palette_id = 1;
-    uint8_t start_row  = 0;
-    uint8_t reserved[14]{};
-    uint16_t colsb[16]{};
-    uint8_t rows[16]{};
-};
-
-}  // namespace
-
 __attribute__((target("amx-tile,amx-bf16"))) void tile_loop_bf16(uint64_t iters, float* sink) {
-    TileConfig cfg;
-    for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t]  = 16;
-    }
+    const TileConfig cfg = tiles_16x64();
     // A tiles hold 2^-7, B tiles 1.0 (bf16 0x3c00, 0x3f80): sums stay finite and normal.
     alignas(64) uint16_t a[16 * 32], b[16 * 32];
     alignas(64) float c[16 * 16];

@@ -166,6 +166,20 @@ TEST(Gemm, RandomShapesAllTransposesAllPaths) {
     }
 }
 
+// Transpose case t (bit 0: A, bit 1: B) of shape d = {M, N, K}, alpha 1.5, padded rows.
+Case transposes_case(int t, const int (&d)[3], float beta, int pad_b) {
+    return Case{(t & 1) ? Trans::T : Trans::N,
+                (t & 2) ? Trans::T : Trans::N,
+                d[0],
+                d[1],
+                d[2],
+                1.5f,
+                beta,
+                3,
+                pad_b,
+                1};
+}
+
 TEST(Gemm, EdgeTilesAroundRegisterAndCacheBlocks) {
     // Sizes one off the tile widths (4/6/12 rows, 8/16/32 columns) and the k blocks (192/256/384).
     const int dims[][3] = {{5, 15, 255},
@@ -181,17 +195,7 @@ TEST(Gemm, EdgeTilesAroundRegisterAndCacheBlocks) {
     int seed            = 0;
     for (const auto& d : dims) {
         for (int t = 0; t < 4; ++t) {
-            const Case c{(t & 1) ? Trans::T : Trans::N,
-                         (t & 2) ? Trans::T : Trans::N,
-                         d[0],
-                         d[1],
-                         d[2],
-                         1.5f,
-                         0.5f,
-                         3,
-                         0,
-                         1};
-            check_all_paths(c, 500 + uint64_t(seed++));
+            check_all_paths(transposes_case(t, d, 0.5f, 0), 500 + uint64_t(seed++));
         }
     }
 }
@@ -343,16 +347,7 @@ TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
     int seed            = 0;
     for (const auto& d : dims) {
         for (int t = 0; t < 4; ++t) {
-            const Case c{(t & 1) ? Trans::T : Trans::N,
-                         (t & 2) ? Trans::T : Trans::N,
-                         d[0],
-                         d[1],
-                         d[2],
-                         1.5f,
-                         t == 3 ? 0.0f : 0.5f,
-                         3,
-                         2,
-                         1};
+            const Case c    = transposes_case(t, d, t == 3 ? 0.0f : 0.5f, 2);
             const Problem p = make_problem(c, 900 + uint64_t(seed++));
             std::vector<float> C;
             run_bf16(p, C);

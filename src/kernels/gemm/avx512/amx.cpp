@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/avx512/tile_config.h"
 #include "kernels/gemm/avx512/pack_pairs.h"
 #include "kernels/gemm/kernels.h"
 
@@ -29,27 +30,10 @@ constexpr int kTileMR = 32;  // two A tiles of 16 rows
 constexpr int kTileNR = 32;  // two B tiles of 16 columns
 constexpr int kTileK  = 32;  // bf16 values of k per tile step (16 pairs)
 
-// ldtilecfg's 64 bytes: palette 1; tiles 0-3 C (16 rows of 16 floats), 4-5 A (16 rows of 32
-// bf16), 6-7 B (16 pairs of 16 columns): every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-    uint8_t palette_id = 1;
-    uint8_t start_row  = 0;
-    uint8_t reserved[14]{};
-    uint16_t colsb[16]{};
-    uint8_t rows[16]{};
-};
-
-TileConfig make_config() {
-    TileConfig cfg;
-    for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t]  = 16;
-    }
-    return cfg;
-}
-
+// Tiles 0-3 hold C (16 rows of 16 floats), 4-5 A (16 rows of 32 bf16), 6-7 B (16 pairs of 16
+// columns): every tile 16 rows of 64 bytes.
 __attribute__((target("amx-tile"))) void enter_tiles() {
-    static const TileConfig cfg = make_config();
+    static const kernels::avx512::TileConfig cfg = kernels::avx512::tiles_16x64();
     _tile_loadconfig(&cfg);
 }
 
