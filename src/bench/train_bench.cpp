@@ -33,10 +33,11 @@ namespace {
 
 // The backend each GEMM of a training step ran on, per phase (after the steps): under
 // BGL_GEMM=auto the choice recorded for its shape and dtype (absent: that dtype was not called
-// at that shape), otherwise the active path; the experts' grouped GEMM is always ours, and its
-// weight gradients ("dw") are float32 products at every precision (moe/experts.cpp). Where
-// gemm_bf16 only widens (kernels::gemm_bf16_widens(), reported as "bf16_gemm_as_f32"), the
-// bf16 products run gemm_f32 on their rounded floats, so their entry is the f32 one.
+// at that shape), otherwise the active path; the experts' grouped GEMM is always ours (all six
+// of its products in bf16 where the products have 16-bit arithmetic, moe/experts.cpp). The
+// amx path's float products run the avx512 kernel, and are named so. Where gemm_bf16 only
+// widens (kernels::gemm_bf16_widens(), reported as "bf16_gemm_as_f32"), the bf16 products run
+// gemm_f32 on their rounded floats, so their entry is the f32 one.
 nlohmann::json gemm_backends(const TrainConfig& cfg) {
     namespace g           = kernels::gemm;
     const g::Path active  = g::active_path();
@@ -44,6 +45,11 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
     const bool widens     = kernels::gemm_bf16_widens();
     const g::Path grouped = active == g::Path::onednn || automatic ? g::best_path() : active;
     nlohmann::json out    = nlohmann::json::array();
+    // the kernel that runs a product on path p: the amx path's float products are avx512's
+    const auto kernel = [](g::Path p, bool bf16_products) -> const char* {
+        return p == g::Path::amx && !bf16_products ? g::path_name(g::Path::avx512)
+                                                   : g::path_name(p);
+    };
     for (const GemmShape& s :
          training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()))) {
         const bool expert = s.name.rfind("expert", 0) == 0;
@@ -54,16 +60,14 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
         nlohmann::json e = {{"phase", phase}, {"gemm", s.name}, {"m", s.m}, {"n", s.n}, {"k", s.k}};
         for (bool bf16 : {false, true}) {
             const char* dtype = bf16 ? "bf16" : "f32";
+            const bool half   = bf16 && !widens;  // the products have 16-bit arithmetic
             if (expert) {
-                const bool dw =
-                    s.name.size() > 3 && s.name.compare(s.name.size() - 3, 3, " dw") == 0;
-                e[dtype] = fmt::format("{}{}", g::path_name(grouped),
-                                       bf16 && !widens && !dw ? " (bf16 grouped)" : "");
+                e[dtype] =
+                    fmt::format("{}{}", kernel(grouped, half), half ? " (bf16 grouped)" : "");
             } else if (!automatic) {
-                e[dtype] = g::path_name(active);
-            } else if (const auto p =
-                           g::choice_table().find({bf16 && !widens, s.ta, s.tb, s.m, s.n, s.k})) {
-                e[dtype] = g::path_name(*p);
+                e[dtype] = kernel(active, half);
+            } else if (const auto p = g::choice_table().find({half, s.ta, s.tb, s.m, s.n, s.k})) {
+                e[dtype] = kernel(*p, half);
             }
         }
         out.push_back(e);

@@ -146,14 +146,20 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
           "cpu_model", "half_features", "gemm_backends", "bf16_gemm_as_f32"}) {
         ASSERT_TRUE(j.contains(key)) << key;
     }
-    // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend. The
-    // default backend widens bf16 to float exactly where the CPU has no AVX512_BF16.
+    // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend's kernel
+    // (on the amx path: amx for bf16 products, avx512 for float ones). The default backend
+    // widens bf16 to float exactly where the CPU has no AVX512_BF16.
     EXPECT_EQ(j["bf16_gemm_as_f32"].get<bool>(), !bagualu::kernels::cpu_features().avx512_bf16)
         << j["gemm_backend"];
     ASSERT_FALSE(j["gemm_backends"].empty());
+    const bool amx = j["gemm_backend"] == "amx";
     for (const auto& g : j["gemm_backends"]) {
         EXPECT_TRUE(g.contains("phase") && g.contains("gemm")) << g.dump();
-        EXPECT_EQ(g["f32"], j["gemm_backend"]) << g.dump();
+        const bool expert = g["phase"] == "experts";
+        EXPECT_EQ(g["f32"], amx ? "avx512" : j["gemm_backend"]) << g.dump();
+        if (amx) {
+            EXPECT_EQ(g["bf16"], expert ? "amx (bf16 grouped)" : "amx") << g.dump();
+        }
     }
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
     EXPECT_GT(j["mfu"].get<double>(), 0.0);
