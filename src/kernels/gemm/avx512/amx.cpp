@@ -195,9 +195,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
 }
 
 // kc 768: most of the model's depths (512, 768, 1536) are one or two k blocks, so the C tiles are
-// loaded and stored once or twice a product (768 against 384: 1.00-1.43x on bench-medium's
-// products, docs/results.md); 768 also divides the fused head's row blocks (model/gpt.cpp),
-// which then add the k blocks of one product in its order.
+// loaded and stored once or twice a product (768 against 384: 1.01-1.43x on bench-medium's
+// products of depth 512, 0.88-1.02x on the others, 1-3% on its bf16 step; docs/results.md);
+// 768 also divides the fused head's row blocks (model/gpt.cpp), which then add the k blocks of
+// one product in its order.
 constexpr KernelSpec kAmx = [] {
     KernelSpec s{kTileMR, kTileNR,    kTileK,           2,        256, 768,
                  4096,    pack_a_amx, pack_b_amx<bf16>, micro_amx};
