@@ -261,7 +261,7 @@ bool gemm_bf16_float_b() {
 }
 
 bool gemm_bf16_float_b_rows() {
-    return gemm::active_path() == gemm::Path::amx && gemm_bf16_float_b();
+    return gemm_bf16_float_b() && gemm::bf16_spec(gemm::active_path()).pack_b_f32_rows;
 }
 
 void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
@@ -275,8 +275,11 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
     gemm::gemm_packed(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-bool gemm_bf16_widens() {
-    switch (gemm::active_path()) {
+namespace {
+
+// Whether gemm_bf16 on path p widens its operands (gemm_bf16_widens).
+bool widens_on(gemm::Path p) {
+    switch (p) {
         case gemm::Path::ref:
         case gemm::Path::generic:
         case gemm::Path::avx2:
@@ -289,12 +292,14 @@ bool gemm_bf16_widens() {
         case gemm::Path::onednn:
         case gemm::Path::automatic:
             // gemm_bf16 runs oneDNN's native bf16 matmul, or the best of ours
-            return !gemm::onednn::bf16_available() &&
-                   !(gemm::best_path() == gemm::Path::amx ||
-                     (gemm::best_path() == gemm::Path::avx512 && cpu_features().avx512_bf16));
+            return !gemm::onednn::bf16_available() && widens_on(gemm::best_path());
     }
     return false;
 }
+
+}  // namespace
+
+bool gemm_bf16_widens() { return widens_on(gemm::active_path()); }
 
 std::string gemm_backend_name() { return gemm::path_name(gemm::active_path()); }
 

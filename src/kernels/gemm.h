@@ -35,8 +35,8 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
                const float* B, int ldb, float beta, float* C, int ldc);
 // Whether a float B stored by row (tb = N: the weights of the backward dy·W products) is best
 // packed from its floats too, rather than narrowed to a 16-bit copy first: where the bf16
-// kernel is the AMX one (faster there, docs/results.md). For B stored by k packing from the
-// floats is always the faster, wherever gemm_bf16_float_b().
+// kernel says so (KernelSpec::pack_b_f32_rows: the AMX one, faster there, docs/results.md). For
+// B stored by k packing from the floats is always the faster, wherever gemm_bf16_float_b().
 bool gemm_bf16_float_b_rows();
 
 // Whether gemm_bf16 on the active implementation widens its operands to float and runs the

@@ -51,6 +51,9 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
 // Whether the active path's bf16 kernel packs a float B itself (rounding it to bf16 as it
 // packs; avx512 with AVX512_BF16), so that the overload below can run.
 bool grouped_gemm_bf16_float_b();
+// Whether a float B stored by row (tb = N) is best packed from its floats as well, rather than
+// narrowed first: where the bf16 kernel says so (gemm_bf16_float_b_rows, kernels/gemm.h).
+bool grouped_gemm_bf16_float_b_rows();
 // grouped_gemm_bf16 with B in float32, each value rounded to bf16 (bf16_from_float) as the
 // kernel packs it: bitwise grouped_gemm_bf16 on B's narrowed copy, without the copy. B is
 // packed about once per product, so this saves writing and reading a 16-bit copy of it (the

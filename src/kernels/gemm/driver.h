@@ -55,6 +55,9 @@ struct KernelSpec {
     // packed: the panels pack_b makes of the narrowed copy (16-bit specs that have it, else
     // nullptr).
     void (*pack_b_f32)(PackSrc src, int r0, int rn, int p0, int kc, void* dst) = nullptr;
+    // pack_b_f32 is the faster for an op(B) stored by row as well (for B stored by k it always
+    // is): measured per kernel, docs/results.md (the AMX kernel; not AVX512_BF16's).
+    bool pack_b_f32_rows = false;
     // Called by a thread before its first micro-kernel of a product and after its last (the
     // AMX kernel loads and releases its tile configuration), or nullptr.
     void (*enter)() = nullptr;

@@ -313,6 +313,11 @@ bool grouped_gemm_bf16_float_b() {
            gemm::bf16_spec(gemm::packed_path(p)).pack_b_f32 != nullptr;
 }
 
+bool grouped_gemm_bf16_float_b_rows() {
+    return grouped_gemm_bf16_float_b() &&
+           gemm::bf16_spec(gemm::packed_path(gemm::active_path())).pack_b_f32_rows;
+}
+
 void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N, int K, float alpha,
                        const bf16* A, int lda, const float* B, int ldb, size_t stride_b, float beta,
                        float* C, int ldc, const int32_t* a_rows, GroupEpilogue epilogue) {

@@ -16,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "gemm_paths.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace bagualu::kernels {
@@ -363,10 +364,16 @@ TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
 
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
-    // a float B stored by row is packed from its floats on the amx path only
+    // a float B stored by row is packed from its floats by the AMX kernel only: gemm_bf16 on
+    // the amx path, the grouped products wherever they run on it (onednn and auto: the best of
+    // ours)
     for (Path p : supported_paths()) {
         gemm::set_active_path(p);
         EXPECT_EQ(gemm_bf16_float_b_rows(), p == Path::amx) << gemm::path_name(p);
+        const bool grouped_on_best = p == Path::onednn || p == Path::automatic;
+        EXPECT_EQ(grouped_gemm_bf16_float_b_rows(),
+                  (grouped_on_best ? gemm::best_path() : p) == Path::amx)
+            << gemm::path_name(p);
     }
     for (Path p : {Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(p)) {

@@ -202,9 +202,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
 constexpr KernelSpec kAmx = [] {
     KernelSpec s{kTileMR, kTileNR,    kTileK,           2,        256, 768,
                  4096,    pack_a_amx, pack_b_amx<bf16>, micro_amx};
-    s.pack_b_f32 = pack_b_amx<float>;
-    s.enter      = enter_tiles;
-    s.leave      = leave_tiles;
+    s.pack_b_f32      = pack_b_amx<float>;
+    s.pack_b_f32_rows = true;
+    s.enter           = enter_tiles;
+    s.leave           = leave_tiles;
     return s;
 }();
 
