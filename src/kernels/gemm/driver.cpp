@@ -1,5 +1,6 @@
 // Goto/BLIS blocked GEMM. gemm_rect, for one thread's rectangle: jc (NC) -> pc (KC) -> pack B ->
-// ic (MC) -> pack A -> jr (NR) -> ir (MR) -> micro-kernel. gemm_packed: units of C (a column
+// ic (MC) -> pack A -> the register tiles of the block (for_tiles: row by row, ir (MR) -> jr (NR),
+// or column by column, as the spec says) -> micro-kernel. gemm_packed: units of C (a column
 // strip x a row block, whole depth), each thread taking those of its own range first, then
 // helping in the others'; B packed per strip and thread.
 // Threads write disjoint parts of C, so they need no barrier; packing buffers are per thread,
@@ -110,6 +111,27 @@ inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, i
     s.micro(kcp, ap, bp, cp, ldc, alpha, beta, m, n);
 }
 
+// The register tiles of one k block, rows [0, mc) x columns [0, nw) of the block, in the spec's
+// order: tile(ir, jr, m, n) for the tile of rows [ir, ir + m) and columns [jr, jr + n). Row by
+// row, one row of tiles reads its A panel from L1 while B's panels stream from L2, and C is
+// walked along its rows; column by column (KernelSpec::column_tiles_outer), a B panel stays in
+// L1 and C is walked down a column of tiles, whose rows a power-of-two ldc maps to the same
+// cache sets. The order changes which tile runs first, never a sum.
+template <typename Tile>
+inline void for_tiles(const KernelSpec& s, int mc, int nw, Tile&& tile) {
+    if (s.column_tiles_outer) {
+        for (int jr = 0; jr < nw; jr += s.nr) {
+            for (int ir = 0; ir < mc; ir += s.mr)
+                tile(ir, jr, std::min(s.mr, mc - ir), std::min(s.nr, nw - jr));
+        }
+        return;
+    }
+    for (int ir = 0; ir < mc; ir += s.mr) {
+        for (int jr = 0; jr < nw; jr += s.nr)
+            tile(ir, jr, std::min(s.mr, mc - ir), std::min(s.nr, nw - jr));
+    }
+}
+
 }  // namespace
 
 int a_in_place_cols(const KernelSpec& s) { return s.micro_cols ? kInPlaceMaxTiles * s.nr : 0; }
@@ -132,15 +154,11 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
             for (int ic = m0; ic < m1; ic += s.mc) {
                 const int mc   = std::min(s.mc, m1 - ic);
                 const int full = prepare_a(s, a, in_place, ic, mc, pc, kc, abuf);
-                for (int jr = 0; jr < nc; jr += s.nr) {
+                for_tiles(s, mc, nc, [&](int ir, int jr, int m, int n) {
                     const char* bp = bbuf + size_t(jr) * size_t(kcp) * elem;
-                    const int n    = std::min(s.nr, nc - jr);
-                    for (int ir = 0; ir < mc; ir += s.mr) {
-                        float* cp = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
-                        a_tile(s, a, full, abuf, ic, ir, pc, kc, bp, cp, ldc, alpha, beta_k,
-                               std::min(s.mr, mc - ir), n);
-                    }
-                }
+                    float* cp      = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jr);
+                    a_tile(s, a, full, abuf, ic, ir, pc, kc, bp, cp, ldc, alpha, beta_k, m, n);
+                });
             }
         }
     }
@@ -277,15 +295,11 @@ void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1
         const float beta_k = pc == 0 ? beta : 1.0f;
         const char* bslice = bstrip + size_t(pc) * size_t(nwr) * elem;
         const int full     = prepare_a(s, a, in_place, i0, mc, pc, kc, abuf);
-        for (int jr = 0; jr < nw; jr += s.nr) {
+        for_tiles(s, mc, nw, [&](int ir, int jr, int m, int n) {
             const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
-            const int n    = std::min(s.nr, nw - jr);
-            for (int ir = 0; ir < mc; ir += s.mr) {
-                float* cp = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
-                a_tile(s, a, full, abuf, i0, ir, pc, kc, bp, cp, ldc, alpha, beta_k,
-                       std::min(s.mr, mc - ir), n);
-            }
-        }
+            float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+            a_tile(s, a, full, abuf, i0, ir, pc, kc, bp, cp, ldc, alpha, beta_k, m, n);
+        });
     }
 }
 
@@ -359,16 +373,12 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
                     }
                     const char* bslice = bbuf + size_t(t) * slice;
                     const int j0 = strip * plan.cols, nw = std::min(N, j0 + plan.cols) - j0;
-                    for (int jr = 0; jr < nw; jr += s.nr) {
+                    for_tiles(s, mc, nw, [&](int ir, int jr, int m, int n) {
+                        const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
                         const char* bp = bslice + size_t(jr) * size_t(kcp) * elem;
-                        const int n    = std::min(s.nr, nw - jr);
-                        for (int ir = 0; ir < mc; ir += s.mr) {
-                            const char* ap = abuf + size_t(ir) * size_t(kcp) * elem;
-                            float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
-                            s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, std::min(s.mr, mc - ir),
-                                    n);
-                        }
-                    }
+                        float* cp      = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
+                        s.micro(kcp, ap, bp, cp, ldc, alpha, beta_k, m, n);
+                    });
                 }
             }
         }

@@ -58,6 +58,9 @@ struct KernelSpec {
     // pack_b_f32 is the faster for an op(B) stored by row as well (for B stored by k it always
     // is): measured per kernel, docs/results.md (the AMX kernel; not AVX512_BF16's).
     bool pack_b_f32_rows = false;
+    // The register tiles of a k block column by column (a B panel held in L1 while A's panels
+    // stream) instead of row by row (driver.cpp for_tiles); measured per kernel, docs/results.md.
+    bool column_tiles_outer = false;
     // Called by a thread before its first micro-kernel of a product and after its last (the
     // AMX kernel loads and releases its tile configuration), or nullptr.
     void (*enter)() = nullptr;
