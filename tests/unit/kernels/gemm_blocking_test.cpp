@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/driver.h"
+#include "kernels/gemm/kernels.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace bagualu::kernels::gemm {
@@ -87,6 +88,76 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
     set_blocking_caches(nullptr);
     set_compute_threads(0);
     set_active_path(saved);
+}
+
+// The register tiles of a k block row by row or column by column (KernelSpec::column_tiles_outer,
+// driver.cpp for_tiles): only which tile runs first changes, so every kernel this CPU runs gives
+// the same bits either way, in gemm_packed (one strip a thread, and the shared-B scheme of more
+// threads than strips) and gemm_rect (the grouped GEMM's rectangles), with op(A) packed (NN) and
+// read in place (TN, the float kernels' micro_cols).
+TEST(GemmBlockingTest, EitherTileOrderGivesTheSameBits) {
+    struct Kernel {
+        Path path;
+        const KernelSpec* spec;
+        bool half;
+    };
+    const std::vector<Kernel> kernels = {
+        {Path::generic, &generic::f32_kernel(), false},
+        {Path::generic, &generic::bf16_kernel(), true},
+        {Path::avx2, &avx2::f32_kernel(), false},
+        {Path::avx2, &avx2::bf16_kernel(), true},
+        {Path::avx512, &avx512::f32_kernel(), false},
+        {Path::avx512, &avx512::bf16_kernel(), true},
+        {Path::avx512, cpu_features().avx512_bf16 ? &avx512::bf16_dot_kernel() : nullptr, true},
+        {Path::amx, &avx512::bf16_amx_kernel(), true},
+    };
+    int ran = 0;
+    for (const Kernel& k : kernels) {
+        if (!k.spec || !path_supported(k.path)) continue;
+        KernelSpec flipped         = *k.spec;
+        flipped.column_tiles_outer = !k.spec->column_tiles_outer;
+        for (int threads : {1, 2, 5}) {
+            set_compute_threads(threads);
+            for (const Shape s : {Shape{37, 70, 300}, Shape{250, 130, 1000}, Shape{7, 129, 257}}) {
+                for (const Trans ta : {Trans::N, Trans::T}) {
+                    SCOPED_TRACE(::testing::Message()
+                                 << path_name(k.path) << (k.half ? " bf16" : " f32") << " threads "
+                                 << threads << " " << s.M << "x" << s.N << "x" << s.K
+                                 << (ta == Trans::T ? " TN" : " NN"));
+                    Rng rng(static_cast<uint64_t>(s.M * 31 + s.N * 17 + s.K));
+                    std::vector<float> A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
+                    for (auto& x : A) x = static_cast<float>(rng.normal());
+                    for (auto& x : B) x = static_cast<float>(rng.normal());
+                    std::vector<bf16> Ah(A.size()), Bh(B.size());
+                    for (size_t i = 0; i < A.size(); ++i) Ah[i] = bf16_from_float(A[i]);
+                    for (size_t i = 0; i < B.size(); ++i) Bh[i] = bf16_from_float(B[i]);
+                    const void* a = k.half ? static_cast<const void*>(Ah.data()) : A.data();
+                    const void* b = k.half ? static_cast<const void*>(Bh.data()) : B.data();
+                    const int lda = ta == Trans::N ? s.K : s.M;
+                    auto packed   = [&](const KernelSpec& spec) {
+                        std::vector<float> C(size_t(s.M) * s.N, 0.25f);
+                        gemm_packed(spec, ta, Trans::N, s.M, s.N, s.K, 1.5f, a, lda, b, s.N, 1.f,
+                                      C.data(), s.N);
+                        return C;
+                    };
+                    auto rect = [&](const KernelSpec& spec) {
+                        std::vector<float> C(size_t(s.M) * s.N, 0.25f);
+                        const PackSrc pa{a, lda, ta == Trans::N};
+                        const PackSrc pb{b, s.N, false};
+                        gemm_rect(spec, pa, pb, 0, s.M, 0, s.N, s.K, 1.5f, 1.f, C.data(), s.N);
+                        return C;
+                    };
+                    const std::vector<float> c = packed(*k.spec);
+                    EXPECT_EQ(packed(flipped), c);
+                    EXPECT_EQ(rect(*k.spec), c);
+                    EXPECT_EQ(rect(flipped), c);
+                    ++ran;
+                }
+            }
+        }
+    }
+    EXPECT_GT(ran, 0);
+    set_compute_threads(0);
 }
 
 }  // namespace
