@@ -73,14 +73,18 @@ size_t b_pack_bytes(const KernelSpec& s, int n, int K) {
 
 namespace {
 
-// op(A) stored by k (A transposed, as the weight gradients read their row operand) is read in
-// place (KernelSpec::micro_cols) instead of packed when its rows are used for at most this
-// many column tiles: packing copies A, which pays only when many tiles read it again (an
-// expert's narrow layer reads a gradient row for a few).
+// op(A) is read in place instead of packed when its rows are used for at most this many column
+// tiles: packing copies A, which pays only when many tiles read it again (an expert's narrow
+// layer reads a row for a few). Stored by k (A transposed, as the weight gradients read their
+// row operand): KernelSpec::micro_cols; stored by row, gathered rows included (the experts'
+// tokens): KernelSpec::micro_rows.
 constexpr int kInPlaceMaxTiles = 4;
+constexpr int kMaxTileRows     = 32;  // the most rows a register tile of micro_rows has
 
 bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
-    return !a.k_contiguous && !a.rows && cols <= a_in_place_cols(s);
+    if (a.k_contiguous)
+        return s.micro_rows && s.mr <= kMaxTileRows && cols <= kInPlaceMaxTiles * s.nr;
+    return !a.rows && cols <= a_in_place_cols(s);
 }
 
 // A's rows [i0, i0 + mc) for the k block [pc, pc + kc): with in_place, its whole tiles are read
@@ -101,6 +105,12 @@ inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, i
                    int pc, int kc, const char* bp, float* cp, int ldc, float alpha, float beta,
                    int m, int n) {
     if (ir < full) {
+        if (a.k_contiguous) {
+            const float* rows[kMaxTileRows];
+            for (int i = 0; i < s.mr; ++i) rows[i] = a.row<float>(i0 + ir + i) + pc;
+            s.micro_rows(kc, rows, bp, cp, ldc, alpha, beta, m, n);
+            return;
+        }
         const float* ap =
             static_cast<const float*>(a.data) + size_t(pc) * size_t(a.ld) + size_t(i0 + ir);
         s.micro_cols(kc, ap, a.ld, bp, cp, ldc, alpha, beta, m, n);

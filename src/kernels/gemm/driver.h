@@ -65,6 +65,11 @@ struct KernelSpec {
     // AMX kernel loads and releases its tile configuration), or nullptr.
     void (*enter)() = nullptr;
     void (*leave)() = nullptr;
+    // The same tile with op(A) stored by row read where it lies, rows[i] pointing at row i's
+    // first value of the k block (all mr rows readable), instead of from a packed panel: bitwise
+    // micro on the packed rows (kstep 1 specs only, else nullptr).
+    void (*micro_rows)(int kc, const float* const* rows, const void* b, float* c, int ldc,
+                       float alpha, float beta, int m, int n) = nullptr;
 };
 
 // enter() on construction, leave() on destruction, where the spec has them.

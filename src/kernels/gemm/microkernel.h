@@ -14,11 +14,26 @@ namespace {
 // twin fmadd_scalar, rounding exactly as one lane of fmadd does.
 // The tile with A's MR * kstep values of a k step at a, the next step's a_step further on: a
 // packed panel (a_step = MR * kstep, micro_tile below) or A where it lies (micro_tile_cols).
-template <typename Ops, int MR, int NV>
-[[gnu::always_inline]] inline void micro_tile_strided(int kcp, const typename Ops::packed_t* a,
-                                                      size_t a_step, const void* b_panel, float* c,
-                                                      int ldc, float alpha, float beta, int m,
-                                                      int n) {
+// A's values of a k step come from an ASrc: bcast(i) broadcasts row i's, next() moves to the
+// next step (StridedA: MR * kstep values together, a_step apart; RowsA: each row where it lies).
+template <typename Ops>
+struct StridedA {
+    const typename Ops::packed_t* a;
+    size_t step;
+    typename Ops::reg bcast(int i) const { return Ops::bcast_a(a + i * Ops::kstep); }
+    void next() { a += step; }
+};
+template <typename Ops, int MR>
+struct RowsA {
+    const float* const* rows;
+    size_t k = 0;
+    typename Ops::reg bcast(int i) const { return Ops::bcast_a(rows[i] + k); }
+    void next() { ++k; }
+};
+
+template <typename Ops, int MR, int NV, typename ASrc>
+[[gnu::always_inline]] inline void micro_tile_src(int kcp, ASrc a, const void* b_panel, float* c,
+                                                  int ldc, float alpha, float beta, int m, int n) {
     // B is prefetched this many k steps ahead; past the panel's end that is the next panel,
     // which the next tile of the jr loop starts on (measured: +2-5% over none on Zen 3).
     constexpr int kPrefetchK = 32;
@@ -52,11 +67,11 @@ template <typename Ops, int MR, int NV>
         for (int v = 0; v < NV; ++v) bv[v] = Ops::load_b(b + v * W * KS);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
-            const reg av = Ops::bcast_a(a + i * KS);
+            const reg av = a.bcast(i);
 #pragma GCC unroll 8
             for (int v = 0; v < NV; ++v) acc[i][v] = Ops::madd(acc[i][v], av, bv[v]);
         }
-        a += a_step;
+        a.next();
         b += NR * KS;
     }
 
@@ -94,8 +109,9 @@ template <typename Ops, int MR, int NV>
 template <typename Ops, int MR, int NV>
 void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc, float alpha,
                 float beta, int m, int n) {
-    micro_tile_strided<Ops, MR, NV>(kcp, static_cast<const typename Ops::packed_t*>(a_panel),
-                                    size_t(MR) * Ops::kstep, b_panel, c, ldc, alpha, beta, m, n);
+    const StridedA<Ops> a{static_cast<const typename Ops::packed_t*>(a_panel),
+                          size_t(MR) * Ops::kstep};
+    micro_tile_src<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The same tile with A read where it lies instead of packed (kstep 1 only): element (i, k) of
@@ -106,7 +122,19 @@ template <typename Ops, int MR, int NV>
 void micro_tile_cols(int kc, const float* a, int lda, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_strided<Ops, MR, NV>(kc, a, size_t(lda), b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_src<Ops, MR, NV>(kc, StridedA<Ops>{a, size_t(lda)}, b_panel, c, ldc, alpha, beta, m,
+                                n);
+}
+
+// The same tile with op(A) stored by row read where it lies (kstep 1 only): element (i, k) of
+// the tile is rows[i][k], the MR rows' first values of the k block (all MR readable for kc
+// values). The same multiply-adds in the same order as micro_tile on the packed rows, so bitwise
+// its results, without packing an operand that few column tiles read.
+template <typename Ops, int MR, int NV>
+void micro_tile_rows(int kc, const float* const* rows, const void* b_panel, float* c, int ldc,
+                     float alpha, float beta, int m, int n) {
+    static_assert(Ops::kstep == 1, "A in place: one k a step");
+    micro_tile_src<Ops, MR, NV>(kc, RowsA<Ops, MR>{rows}, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 }  // namespace

@@ -328,6 +328,41 @@ TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
     }
 }
 
+// op(A) stored by row (ta = N) is read in place by our float packed paths when few column tiles
+// read it (KernelSpec::micro_rows): bitwise the same columns of a product wide enough to pack A,
+// over widths on both sides of the threshold, several k blocks, and rows that end in a short
+// tile.
+TEST(Gemm, RowsOfAReadInPlaceGiveThePackedBits) {
+    PathGuard guard;
+    Rng rng(23);
+    constexpr int kWide = 600;  // columns enough for every kernel to pack A
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        for (const int M : {5, 29, 203}) {
+            for (const int N : {16, 40, 100, 300}) {
+                for (const int K : {7, 300}) {
+                    std::vector<float> a(size_t(M) * K), b(size_t(K) * kWide);
+                    for (float& v : a) v = float(rng.normal());
+                    for (float& v : b) v = float(rng.normal());
+                    std::vector<float> wide(size_t(M) * kWide, 0.5f), narrow(size_t(M) * N, 0.5f);
+                    gemm_f32(Trans::N, Trans::N, M, kWide, K, 1.5f, a.data(), K, b.data(), kWide,
+                             0.25f, wide.data(), kWide);
+                    gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), kWide, 0.25f,
+                             narrow.data(), N);
+                    for (int i = 0; i < M; ++i) {
+                        ASSERT_EQ(0, std::memcmp(narrow.data() + size_t(i) * N,
+                                                 wide.data() + size_t(i) * kWide,
+                                                 size_t(N) * sizeof(float)))
+                            << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K
+                            << " row " << i;
+                    }
+                }
+            }
+        }
+    }
+}
+
 // The AMX-BF16 tile kernel, the default for bf16 where the CPU has it: every transpose against
 // the float64 reference on shapes ragged around its 32 x 32 tile, its 32-deep k step and its
 // k block (384; 192 for the experts' weight-gradient form), and through the float-B overload (B
