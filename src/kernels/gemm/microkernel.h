@@ -5,6 +5,8 @@
 #pragma once
 #include <cstddef>
 
+#include "kernels/gemm/driver.h"
+
 namespace bagualu::kernels::gemm {
 namespace {
 
@@ -135,6 +137,28 @@ void micro_tile_rows(int kc, const float* const* rows, const void* b_panel, floa
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
     micro_tile_src<Ops, MR, NV>(kc, RowsA<Ops, MR>{rows}, b_panel, c, ldc, alpha, beta, m, n);
+}
+
+// The spec of a float kernel (kstep 1, float panels) over this tile: micro_tile on packed
+// panels, and micro_tile_cols / micro_tile_rows on A read in place, stored by k or by row.
+template <typename Ops, int MR, int NV>
+constexpr KernelSpec float_kernel_spec(int mc, int kc, int nc,
+                                       void (*pack_a)(PackSrc, int, int, int, int, void*),
+                                       void (*pack_b)(PackSrc, int, int, int, int, void*)) {
+    static_assert(Ops::kstep == 1, "float panels: one k a step");
+    KernelSpec s{MR,
+                 NV * Ops::width,
+                 1,
+                 4,
+                 mc,
+                 kc,
+                 nc,
+                 pack_a,
+                 pack_b,
+                 micro_tile<Ops, MR, NV>,
+                 micro_tile_cols<Ops, MR, NV>};
+    s.micro_rows = micro_tile_rows<Ops, MR, NV>;
+    return s;
 }
 
 }  // namespace

@@ -25,6 +25,25 @@ struct Shape {
     int M, N, K;
 };
 
+// Normal operands of shape s (A M x K, B K x N, both by row) and their bf16 roundings.
+struct Operands {
+    std::vector<float> A, B;
+    std::vector<bf16> Ah, Bh;
+};
+Operands random_operands(const Shape& s, uint64_t seed) {
+    Rng rng(seed);
+    Operands o;
+    o.A.resize(size_t(s.M) * s.K);
+    o.B.resize(size_t(s.K) * s.N);
+    for (auto& x : o.A) x = static_cast<float>(rng.normal());
+    for (auto& x : o.B) x = static_cast<float>(rng.normal());
+    o.Ah.resize(o.A.size());
+    o.Bh.resize(o.B.size());
+    for (size_t i = 0; i < o.A.size(); ++i) o.Ah[i] = bf16_from_float(o.A[i]);
+    for (size_t i = 0; i < o.B.size(); ++i) o.Bh[i] = bf16_from_float(o.B[i]);
+    return o;
+}
+
 TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
     const CacheSizes small{8 << 10, 64 << 10, 1 << 20};
     const CacheSizes large{64 << 10, 8 << 20, size_t(1) << 30};
@@ -44,13 +63,8 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
                     SCOPED_TRACE(::testing::Message()
                                  << path_name(p) << " threads " << threads << " " << s.M << "x"
                                  << s.N << "x" << s.K << (bf ? " bf16" : " f32"));
-                    Rng rng(static_cast<uint64_t>(s.M * 131 + s.N * 7 + s.K));
-                    std::vector<float> A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
-                    for (auto& x : A) x = static_cast<float>(rng.normal());
-                    for (auto& x : B) x = static_cast<float>(rng.normal());
-                    std::vector<bf16> Ah(A.size()), Bh(B.size());
-                    for (size_t i = 0; i < A.size(); ++i) Ah[i] = bf16_from_float(A[i]);
-                    for (size_t i = 0; i < B.size(); ++i) Bh[i] = bf16_from_float(B[i]);
+                    const auto [A, B, Ah, Bh] =
+                        random_operands(s, static_cast<uint64_t>(s.M * 131 + s.N * 7 + s.K));
                     auto run = [&](const CacheSizes* c) {
                         set_blocking_caches(c);
                         std::vector<float> C(size_t(s.M) * s.N, 0.5f);
@@ -124,13 +138,8 @@ TEST(GemmBlockingTest, EitherTileOrderGivesTheSameBits) {
                                  << path_name(k.path) << (k.half ? " bf16" : " f32") << " threads "
                                  << threads << " " << s.M << "x" << s.N << "x" << s.K
                                  << (ta == Trans::T ? " TN" : " NN"));
-                    Rng rng(static_cast<uint64_t>(s.M * 31 + s.N * 17 + s.K));
-                    std::vector<float> A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
-                    for (auto& x : A) x = static_cast<float>(rng.normal());
-                    for (auto& x : B) x = static_cast<float>(rng.normal());
-                    std::vector<bf16> Ah(A.size()), Bh(B.size());
-                    for (size_t i = 0; i < A.size(); ++i) Ah[i] = bf16_from_float(A[i]);
-                    for (size_t i = 0; i < B.size(); ++i) Bh[i] = bf16_from_float(B[i]);
+                    const auto [A, B, Ah, Bh] =
+                        random_operands(s, static_cast<uint64_t>(s.M * 31 + s.N * 17 + s.K));
                     const void* a = k.half ? static_cast<const void*>(Ah.data()) : A.data();
                     const void* b = k.half ? static_cast<const void*>(Bh.data()) : B.data();
                     const int lda = ta == Trans::N ? s.K : s.M;

@@ -297,70 +297,63 @@ TEST(Gemm, Bf16WideningPathsEqualFloatOnWidenedValues) {
     }
 }
 
-// op(A) stored by k (ta = T) is read in place by our packed paths when few column tiles read it
-// (KernelSpec::micro_cols): bitwise the product on A stored by row (ta = N, packed), over
-// widths on both sides of the threshold, several k blocks, and rows that end in a short tile.
-TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
-    PathGuard guard;
-    Rng rng(17);
+// f(path, M, N, K) with each of our packed paths this CPU has made active, over widths on both
+// sides of the threshold for reading A in place, several k blocks, and rows that end in a short
+// tile.
+template <typename F>
+void over_in_place_shapes(F&& f) {
     for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
         if (!gemm::path_supported(path)) continue;
         gemm::set_active_path(path);
         for (const int M : {5, 29, 203}) {
             for (const int N : {16, 40, 100, 300}) {
-                for (const int K : {7, 300}) {
-                    std::vector<float> a(size_t(M) * K), at(a.size()), b(size_t(K) * N);
-                    for (float& v : a) v = float(rng.normal());
-                    for (float& v : b) v = float(rng.normal());
-                    for (int i = 0; i < M; ++i) {
-                        for (int k = 0; k < K; ++k) at[size_t(k) * M + i] = a[size_t(i) * K + k];
-                    }
-                    std::vector<float> c1(size_t(M) * N, 0.5f), c2 = c1;
-                    gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), N, 0.25f,
-                             c1.data(), N);
-                    gemm_f32(Trans::T, Trans::N, M, N, K, 1.5f, at.data(), M, b.data(), N, 0.25f,
-                             c2.data(), N);
-                    ASSERT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
-                        << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K;
-                }
+                for (const int K : {7, 300}) f(path, M, N, K);
             }
         }
     }
 }
 
+// op(A) stored by k (ta = T) is read in place by our packed paths when few column tiles read it
+// (KernelSpec::micro_cols): bitwise the product on A stored by row (ta = N).
+TEST(Gemm, TransposedAReadInPlaceGivesThePackedBits) {
+    PathGuard guard;
+    Rng rng(17);
+    over_in_place_shapes([&](Path path, int M, int N, int K) {
+        std::vector<float> a(size_t(M) * K), at(a.size()), b(size_t(K) * N);
+        for (float& v : a) v = float(rng.normal());
+        for (float& v : b) v = float(rng.normal());
+        for (int i = 0; i < M; ++i) {
+            for (int k = 0; k < K; ++k) at[size_t(k) * M + i] = a[size_t(i) * K + k];
+        }
+        std::vector<float> c1(size_t(M) * N, 0.5f), c2 = c1;
+        gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), N, 0.25f, c1.data(), N);
+        gemm_f32(Trans::T, Trans::N, M, N, K, 1.5f, at.data(), M, b.data(), N, 0.25f, c2.data(), N);
+        ASSERT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
+            << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K;
+    });
+}
+
 // op(A) stored by row (ta = N) is read in place by our float packed paths when few column tiles
-// read it (KernelSpec::micro_rows): bitwise the same columns of a product wide enough to pack A,
-// over widths on both sides of the threshold, several k blocks, and rows that end in a short
-// tile.
+// read it (KernelSpec::micro_rows): bitwise the same columns of a product wide enough to pack A.
 TEST(Gemm, RowsOfAReadInPlaceGiveThePackedBits) {
     PathGuard guard;
     Rng rng(23);
     constexpr int kWide = 600;  // columns enough for every kernel to pack A
-    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
-        if (!gemm::path_supported(path)) continue;
-        gemm::set_active_path(path);
-        for (const int M : {5, 29, 203}) {
-            for (const int N : {16, 40, 100, 300}) {
-                for (const int K : {7, 300}) {
-                    std::vector<float> a(size_t(M) * K), b(size_t(K) * kWide);
-                    for (float& v : a) v = float(rng.normal());
-                    for (float& v : b) v = float(rng.normal());
-                    std::vector<float> wide(size_t(M) * kWide, 0.5f), narrow(size_t(M) * N, 0.5f);
-                    gemm_f32(Trans::N, Trans::N, M, kWide, K, 1.5f, a.data(), K, b.data(), kWide,
-                             0.25f, wide.data(), kWide);
-                    gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), kWide, 0.25f,
-                             narrow.data(), N);
-                    for (int i = 0; i < M; ++i) {
-                        ASSERT_EQ(0, std::memcmp(narrow.data() + size_t(i) * N,
-                                                 wide.data() + size_t(i) * kWide,
-                                                 size_t(N) * sizeof(float)))
-                            << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K
-                            << " row " << i;
-                    }
-                }
-            }
+    over_in_place_shapes([&](Path path, int M, int N, int K) {
+        std::vector<float> a(size_t(M) * K), b(size_t(K) * kWide);
+        for (float& v : a) v = float(rng.normal());
+        for (float& v : b) v = float(rng.normal());
+        std::vector<float> wide(size_t(M) * kWide, 0.5f), narrow(size_t(M) * N, 0.5f);
+        gemm_f32(Trans::N, Trans::N, M, kWide, K, 1.5f, a.data(), K, b.data(), kWide, 0.25f,
+                 wide.data(), kWide);
+        gemm_f32(Trans::N, Trans::N, M, N, K, 1.5f, a.data(), K, b.data(), kWide, 0.25f,
+                 narrow.data(), N);
+        for (int i = 0; i < M; ++i) {
+            ASSERT_EQ(0, std::memcmp(narrow.data() + size_t(i) * N, wide.data() + size_t(i) * kWide,
+                                     size_t(N) * sizeof(float)))
+                << gemm::path_name(path) << " M=" << M << " N=" << N << " K=" << K << " row " << i;
         }
-    }
+    });
 }
 
 // The AMX-BF16 tile kernel, the default for bf16 where the CPU has it: every transpose against

@@ -39,21 +39,8 @@ void pack(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_panels_f32<R, Src>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
-constexpr KernelSpec kF32 = [] {
-    KernelSpec s{kMR,
-                 kNR,
-                 1,
-                 4,
-                 144,
-                 256,
-                 4096,
-                 pack<kMR, float>,
-                 pack<kNR, float>,
-                 micro_tile<OpsF32, kMR, kNV>,
-                 micro_tile_cols<OpsF32, kMR, kNV>};
-    s.micro_rows = micro_tile_rows<OpsF32, kMR, kNV>;
-    return s;
-}();
+constexpr KernelSpec kF32 =
+    float_kernel_spec<OpsF32, kMR, kNV>(144, 256, 4096, pack<kMR, float>, pack<kNR, float>);
 constexpr KernelSpec kBf16{
     kMR, kNR, 1, 4, 144, 256, 4096, pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<OpsF32, kMR, kNV>};
 

@@ -64,21 +64,8 @@ void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_pairs_avx512<R, T>(src, r0, rn, p0, kc, static_cast<bf16*>(dst));
 }
 
-constexpr KernelSpec kF32 = [] {
-    KernelSpec s{kMR,
-                 kNR,
-                 1,
-                 4,
-                 240,
-                 192,
-                 4096,
-                 pack_f32<kMR, float>,
-                 pack_f32<kNR, float>,
-                 micro_tile<OpsF32, kMR, kNV>,
-                 micro_tile_cols<OpsF32, kMR, kNV>};
-    s.micro_rows = micro_tile_rows<OpsF32, kMR, kNV>;
-    return s;
-}();
+constexpr KernelSpec kF32 =
+    float_kernel_spec<OpsF32, kMR, kNV>(240, 192, 4096, pack_f32<kMR, float>, pack_f32<kNR, float>);
 constexpr KernelSpec kBf16{kMR,
                            kNR,
                            1,

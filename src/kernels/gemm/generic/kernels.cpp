@@ -51,21 +51,8 @@ void pack(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
     pack_panels<R, 1, Src, float>(src, r0, rn, p0, kc, static_cast<float*>(dst));
 }
 
-constexpr KernelSpec kF32 = [] {
-    KernelSpec s{kMR,
-                 kNR,
-                 1,
-                 4,
-                 128,
-                 256,
-                 2048,
-                 pack<kMR, float>,
-                 pack<kNR, float>,
-                 micro_tile<Ops, kMR, kNV>,
-                 micro_tile_cols<Ops, kMR, kNV>};
-    s.micro_rows = micro_tile_rows<Ops, kMR, kNV>;
-    return s;
-}();
+constexpr KernelSpec kF32 =
+    float_kernel_spec<Ops, kMR, kNV>(128, 256, 2048, pack<kMR, float>, pack<kNR, float>);
 constexpr KernelSpec kBf16{
     kMR, kNR, 1, 4, 128, 256, 2048, pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<Ops, kMR, kNV>};
 
