@@ -79,11 +79,9 @@ namespace {
 // row operand): KernelSpec::micro_cols; stored by row, gathered rows included (the experts'
 // tokens): KernelSpec::micro_rows.
 constexpr int kInPlaceMaxTiles = 4;
-constexpr int kMaxTileRows     = 32;  // the most rows a register tile of micro_rows has
 
 bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
-    if (a.k_contiguous)
-        return s.micro_rows && s.mr <= kMaxTileRows && cols <= kInPlaceMaxTiles * s.nr;
+    if (a.k_contiguous) return s.micro_rows && cols <= kInPlaceMaxTiles * s.nr;
     return !a.rows && cols <= a_in_place_cols(s);
 }
 
@@ -106,7 +104,7 @@ inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, i
                    int m, int n) {
     if (ir < full) {
         if (a.k_contiguous) {
-            const float* rows[kMaxTileRows];
+            const float* rows[kMaxMicroRows];
             for (int i = 0; i < s.mr; ++i) rows[i] = a.row<float>(i0 + ir + i) + pc;
             s.micro_rows(kc, rows, bp, cp, ldc, alpha, beta, m, n);
             return;

@@ -32,6 +32,9 @@ struct PackSrc {
     }
 };
 
+// The most rows a register tile read in place by row (KernelSpec::micro_rows) may have.
+inline constexpr int kMaxMicroRows = 32;
+
 struct KernelSpec {
     int mr, nr;      // register tile (rows of A, columns of B)
     int kstep;       // k values interleaved per packed group: 1 (fp32) or 2 (bf16 pairs)
@@ -67,7 +70,7 @@ struct KernelSpec {
     void (*leave)() = nullptr;
     // The same tile with op(A) stored by row read where it lies, rows[i] pointing at row i's
     // first value of the k block (all mr rows readable), instead of from a packed panel: bitwise
-    // micro on the packed rows (kstep 1 specs only, else nullptr).
+    // micro on the packed rows (kstep 1 specs with mr <= kMaxMicroRows only, else nullptr).
     void (*micro_rows)(int kc, const float* const* rows, const void* b, float* c, int ldc,
                        float alpha, float beta, int m, int n) = nullptr;
 };

@@ -14,10 +14,10 @@ namespace {
 // packed values), bcast_a(const packed_t*) (kstep values to every lane), madd(acc, a, b),
 // set1(float), mul(reg, reg), loadu/storeu(float*), fmadd(a, b, c) = a * b + c and its scalar
 // twin fmadd_scalar, rounding exactly as one lane of fmadd does.
-// The tile with A's MR * kstep values of a k step at a, the next step's a_step further on: a
-// packed panel (a_step = MR * kstep, micro_tile below) or A where it lies (micro_tile_cols).
-// A's values of a k step come from an ASrc: bcast(i) broadcasts row i's, next() moves to the
-// next step (StridedA: MR * kstep values together, a_step apart; RowsA: each row where it lies).
+// The tile reads A's values of a k step from an ASrc: bcast(i) broadcasts row i's, next() moves
+// to the next step. StridedA: the MR * kstep values of a step together, the next step's `step`
+// further on (a packed panel, micro_tile; or A stored by k where it lies, micro_tile_cols);
+// RowsA: each row where it lies (A stored by row, micro_tile_rows).
 template <typename Ops>
 struct StridedA {
     const typename Ops::packed_t* a;
@@ -25,7 +25,7 @@ struct StridedA {
     typename Ops::reg bcast(int i) const { return Ops::bcast_a(a + i * Ops::kstep); }
     void next() { a += step; }
 };
-template <typename Ops, int MR>
+template <typename Ops>
 struct RowsA {
     const float* const* rows;
     size_t k = 0;
@@ -136,7 +136,7 @@ template <typename Ops, int MR, int NV>
 void micro_tile_rows(int kc, const float* const* rows, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_src<Ops, MR, NV>(kc, RowsA<Ops, MR>{rows}, b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_src<Ops, MR, NV>(kc, RowsA<Ops>{rows}, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The spec of a float kernel (kstep 1, float panels) over this tile: micro_tile on packed
@@ -146,6 +146,7 @@ constexpr KernelSpec float_kernel_spec(int mc, int kc, int nc,
                                        void (*pack_a)(PackSrc, int, int, int, int, void*),
                                        void (*pack_b)(PackSrc, int, int, int, int, void*)) {
     static_assert(Ops::kstep == 1, "float panels: one k a step");
+    static_assert(MR <= kMaxMicroRows, "micro_rows takes at most kMaxMicroRows row pointers");
     KernelSpec s{MR,
                  NV * Ops::width,
                  1,
