@@ -23,7 +23,9 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm/choice.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
 #include "kernels/peak.h"
+#include "model/precision.h"
 #include "moe/token_dispatcher.h"
 #include "train/trainer.h"
 
@@ -73,6 +75,18 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
         out.push_back(e);
     }
     return out;
+}
+
+// What the attention core (scores, softmax, weighted values) runs on in this config's
+// precision: "bf16 on amx tiles", "fp64", or "float32 (<isa>)" (model/gpt.cpp's choice).
+std::string attention_core(const TrainConfig& cfg) {
+    const auto prec = model::PrecisionPolicy::from_config(cfg.precision);
+    if (prec.fp64_sensitive) return "fp64";
+    if (kernels::attention_on_tiles(prec.gemm_dtype(model::LayerClass::attention),
+                                    cfg.model.head_size())) {
+        return "bf16 on amx tiles";
+    }
+    return fmt::format("float32 ({})", kernels::isa_name(kernels::dispatch().attention_isa));
 }
 
 // One JSON object on stdout, flushed; returns 0 (the benchmark's exit status).
@@ -390,6 +404,7 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["half_features"]             = kernels::half_precision_features();
         j["gemm_backends"]             = gemm_backends(cfg);
         j["bf16_gemm_as_f32"]          = kernels::gemm_bf16_widens();
+        j["attention_core"]            = attention_core(cfg);
         j["steps"]                     = o.steps;
         j["warmup"]                    = o.warmup;
         j["tokens_per_step"]           = tokens;
@@ -420,8 +435,11 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         }
         return print_json(j);
     }
-    fmt::print("bench train {}: {} rank(s), expert parallel {}, {} threads per rank\nkernels {}\n",
-               cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe());
+    fmt::print(
+        "bench train {}: {} rank(s), expert parallel {}, {} threads per rank\nkernels {}\n"
+        "attention core {}\n",
+        cfg.name, P, par.ep_size(), compute_pool().size(), kernels::dispatch().describe(),
+        attention_core(cfg));
     fmt::print("{} timed steps after {} warm-up, {:.0f} tokens per step\n", o.steps, o.warmup,
                tokens);
     fmt::print(

@@ -13,8 +13,10 @@
 #include "core/thread_pool.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
+#include "kernels/ops_avx512.h"
 #include "kernels/parallel_rows.h"
 
 namespace bagualu::kernels {
@@ -650,6 +652,33 @@ void linear_backward_f64(float* dinp, float* dweight, float* dbias, const float*
             if (dbias) dbias[o] += float(db);
         }
     });
+}
+
+bool attention_on_tiles(Dtype d, int hs) {
+    if (d != Dtype::bfloat16 || !avx512::attention_amx_shape_supported(hs)) return false;
+    const gemm::Path p = gemm::active_path();
+    return p == gemm::Path::amx ||
+           (p == gemm::Path::automatic && gemm::best_path() == gemm::Path::amx);
+}
+
+void attention_forward_half(Dtype d, float* out, float* lse, const float* qkv, int B, int T, int C,
+                            int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (attention_on_tiles(d, C / NH)) {
+        avx512::attention_forward_amx(out, lse, qkv, B, T, C, NH);
+    } else {
+        attention_forward(out, lse, qkv, B, T, C, NH);
+    }
+}
+
+void attention_backward_half(Dtype d, float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (attention_on_tiles(d, C / NH)) {
+        avx512::attention_backward_amx(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    } else {
+        attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    }
 }
 
 // ---- attention: one (batch, head) pair per work item ----

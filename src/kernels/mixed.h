@@ -162,6 +162,19 @@ void round_operand(float* x, size_t n, Dtype d);
 // kernels' blocking). Not thread-safe: set between products.
 void force_16bit_operands(bool on);
 
+// The attention core (attention_forward / attention_backward of kernels/ops.h, same shapes and
+// conventions) of a class whose products are in dtype d. On AMX-BF16 tiles where
+// attention_on_tiles(d, hs): Q, K, V, dO and the probabilities and their gradient as operands
+// rounded to bf16, sums in float, the softmax in float with its sums in double
+// (kernels/avx512/attention_amx.cpp). Otherwise the float kernels of ops.h on the floats.
+// attention_on_tiles: d is bf16, hs a multiple of 32, and the GEMM path (BGL_GEMM) is amx, or
+// auto where the best of ours is amx; so BGL_GEMM=avx512 keeps the float attention.
+bool attention_on_tiles(Dtype d, int hs);
+void attention_forward_half(Dtype d, float* out, float* lse, const float* qkv, int B, int T, int C,
+                            int NH);
+void attention_backward_half(Dtype d, float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int T, int C, int NH);
+
 // The router's linear layers in FP64 (precision.router = "fp64"): every product and sum in
 // double, each result rounded to float once; the same =/+= conventions as linear_forward /
 // linear_backward. Each output element is one thread's sum in a fixed order, so results do not

@@ -417,17 +417,13 @@ namespace {
 struct SensitiveOps {
     decltype(&layernorm_forward) ln_fwd;
     decltype(&layernorm_backward) ln_bwd;
-    decltype(&attention_forward) attn_fwd;
-    decltype(&attention_backward) attn_bwd;
     decltype(&crossentropy_forward) ce_fwd;  // backward: crossentropy_linear_backward_half
 };
 SensitiveOps sensitive_ops(bool fp64) {
     if (fp64) {
-        return {layernorm_forward_f64, layernorm_backward_f64, attention_forward_f64,
-                attention_backward_f64, crossentropy_forward_f64};
+        return {layernorm_forward_f64, layernorm_backward_f64, crossentropy_forward_f64};
     }
-    return {layernorm_forward, layernorm_backward, attention_forward, attention_backward,
-            crossentropy_forward};
+    return {layernorm_forward, layernorm_backward, crossentropy_forward};
 }
 }  // namespace
 
@@ -499,7 +495,11 @@ double GPT::block_forward(int l) {
     {
         PhaseScope phase(Phase::attention);
         linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
-        op.attn_fwd(b.atty, b.lse, b.qkv, B, T, C, NH);
+        if (prec_.fp64_sensitive) {
+            attention_forward_f64(b.atty, b.lse, b.qkv, B, T, C, NH);
+        } else {
+            attention_forward_half(ga, b.atty, b.lse, b.qkv, B, T, C, NH);
+        }
         round_inplace(b.atty, NC, ga);
         linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C, aa);
     }
@@ -635,7 +635,11 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             PhaseScope phase(Phase::attention);
             linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
                                  w.proj_w, N, C, C);
-            op.attn_bwd(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            if (prec_.fp64_sensitive) {
+                attention_backward_f64(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            } else {
+                attention_backward_half(ga, a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            }
             round_operand(a.dqkv, 3 * NC, ga);
             linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
         }

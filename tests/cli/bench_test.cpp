@@ -17,6 +17,7 @@
 #include "data/token_file.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
 
 namespace bagualu::testing {
 namespace {
@@ -134,6 +135,22 @@ std::string tiny_corpus(const TempDir& dir) {
            " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" + (dir / "none.model");
 }
 
+// In bf16 with a head size of 32 the attention core runs on AMX tiles where the GEMM path has
+// them (kernels::attention_on_tiles, asked in this process: same CPU and BGL_GEMM), float32
+// elsewhere.
+TEST(BenchCli, TrainJsonNamesTheAttentionCore) {
+    TempDir dir;
+    const std::string data = tiny_corpus(dir) + " --set train.run_dir=" + (dir / "run");
+    const CommandResult r  = bagualu(
+         "bench train --config configs/tiny.toml --steps 1 --warmup 0 --json --set "
+          "precision.dtype=bf16 --set model.n_head=2" +
+         data);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);
+    const bool tiles       = bagualu::kernels::attention_on_tiles(bagualu::Dtype::bfloat16, 32);
+    EXPECT_EQ(j["attention_core"] == "bf16 on amx tiles", tiles) << j["attention_core"];
+}
+
 TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     TempDir dir;
     const std::string data = tiny_corpus(dir) + " --set train.run_dir=" + (dir / "run");
@@ -143,9 +160,11 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     const nlohmann::json j = json_of(r.output);  // nothing but the JSON on stdout
     for (const char* key :
          {"tokens_per_s", "mfu", "model_gflops", "peak_gflops", "peak_rss_mb", "phases",
-          "cpu_model", "half_features", "gemm_backends", "bf16_gemm_as_f32"}) {
+          "cpu_model", "half_features", "gemm_backends", "bf16_gemm_as_f32", "attention_core"}) {
         ASSERT_TRUE(j.contains(key)) << key;
     }
+    EXPECT_EQ(j["attention_core"].get<std::string>().rfind("float32 (", 0), 0u)
+        << j["attention_core"];
     // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend's kernel
     // (on the amx path: amx for bf16 products, avx512 for float ones). The default backend
     // widens bf16 to float exactly where the CPU has no AVX512_BF16.

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "kernels/avx512/tile_config.h"
+#include "kernels/avx512/transpose.h"
 #include "kernels/gemm/avx512/pack_pairs.h"
 #include "kernels/gemm/kernels.h"
 
@@ -38,36 +39,6 @@ __attribute__((target("amx-tile"))) void enter_tiles() {
 }
 
 __attribute__((target("amx-tile"))) void leave_tiles() { _tile_release(); }
-
-// The 16 x 16 transpose of 32-bit words r[0..15] (row i lane j -> row j lane i). The zero-masked
-// forms with every lane selected are the plain instructions; GCC 12 warns about the undefined
-// pass-through operand of the plain intrinsics.
-inline void transpose16_epi32(__m512i r[16]) {
-    constexpr __mmask16 all16 = 0xffff;
-    constexpr __mmask8 all8   = 0xff;
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i]     = _mm512_maskz_unpacklo_epi32(all16, r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(all16, r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        r[4 * i]     = _mm512_maskz_unpacklo_epi64(all8, t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(all8, t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(all8, t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(all8, t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int i = 0; i < 2; ++i) {
-        for (int j = 0; j < 4; ++j) {
-            t[8 * i + j] = _mm512_maskz_shuffle_i32x4(all16, r[8 * i + j], r[8 * i + j + 4], 0x88);
-            t[8 * i + j + 4] =
-                _mm512_maskz_shuffle_i32x4(all16, r[8 * i + j], r[8 * i + j + 4], 0xdd);
-        }
-    }
-    for (int j = 0; j < 8; ++j) {
-        r[j]     = _mm512_maskz_shuffle_i32x4(all16, t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_maskz_shuffle_i32x4(all16, t[j], t[j + 8], 0xdd);
-    }
-}
 
 // op(A) rows [r0, r0 + rn) x k [p0, p0 + kc) -> panels (kcp / 32, 32, 32), zero-padded.
 void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
@@ -106,8 +77,8 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
                     lo[g]           = _mm512_permutex2var_epi16(x, lo_idx, y);  // rows 0-15
                     hi[g]           = _mm512_permutex2var_epi16(x, hi_idx, y);  // rows 16-31
                 }
-                transpose16_epi32(lo);
-                transpose16_epi32(hi);
+                kernels::avx512::transpose16_epi32(lo);
+                kernels::avx512::transpose16_epi32(hi);
                 bf16* db = d + size_t(b) * kTileMR * kTileK;
                 for (int i = 0; i < 16; ++i) {
                     _mm512_store_si512(db + size_t(i) * kTileK, lo[i]);

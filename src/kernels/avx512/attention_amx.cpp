@@ -1,0 +1,433 @@
+// Causal attention on AMX-BF16 tiles (kernels/ops_avx512.h, attention_*_items_amx): the
+// attention core of a run whose attention products are in bf16 (kernels/mixed.h,
+// attention_forward_half). Its six products take bf16 operands and sum in float on the tiles:
+//   forward   S = (scale Q) K^T,  O = P V
+//   backward  dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO
+// with Q, K, V and dO rounded to bf16 (round to nearest even, denormals to zero: bf16x16 below),
+// and the probabilities P and the scores' gradient dS rounded to bf16 where they are operands.
+// The softmax stays as in the float kernels: the row max and the exponentials in float (the
+// exp_ps of kernels/avx512/exp.h), their sums in double, the output divided by the sum of the
+// unrounded exponentials, lse = max + log(sum); the backward recomputes P from S and lse in
+// float, and D = dO . O is a float dot product.
+// One item is one (batch, head): its K and V are rounded and laid out for the tiles once, then
+// its queries are taken 32 rows at a time (two A tiles; 32 is also the depth of one tile step,
+// which the key-side products dK and dV sum over). A block at t0 computes scores against keys
+// [0, t0 + 32) only: the causal limit rounded up to the tile. The backward's dK and dV are summed
+// over the query blocks in order in per-item scratch, so every output element is one fixed chain
+// of tile steps whichever thread runs its item: bitwise the same for any thread count.
+// Layouts (bf16 unless said, strides in elements):
+//   rows      x (r, c) at r * ld + c: the A operand of a product summing over c;
+//   row pairs (r / 2, 2c + r % 2): the B operand of a product summing over r (tdpbf16ps' B
+//             layout), two rows interleaved 16 bits at a time;
+//   col pairs the row pairs of x^T, i.e. (c / 2, 2r + c % 2): B of a product summing over c,
+//             a 16 x 16 transpose of 32-bit pairs.
+// Built with this folder's AVX-512 flags; the tile instructions by function attribute. The
+// all-ones masked (maskz) forms are the plain instructions (GCC 12 warns about the plain
+// intrinsics' undefined pass-through operand).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/avx512/exp.h"
+#include "kernels/avx512/tile_config.h"
+#include "kernels/avx512/transpose.h"
+#include "kernels/ops_avx512.h"
+
+namespace bagualu::kernels::avx512 {
+
+namespace {
+
+constexpr int kRows = 32;  // query rows per block; tile step depth (32 bf16)
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Floats to bf16 by vcvtneps2bf16 (AVX512_BF16, which every AMX CPU has): round to nearest
+// even, one instruction for 16 or 32 values. Unlike bf16_from_float it flushes denormals to
+// zero, below 1.2e-38: operands and probabilities that small add nothing to these sums anyway.
+inline __m256i bf16x16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
+inline __m512i bf16x32(const float* p) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
+}
+
+// dst[0, n) = src[0, n), n a multiple of 16.
+inline void copy_row(float* dst, const float* src, int n) {
+    for (int e = 0; e < n; e += 16) _mm512_storeu_ps(dst + e, _mm512_loadu_ps(src + e));
+}
+
+// dst (rows_pad x cols, stride ldd) = bf16(s * src) for the first `rows` rows of src (stride
+// lds), zero below; cols a multiple of 16.
+void to_rows(const float* src, int64_t lds, int rows, int rows_pad, int cols, float s, bf16* dst,
+             int64_t ldd) {
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int r = 0; r < rows_pad; ++r) {
+        bf16* d = dst + r * ldd;
+        if (r >= rows) {
+            std::memset(d, 0, size_t(cols) * sizeof(bf16));
+            continue;
+        }
+        const float* x = src + r * lds;
+        for (int c = 0; c < cols; c += 16) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c),
+                                bf16x16(_mm512_mul_ps(_mm512_loadu_ps(x + c), vs)));
+        }
+    }
+}
+
+// vpermt2w indices: the low (half 0) and high (half 1) 16 columns of two rows a, b of 32 bf16
+// as pairs (a0, b0, a1, b1, ...).
+struct PairIndex {
+    alignas(64) int16_t idx[2][32];
+};
+constexpr PairIndex make_pair_index() {
+    PairIndex t{};
+    for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 16; ++i) {
+            t.idx[half][2 * i]     = static_cast<int16_t>(half * 16 + i);
+            t.idx[half][2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
+        }
+    }
+    return t;
+}
+constexpr PairIndex kPairIndex = make_pair_index();
+
+// Row pairs of src's first `rows` rows (zero past them) up to rows_pad (even): dst
+// (rows_pad / 2 x 2 cols, stride ldd); cols a multiple of 32.
+void row_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
+               int64_t ldd) {
+    const __m512i lo_idx = _mm512_load_si512(kPairIndex.idx[0]);
+    const __m512i hi_idx = _mm512_load_si512(kPairIndex.idx[1]);
+    for (int i = 0; i < rows_pad / 2; ++i) {
+        bf16* d = dst + i * ldd;
+        for (int c = 0; c < cols; c += 32) {
+            const __m512i x = 2 * i < rows ? bf16x32(src + 2 * i * lds + c) : _mm512_setzero_si512();
+            const __m512i y =
+                2 * i + 1 < rows ? bf16x32(src + (2 * i + 1) * lds + c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(d + 2 * c, _mm512_permutex2var_epi16(x, lo_idx, y));
+            _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+        }
+    }
+}
+
+// Column pairs of src's first `rows` rows (zero past them) up to rows_pad (a multiple of 16):
+// dst (cols / 2 x 2 rows_pad, stride ldd); cols a multiple of 32.
+void col_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
+               int64_t ldd) {
+    for (int n0 = 0; n0 < rows_pad; n0 += 16) {
+        for (int c = 0; c < cols; c += 32) {
+            __m512i r[16];
+            for (int i = 0; i < 16; ++i) {
+                r[i] = n0 + i < rows ? bf16x32(src + (n0 + i) * lds + c) : _mm512_setzero_si512();
+            }
+            transpose16_epi32(r);  // r[i]: the pair (c + 2i, c + 2i + 1) of rows n0 .. n0 + 15
+            for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c / 2 + i) * ldd + 2 * n0, r[i]);
+        }
+    }
+}
+
+// dst (cols x kRows, stride kRows) = bf16(src^T) for src (kRows x cols, stride lds), cols a
+// multiple of 16: the A operand of a product summing over src's rows.
+void rows_transposed(const float* src, int64_t lds, int cols, bf16* dst) {
+    for (int k0 = 0; k0 < cols; k0 += 16) {
+        for (int h = 0; h < kRows / 16; ++h) {
+            __m512i r[16];
+            for (int i = 0; i < 16; ++i) {
+                r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (16 * h + i) * lds + k0));
+            }
+            transpose16_epi32(r);  // r[j]: column k0 + j of rows 16h .. 16h + 15
+            for (int j = 0; j < 16; ++j) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (k0 + j) * kRows + 16 * h),
+                                    bf16x16(_mm512_castsi512_ps(r[j])));
+            }
+        }
+    }
+}
+
+__attribute__((target("amx-tile"))) void enter_tiles() {
+    static const TileConfig cfg = tiles_16x64();
+    _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) void leave_tiles() { _tile_release(); }
+
+// c (m x n floats, stride ldc) = a b, or += a b when accumulate: a (m x k rows, stride lda), b
+// (k / 2 x 2n row pairs, stride ldb); m, n and k multiples of 32. 32 x 32 blocks of c in tiles
+// 0-3, a in 4-5, b in 6-7; each element sums its k steps in increasing k.
+__attribute__((target("amx-tile,amx-bf16"))) void tile_product(const bf16* a, int64_t lda,
+                                                               const bf16* b, int64_t ldb,
+                                                               float* c, int64_t ldc, int m, int n,
+                                                               int k, bool accumulate) {
+    const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
+    for (int i = 0; i < m; i += 32) {
+        for (int j = 0; j < n; j += 32) {
+            float* c0 = c + i * ldc + j;
+            float* c1 = c0 + 16 * ldc;
+            if (accumulate) {
+                _tile_loadd(0, c0, sc);
+                _tile_loadd(1, c0 + 16, sc);
+                _tile_loadd(2, c1, sc);
+                _tile_loadd(3, c1 + 16, sc);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            for (int p = 0; p < k; p += 32) {
+                const bf16* ap = a + i * lda + p;
+                const bf16* bp = b + (p / 2) * ldb + 2 * j;
+                _tile_loadd(4, ap, sa);
+                _tile_loadd(6, bp, sb);
+                _tile_loadd(7, bp + 32, sb);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(5, ap + 16 * lda, sa);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c0, sc);
+            _tile_stored(1, c0 + 16, sc);
+            _tile_stored(2, c1, sc);
+            _tile_stored(3, c1 + 16, sc);
+        }
+    }
+}
+
+// Lanes [k, k + 16) below nk.
+inline __mmask16 below(int k, int nk) {
+    const int w = nk - k;
+    return w >= 16 ? __mmask16(0xffff) : w <= 0 ? __mmask16(0) : __mmask16((1u << w) - 1);
+}
+
+// Lane reductions in lane order, through memory (GCC 12's _mm512_reduce_* use plain
+// intrinsics with an undefined operand).
+inline float lane_max(__m512 v) {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    float m = t[0];
+    for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
+    return m;
+}
+inline float lane_sum(__m512 v) {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    float s = 0;
+    for (int i = 0; i < 16; ++i) s += t[i];
+    return s;
+}
+inline double lane_sum(__m512d v) {
+    alignas(64) double t[8];
+    _mm512_store_pd(t, v);
+    double s = 0;
+    for (int i = 0; i < 8; ++i) s += t[i];
+    return s;
+}
+
+// Float dot product of hs (a multiple of 16) terms.
+inline float dot16(const float* a, const float* b, int hs) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int e = 0; e < hs; e += 16) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+    }
+    return lane_sum(acc);
+}
+
+// Bump allocation of 64-byte aligned arrays from a float scratch.
+struct Carve {
+    char* p;
+    template <typename T>
+    T* take(size_t n) {
+        const auto addr = reinterpret_cast<uintptr_t>(p);
+        p += (64 - addr % 64) % 64;
+        T* out = reinterpret_cast<T*>(p);
+        p += n * sizeof(T);
+        return out;
+    }
+};
+constexpr size_t kSlack = 16;  // floats of alignment slack per array
+
+}  // namespace
+
+size_t attention_amx_forward_scratch(int T, int hs) {
+    const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
+    // kt, vv: bf16 (hs x Tp); qa: bf16 (32 x hs); s: float (32 x Tp); p: bf16 (32 x Tp);
+    // o: float (32 x hs)
+    return e * Tp + kRows * e / 2 + kRows * Tp + kRows * Tp / 2 + kRows * e + 6 * kSlack;
+}
+
+void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T, int C, int NH,
+                                 int64_t begin, int64_t end, float* scratch) {
+    const int hs      = C / NH;
+    const int64_t C3  = int64_t{3} * C;
+    const int Tp      = int(round_up(T, kRows));
+    const float scale = 1.f / std::sqrt(float(hs));
+    Carve cv{reinterpret_cast<char*>(scratch)};
+    bf16* kt  = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vv  = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of V: (Tp / 2, 2 hs)
+    bf16* qa  = cv.take<bf16>(size_t(kRows) * hs);
+    float* s  = cv.take<float>(size_t(kRows) * Tp);
+    bf16* p   = cv.take<bf16>(size_t(kRows) * Tp);
+    float* o  = cv.take<float>(size_t(kRows) * hs);
+    enter_tiles();
+    for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        const float* qbase = qkv + b * T * C3 + h * hs;
+        const float* kbase = qbase + C;
+        const float* vbase = qbase + 2 * C;
+        col_pairs(kbase, C3, T, Tp, hs, kt, 2 * int64_t{Tp});
+        row_pairs(vbase, C3, T, Tp, hs, vv, 2 * int64_t{hs});
+        for (int t0 = 0; t0 < T; t0 += kRows) {
+            const int nr  = T - t0 < kRows ? T - t0 : kRows;
+            const int nkp = t0 + kRows;  // keys of the block's scores, <= Tp
+            to_rows(qbase + t0 * C3, C3, nr, kRows, hs, scale, qa, hs);
+            tile_product(qa, hs, kt, 2 * int64_t{Tp}, s, Tp, kRows, nkp, hs, false);
+            alignas(64) double sums[kRows];
+            alignas(64) float mx[kRows];
+            for (int r = 0; r < kRows; ++r) {
+                bf16* pr = p + int64_t{r} * Tp;
+                if (r >= nr) {
+                    std::memset(pr, 0, size_t(nkp) * sizeof(bf16));
+                    continue;
+                }
+                const float* sr = s + int64_t{r} * Tp;
+                const int nk    = t0 + r + 1;  // causal: keys [0, nk)
+                __m512 m        = _mm512_set1_ps(-__builtin_inff());
+                for (int k = 0; k < nk; k += 16) {
+                    m = _mm512_maskz_max_ps(kAll, m, _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()),
+                                                              below(k, nk), sr + k));
+                }
+                const float mr  = lane_max(m);
+                const __m512 vm = _mm512_set1_ps(mr);
+                __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+                for (int k = 0; k < nkp; k += 16) {
+                    const __m512 e = _mm512_maskz_mov_ps(
+                        below(k, nk), exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm)));
+                    lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(
+                                               0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+                    hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(
+                                               0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + k), bf16x16(e));
+                }
+                sums[r] = lane_sum(_mm512_add_pd(lo, hi));
+                mx[r]   = mr;
+            }
+            tile_product(p, Tp, vv, 2 * int64_t{hs}, o, hs, kRows, hs, nkp, false);
+            for (int r = 0; r < nr; ++r) {
+                float* dst     = out + (b * T + t0 + r) * C + h * hs;
+                const __m512 v = _mm512_set1_ps(float(1.0 / sums[r]));
+                for (int e = 0; e < hs; e += 16) {
+                    _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(o + r * hs + e), v));
+                }
+                lse[bh * T + t0 + r] = float(double(mx[r]) + std::log(sums[r]));
+            }
+        }
+    }
+    leave_tiles();
+}
+
+size_t attention_amx_backward_scratch(int T, int hs) {
+    const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
+    // kt, vt, kv: bf16 (hs x Tp); qa, doa, qv, dov: bf16 (32 x hs); s, dp: float (32 x Tp);
+    // ds16, pt, dst: bf16 (32 x Tp); dq: float (32 x hs); dk, dv: float (Tp x hs)
+    return 3 * e * Tp / 2 + 2 * kRows * e + 2 * kRows * Tp + 3 * kRows * Tp / 2 + kRows * e +
+           2 * Tp * e + 16 * kSlack;
+}
+
+void attention_backward_items_amx(float* dqkv, const float* dout, const float* qkv,
+                                  const float* out, const float* lse, int T, int C, int NH,
+                                  int64_t begin, int64_t end, float* scratch) {
+    const int hs      = C / NH;
+    const int64_t C3  = int64_t{3} * C;
+    const int Tp      = int(round_up(T, kRows));
+    const float scale = 1.f / std::sqrt(float(hs));
+    const int64_t ldk = 2 * int64_t{Tp}, ldv = 2 * int64_t{hs};
+    Carve cv{reinterpret_cast<char*>(scratch)};
+    bf16* kt   = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vt   = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of V
+    bf16* kv   = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of K: (Tp / 2, 2 hs)
+    bf16* qa   = cv.take<bf16>(size_t(kRows) * hs);
+    bf16* doa  = cv.take<bf16>(size_t(kRows) * hs);
+    bf16* qv   = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of the block's Q: (16, 2 hs)
+    bf16* dov  = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of its dO
+    float* s   = cv.take<float>(size_t(kRows) * Tp);  // S, then P
+    float* dp  = cv.take<float>(size_t(kRows) * Tp);  // dP, then dS
+    bf16* ds16 = cv.take<bf16>(size_t(kRows) * Tp);
+    bf16* pt   = cv.take<bf16>(size_t(kRows) * Tp);  // P^T: (nkp, 32)
+    bf16* dsT  = cv.take<bf16>(size_t(kRows) * Tp);  // dS^T
+    float* dq  = cv.take<float>(size_t(kRows) * hs);
+    float* dk  = cv.take<float>(size_t(Tp) * hs);
+    float* dv  = cv.take<float>(size_t(Tp) * hs);
+    const __m512 vsc = _mm512_set1_ps(scale);
+    enter_tiles();
+    for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        const float* qbase  = qkv + b * T * C3 + h * hs;
+        const float* kbase  = qbase + C;
+        const float* vbase  = qbase + 2 * C;
+        float* dqbase       = dqkv + b * T * C3 + h * hs;
+        const float* dybase = dout + b * T * C + h * hs;
+        const float* ybase  = out + b * T * C + h * hs;
+        col_pairs(kbase, C3, T, Tp, hs, kt, ldk);
+        col_pairs(vbase, C3, T, Tp, hs, vt, ldk);
+        row_pairs(kbase, C3, T, Tp, hs, kv, ldv);
+        std::memset(dk, 0, size_t(Tp) * hs * sizeof(float));
+        std::memset(dv, 0, size_t(Tp) * hs * sizeof(float));
+        for (int t0 = 0; t0 < T; t0 += kRows) {
+            const int nr  = T - t0 < kRows ? T - t0 : kRows;
+            const int nkp = t0 + kRows;
+            to_rows(qbase + t0 * C3, C3, nr, kRows, hs, scale, qa, hs);
+            to_rows(dybase + int64_t{t0} * C, C, nr, kRows, hs, 1.f, doa, hs);
+            row_pairs(qbase + t0 * C3, C3, nr, kRows, hs, qv, ldv);
+            row_pairs(dybase + int64_t{t0} * C, C, nr, kRows, hs, dov, ldv);
+            // The forward's scores, bit for bit; dP = dO V^T.
+            tile_product(qa, hs, kt, ldk, s, Tp, kRows, nkp, hs, false);
+            tile_product(doa, hs, vt, ldk, dp, Tp, kRows, nkp, hs, false);
+            // P = exp(S - lse), dS = P (dP - D) scale; 0 past the causal limit and on padding rows.
+            for (int r = 0; r < kRows; ++r) {
+                float* sr  = s + int64_t{r} * Tp;
+                float* dpr = dp + int64_t{r} * Tp;
+                if (r >= nr) {
+                    std::memset(sr, 0, size_t(nkp) * sizeof(float));
+                    std::memset(dpr, 0, size_t(nkp) * sizeof(float));
+                    continue;
+                }
+                const int t      = t0 + r;
+                const int nk     = t + 1;
+                const __m512 l   = _mm512_set1_ps(lse[bh * T + t]);
+                const __m512 D   = _mm512_set1_ps(
+                    dot16(dybase + int64_t{t} * C, ybase + int64_t{t} * C, hs));
+                for (int k = 0; k < nkp; k += 16) {
+                    const __mmask16 in = below(k, nk);
+                    const __m512 pe =
+                        _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + k), l)));
+                    const __m512 ds =
+                        _mm512_mul_ps(_mm512_mul_ps(pe, _mm512_sub_ps(_mm512_loadu_ps(dpr + k), D)),
+                                      vsc);
+                    _mm512_storeu_ps(sr + k, pe);
+                    _mm512_storeu_ps(dpr + k, _mm512_maskz_mov_ps(in, ds));
+                }
+            }
+            // dQ = dS K for the block's rows.
+            to_rows(dp, Tp, kRows, kRows, nkp, 1.f, ds16, Tp);
+            tile_product(ds16, Tp, kv, ldv, dq, hs, kRows, hs, nkp, false);
+            for (int r = 0; r < nr; ++r) {
+                copy_row(dqbase + (t0 + r) * C3, dq + r * hs, hs);
+            }
+            // dK += dS^T Q, dV += P^T dO over the block's 32 rows (one tile step).
+            rows_transposed(dp, Tp, nkp, dsT);
+            rows_transposed(s, Tp, nkp, pt);
+            tile_product(dsT, kRows, qv, ldv, dk, hs, nkp, hs, kRows, true);
+            tile_product(pt, kRows, dov, ldv, dv, hs, nkp, hs, kRows, true);
+        }
+        for (int t = 0; t < T; ++t) {
+            copy_row(dqbase + t * C3 + C, dk + int64_t{t} * hs, hs);
+            copy_row(dqbase + t * C3 + 2 * C, dv + int64_t{t} * hs, hs);
+        }
+    }
+    leave_tiles();
+}
+
+}  // namespace bagualu::kernels::avx512

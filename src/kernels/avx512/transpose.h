@@ -1,0 +1,41 @@
+// In-register transposes for the AVX-512 kernels (include only from sources built with the
+// AVX-512 flags): the AMX GEMM's packer of A stored by k (kernels/gemm/avx512/amx.cpp) and the
+// AMX attention (kernels/avx512/attention_amx.cpp). Internal linkage.
+#pragma once
+#include <immintrin.h>
+
+namespace bagualu::kernels::avx512 {
+namespace {
+
+// The 16 x 16 transpose of 32-bit words r[0..15] (row i lane j -> row j lane i). The zero-masked
+// forms with every lane selected are the plain instructions; GCC 12 warns about the undefined
+// pass-through operand of the plain intrinsics.
+inline void transpose16_epi32(__m512i r[16]) {
+    constexpr __mmask16 all16 = 0xffff;
+    constexpr __mmask8 all8   = 0xff;
+    __m512i t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i]     = _mm512_maskz_unpacklo_epi32(all16, r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(all16, r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i]     = _mm512_maskz_unpacklo_epi64(all8, t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(all8, t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(all8, t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(all8, t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            t[8 * i + j] = _mm512_maskz_shuffle_i32x4(all16, r[8 * i + j], r[8 * i + j + 4], 0x88);
+            t[8 * i + j + 4] =
+                _mm512_maskz_shuffle_i32x4(all16, r[8 * i + j], r[8 * i + j + 4], 0xdd);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        r[j]     = _mm512_maskz_shuffle_i32x4(all16, t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_maskz_shuffle_i32x4(all16, t[j], t[j + 8], 0xdd);
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::kernels::avx512

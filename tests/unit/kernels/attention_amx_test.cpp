@@ -1,0 +1,206 @@
+// Tests for the attention core on AMX-BF16 tiles (kernels/avx512/attention_amx.cpp) and its
+// choice (kernels/mixed.h attention_forward_half / attention_backward_half): against a double
+// reference that rounds the operands to bf16 where the kernel does, on ragged sequence lengths
+// and three head sizes; bitwise the same for any thread count; and the float kernels' bits
+// wherever the tiles are not used.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#include "core/rng.h"
+#pragma GCC diagnostic pop
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/mixed.h"
+#include "kernels/ops.h"
+#include "kernels/ops_avx512.h"
+
+#include "gemm_paths.h"
+
+namespace bagualu::kernels {
+namespace {
+
+bool tiles_usable() { return gemm::path_supported(gemm::Path::amx); }
+
+std::vector<float> randn(Rng& rng, size_t n) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = float(rng.normal());
+    return x;
+}
+
+// max_i |got_i - want_i| / (1 + |want_i|), NaN as infinity.
+double max_err(const std::vector<float>& got, const std::vector<double>& want) {
+    EXPECT_EQ(got.size(), want.size());
+    double m = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double e = std::fabs(double(got[i]) - want[i]) / (1.0 + std::fabs(want[i]));
+        if (!(e <= m)) m = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+    }
+    return m;
+}
+
+double r16(double x) { return double(bf16_to_float(bf16_from_float(float(x)))); }
+
+struct Shape {
+    int B, T, C, NH;
+    int hs() const { return C / NH; }
+    size_t qkv() const { return size_t(B) * T * 3 * C; }
+    size_t out() const { return size_t(B) * T * C; }
+    size_t lse() const { return size_t(B) * NH * T; }
+};
+
+// The kernel's arithmetic in double, with the operands rounded to bf16 where it rounds them:
+// scale * q (scaled in float), k, v; the probabilities as the weights of v; dout; dS in dq and
+// dk; q (unscaled) in dk; p in dv. Softmax and sums exact.
+struct Reference {
+    std::vector<double> out, lse, dqkv;
+};
+Reference reference(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dy,
+                    const std::vector<float>& y, const std::vector<float>& lse_in) {
+    const int hs = s.hs(), T = s.T, C = s.C;
+    const int64_t C3  = 3 * int64_t(C);
+    const float scale = 1.f / std::sqrt(float(hs));
+    Reference r{std::vector<double>(s.out()), std::vector<double>(s.lse()),
+                std::vector<double>(s.qkv())};
+    std::vector<double> sc(static_cast<size_t>(T)), p(static_cast<size_t>(T));
+    for (int b = 0; b < s.B; ++b) {
+        for (int h = 0; h < s.NH; ++h) {
+            const float* base = qkv.data() + b * T * C3 + h * hs;
+            auto q  = [&](int t, int e) { return double(base[t * C3 + e]); };
+            auto k  = [&](int t, int e) { return r16(base[t * C3 + C + e]); };
+            auto v  = [&](int t, int e) { return r16(base[t * C3 + 2 * C + e]); };
+            auto qs = [&](int t, int e) { return r16(float(base[t * C3 + e]) * scale); };
+            for (int t = 0; t < T; ++t) {
+                double m = -INFINITY;
+                for (int j = 0; j <= t; ++j) {
+                    double d = 0;
+                    for (int e = 0; e < hs; ++e) d += qs(t, e) * k(j, e);
+                    sc[size_t(j)] = d;
+                    m             = std::max(m, d);
+                }
+                double sum = 0;
+                for (int j = 0; j <= t; ++j) sum += (p[size_t(j)] = std::exp(sc[size_t(j)] - m));
+                const int64_t row = (int64_t(b) * T + t) * C + h * hs;
+                for (int e = 0; e < hs; ++e) {
+                    double o = 0;
+                    for (int j = 0; j <= t; ++j) o += r16(p[size_t(j)]) * v(j, e);
+                    r.out[size_t(row + e)] = o / sum;
+                }
+                const size_t li = (size_t(b) * s.NH + h) * T + t;
+                r.lse[li]       = m + std::log(sum);
+                // backward, from the given out and lse
+                double D = 0;
+                for (int e = 0; e < hs; ++e) D += double(dy[size_t(row + e)]) * y[size_t(row + e)];
+                double* g = r.dqkv.data() + b * T * C3 + h * hs;
+                for (int j = 0; j <= t; ++j) {
+                    const double pj = std::exp(sc[size_t(j)] - double(lse_in[li]));
+                    double dp       = 0;
+                    for (int e = 0; e < hs; ++e) dp += r16(dy[size_t(row + e)]) * v(j, e);
+                    const double ds = r16(pj * (dp - D) * scale);
+                    for (int e = 0; e < hs; ++e) {
+                        g[t * C3 + e] += ds * k(j, e);
+                        g[j * C3 + C + e] += ds * r16(q(t, e));
+                        g[j * C3 + 2 * C + e] += r16(pj) * r16(dy[size_t(row + e)]);
+                    }
+                }
+            }
+        }
+    }
+    return r;
+}
+
+// Tolerances, relative to 1 + |want|. The reference rounds the same operands to bf16, but
+// from its double exponentials and sums where the kernel has float ones: a probability (or an
+// element of dS) a hair from a bf16 rounding boundary can round the other way, one bf16 ulp
+// (2^-8 relative) on one term of a sum of up to T terms, and the tile products' float sums
+// add ~1e-7. Seen on these shapes: forward <= 1.4e-7, backward <= 6.2e-4 (dS near its
+// boundaries). A causal limit one key too far, or dV summed over 16 keys too few, gives 0.3 and
+// more.
+constexpr double kForward  = 1e-3;
+constexpr double kBackward = 5e-3;
+
+class AttentionAmx : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionAmx, MatchesTheRoundedOperandReference) {
+    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
+    const Shape s = GetParam();
+    Rng rng(11, uint64_t(s.T * 131 + s.C));
+    const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
+    std::vector<float> out(s.out()), lse(s.lse()), dqkv(s.qkv(), -1.f);
+    avx512::attention_forward_amx(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(),
+                                   s.B, s.T, s.C, s.NH);
+    const Reference r = reference(s, qkv, dy, out, lse);
+    EXPECT_LE(max_err(out, r.out), kForward);
+    EXPECT_LE(max_err(lse, r.lse), kForward);
+    EXPECT_LE(max_err(dqkv, r.dqkv), kBackward);
+}
+
+TEST_P(AttentionAmx, SameBitsForAnyThreadCount) {
+    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
+    const Shape s = GetParam();
+    Rng rng(12, uint64_t(s.T));
+    const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
+    std::vector<float> out[2], lse[2], dqkv[2];
+    for (int i = 0; i < 2; ++i) {
+        set_compute_threads(i + 1);
+        out[i].assign(s.out(), 0.f);
+        lse[i].assign(s.lse(), 0.f);
+        dqkv[i].assign(s.qkv(), 0.f);
+        avx512::attention_forward_amx(out[i].data(), lse[i].data(), qkv.data(), s.B, s.T, s.C,
+                                      s.NH);
+        avx512::attention_backward_amx(dqkv[i].data(), dy.data(), qkv.data(), out[i].data(),
+                                       lse[i].data(), s.B, s.T, s.C, s.NH);
+    }
+    set_compute_threads(0);
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_EQ(lse[0], lse[1]);
+    EXPECT_EQ(dqkv[0], dqkv[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionAmx,
+                         ::testing::Values(Shape{2, 1, 64, 2}, Shape{1, 31, 64, 2},
+                                           Shape{2, 32, 64, 1}, Shape{1, 33, 96, 3},
+                                           Shape{2, 77, 128, 2}, Shape{1, 130, 256, 2}));
+
+// attention_forward_half / attention_backward_half: the tiles for bf16 on the amx path, the
+// float kernels' bits otherwise (fp16, float32, a head size the tiles do not take, the
+// avx512 path).
+TEST(AttentionHalf, TilesOnlyForBf16OnTheAmxPath) {
+    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
+    testing::PathGuard guard;
+    gemm::set_active_path(gemm::Path::amx);
+    for (const Shape s : {Shape{2, 45, 128, 2}, Shape{2, 45, 96, 2}}) {
+        Rng rng(13, uint64_t(s.C));
+        const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
+        std::vector<float> o32(s.out()), l32(s.lse()), d32(s.qkv());
+        attention_forward(o32.data(), l32.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+        attention_backward(d32.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B, s.T,
+                           s.C, s.NH);
+        auto run = [&](Dtype d) {
+            std::vector<float> o(s.out()), l(s.lse()), g(s.qkv());
+            attention_forward_half(d, o.data(), l.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+            attention_backward_half(d, g.data(), dy.data(), qkv.data(), o32.data(), l32.data(),
+                                    s.B, s.T, s.C, s.NH);
+            return o == o32 && l == l32 && g == d32;
+        };
+        const bool tiles = s.hs() % 32 == 0;
+        EXPECT_EQ(attention_on_tiles(Dtype::bfloat16, s.hs()), tiles) << s.hs();
+        EXPECT_EQ(run(Dtype::bfloat16), !tiles) << "head size " << s.hs();
+        EXPECT_TRUE(run(Dtype::float16));
+        EXPECT_TRUE(run(Dtype::float32));
+        gemm::set_active_path(gemm::Path::avx512);
+        EXPECT_FALSE(attention_on_tiles(Dtype::bfloat16, s.hs()));
+        EXPECT_TRUE(run(Dtype::bfloat16));
+        gemm::set_active_path(gemm::Path::amx);
+    }
+}
+
+}  // namespace
+}  // namespace bagualu::kernels
