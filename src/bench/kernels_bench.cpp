@@ -40,6 +40,7 @@
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
+#include "kernels/ops_avx512.h"
 #include "kernels/ops_generic.h"
 #include "kernels/peak.h"
 
@@ -487,6 +488,53 @@ std::vector<RankRow> run_rank(int repeats) {
     return out;
 }
 
+// ---- the attention core ----
+
+// The float kernel of the active ISA against the bf16 one on AMX tiles (where they run), on
+// one micro-batch of normal q, k, v and output gradients: ms a call, the median of `repeats`.
+struct AttentionTimes {
+    double forward_ms = 0.0, backward_ms = 0.0;
+    std::optional<double> tiles_forward_ms, tiles_backward_ms;
+};
+
+AttentionTimes run_attention(const KernelsBenchOptions& o, int repeats) {
+    const int B = o.attn_B, T = o.attn_T, C = o.attn_C, NH = o.attn_NH;
+    Rng rng(5);
+    std::vector<float> qkv(size_t(B) * T * 3 * C), dy(size_t(B) * T * C), out(dy.size()),
+        lse(size_t(B) * NH * T), dqkv(qkv.size());
+    for (float& v : qkv) v = float(rng.normal());
+    for (float& v : dy) v = float(rng.normal());
+    auto time_ms = [&](auto fn) {
+        std::vector<double> t;
+        fn();
+        for (int r = 0; r < repeats; ++r) {
+            const auto t0 = clock::now();
+            fn();
+            t.push_back(std::chrono::duration<double>(clock::now() - t0).count() * 1e3);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    };
+    AttentionTimes a;
+    a.forward_ms = time_ms(
+        [&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH); });
+    a.backward_ms = time_ms([&] {
+        kernels::attention_backward(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(), B,
+                                    T, C, NH);
+    });
+    if (kernels::gemm::path_supported(kernels::gemm::Path::amx) &&
+        kernels::avx512::attention_amx_shape_supported(C / NH)) {
+        a.tiles_forward_ms  = time_ms([&] {
+            kernels::avx512::attention_forward_amx(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        });
+        a.tiles_backward_ms = time_ms([&] {
+            kernels::avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(),
+                                                    lse.data(), B, T, C, NH);
+        });
+    }
+    return a;
+}
+
 }  // namespace
 
 std::vector<GemmShape> training_gemm_shapes(const ModelConfig& m, int micro_batch) {
@@ -566,6 +614,9 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
     const std::vector<FloatBRow> float_b  = run_float_b(repeats);
     const std::vector<RankRow> ranks      = run_rank(repeats);
+    const bool attn                       = opts.attn_B > 0 && opts.attn_NH > 0;
+    const AttentionTimes at               = attn ? run_attention(opts, repeats) : AttentionTimes{};
+    const char* attn_isa                  = kernels::isa_name(kernels::dispatch().attention_isa);
     const std::string ours_name           = kernels::gemm::path_name(kernels::gemm::best_path());
 
     if (opts.json) {
@@ -621,6 +672,17 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                         {"top", r.R},
                                         {"ns_per_row", r.ours_ns},
                                         {"generic_ns_per_row", r.generic_ns}});
+        }
+        if (attn) {
+            out["attention"] = {{"B", opts.attn_B},
+                                {"T", opts.attn_T},
+                                {"C", opts.attn_C},
+                                {"NH", opts.attn_NH},
+                                {"float_isa", attn_isa},
+                                {"forward_ms", at.forward_ms},
+                                {"backward_ms", at.backward_ms},
+                                {"tiles_forward_ms", to_json(at.tiles_forward_ms)},
+                                {"tiles_backward_ms", to_json(at.tiles_backward_ms)}};
         }
         fmt::print("{}\n", out.dump(2));
         return 0;
@@ -685,6 +747,22 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     for (const RankRow& r : ranks) {
         fmt::print("{:>8} {:>5} {:8.1f} {:8.1f} {:8.2f}\n", r.E, r.R, r.ours_ns, r.generic_ns,
                    r.generic_ns / r.ours_ns);
+    }
+    if (attn) {
+        fmt::print(
+            "attention core, one micro-batch (B {} T {} C {} NH {}), ms a call: float32 ({}) "
+            "against bf16 on AMX tiles\n{:>8} {:>8} {:>8} {:>6}\n",
+            opts.attn_B, opts.attn_T, opts.attn_C, opts.attn_NH, attn_isa, "pass", "float32",
+            "tiles", "ratio");
+        const std::pair<const char*, std::pair<double, std::optional<double>>> passes[] = {
+            {"forward", {at.forward_ms, at.tiles_forward_ms}},
+            {"backward", {at.backward_ms, at.tiles_backward_ms}}};
+        for (const auto& [name, t] : passes) {
+            fmt::print(
+                "{:>8} {:8.3f} {} {}\n", name, t.first,
+                t.second ? fmt::format("{:8.3f}", *t.second) : fmt::format("{:>8}", "-"),
+                t.second ? fmt::format("{:6.2f}", t.first / *t.second) : fmt::format("{:>6}", "-"));
+        }
     }
     return 0;
 }

@@ -9,7 +9,9 @@
 // onednn_standalone_gflops (the same in a child process; with standalone_check),
 // openblas_gflops} (null: not available), then grouped_gemm: one grouped call vs a loop of gemm_f32
 // over 8 Zipf-skewed experts at the default model's shape, {product, experts, tokens_per_expert,
-// grouped_gflops, loop_gflops, grouped_over_loop}.
+// grouped_gflops, loop_gflops, grouped_over_loop}, and attention: the attention core's forward
+// and backward on one micro-batch, ms a call, {B, T, C, NH, float_isa, forward_ms, backward_ms,
+// tiles_forward_ms, tiles_backward_ms} (tiles: bf16 on AMX tiles, null where they do not run).
 #pragma once
 #include <string>
 #include <vector>
@@ -33,6 +35,9 @@ struct KernelsBenchOptions {
     std::vector<GemmShape> model_shapes;
     std::string filter;             // run only GEMMs whose name contains it ("" = all)
     bool standalone_check = false;  // oneDNN also in a child process
+    // The attention core timed on one micro-batch of the model: B sequences of T tokens, C
+    // channels, NH heads (0: not timed).
+    int attn_B = 0, attn_T = 0, attn_C = 0, attn_NH = 0;
 };
 
 // The GEMMs of one training step of model m on micro-batches of micro_batch sequences

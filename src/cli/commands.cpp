@@ -456,6 +456,10 @@ int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b) {
     o.filter           = b.filter;
     o.standalone_check = b.standalone_check;
     o.model_shapes = bench::training_gemm_shapes(cfg.model, static_cast<int>(cfg.micro_batch()));
+    o.attn_B       = static_cast<int>(cfg.micro_batch());
+    o.attn_T       = cfg.model.seq_len;
+    o.attn_C       = cfg.model.d_model;
+    o.attn_NH      = cfg.model.n_head;
     return bench::run_kernels_bench(o);
 }
 

@@ -87,6 +87,15 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
         EXPECT_GT(rank["generic_ns_per_row"].get<double>(), 0.0);
         EXPECT_LE(rank["top"].get<int>(), rank["experts"].get<int>());
     }
+    // the attention core on one micro-batch; tiny's head size 16 is not the tiles'
+    const auto& a = j["attention"];
+    EXPECT_EQ(a["B"], 4);
+    EXPECT_EQ(a["T"], 64);
+    EXPECT_EQ(a["C"], 64);
+    EXPECT_EQ(a["NH"], 4);
+    EXPECT_GT(a["forward_ms"].get<double>(), 0.0);
+    EXPECT_GT(a["backward_ms"].get<double>(), 0.0);
+    EXPECT_TRUE(a["tiles_forward_ms"].is_null() && a["tiles_backward_ms"].is_null()) << a.dump();
 }
 
 size_t count(const std::string& s, const std::string& needle) {

@@ -50,7 +50,8 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // zero, below 1.2e-38: operands and probabilities that small add nothing to these sums anyway.
 inline __m256i bf16x16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
 inline __m512i bf16x32(const float* p) {
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
+    return reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
 }
 
 // dst[0, n) = src[0, n), n a multiple of 16.
@@ -103,7 +104,8 @@ void row_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, 
     for (int i = 0; i < rows_pad / 2; ++i) {
         bf16* d = dst + i * ldd;
         for (int c = 0; c < cols; c += 32) {
-            const __m512i x = 2 * i < rows ? bf16x32(src + 2 * i * lds + c) : _mm512_setzero_si512();
+            const __m512i x =
+                2 * i < rows ? bf16x32(src + 2 * i * lds + c) : _mm512_setzero_si512();
             const __m512i y =
                 2 * i + 1 < rows ? bf16x32(src + (2 * i + 1) * lds + c) : _mm512_setzero_si512();
             _mm512_storeu_si512(d + 2 * c, _mm512_permutex2var_epi16(x, lo_idx, y));
@@ -123,7 +125,8 @@ void col_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, 
                 r[i] = n0 + i < rows ? bf16x32(src + (n0 + i) * lds + c) : _mm512_setzero_si512();
             }
             transpose16_epi32(r);  // r[i]: the pair (c + 2i, c + 2i + 1) of rows n0 .. n0 + 15
-            for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c / 2 + i) * ldd + 2 * n0, r[i]);
+            for (int i = 0; i < 16; ++i)
+                _mm512_storeu_si512(dst + (c / 2 + i) * ldd + 2 * n0, r[i]);
         }
     }
 }
@@ -157,9 +160,9 @@ __attribute__((target("amx-tile"))) void leave_tiles() { _tile_release(); }
 // (k / 2 x 2n row pairs, stride ldb); m, n and k multiples of 32. 32 x 32 blocks of c in tiles
 // 0-3, a in 4-5, b in 6-7; each element sums its k steps in increasing k.
 __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const bf16* a, int64_t lda,
-                                                               const bf16* b, int64_t ldb,
-                                                               float* c, int64_t ldc, int m, int n,
-                                                               int k, bool accumulate) {
+                                                               const bf16* b, int64_t ldb, float* c,
+                                                               int64_t ldc, int m, int n, int k,
+                                                               bool accumulate) {
     const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
     for (int i = 0; i < m; i += 32) {
         for (int j = 0; j < n; j += 32) {
@@ -265,12 +268,12 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
     const int Tp      = int(round_up(T, kRows));
     const float scale = 1.f / std::sqrt(float(hs));
     Carve cv{reinterpret_cast<char*>(scratch)};
-    bf16* kt  = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
-    bf16* vv  = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of V: (Tp / 2, 2 hs)
-    bf16* qa  = cv.take<bf16>(size_t(kRows) * hs);
-    float* s  = cv.take<float>(size_t(kRows) * Tp);
-    bf16* p   = cv.take<bf16>(size_t(kRows) * Tp);
-    float* o  = cv.take<float>(size_t(kRows) * hs);
+    bf16* kt = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vv = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of V: (Tp / 2, 2 hs)
+    bf16* qa = cv.take<bf16>(size_t(kRows) * hs);
+    float* s = cv.take<float>(size_t(kRows) * Tp);
+    bf16* p  = cv.take<bf16>(size_t(kRows) * Tp);
+    float* o = cv.take<float>(size_t(kRows) * hs);
     enter_tiles();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
@@ -296,8 +299,9 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
                 const int nk    = t0 + r + 1;  // causal: keys [0, nk)
                 __m512 m        = _mm512_set1_ps(-__builtin_inff());
                 for (int k = 0; k < nk; k += 16) {
-                    m = _mm512_maskz_max_ps(kAll, m, _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()),
-                                                              below(k, nk), sr + k));
+                    m = _mm512_maskz_max_ps(kAll, m,
+                                            _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()),
+                                                                 below(k, nk), sr + k));
                 }
                 const float mr  = lane_max(m);
                 const __m512 vm = _mm512_set1_ps(mr);
@@ -305,10 +309,10 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
                 for (int k = 0; k < nkp; k += 16) {
                     const __m512 e = _mm512_maskz_mov_ps(
                         below(k, nk), exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm)));
-                    lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(
-                                               0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
-                    hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(
-                                               0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
+                    lo = _mm512_add_pd(
+                        lo, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+                    hi = _mm512_add_pd(
+                        hi, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + k), bf16x16(e));
                 }
                 sums[r] = lane_sum(_mm512_add_pd(lo, hi));
@@ -345,21 +349,21 @@ void attention_backward_items_amx(float* dqkv, const float* dout, const float* q
     const float scale = 1.f / std::sqrt(float(hs));
     const int64_t ldk = 2 * int64_t{Tp}, ldv = 2 * int64_t{hs};
     Carve cv{reinterpret_cast<char*>(scratch)};
-    bf16* kt   = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
-    bf16* vt   = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of V
-    bf16* kv   = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of K: (Tp / 2, 2 hs)
-    bf16* qa   = cv.take<bf16>(size_t(kRows) * hs);
-    bf16* doa  = cv.take<bf16>(size_t(kRows) * hs);
-    bf16* qv   = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of the block's Q: (16, 2 hs)
-    bf16* dov  = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of its dO
-    float* s   = cv.take<float>(size_t(kRows) * Tp);  // S, then P
-    float* dp  = cv.take<float>(size_t(kRows) * Tp);  // dP, then dS
-    bf16* ds16 = cv.take<bf16>(size_t(kRows) * Tp);
-    bf16* pt   = cv.take<bf16>(size_t(kRows) * Tp);  // P^T: (nkp, 32)
-    bf16* dsT  = cv.take<bf16>(size_t(kRows) * Tp);  // dS^T
-    float* dq  = cv.take<float>(size_t(kRows) * hs);
-    float* dk  = cv.take<float>(size_t(Tp) * hs);
-    float* dv  = cv.take<float>(size_t(Tp) * hs);
+    bf16* kt         = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vt         = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of V
+    bf16* kv         = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of K: (Tp / 2, 2 hs)
+    bf16* qa         = cv.take<bf16>(size_t(kRows) * hs);
+    bf16* doa        = cv.take<bf16>(size_t(kRows) * hs);
+    bf16* qv         = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of the block's Q: (16, 2 hs)
+    bf16* dov        = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of its dO
+    float* s         = cv.take<float>(size_t(kRows) * Tp);  // S, then P
+    float* dp        = cv.take<float>(size_t(kRows) * Tp);  // dP, then dS
+    bf16* ds16       = cv.take<bf16>(size_t(kRows) * Tp);
+    bf16* pt         = cv.take<bf16>(size_t(kRows) * Tp);  // P^T: (nkp, 32)
+    bf16* dsT        = cv.take<bf16>(size_t(kRows) * Tp);  // dS^T
+    float* dq        = cv.take<float>(size_t(kRows) * hs);
+    float* dk        = cv.take<float>(size_t(Tp) * hs);
+    float* dv        = cv.take<float>(size_t(Tp) * hs);
     const __m512 vsc = _mm512_set1_ps(scale);
     enter_tiles();
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -394,18 +398,17 @@ void attention_backward_items_amx(float* dqkv, const float* dout, const float* q
                     std::memset(dpr, 0, size_t(nkp) * sizeof(float));
                     continue;
                 }
-                const int t      = t0 + r;
-                const int nk     = t + 1;
-                const __m512 l   = _mm512_set1_ps(lse[bh * T + t]);
-                const __m512 D   = _mm512_set1_ps(
-                    dot16(dybase + int64_t{t} * C, ybase + int64_t{t} * C, hs));
+                const int t    = t0 + r;
+                const int nk   = t + 1;
+                const __m512 l = _mm512_set1_ps(lse[bh * T + t]);
+                const __m512 D =
+                    _mm512_set1_ps(dot16(dybase + int64_t{t} * C, ybase + int64_t{t} * C, hs));
                 for (int k = 0; k < nkp; k += 16) {
                     const __mmask16 in = below(k, nk);
                     const __m512 pe =
                         _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + k), l)));
-                    const __m512 ds =
-                        _mm512_mul_ps(_mm512_mul_ps(pe, _mm512_sub_ps(_mm512_loadu_ps(dpr + k), D)),
-                                      vsc);
+                    const __m512 ds = _mm512_mul_ps(
+                        _mm512_mul_ps(pe, _mm512_sub_ps(_mm512_loadu_ps(dpr + k), D)), vsc);
                     _mm512_storeu_ps(sr + k, pe);
                     _mm512_storeu_ps(dpr + k, _mm512_maskz_mov_ps(in, ds));
                 }

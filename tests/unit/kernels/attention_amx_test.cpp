@@ -16,12 +16,11 @@
 #pragma GCC diagnostic pop
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "gemm_paths.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
 #include "kernels/ops_avx512.h"
-
-#include "gemm_paths.h"
 
 namespace bagualu::kernels {
 namespace {
@@ -72,10 +71,10 @@ Reference reference(const Shape& s, const std::vector<float>& qkv, const std::ve
     for (int b = 0; b < s.B; ++b) {
         for (int h = 0; h < s.NH; ++h) {
             const float* base = qkv.data() + b * T * C3 + h * hs;
-            auto q  = [&](int t, int e) { return double(base[t * C3 + e]); };
-            auto k  = [&](int t, int e) { return r16(base[t * C3 + C + e]); };
-            auto v  = [&](int t, int e) { return r16(base[t * C3 + 2 * C + e]); };
-            auto qs = [&](int t, int e) { return r16(float(base[t * C3 + e]) * scale); };
+            auto q            = [&](int t, int e) { return double(base[t * C3 + e]); };
+            auto k            = [&](int t, int e) { return r16(base[t * C3 + C + e]); };
+            auto v            = [&](int t, int e) { return r16(base[t * C3 + 2 * C + e]); };
+            auto qs           = [&](int t, int e) { return r16(float(base[t * C3 + e]) * scale); };
             for (int t = 0; t < T; ++t) {
                 double m = -INFINITY;
                 for (int j = 0; j <= t; ++j) {
@@ -134,8 +133,8 @@ TEST_P(AttentionAmx, MatchesTheRoundedOperandReference) {
     const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
     std::vector<float> out(s.out()), lse(s.lse()), dqkv(s.qkv(), -1.f);
     avx512::attention_forward_amx(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(),
-                                   s.B, s.T, s.C, s.NH);
+    avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(), s.B,
+                                   s.T, s.C, s.NH);
     const Reference r = reference(s, qkv, dy, out, lse);
     EXPECT_LE(max_err(out, r.out), kForward);
     EXPECT_LE(max_err(lse, r.lse), kForward);
@@ -181,13 +180,13 @@ TEST(AttentionHalf, TilesOnlyForBf16OnTheAmxPath) {
         const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
         std::vector<float> o32(s.out()), l32(s.lse()), d32(s.qkv());
         attention_forward(o32.data(), l32.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-        attention_backward(d32.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B, s.T,
-                           s.C, s.NH);
+        attention_backward(d32.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B, s.T, s.C,
+                           s.NH);
         auto run = [&](Dtype d) {
             std::vector<float> o(s.out()), l(s.lse()), g(s.qkv());
             attention_forward_half(d, o.data(), l.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-            attention_backward_half(d, g.data(), dy.data(), qkv.data(), o32.data(), l32.data(),
-                                    s.B, s.T, s.C, s.NH);
+            attention_backward_half(d, g.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B,
+                                    s.T, s.C, s.NH);
             return o == o32 && l == l32 && g == d32;
         };
         const bool tiles = s.hs() % 32 == 0;
