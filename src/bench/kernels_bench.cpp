@@ -490,11 +490,12 @@ std::vector<RankRow> run_rank(int repeats) {
 
 // ---- the attention core ----
 
-// The float kernel of the active ISA against the bf16 one on AMX tiles (where they run), on
-// one micro-batch of normal q, k, v and output gradients: ms a call, the median of `repeats`.
+// The float kernel of the active ISA against the bf16 ones (AMX tiles, AVX512_BF16 dots, where
+// they run), on one micro-batch of normal q, k, v and output gradients: ms a call, the median
+// of `repeats`.
 struct AttentionTimes {
     double forward_ms = 0.0, backward_ms = 0.0;
-    std::optional<double> tiles_forward_ms, tiles_backward_ms;
+    std::optional<double> tiles_forward_ms, tiles_backward_ms, dots_forward_ms, dots_backward_ms;
 };
 
 AttentionTimes run_attention(const KernelsBenchOptions& o, int repeats) {
@@ -522,15 +523,21 @@ AttentionTimes run_attention(const KernelsBenchOptions& o, int repeats) {
         kernels::attention_backward(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(), B,
                                     T, C, NH);
     });
-    if (kernels::gemm::path_supported(kernels::gemm::Path::amx) &&
-        kernels::avx512::attention_amx_shape_supported(C / NH)) {
-        a.tiles_forward_ms  = time_ms([&] {
-            kernels::avx512::attention_forward_amx(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    if (!kernels::avx512::attention_bf16_shape_supported(C / NH)) return a;
+    for (const bool tiles : {true, false}) {
+        const bool usable = tiles ? kernels::gemm::path_supported(kernels::gemm::Path::amx)
+                                  : kernels::cpu_features().avx512_bf16;
+        if (!usable) continue;
+        const double f                                     = time_ms([&] {
+            kernels::avx512::attention_forward_bf16(tiles, out.data(), lse.data(), qkv.data(), B, T,
+                                                                                        C, NH);
         });
-        a.tiles_backward_ms = time_ms([&] {
-            kernels::avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(),
-                                                    lse.data(), B, T, C, NH);
+        const double b                                     = time_ms([&] {
+            kernels::avx512::attention_backward_bf16(tiles, dqkv.data(), dy.data(), qkv.data(),
+                                                                                         out.data(), lse.data(), B, T, C, NH);
         });
+        (tiles ? a.tiles_forward_ms : a.dots_forward_ms)   = f;
+        (tiles ? a.tiles_backward_ms : a.dots_backward_ms) = b;
     }
     return a;
 }
@@ -682,7 +689,9 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                 {"forward_ms", at.forward_ms},
                                 {"backward_ms", at.backward_ms},
                                 {"tiles_forward_ms", to_json(at.tiles_forward_ms)},
-                                {"tiles_backward_ms", to_json(at.tiles_backward_ms)}};
+                                {"tiles_backward_ms", to_json(at.tiles_backward_ms)},
+                                {"dots_forward_ms", to_json(at.dots_forward_ms)},
+                                {"dots_backward_ms", to_json(at.dots_backward_ms)}};
         }
         fmt::print("{}\n", out.dump(2));
         return 0;
@@ -751,18 +760,22 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     if (attn) {
         fmt::print(
             "attention core, one micro-batch (B {} T {} C {} NH {}), ms a call: float32 ({}) "
-            "against bf16 on AMX tiles\n{:>8} {:>8} {:>8} {:>6}\n",
+            "against bf16 on AMX tiles and on AVX512_BF16 dots (ratio: float32 / bf16)\n"
+            "{:>8} {:>8} {:>8} {:>6} {:>8} {:>6}\n",
             opts.attn_B, opts.attn_T, opts.attn_C, opts.attn_NH, attn_isa, "pass", "float32",
-            "tiles", "ratio");
-        const std::pair<const char*, std::pair<double, std::optional<double>>> passes[] = {
-            {"forward", {at.forward_ms, at.tiles_forward_ms}},
-            {"backward", {at.backward_ms, at.tiles_backward_ms}}};
-        for (const auto& [name, t] : passes) {
-            fmt::print(
-                "{:>8} {:8.3f} {} {}\n", name, t.first,
-                t.second ? fmt::format("{:8.3f}", *t.second) : fmt::format("{:>8}", "-"),
-                t.second ? fmt::format("{:6.2f}", t.first / *t.second) : fmt::format("{:>6}", "-"));
-        }
+            "tiles", "ratio", "dots", "ratio");
+        auto ms = [](const std::optional<double>& v) {
+            return v ? fmt::format("{:8.3f}", *v) : fmt::format("{:>8}", "-");
+        };
+        auto over = [](double f, const std::optional<double>& v) {
+            return v ? fmt::format("{:6.2f}", f / *v) : fmt::format("{:>6}", "-");
+        };
+        fmt::print("{:>8} {:8.3f} {} {} {} {}\n", "forward", at.forward_ms, ms(at.tiles_forward_ms),
+                   over(at.forward_ms, at.tiles_forward_ms), ms(at.dots_forward_ms),
+                   over(at.forward_ms, at.dots_forward_ms));
+        fmt::print("{:>8} {:8.3f} {} {} {} {}\n", "backward", at.backward_ms,
+                   ms(at.tiles_backward_ms), over(at.backward_ms, at.tiles_backward_ms),
+                   ms(at.dots_backward_ms), over(at.backward_ms, at.dots_backward_ms));
     }
     return 0;
 }

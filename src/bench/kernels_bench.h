@@ -11,7 +11,8 @@
 // over 8 Zipf-skewed experts at the default model's shape, {product, experts, tokens_per_expert,
 // grouped_gflops, loop_gflops, grouped_over_loop}, and attention: the attention core's forward
 // and backward on one micro-batch, ms a call, {B, T, C, NH, float_isa, forward_ms, backward_ms,
-// tiles_forward_ms, tiles_backward_ms} (tiles: bf16 on AMX tiles, null where they do not run).
+// tiles_forward_ms, tiles_backward_ms, dots_forward_ms, dots_backward_ms} (tiles: bf16 on AMX
+// tiles, dots: bf16 on AVX512_BF16 dot products; null where they do not run).
 #pragma once
 #include <string>
 #include <vector>

@@ -78,13 +78,15 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
 }
 
 // What the attention core (scores, softmax, weighted values) runs on in this config's
-// precision: "bf16 on amx tiles", "fp64", or "float32 (<isa>)" (model/gpt.cpp's choice).
+// precision: "bf16 on amx tiles", "bf16 on avx512_bf16 dots", "fp64", or "float32 (<isa>)"
+// (model/gpt.cpp's choice).
 std::string attention_core(const TrainConfig& cfg) {
     const auto prec = model::PrecisionPolicy::from_config(cfg.precision);
     if (prec.fp64_sensitive) return "fp64";
-    if (kernels::attention_on_tiles(prec.gemm_dtype(model::LayerClass::attention),
-                                    cfg.model.head_size())) {
-        return "bf16 on amx tiles";
+    const kernels::HalfAttention h = kernels::half_attention(
+        prec.gemm_dtype(model::LayerClass::attention), cfg.model.head_size());
+    if (h != kernels::HalfAttention::none) {
+        return fmt::format("bf16 on {}", kernels::half_attention_name(h));
     }
     return fmt::format("float32 ({})", kernels::isa_name(kernels::dispatch().attention_isa));
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
@@ -654,30 +655,53 @@ void linear_backward_f64(float* dinp, float* dweight, float* dbias, const float*
     });
 }
 
-bool attention_on_tiles(Dtype d, int hs) {
-    if (d != Dtype::bfloat16 || !avx512::attention_amx_shape_supported(hs)) return false;
-    const gemm::Path p = gemm::active_path();
-    return p == gemm::Path::amx ||
-           (p == gemm::Path::automatic && gemm::best_path() == gemm::Path::amx);
+HalfAttention half_attention(Dtype d, int hs) {
+    if (d != Dtype::bfloat16 || !avx512::attention_bf16_shape_supported(hs)) {
+        return HalfAttention::none;
+    }
+    const gemm::Path active = gemm::active_path();
+    const gemm::Path p      = active == gemm::Path::automatic ? gemm::best_path() : active;
+    if (p == gemm::Path::amx) return HalfAttention::tiles;
+    // vdpbf16ps runs at twice the float FMA rate on the AMD Zen 4/5 but at half of it where the
+    // CPU has AMX (measured there: 0.77x the float attention, docs/results.md), so not there.
+    if (p == gemm::Path::avx512 && cpu_features().avx512_bf16 && !cpu_features().amx_bf16) {
+        return HalfAttention::dots;
+    }
+    return HalfAttention::none;
+}
+
+const char* half_attention_name(HalfAttention h) {
+    switch (h) {
+        case HalfAttention::tiles:
+            return "amx tiles";
+        case HalfAttention::dots:
+            return "avx512_bf16 dots";
+        case HalfAttention::none:
+            break;
+    }
+    return "none";
 }
 
 void attention_forward_half(Dtype d, float* out, float* lse, const float* qkv, int B, int T, int C,
                             int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    if (attention_on_tiles(d, C / NH)) {
-        avx512::attention_forward_amx(out, lse, qkv, B, T, C, NH);
-    } else {
+    const HalfAttention h = half_attention(d, C / NH);
+    if (h == HalfAttention::none) {
         attention_forward(out, lse, qkv, B, T, C, NH);
+    } else {
+        avx512::attention_forward_bf16(h == HalfAttention::tiles, out, lse, qkv, B, T, C, NH);
     }
 }
 
 void attention_backward_half(Dtype d, float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int T, int C, int NH) {
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    if (attention_on_tiles(d, C / NH)) {
-        avx512::attention_backward_amx(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    } else {
+    const HalfAttention h = half_attention(d, C / NH);
+    if (h == HalfAttention::none) {
         attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    } else {
+        avx512::attention_backward_bf16(h == HalfAttention::tiles, dqkv, dout, qkv, out, lse, B, T,
+                                        C, NH);
     }
 }
 

@@ -163,13 +163,18 @@ void round_operand(float* x, size_t n, Dtype d);
 void force_16bit_operands(bool on);
 
 // The attention core (attention_forward / attention_backward of kernels/ops.h, same shapes and
-// conventions) of a class whose products are in dtype d. On AMX-BF16 tiles where
-// attention_on_tiles(d, hs): Q, K, V, dO and the probabilities and their gradient as operands
-// rounded to bf16, sums in float, the softmax in float with its sums in double
-// (kernels/avx512/attention_amx.cpp). Otherwise the float kernels of ops.h on the floats.
-// attention_on_tiles: d is bf16, hs a multiple of 32, and the GEMM path (BGL_GEMM) is amx, or
-// auto where the best of ours is amx; so BGL_GEMM=avx512 keeps the float attention.
-bool attention_on_tiles(Dtype d, int hs);
+// conventions) of a class whose products are in dtype d. In bf16 where half_attention(d, hs)
+// names a kind: Q, K, V, dO and the probabilities and their gradient as operands rounded to
+// bf16, sums in float, the softmax in float with its sums in double
+// (kernels/avx512/attention_bf16.cpp), on AMX tiles or with AVX512_BF16 dot products.
+// Otherwise the float kernels of ops.h on the floats.
+// half_attention: d is bf16, hs a multiple of 32, and the GEMM path (BGL_GEMM; auto: the best
+// of ours) runs its bf16 products on the same unit: amx -> tiles, avx512 on a CPU with
+// AVX512_BF16 and no AMX (where vdpbf16ps outruns float FMAs) -> dots; none elsewhere (fp16,
+// float32, avx2, generic, onednn, openblas, ref, avx512 on an AMX CPU).
+enum class HalfAttention { none, tiles, dots };
+HalfAttention half_attention(Dtype d, int hs);
+const char* half_attention_name(HalfAttention h);  // "none", "amx tiles", "avx512_bf16 dots"
 void attention_forward_half(Dtype d, float* out, float* lse, const float* qkv, int B, int T, int C,
                             int NH);
 void attention_backward_half(Dtype d, float* dqkv, const float* dout, const float* qkv,

@@ -32,26 +32,28 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                                   qkv, out, lse, B, T, C, NH);
 }
 
-void attention_forward_amx(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    BGL_CHECK(NH > 0 && C % NH == 0 && attention_amx_shape_supported(C / NH),
-              "AMX attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
+void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv, int B, int T,
+                            int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0 && attention_bf16_shape_supported(C / NH),
+              "bf16 attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
     const int hs = C / NH;
     parallel_rows(int64_t{B} * NH, int64_t{T} * T * hs, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_amx_forward_scratch(T, hs));
-        attention_forward_items_amx(out, lse, qkv, T, C, NH, begin, end, scratch);
+        float* scratch = grow(buf, attention_bf16_forward_scratch(T, hs));
+        attention_forward_items_bf16(tiles, out, lse, qkv, T, C, NH, begin, end, scratch);
     });
 }
 
-void attention_backward_amx(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, int B, int T, int C, int NH) {
-    BGL_CHECK(NH > 0 && C % NH == 0 && attention_amx_shape_supported(C / NH),
-              "AMX attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
+void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(NH > 0 && C % NH == 0 && attention_bf16_shape_supported(C / NH),
+              "bf16 attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
     const int hs = C / NH;
     parallel_rows(int64_t{B} * NH, int64_t{T} * T * hs, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_amx_backward_scratch(T, hs));
-        attention_backward_items_amx(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+        float* scratch = grow(buf, attention_bf16_backward_scratch(T, hs));
+        attention_backward_items_bf16(tiles, dqkv, dout, qkv, out, lse, T, C, NH, begin, end,
+                                      scratch);
     });
 }
 

@@ -21,18 +21,19 @@ void attention_backward_items(float* dqkv, const float* dout, const float* qkv, 
                               const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
                               float* scratch);
 
-// ---- causal attention on AMX-BF16 tiles (kernels/avx512/attention_amx.cpp) ----
-// The products on bf16 operands, the softmax in float with sums in double: not the float
-// kernels' bits. One item per (batch, head). Call only where AMX-BF16 is usable
-// (request_amx()), with attention_amx_shape_supported(hs).
-inline bool attention_amx_shape_supported(int hs) { return hs > 0 && hs % 32 == 0; }
-size_t attention_amx_forward_scratch(int T, int hs);
-void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T, int C, int NH,
-                                 int64_t begin, int64_t end, float* scratch);
-size_t attention_amx_backward_scratch(int T, int hs);
-void attention_backward_items_amx(float* dqkv, const float* dout, const float* qkv,
-                                  const float* out, const float* lse, int T, int C, int NH,
-                                  int64_t begin, int64_t end, float* scratch);
+// ---- causal attention on bf16 operands (kernels/avx512/attention_bf16.cpp) ----
+// The products on bf16 operands, on AMX tiles (tiles) or with AVX512_BF16 dot products, the
+// softmax in float with sums in double: not the float kernels' bits. One item per (batch,
+// head). Call only where the product kind is usable: tiles after request_amx() succeeded,
+// dots with AVX512_BF16; and with attention_bf16_shape_supported(hs).
+inline bool attention_bf16_shape_supported(int hs) { return hs > 0 && hs % 32 == 0; }
+size_t attention_bf16_forward_scratch(int T, int hs);
+void attention_forward_items_bf16(bool tiles, float* out, float* lse, const float* qkv, int T,
+                                  int C, int NH, int64_t begin, int64_t end, float* scratch);
+size_t attention_bf16_backward_scratch(int T, int hs);
+void attention_backward_items_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int T, int C, int NH,
+                                   int64_t begin, int64_t end, float* scratch);
 
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
@@ -58,10 +59,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
 
-// The AMX attention items threaded on the compute pool, one (batch, head) per item; the
+// The bf16 attention items threaded on the compute pool, one (batch, head) per item; the
 // shape must be supported (an InternalError otherwise).
-void attention_forward_amx(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-void attention_backward_amx(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, int B, int T, int C, int NH);
+void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv, int B, int T,
+                            int C, int NH);
+void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int T, int C, int NH);
 
 }  // namespace bagualu::kernels::avx512

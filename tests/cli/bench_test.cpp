@@ -16,6 +16,7 @@
 #include "../common/run_command.h"
 #include "data/token_file.h"
 #include "kernels/cpu_features.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/mixed.h"
 
@@ -95,7 +96,10 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
     EXPECT_EQ(a["NH"], 4);
     EXPECT_GT(a["forward_ms"].get<double>(), 0.0);
     EXPECT_GT(a["backward_ms"].get<double>(), 0.0);
-    EXPECT_TRUE(a["tiles_forward_ms"].is_null() && a["tiles_backward_ms"].is_null()) << a.dump();
+    for (const char* key :
+         {"tiles_forward_ms", "tiles_backward_ms", "dots_forward_ms", "dots_backward_ms"}) {
+        EXPECT_TRUE(a[key].is_null()) << key << " " << a.dump();
+    }
 }
 
 size_t count(const std::string& s, const std::string& needle) {
@@ -144,9 +148,9 @@ std::string tiny_corpus(const TempDir& dir) {
            " --set data.val=" + (dir / "val.bin") + " --set data.tokenizer=" + (dir / "none.model");
 }
 
-// In bf16 with a head size of 32 the attention core runs on AMX tiles where the GEMM path has
-// them (kernels::attention_on_tiles, asked in this process: same CPU and BGL_GEMM), float32
-// elsewhere.
+// In bf16 with a head size of 32 the attention core runs on the unit of the GEMM path's bf16
+// products where it has one (kernels::half_attention, asked in this process: same CPU and
+// BGL_GEMM), float32 elsewhere.
 TEST(BenchCli, TrainJsonNamesTheAttentionCore) {
     TempDir dir;
     const std::string data = tiny_corpus(dir) + " --set train.run_dir=" + (dir / "run");
@@ -156,8 +160,12 @@ TEST(BenchCli, TrainJsonNamesTheAttentionCore) {
          data);
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);
-    const bool tiles       = bagualu::kernels::attention_on_tiles(bagualu::Dtype::bfloat16, 32);
-    EXPECT_EQ(j["attention_core"] == "bf16 on amx tiles", tiles) << j["attention_core"];
+    namespace k            = bagualu::kernels;
+    const auto h           = k::half_attention(bagualu::Dtype::bfloat16, 32);
+    EXPECT_EQ(j["attention_core"].get<std::string>(),
+              h == k::HalfAttention::none
+                  ? fmt::format("float32 ({})", k::isa_name(k::dispatch().attention_isa))
+                  : fmt::format("bf16 on {}", k::half_attention_name(h)));
 }
 
 TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {

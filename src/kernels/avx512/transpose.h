@@ -1,6 +1,6 @@
 // In-register transposes for the AVX-512 kernels (include only from sources built with the
 // AVX-512 flags): the AMX GEMM's packer of A stored by k (kernels/gemm/avx512/amx.cpp) and the
-// AMX attention (kernels/avx512/attention_amx.cpp). Internal linkage.
+// bf16 attention (kernels/avx512/attention_bf16.cpp). Internal linkage.
 #pragma once
 #include <immintrin.h>
 

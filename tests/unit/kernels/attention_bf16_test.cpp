@@ -1,13 +1,15 @@
-// Tests for the attention core on AMX-BF16 tiles (kernels/avx512/attention_amx.cpp) and its
-// choice (kernels/mixed.h attention_forward_half / attention_backward_half): against a double
-// reference that rounds the operands to bf16 where the kernel does, on ragged sequence lengths
-// and three head sizes; bitwise the same for any thread count; and the float kernels' bits
-// wherever the tiles are not used.
+// Tests for the attention core on bf16 operands (kernels/avx512/attention_bf16.cpp), on AMX
+// tiles and on AVX512_BF16 dot products, and its choice (kernels/mixed.h half_attention,
+// attention_forward_half / attention_backward_half): against a double reference that rounds the
+// operands to bf16 where the kernel does, on ragged sequence lengths and four head sizes;
+// bitwise the same for any thread count; and the float kernels' bits wherever neither is used.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #pragma GCC diagnostic push
@@ -17,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gemm_paths.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
@@ -25,7 +28,11 @@
 namespace bagualu::kernels {
 namespace {
 
-bool tiles_usable() { return gemm::path_supported(gemm::Path::amx); }
+// The product kinds: AMX tiles (the amx GEMM path's unit) and AVX512_BF16 dot products.
+bool usable(bool tiles) {
+    return tiles ? gemm::path_supported(gemm::Path::amx) : cpu_features().avx512_bf16;
+}
+const char* requirement(bool tiles) { return tiles ? "needs AMX-BF16" : "needs AVX512_BF16"; }
 
 std::vector<float> randn(Rng& rng, size_t n) {
     std::vector<float> x(n);
@@ -124,26 +131,33 @@ Reference reference(const Shape& s, const std::vector<float>& qkv, const std::ve
 constexpr double kForward  = 1e-3;
 constexpr double kBackward = 5e-3;
 
-class AttentionAmx : public ::testing::TestWithParam<Shape> {};
+class AttentionBf16 : public ::testing::TestWithParam<std::tuple<bool, Shape>> {};
 
-TEST_P(AttentionAmx, MatchesTheRoundedOperandReference) {
-    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
-    const Shape s = GetParam();
+std::string case_name(const ::testing::TestParamInfo<std::tuple<bool, Shape>>& info) {
+    const bool tiles = std::get<0>(info.param);
+    const Shape s    = std::get<1>(info.param);
+    return std::string(tiles ? "tiles" : "dots") + "_T" + std::to_string(s.T) + "_hs" +
+           std::to_string(s.hs());
+}
+
+TEST_P(AttentionBf16, MatchesTheRoundedOperandReference) {
+    const auto [tiles, s] = GetParam();
+    if (!usable(tiles)) GTEST_SKIP() << requirement(tiles);
     Rng rng(11, uint64_t(s.T * 131 + s.C));
     const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
     std::vector<float> out(s.out()), lse(s.lse()), dqkv(s.qkv(), -1.f);
-    avx512::attention_forward_amx(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    avx512::attention_backward_amx(dqkv.data(), dy.data(), qkv.data(), out.data(), lse.data(), s.B,
-                                   s.T, s.C, s.NH);
+    avx512::attention_forward_bf16(tiles, out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    avx512::attention_backward_bf16(tiles, dqkv.data(), dy.data(), qkv.data(), out.data(),
+                                    lse.data(), s.B, s.T, s.C, s.NH);
     const Reference r = reference(s, qkv, dy, out, lse);
     EXPECT_LE(max_err(out, r.out), kForward);
     EXPECT_LE(max_err(lse, r.lse), kForward);
     EXPECT_LE(max_err(dqkv, r.dqkv), kBackward);
 }
 
-TEST_P(AttentionAmx, SameBitsForAnyThreadCount) {
-    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
-    const Shape s = GetParam();
+TEST_P(AttentionBf16, SameBitsForAnyThreadCount) {
+    const auto [tiles, s] = GetParam();
+    if (!usable(tiles)) GTEST_SKIP() << requirement(tiles);
     Rng rng(12, uint64_t(s.T));
     const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
     std::vector<float> out[2], lse[2], dqkv[2];
@@ -152,10 +166,10 @@ TEST_P(AttentionAmx, SameBitsForAnyThreadCount) {
         out[i].assign(s.out(), 0.f);
         lse[i].assign(s.lse(), 0.f);
         dqkv[i].assign(s.qkv(), 0.f);
-        avx512::attention_forward_amx(out[i].data(), lse[i].data(), qkv.data(), s.B, s.T, s.C,
-                                      s.NH);
-        avx512::attention_backward_amx(dqkv[i].data(), dy.data(), qkv.data(), out[i].data(),
-                                       lse[i].data(), s.B, s.T, s.C, s.NH);
+        avx512::attention_forward_bf16(tiles, out[i].data(), lse[i].data(), qkv.data(), s.B, s.T,
+                                       s.C, s.NH);
+        avx512::attention_backward_bf16(tiles, dqkv[i].data(), dy.data(), qkv.data(), out[i].data(),
+                                        lse[i].data(), s.B, s.T, s.C, s.NH);
     }
     set_compute_threads(0);
     EXPECT_EQ(out[0], out[1]);
@@ -163,18 +177,44 @@ TEST_P(AttentionAmx, SameBitsForAnyThreadCount) {
     EXPECT_EQ(dqkv[0], dqkv[1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionAmx,
-                         ::testing::Values(Shape{2, 1, 64, 2}, Shape{1, 31, 64, 2},
-                                           Shape{2, 32, 64, 1}, Shape{1, 33, 96, 3},
-                                           Shape{2, 77, 128, 2}, Shape{1, 130, 256, 2}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionBf16,
+    ::testing::Combine(::testing::Bool(),
+                       ::testing::Values(Shape{2, 1, 64, 2}, Shape{1, 31, 64, 2},
+                                         Shape{2, 32, 64, 1}, Shape{1, 33, 96, 3},
+                                         Shape{2, 77, 128, 2}, Shape{1, 130, 256, 2})),
+    case_name);
 
-// attention_forward_half / attention_backward_half: the tiles for bf16 on the amx path, the
-// float kernels' bits otherwise (fp16, float32, a head size the tiles do not take, the
-// avx512 path).
-TEST(AttentionHalf, TilesOnlyForBf16OnTheAmxPath) {
-    if (!tiles_usable()) GTEST_SKIP() << "needs AMX-BF16";
+// The two kinds compute the same thing in different orders of float sums: close, not equal.
+TEST(AttentionBf16Kinds, TilesAndDotsAgree) {
+    if (!usable(true) || !usable(false)) GTEST_SKIP() << "needs AMX-BF16 and AVX512_BF16";
+    const Shape s{2, 70, 128, 2};
+    Rng rng(14, 0);
+    const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
+    std::vector<float> out[2], lse[2], dqkv[2];
+    for (int i = 0; i < 2; ++i) {
+        out[i].assign(s.out(), 0.f);
+        lse[i].assign(s.lse(), 0.f);
+        dqkv[i].assign(s.qkv(), 0.f);
+        avx512::attention_forward_bf16(i == 0, out[i].data(), lse[i].data(), qkv.data(), s.B, s.T,
+                                       s.C, s.NH);
+        avx512::attention_backward_bf16(i == 0, dqkv[i].data(), dy.data(), qkv.data(),
+                                        out[0].data(), lse[0].data(), s.B, s.T, s.C, s.NH);
+    }
+    const auto wide = [](const std::vector<float>& v) {
+        return std::vector<double>(v.begin(), v.end());
+    };
+    EXPECT_LE(max_err(out[1], wide(out[0])), kForward);
+    EXPECT_LE(max_err(lse[1], wide(lse[0])), kForward);
+    EXPECT_LE(max_err(dqkv[1], wide(dqkv[0])), kBackward);
+}
+
+// attention_forward_half / attention_backward_half: bf16 on the unit of the GEMM path's bf16
+// products (amx: tiles; avx512 with AVX512_BF16 and no AMX: dots), the float kernels' bits
+// otherwise (fp16, float32, a head size of no multiple of 32, a path without 16-bit products).
+TEST(AttentionHalf, Bf16OnTheGemmPathsUnitFloatElsewhere) {
     testing::PathGuard guard;
-    gemm::set_active_path(gemm::Path::amx);
+    const CpuFeatures& cpu = cpu_features();
     for (const Shape s : {Shape{2, 45, 128, 2}, Shape{2, 45, 96, 2}}) {
         Rng rng(13, uint64_t(s.C));
         const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
@@ -182,22 +222,32 @@ TEST(AttentionHalf, TilesOnlyForBf16OnTheAmxPath) {
         attention_forward(o32.data(), l32.data(), qkv.data(), s.B, s.T, s.C, s.NH);
         attention_backward(d32.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B, s.T, s.C,
                            s.NH);
-        auto run = [&](Dtype d) {
+        // whether attention_*_half gives the float kernels' bits
+        auto floats = [&](Dtype d) {
             std::vector<float> o(s.out()), l(s.lse()), g(s.qkv());
             attention_forward_half(d, o.data(), l.data(), qkv.data(), s.B, s.T, s.C, s.NH);
             attention_backward_half(d, g.data(), dy.data(), qkv.data(), o32.data(), l32.data(), s.B,
                                     s.T, s.C, s.NH);
             return o == o32 && l == l32 && g == d32;
         };
-        const bool tiles = s.hs() % 32 == 0;
-        EXPECT_EQ(attention_on_tiles(Dtype::bfloat16, s.hs()), tiles) << s.hs();
-        EXPECT_EQ(run(Dtype::bfloat16), !tiles) << "head size " << s.hs();
-        EXPECT_TRUE(run(Dtype::float16));
-        EXPECT_TRUE(run(Dtype::float32));
-        gemm::set_active_path(gemm::Path::avx512);
-        EXPECT_FALSE(attention_on_tiles(Dtype::bfloat16, s.hs()));
-        EXPECT_TRUE(run(Dtype::bfloat16));
-        gemm::set_active_path(gemm::Path::amx);
+        const bool shape = s.hs() % 32 == 0;
+        for (const gemm::Path p : testing::supported_paths()) {
+            gemm::set_active_path(p);
+            const gemm::Path unit = p == gemm::Path::automatic ? gemm::best_path() : p;
+            const HalfAttention want =
+                !shape                    ? HalfAttention::none
+                : unit == gemm::Path::amx ? HalfAttention::tiles
+                : unit == gemm::Path::avx512 && cpu.avx512_bf16 && !cpu.amx_bf16
+                    ? HalfAttention::dots
+                    : HalfAttention::none;
+            EXPECT_EQ(half_attention(Dtype::bfloat16, s.hs()), want)
+                << gemm::path_name(p) << " head size " << s.hs();
+            EXPECT_EQ(floats(Dtype::bfloat16), want == HalfAttention::none)
+                << gemm::path_name(p) << " head size " << s.hs();
+            EXPECT_EQ(half_attention(Dtype::float16, s.hs()), HalfAttention::none);
+            EXPECT_TRUE(floats(Dtype::float16));
+            EXPECT_TRUE(floats(Dtype::float32));
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-// Causal attention on AMX-BF16 tiles (kernels/ops_avx512.h, attention_*_items_amx): the
+// Causal attention on bf16 operands (kernels/ops_avx512.h, attention_*_items_bf16): the
 // attention core of a run whose attention products are in bf16 (kernels/mixed.h,
-// attention_forward_half). Its six products take bf16 operands and sum in float on the tiles:
+// attention_forward_half). Its six products take bf16 operands and sum in float, on AMX tiles
+// (tdpbf16ps) or with AVX512_BF16 dot products (vdpbf16ps), the same layouts for both:
 //   forward   S = (scale Q) K^T,  O = P V
 //   backward  dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO
 // with Q, K, V and dO rounded to bf16 (round to nearest even, denormals to zero: bf16x16 below),
@@ -9,19 +10,21 @@
 // exp_ps of kernels/avx512/exp.h), their sums in double, the output divided by the sum of the
 // unrounded exponentials, lse = max + log(sum); the backward recomputes P from S and lse in
 // float, and D = dO . O is a float dot product.
-// One item is one (batch, head): its K and V are rounded and laid out for the tiles once, then
+// One item is one (batch, head): its K and V are rounded and laid out for the products once, then
 // its queries are taken 32 rows at a time (two A tiles; 32 is also the depth of one tile step,
 // which the key-side products dK and dV sum over). A block at t0 computes scores against keys
 // [0, t0 + 32) only: the causal limit rounded up to the tile. The backward's dK and dV are summed
 // over the query blocks in order in per-item scratch, so every output element is one fixed chain
-// of tile steps whichever thread runs its item: bitwise the same for any thread count.
+// of steps whichever thread runs its item: bitwise the same for any thread count (the two
+// product kinds sum in different orders, so they differ from each other).
 // Layouts (bf16 unless said, strides in elements):
 //   rows      x (r, c) at r * ld + c: the A operand of a product summing over c;
 //   row pairs (r / 2, 2c + r % 2): the B operand of a product summing over r (tdpbf16ps' B
 //             layout), two rows interleaved 16 bits at a time;
 //   col pairs the row pairs of x^T, i.e. (c / 2, 2r + c % 2): B of a product summing over c,
 //             a 16 x 16 transpose of 32-bit pairs.
-// Built with this folder's AVX-512 flags; the tile instructions by function attribute. The
+// Built with this folder's AVX-512 flags (AVX512_BF16 included); the tile instructions by
+// function attribute. The
 // all-ones masked (maskz) forms are the plain instructions (GCC 12 warns about the plain
 // intrinsics' undefined pass-through operand).
 #include <immintrin.h>
@@ -199,6 +202,58 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const bf16* a, in
     }
 }
 
+// tile_product's c with vdpbf16ps (AVX512_BF16) instead of tiles: 8 rows x 32 columns of c in
+// 16 registers, one pair of k values of a row broadcast against a row of b's pairs at a time;
+// each element sums its k pairs in increasing k.
+void dot_product(const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc,
+                 int m, int n, int k, bool accumulate) {
+    for (int i = 0; i < m; i += 8) {
+        for (int j = 0; j < n; j += 32) {
+            __m512 c0[8], c1[8];
+            for (int r = 0; r < 8; ++r) {
+                float* cr = c + (i + r) * ldc + j;
+                c0[r]     = accumulate ? _mm512_loadu_ps(cr) : _mm512_setzero_ps();
+                c1[r]     = accumulate ? _mm512_loadu_ps(cr + 16) : _mm512_setzero_ps();
+            }
+            for (int p = 0; p < k / 2; ++p) {
+                const bf16* bp    = b + p * ldb + 2 * j;
+                const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bp));
+                const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(bp + 32));
+                for (int r = 0; r < 8; ++r) {
+                    int32_t pair;
+                    std::memcpy(&pair, a + (i + r) * lda + 2 * p, sizeof pair);
+                    const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+                    c0[r]             = _mm512_dpbf16_ps(c0[r], av, b0);
+                    c1[r]             = _mm512_dpbf16_ps(c1[r], av, b1);
+                }
+            }
+            for (int r = 0; r < 8; ++r) {
+                float* cr = c + (i + r) * ldc + j;
+                _mm512_storeu_ps(cr, c0[r]);
+                _mm512_storeu_ps(cr + 16, c1[r]);
+            }
+        }
+    }
+}
+
+// The two ways to run the products: AMX tiles, or AVX512_BF16 dot products.
+struct Tiles {
+    static void enter() { enter_tiles(); }
+    static void leave() { leave_tiles(); }
+    static void product(const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float* c,
+                        int64_t ldc, int m, int n, int k, bool accumulate) {
+        tile_product(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+    }
+};
+struct Dots {
+    static void enter() {}
+    static void leave() {}
+    static void product(const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float* c,
+                        int64_t ldc, int m, int n, int k, bool accumulate) {
+        dot_product(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+    }
+};
+
 // Lanes [k, k + 16) below nk.
 inline __mmask16 below(int k, int nk) {
     const int w = nk - k;
@@ -252,17 +307,16 @@ struct Carve {
 };
 constexpr size_t kSlack = 16;  // floats of alignment slack per array
 
-}  // namespace
-
-size_t attention_amx_forward_scratch(int T, int hs) {
+size_t forward_scratch(int T, int hs) {
     const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
     // kt, vv: bf16 (hs x Tp); qa: bf16 (32 x hs); s: float (32 x Tp); p: bf16 (32 x Tp);
     // o: float (32 x hs)
     return e * Tp + kRows * e / 2 + kRows * Tp + kRows * Tp / 2 + kRows * e + 6 * kSlack;
 }
 
-void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T, int C, int NH,
-                                 int64_t begin, int64_t end, float* scratch) {
+template <typename P>
+void forward_items(float* out, float* lse, const float* qkv, int T, int C, int NH, int64_t begin,
+                   int64_t end, float* scratch) {
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const int Tp      = int(round_up(T, kRows));
@@ -274,7 +328,7 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
     float* s = cv.take<float>(size_t(kRows) * Tp);
     bf16* p  = cv.take<bf16>(size_t(kRows) * Tp);
     float* o = cv.take<float>(size_t(kRows) * hs);
-    enter_tiles();
+    P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
         const float* qbase = qkv + b * T * C3 + h * hs;
@@ -286,7 +340,7 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
             const int nr  = T - t0 < kRows ? T - t0 : kRows;
             const int nkp = t0 + kRows;  // keys of the block's scores, <= Tp
             to_rows(qbase + t0 * C3, C3, nr, kRows, hs, scale, qa, hs);
-            tile_product(qa, hs, kt, 2 * int64_t{Tp}, s, Tp, kRows, nkp, hs, false);
+            P::product(qa, hs, kt, 2 * int64_t{Tp}, s, Tp, kRows, nkp, hs, false);
             alignas(64) double sums[kRows];
             alignas(64) float mx[kRows];
             for (int r = 0; r < kRows; ++r) {
@@ -318,7 +372,7 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
                 sums[r] = lane_sum(_mm512_add_pd(lo, hi));
                 mx[r]   = mr;
             }
-            tile_product(p, Tp, vv, 2 * int64_t{hs}, o, hs, kRows, hs, nkp, false);
+            P::product(p, Tp, vv, 2 * int64_t{hs}, o, hs, kRows, hs, nkp, false);
             for (int r = 0; r < nr; ++r) {
                 float* dst     = out + (b * T + t0 + r) * C + h * hs;
                 const __m512 v = _mm512_set1_ps(float(1.0 / sums[r]));
@@ -329,10 +383,10 @@ void attention_forward_items_amx(float* out, float* lse, const float* qkv, int T
             }
         }
     }
-    leave_tiles();
+    P::leave();
 }
 
-size_t attention_amx_backward_scratch(int T, int hs) {
+size_t backward_scratch(int T, int hs) {
     const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
     // kt, vt, kv: bf16 (hs x Tp); qa, doa, qv, dov: bf16 (32 x hs); s, dp: float (32 x Tp);
     // ds16, pt, dst: bf16 (32 x Tp); dq: float (32 x hs); dk, dv: float (Tp x hs)
@@ -340,9 +394,10 @@ size_t attention_amx_backward_scratch(int T, int hs) {
            2 * Tp * e + 16 * kSlack;
 }
 
-void attention_backward_items_amx(float* dqkv, const float* dout, const float* qkv,
-                                  const float* out, const float* lse, int T, int C, int NH,
-                                  int64_t begin, int64_t end, float* scratch) {
+template <typename P>
+void backward_items(float* dqkv, const float* dout, const float* qkv, const float* out,
+                    const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
+                    float* scratch) {
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const int Tp      = int(round_up(T, kRows));
@@ -365,7 +420,7 @@ void attention_backward_items_amx(float* dqkv, const float* dout, const float* q
     float* dk        = cv.take<float>(size_t(Tp) * hs);
     float* dv        = cv.take<float>(size_t(Tp) * hs);
     const __m512 vsc = _mm512_set1_ps(scale);
-    enter_tiles();
+    P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
         const float* qbase  = qkv + b * T * C3 + h * hs;
@@ -387,8 +442,8 @@ void attention_backward_items_amx(float* dqkv, const float* dout, const float* q
             row_pairs(qbase + t0 * C3, C3, nr, kRows, hs, qv, ldv);
             row_pairs(dybase + int64_t{t0} * C, C, nr, kRows, hs, dov, ldv);
             // The forward's scores, bit for bit; dP = dO V^T.
-            tile_product(qa, hs, kt, ldk, s, Tp, kRows, nkp, hs, false);
-            tile_product(doa, hs, vt, ldk, dp, Tp, kRows, nkp, hs, false);
+            P::product(qa, hs, kt, ldk, s, Tp, kRows, nkp, hs, false);
+            P::product(doa, hs, vt, ldk, dp, Tp, kRows, nkp, hs, false);
             // P = exp(S - lse), dS = P (dP - D) scale; 0 past the causal limit and on padding rows.
             for (int r = 0; r < kRows; ++r) {
                 float* sr  = s + int64_t{r} * Tp;
@@ -415,22 +470,46 @@ void attention_backward_items_amx(float* dqkv, const float* dout, const float* q
             }
             // dQ = dS K for the block's rows.
             to_rows(dp, Tp, kRows, kRows, nkp, 1.f, ds16, Tp);
-            tile_product(ds16, Tp, kv, ldv, dq, hs, kRows, hs, nkp, false);
+            P::product(ds16, Tp, kv, ldv, dq, hs, kRows, hs, nkp, false);
             for (int r = 0; r < nr; ++r) {
                 copy_row(dqbase + (t0 + r) * C3, dq + r * hs, hs);
             }
             // dK += dS^T Q, dV += P^T dO over the block's 32 rows (one tile step).
             rows_transposed(dp, Tp, nkp, dsT);
             rows_transposed(s, Tp, nkp, pt);
-            tile_product(dsT, kRows, qv, ldv, dk, hs, nkp, hs, kRows, true);
-            tile_product(pt, kRows, dov, ldv, dv, hs, nkp, hs, kRows, true);
+            P::product(dsT, kRows, qv, ldv, dk, hs, nkp, hs, kRows, true);
+            P::product(pt, kRows, dov, ldv, dv, hs, nkp, hs, kRows, true);
         }
         for (int t = 0; t < T; ++t) {
             copy_row(dqbase + t * C3 + C, dk + int64_t{t} * hs, hs);
             copy_row(dqbase + t * C3 + 2 * C, dv + int64_t{t} * hs, hs);
         }
     }
-    leave_tiles();
+    P::leave();
+}
+
+}  // namespace
+
+size_t attention_bf16_forward_scratch(int T, int hs) { return forward_scratch(T, hs); }
+size_t attention_bf16_backward_scratch(int T, int hs) { return backward_scratch(T, hs); }
+
+void attention_forward_items_bf16(bool tiles, float* out, float* lse, const float* qkv, int T,
+                                  int C, int NH, int64_t begin, int64_t end, float* scratch) {
+    if (tiles) {
+        forward_items<Tiles>(out, lse, qkv, T, C, NH, begin, end, scratch);
+    } else {
+        forward_items<Dots>(out, lse, qkv, T, C, NH, begin, end, scratch);
+    }
+}
+
+void attention_backward_items_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int T, int C, int NH,
+                                   int64_t begin, int64_t end, float* scratch) {
+    if (tiles) {
+        backward_items<Tiles>(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    } else {
+        backward_items<Dots>(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    }
 }
 
 }  // namespace bagualu::kernels::avx512
