@@ -3,7 +3,9 @@
 // memory (VmHWM) per rank, and the step time split by phase (core/phase_timer.h). Collective
 // over par->world(); rank 0 prints a table or one JSON object. Step times are rank 0's. The JSON
 // also names the CPU (cpu_model, half_features: its 16-bit features) and, per GEMM of a step
-// (gemm_backends: phase, gemm, m, n, k, f32, bf16), the backend that GEMM ran on.
+// (gemm_backends: phase, gemm, m, n, k, f32, bf16), the backend that GEMM ran on, and what the
+// attention core runs on (attention_core: "bf16 on amx tiles", "bf16 on avx512_bf16 dots",
+// "fp64" or "float32 (<isa>)"; also printed in the table).
 // With compare_overlap it instead times the same steps with parallel.overlap_grad_reduce off and
 // on, alternating runs, and reports the median step time of each and their ratio.
 // compare_settings times several settings of one model side by side (`--compare`): rounds of one
