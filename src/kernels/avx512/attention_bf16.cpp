@@ -81,29 +81,12 @@ void to_rows(const float* src, int64_t lds, int rows, int rows_pad, int cols, fl
     }
 }
 
-// vpermt2w indices: the low (half 0) and high (half 1) 16 columns of two rows a, b of 32 bf16
-// as pairs (a0, b0, a1, b1, ...).
-struct PairIndex {
-    alignas(64) int16_t idx[2][32];
-};
-constexpr PairIndex make_pair_index() {
-    PairIndex t{};
-    for (int half = 0; half < 2; ++half) {
-        for (int i = 0; i < 16; ++i) {
-            t.idx[half][2 * i]     = static_cast<int16_t>(half * 16 + i);
-            t.idx[half][2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
-        }
-    }
-    return t;
-}
-constexpr PairIndex kPairIndex = make_pair_index();
-
 // Row pairs of src's first `rows` rows (zero past them) up to rows_pad (even): dst
 // (rows_pad / 2 x 2 cols, stride ldd); cols a multiple of 32.
 void row_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
                int64_t ldd) {
-    const __m512i lo_idx = _mm512_load_si512(kPairIndex.idx[0]);
-    const __m512i hi_idx = _mm512_load_si512(kPairIndex.idx[1]);
+    const __m512i lo_idx = _mm512_load_si512(kInterleave.idx[0]);
+    const __m512i hi_idx = _mm512_load_si512(kInterleave.idx[1]);
     for (int i = 0; i < rows_pad / 2; ++i) {
         bf16* d = dst + i * ldd;
         for (int c = 0; c < cols; c += 32) {
@@ -166,38 +149,21 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const bf16* a, in
                                                                const bf16* b, int64_t ldb, float* c,
                                                                int64_t ldc, int m, int n, int k,
                                                                bool accumulate) {
-    const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
+    const size_t sa = size_t(lda) * 2, sb = size_t(ldb) * 2, sc = size_t(ldc) * 4;
     for (int i = 0; i < m; i += 32) {
         for (int j = 0; j < n; j += 32) {
-            float* c0 = c + i * ldc + j;
-            float* c1 = c0 + 16 * ldc;
+            float* cb = c + i * ldc + j;
             if (accumulate) {
-                _tile_loadd(0, c0, sc);
-                _tile_loadd(1, c0 + 16, sc);
-                _tile_loadd(2, c1, sc);
-                _tile_loadd(3, c1 + 16, sc);
+                load_c_tiles(cb, sc);
             } else {
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                zero_c_tiles();
             }
             for (int p = 0; p < k; p += 32) {
                 const bf16* ap = a + i * lda + p;
                 const bf16* bp = b + (p / 2) * ldb + 2 * j;
-                _tile_loadd(4, ap, sa);
-                _tile_loadd(6, bp, sb);
-                _tile_loadd(7, bp + 32, sb);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, ap + 16 * lda, sa);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                tile_step(ap, ap + 16 * lda, sa, bp, bp + 32, sb);
             }
-            _tile_stored(0, c0, sc);
-            _tile_stored(1, c0 + 16, sc);
-            _tile_stored(2, c1, sc);
-            _tile_stored(3, c1 + 16, sc);
+            store_c_tiles(cb, sc);
         }
     }
 }
@@ -262,25 +228,20 @@ inline __mmask16 below(int k, int nk) {
 
 // Lane reductions in lane order, through memory (GCC 12's _mm512_reduce_* use plain
 // intrinsics with an undefined operand).
-inline float lane_max(__m512 v) {
-    alignas(64) float t[16];
-    _mm512_store_ps(t, v);
-    float m = t[0];
-    for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
+template <typename T, typename V>
+inline T lane_max(V v) {
+    alignas(64) T t[sizeof(V) / sizeof(T)];
+    std::memcpy(t, &v, sizeof v);
+    T m = t[0];
+    for (const T x : t) m = x > m ? x : m;
     return m;
 }
-inline float lane_sum(__m512 v) {
-    alignas(64) float t[16];
-    _mm512_store_ps(t, v);
-    float s = 0;
-    for (int i = 0; i < 16; ++i) s += t[i];
-    return s;
-}
-inline double lane_sum(__m512d v) {
-    alignas(64) double t[8];
-    _mm512_store_pd(t, v);
-    double s = 0;
-    for (int i = 0; i < 8; ++i) s += t[i];
+template <typename T, typename V>
+inline T lane_sum(V v) {
+    alignas(64) T t[sizeof(V) / sizeof(T)];
+    std::memcpy(t, &v, sizeof v);
+    T s = 0;
+    for (const T x : t) s += x;
     return s;
 }
 
@@ -290,7 +251,7 @@ inline float dot16(const float* a, const float* b, int hs) {
     for (int e = 0; e < hs; e += 16) {
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
     }
-    return lane_sum(acc);
+    return lane_sum<float>(acc);
 }
 
 // Bump allocation of 64-byte aligned arrays from a float scratch.
@@ -357,7 +318,7 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
                                             _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()),
                                                                  below(k, nk), sr + k));
                 }
-                const float mr  = lane_max(m);
+                const float mr  = lane_max<float>(m);
                 const __m512 vm = _mm512_set1_ps(mr);
                 __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
                 for (int k = 0; k < nkp; k += 16) {
@@ -369,7 +330,7 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
                         hi, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + k), bf16x16(e));
                 }
-                sums[r] = lane_sum(_mm512_add_pd(lo, hi));
+                sums[r] = lane_sum<double>(_mm512_add_pd(lo, hi));
                 mx[r]   = mr;
             }
             P::product(p, Tp, vv, 2 * int64_t{hs}, o, hs, kRows, hs, nkp, false);

@@ -1,11 +1,30 @@
-// In-register transposes for the AVX-512 kernels (include only from sources built with the
-// AVX-512 flags): the AMX GEMM's packer of A stored by k (kernels/gemm/avx512/amx.cpp) and the
-// bf16 attention (kernels/avx512/attention_bf16.cpp). Internal linkage.
+// In-register transposes and interleaves for the AVX-512 kernels (include only from sources
+// built with the AVX-512 flags): the GEMM's packers (kernels/gemm/avx512/amx.cpp,
+// pack_pairs.h) and the bf16 attention (kernels/avx512/attention_bf16.cpp). Internal linkage.
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace bagualu::kernels::avx512 {
 namespace {
+
+// Indices for vpermt2w (_mm512_permutex2var_epi16): the low (half 0) and high (half 1) halves of
+// (a0, b0, a1, b1, ...) from rows a and b.
+struct InterleaveIndex {
+    alignas(64) int16_t idx[2][32];
+};
+constexpr InterleaveIndex make_interleave_index() {
+    InterleaveIndex t{};
+    for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 16; ++i) {
+            t.idx[half][2 * i]     = static_cast<int16_t>(half * 16 + i);
+            t.idx[half][2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
+        }
+    }
+    return t;
+}
+constexpr InterleaveIndex kInterleave = make_interleave_index();
 
 // The 16 x 16 transpose of 32-bit words r[0..15] (row i lane j -> row j lane i). The zero-masked
 // forms with every lane selected are the plain instructions; GCC 12 warns about the undefined

@@ -63,8 +63,8 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
         } else {
             // Element (r, k) at row k of the source: 32 k rows of 32 values become (k, k + 1)
             // words per row (vpermt2w), then two 16 x 16 word transposes give the rows of k.
-            const __m512i lo_idx = _mm512_load_si512(kInterleave.idx[0]);
-            const __m512i hi_idx = _mm512_load_si512(kInterleave.idx[1]);
+            const __m512i lo_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[0]);
+            const __m512i hi_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[1]);
             const __mmask32 in   = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
             for (int b = 0; b < kblk; ++b) {
                 __m512i lo[16], hi[16];
@@ -113,43 +113,24 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
     // pass over a staging tile. Otherwise they start from zero and the staged sums are scaled.
     const bool in_c =
         m == kTileMR && n == kTileNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+    namespace t        = kernels::avx512;
     const size_t ldc_b = size_t(ldc) * sizeof(float);
-    float* const c_hi  = c + size_t(16) * size_t(ldc);
     if (in_c && beta == 1.0f) {
-        _tile_loadd(0, c, ldc_b);
-        _tile_loadd(1, c + 16, ldc_b);
-        _tile_loadd(2, c_hi, ldc_b);
-        _tile_loadd(3, c_hi + 16, ldc_b);
+        t::load_c_tiles(c, ldc_b);
     } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        t::zero_c_tiles();
     }
     for (int k = 0; k < kcp; k += kTileK) {
         const bf16* ak = a + size_t(k) * kTileMR;
         const bf16* bk = b + size_t(k) * kTileNR;
-        _tile_loadd(4, ak, 64);
-        _tile_loadd(6, bk, 2 * kTileNR * 2);
-        _tile_loadd(7, bk + 32, 2 * kTileNR * 2);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, ak + 16 * kTileK, 64);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        t::tile_step(ak, ak + 16 * kTileK, 64, bk, bk + 32, 2 * kTileNR * 2);
     }
     if (in_c) {
-        _tile_stored(0, c, ldc_b);
-        _tile_stored(1, c + 16, ldc_b);
-        _tile_stored(2, c_hi, ldc_b);
-        _tile_stored(3, c_hi + 16, ldc_b);
+        t::store_c_tiles(c, ldc_b);
         return;
     }
     alignas(64) float tile[kTileMR * kTileNR];
-    _tile_stored(0, tile, kTileNR * 4);
-    _tile_stored(1, tile + 16, kTileNR * 4);
-    _tile_stored(2, tile + 16 * kTileNR, kTileNR * 4);
-    _tile_stored(3, tile + 16 * kTileNR + 16, kTileNR * 4);
+    t::store_c_tiles(tile, kTileNR * 4);
 
     const __m512 va = _mm512_set1_ps(alpha);
     const __m512 vb = _mm512_set1_ps(beta);

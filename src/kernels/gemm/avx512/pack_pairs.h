@@ -20,6 +20,7 @@
 
 #include "core/dtype.h"
 #include "kernels/avx512/bf16_round.h"
+#include "kernels/avx512/transpose.h"
 #include "kernels/gemm/avx2/pack.h"
 #include "kernels/gemm/driver.h"
 
@@ -30,23 +31,6 @@ namespace {
 constexpr int kMaxPairK                               = 1024;
 alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32]   = {};
 alignas(64) const float kZeroFloatRow[kMaxPairK + 32] = {};
-
-// Indices for vpermt2w: the low (half 0) and high (half 1) halves of (a0, b0, a1, b1, ...)
-// from rows a and b.
-struct InterleaveIndex {
-    alignas(64) int16_t idx[2][32];
-};
-constexpr InterleaveIndex make_interleave_index() {
-    InterleaveIndex t{};
-    for (int half = 0; half < 2; ++half) {
-        for (int i = 0; i < 16; ++i) {
-            t.idx[half][2 * i]     = static_cast<int16_t>(half * 16 + i);
-            t.idx[half][2 * i + 1] = static_cast<int16_t>(32 + half * 16 + i);
-        }
-    }
-    return t;
-}
-constexpr InterleaveIndex kInterleave = make_interleave_index();
 
 // Eight (k, k + 1) pairs of a row from 16 values at p: of bf16 as they are, of float rounded
 // to bf16 (bf16_from_float) on the way.
@@ -122,8 +106,8 @@ void pack_pairs_avx512(PackSrc src, int r0, int rn, int p0, int kc, bf16* dst) {
                 }
             }
         } else {
-            const __m512i lo_idx   = _mm512_load_si512(kInterleave.idx[0]);
-            const __m512i hi_idx   = _mm512_load_si512(kInterleave.idx[1]);
+            const __m512i lo_idx   = _mm512_load_si512(kernels::avx512::kInterleave.idx[0]);
+            const __m512i hi_idx   = _mm512_load_si512(kernels::avx512::kInterleave.idx[1]);
             const __mmask32 in     = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
             constexpr int lo_elems = 2 * std::min(R, 16);
             constexpr int hi_elems = 2 * (R > 16 ? R - 16 : 0);
