@@ -528,16 +528,16 @@ AttentionTimes run_attention(const KernelsBenchOptions& o, int repeats) {
         const bool usable = tiles ? kernels::gemm::path_supported(kernels::gemm::Path::amx)
                                   : kernels::cpu_features().avx512_bf16;
         if (!usable) continue;
-        const double f                                     = time_ms([&] {
+        auto forward = [&] {
             kernels::avx512::attention_forward_bf16(tiles, out.data(), lse.data(), qkv.data(), B, T,
-                                                                                        C, NH);
-        });
-        const double b                                     = time_ms([&] {
+                                                    C, NH);
+        };
+        auto backward = [&] {
             kernels::avx512::attention_backward_bf16(tiles, dqkv.data(), dy.data(), qkv.data(),
-                                                                                         out.data(), lse.data(), B, T, C, NH);
-        });
-        (tiles ? a.tiles_forward_ms : a.dots_forward_ms)   = f;
-        (tiles ? a.tiles_backward_ms : a.dots_backward_ms) = b;
+                                                     out.data(), lse.data(), B, T, C, NH);
+        };
+        (tiles ? a.tiles_forward_ms : a.dots_forward_ms)   = time_ms(forward);
+        (tiles ? a.tiles_backward_ms : a.dots_backward_ms) = time_ms(backward);
     }
     return a;
 }
