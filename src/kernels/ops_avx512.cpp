@@ -32,29 +32,38 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                                   qkv, out, lse, B, T, C, NH);
 }
 
-void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv, int B, int T,
-                            int C, int NH) {
+namespace {
+
+// items(begin, end, scratch) over the (batch, head) pairs on the compute pool, each thread with
+// a scratch of scratch_floats(T, hs) floats.
+template <typename Items>
+void over_heads(int B, int T, int C, int NH, size_t (*scratch_floats)(int, int), Items&& items) {
     BGL_CHECK(NH > 0 && C % NH == 0 && attention_bf16_shape_supported(C / NH),
               "bf16 attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
-    const int hs = C / NH;
-    parallel_rows(int64_t{B} * NH, int64_t{T} * T * hs, [&](int64_t begin, int64_t end) {
+    parallel_rows(int64_t{B} * NH, int64_t{T} * T * (C / NH), [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_bf16_forward_scratch(T, hs));
-        attention_forward_items_bf16(tiles, out, lse, qkv, T, C, NH, begin, end, scratch);
+        items(begin, end, grow(buf, scratch_floats(T, C / NH)));
     });
+}
+
+}  // namespace
+
+void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv, int B, int T,
+                            int C, int NH) {
+    over_heads(B, T, C, NH, attention_bf16_forward_scratch,
+               [&](int64_t begin, int64_t end, float* scratch) {
+                   attention_forward_items_bf16(tiles, out, lse, qkv, T, C, NH, begin, end,
+                                                scratch);
+               });
 }
 
 void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int T, int C, int NH) {
-    BGL_CHECK(NH > 0 && C % NH == 0 && attention_bf16_shape_supported(C / NH),
-              "bf16 attention needs a head size that is a multiple of 32: C = {}, NH = {}", C, NH);
-    const int hs = C / NH;
-    parallel_rows(int64_t{B} * NH, int64_t{T} * T * hs, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* scratch = grow(buf, attention_bf16_backward_scratch(T, hs));
-        attention_backward_items_bf16(tiles, dqkv, dout, qkv, out, lse, T, C, NH, begin, end,
-                                      scratch);
-    });
+    over_heads(B, T, C, NH, attention_bf16_backward_scratch,
+               [&](int64_t begin, int64_t end, float* scratch) {
+                   attention_backward_items_bf16(tiles, dqkv, dout, qkv, out, lse, T, C, NH, begin,
+                                                 end, scratch);
+               });
 }
 
 }  // namespace bagualu::kernels::avx512

@@ -24,9 +24,8 @@
 //   col pairs the row pairs of x^T, i.e. (c / 2, 2r + c % 2): B of a product summing over c,
 //             a 16 x 16 transpose of 32-bit pairs.
 // Built with this folder's AVX-512 flags (AVX512_BF16 included); the tile instructions by
-// function attribute. The
-// all-ones masked (maskz) forms are the plain instructions (GCC 12 warns about the plain
-// intrinsics' undefined pass-through operand).
+// function attribute. The all-ones masked (maskz) forms are the plain instructions (GCC 12
+// warns about the plain intrinsics' undefined pass-through operand).
 #include <immintrin.h>
 
 #include <cmath>
@@ -254,25 +253,81 @@ inline float dot16(const float* a, const float* b, int hs) {
     return lane_sum<float>(acc);
 }
 
-// Bump allocation of 64-byte aligned arrays from a float scratch.
+// Bump allocation of 64-byte aligned arrays from a scratch at `at`; `bytes` is what the arrays
+// take wherever the scratch starts (each may lose up to 63 bytes to its alignment). Carving from
+// 0 sizes a scratch: one list of arrays gives both its size and its layout.
 struct Carve {
-    char* p;
+    uintptr_t at;
+    size_t bytes = 0;
     template <typename T>
     T* take(size_t n) {
-        const auto addr = reinterpret_cast<uintptr_t>(p);
-        p += (64 - addr % 64) % 64;
-        T* out = reinterpret_cast<T*>(p);
-        p += n * sizeof(T);
+        at     = (at + 63) / 64 * 64;
+        T* out = reinterpret_cast<T*>(at);
+        at += n * sizeof(T);
+        bytes += n * sizeof(T) + 63;
         return out;
     }
+    size_t floats() const { return (bytes + sizeof(float) - 1) / sizeof(float); }
 };
-constexpr size_t kSlack = 16;  // floats of alignment slack per array
 
-size_t forward_scratch(int T, int hs) {
-    const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
-    // kt, vv: bf16 (hs x Tp); qa: bf16 (32 x hs); s: float (32 x Tp); p: bf16 (32 x Tp);
-    // o: float (32 x hs)
-    return e * Tp + kRows * e / 2 + kRows * Tp + kRows * Tp / 2 + kRows * e + 6 * kSlack;
+// A forward item's arrays (Tp: T rounded up to kRows).
+struct ForwardScratch {
+    bf16* kt;  // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vv;  // row pairs of V: (Tp / 2, 2 hs)
+    bf16* qa;  // the block's scale Q: (32, hs)
+    float* s;  // its scores: (32, Tp)
+    bf16* p;   // its probabilities: (32, Tp)
+    float* o;  // P V: (32, hs)
+    ForwardScratch(Carve& cv, size_t Tp, size_t hs)
+        : kt(cv.take<bf16>(hs * Tp)),
+          vv(cv.take<bf16>(hs * Tp)),
+          qa(cv.take<bf16>(kRows * hs)),
+          s(cv.take<float>(kRows * Tp)),
+          p(cv.take<bf16>(kRows * Tp)),
+          o(cv.take<float>(kRows * hs)) {}
+};
+
+// A backward item's arrays.
+struct BackwardScratch {
+    bf16* kt;    // col pairs of K: (hs / 2, 2 Tp)
+    bf16* vt;    // col pairs of V
+    bf16* kv;    // row pairs of K: (Tp / 2, 2 hs)
+    bf16* qa;    // the block's scale Q: (32, hs)
+    bf16* doa;   // its dO: (32, hs)
+    bf16* qv;    // row pairs of its Q: (16, 2 hs)
+    bf16* dov;   // row pairs of its dO
+    float* s;    // S, then P: (32, Tp)
+    float* dp;   // dP, then dS
+    bf16* ds16;  // dS: (32, Tp)
+    bf16* pt;    // P^T: (nkp, 32)
+    bf16* dsT;   // dS^T
+    float* dq;   // (32, hs)
+    float* dk;   // (Tp, hs)
+    float* dv;   // (Tp, hs)
+    BackwardScratch(Carve& cv, size_t Tp, size_t hs)
+        : kt(cv.take<bf16>(hs * Tp)),
+          vt(cv.take<bf16>(hs * Tp)),
+          kv(cv.take<bf16>(hs * Tp)),
+          qa(cv.take<bf16>(kRows * hs)),
+          doa(cv.take<bf16>(kRows * hs)),
+          qv(cv.take<bf16>(kRows * hs)),
+          dov(cv.take<bf16>(kRows * hs)),
+          s(cv.take<float>(kRows * Tp)),
+          dp(cv.take<float>(kRows * Tp)),
+          ds16(cv.take<bf16>(kRows * Tp)),
+          pt(cv.take<bf16>(kRows * Tp)),
+          dsT(cv.take<bf16>(kRows * Tp)),
+          dq(cv.take<float>(kRows * hs)),
+          dk(cv.take<float>(Tp * hs)),
+          dv(cv.take<float>(Tp * hs)) {}
+};
+
+// Floats of scratch an item with arrays Scratch needs.
+template <typename Scratch>
+size_t scratch_floats(int T, int hs) {
+    Carve cv{0};
+    (void)Scratch(cv, size_t(round_up(T, kRows)), size_t(hs));
+    return cv.floats();
 }
 
 template <typename P>
@@ -282,13 +337,8 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
     const int64_t C3  = int64_t{3} * C;
     const int Tp      = int(round_up(T, kRows));
     const float scale = 1.f / std::sqrt(float(hs));
-    Carve cv{reinterpret_cast<char*>(scratch)};
-    bf16* kt = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
-    bf16* vv = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of V: (Tp / 2, 2 hs)
-    bf16* qa = cv.take<bf16>(size_t(kRows) * hs);
-    float* s = cv.take<float>(size_t(kRows) * Tp);
-    bf16* p  = cv.take<bf16>(size_t(kRows) * Tp);
-    float* o = cv.take<float>(size_t(kRows) * hs);
+    Carve cv{reinterpret_cast<uintptr_t>(scratch)};
+    const auto [kt, vv, qa, s, p, o] = ForwardScratch(cv, size_t(Tp), size_t(hs));
     P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
@@ -347,14 +397,6 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
     P::leave();
 }
 
-size_t backward_scratch(int T, int hs) {
-    const size_t Tp = size_t(round_up(T, kRows)), e = size_t(hs);
-    // kt, vt, kv: bf16 (hs x Tp); qa, doa, qv, dov: bf16 (32 x hs); s, dp: float (32 x Tp);
-    // ds16, pt, dst: bf16 (32 x Tp); dq: float (32 x hs); dk, dv: float (Tp x hs)
-    return 3 * e * Tp / 2 + 2 * kRows * e + 2 * kRows * Tp + 3 * kRows * Tp / 2 + kRows * e +
-           2 * Tp * e + 16 * kSlack;
-}
-
 template <typename P>
 void backward_items(float* dqkv, const float* dout, const float* qkv, const float* out,
                     const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
@@ -364,22 +406,9 @@ void backward_items(float* dqkv, const float* dout, const float* qkv, const floa
     const int Tp      = int(round_up(T, kRows));
     const float scale = 1.f / std::sqrt(float(hs));
     const int64_t ldk = 2 * int64_t{Tp}, ldv = 2 * int64_t{hs};
-    Carve cv{reinterpret_cast<char*>(scratch)};
-    bf16* kt         = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of K: (hs / 2, 2 Tp)
-    bf16* vt         = cv.take<bf16>(size_t(hs) * Tp);  // col pairs of V
-    bf16* kv         = cv.take<bf16>(size_t(hs) * Tp);  // row pairs of K: (Tp / 2, 2 hs)
-    bf16* qa         = cv.take<bf16>(size_t(kRows) * hs);
-    bf16* doa        = cv.take<bf16>(size_t(kRows) * hs);
-    bf16* qv         = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of the block's Q: (16, 2 hs)
-    bf16* dov        = cv.take<bf16>(size_t(kRows) * hs);  // row pairs of its dO
-    float* s         = cv.take<float>(size_t(kRows) * Tp);  // S, then P
-    float* dp        = cv.take<float>(size_t(kRows) * Tp);  // dP, then dS
-    bf16* ds16       = cv.take<bf16>(size_t(kRows) * Tp);
-    bf16* pt         = cv.take<bf16>(size_t(kRows) * Tp);  // P^T: (nkp, 32)
-    bf16* dsT        = cv.take<bf16>(size_t(kRows) * Tp);  // dS^T
-    float* dq        = cv.take<float>(size_t(kRows) * hs);
-    float* dk        = cv.take<float>(size_t(Tp) * hs);
-    float* dv        = cv.take<float>(size_t(Tp) * hs);
+    Carve cv{reinterpret_cast<uintptr_t>(scratch)};
+    const auto [kt, vt, kv, qa, doa, qv, dov, s, dp, ds16, pt, dsT, dq, dk, dv] =
+        BackwardScratch(cv, size_t(Tp), size_t(hs));
     const __m512 vsc = _mm512_set1_ps(scale);
     P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -451,8 +480,12 @@ void backward_items(float* dqkv, const float* dout, const float* qkv, const floa
 
 }  // namespace
 
-size_t attention_bf16_forward_scratch(int T, int hs) { return forward_scratch(T, hs); }
-size_t attention_bf16_backward_scratch(int T, int hs) { return backward_scratch(T, hs); }
+size_t attention_bf16_forward_scratch(int T, int hs) {
+    return scratch_floats<ForwardScratch>(T, hs);
+}
+size_t attention_bf16_backward_scratch(int T, int hs) {
+    return scratch_floats<BackwardScratch>(T, hs);
+}
 
 void attention_forward_items_bf16(bool tiles, float* out, float* lse, const float* qkv, int T,
                                   int C, int NH, int64_t begin, int64_t end, float* scratch) {
