@@ -395,11 +395,14 @@ void GPT::hold_compute_weights() {
 }
 
 void GPT::refresh_compute_weights() {
-    // idempotent on values the optimizer (or a checkpoint) already rounded; others (the initial
-    // weights, a model loaded or set from outside) take their stored dtype here
-    for (const size_t i : compute_.half) {
-        const ParamSpec& s = layout_.spec(i);
-        round_inplace(params_.data() + s.offset, s.numel, prec_.dtype);
+    // values written through params() (the initial weights, a model loaded or set from outside)
+    // take their stored dtype here; after the optimizer's rounded update there is nothing to do
+    if (!half_rounded_) {
+        for (const size_t i : compute_.half) {
+            const ParamSpec& s = layout_.spec(i);
+            round_inplace(params_.data() + s.offset, s.numel, prec_.dtype);
+        }
+        half_rounded_ = true;
     }
     for (size_t i = 0; i < compute_.at.size(); ++i) {
         if (compute_.at[i] == ComputeCopies::kNone) continue;

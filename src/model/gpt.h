@@ -124,10 +124,20 @@ class GPT {
     const PrecisionPolicy& precision() const { return prec_; }
     // The dtype tensor layout().spec(i) is stored in. params() holds every tensor as floats; a
     // half-stored tensor's values are those of its dtype once the optimizer (which keeps the
-    // FP32 masters) has stepped, and forward rounds them in place regardless (the initial
-    // weights, or values set from outside).
+    // FP32 masters) has stepped. After a writable params() (the initial weights, a checkpoint,
+    // values set from outside) the next forward rounds them in place.
     Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
     float* params() {
+        BGL_CHECK(!hold_compute_, "GPT::params(): writable while the compute weights are held");
+        half_rounded_ = false;
+        return params_.data();
+    }
+    // Writable for an update that leaves every half-stored tensor holding values of its dtype,
+    // as the optimizer's step does (dist/paro/optimizer.h: the rounded update from the FP32
+    // master, or of the half parameter itself, and the all-gather of such shards; a skipped step
+    // writes nothing): the next forward does not round them again, which would be a pass over
+    // every half-stored parameter that changes no bit.
+    float* params_rounded_update() {
         BGL_CHECK(!hold_compute_, "GPT::params(): writable while the compute weights are held");
         return params_.data();
     }
@@ -199,6 +209,7 @@ class GPT {
     Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();
     bool hold_compute_ = false;  // hold_compute_weights()
+    bool half_rounded_ = false;  // the half-stored tensors hold values of their dtype
     // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].
     // Returns its MoE aux loss (0 for a dense block).
     double block_forward(int l);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -426,7 +427,7 @@ void Trainer::train_step(int64_t step) {
     PhaseScope optimizer_phase(Phase::optimizer);
     r.lr        = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
                                cfg_.train.min_lr);
-    r.grad_norm = optimizer_->step(gpt_->params(), gpt_->grads(), r.lr, step + 1);
+    r.grad_norm = optimizer_->step(gpt_->params_rounded_update(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);
     end_bias_step(*gpt_, cfg_.model.balance_bias_rate,
@@ -543,7 +544,7 @@ void Trainer::save_checkpoint(int64_t step) {
         {"steps_skipped", optimizer_->steps_skipped()}};
     // the routing bias is replicated: every rank holds the same, rank 0's manifest keeps it
     if (cfg_.model.balance_bias_rate > 0) state["balance_bias"] = gpt_->balance_biases();
-    ckpt_->save(step + 1, state, gpt_->params());
+    ckpt_->save(step + 1, state, std::as_const(*gpt_).params());
 }
 
 // One metrics line (throughput over the steps since the last one) and the progress line.
