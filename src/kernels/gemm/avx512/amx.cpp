@@ -45,28 +45,16 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
     auto* dst        = static_cast<bf16*>(dst_v);
     const int kblk   = (kc + kTileK - 1) / kTileK;
     const size_t kcp = size_t(kblk) * kTileK;
-    for (int p = 0; p < rn; p += kTileMR) {
-        const int rows = std::min(kTileMR, rn - p);
-        bf16* d        = dst + size_t(p) * kcp;
-        if (src.k_contiguous) {
-            for (int r = 0; r < kTileMR; ++r) {
-                const bf16* s = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : nullptr;
-                for (int b = 0; b < kblk; ++b) {
-                    const int left    = kc - b * kTileK;
-                    const __mmask32 m = s == nullptr ? 0
-                                        : left >= 32 ? ~__mmask32{0}
-                                                     : (__mmask32{1} << left) - 1;
-                    const __m512i v   = _mm512_maskz_loadu_epi16(m, s ? s + b * kTileK : nullptr);
-                    _mm512_store_si512(d + size_t(b) * kTileMR * kTileK + size_t(r) * kTileK, v);
-                }
-            }
-        } else {
-            // Element (r, k) at row k of the source: 32 k rows of 32 values become (k, k + 1)
-            // words per row (vpermt2w), then two 16 x 16 word transposes give the rows of k.
-            const __m512i lo_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[0]);
-            const __m512i hi_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[1]);
-            const __mmask32 in   = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
-            for (int b = 0; b < kblk; ++b) {
+    if (!src.k_contiguous) {
+        // Element (r, k) at row k of the source: 32 k rows of 32 values become (k, k + 1)
+        // words per row (vpermt2w), then two 16 x 16 word transposes give the rows of k. A k
+        // block's rows are read for every panel before the next block's.
+        const __m512i lo_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[0]);
+        const __m512i hi_idx = _mm512_load_si512(kernels::avx512::kInterleave.idx[1]);
+        for (int b = 0; b < kblk; ++b) {
+            for (int p = 0; p < rn; p += kTileMR) {
+                const int rows     = std::min(kTileMR, rn - p);
+                const __mmask32 in = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
                 __m512i lo[16], hi[16];
                 for (int g = 0; g < 16; ++g) {
                     const int k0    = b * kTileK + 2 * g;
@@ -79,11 +67,28 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
                 }
                 kernels::avx512::transpose16_epi32(lo);
                 kernels::avx512::transpose16_epi32(hi);
-                bf16* db = d + size_t(b) * kTileMR * kTileK;
+                bf16* db = dst + size_t(p) * kcp + size_t(b) * kTileMR * kTileK;
                 for (int i = 0; i < 16; ++i) {
                     _mm512_store_si512(db + size_t(i) * kTileK, lo[i]);
                     _mm512_store_si512(db + size_t(16 + i) * kTileK, hi[i]);
                 }
+            }
+        }
+        return;
+    }
+    // stored by row: each row's k values, a k block at a time
+    for (int p = 0; p < rn; p += kTileMR) {
+        const int rows = std::min(kTileMR, rn - p);
+        bf16* d        = dst + size_t(p) * kcp;
+        for (int r = 0; r < kTileMR; ++r) {
+            const bf16* s = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : nullptr;
+            for (int b = 0; b < kblk; ++b) {
+                const int left    = kc - b * kTileK;
+                const __mmask32 m = s == nullptr ? 0
+                                    : left >= 32 ? ~__mmask32{0}
+                                                 : (__mmask32{1} << left) - 1;
+                const __m512i v   = _mm512_maskz_loadu_epi16(m, s ? s + b * kTileK : nullptr);
+                _mm512_store_si512(d + size_t(b) * kTileMR * kTileK + size_t(r) * kTileK, v);
             }
         }
     }
