@@ -44,6 +44,7 @@ constexpr KernelTable kGeneric = {
     .adamw_range           = generic::adamw_update_range,
     .bf16_narrow           = generic::bf16_narrow_range,
     .bf16_round            = generic::bf16_round_range,
+    .bf16_round_stream     = generic::bf16_round_range,
     .bf16_widen            = generic::bf16_widen_range,
     .col_sums_f64          = generic::col_sums_f64,
     .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
@@ -74,6 +75,7 @@ constexpr KernelTable kAvx2 = {
     .adamw_range           = avx2::adamw_update_range,
     .bf16_narrow           = avx2::bf16_narrow_range,
     .bf16_round            = avx2::bf16_round_range,
+    .bf16_round_stream     = avx2::bf16_round_stream,
     .bf16_widen            = avx2::bf16_widen_range,
     .col_sums_f64          = avx2::col_sums_f64,
     .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
@@ -99,6 +101,7 @@ constexpr KernelTable kAvx512 = [] {
     t.adamw_range        = avx512::adamw_update_range;
     t.convert_isa        = Isa::avx512;  // narrowing stays AVX2's (kernels/avx512/convert.cpp)
     t.bf16_round         = avx512::bf16_round_range;
+    t.bf16_round_stream  = avx512::bf16_round_stream;
     t.bf16_widen         = avx512::bf16_widen_range;
     return t;
 }();

@@ -64,6 +64,11 @@ struct KernelTable {
     // bf16_from_float / bf16_to_float (kernels/mixed.h threads them).
     void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);
     void (*bf16_round)(float* out, const float* in, size_t n);
+    // bf16_round into an out that is not in, with non-temporal stores where the ISA has them, for
+    // values not read again soon (the optimizer's rounded parameters, read by the next forward
+    // after the whole optimizer pass): the stores do not read the old lines first. Fenced before
+    // it returns, so the values are visible to whoever the caller's thread signals next.
+    void (*bf16_round_stream)(float* out, const float* in, size_t n);
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
     // Row sums in double and the combine's gradient rows, on the calling thread.
     void (*col_sums_f64)(double* s, const float* x, int64_t n, int64_t ld, int w);

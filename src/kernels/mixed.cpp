@@ -889,6 +889,9 @@ void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const
             }
             if (d == Dtype::float32) {
                 std::copy(master + s, master + e, param + s);
+            } else if (d == Dtype::bfloat16) {
+                // the parameters are read again in the next forward, after the whole pass
+                dispatch().bf16_round_stream(param + s, master + s, size_t(e - s));
             } else {
                 round_range(param + s, master + s, size_t(e - s), d);
             }

@@ -44,6 +44,7 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
 // ---- bfloat16 rounding and widening of n elements on the calling thread; bitwise the generic
 // ones (narrowing is the AVX2 kernel's) ----
 void bf16_round_range(float* out, const float* in, size_t n);
+void bf16_round_stream(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 
 // ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----

@@ -4,6 +4,7 @@
 // so it is not used).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -61,6 +62,19 @@ void bf16_round_range(float* out, const float* in, size_t n) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), r);
     }
     for (; i < n; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
+}
+
+void bf16_round_stream(float* out, const float* in, size_t n) {
+    // up to the first 32-byte boundary of out as bf16_round_range, then streamed
+    const size_t head = std::min(n, (32 - reinterpret_cast<uintptr_t>(out) % 32) % 32 / 4);
+    bf16_round_range(out, in, head);
+    size_t i = head;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i),
+                            _mm256_slli_epi32(bf16_bits(load8(in + i)), 16));
+    }
+    bf16_round_range(out + i, in + i, n - i);
+    _mm_sfence();
 }
 
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {

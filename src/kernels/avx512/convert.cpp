@@ -9,6 +9,7 @@
 // an uninitialised read (-Wmaybe-uninitialized).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -46,6 +47,19 @@ void bf16_round_range(float* out, const float* in, size_t n) {
         _mm512_mask_storeu_epi32(out + i, m,
                                  bf16_rounded_bits(_mm512_maskz_loadu_epi32(m, in + i)));
     }
+}
+
+void bf16_round_stream(float* out, const float* in, size_t n) {
+    // up to the first 64-byte boundary of out as bf16_round_range, then whole lines streamed
+    const size_t head = std::min(n, (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64 / 4);
+    bf16_round_range(out, in, head);
+    size_t i = head;
+    for (; i + 16 <= n; i += 16) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i),
+                            bf16_rounded_bits(_mm512_loadu_si512(in + i)));
+    }
+    bf16_round_range(out + i, in + i, n - i);
+    _mm_sfence();
 }
 
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {

@@ -588,6 +588,18 @@ TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
             for (size_t j = i; j < std::min(n, i + 8); ++j) in_place[j] = rounded_ref[j];
         }
         dispatch().bf16_round(in_place.data(), in_place.data(), n);
+        // streamed into an output at each 4-byte offset from a 64-byte line (the stores are
+        // whole aligned vectors between a head and a tail)
+        std::vector<float> streamed(n + 16);
+        for (size_t off = 0; off < 16; ++off) {
+            std::fill(streamed.begin(), streamed.end(), -1.0f);
+            float* out = streamed.data() +
+                         (16 - reinterpret_cast<uintptr_t>(streamed.data()) % 64 / 4 + off) % 16;
+            if (out + n > streamed.data() + streamed.size()) continue;
+            dispatch().bf16_round_stream(out, x.data(), n);
+            ASSERT_EQ(first_bit_difference(std::vector<float>(out, out + n), rounded_ref), -1)
+                << "streamed at offset " << off;
+        }
         EXPECT_EQ(narrow, narrow_ref);
         EXPECT_EQ(first_bit_difference(rounded, rounded_ref), -1);
         EXPECT_EQ(first_bit_difference(in_place, rounded_ref), -1);
