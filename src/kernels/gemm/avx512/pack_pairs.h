@@ -8,7 +8,9 @@
 // A float source (B of the products whose float operands hold bf16 values, kernels/mixed.h) is
 // rounded to bf16 as it is loaded: the panels of its narrowed copy. Against narrowing first,
 // weights from memory (`bench kernels`, float_b), it was faster with k contiguous and slower with
-// r contiguous on the Zen 5 of docs/results.md, so the callers use it for B stored by k only.
+// r contiguous on the Zen 5 of docs/results.md (measured before the r-contiguous rows were read
+// whole, pack_pairs_rows), so the AVX512_BF16 kernel uses it for B stored by k only; the AMX
+// kernel for both (KernelSpec::pack_b_f32_rows).
 // Internal linkage, like pack.h: included by the avx512 kernels only (needs AVX512BW and VL).
 #pragma once
 #include <immintrin.h>
