@@ -128,9 +128,9 @@ class GPT {
     // values set from outside) the next forward rounds them in place.
     Dtype storage_dtype(size_t i) const { return prec_.storage_dtype(layout_.spec(i)); }
     float* params() {
-        BGL_CHECK(!hold_compute_, "GPT::params(): writable while the compute weights are held");
+        float* p      = params_rounded_update();
         half_rounded_ = false;
-        return params_.data();
+        return p;
     }
     // Writable for an update that leaves every half-stored tensor holding values of its dtype,
     // as the optimizer's step does (dist/paro/optimizer.h: the rounded update from the FP32
