@@ -265,6 +265,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
       recompute_(recompute) {
     BGL_CHECK(head_rows >= 0, "GPT: head_rows = {} must be >= 0", head_rows);
     const int ep_size = par ? par->ep_size() : 1, ep_rank = par ? par->ep_rank() : 0;
+    par_ep_size_   = ep_size;
+    par_ep_rank_   = ep_rank;
     params_        = Buffer<float>(layout_.total_floats());
     grads_         = Buffer<float>(layout_.total_floats());
     g_             = resolve<float>(layout_, cfg_, grads_.data(), ep_size, ep_rank);
@@ -272,22 +274,13 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     if (prec_.mixed()) {
         // Forward computes with the weights as the policy rounds them (refresh_compute_weights):
         // a half-stored tensor is its parameter, rounded in place; a float32-stored one computed
-        // in half (O1 GEMM weights) is a rounded copy in wc_ (plan_compute_copies).
-        compute_ = plan_compute_copies(layout_, prec_);
-        wc_      = Buffer<float>(compute_.floats);
-        w_       = resolve_each<const float>(
-            layout_, cfg_,
-            [this](const ParamSpec& s) -> const float* {
-                const size_t at = compute_.at[static_cast<size_t>(&s - layout_.specs().data())];
-                return at == ComputeCopies::kNone ? params_.data() + s.offset : wc_.data() + at;
-            },
-            ep_size, ep_rank);
+        // in half (O1 GEMM weights) is a rounded copy in wc_ (plan_compute_copies), made only
+        // where its products do not round it themselves (use_o1_copies).
+        compute_         = plan_compute_copies(layout_, prec_);
         const Dtype head = prec_.gemm_dtype(LayerClass::head);
-        head_w_          = w_.wte;
-        if (head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32) {
-            wte_head_ = Buffer<float>(static_cast<size_t>(cfg.vocab_size) * cfg.d_model);
-            head_w_   = wte_head_.data();
-        }
+        head_copy_ =
+            head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32;
+        use_o1_copies(!half_products_convert(prec_.dtype));
         dround_ = Buffer<float>(N * static_cast<size_t>(cfg.d_model));
     } else {
         w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
@@ -404,14 +397,39 @@ void GPT::refresh_compute_weights() {
         }
         half_rounded_ = true;
     }
+    // the GEMM path may have changed since the last forward (BGL_GEMM=auto's choices are per
+    // shape, but a test or bench can switch paths): the copies follow what the products do now
+    const bool copies = !half_products_convert(prec_.dtype);
+    if (copies != o1_copies_) use_o1_copies(copies);
+    if (!copies) return;
     for (size_t i = 0; i < compute_.at.size(); ++i) {
         if (compute_.at[i] == ComputeCopies::kNone) continue;
         const ParamSpec& s = layout_.spec(i);
         round_copy(wc_.data() + compute_.at[i], params_.data() + s.offset, s.numel, prec_.dtype);
     }
-    if (wte_head_.size() > 0) {
+    if (head_copy_) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),
                    prec_.gemm_dtype(LayerClass::head));
+    }
+}
+
+void GPT::use_o1_copies(bool copies) {
+    o1_copies_        = copies;
+    const int ep_size = par_ep_size_, ep_rank = par_ep_rank_;
+    if (copies && wc_.size() < compute_.floats) wc_ = Buffer<float>(compute_.floats);
+    w_ = resolve_each<const float>(
+        layout_, cfg_,
+        [this](const ParamSpec& s) -> const float* {
+            const size_t at = compute_.at[static_cast<size_t>(&s - layout_.specs().data())];
+            return at == ComputeCopies::kNone || !o1_copies_ ? params_.data() + s.offset
+                                                             : wc_.data() + at;
+        },
+        ep_size, ep_rank);
+    head_w_ = w_.wte;
+    if (copies && head_copy_) {
+        const size_t n = static_cast<size_t>(cfg_.vocab_size) * static_cast<size_t>(cfg_.d_model);
+        if (wte_head_.size() < n) wte_head_ = Buffer<float>(n);
+        head_w_ = wte_head_.data();
     }
 }
 

@@ -148,6 +148,11 @@ class GPT {
     // parameters. Writable params() is refused meanwhile; hold only after a forward.
     void hold_compute_weights();
     void release_compute_weights() { hold_compute_ = false; }
+    // Whether forward computes with rounded copies of the float32-stored weights it computes in
+    // half (the O1 GEMM weights and, for a half head, wte): not where the products round their
+    // operands themselves (kernels::half_products_convert), which is decided again at each
+    // forward that is not held.
+    bool o1_copies() const { return o1_copies_; }
     float* grads() { return grads_.data(); }
     size_t n_floats() const { return layout_.total_floats(); }
     // Zeroes every gradient, the compute pool's threads each a contiguous part (one thread's
@@ -192,9 +197,16 @@ class GPT {
     Buffer<float> params_, grads_;
     PrecisionPolicy prec_;
     // mixed precision: what forward rounds (plan_compute_copies), the copies in wc_
+    // Where the products convert their float operands to 16 bits themselves (rounding to nearest
+    // even: kernels::half_products_convert), the O1 weights are read where they lie and neither
+    // copy is allocated or written (use_o1_copies): the same products, one pass and the copies'
+    // memory less.
     ComputeCopies compute_;
     Buffer<float> wc_;
-    Buffer<float> wte_head_;         // mixed: wte rounded for the LM head
+    Buffer<float> wte_head_;   // mixed: wte rounded for the LM head
+    bool o1_copies_  = false;  // w_ and head_w_ point into wc_ and wte_head_
+    bool head_copy_  = false;  // the head computes in half on a float32-stored wte
+    int par_ep_size_ = 1, par_ep_rank_ = 0;
     Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand
     const float* head_w_ = nullptr;  // the LM head's weight
     int head_rows_       = 0;        // fused head: rows per block
@@ -208,6 +220,8 @@ class GPT {
     int B_ = 0, T_ = 0;
     Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();
+    // Points w_ and head_w_ at the O1 copies (allocated the first time) or at the parameters.
+    void use_o1_copies(bool copies);
     bool hold_compute_ = false;  // hold_compute_weights()
     bool half_rounded_ = false;  // the half-stored tensors hold values of their dtype
     // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].

@@ -194,7 +194,10 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     mem.comm_buffers = static_cast<double>(opt.comm_bytes);   // ParO bucket buffers
     const double C = m.d_model, V = m.vocab_size;
     if (prec.mixed()) {
-        // wc_: rounded copies of the float32-stored tensors computed in half
+        // wc_: rounded copies of the float32-stored tensors computed in half, and wte_head_
+        // below; GPT allocates them only where the products widen floats (a CPU without 16-bit
+        // arithmetic, fp16) and reads the weights in place where the products round them
+        // (kernels::half_products_convert): counted, an upper bound there
         const model::ComputeCopies cc = model::plan_compute_copies(lay, prec);
         mem.parameters += buf(static_cast<double>(cc.floats), 4);
         f.rounded_floats = cc.floats;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../../common/tiny_model.h"
+#include "../kernels/gemm_paths.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -205,8 +206,9 @@ TEST(PrecisionModel, ComputesWithRoundedWeightsCopyingOnlyO1) {
 
 // The trainer holds the compute weights over a step's micro-batches (GPT::hold_compute_weights):
 // the held forwards give the loss a fresh model gives on the same parameters, skip the rounding
-// and the O1 copies (a value written behind the hold's back is not seen until it is released),
-// and writable params() is refused meanwhile.
+// and the O1 copies (where there are copies, a value written behind the hold's back is not seen
+// until it is released; where the products read the weights in place, at once), and writable
+// params() is refused meanwhile.
 TEST(PrecisionModel, HeldComputeWeightsAreTheLastForwards) {
     const ModelConfig m = testing::tiny_moe_config();
     const int B = 2, T = m.seq_len;
@@ -229,10 +231,71 @@ TEST(PrecisionModel, HeldComputeWeightsAreTheLastForwards) {
     // an O1 weight changed through a pointer taken before the hold: its compute copy is not
     // made again while held, and is once released
     for (int i = 0; i < 64; ++i) attn[i] += 0.5f;
-    EXPECT_EQ(gpt.forward(b2.x.data(), b2.y.data(), B, T), held);
+    if (gpt.o1_copies()) {
+        EXPECT_EQ(gpt.forward(b2.x.data(), b2.y.data(), B, T), held);
+    } else {
+        EXPECT_NE(gpt.forward(b2.x.data(), b2.y.data(), B, T), held) << "read in place";
+    }
     gpt.release_compute_weights();
     EXPECT_NE(gpt.forward(b2.x.data(), b2.y.data(), B, T), held);
     EXPECT_NO_THROW(gpt.params());
+}
+
+// The O1 weights (float32-stored, computed in bf16) get rounded copies only where the bf16
+// products widen floats (here the avx2 path): where they convert their operands to 16 bits
+// themselves (kernels::half_products_convert, forced here), they round the float32 weights as
+// the copies would, so forward reads them in place, bitwise the same loss and gradients. The
+// choice follows the path from one forward to the next, both ways, in a model built on either.
+TEST(PrecisionModel, O1WeightsAreReadInPlaceWhereTheProductsRoundThem) {
+    if (!kernels::gemm::path_supported(kernels::gemm::Path::avx2)) {
+        GTEST_SKIP() << "needs the avx2 GEMM path (AVX2 and FMA)";
+    }
+    const kernels::testing::PathGuard guard;
+    struct Force16 {
+        explicit Force16(bool on) { kernels::force_16bit_operands(on); }
+        ~Force16() { kernels::force_16bit_operands(false); }
+    };
+    kernels::gemm::set_active_path(kernels::gemm::Path::avx2);
+    const ModelConfig m = testing::tiny_moe_config();
+    const int B = 2, T = m.seq_len;
+    const Batch b  = random_batch(B * T, m.vocab_size);
+    const auto run = [&](GPT& gpt) {
+        const double loss = gpt.forward(b.x.data(), b.y.data(), B, T);
+        gpt.zero_grad();
+        gpt.backward(1.0f);
+        return std::pair{loss, std::vector<float>(gpt.grads(), gpt.grads() + gpt.n_floats())};
+    };
+    const auto init = [&](GPT& gpt) {
+        init_params(gpt.params(), gpt.layout(), m, 11);
+        Rng rng(3);
+        for (size_t i = 0; i < gpt.n_floats(); ++i) gpt.params()[i] += float(0.1 * rng.normal());
+    };
+    const PrecisionPolicy prec = bagualu_policy(Dtype::bfloat16);
+    GPT copied(m, B, nullptr, 1, prec);
+    init(copied);
+    const auto [l0, g0] = run(copied);
+    EXPECT_TRUE(copied.o1_copies());
+    {
+        const Force16 on(true);
+        GPT direct(m, B, nullptr, 1, prec);
+        init(direct);
+        EXPECT_FALSE(direct.o1_copies());
+        const auto [l1, g1] = run(direct);
+        EXPECT_FALSE(direct.o1_copies());
+        EXPECT_EQ(l1, l0);
+        EXPECT_EQ(g1, g0);
+        // the model built with copies reads in place once the products round
+        const auto [l2, g2] = run(copied);
+        EXPECT_FALSE(copied.o1_copies());
+        EXPECT_EQ(l2, l0);
+        EXPECT_EQ(g2, g0);
+        kernels::force_16bit_operands(false);
+        // and the model built without them makes them when the products widen again
+        const auto [l3, g3] = run(direct);
+        EXPECT_TRUE(direct.o1_copies());
+        EXPECT_EQ(l3, l0);
+        EXPECT_EQ(g3, g0);
+    }
 }
 
 // Forward rounds the half-stored tensors only after a writable params(): after the optimizer's
