@@ -25,6 +25,15 @@ inline __m512i bf16_rounded_bits(__m512i u) {
     return _mm512_and_si512(_mm512_mask_mov_epi32(sum, is_nan, quiet_nan), high16);
 }
 
+// The lanes of x holding a denormal (exponent 0, not zero): |x| - 1 below 0x7fffff, unsigned.
+// vcvtneps2bf16 and vcvtne2ps2bf16 (AVX512_BF16) round to nearest even and quiet NaNs as
+// bf16_from_float does, but take these for zero.
+inline __mmask16 denormals(__m512 x) {
+    const __m512i abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+    return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)),
+                                   _mm512_set1_epi32(0x7fffff));
+}
+
 // The 16 bf16 of 16 floats, in order.
 inline __m256i bf16_of(__m512 x) {
     const __m512i r = bf16_rounded_bits(_mm512_castps_si512(x));

@@ -6,6 +6,7 @@
 // groups and gathered rows of A. A ctest SKIP names the missing feature where no path has it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "core/rng.h"
 #include "gemm_paths.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
+#include "kernels/gemm/driver.h"
 #include "kernels/grouped_gemm.h"
 
 namespace bagualu::kernels {
@@ -101,6 +104,41 @@ TEST(GemmFloatB, PacksTheFloatsAsTheirNarrowedCopy) {
                 gemm_bf16(Trans::N, tb, s.M, s.N, s.K, 1.0f, A.data(), s.K, B.data(), ldb, 0.25f,
                           got.data(), s.N);
                 EXPECT_TRUE(same_bits(got, want));
+            }
+        }
+    });
+    if (ran == 0) GTEST_SKIP() << "needs AVX512_BF16 (a bf16 GEMM kernel that packs floats)";
+}
+
+// The panels themselves, byte for byte: the 16-bit kernels take denormal bf16 operands for zero
+// (AMX, vdpbf16ps and oneDNN alike), so no product shows a packer that flushes the denormals
+// the narrowed copy keeps (as the conversion instructions do, kernels/gemm/avx512/pack_pairs.h);
+// the panels do. Every row count and depth around the panel and pair edges, B stored by k and
+// by row, all-denormal stretches among the specials.
+TEST(GemmFloatB, PanelsAreThoseOfTheNarrowedCopy) {
+    Rng rng(33);
+    const int ran = on_float_b_paths([&] {
+        const gemm::KernelSpec& s = gemm::bf16_spec(gemm::active_path());
+        for (const bool k_contiguous : {true, false}) {
+            for (const auto& [rn, kc] :
+                 {std::pair{1, 1}, std::pair{31, 33}, std::pair{32, 64}, std::pair{45, 77}}) {
+                SCOPED_TRACE(::testing::Message() << rn << " rows, depth " << kc
+                                                  << (k_contiguous ? " by k" : " by row"));
+                const int ld         = (k_contiguous ? kc : rn) + 5;
+                std::vector<float> B = float_operand(rng, size_t(k_contiguous ? rn : kc) * ld);
+                for (size_t i = 0; i < B.size(); i += 97) {  // 40 denormals in a row
+                    for (size_t j = i; j < std::min(B.size(), i + 40); ++j)
+                        B[j] = (j % 2 ? -1.0f : 1.0f) * 1e-39f * float(1 + j % 7);
+                }
+                const std::vector<bf16> B16 = narrowed(B);
+                // the panels, then slack the packers may write past them
+                const size_t bytes = size_t((rn + s.nr - 1) / s.nr) * size_t(s.nr) *
+                                     size_t((kc + s.kstep - 1) / s.kstep * s.kstep) *
+                                     size_t(s.elem_bytes);
+                std::vector<unsigned char> want(bytes + 4096, 0xa5), got(bytes + 4096, 0xa5);
+                s.pack_b(gemm::PackSrc{B16.data(), ld, k_contiguous}, 0, rn, 0, kc, want.data());
+                s.pack_b_f32(gemm::PackSrc{B.data(), ld, k_contiguous}, 0, rn, 0, kc, got.data());
+                EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0);
             }
         }
     });

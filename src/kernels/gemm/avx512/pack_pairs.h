@@ -34,21 +34,35 @@ constexpr int kMaxPairK                               = 1024;
 alignas(64) const bf16 kZeroPairRow[kMaxPairK + 32]   = {};
 alignas(64) const float kZeroFloatRow[kMaxPairK + 32] = {};
 
+// Floats rounded to bf16 (bf16_from_float): these packers serve only the kernels of a CPU with
+// AVX512_BF16, so by its conversion instructions, one for 16 or 32 values; a vector holding a
+// denormal, which they take for zero, in integer arithmetic instead (bf16_of). Against the
+// integer arithmetic alone: docs/results.md.
+inline __m256i bf16_of16(__m512 x) {
+    if (__builtin_expect(kernels::avx512::denormals(x) != 0, 0)) return kernels::avx512::bf16_of(x);
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+}
+inline __m512i bf16_of32(__m512 lo, __m512 hi) {
+    if (__builtin_expect((kernels::avx512::denormals(lo) | kernels::avx512::denormals(hi)) != 0,
+                         0)) {
+        const __m512i low = _mm512_maskz_inserti64x4(__mmask8(0xff), _mm512_setzero_si512(),
+                                                     kernels::avx512::bf16_of(lo), 0);
+        return _mm512_maskz_inserti64x4(__mmask8(0xff), low, kernels::avx512::bf16_of(hi), 1);
+    }
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 // Eight (k, k + 1) pairs of a row from 16 values at p: of bf16 as they are, of float rounded
-// to bf16 (bf16_from_float) on the way.
+// to bf16 on the way.
 inline __m256 pairs8(const bf16* p) {
     return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-inline __m256 pairs8(const float* p) {
-    return _mm256_castsi256_ps(kernels::avx512::bf16_of(_mm512_loadu_ps(p)));
-}
+inline __m256 pairs8(const float* p) { return _mm256_castsi256_ps(bf16_of16(_mm512_loadu_ps(p))); }
 // 32 consecutive values of a row, the lanes of `in` only (the rest zero), as bf16.
 inline __m512i row32(const bf16* p, __mmask32 in) { return _mm512_maskz_loadu_epi16(in, p); }
 inline __m512i row32(const float* p, __mmask32 in) {
-    const __m256i lo = kernels::avx512::bf16_of(_mm512_maskz_loadu_ps(__mmask16(in), p));
-    const __m256i hi = kernels::avx512::bf16_of(_mm512_maskz_loadu_ps(__mmask16(in >> 16), p + 16));
-    const __m512i low = _mm512_maskz_inserti64x4(__mmask8(0xff), _mm512_setzero_si512(), lo, 0);
-    return _mm512_maskz_inserti64x4(__mmask8(0xff), low, hi, 1);
+    return bf16_of32(_mm512_maskz_loadu_ps(__mmask16(in), p),
+                     _mm512_maskz_loadu_ps(__mmask16(in >> 16), p + 16));
 }
 inline bf16 bf16_value(bf16 x) { return x; }
 inline bf16 bf16_value(float x) { return bf16_from_float(x); }
