@@ -72,6 +72,8 @@ struct KernelTable {
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
     // Row sums in double and the combine's gradient rows, on the calling thread.
     void (*col_sums_f64)(double* s, const float* x, int64_t n, int64_t ld, int w);
+    // The same over bf16 values, x their bits (a 16-bit operand's rows: the bias gradients).
+    void (*col_sums_f64_bf16)(double* s, const uint16_t* x, int64_t n, int64_t ld, int w);
     void (*scaled_rows_and_dots)(float* const* dy, float* dots, const float* w, const float* d,
                                  const float* const* y, int n, int C);
     void (*rank_rows)(int32_t* top, const float* x, int64_t n, int E, int R);

@@ -467,10 +467,7 @@ void backward16(float* dinp, float* dweight, float* dbias, const bf16* dy, const
         for (int64_t blk = b0; blk < b1; ++blk) {
             const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, OC);
             double acc[kColBlock] = {};
-            for (int64_t i = 0; i < N; ++i) {
-                for (int64_t c = c0; c < c1; ++c)
-                    acc[c - c0] += double(bf16_to_float(dy[i * OC + c]));
-            }
+            col_sums_f64_bf16(acc, dy + c0, N, OC, int(c1 - c0));
             for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
         }
     });

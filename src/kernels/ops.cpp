@@ -507,6 +507,13 @@ void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     }
 }
 
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
+    for (int64_t r = 0; r < n; ++r) {
+        const uint16_t* __restrict row = x + r * ld;
+        for (int c = 0; c < w; ++c) s[c] += double(bf16_to_float(row[c]));
+    }
+}
+
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C) {
     for (int j = 0; j < n; ++j) {
@@ -586,6 +593,10 @@ void weighted_row_sum(float* o, const float* w, const float* const* y, int n, in
 
 void add_row_sum(float* o, const float* const* y, int n, int C) {
     dispatch().add_row_sum(o, y, n, C);
+}
+
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
+    dispatch().col_sums_f64_bf16(s, x, n, ld, w);
 }
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {

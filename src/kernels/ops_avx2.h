@@ -50,6 +50,7 @@ void layernorm_backward_cols(float* dweight, float* dbias, const float* dout, co
 // ---- row sums and the combine's gradient rows (kernels/avx2/rows.cpp); bitwise the generic
 // kernels' results, ops.h signatures ----
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);

@@ -34,6 +34,7 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale);
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);

@@ -1,7 +1,8 @@
 // Row sums in double and the combine's gradient rows with AVX2 (kernels/ops_avx2.h), the same
 // operations in the same order as the generic loops of kernels/ops.cpp, so the same bits:
 // - col_sums_f64 keeps up to 32 columns' sums in eight registers while the rows stream by (the
-//   generic loop, compiled for any x86-64, reloads and stores its sums every row);
+//   generic loop, compiled for any x86-64, reloads and stores its sums every row), and
+//   col_sums_f64_bf16 the same of bf16 rows;
 // - scaled_rows_and_dots runs four rows at once, one register of four partial sums each: the
 //   generic loop's single chain of dependent adds per row ran at the adds' latency.
 // - rank_rows counts, for every score, the scores ranked above it, 8 at a time, instead of the
@@ -10,6 +11,7 @@
 
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/ops_avx2.h"
 #include "kernels/ops_generic.h"
 
@@ -30,7 +32,38 @@ void col_block(double* s, const float* x, int64_t n, int64_t ld) {
     for (int v = 0; v < V; ++v) _mm256_storeu_pd(s + 4 * v, acc[v]);
 }
 
+// The same of bf16 values: four widened to floats (their bits shifted up) a register.
+template <int V>
+void col_block16(double* s, const uint16_t* x, int64_t n, int64_t ld) {
+    __m256d acc[V];
+    for (int v = 0; v < V; ++v) acc[v] = _mm256_loadu_pd(s + 4 * v);
+    for (int64_t r = 0; r < n; ++r) {
+        const uint16_t* row = x + r * ld;
+        for (int v = 0; v < V; ++v) {
+            const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 4 * v));
+            const __m128 f  = _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+            acc[v]          = _mm256_add_pd(acc[v], _mm256_cvtps_pd(f));
+        }
+    }
+    for (int v = 0; v < V; ++v) _mm256_storeu_pd(s + 4 * v, acc[v]);
+}
+
 }  // namespace
+
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
+    int c = 0;
+    for (; c + 32 <= w; c += 32) col_block16<8>(s + c, x + c, n, ld);
+    if (c + 16 <= w) {
+        col_block16<4>(s + c, x + c, n, ld);
+        c += 16;
+    }
+    for (; c + 4 <= w; c += 4) col_block16<1>(s + c, x + c, n, ld);
+    if (c == w) return;
+    for (int64_t r = 0; r < n; ++r) {
+        const uint16_t* row = x + r * ld;
+        for (int i = c; i < w; ++i) s[i] += double(bf16_to_float(row[i]));
+    }
+}
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     int c = 0;

@@ -295,6 +295,20 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
                 for (int64_t r = 0; r < n; ++r) want += x[size_t(r * ld + c)];
                 EXPECT_NEAR(s[size_t(c)], double(want), 1e-9);
             }
+            // the same over bf16 rows (x's values narrowed): their double sums, bitwise
+            std::vector<uint16_t> x16(x.size());
+            for (size_t i = 0; i < x.size(); ++i) x16[i] = bf16_from_float(x[i]);
+            auto s16 = s0, s16_gen = s0;
+            col_sums_f64_bf16(s16.data(), x16.data(), n, ld, w);
+            generic::col_sums_f64_bf16(s16_gen.data(), x16.data(), n, ld, w);
+            EXPECT_EQ(std::memcmp(s16.data(), s16_gen.data(), s16.size() * sizeof(double)), 0);
+            EXPECT_EQ(s16[size_t(w)], s0[size_t(w)]);
+            for (int c = 0; c < w; ++c) {
+                double want = s0[size_t(c)];
+                for (int64_t r = 0; r < n; ++r)
+                    want += double(bf16_to_float(x16[size_t(r * ld + c)]));
+                EXPECT_EQ(s16[size_t(c)], want) << c;
+            }
         }
     }
     for (int C : {1, 3, 4, 5, 8, 13, 256}) {
