@@ -46,6 +46,7 @@ constexpr KernelTable kGeneric = {
     .bf16_round            = generic::bf16_round_range,
     .bf16_round_stream     = generic::bf16_round_range,
     .bf16_widen            = generic::bf16_widen_range,
+    .bf16_bias_round       = generic::bf16_bias_round,
     .col_sums_f64          = generic::col_sums_f64,
     .col_sums_f64_bf16     = generic::col_sums_f64_bf16,
     .scaled_rows_and_dots  = generic::scaled_rows_and_dots,
@@ -78,6 +79,7 @@ constexpr KernelTable kAvx2 = {
     .bf16_round            = avx2::bf16_round_range,
     .bf16_round_stream     = avx2::bf16_round_stream,
     .bf16_widen            = avx2::bf16_widen_range,
+    .bf16_bias_round       = avx2::bf16_bias_round,
     .col_sums_f64          = avx2::col_sums_f64,
     .col_sums_f64_bf16     = avx2::col_sums_f64_bf16,
     .scaled_rows_and_dots  = avx2::scaled_rows_and_dots,
@@ -106,6 +108,7 @@ constexpr KernelTable kAvx512 = [] {
     t.bf16_round         = avx512::bf16_round_range;
     t.bf16_round_stream  = avx512::bf16_round_stream;
     t.bf16_widen         = avx512::bf16_widen_range;
+    t.bf16_bias_round    = avx512::bf16_bias_round;
     return t;
 }();
 

@@ -70,6 +70,10 @@ struct KernelTable {
     // it returns, so the values are visible to whoever the caller's thread signals next.
     void (*bf16_round_stream)(float* out, const float* in, size_t n);
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
+    // o[i] = bf16_to_float(bf16_from_float(o[i] + bias[i])), and with half, half[i] its 16 bits;
+    // bias may be null (rounding only). One pass over a row of a product's output in cache: its
+    // bias, its rounding to the activation dtype and its kept 16 bits (kernels/mixed.h).
+    void (*bf16_bias_round)(float* o, const float* bias, uint16_t* half, size_t n);
     // Row sums in double and the combine's gradient rows, on the calling thread.
     void (*col_sums_f64)(double* s, const float* x, int64_t n, int64_t ld, int w);
     // The same over bf16 values, x their bits (a 16-bit operand's rows: the bias gradients).

@@ -62,6 +62,19 @@ void narrow_half_serial(Dtype d, uint16_t* dst, const float* x, size_t n) {
     }
 }
 
+void bias_round_serial(float* o, const float* bias, size_t n, Dtype d, uint16_t* half) {
+    BGL_CHECK(!half || d != Dtype::float32, "bias_round_serial: 16 bits of a float32 output");
+    if (d == Dtype::bfloat16) {
+        dispatch().bf16_bias_round(o, bias, half, n);
+        return;
+    }
+    if (bias) {
+        for (size_t c = 0; c < n; ++c) o[c] += bias[c];
+    }
+    round_inplace_serial(o, n, d);
+    if (half) narrow_half_serial(d, half, o, n);
+}
+
 void narrow_half(Dtype d, uint16_t* dst, const float* x, size_t n) {
     BGL_CHECK(d != Dtype::float32, "narrow_half: float32 is not a half type");
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
@@ -423,12 +436,8 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
     // bias, rounding and narrowing a row at a time, while the row is in cache
     parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-            float* __restrict o = out + i * OC;
-            if (bias) {
-                for (int c = 0; c < OC; ++c) o[c] += bias[c];
-            }
-            round_inplace_serial(o, size_t(OC), out_dtype);
-            if (out_half) narrow_half_serial(out_dtype, out_half + i * OC, o, size_t(OC));
+            bias_round_serial(out + i * OC, bias, size_t(OC), out_dtype,
+                              out_half ? out_half + i * OC : nullptr);
         }
     });
 }

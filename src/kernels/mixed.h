@@ -24,6 +24,10 @@ void round_inplace(float* x, size_t n, Dtype d);
 // round_inplace and narrow_half (below) on the calling thread, for a pool job's own rows.
 void round_inplace_serial(float* x, size_t n, Dtype d);
 void narrow_half_serial(Dtype d, uint16_t* dst, const float* x, size_t n);
+// o[i] += bias[i] (bias may be null), then round_inplace_serial(o, n, d) and, with half,
+// narrow_half_serial(d, half, o, n): for bf16 one pass of the kernel table (bf16_bias_round),
+// the same bits. A product's output row while it is in cache.
+void bias_round_serial(float* o, const float* bias, size_t n, Dtype d, uint16_t* half = nullptr);
 // out[i] = round_to(d, in[i]); out may alias in.
 void round_copy(float* out, const float* in, size_t n, Dtype d);
 

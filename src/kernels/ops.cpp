@@ -500,6 +500,14 @@ void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
+void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        const bf16 h = bf16_from_float(bias ? o[i] + bias[i] : o[i]);
+        o[i]         = bf16_to_float(h);
+        if (half) half[i] = h;
+    }
+}
+
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     for (int64_t r = 0; r < n; ++r) {
         const float* __restrict row = x + r * ld;

@@ -47,6 +47,7 @@ void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);  // AVX512_BF16
 void bf16_round_range(float* out, const float* in, size_t n);
 void bf16_round_stream(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);
+void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n);
 
 // ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
 // c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.

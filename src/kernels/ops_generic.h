@@ -45,5 +45,6 @@ void exp_f64(double* y, const double* x, int64_t n);
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);
 void bf16_round_range(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);
+void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n);
 
 }  // namespace bagualu::kernels::generic

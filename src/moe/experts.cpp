@@ -33,9 +33,10 @@ constexpr int kColBlock = 32;
 // finished rectangle of out (rows, D) while it is in the computing thread's cache, out[r, c] +=
 // bias_e[c] for the rows r of expert e, bias_e = bias + e * stride; then the values are stored as
 // values of round_to (kernels::round_inplace) and, with half, also as their 16 bits there
-// (kernels::narrow_half). The same operations on every element as a pass over out after the
-// product, without reading out again from memory (perf gave that pass about 2.6 ms of a step
-// with the 64 experts of 96 of docs/results.md).
+// (kernels::narrow_half), all three in one pass a row (kernels::bias_round_serial). The same
+// operations on every element as a pass over out after the product, without reading out again
+// from memory (perf gave that pass about 2.6 ms of a step with the 64 experts of 96 of
+// docs/results.md).
 struct BiasEpilogue {
     float* out;
     const float* bias;
@@ -46,13 +47,11 @@ struct BiasEpilogue {
     uint16_t* half = nullptr;
 
     void operator()(int g, int i0, int i1, int j0, int j1) const {
-        const float* __restrict b = bias + static_cast<size_t>(g) * stride;
-        const size_t w            = static_cast<size_t>(j1 - j0);
+        const float* b = bias + static_cast<size_t>(g) * stride + j0;
+        const size_t w = static_cast<size_t>(j1 - j0);
         for (int64_t r = int64_t{offsets[g]} + i0; r < int64_t{offsets[g]} + i1; ++r) {
-            float* __restrict o = out + r * D;
-            for (int c = j0; c < j1; ++c) o[c] += b[c];
-            kernels::round_inplace_serial(o + j0, w, round_to);
-            if (half) kernels::narrow_half_serial(round_to, half + r * D + j0, o + j0, w);
+            kernels::bias_round_serial(out + r * D + j0, b, w, round_to,
+                                       half ? half + r * D + j0 : nullptr);
         }
     }
 };

@@ -77,6 +77,26 @@ void bf16_round_stream(float* out, const float* in, size_t n) {
     _mm_sfence();
 }
 
+void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(o + i);
+        if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + i));
+        const __m256i h = bf16_bits(_mm256_castps_si256(x));  // in each lane's low 16 bits
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_slli_epi32(h, 16));
+        if (half) {
+            const __m128i p =
+                _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), p);
+        }
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = bf16_from_float(bias ? o[i] + bias[i] : o[i]);
+        o[i]             = bf16_to_float(h);
+        if (half) half[i] = h;
+    }
+}
+
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {

@@ -86,6 +86,39 @@ void bf16_round_stream(float* out, const float* in, size_t n) {
     _mm_sfence();
 }
 
+namespace {
+
+// bf16_bias_round over whole vectors of 16; Convert: by vcvtneps2bf16 (AVX512_BF16), a vector
+// holding a denormal in integer arithmetic.
+template <bool Convert>
+size_t bias_round16(float* o, const float* bias, uint16_t* half, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(o + i);
+        if (bias) x = _mm512_add_ps(x, _mm512_loadu_ps(bias + i));
+        __m256i h;
+        if (Convert && !denormals(x)) {
+            h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+        } else {
+            h = bf16_of(x);
+        }
+        _mm512_storeu_si512(
+            o + i, _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
+        if (half) _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), h);
+    }
+    return i;
+}
+
+}  // namespace
+
+void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
+    static const bool convert = cpu_features().avx512_bf16;
+    const size_t i =
+        convert ? bias_round16<true>(o, bias, half, n) : bias_round16<false>(o, bias, half, n);
+    if (i < n)
+        avx2::bf16_bias_round(o + i, bias ? bias + i : nullptr, half ? half + i : nullptr, n - i);
+}
+
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {

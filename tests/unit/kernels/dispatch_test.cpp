@@ -57,6 +57,7 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.bf16_round, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_round_stream, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
+    EXPECT_EQ(t.bf16_bias_round, &generic::bf16_bias_round);
     EXPECT_EQ(t.col_sums_f64, &generic::col_sums_f64);
     EXPECT_EQ(t.col_sums_f64_bf16, &generic::col_sums_f64_bf16);
     EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
@@ -79,8 +80,9 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_round_stream && t.bf16_widen &&
-                    t.col_sums_f64 && t.col_sums_f64_bf16 && t.scaled_rows_and_dots &&
-                    t.rank_rows && t.exp_f64 && t.weighted_row_sum && t.add_row_sum);
+                    t.bf16_bias_round && t.col_sums_f64 && t.col_sums_f64_bf16 &&
+                    t.scaled_rows_and_dots && t.rank_rows && t.exp_f64 && t.weighted_row_sum &&
+                    t.add_row_sum);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                       t.convert_isa, t.rows_isa, t.exp_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);

@@ -563,6 +563,48 @@ TEST_P(OpsIsaVsRef, AdamwGradientScaleIsTheScaledGradientsBits) {
     EXPECT_EQ(first_bit_difference(v, v2), -1);
 }
 
+TEST_P(OpsIsaVsRef, Bf16BiasRoundIsTheAddThenTheScalarRounding) {
+    // bf16_bias_round: o + bias rounded (bf16_from_float), stored as float and as its 16 bits,
+    // with and without a bias and a 16-bit output, on sums of every class (the specials of the
+    // conversions' test as o with a zero bias, then random bit patterns and random sums), lengths
+    // around the 8- and 16-lane steps.
+    const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u,
+                                 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff800000u, 0x7fc00000u,
+                                 0xffc00001u, 0x7f800001u, 0x00ff8000u};
+    Rng rng(29);
+    for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(15), size_t(16), size_t(17),
+                     size_t(37), size_t(1001)}) {
+        for (const bool with_bias : {false, true}) {
+            for (const bool with_half : {false, true}) {
+                SCOPED_TRACE(::testing::Message()
+                             << n << (with_bias ? " bias" : "") << (with_half ? " half" : ""));
+                std::vector<float> o(n), bias(n);
+                for (size_t i = 0; i < n; ++i) {
+                    const uint32_t u =
+                        i < std::size(specials) ? specials[i] : uint32_t(rng.next_u64() >> 32);
+                    std::memcpy(&o[i], &u, sizeof u);
+                    bias[i] = i < std::size(specials) || i % 3 == 0 ? 0.0f : float(rng.normal());
+                    if (i >= std::size(specials) && i % 3 == 1) o[i] = float(rng.normal());
+                }
+                std::vector<float> want = o;
+                std::vector<uint16_t> want16(n), got16(n, 0x1234);
+                for (size_t i = 0; i < n; ++i) {
+                    want16[i] = bf16_from_float(with_bias ? o[i] + bias[i] : o[i]);
+                    want[i]   = bf16_to_float(want16[i]);
+                }
+                dispatch().bf16_bias_round(o.data(), with_bias ? bias.data() : nullptr,
+                                           with_half ? got16.data() : nullptr, n);
+                ASSERT_EQ(first_bit_difference(o, want), -1);
+                if (with_half) {
+                    EXPECT_EQ(std::memcmp(got16.data(), want16.data(), n * 2), 0);
+                } else {
+                    EXPECT_EQ(got16, std::vector<uint16_t>(n, 0x1234)) << "no 16-bit output";
+                }
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
     // The table's bf16 narrowing, rounding and widening against core/dtype.h's scalar functions
     // on every class of float: ties to even both ways, carries into the exponent, the largest
