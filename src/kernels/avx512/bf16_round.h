@@ -1,6 +1,8 @@
 // bf16 rounding of 16 floats in AVX-512 integer arithmetic, bitwise core/dtype.h's
 // bf16_from_float (round to nearest even; a NaN keeps its sign and payload, made quiet;
-// denormals kept: vcvtneps2bf16 flushes those, so it is not used). Shared by the conversions
+// denormals kept). vcvtneps2bf16 / vcvtne2ps2bf16 (AVX512_BF16) give the same bits but take
+// denormal inputs for zero: where the CPU has them the conversions use them and send a vector
+// holding a denormal (denormals() below) here. Shared by the conversions
 // (kernels/avx512/convert.cpp) and the GEMM's packers of float operands
 // (kernels/gemm/avx512/pack_pairs.h). Internal linkage: included by AVX-512 translation units
 // only.
