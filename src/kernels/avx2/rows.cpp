@@ -19,53 +19,29 @@ namespace bagualu::kernels::avx2 {
 
 namespace {
 
+// Four values of a row as doubles: floats, or bf16 widened to floats (their bits shifted up).
+inline __m256d four(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+inline __m256d four(const uint16_t* p) {
+    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+}
+inline double one(float v) { return double(v); }
+inline double one(uint16_t v) { return double(bf16_to_float(v)); }
+
 // Sums of columns [0, 4 V) of rows [0, n) onto s, V registers of four doubles.
-template <int V>
-void col_block(double* s, const float* x, int64_t n, int64_t ld) {
+template <int V, typename T>
+void col_block(double* s, const T* x, int64_t n, int64_t ld) {
     __m256d acc[V];
     for (int v = 0; v < V; ++v) acc[v] = _mm256_loadu_pd(s + 4 * v);
     for (int64_t r = 0; r < n; ++r) {
-        const float* row = x + r * ld;
-        for (int v = 0; v < V; ++v)
-            acc[v] = _mm256_add_pd(acc[v], _mm256_cvtps_pd(_mm_loadu_ps(row + 4 * v)));
+        const T* row = x + r * ld;
+        for (int v = 0; v < V; ++v) acc[v] = _mm256_add_pd(acc[v], four(row + 4 * v));
     }
     for (int v = 0; v < V; ++v) _mm256_storeu_pd(s + 4 * v, acc[v]);
 }
 
-// The same of bf16 values: four widened to floats (their bits shifted up) a register.
-template <int V>
-void col_block16(double* s, const uint16_t* x, int64_t n, int64_t ld) {
-    __m256d acc[V];
-    for (int v = 0; v < V; ++v) acc[v] = _mm256_loadu_pd(s + 4 * v);
-    for (int64_t r = 0; r < n; ++r) {
-        const uint16_t* row = x + r * ld;
-        for (int v = 0; v < V; ++v) {
-            const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 4 * v));
-            const __m128 f  = _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
-            acc[v]          = _mm256_add_pd(acc[v], _mm256_cvtps_pd(f));
-        }
-    }
-    for (int v = 0; v < V; ++v) _mm256_storeu_pd(s + 4 * v, acc[v]);
-}
-
-}  // namespace
-
-void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
-    int c = 0;
-    for (; c + 32 <= w; c += 32) col_block16<8>(s + c, x + c, n, ld);
-    if (c + 16 <= w) {
-        col_block16<4>(s + c, x + c, n, ld);
-        c += 16;
-    }
-    for (; c + 4 <= w; c += 4) col_block16<1>(s + c, x + c, n, ld);
-    if (c == w) return;
-    for (int64_t r = 0; r < n; ++r) {
-        const uint16_t* row = x + r * ld;
-        for (int i = c; i < w; ++i) s[i] += double(bf16_to_float(row[i]));
-    }
-}
-
-void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
+template <typename T>
+void col_sums(double* s, const T* x, int64_t n, int64_t ld, int w) {
     int c = 0;
     for (; c + 32 <= w; c += 32) col_block<8>(s + c, x + c, n, ld);
     if (c + 16 <= w) {
@@ -75,9 +51,19 @@ void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     for (; c + 4 <= w; c += 4) col_block<1>(s + c, x + c, n, ld);
     if (c == w) return;
     for (int64_t r = 0; r < n; ++r) {
-        const float* row = x + r * ld;
-        for (int i = c; i < w; ++i) s[i] += double(row[i]);
+        const T* row = x + r * ld;
+        for (int i = c; i < w; ++i) s[i] += one(row[i]);
     }
+}
+
+}  // namespace
+
+void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
+    col_sums(s, x, n, ld, w);
+}
+
+void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
+    col_sums(s, x, n, ld, w);
 }
 
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
