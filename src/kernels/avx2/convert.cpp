@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "kernels/ops_avx2.h"
+#include "kernels/ops_generic.h"
 
 namespace bagualu::kernels::avx2 {
 
@@ -90,11 +91,7 @@ void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), p);
         }
     }
-    for (; i < n; ++i) {
-        const uint16_t h = bf16_from_float(bias ? o[i] + bias[i] : o[i]);
-        o[i]             = bf16_to_float(h);
-        if (half) half[i] = h;
-    }
+    generic::bf16_bias_round(o + i, bias ? bias + i : nullptr, half ? half + i : nullptr, n - i);
 }
 
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
