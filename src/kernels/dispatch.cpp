@@ -53,6 +53,7 @@ constexpr KernelTable kGeneric = {
     .rank_rows             = generic::rank_rows,
     .weighted_row_sum      = generic::weighted_row_sum,
     .add_row_sum           = generic::add_row_sum,
+    .bias_add              = generic::bias_add,
     .exp_f64               = generic::exp_f64,
 };
 
@@ -86,6 +87,7 @@ constexpr KernelTable kAvx2 = {
     .rank_rows             = avx2::rank_rows,
     .weighted_row_sum      = avx2::weighted_row_sum,
     .add_row_sum           = avx2::add_row_sum,
+    .bias_add              = avx2::bias_add,
     .exp_f64               = avx2::exp_f64,
 };
 

@@ -83,6 +83,8 @@ struct KernelTable {
     void (*rank_rows)(int32_t* top, const float* x, int64_t n, int E, int R);
     void (*weighted_row_sum)(float* o, const float* w, const float* const* y, int n, int C);
     void (*add_row_sum)(float* o, const float* const* y, int n, int C);
+    // o[i] += bias[i]: the bias of a product's float output, a row at a time in cache.
+    void (*bias_add)(float* o, const float* bias, size_t n);
     // exp of n doubles on the calling thread (ops.h exp_f64).
     void (*exp_f64)(double* y, const double* x, int64_t n);
 

@@ -68,9 +68,7 @@ void bias_round_serial(float* o, const float* bias, size_t n, Dtype d, uint16_t*
         dispatch().bf16_bias_round(o, bias, half, n);
         return;
     }
-    if (bias) {
-        for (size_t c = 0; c < n; ++c) o[c] += bias[c];
-    }
+    if (bias) dispatch().bias_add(o, bias, n);
     round_inplace_serial(o, n, d);
     if (half) narrow_half_serial(d, half, o, n);
 }

@@ -120,11 +120,9 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                     int IC, int OC) {
     gemm_f32(Trans::N, Trans::T, N, OC, IC, 1.f, inp, IC, weight, IC, 0.f, out, OC);
     if (!bias) return;
+    const auto add = dispatch().bias_add;
     parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            float* __restrict o = out + i * OC;
-            for (int c = 0; c < OC; ++c) o[c] += bias[c];
-        }
+        for (int64_t i = begin; i < end; ++i) add(out + i * OC, bias, size_t(OC));
     });
 }
 
@@ -506,6 +504,10 @@ void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
         o[i]         = bf16_to_float(h);
         if (half) half[i] = h;
     }
+}
+
+void bias_add(float* o, const float* bias, size_t n) {
+    for (size_t i = 0; i < n; ++i) o[i] += bias[i];
 }
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {

@@ -130,6 +130,13 @@ void weighted_row_sum(float* o, const float* w, const float* const* y, int n, in
     }
 }
 
+void bias_add(float* o, const float* bias, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(bias + i)));
+    generic::bias_add(o + i, bias + i, n - i);
+}
+
 void add_row_sum(float* o, const float* const* y, int n, int C) {
     int c = 0;
     for (; c + 32 <= C; c += 32) {

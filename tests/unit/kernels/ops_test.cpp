@@ -563,6 +563,29 @@ TEST_P(OpsIsaVsRef, AdamwGradientScaleIsTheScaledGradientsBits) {
     EXPECT_EQ(first_bit_difference(v, v2), -1);
 }
 
+TEST_P(OpsIsaVsRef, BiasAddIsTheScalarAdd) {
+    // bias_add: o[i] + bias[i], one float add an element, whatever the ISA: random bit patterns
+    // (NaNs, infinities, denormals, signed zeros among them) and ordinary sums, lengths around
+    // the 8-lane step; nothing past n is touched.
+    Rng rng(41);
+    for (size_t n :
+         {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(23), size_t(1001)}) {
+        SCOPED_TRACE(n);
+        std::vector<float> o(n + 3, 7.0f), bias(n + 3, 5.0f);
+        for (size_t i = 0; i < n; ++i) {
+            const uint32_t u = uint32_t(rng.next_u64() >> 32), v = uint32_t(rng.next_u64() >> 32);
+            std::memcpy(&o[i], &u, sizeof u);
+            std::memcpy(&bias[i], &v, sizeof v);
+            if (i % 2) o[i] = float(rng.normal());
+            if (i % 3) bias[i] = i % 5 ? float(rng.normal()) : -0.0f;
+        }
+        std::vector<float> want = o;
+        for (size_t i = 0; i < n; ++i) want[i] = o[i] + bias[i];
+        dispatch().bias_add(o.data(), bias.data(), n);
+        EXPECT_EQ(first_bit_difference(o, want), -1);
+    }
+}
+
 TEST_P(OpsIsaVsRef, Bf16BiasRoundIsTheAddThenTheScalarRounding) {
     // bf16_bias_round: o + bias rounded (bf16_from_float), stored as float and as its 16 bits,
     // with and without a bias and a 16-bit output, on sums of every class (the specials of the
