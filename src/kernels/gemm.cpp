@@ -275,22 +275,6 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
     gemm::gemm_packed(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-bool gemm_bf16_float_a() {
-    return gemm_bf16_float_b() && gemm::bf16_spec(gemm::active_path()).pack_a_f32 != nullptr;
-}
-
-void gemm_bf16_floats(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-                      const float* B, int ldb, float beta, float* C, int ldc) {
-    BGL_CHECK(gemm_bf16_float_a(),
-              "gemm_bf16_floats on a path whose bf16 kernel cannot pack a float A");
-    BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
-    if (M == 0 || N == 0) return;
-    gemm::KernelSpec s = gemm::bf16_spec(gemm::active_path());
-    s.pack_a           = s.pack_a_f32;
-    s.pack_b           = s.pack_b_f32;
-    gemm::gemm_packed(s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 namespace {
 
 // Whether gemm_bf16 on path p widens its operands (gemm_bf16_widens).

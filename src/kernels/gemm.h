@@ -38,15 +38,6 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
 // kernel says so (KernelSpec::pack_b_f32_rows: the AMX one, faster there, docs/results.md). For
 // B stored by k packing from the floats is always the faster, wherever gemm_bf16_float_b().
 bool gemm_bf16_float_b_rows();
-// Whether the active bf16 kernel packs a float A the same way (the AMX one), so that
-// gemm_bf16_floats can run (implies gemm_bf16_float_b()).
-bool gemm_bf16_float_a();
-// gemm_bf16 with A and B in float32, each value rounded to bf16 (bf16_from_float) as it is
-// packed: bitwise gemm_bf16 on both narrowed copies, without writing and reading them (an A
-// packed about once per product: the activations of kernels/mixed.h's forward products). Only
-// where gemm_bf16_float_a().
-void gemm_bf16_floats(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-                      const float* B, int ldb, float beta, float* C, int ldc);
 
 // Whether gemm_bf16 on the active implementation widens its operands to float and runs the
 // float kernel: always on AVX2 and the generic and reference kernels, with OpenBLAS, and on

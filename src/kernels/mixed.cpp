@@ -401,23 +401,6 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
                        dweight_epilogue);
 }
 
-namespace {
-
-// A forward product's epilogue: bias, rounding to out_dtype and narrowing to out_half, a row at a
-// time while the row is in cache.
-void bias_round_rows(float* out, const float* bias, int N, int OC, Dtype out_dtype,
-                     uint16_t* out_half) {
-    if (!bias && out_dtype == Dtype::float32) return;
-    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            bias_round_serial(out + i * OC, bias, size_t(OC), out_dtype,
-                              out_half ? out_half + i * OC : nullptr);
-        }
-    });
-}
-
-}  // namespace
-
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int IC, int OC, Dtype out_dtype,
                          uint16_t* out_half) {
@@ -428,11 +411,6 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
         linear_forward(out, inp, weight, bias, N, IC, OC);
         round_inplace(out, n_out, out_dtype);
         if (out_half) narrow_half(out_dtype, out_half, out, n_out);
-        return;
-    }
-    if (gemm_bf16_float_a()) {  // both operands packed from their floats: no 16-bit copy
-        gemm_bf16_floats(Trans::N, Trans::T, N, OC, IC, 1.f, inp, IC, weight, IC, 0.f, out, OC);
-        bias_round_rows(out, bias, N, OC, out_dtype, out_half);
         return;
     }
     linear_forward_half16(d, out, to_bf16(g_inp16, inp, size_t(N) * IC), weight, bias, N, IC, OC,
@@ -452,7 +430,14 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
         const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
         gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
     }
-    bias_round_rows(out, bias, N, OC, out_dtype, out_half);
+    if (!bias && out_dtype == Dtype::float32) return;
+    // bias, rounding and narrowing a row at a time, while the row is in cache
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            bias_round_serial(out + i * OC, bias, size_t(OC), out_dtype,
+                              out_half ? out_half + i * OC : nullptr);
+        }
+    });
 }
 
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,

@@ -70,9 +70,7 @@ void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* d
 // 16-bit arithmetic, else (kernels::gemm_bf16_widens()), like fp16 and float32, through gemm_f32
 // on the floats themselves, skipping conversions that would only be widened again (exact
 // products and float32 accumulation either way; those are bit for bit the ops.h kernels).
-// Call from outside pool jobs, as the GEMMs. Where the bf16 kernel packs float operands itself
-// (gemm_bf16_float_a(): AMX), linear_forward_half writes no 16-bit copy of inp either
-// (gemm_bf16_floats: the same panels, so the same bits).
+// Call from outside pool jobs, as the GEMMs.
 // linear_forward_half's out can then be stored as values of out_dtype (round_inplace) and, with
 // out_half, also as their 16 bits there (narrow_half): on 16-bit copies in the same pass as the
 // bias, else after it; the same bits as those calls after the product.

@@ -58,9 +58,6 @@ struct KernelSpec {
     // packed: the panels pack_b makes of the narrowed copy (16-bit specs that have it, else
     // nullptr).
     void (*pack_b_f32)(PackSrc src, int r0, int rn, int p0, int kc, void* dst) = nullptr;
-    // The same for a float op(A): the panels pack_a makes of the narrowed copy (16-bit specs
-    // that have it, else nullptr).
-    void (*pack_a_f32)(PackSrc src, int r0, int rn, int p0, int kc, void* dst) = nullptr;
     // pack_b_f32 is the faster for an op(B) stored by row as well (for B stored by k it always
     // is): measured per kernel, docs/results.md (the AMX kernel; not AVX512_BF16's).
     bool pack_b_f32_rows = false;

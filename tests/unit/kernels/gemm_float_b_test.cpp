@@ -1,14 +1,12 @@
 // gemm_bf16 / grouped_gemm_bf16 with a float B rounded to bf16 as the kernel packs it: bitwise the
 // same products on B's narrowed copy (bf16_from_float of every value), on every path of this CPU
-// whose bf16 kernel packs floats (AVX512_BF16; a float A too on AMX). B holds values that need
-// rounding, ties, NaNs, infinities, signed zeros and denormals; shapes are ragged around the
-// 32-column panels and the k block, with B stored by k (tb = T) and by row (tb = N), a padded ldb,
-// empty and one-row groups and gathered rows of A. A ctest SKIP names the missing feature where no
-// path has it.
+// whose bf16 kernel packs floats (AVX512_BF16). B holds values that need rounding, ties, NaNs,
+// infinities, signed zeros and denormals; shapes are ragged around the 32-column panels and the
+// k block, with B stored by k (tb = T) and by row (tb = N), a padded ldb, empty and one-row
+// groups and gathered rows of A. A ctest SKIP names the missing feature where no path has it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -58,10 +56,6 @@ std::vector<bf16> bf16_operand(Rng& rng, size_t n) {
     std::vector<bf16> v(n);
     for (bf16& x : v) x = bf16_from_float(static_cast<float>(rng.uniform() * 2.0 - 1.0));
     return v;
-}
-
-unsigned char* aligned64(unsigned char* p) {
-    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -149,72 +143,6 @@ TEST(GemmFloatB, PanelsAreThoseOfTheNarrowedCopy) {
         }
     });
     if (ran == 0) GTEST_SKIP() << "needs AVX512_BF16 (a bf16 GEMM kernel that packs floats)";
-}
-
-// A float A as well (gemm_bf16_floats, where the bf16 kernel packs a float A: AMX): the same
-// panels as the narrowed copy's, byte for byte, stored by k and by row, and the same products
-// as gemm_bf16 on both narrowed copies, A transposed or not, B stored by k and by row.
-TEST(GemmFloatB, FloatAPanelsAndProductsAreThoseOfTheNarrowedCopies) {
-    Rng rng(34);
-    int ran = 0;
-    PathGuard guard;
-    for (const gemm::Path p : supported_paths()) {
-        gemm::set_active_path(p);
-        if (!gemm_bf16_float_a()) continue;
-        SCOPED_TRACE(gemm::path_name(p));
-        ++ran;
-        const gemm::KernelSpec& s = gemm::bf16_spec(p);
-        for (const bool k_contiguous : {true, false}) {
-            for (const auto& [rn, kc] : {std::pair{1, 1}, std::pair{31, 33}, std::pair{32, 64},
-                                         std::pair{45, 77}, std::pair{70, 100}}) {
-                SCOPED_TRACE(::testing::Message() << rn << " rows, depth " << kc
-                                                  << (k_contiguous ? " by k" : " by row"));
-                const int ld         = (k_contiguous ? kc : rn) + 5;
-                std::vector<float> A = float_operand(rng, size_t(k_contiguous ? rn : kc) * ld);
-                for (size_t i = 0; i < A.size(); i += 89) {  // 40 denormals in a row
-                    for (size_t j = i; j < std::min(A.size(), i + 40); ++j)
-                        A[j] = (j % 2 ? -1.0f : 1.0f) * 1e-39f * float(1 + j % 7);
-                }
-                const std::vector<bf16> A16 = narrowed(A);
-                const size_t bytes          = size_t((rn + s.mr - 1) / s.mr) * size_t(s.mr) *
-                                     size_t((kc + 31) / 32 * 32) * size_t(s.elem_bytes);
-                // 64-byte aligned, as the driver's buffers (the AMX packer stores whole lines)
-                std::vector<unsigned char> want_buf(bytes + 4096 + 64, 0xa5), got_buf = want_buf;
-                unsigned char* want = aligned64(want_buf.data());
-                unsigned char* got  = aligned64(got_buf.data());
-                s.pack_a(gemm::PackSrc{A16.data(), ld, k_contiguous}, 0, rn, 0, kc, want);
-                s.pack_a_f32(gemm::PackSrc{A.data(), ld, k_contiguous}, 0, rn, 0, kc, got);
-                EXPECT_EQ(std::memcmp(want, got, bytes), 0);
-            }
-        }
-        struct Shape {
-            int M, N, K;
-        };
-        for (const Shape sh : {Shape{1, 1, 1}, Shape{13, 37, 29}, Shape{50, 70, 401},
-                               Shape{33, 96, 771}, Shape{64, 13, 2}}) {
-            for (const Trans ta : {Trans::N, Trans::T}) {
-                for (const Trans tb : {Trans::T, Trans::N}) {
-                    SCOPED_TRACE(::testing::Message()
-                                 << sh.M << "x" << sh.N << "x" << sh.K
-                                 << (ta == Trans::T ? " T" : " N") << (tb == Trans::T ? "T" : "N"));
-                    const int lda = (ta == Trans::N ? sh.K : sh.M) + 2;
-                    const int ldb = (tb == Trans::T ? sh.K : sh.N) + 3;
-                    const std::vector<float> A =
-                        float_operand(rng, size_t(ta == Trans::N ? sh.M : sh.K) * size_t(lda));
-                    const std::vector<float> B =
-                        float_operand(rng, size_t(tb == Trans::T ? sh.N : sh.K) * size_t(ldb));
-                    const std::vector<bf16> A16 = narrowed(A), B16                  = narrowed(B);
-                    std::vector<float> want(size_t(sh.M) * size_t(sh.N), 0.5f), got = want;
-                    gemm_bf16(ta, tb, sh.M, sh.N, sh.K, 1.0f, A16.data(), lda, B16.data(), ldb,
-                              0.25f, want.data(), sh.N);
-                    gemm_bf16_floats(ta, tb, sh.M, sh.N, sh.K, 1.0f, A.data(), lda, B.data(), ldb,
-                                     0.25f, got.data(), sh.N);
-                    EXPECT_TRUE(same_bits(got, want));
-                }
-            }
-        }
-    }
-    if (ran == 0) GTEST_SKIP() << "needs AMX-BF16 (a bf16 GEMM kernel that packs a float A)";
 }
 
 TEST(GemmFloatB, GroupedFormPacksTheFloatsAsTheirNarrowedCopy) {

@@ -40,9 +40,7 @@ __attribute__((target("amx-tile"))) void enter_tiles() {
 
 __attribute__((target("amx-tile"))) void leave_tiles() { _tile_release(); }
 
-// op(A) rows [r0, r0 + rn) x k [p0, p0 + kc) -> panels (kcp / 32, 32, 32), zero-padded, of bf16
-// or of float rounded to bf16 as it is packed (row32: the panels of the narrowed copy).
-template <typename T>
+// op(A) rows [r0, r0 + rn) x k [p0, p0 + kc) -> panels (kcp / 32, 32, 32), zero-padded.
 void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
     auto* dst        = static_cast<bf16*>(dst_v);
     const int kblk   = (kc + kTileK - 1) / kTileK;
@@ -59,10 +57,10 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
                 const __mmask32 in = rows >= 32 ? ~__mmask32{0} : (__mmask32{1} << rows) - 1;
                 __m512i lo[16], hi[16];
                 for (int g = 0; g < 16; ++g) {
-                    const int k0 = b * kTileK + 2 * g;
-                    const __m512i x =
-                        k0 < kc ? row32(src.row<T>(p0 + k0) + r0 + p, in) : _mm512_setzero_si512();
-                    const __m512i y = k0 + 1 < kc ? row32(src.row<T>(p0 + k0 + 1) + r0 + p, in)
+                    const int k0    = b * kTileK + 2 * g;
+                    const __m512i x = k0 < kc ? row32(src.row<bf16>(p0 + k0) + r0 + p, in)
+                                              : _mm512_setzero_si512();
+                    const __m512i y = k0 + 1 < kc ? row32(src.row<bf16>(p0 + k0 + 1) + r0 + p, in)
                                                   : _mm512_setzero_si512();
                     lo[g]           = _mm512_permutex2var_epi16(x, lo_idx, y);  // rows 0-15
                     hi[g]           = _mm512_permutex2var_epi16(x, hi_idx, y);  // rows 16-31
@@ -83,11 +81,13 @@ void pack_a_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
         const int rows = std::min(kTileMR, rn - p);
         bf16* d        = dst + size_t(p) * kcp;
         for (int r = 0; r < kTileMR; ++r) {
-            const T* s = r < rows ? src.row<T>(r0 + p + r) + size_t(p0) : nullptr;
+            const bf16* s = r < rows ? src.row<bf16>(r0 + p + r) + size_t(p0) : nullptr;
             for (int b = 0; b < kblk; ++b) {
                 const int left    = kc - b * kTileK;
-                const __mmask32 m = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-                const __m512i v   = s ? row32(s + b * kTileK, m) : _mm512_setzero_si512();
+                const __mmask32 m = s == nullptr ? 0
+                                    : left >= 32 ? ~__mmask32{0}
+                                                 : (__mmask32{1} << left) - 1;
+                const __m512i v   = _mm512_maskz_loadu_epi16(m, s ? s + b * kTileK : nullptr);
                 _mm512_store_si512(d + size_t(b) * kTileMR * kTileK + size_t(r) * kTileK, v);
             }
         }
@@ -157,9 +157,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
 // 768 also divides the fused head's row blocks (model/gpt.cpp), which then add the k blocks of
 // one product in its order.
 constexpr KernelSpec kAmx = [] {
-    KernelSpec s{kTileMR, kTileNR,          kTileK,           2,        256, 768,
-                 4096,    pack_a_amx<bf16>, pack_b_amx<bf16>, micro_amx};
-    s.pack_a_f32      = pack_a_amx<float>;
+    KernelSpec s{kTileMR, kTileNR,    kTileK,           2,        256, 768,
+                 4096,    pack_a_amx, pack_b_amx<bf16>, micro_amx};
     s.pack_b_f32      = pack_b_amx<float>;
     s.pack_b_f32_rows = true;
     s.enter           = enter_tiles;
