@@ -69,6 +69,10 @@ struct KernelTable {
     // after the whole optimizer pass): the stores do not read the old lines first. Fenced before
     // it returns, so the values are visible to whoever the caller's thread signals next.
     void (*bf16_round_stream)(float* out, const float* in, size_t n);
+    // x[i] = 0 with non-temporal stores where the ISA has them (the gradients at a step's start,
+    // not read before the backward's last layers): the stores do not read the old lines first.
+    // Fenced before it returns, as bf16_round_stream.
+    void (*zero_stream)(float* x, size_t n);
     void (*bf16_widen)(float* out, const uint16_t* in, size_t n);
     // o[i] = bf16_to_float(bf16_from_float(o[i] + bias[i])), and with half, half[i] its 16 bits;
     // bias may be null (rounding only). One pass over a row of a product's output in cache: its

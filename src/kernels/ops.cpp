@@ -510,6 +510,8 @@ void bias_add(float* o, const float* bias, size_t n) {
     for (size_t i = 0; i < n; ++i) o[i] += bias[i];
 }
 
+void zero_range(float* x, size_t n) { std::fill(x, x + n, 0.0f); }
+
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     for (int64_t r = 0; r < n; ++r) {
         const float* __restrict row = x + r * ld;
@@ -604,6 +606,8 @@ void weighted_row_sum(float* o, const float* w, const float* const* y, int n, in
 void add_row_sum(float* o, const float* const* y, int n, int C) {
     dispatch().add_row_sum(o, y, n, C);
 }
+
+void zero_stream(float* x, size_t n) { dispatch().zero_stream(x, n); }
 
 void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w) {
     dispatch().col_sums_f64_bf16(s, x, n, ld, w);

@@ -114,6 +114,9 @@ void weighted_row_sum(float* o, const float* w, const float* const* y, int n, in
 // o[c] += the sum over j in [0, n) of y[j][c]: the sum from +0 in j order, then added to o once;
 // the same bits on every ISA. The input gradient's sum over one token's slot rows.
 void add_row_sum(float* o, const float* const* y, int n, int C);
+// x[i] = +0 for i in [0, n) on the calling thread, with non-temporal stores where the ISA has
+// them (an array not read again soon: the gradients zeroed at a step's start), fenced.
+void zero_stream(float* x, size_t n);
 // y[i] = exp(x[i]) for i in [0, n) on the calling thread (y == x allowed), for the FP64
 // softmaxes of the router. generic: std::exp; avx2 and avx512: glibc's vector exp (libmvec,
 // 4 at a time), within 3 ulp of std::exp, the same bits in both tables.

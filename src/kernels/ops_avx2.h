@@ -57,6 +57,7 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
 void add_row_sum(float* o, const float* const* y, int n, int C);
 void bias_add(float* o, const float* bias, size_t n);
+void zero_stream(float* x, size_t n);
 
 // ---- exp of doubles through libmvec (kernels/avx2/exp64.cpp); ops.h exp_f64 ----
 void exp_f64(double* y, const double* x, int64_t n);

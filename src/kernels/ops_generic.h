@@ -41,6 +41,7 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
 void add_row_sum(float* o, const float* const* y, int n, int C);
 void bias_add(float* o, const float* bias, size_t n);
+void zero_range(float* x, size_t n);
 void exp_f64(double* y, const double* x, int64_t n);
 // bfloat16 conversions of n elements on the calling thread (core/dtype.h's rounding).
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);

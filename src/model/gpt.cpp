@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -378,7 +377,8 @@ void GPT::zero_grad() {
     parallel_for(static_cast<int64_t>((n + kChunk - 1) / kChunk), [&](int64_t begin, int64_t end) {
         const size_t lo = static_cast<size_t>(begin) * kChunk;
         const size_t hi = std::min(n, static_cast<size_t>(end) * kChunk);
-        std::memset(static_cast<void*>(g + lo), 0, (hi - lo) * sizeof(float));
+        // streamed: the backward's last layers read them first, long after this pass
+        zero_stream(g + lo, hi - lo);
     });
 }
 

@@ -65,6 +65,17 @@ void bf16_round_range(float* out, const float* in, size_t n) {
     for (; i < n; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
 }
 
+void zero_stream(float* x, size_t n) {
+    // up to the first 32-byte boundary by plain stores, then streamed
+    const size_t head = std::min(n, (32 - reinterpret_cast<uintptr_t>(x) % 32) % 32 / 4);
+    generic::zero_range(x, head);
+    size_t i       = head;
+    const __m256 z = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) _mm256_stream_ps(x + i, z);
+    generic::zero_range(x + i, n - i);
+    _mm_sfence();
+}
+
 void bf16_round_stream(float* out, const float* in, size_t n) {
     // up to the first 32-byte boundary of out as bf16_round_range, then streamed
     const size_t head = std::min(n, (32 - reinterpret_cast<uintptr_t>(out) % 32) % 32 / 4);

@@ -82,7 +82,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.bf16_narrow && t.bf16_round && t.bf16_round_stream && t.bf16_widen &&
                     t.bf16_bias_round && t.col_sums_f64 && t.col_sums_f64_bf16 &&
                     t.scaled_rows_and_dots && t.rank_rows && t.exp_f64 && t.weighted_row_sum &&
-                    t.add_row_sum && t.bias_add);
+                    t.add_row_sum && t.bias_add && t.zero_stream);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                       t.convert_isa, t.rows_isa, t.exp_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);

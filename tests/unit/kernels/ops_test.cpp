@@ -563,6 +563,28 @@ TEST_P(OpsIsaVsRef, AdamwGradientScaleIsTheScaledGradientsBits) {
     EXPECT_EQ(first_bit_difference(v, v2), -1);
 }
 
+TEST_P(OpsIsaVsRef, ZeroStreamWritesPositiveZerosOverExactlyTheRange) {
+    // zero_stream: +0 (all bits clear) over [off, off + n) whatever the alignment (the streamed
+    // part starts at a vector boundary), nothing written outside.
+    for (size_t off = 0; off < 17; ++off) {
+        for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(15), size_t(16),
+                         size_t(33), size_t(1000)}) {
+            SCOPED_TRACE(::testing::Message() << "offset " << off << ", " << n);
+            std::vector<float> x(off + n + 20, -3.5f);
+            zero_stream(x.data() + off, n);
+            for (size_t i = 0; i < x.size(); ++i) {
+                uint32_t bits;
+                std::memcpy(&bits, &x[i], sizeof bits);
+                if (i >= off && i < off + n) {
+                    ASSERT_EQ(bits, 0u) << i;
+                } else {
+                    ASSERT_EQ(x[i], -3.5f) << i;
+                }
+            }
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, BiasAddIsTheScalarAdd) {
     // bias_add: o[i] + bias[i], one float add an element, whatever the ISA: random bit patterns
     // (NaNs, infinities, denormals, signed zeros among them) and ordinary sums, lengths around
