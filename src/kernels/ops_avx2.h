@@ -57,7 +57,6 @@ void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
 void add_row_sum(float* o, const float* const* y, int n, int C);
 void bias_add(float* o, const float* bias, size_t n);
-void zero_stream(float* x, size_t n);
 
 // ---- exp of doubles through libmvec (kernels/avx2/exp64.cpp); ops.h exp_f64 ----
 void exp_f64(double* y, const double* x, int64_t n);
@@ -74,6 +73,8 @@ void bf16_round_range(float* out, const float* in, size_t n);
 void bf16_round_stream(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n);
+// zero_stream beside the streamed rounding (kernels/avx2/convert.cpp): ops.h zero_stream.
+void zero_stream(float* x, size_t n);
 
 // ---- AdamW, elements [begin, end); bitwise the generic kernel's results ----
 // c1 = 1 - beta1^step and c2 = 1 - beta2^step, rounded to float as the generic kernel does.
