@@ -77,8 +77,10 @@ namespace {
 // tiles: packing copies A, which pays only when many tiles read it again (an expert's narrow
 // layer reads a row for a few). Stored by k (A transposed, as the weight gradients read their
 // row operand): KernelSpec::micro_cols; stored by row, gathered rows included (the experts'
-// tokens): KernelSpec::micro_rows.
-constexpr int kInPlaceMaxTiles = 4;
+// tokens): KernelSpec::micro_rows. Stored by k, the micro-kernel fetches A's steps ahead itself
+// (ColsA, kernels/gemm/microkernel.h), so A is read in place for up to twice as many tiles.
+constexpr int kInPlaceMaxTiles     = 4;
+constexpr int kInPlaceMaxColsTiles = 8;
 
 bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
     if (a.k_contiguous) return s.micro_rows && cols <= kInPlaceMaxTiles * s.nr;
@@ -142,7 +144,7 @@ inline void for_tiles(const KernelSpec& s, int mc, int nw, Tile&& tile) {
 
 }  // namespace
 
-int a_in_place_cols(const KernelSpec& s) { return s.micro_cols ? kInPlaceMaxTiles * s.nr : 0; }
+int a_in_place_cols(const KernelSpec& s) { return s.micro_cols ? kInPlaceMaxColsTiles * s.nr : 0; }
 
 void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0, int n1, int K,
                float alpha, float beta, float* C, int ldc) {
