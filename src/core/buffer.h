@@ -8,10 +8,31 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
 
 namespace bagualu {
 
 inline constexpr size_t kAlign = 64;
+
+// std::allocator with kAlign-byte alignment: for grow-only scratch vectors whose rows a kernel
+// reads where they lie a cache line at a time (kernels/mixed.cpp's 16-bit operand copies).
+template <typename T>
+struct AlignedAllocator {
+    using value_type   = T;
+    AlignedAllocator() = default;
+    template <typename U>
+    AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+    T* allocate(size_t n) {
+        return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{kAlign}));
+    }
+    void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{kAlign}); }
+    template <typename U>
+    bool operator==(const AlignedAllocator<U>&) const {
+        return true;
+    }
+};
+template <typename T>
+using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
 template <typename T>
 class Buffer {

@@ -9,6 +9,7 @@
 #include <numbers>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
@@ -215,13 +216,14 @@ void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* d
 namespace {
 
 // 16-bit copies of the GEMM operands, grown once (called from the main thread only).
-std::vector<bf16> g_inp16, g_w16, g_dout16;
+// 64-byte aligned: the AMX kernel reads their rows where they lie (KernelSpec::micro_strided)
+AlignedVector<bf16> g_inp16, g_w16, g_dout16;
 bool g_force16 = false;
 
 // Whether a product of dtype d runs on 16-bit copies.
 bool on_16bit(Dtype d) { return d == Dtype::bfloat16 && (g_force16 || !gemm_bf16_widens()); }
 
-const bf16* to_bf16(std::vector<bf16>& buf, const float* x, size_t n) {
+const bf16* to_bf16(AlignedVector<bf16>& buf, const float* x, size_t n) {
     bf16* out = grow(buf, n);
     narrow_half(Dtype::bfloat16, out, x, n);
     return out;
@@ -248,7 +250,7 @@ struct Rows16 {
     const bf16* x;
     const int32_t* r;
 };
-Rows16 group_rows16(std::vector<bf16>& buf, const float* X, int ld, size_t width,
+Rows16 group_rows16(AlignedVector<bf16>& buf, const float* X, int ld, size_t width,
                     const int32_t* offsets, int G, const int32_t* rows_of = nullptr) {
     const size_t rows = size_t(offsets[G] - offsets[0]);
     const int32_t* r  = rows_of ? rows_of + offsets[0] : nullptr;

@@ -37,8 +37,8 @@ void parallel_cols(int64_t C, int64_t rows, F&& f) {
 }
 
 // Grow-only scratch: returns buf.data() with at least n elements.
-template <typename T>
-T* grow(std::vector<T>& buf, size_t n) {
+template <typename T, typename Alloc>
+T* grow(std::vector<T, Alloc>& buf, size_t n) {
     if (buf.size() < n) buf.resize(n);
     return buf.data();
 }

@@ -82,7 +82,20 @@ namespace {
 constexpr int kInPlaceMaxTiles     = 4;
 constexpr int kInPlaceMaxColsTiles = 8;
 
-bool a_in_place(const KernelSpec& s, PackSrc a, int cols) {
+// A spec with micro_strided reads an op(A) stored by row (not gathered) in place whatever the
+// width, where every k block is whole k tiles (K and kc multiples of strided_k) and every row
+// starts on a cache line (data and the row stride multiples of 64 bytes; with rows across two
+// lines a tile load touched twice the lines and the products ran slower than on packed A:
+// 0.87-0.95x on bench-medium's forward shapes, aligned 1.05-1.2x, docs/results.md).
+bool a_strided(const KernelSpec& s, PackSrc a, int K) {
+    const size_t row_bytes = size_t(a.ld) * size_t(s.elem_bytes);
+    return s.micro_strided && a.k_contiguous && !a.rows && K % s.strided_k == 0 &&
+           s.kc % s.strided_k == 0 && reinterpret_cast<uintptr_t>(a.data) % 64 == 0 &&
+           row_bytes % 64 == 0;
+}
+
+bool a_in_place(const KernelSpec& s, PackSrc a, int cols, int K) {
+    if (a.k_contiguous && s.micro_strided) return a_strided(s, a, K);
     if (a.k_contiguous) return s.micro_rows && cols <= kInPlaceMaxTiles * s.nr;
     return !a.rows && cols <= a_in_place_cols(s);
 }
@@ -105,6 +118,12 @@ inline void a_tile(const KernelSpec& s, PackSrc a, int full, const char* abuf, i
                    int pc, int kc, const char* bp, float* cp, int ldc, float alpha, float beta,
                    int m, int n) {
     if (ir < full) {
+        if (a.k_contiguous && s.micro_strided) {  // in place only where a_strided
+            const char* ap = static_cast<const char*>(a.data) +
+                             (size_t(i0 + ir) * size_t(a.ld) + size_t(pc)) * size_t(s.elem_bytes);
+            s.micro_strided(kc, ap, a.ld, bp, cp, ldc, alpha, beta, m, n);
+            return;
+        }
         if (a.k_contiguous) {
             const float* rows[kMaxMicroRows];
             for (int i = 0; i < s.mr; ++i) rows[i] = a.row<float>(i0 + ir + i) + pc;
@@ -151,7 +170,7 @@ void gemm_rect(const KernelSpec& s, PackSrc a, PackSrc b, int m0, int m1, int n0
     const size_t elem   = static_cast<size_t>(s.elem_bytes);
     auto* bbuf          = static_cast<char*>(t_b_buffer.get(b_pack_bytes(s, n1 - n0, K)));
     auto* abuf          = static_cast<char*>(t_a_buffer.get(a_pack_bytes(s, m1 - m0, K)));
-    const bool in_place = a_in_place(s, a, n1 - n0);
+    const bool in_place = a_in_place(s, a, n1 - n0, K);
     const KernelScope scope(s);
 
     for (int jc = n0; jc < n1; jc += s.nc) {
@@ -305,7 +324,7 @@ void run_unit(const KernelSpec& s, PackSrc a, const char* bstrip, int i0, int i1
     const int nw        = j1 - j0;
     const int nwr       = round_up(nw, s.nr);
     const int mc        = i1 - i0;
-    const bool in_place = a_in_place(s, a, nw);
+    const bool in_place = a_in_place(s, a, nw, K);
     for (int pc = 0; pc < K; pc += s.kc) {
         const int kc       = std::min(s.kc, K - pc);
         const int kcp      = round_up(kc, s.kstep);

@@ -73,6 +73,14 @@ struct KernelSpec {
     // micro on the packed rows (kstep 1 specs with mr <= kMaxMicroRows only, else nullptr).
     void (*micro_rows)(int kc, const float* const* rows, const void* b, float* c, int ldc,
                        float alpha, float beta, int m, int n) = nullptr;
+    // The same tile with op(A) stored by row, not gathered, read where it lies in the spec's
+    // element type: a points at row 0's first value of the k block, row i lies i * lda elements
+    // on (all mr rows readable), and kc is a multiple of strided_k: bitwise micro on the packed
+    // rows, for every tile of a product (16-bit specs whose A tiles load rows at any stride: AMX;
+    // else nullptr).
+    void (*micro_strided)(int kc, const void* a, int lda, const void* b, float* c, int ldc,
+                          float alpha, float beta, int m, int n) = nullptr;
+    int strided_k                                                = 0;
 };
 
 // enter() on construction, leave() on destruction, where the spec has them.

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -386,6 +387,61 @@ TEST(Gemm, AmxTilesMatchTheReferenceOnRaggedShapes) {
                       c.beta, Cf.data(), p.ldc);
             EXPECT_EQ(0, std::memcmp(C.data(), Cf.data(), C.size() * sizeof(float)))
                 << "float B, M=" << c.M << " N=" << c.N << " K=" << c.K;
+        }
+    }
+}
+
+// Where A is stored by row on 64-byte aligned rows and K is whole 32-deep k steps, the AMX kernel
+// loads A's tiles where they lie instead of packing them (KernelSpec::micro_strided): bitwise the
+// products on the packed rows, which the same A one element off its line alignment still gets
+// (test above against the reference). Ragged M (a last short tile is packed), N, K past one k
+// block (768), padded rows, alpha and beta, both B overloads.
+TEST(Gemm, AmxReadsAlignedRowsOfAInPlaceWithThePackedBits) {
+    if (!gemm::path_supported(Path::amx)) {
+        GTEST_SKIP()
+            << "needs AMX-BF16 (CPUID amx_bf16 and amx_tile, tile state enabled by the OS)";
+    }
+    PathGuard guard;
+    gemm::set_active_path(Path::amx);
+    Rng rng(31);
+    const int dims[][4] = {{32, 32, 32, 0},  {33, 47, 64, 32},   {70, 100, 96, 0},
+                           {100, 1, 800, 0}, {64, 96, 1536, 64}, {5, 33, 32, 0}};
+    for (const auto& d : dims) {
+        const int M = d[0], N = d[1], K = d[2], lda = d[2] + d[3];
+        for (Trans tb : {Trans::N, Trans::T}) {
+            const int ldb = tb == Trans::N ? N : K;
+            std::vector<float> b(size_t(tb == Trans::N ? K : N) * size_t(ldb));
+            for (float& v : b) v = float(rng.normal());
+            std::vector<bf16> b16;
+            for (float v : b) b16.push_back(bf16_from_float(v));
+            // the same A on an aligned line (in place) and one element off it (packed)
+            AlignedVector<bf16> lined(size_t(M) * size_t(lda) + 32);
+            for (bf16& v : lined) v = bf16_from_float(float(rng.normal()));
+            const bf16* a_in = lined.data();
+            AlignedVector<bf16> off(lined.size() + 1);
+            std::memcpy(off.data() + 1, lined.data(), lined.size() * sizeof(bf16));
+            const bf16* a_packed = off.data() + 1;
+            for (const float beta : {0.0f, 1.0f, 0.25f}) {
+                const float alpha = beta == 0.25f ? 1.5f : 1.0f;
+                std::vector<float> c0(size_t(M) * size_t(N));
+                for (float& v : c0) v = float(rng.normal());
+                std::vector<float> c1 = c0, c2 = c0, c3 = c0, c4 = c0;
+                gemm_bf16(Trans::N, tb, M, N, K, alpha, a_in, lda, b16.data(), ldb, beta, c1.data(),
+                          N);
+                gemm_bf16(Trans::N, tb, M, N, K, alpha, a_packed, lda, b16.data(), ldb, beta,
+                          c2.data(), N);
+                gemm_bf16(Trans::N, tb, M, N, K, alpha, a_in, lda, b.data(), ldb, beta, c3.data(),
+                          N);
+                gemm_bf16(Trans::N, tb, M, N, K, alpha, a_packed, lda, b.data(), ldb, beta,
+                          c4.data(), N);
+                EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
+                    << "M=" << M << " N=" << N << " K=" << K << " lda=" << lda << " tb=" << int(tb)
+                    << " beta=" << beta;
+                EXPECT_EQ(0, std::memcmp(c3.data(), c4.data(), c3.size() * sizeof(float)))
+                    << "float B, M=" << M << " N=" << N << " K=" << K << " tb=" << int(tb);
+                EXPECT_EQ(0, std::memcmp(c1.data(), c3.data(), c1.size() * sizeof(float)))
+                    << "bf16 B against float B, M=" << M << " N=" << N << " K=" << K;
+            }
         }
     }
 }

@@ -151,6 +151,50 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
     }
 }
 
+// micro_amx with op(A) read where it lies: rows at lda bf16 apart, kc a multiple of kTileK; the
+// same tile steps on the same values as from the packed panel, so bitwise its results. Packing
+// A was about a tenth of a forward product's time (`bench kernels`, docs/results.md).
+__attribute__((target("amx-tile,amx-bf16"))) void micro_amx_strided(int kc, const void* a_v,
+                                                                    int lda, const void* b_v,
+                                                                    float* c, int ldc, float alpha,
+                                                                    float beta, int m, int n) {
+    const auto* a = static_cast<const bf16*>(a_v);
+    const auto* b = static_cast<const bf16*>(b_v);
+    const bool in_c =
+        m == kTileMR && n == kTileNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+    namespace t        = kernels::avx512;
+    const size_t ldc_b = size_t(ldc) * sizeof(float);
+    const size_t lda_b = size_t(lda) * sizeof(bf16);
+    if (in_c && beta == 1.0f) {
+        t::load_c_tiles(c, ldc_b);
+    } else {
+        t::zero_c_tiles();
+    }
+    const bf16* a1 = a + size_t(16) * size_t(lda);
+    for (int k = 0; k < kc; k += kTileK) {
+        const bf16* bk = b + size_t(k) * kTileNR;
+        t::tile_step(a + k, a1 + k, lda_b, bk, bk + 32, 2 * kTileNR * 2);
+    }
+    if (in_c) {
+        t::store_c_tiles(c, ldc_b);
+        return;
+    }
+    alignas(64) float tile[kTileMR * kTileNR];
+    t::store_c_tiles(tile, kTileNR * 4);
+    const __m512 va = _mm512_set1_ps(alpha);
+    const __m512 vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < m; ++i) {
+        float* ci = c + size_t(i) * size_t(ldc);
+        for (int j = 0; j < n; j += 16) {
+            const int w        = std::min(16, n - j);
+            const __mmask16 mk = w == 16 ? __mmask16(0xffff) : __mmask16((1u << w) - 1);
+            __m512 t           = _mm512_mul_ps(_mm512_load_ps(tile + i * kTileNR + j), va);
+            if (beta != 0.0f) t = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, ci + j), t);
+            _mm512_mask_storeu_ps(ci + j, mk, t);
+        }
+    }
+}
+
 // kc 768: most of the model's depths (512, 768, 1536) are one or two k blocks, so the C tiles are
 // loaded and stored once or twice a product (768 against 384: 1.01-1.43x on bench-medium's
 // products of depth 512, 0.88-1.02x on the others, 1-3% on its bf16 step; docs/results.md);
@@ -163,6 +207,8 @@ constexpr KernelSpec kAmx = [] {
     s.pack_b_f32_rows = true;
     s.enter           = enter_tiles;
     s.leave           = leave_tiles;
+    s.micro_strided   = micro_amx_strided;
+    s.strided_k       = kTileK;
     return s;
 }();
 
