@@ -86,7 +86,7 @@ constexpr int kInPlaceMaxColsTiles = 8;
 // width, where every k block is whole k tiles (K and kc multiples of strided_k) and every row
 // starts on a cache line (data and the row stride multiples of 64 bytes; with rows across two
 // lines a tile load touched twice the lines and the products ran slower than on packed A:
-// 0.87-0.95x on bench-medium's forward shapes, aligned 1.05-1.2x, docs/results.md).
+// 0.78-0.94x on bench-medium's forward shapes, aligned 1.0-1.19x, docs/results.md).
 bool a_strided(const KernelSpec& s, PackSrc a, int K) {
     const size_t row_bytes = size_t(a.ld) * size_t(s.elem_bytes);
     return s.micro_strided && a.k_contiguous && !a.rows && K % s.strided_k == 0 &&
