@@ -38,6 +38,11 @@ struct KernelTable {
 
     void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C);
+    // layernorm_forward of rows [begin, end) on the calling thread (kernels/mixed.h narrows them
+    // a block at a time).
+    void (*layernorm_forward_rows)(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int64_t begin,
+                                   int64_t end, int C);
     void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int N, int C);

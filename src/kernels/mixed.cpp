@@ -492,6 +492,40 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
                OC);
 }
 
+namespace {
+// Floats widened from a 16-bit operand, where the products take floats (kept16 below).
+AlignedVector<float> g_wide;
+
+const float* widened(Dtype d, const uint16_t* x16, size_t n) {
+    float* w = grow(g_wide, n);
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        widen_serial(d, w + begin, x16 + begin, size_t(end - begin));
+    });
+    return w;
+}
+}  // namespace
+
+void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
+                           const float* bias, int N, int IC, int OC, Dtype out_dtype,
+                           uint16_t* out_half) {
+    if (on_16bit(d)) {
+        linear_forward_half16(d, out, inp16, weight, bias, N, IC, OC, out_dtype, out_half);
+        return;
+    }
+    linear_forward_half(d, out, widened(d, inp16, size_t(N) * size_t(IC)), weight, bias, N, IC, OC,
+                        out_dtype, out_half);
+}
+
+void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                            const uint16_t* inp16, const float* weight, int N, int IC, int OC) {
+    if (on_16bit(d)) {
+        linear_backward_half16(d, dinp, dweight, dbias, dout, inp16, weight, N, IC, OC);
+        return;
+    }
+    const float* inp = dweight && N > 0 ? widened(d, inp16, size_t(N) * size_t(IC)) : nullptr;
+    linear_backward_half(d, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+}
+
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,
@@ -525,24 +559,50 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
 
 // ---- layernorm ----
 
+namespace {
+
+void layernorm_forward_f64_rows(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int64_t begin, int64_t end,
+                                int C) {
+    for (int64_t i = begin; i < end; ++i) {
+        const float* x = inp + i * C;
+        double m       = 0;
+        for (int c = 0; c < C; ++c) m += double(x[c]);
+        m /= C;
+        double var = 0;
+        for (int c = 0; c < C; ++c) var += (double(x[c]) - m) * (double(x[c]) - m);
+        var /= C;
+        const double s = 1.0 / std::sqrt(var + 1e-5);
+        for (int c = 0; c < C; ++c) {
+            out[i * C + c] = float((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
+        }
+        mean[i] = float(m);
+        rstd[i] = float(s);
+    }
+}
+
+}  // namespace
+
 void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* inp,
                            const float* weight, const float* bias, int N, int C) {
     parallel_rows(N, 4 * C, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* x = inp + i * C;
-            double m       = 0;
-            for (int c = 0; c < C; ++c) m += double(x[c]);
-            m /= C;
-            double var = 0;
-            for (int c = 0; c < C; ++c) var += (double(x[c]) - m) * (double(x[c]) - m);
-            var /= C;
-            const double s = 1.0 / std::sqrt(var + 1e-5);
-            for (int c = 0; c < C; ++c) {
-                out[i * C + c] =
-                    float((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
-            }
-            mean[i] = float(m);
-            rstd[i] = float(s);
+        layernorm_forward_f64_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
+    });
+}
+
+void layernorm_forward_narrow(Dtype d, uint16_t* out16, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C, bool fp64) {
+    BGL_CHECK(d != Dtype::float32, "layernorm_forward_narrow: float32 is not a half type");
+    const auto rows = fp64 ? layernorm_forward_f64_rows : dispatch().layernorm_forward_rows;
+    // a block of rows at a time into a per-thread buffer in L1/L2, then narrowed from there
+    const int64_t block = std::max<int64_t>(1, kFuseBlock / std::max(C, 1));
+    parallel_rows(N, fp64 ? 4 * C : C, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> buf;
+        float* w = grow(buf, size_t(block) * size_t(C));
+        for (int64_t i0 = begin; i0 < end; i0 += block) {
+            const int64_t n = std::min(block, end - i0);
+            rows(w, mean + i0, rstd + i0, inp + i0 * C, weight, bias, 0, n, C);
+            narrow_half_serial(d, out16 + i0 * C, w, size_t(n) * size_t(C));
         }
     });
 }

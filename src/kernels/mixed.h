@@ -86,6 +86,14 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
                            Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);
 void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
                             const uint16_t* inp16, const float* weight, int N, int IC, int OC);
+// The same with inp kept only as its values of d in 16 bits (a layernorm's output that feeds
+// nothing but the product: layernorm_forward_narrow), on any path: where the products do not
+// convert, inp16 is widened to floats first (the rounded floats they would have read).
+void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
+                           const float* bias, int N, int IC, int OC,
+                           Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);
+void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                            const uint16_t* inp16, const float* weight, int N, int IC, int OC);
 
 // The tied LM head's backward from its logits (N, V): linear_backward_half (no bias, OC = V) with
 // dout = crossentropy_backward (crossentropy_backward_f64 with fp64) of targets and dlosses, as an
@@ -195,6 +203,12 @@ void linear_backward_f64(float* dinp, float* dweight, float* dbias, const float*
 
 void layernorm_forward_f64(float* out, float* mean, float* rstd, const float* inp,
                            const float* weight, const float* bias, int N, int C);
+// layernorm_forward (layernorm_forward_f64 with fp64) with the output kept only as its values
+// of the half dtype d, in 16 bits (out16, N x C): bitwise narrow_half of the float output, which
+// is formed a block of rows at a time in a per-thread buffer and never stored.
+void layernorm_forward_narrow(Dtype d, uint16_t* out16, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C,
+                              bool fp64 = false);
 void layernorm_backward_f64(float* dinp, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, const float* mean,
                             const float* rstd, int N, int C);

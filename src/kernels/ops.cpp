@@ -177,25 +177,31 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 namespace generic {
 
+void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t begin, int64_t end,
+                            int C) {
+    for (int64_t i = begin; i < end; ++i) {
+        const float* __restrict x = inp + i * C;
+        float* __restrict o       = out + i * C;
+        const double m            = sum_f64(C, [&](int64_t c) { return double(x[c]); }) / C;
+        auto sq_dev               = [&](int64_t c) {
+            const double d = double(x[c]) - m;
+            return d * d;
+        };
+        const double var = sum_f64(C, sq_dev) / C;
+        const double s   = 1.0 / std::sqrt(var + 1e-5);
+        const float mf   = float(m);
+        const float sf   = float(s);
+        for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * sf * weight[c] + bias[c];
+        mean[i] = mf;
+        rstd[i] = sf;
+    }
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
     parallel_rows(N, C, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* __restrict x = inp + i * C;
-            float* __restrict o       = out + i * C;
-            const double m            = sum_f64(C, [&](int64_t c) { return double(x[c]); }) / C;
-            auto sq_dev               = [&](int64_t c) {
-                const double d = double(x[c]) - m;
-                return d * d;
-            };
-            const double var = sum_f64(C, sq_dev) / C;
-            const double s   = 1.0 / std::sqrt(var + 1e-5);
-            const float mf   = float(m);
-            const float sf   = float(s);
-            for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * sf * weight[c] + bias[c];
-            mean[i] = mf;
-            rstd[i] = sf;
-        }
+        layernorm_forward_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
     });
 }
 

@@ -15,6 +15,9 @@ inline constexpr float kGeluA = 0.044715f;
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
+void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t begin, int64_t end,
+                            int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);

@@ -154,6 +154,9 @@ struct GPT::Acts {
         // dense MLP only: pre-GELU (N, F), in float32 or (a half ffn act dtype) 16 bits;
         // gelu(fch) is not kept, backward computes it again
         kernels::KeptArray fch;
+        // ln_1's (a dense block's ln_2's) output kept only as its 16 bits where the products
+        // that are its only readers take half operands (then ln1 (ln2) is nullptr)
+        uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr;
     };
     FloatArena arena;
     std::vector<float*> resid;  // [L+1] (N, C)
@@ -173,11 +176,18 @@ struct ArenaPlan {
     size_t lnf, lnfm, lnfr, logits, losses, dlosses, dresid, dc, dc2, dqkv, df;
 };
 
+// Whether block l keeps ln_2's output in 16 bits: a dense block whose fc products, its only
+// readers, take half operands (a MoE layer's router reads it as floats; under block
+// recomputation the blocks share one working set, MoE layers' included).
+static bool ln2_half(const ModelConfig& cfg, int l, Recompute rc, Dtype ln_ffn) {
+    return ln_ffn != Dtype::float32 && rc != Recompute::block && !cfg.is_moe_block(l);
+}
+
 // Reserves the activation slices of a forward/backward over N tokens. The one place that sizes
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
 // recompute = block: every block uses one working set (the MLP's slices when any block is dense).
 static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows,
-                            Recompute rc, Dtype hidden) {
+                            Recompute rc, Dtype hidden, Dtype ln_attn, Dtype ln_ffn) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
@@ -191,14 +201,14 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         }
         const bool dense = rc == Recompute::block ? any_dense : !cfg.is_moe_block(l);
         ArenaPlan::BlockOff o{};
-        o.ln1  = A.reserve(N * C);
+        o.ln1  = ln_attn == Dtype::float32 ? A.reserve(N * C) : A.reserve_half(N * C);
         o.m1   = A.reserve(N);
         o.r1   = A.reserve(N);
         o.qkv  = A.reserve(N * 3 * C);
         o.atty = A.reserve(N * C);
         o.lse  = A.reserve(N * NH);
         o.res1 = A.reserve(N * C);
-        o.ln2  = A.reserve(N * C);
+        o.ln2  = ln2_half(cfg, l, rc, ln_ffn) ? A.reserve_half(N * C) : A.reserve(N * C);
         o.m2   = A.reserve(N);
         o.r2   = A.reserve(N);
         if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
@@ -219,10 +229,10 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
 }
 
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows,
-                         Recompute recompute, Dtype hidden) {
+                         Recompute recompute, Dtype hidden, Dtype ln_attn, Dtype ln_ffn) {
     FloatArena A;
     plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
-               static_cast<size_t>(head_rows), recompute, hidden);
+               static_cast<size_t>(head_rows), recompute, hidden, ln_attn, ln_ffn);
     return A.total_floats();
 }
 
@@ -288,15 +298,30 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_            = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    const Dtype hidden = prec_.act_dtype(LayerClass::ffn);
-    const ArenaPlan p  = plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden);
+    const Dtype hidden  = prec_.act_dtype(LayerClass::ffn);
+    const Dtype ln_attn = prec_.gemm_dtype(LayerClass::attention);
+    const Dtype ln_ffn  = prec_.gemm_dtype(LayerClass::ffn);
+    const ArenaPlan p =
+        plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden, ln_attn, ln_ffn);
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
         const ArenaPlan::BlockOff& o = p.blocks[static_cast<size_t>(l)];
-        Acts::Block b{A.at(o.ln1),  A.at(o.m1),  A.at(o.r1),          A.at(o.qkv),
-                      A.at(o.atty), A.at(o.lse), A.at(o.res1),        A.at(o.ln2),
-                      A.at(o.m2),   A.at(o.r2),  kernels::KeptArray{}};
+        const bool ln1_16            = ln_attn != Dtype::float32,
+                   ln2_16            = ln2_half(cfg, l, recompute_, ln_ffn);
+        Acts::Block b{ln1_16 ? nullptr : A.at(o.ln1),
+                      A.at(o.m1),
+                      A.at(o.r1),
+                      A.at(o.qkv),
+                      A.at(o.atty),
+                      A.at(o.lse),
+                      A.at(o.res1),
+                      ln2_16 ? nullptr : A.at(o.ln2),
+                      A.at(o.m2),
+                      A.at(o.r2),
+                      kernels::KeptArray{}};
+        if (ln1_16) b.ln1_16 = A.at_half(o.ln1);
+        if (ln2_16) b.ln2_16 = A.at_half(o.ln2);
         if (!cfg.is_moe_block(l)) {
             if (hidden == Dtype::float32) {
                 b.fch.f32 = A.at(o.fch);
@@ -511,11 +536,20 @@ double GPT::block_forward(int l) {
     const float* x = a.resid[static_cast<size_t>(l)];
     float* y       = a.resid[static_cast<size_t>(l) + 1];
     double aux     = 0;
-    op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
-    round_operand(b.ln1, NC, ga);  // only the qkv products read it
+    if (b.ln1_16) {  // only the qkv products read it: only their 16-bit operand is kept
+        layernorm_forward_narrow(ga, b.ln1_16, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C,
+                                 prec_.fp64_sensitive);
+    } else {
+        op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
+        round_operand(b.ln1, NC, ga);  // only the qkv products read it
+    }
     {
         PhaseScope phase(Phase::attention);
-        linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
+        if (b.ln1_16) {
+            linear_forward_kept16(ga, b.qkv, b.ln1_16, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
+        } else {
+            linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
+        }
         if (prec_.fp64_sensitive) {
             attention_forward_f64(b.atty, b.lse, b.qkv, B, T, C, NH);
         } else {
@@ -525,13 +559,18 @@ double GPT::block_forward(int l) {
         linear_forward_half(ga, b.res1, b.atty, w.proj_w, w.proj_b, N, C, C, aa);
     }
     add_forward(b.res1, b.res1, x, NC);
-    op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
     const int mi = moe_index_[static_cast<size_t>(l)];
     // a dense block's fc products are its only readers; a MoE layer's router reads it too
-    if (mi >= 0) {
-        round_inplace(b.ln2, NC, gf);
+    if (b.ln2_16) {
+        layernorm_forward_narrow(gf, b.ln2_16, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N,
+                                 C, prec_.fp64_sensitive);
     } else {
-        round_operand(b.ln2, NC, gf);
+        op.ln_fwd(b.ln2, b.ln2_mean, b.ln2_rstd, b.res1, w.ln2_w, w.ln2_b, N, C);
+        if (mi >= 0) {
+            round_inplace(b.ln2, NC, gf);
+        } else {
+            round_operand(b.ln2, NC, gf);
+        }
     }
     if (mi >= 0) {
         PhaseScope phase(Phase::gate_dispatch);  // the layer times its experts itself
@@ -542,7 +581,11 @@ double GPT::block_forward(int l) {
         // (free during forward), and backward computes it again from fch; a 16-bit fch is
         // formed in df and narrowed from there
         float* hf = b.fch.half ? a.df : b.fch.f32;
-        linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
+        if (b.ln2_16) {
+            linear_forward_kept16(gf, hf, b.ln2_16, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
+        } else {
+            linear_forward_half(gf, hf, b.ln2, w.fc_w, w.fc_b, N, C, F, af, b.fch.half);
+        }
         if (half_products_convert(gf)) {
             // the GELU's output only as the next product's 16-bit operand, formed in df's
             // storage from fch (a 16-bit fch is read rather than hf in df, the same values)
@@ -648,7 +691,11 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             // dh rounded as the products' operand where they do not convert it themselves
             gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64,
                                half_products_convert(gf) ? Dtype::float32 : gf);
-            linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+            if (b.ln2_16) {
+                linear_backward_kept16(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2_16, w.fc_w, N, C, F);
+            } else {
+                linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+            }
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);
         // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
@@ -662,7 +709,13 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 attention_backward_half(ga, a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
             }
             round_operand(a.dqkv, 3 * NC, ga);
-            linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C, 3 * C);
+            if (b.ln1_16) {
+                linear_backward_kept16(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1_16, w.qkv_w, N, C,
+                                       3 * C);
+            } else {
+                linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C,
+                                     3 * C);
+            }
         }
         op.ln_bwd(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd, N, C);
         if (grads_ready) grads_ready(flat(g.ln1_w));

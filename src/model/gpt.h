@@ -76,9 +76,12 @@ ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPoli
 // instead of N x V. recompute = block keeps each block's input and one block's working set (the
 // block running forward or backward); none and moe keep every block's activations.
 // hidden: the dtype the dense MLPs keep their pre-activation in (PrecisionPolicy::act_dtype of
-// the ffn class: 16 bits for a half type).
+// the ffn class: 16 bits for a half type). ln_attn, ln_ffn: the GEMM dtypes of the attention and
+// ffn classes (PrecisionPolicy::gemm_dtype): a half one keeps ln_1's output (and a dense block's
+// ln_2's, without block recomputation) in 16 bits, the values its products read.
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0,
-                         Recompute recompute = Recompute::none, Dtype hidden = Dtype::float32);
+                         Recompute recompute = Recompute::none, Dtype hidden = Dtype::float32,
+                         Dtype ln_attn = Dtype::float32, Dtype ln_ffn = Dtype::float32);
 // Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
 // bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
 int64_t fused_head_rows(const ModelConfig& cfg);

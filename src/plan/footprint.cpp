@@ -253,11 +253,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers' (N, E) arrays among them)
     const Recompute rc = cfg.train.recompute;
-    mem.activations += static_cast<double>(model::activation_floats(
-                           m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0,
-                           rc, prec.act_dtype(model::LayerClass::ffn))) *
-                           4 +
-                       2 * buf(N, 4);  // arena; tokens, targets
+    mem.activations +=
+        static_cast<double>(model::activation_floats(
+            m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc,
+            prec.act_dtype(model::LayerClass::ffn), prec.gemm_dtype(model::LayerClass::attention),
+            prec.gemm_dtype(model::LayerClass::ffn))) *
+            4 +
+        2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
                                          prec.act_dtype(model::LayerClass::ffn) != Dtype::float32,
                                          cfg.parallel.a2a_chunks);

@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wpedantic"
 #include "core/rng.h"
 #pragma GCC diagnostic pop
+#include "isa_params.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 
@@ -120,6 +121,73 @@ TEST(HalfActivations, NarrowIsExactAndGeluMatchesTheFloatKernels) {
                 << dtype_name(d) << " fp64 " << fp64;
         }
     }
+}
+
+// A layernorm's output kept only as its 16 bits (layernorm_forward_narrow) is bitwise the float
+// kernel's output narrowed, with the same mean and rstd: both half dtypes, both precisions, on
+// every kernel table; rows ragged around the per-thread blocks (2048 / C rows) and widths around
+// the vector lengths.
+class LayernormNarrow : public testing::IsaTest {};
+
+TEST_P(LayernormNarrow, IsTheFloatOutputNarrowed) {
+    Rng rng(41);
+    for (const int C : {1, 100, 771}) {
+        const int N  = 137;
+        const auto x = randn(rng, size_t(N) * C, 3.0), w = randn(rng, C), b = randn(rng, C);
+        for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
+            for (const bool fp64 : {false, true}) {
+                std::vector<float> out(x.size()), mean(N), rstd(N), mean16(N), rstd16(N);
+                (fp64 ? layernorm_forward_f64 : layernorm_forward)(
+                    out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+                std::vector<uint16_t> want(x.size()), got(x.size(), 0xffff);
+                narrow_half(d, want.data(), out.data(), out.size());
+                layernorm_forward_narrow(d, got.data(), mean16.data(), rstd16.data(), x.data(),
+                                         w.data(), b.data(), N, C, fp64);
+                EXPECT_EQ(got, want) << dtype_name(d) << " C=" << C << " fp64 " << fp64;
+                EXPECT_EQ(mean16, mean) << dtype_name(d) << " C=" << C << " fp64 " << fp64;
+                EXPECT_EQ(rstd16, rstd) << dtype_name(d) << " C=" << C << " fp64 " << fp64;
+            }
+        }
+    }
+}
+
+BGL_INSTANTIATE_ISAS(LayernormNarrow);
+
+// A linear layer's input kept only as its 16 bits (linear_forward_kept16 / linear_backward_kept16)
+// gives the bits of the same layer on the rounded floats (linear_forward_half /
+// linear_backward_half): for bf16 on this CPU's products (16-bit where they convert, else the
+// widened floats), bf16 forced to 16-bit operands, and fp16 (always widened).
+TEST(HalfLinear, KeptSixteenBitInputIsTheRoundedFloatInput) {
+    Rng rng(12, 0);
+    const int N = 45, IC = 64, OC = 33;
+    for (const bool force : {false, true}) {
+        force_16bit_operands(force);
+        for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
+            auto x = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC),
+                 b = randn(rng, OC), dy = randn(rng, size_t(N) * OC);
+            for (auto* v : {&x, &w, &dy}) round_inplace(v->data(), v->size(), d);
+            std::vector<uint16_t> x16(x.size());
+            narrow_half(d, x16.data(), x.data(), x.size());
+            std::vector<float> o1(size_t(N) * OC), o2(o1.size());
+            std::vector<uint16_t> h1(o1.size()), h2(o1.size());
+            linear_forward_half(d, o1.data(), x.data(), w.data(), b.data(), N, IC, OC, d,
+                                h1.data());
+            linear_forward_kept16(d, o2.data(), x16.data(), w.data(), b.data(), N, IC, OC, d,
+                                  h2.data());
+            EXPECT_EQ(o2, o1) << dtype_name(d) << " forced " << force;
+            EXPECT_EQ(h2, h1) << dtype_name(d) << " forced " << force;
+            std::vector<float> dx1(x.size()), dx2(x.size()), dw1(w.size(), 0.25f),
+                dw2 = dw1, db1(OC, 0.5f), db2 = db1;
+            linear_backward_half(d, dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(),
+                                 w.data(), N, IC, OC);
+            linear_backward_kept16(d, dx2.data(), dw2.data(), db2.data(), dy.data(), x16.data(),
+                                   w.data(), N, IC, OC);
+            EXPECT_EQ(dx2, dx1) << dtype_name(d) << " forced " << force;
+            EXPECT_EQ(dw2, dw1) << dtype_name(d) << " forced " << force;
+            EXPECT_EQ(db2, db1) << dtype_name(d) << " forced " << force;
+        }
+    }
+    force_16bit_operands(false);
 }
 
 TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
@@ -395,7 +463,7 @@ TEST(Fp64Ops, AdamWScaledAndRoundedIsTheThreeCallsBitwise) {
     const size_t n = 3 * 4096 * 4 + 1234;
     for (Dtype d : {Dtype::bfloat16, Dtype::float16, Dtype::float32}) {
         for (bool fp64 : {false, true}) {
-            SCOPED_TRACE(testing::Message() << dtype_name(d) << (fp64 ? " fp64" : " fp32"));
+            SCOPED_TRACE(::testing::Message() << dtype_name(d) << (fp64 ? " fp64" : " fp32"));
             auto master = randn(rng, n, 0.05), m = randn(rng, n, 1e-3);
             std::vector<float> v(n, 1e-6f), param(n, 0.0f), param2(n, 0.0f);
             auto master2 = master, m2 = m, v2 = v;
