@@ -108,14 +108,30 @@ void pack_b_amx(PackSrc src, int r0, int rn, int p0, int kc, void* dst_v) {
     }
 }
 
-__attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void* a_v,
-                                                            const void* b_v, float* c, int ldc,
-                                                            float alpha, float beta, int m, int n) {
-    const auto* a = static_cast<const bf16*>(a_v);
-    const auto* b = static_cast<const bf16*>(b_v);
-    // A whole tile with alpha 1 (every product but the scaled ones) is summed in C itself: the
-    // C tiles start from C (beta 1) or zero (beta 0) and are stored back where they lie, with no
-    // pass over a staging tile. Otherwise they start from zero and the staged sums are scaled.
+// A's two tiles of the k step at k: from a packed panel (rows of 32 k values, 64 bytes apart) or
+// from A where it lies (rows lda values apart).
+struct PanelA {
+    const bf16* a;
+    const bf16* rows0(int k) const { return a + size_t(k) * kTileMR; }
+    const bf16* rows16(int k) const { return rows0(k) + 16 * kTileK; }
+    size_t stride() const { return kTileK * sizeof(bf16); }
+};
+struct StridedA {
+    const bf16* a;
+    size_t lda;
+    const bf16* rows0(int k) const { return a + k; }
+    const bf16* rows16(int k) const { return a + 16 * lda + size_t(k); }
+    size_t stride() const { return lda * sizeof(bf16); }
+};
+
+// The 32 x 32 tile of C over kcp values of k (a multiple of kTileK) from A's tiles and the B
+// panel b. A whole tile with alpha 1 (every product but the scaled ones) is summed in C itself:
+// the C tiles start from C (beta 1) or zero (beta 0) and are stored back where they lie, with no
+// pass over a staging tile. Otherwise they start from zero and the staged sums are scaled.
+template <typename ATiles>
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_tile(int kcp, ATiles a, const bf16* b,
+                                                                  float* c, int ldc, float alpha,
+                                                                  float beta, int m, int n) {
     const bool in_c =
         m == kTileMR && n == kTileNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
     namespace t        = kernels::avx512;
@@ -126,9 +142,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
         t::zero_c_tiles();
     }
     for (int k = 0; k < kcp; k += kTileK) {
-        const bf16* ak = a + size_t(k) * kTileMR;
         const bf16* bk = b + size_t(k) * kTileNR;
-        t::tile_step(ak, ak + 16 * kTileK, 64, bk, bk + 32, 2 * kTileNR * 2);
+        t::tile_step(a.rows0(k), a.rows16(k), a.stride(), bk, bk + 32, 2 * kTileNR * 2);
     }
     if (in_c) {
         t::store_c_tiles(c, ldc_b);
@@ -151,6 +166,13 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void*
     }
 }
 
+__attribute__((target("amx-tile,amx-bf16"))) void micro_amx(int kcp, const void* a_v,
+                                                            const void* b_v, float* c, int ldc,
+                                                            float alpha, float beta, int m, int n) {
+    amx_tile(kcp, PanelA{static_cast<const bf16*>(a_v)}, static_cast<const bf16*>(b_v), c, ldc,
+             alpha, beta, m, n);
+}
+
 // micro_amx with op(A) read where it lies: rows at lda bf16 apart, kc a multiple of kTileK; the
 // same tile steps on the same values as from the packed panel, so bitwise its results. Packing
 // A was about a tenth of a forward product's time (`bench kernels`, docs/results.md).
@@ -158,41 +180,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void micro_amx_strided(int kc, cons
                                                                     int lda, const void* b_v,
                                                                     float* c, int ldc, float alpha,
                                                                     float beta, int m, int n) {
-    const auto* a = static_cast<const bf16*>(a_v);
-    const auto* b = static_cast<const bf16*>(b_v);
-    const bool in_c =
-        m == kTileMR && n == kTileNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
-    namespace t        = kernels::avx512;
-    const size_t ldc_b = size_t(ldc) * sizeof(float);
-    const size_t lda_b = size_t(lda) * sizeof(bf16);
-    if (in_c && beta == 1.0f) {
-        t::load_c_tiles(c, ldc_b);
-    } else {
-        t::zero_c_tiles();
-    }
-    const bf16* a1 = a + size_t(16) * size_t(lda);
-    for (int k = 0; k < kc; k += kTileK) {
-        const bf16* bk = b + size_t(k) * kTileNR;
-        t::tile_step(a + k, a1 + k, lda_b, bk, bk + 32, 2 * kTileNR * 2);
-    }
-    if (in_c) {
-        t::store_c_tiles(c, ldc_b);
-        return;
-    }
-    alignas(64) float tile[kTileMR * kTileNR];
-    t::store_c_tiles(tile, kTileNR * 4);
-    const __m512 va = _mm512_set1_ps(alpha);
-    const __m512 vb = _mm512_set1_ps(beta);
-    for (int i = 0; i < m; ++i) {
-        float* ci = c + size_t(i) * size_t(ldc);
-        for (int j = 0; j < n; j += 16) {
-            const int w        = std::min(16, n - j);
-            const __mmask16 mk = w == 16 ? __mmask16(0xffff) : __mmask16((1u << w) - 1);
-            __m512 t           = _mm512_mul_ps(_mm512_load_ps(tile + i * kTileNR + j), va);
-            if (beta != 0.0f) t = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk, ci + j), t);
-            _mm512_mask_storeu_ps(ci + j, mk, t);
-        }
-    }
+    amx_tile(kc, StridedA{static_cast<const bf16*>(a_v), size_t(lda)},
+             static_cast<const bf16*>(b_v), c, ldc, alpha, beta, m, n);
 }
 
 // kc 768: most of the model's depths (512, 768, 1536) are one or two k blocks, so the C tiles are
