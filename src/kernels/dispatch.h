@@ -36,10 +36,8 @@ struct KernelTable {
     Isa layernorm_isa, gelu_isa, attention_isa, crossentropy_isa, adamw_isa, convert_isa, rows_isa,
         exp_isa;
 
-    void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
-                              const float* weight, const float* bias, int N, int C);
-    // layernorm_forward of rows [begin, end) on the calling thread (kernels/mixed.h narrows them
-    // a block at a time).
+    // layernorm_forward of rows [begin, end) on the calling thread (ops.h threads them;
+    // kernels/mixed.h narrows them a block at a time).
     void (*layernorm_forward_rows)(float* out, float* mean, float* rstd, const float* inp,
                                    const float* weight, const float* bias, int64_t begin,
                                    int64_t end, int C);

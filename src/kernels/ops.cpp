@@ -198,13 +198,6 @@ void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* i
     }
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
-        layernorm_forward_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
-    });
-}
-
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
@@ -629,7 +622,10 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
-    dispatch().layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    const auto rows = dispatch().layernorm_forward_rows;
+    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
+        rows(out, mean, rstd, inp, weight, bias, begin, end, C);
+    });
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -56,13 +56,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                             out, lse, B, T, C, NH);
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-    parallel_rows(N, C, [&](int64_t begin, int64_t end) {
-        layernorm_forward_rows(out, mean, rstd, inp, weight, bias, begin, end, C);
-    });
-}
-
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {

@@ -101,8 +101,6 @@ void attention_forward_with(AttentionForwardItems items, AttentionScratch scratc
 void attention_backward_with(AttentionBackwardItems items, AttentionScratch scratch_floats,
                              float* dqkv, const float* dout, const float* qkv, const float* out,
                              const float* lse, int B, int T, int C, int NH);
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);

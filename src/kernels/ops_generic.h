@@ -13,8 +13,6 @@ namespace bagualu::kernels::generic {
 inline constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 inline constexpr float kGeluA = 0.044715f;
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
 void layernorm_forward_rows(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t begin, int64_t end,
                             int C);

@@ -44,7 +44,7 @@ std::string env_error(const char* value, const CpuFeatures& cpu) {
 TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     const KernelTable& t = kernel_table(Isa::generic);
     EXPECT_EQ(t.isa, Isa::generic);
-    EXPECT_EQ(t.layernorm_forward, &generic::layernorm_forward);
+    EXPECT_EQ(t.layernorm_forward_rows, &generic::layernorm_forward_rows);
     EXPECT_EQ(t.layernorm_backward, &generic::layernorm_backward);
     EXPECT_EQ(t.gelu_forward, &generic::gelu_forward_range);
     EXPECT_EQ(t.gelu_backward, &generic::gelu_backward_range);
@@ -76,7 +76,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         SCOPED_TRACE(isa_name(isa));
         const KernelTable& t = kernel_table(isa);
         EXPECT_EQ(t.isa, isa);
-        EXPECT_TRUE(t.layernorm_forward && t.layernorm_backward && t.gelu_forward &&
+        EXPECT_TRUE(t.layernorm_forward_rows && t.layernorm_backward && t.gelu_forward &&
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_round && t.bf16_round_stream && t.bf16_widen &&
@@ -93,7 +93,7 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.crossentropy_isa == Isa::generic,
                   t.crossentropy_forward == &generic::crossentropy_forward);
         EXPECT_EQ(t.layernorm_isa == Isa::generic,
-                  t.layernorm_forward == &generic::layernorm_forward);
+                  t.layernorm_forward_rows == &generic::layernorm_forward_rows);
         EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward_range);
         EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_range == &generic::adamw_update_range);
         EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
