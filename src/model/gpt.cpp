@@ -170,6 +170,7 @@ struct GPT::Acts {
 struct ArenaPlan {
     struct BlockOff {
         size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch;
+        bool ln1_half, ln2_half;  // ln1, ln2 reserved as 16-bit slices
     };
     std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
@@ -179,7 +180,7 @@ struct ArenaPlan {
 // Whether block l keeps ln_2's output in 16 bits: a dense block whose fc products, its only
 // readers, take half operands (a MoE layer's router reads it as floats; under block
 // recomputation the blocks share one working set, MoE layers' included).
-static bool ln2_half(const ModelConfig& cfg, int l, Recompute rc, Dtype ln_ffn) {
+static bool ln2_in_16_bits(const ModelConfig& cfg, int l, Recompute rc, Dtype ln_ffn) {
     return ln_ffn != Dtype::float32 && rc != Recompute::block && !cfg.is_moe_block(l);
 }
 
@@ -201,16 +202,18 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         }
         const bool dense = rc == Recompute::block ? any_dense : !cfg.is_moe_block(l);
         ArenaPlan::BlockOff o{};
-        o.ln1  = ln_attn == Dtype::float32 ? A.reserve(N * C) : A.reserve_half(N * C);
-        o.m1   = A.reserve(N);
-        o.r1   = A.reserve(N);
-        o.qkv  = A.reserve(N * 3 * C);
-        o.atty = A.reserve(N * C);
-        o.lse  = A.reserve(N * NH);
-        o.res1 = A.reserve(N * C);
-        o.ln2  = ln2_half(cfg, l, rc, ln_ffn) ? A.reserve_half(N * C) : A.reserve(N * C);
-        o.m2   = A.reserve(N);
-        o.r2   = A.reserve(N);
+        o.ln1_half = ln_attn != Dtype::float32;
+        o.ln2_half = ln2_in_16_bits(cfg, l, rc, ln_ffn);
+        o.ln1      = o.ln1_half ? A.reserve_half(N * C) : A.reserve(N * C);
+        o.m1       = A.reserve(N);
+        o.r1       = A.reserve(N);
+        o.qkv      = A.reserve(N * 3 * C);
+        o.atty     = A.reserve(N * C);
+        o.lse      = A.reserve(N * NH);
+        o.res1     = A.reserve(N * C);
+        o.ln2      = o.ln2_half ? A.reserve_half(N * C) : A.reserve(N * C);
+        o.m2       = A.reserve(N);
+        o.r2       = A.reserve(N);
         if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
         p.blocks.push_back(o);
     }
@@ -298,30 +301,27 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_            = std::make_unique<Acts>();
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
-    const Dtype hidden  = prec_.act_dtype(LayerClass::ffn);
-    const Dtype ln_attn = prec_.gemm_dtype(LayerClass::attention);
-    const Dtype ln_ffn  = prec_.gemm_dtype(LayerClass::ffn);
+    const Dtype hidden = prec_.act_dtype(LayerClass::ffn);
     const ArenaPlan p =
-        plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden, ln_attn, ln_ffn);
+        plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden,
+                   prec_.gemm_dtype(LayerClass::attention), prec_.gemm_dtype(LayerClass::ffn));
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
         const ArenaPlan::BlockOff& o = p.blocks[static_cast<size_t>(l)];
-        const bool ln1_16            = ln_attn != Dtype::float32,
-                   ln2_16            = ln2_half(cfg, l, recompute_, ln_ffn);
-        Acts::Block b{ln1_16 ? nullptr : A.at(o.ln1),
+        Acts::Block b{o.ln1_half ? nullptr : A.at(o.ln1),
                       A.at(o.m1),
                       A.at(o.r1),
                       A.at(o.qkv),
                       A.at(o.atty),
                       A.at(o.lse),
                       A.at(o.res1),
-                      ln2_16 ? nullptr : A.at(o.ln2),
+                      o.ln2_half ? nullptr : A.at(o.ln2),
                       A.at(o.m2),
                       A.at(o.r2),
                       kernels::KeptArray{}};
-        if (ln1_16) b.ln1_16 = A.at_half(o.ln1);
-        if (ln2_16) b.ln2_16 = A.at_half(o.ln2);
+        if (o.ln1_half) b.ln1_16 = A.at_half(o.ln1);
+        if (o.ln2_half) b.ln2_16 = A.at_half(o.ln2);
         if (!cfg.is_moe_block(l)) {
             if (hidden == Dtype::float32) {
                 b.fch.f32 = A.at(o.fch);
