@@ -390,17 +390,48 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
                        stride_w, dweight_epilogue);
 }
 
-void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
-                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
-                                  const uint16_t* inp16, const float* weight, size_t stride_w,
-                                  GroupEpilogue dweight_epilogue) {
+const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {
+    BGL_CHECK(on_16bit(d), "narrow_dout: a 16-bit operand where the products do not convert");
+    return to_bf16(g_dout16, dout, n);
+}
+
+const uint16_t* gelu_backward_dout(Dtype d, Dtype x_dtype, const KeptArray& x, const float* dout,
+                                   size_t n, bool fp64) {
     BGL_CHECK(on_16bit(d),
-              "grouped_linear_backward_half: 16-bit operands where the products do not convert");
+              "gelu_backward_dout: a 16-bit operand where the products do not convert");
+    bf16* out                    = grow(g_dout16, n);
+    const GeluBackwardRange gelu = gelu_backward_range(fp64);
+    in_blocks(n, [&](size_t o, size_t len) {
+        alignas(64) float w[kFuseBlock], g[kFuseBlock];
+        const float* xo = x.f32 ? x.f32 + o : w;
+        if (!x.f32) widen_serial(x_dtype, w, x.half + o, len);
+        gelu(g, xo, dout + o, 0, int64_t(len));
+        narrow_half_serial(d, out + o, g, len);
+    });
+    return out;
+}
+
+void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                    float* dinp, float* dweight, size_t stride_dw,
+                                    const uint16_t* dout16, const float* inp,
+                                    const int32_t* inp_rows, const uint16_t* inp16,
+                                    const float* weight, size_t stride_w,
+                                    GroupEpilogue dweight_epilogue) {
+    BGL_CHECK(on_16bit(d),
+              "grouped_linear_backward_dout16: 16-bit operands where the products "
+              "do not convert");
+    BGL_CHECK(!inp16 || !inp_rows, "grouped_linear_backward_dout16: a gather of 16-bit rows");
     if (G == 0) return;
-    const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
-    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
-                       inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w,
-                       dweight_epilogue);
+    const bf16* dy = dout16 + size_t(offsets[0]) * size_t(OUT);
+    if (inp16) {
+        grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
+                           inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w,
+                           dweight_epilogue);
+        return;
+    }
+    const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
+    grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
+                       stride_w, dweight_epilogue);
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,
@@ -490,6 +521,16 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
               "linear_backward_half16: 16-bit operands where the products do not convert");
     backward16(dinp, dweight, dbias, to_bf16(g_dout16, dout, size_t(N) * OC), inp16, weight, N, IC,
                OC);
+}
+
+void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* weight, int N, int IC, int OC) {
+    BGL_CHECK(on_16bit(d),
+              "linear_backward_dout16: 16-bit operands where the products do not convert");
+    const bf16* x = inp16;
+    if (!x && dweight && N > 0) x = to_bf16(g_inp16, inp, size_t(N) * IC);
+    backward16(dinp, dweight, dbias, dout16, x, weight, N, IC, OC);
 }
 
 namespace {

@@ -146,18 +146,44 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 //   dinp (rows, IN)      = dout_g W_g       (grouped_gemm_half with Trans::N, stride_w)
 // dout (rows, OUT), dinp and inp (rows, IN) dense, their rows [offsets[0], offsets[G]). Where
 // half_products_convert(d), dout is narrowed once for both products (rather than once each);
-// the same bits as the two calls. inp: float rows (gathered by inp_rows, as b_rows above) or
-// their 16 bits (inp16); dweight is formed first, so dinp may lie where inp or inp16 does.
+// the same bits as the two calls. inp: float rows (gathered by inp_rows, as b_rows above);
+// dweight is formed first, so dinp may lie where inp does.
 // dweight_epilogue: the weight gradient's epilogue (grouped_gemm_tn_half), which may read dout's
 // float rows (dinp is written after it). Call from outside pool jobs.
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
                                   const float* inp, const int32_t* inp_rows, const float* weight,
                                   size_t stride_w, GroupEpilogue dweight_epilogue = {});
-void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
-                                  float* dinp, float* dweight, size_t stride_dw, const float* dout,
-                                  const uint16_t* inp16, const float* weight, size_t stride_w,
-                                  GroupEpilogue dweight_epilogue = {});
+
+// Output gradients kept only as the products' 16-bit operand, where half_products_convert(d): in
+// the products' own 16-bit scratch for it, valid until the next call that narrows a float output
+// gradient there (the linear and grouped backward forms above taking a float dout,
+// crossentropy_linear_backward_half, and these two); for the dout16 forms below. Call from outside
+// pool jobs.
+// narrow_dout: dout's n values rounded to d (as the products' conversion rounds them).
+const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n);
+// gelu_backward_dout: gelu_backward_kept's dinp (dout * gelu'(x), x kept as values of x_dtype)
+// rounded to d, formed a block at a time in L1 and narrowed there, so no float array of it is
+// written and read again (the layer under a GELU: the dense MLP's first product, the experts').
+const uint16_t* gelu_backward_dout(Dtype d, Dtype x_dtype, const KeptArray& x, const float* dout,
+                                   size_t n, bool fp64 = false);
+
+// linear_backward_half with dout as its 16 bits (dout16, N x OC) and inp as floats or as its 16
+// bits (inp16; one of them where dweight), where half_products_convert(d): dbias sums the 16-bit
+// values. The same bits as linear_backward_half on the rounded floats.
+void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* weight, int N, int IC, int OC);
+// grouped_linear_backward_half with dout as its 16 bits (dout16, its rows indexed as dout's), and
+// inp as float rows (gathered by inp_rows) or as their 16 bits (inp16, indexed as inp's), where
+// half_products_convert(d). The same bits as on the rounded floats; dweight is formed first, so
+// dinp may lie where inp16 does. The epilogue may read dout16's rows (a bias gradient).
+void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
+                                    float* dinp, float* dweight, size_t stride_dw,
+                                    const uint16_t* dout16, const float* inp,
+                                    const int32_t* inp_rows, const uint16_t* inp16,
+                                    const float* weight, size_t stride_w,
+                                    GroupEpilogue dweight_epilogue = {});
 
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.

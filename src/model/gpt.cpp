@@ -682,19 +682,23 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 // gradient overwrites it in df
                 linear_backward_half16(gf, a.df, g.fcproj_w, g.fcproj_b, dy, g16, w.fcproj_w, N, F,
                                        C);
+                // dh only as the products' 16 bits, formed from df and never stored as floats
+                const uint16_t* dh16 = gelu_backward_dout(gf, af, b.fch, a.df, NF, f64);
+                linear_backward_dout16(gf, a.dc, g.fc_w, g.fc_b, dh16, b.ln2, b.ln2_16, w.fc_w, N,
+                                       C, F);
             } else {
                 gelu_forward_kept(af, a.df, b.fch, NF, f64, gf);
                 linear_backward_half(gf, nullptr, g.fcproj_w, g.fcproj_b, dy, a.df, w.fcproj_w, N,
                                      F, C);
                 linear_backward_half(gf, a.df, nullptr, nullptr, dy, nullptr, w.fcproj_w, N, F, C);
-            }
-            // dh rounded as the products' operand where they do not convert it themselves
-            gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64,
-                               half_products_convert(gf) ? Dtype::float32 : gf);
-            if (b.ln2_16) {
-                linear_backward_kept16(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2_16, w.fc_w, N, C, F);
-            } else {
-                linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+                // dh rounded as the products' operand
+                gelu_backward_kept(af, a.df, b.fch, a.df, NF, f64, gf);
+                if (b.ln2_16) {
+                    linear_backward_kept16(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2_16, w.fc_w, N, C,
+                                           F);
+                } else {
+                    linear_backward_half(gf, a.dc, g.fc_w, g.fc_b, a.df, b.ln2, w.fc_w, N, C, F);
+                }
             }
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);

@@ -12,6 +12,7 @@
 #include "moe/experts.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -58,16 +59,23 @@ struct BiasEpilogue {
 
 // dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
 // Each column block is summed in double over the rows in order, as linear_backward sums its bias
-// gradient, then added once; with acc (E, acc_ld) the sums continue there instead.
-void expert_bias_grad(float* dbias, size_t stride, const float* dout, const int32_t* offsets, int e,
+// gradient, then added once; with acc (E, acc_ld) the sums continue there instead. dout: floats,
+// or the bf16 bits of values of bf16 (the same sums).
+template <typename T>
+void expert_bias_grad(float* dbias, size_t stride, const T* dout, const int32_t* offsets, int e,
                       int D, double* acc, int acc_ld) {
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) return;
     for (int c0 = 0; c0 < D; c0 += kColBlock) {
         const int w           = std::min(kColBlock, D - c0);
         double sum[kColBlock] = {};
-        double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
-        kernels::col_sums_f64(s, dout + int64_t{offsets[e]} * D + c0, n, D, w);
+        double* s  = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
+        const T* x = dout + int64_t{offsets[e]} * D + c0;
+        if constexpr (std::is_same_v<T, float>) {
+            kernels::col_sums_f64(s, x, n, D, w);
+        } else {
+            kernels::col_sums_f64_bf16(s, x, n, D, w);
+        }
         if (acc) continue;
         float* db = dbias + static_cast<size_t>(e) * stride + c0;
         for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
@@ -79,10 +87,12 @@ void expert_bias_grad(float* dbias, size_t stride, const float* dout, const int3
 // thread that computed it, right after the product read that expert's rows of dout (in place,
 // where the product is in float), so they are summed from cache rather than in a pass over all
 // of dout afterwards. The same sums as that pass.
+// dout: floats, or the bf16 bits of values of bf16 (the products' 16-bit operand).
+template <typename T>
 struct BiasGradEpilogue {
     float* dbias;
     size_t stride;
-    const float* dout;
+    const T* dout;
     const int32_t* offsets;
     int D;
     double* acc;
@@ -133,30 +143,47 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     // bias_acc rows: (F) fc_b then (C) proj_b
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
-    kernels::round_inplace(dy, RC, prec.gemm);
-    // g = gelu(h) again, as forward made it, into dh (as the 16-bit operand where the products
-    // convert); dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F), then dg (rows, F) =
-    // dy_e (rows_e, C) @ proj_w_e (C, F) into dh (g is no longer needed), dy narrowed once
-    // dproj_b_e (C) += sum dy_e, as the weight gradient's epilogue
-    const BiasGradEpilogue proj_b{dw.proj_b, dw.proj_b_stride, dy, offsets, C, acc_proj, F + C};
     if (kernels::half_products_convert(prec.gemm)) {
+        // The output gradients only as the products' 16-bit operands: dy narrowed once (for
+        // dproj_b_e (C) += sum dy_e as the weight gradient's epilogue, and both products); g =
+        // gelu(h) again, as forward made it, as its 16 bits in dh's storage; dproj_w_e (C, F) +=
+        // dy_e^T g_e, then dg (rows, F) = dy_e proj_w_e into dh (g is no longer needed); dh =
+        // dg gelu'(h) formed as its 16 bits, never as floats; dfc_w_e (F, C) += dh_e^T x_e, then
+        // dx (rows, C) = dh_e fc_w_e, dfc_b_e (F) += sum dh_e as the epilogue.
+        const uint16_t* dy16 = kernels::narrow_dout(prec.gemm, dy, RC);
+        const BiasGradEpilogue<uint16_t> proj_b{dw.proj_b, dw.proj_b_stride, dy16, offsets,
+                                                C,         acc_proj,         F + C};
         auto* g16 = reinterpret_cast<uint16_t*>(dh);
         kernels::gelu_forward_narrow(prec.gemm, g16, prec.act, h, RF, prec.fp64);
-        kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
-                                              dw.proj_w_stride, dy, g16, w.proj_w, w.proj_w_stride,
-                                              proj_b);
-    } else {
-        float* g = dh;
-        kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64, prec.gemm);
-        kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
-                                              dw.proj_w_stride, dy, g, nullptr, w.proj_w,
-                                              w.proj_w_stride, proj_b);
+        kernels::grouped_linear_backward_dout16(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
+                                                dw.proj_w_stride, dy16, nullptr, nullptr, g16,
+                                                w.proj_w, w.proj_w_stride, proj_b);
+        const uint16_t* dh16 =
+            kernels::gelu_backward_dout(prec.gemm, prec.act, h, dh, RF, prec.fp64);
+        const BiasGradEpilogue<uint16_t> fc_b{dw.fc_b, dw.fc_b_stride, dh16, offsets,
+                                              F,       acc_fc,         F + C};
+        kernels::grouped_linear_backward_dout16(prec.gemm, E, offsets, F, C, dx, dw.fc_w,
+                                                dw.fc_w_stride, dh16, x, x_rows, nullptr, w.fc_w,
+                                                w.fc_w_stride, fc_b);
+        kernels::round_inplace(dx, RC, prec.act);
+        return;
     }
+    kernels::round_inplace(dy, RC, prec.gemm);
+    // g = gelu(h) again, as forward made it, into dh, rounded as the products' operand;
+    // dproj_w_e (C, F) += dy_e^T (C, rows_e) @ g_e (rows_e, F), then dg (rows, F) = dy_e (rows_e,
+    // C) @ proj_w_e (C, F) into dh (g is no longer needed); dproj_b_e (C) += sum dy_e, as the
+    // weight gradient's epilogue
+    const BiasGradEpilogue<float> proj_b{dw.proj_b, dw.proj_b_stride, dy,   offsets,
+                                         C,         acc_proj,         F + C};
+    float* g = dh;
+    kernels::gelu_forward_kept(prec.act, g, h, RF, prec.fp64, prec.gemm);
+    kernels::grouped_linear_backward_half(prec.gemm, E, offsets, C, F, dh, dw.proj_w,
+                                          dw.proj_w_stride, dy, g, nullptr, w.proj_w,
+                                          w.proj_w_stride, proj_b);
     kernels::gelu_backward_kept(prec.act, dh, h, dh, RF, prec.fp64, prec.gemm);
     // dfc_w_e (F, C) += dh_e^T (F, rows_e) @ x_e (rows_e, C), then dx (rows, C) = dh_e (rows_e, F)
-    // @ fc_w_e (F, C), dh narrowed once; dfc_b_e (F) += sum dh_e, as the weight gradient's
-    // epilogue
-    const BiasGradEpilogue fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
+    // @ fc_w_e (F, C); dfc_b_e (F) += sum dh_e, as the weight gradient's epilogue
+    const BiasGradEpilogue<float> fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
     kernels::grouped_linear_backward_half(prec.gemm, E, offsets, F, C, dx, dw.fc_w, dw.fc_w_stride,
                                           dh, x, x_rows, w.fc_w, w.fc_w_stride, fc_b);
     kernels::round_inplace(dx, RC, prec.act);

@@ -42,7 +42,10 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
                      const ExpertPrecision& prec = {}, const int32_t* x_rows = nullptr);
 
 // dx: (rows, C), overwritten. dh: (rows, F) scratch (it holds gelu(h) first, then its
-// gradient). Parameter grads +=. dy is rounded to prec.gemm in place.
+// gradient). Parameter grads +=. dy is rounded to prec.gemm in place where the products take
+// floats; where they convert their operands (kernels::half_products_convert) dy and dh's
+// gradient are used only as their 16 bits (kernels::narrow_dout, gelu_backward_dout) and dy is
+// left as it was.
 // bias_acc: nullptr, or (E, F + C) doubles for a backward split over several calls (rounds):
 // the bias gradients' double sums then continue in it (+=) instead of being added to dw, and
 // experts_bias_grad_flush adds them once, so that the result is bitwise that of one call.

@@ -350,7 +350,7 @@ void MoELayer::shared_backward(float* dinp, ExpertGrads& dw, const float* dout, 
     const int C = s_.C, FS = s_.FS;
     const int32_t offsets[2] = {0, N};
     const size_t NC          = static_cast<size_t>(N) * C;
-    // experts_backward rounds its output gradient in place: a copy of dout (rounding twice
+    // experts_backward may round its output gradient in place: a copy of dout (rounding twice
     // changes nothing)
     std::copy(dout, dout + NC, dys_.data());
     for (int i = 0; i < s_.n_shared; ++i) {

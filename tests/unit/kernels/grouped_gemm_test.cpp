@@ -639,9 +639,10 @@ TEST(GroupedGemm, GatheredOperandsGiveTheBitsOfThePermutedCopy) {
     set_compute_threads(0);
 }
 
-// A grouped layer's backward in one call (dout narrowed once) against its two products, for
-// every dtype, 16-bit copies forced or not, inputs read directly, gathered or as 16 bits, and
-// an empty group, on rows from a non-zero offset: the same bits, dweight formed before dinp.
+// A grouped layer's backward in one call (dout narrowed once, or given as its 16 bits) against
+// its two products, for every dtype, 16-bit copies forced or not, inputs read directly, gathered
+// or as 16 bits, and an empty group, on rows from a non-zero offset: the same bits, dweight
+// formed before dinp.
 TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
     Rng rng(31);
     const int OUT = 37, IN = 52, G = 4;
@@ -674,9 +675,16 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
                 if (form == 2) {
                     std::vector<uint16_t> x16(inp.size());
                     narrow_half(d, x16.data(), inp.data(), inp.size());
-                    grouped_linear_backward_half(d, G, off.data(), OUT, IN, dx2.data(), dw2.data(),
-                                                 stride_w, dout.data(), x16.data(), w.data(),
-                                                 stride_w);
+                    grouped_linear_backward_dout16(
+                        d, G, off.data(), OUT, IN, dx2.data(), dw2.data(), stride_w,
+                        narrow_dout(d, dout.data(), dout.size()), nullptr, nullptr, x16.data(),
+                        w.data(), stride_w);
+                } else if (half_products_convert(d) && force) {
+                    // the 16-bit dout form on float inputs, direct or gathered
+                    grouped_linear_backward_dout16(d, G, off.data(), OUT, IN, dx2.data(),
+                                                   dw2.data(), stride_w,
+                                                   narrow_dout(d, dout.data(), dout.size()), x, xr,
+                                                   nullptr, w.data(), stride_w);
                 } else {
                     grouped_linear_backward_half(d, G, off.data(), OUT, IN, dx2.data(), dw2.data(),
                                                  stride_w, dout.data(), x, xr, w.data(), stride_w);
@@ -699,8 +707,10 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
     std::vector<float> shared(rows * IN);
     auto* s16 = reinterpret_cast<uint16_t*>(shared.data());
     narrow_half(Dtype::bfloat16, s16, inp.data(), inp.size());
-    grouped_linear_backward_half(Dtype::bfloat16, G, off.data(), OUT, IN, shared.data(), dw2.data(),
-                                 stride_w, dout.data(), s16, w.data(), stride_w);
+    grouped_linear_backward_dout16(Dtype::bfloat16, G, off.data(), OUT, IN, shared.data(),
+                                   dw2.data(), stride_w,
+                                   narrow_dout(Dtype::bfloat16, dout.data(), dout.size()), nullptr,
+                                   nullptr, s16, w.data(), stride_w);
     force_16bit_operands(false);
     EXPECT_TRUE(same_bits(dw1, dw2));
     EXPECT_TRUE(std::equal(dx1.begin() + off[0] * IN, dx1.end(), shared.begin() + off[0] * IN));

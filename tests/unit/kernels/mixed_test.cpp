@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -188,6 +189,59 @@ TEST(HalfLinear, KeptSixteenBitInputIsTheRoundedFloatInput) {
         }
     }
     force_16bit_operands(false);
+}
+
+// An output gradient kept only as the products' 16 bits: narrow_dout is narrow_half, and
+// gelu_backward_dout the 16 bits of gelu_backward_kept's input gradient rounded to bf16, from a
+// float and from a 16-bit x, both precisions, over many blocks and a ragged tail; the linear
+// layer's backward on them (linear_backward_dout16, float or 16-bit input) is bitwise
+// linear_backward_half on the rounded floats. Where the products do not convert (fp16, or bf16
+// on a CPU that widens it unless forced) both refuse.
+TEST(HalfLinear, SixteenBitOutputGradientIsTheRoundedFloatOne) {
+    Rng rng(14, 0);
+    const Dtype d = Dtype::bfloat16;
+    force_16bit_operands(true);
+    const size_t n       = 2 * (size_t{1} << 14) + 77;
+    std::vector<float> x = randn(rng, n, 2.0), dy = randn(rng, n);
+    round_inplace(x.data(), n, d);
+    std::vector<uint16_t> x16(n), want16(n);
+    narrow_half(d, x16.data(), x.data(), n);
+    const uint16_t* dy16 = narrow_dout(d, dy.data(), n);
+    narrow_half(d, want16.data(), dy.data(), n);
+    EXPECT_TRUE(std::equal(want16.begin(), want16.end(), dy16));
+    for (const bool fp64 : {false, true}) {
+        std::vector<float> dwant(n);
+        gelu_backward_kept(d, dwant.data(), {x.data()}, dy.data(), n, fp64, d);
+        narrow_half(d, want16.data(), dwant.data(), n);
+        for (const KeptArray kept : {KeptArray{nullptr, x16.data()}, KeptArray{x.data()}}) {
+            const uint16_t* got = gelu_backward_dout(d, d, kept, dy.data(), n, fp64);
+            EXPECT_TRUE(std::equal(want16.begin(), want16.end(), got)) << "fp64 " << fp64;
+        }
+    }
+    const int N = 41, IC = 48, OC = 35;
+    auto in = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC),
+         dout = randn(rng, size_t(N) * OC);
+    for (auto* v : {&in, &w, &dout}) round_inplace(v->data(), v->size(), d);
+    std::vector<uint16_t> in16(in.size());
+    narrow_half(d, in16.data(), in.data(), in.size());
+    std::vector<float> dx1(in.size()), dw1(w.size(), 0.25f), db1(OC, 0.5f);
+    linear_backward_half(d, dx1.data(), dw1.data(), db1.data(), dout.data(), in.data(), w.data(), N,
+                         IC, OC);
+    for (const bool as16 : {false, true}) {
+        std::vector<float> dx2(in.size()), dw2(w.size(), 0.25f), db2(OC, 0.5f);
+        linear_backward_dout16(d, dx2.data(), dw2.data(), db2.data(),
+                               narrow_dout(d, dout.data(), dout.size()), as16 ? nullptr : in.data(),
+                               as16 ? in16.data() : nullptr, w.data(), N, IC, OC);
+        EXPECT_EQ(dx2, dx1) << "16-bit input " << as16;
+        EXPECT_EQ(dw2, dw1) << "16-bit input " << as16;
+        EXPECT_EQ(db2, db1) << "16-bit input " << as16;
+    }
+    force_16bit_operands(false);
+    EXPECT_ANY_THROW(narrow_dout(Dtype::float16, dy.data(), n));
+    EXPECT_ANY_THROW(gelu_backward_dout(Dtype::float16, Dtype::float16, {x.data()}, dy.data(), n));
+    if (!half_products_convert(d)) {
+        EXPECT_ANY_THROW(narrow_dout(d, dy.data(), n));
+    }
 }
 
 TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
