@@ -500,16 +500,14 @@ void backward16(float* dinp, float* dweight, float* dbias, const bf16* dy, const
         gemm_bf16(Trans::N, Trans::N, N, IC, OC, 1.f, dy, OC, w, IC, 0.f, dinp, IC);
     }
     if (!dbias) return;
-    // column sums in double, each column block over all rows in order (as ops.cpp), of the
-    // 16-bit copy: dout's values rounded, which a caller need not have done itself
-    const int64_t nblk = (OC + kColBlock - 1) / kColBlock;
-    parallel_rows(nblk, int64_t(N) * kColBlock, [&](int64_t b0, int64_t b1) {
-        for (int64_t blk = b0; blk < b1; ++blk) {
-            const int64_t c0 = blk * kColBlock, c1 = std::min<int64_t>(c0 + kColBlock, OC);
-            double acc[kColBlock] = {};
-            col_sums_f64_bf16(acc, dy + c0, N, OC, int(c1 - c0));
-            for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
-        }
+    // column sums in double, each column over all rows in order (as ops.cpp), of the 16-bit
+    // copy: dout's values rounded, which a caller need not have done itself
+    parallel_cols(OC, N, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<double> buf;
+        double* acc = grow(buf, size_t(c1 - c0));
+        std::fill(acc, acc + (c1 - c0), 0.0);
+        col_sums_f64_bf16(acc, dy + c0, N, OC, int(c1 - c0));
+        for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
     });
 }
 

@@ -13,22 +13,20 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
+#include "kernels/parallel_rows.h"
 
 namespace bagualu::moe {
 
 using kernels::Trans;
 
 namespace {
-
-// Bias gradients sum columns in blocks of this many (two cache lines of floats; the SIMD
-// kernel keeps a block's 32 double sums in registers).
-constexpr int kColBlock = 32;
 
 // The bias add of a forward-form product, as its epilogue (kernels/grouped_gemm.h): on each
 // finished rectangle of out (rows, D) while it is in the computing thread's cache, out[r, c] +=
@@ -58,28 +56,28 @@ struct BiasEpilogue {
 };
 
 // dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
-// Each column block is summed in double over the rows in order, as linear_backward sums its bias
+// Each column is summed in double over the rows in order, as linear_backward sums its bias
 // gradient, then added once; with acc (E, acc_ld) the sums continue there instead. dout: floats,
-// or the bf16 bits of values of bf16 (the same sums).
+// or the bf16 bits of values of bf16 (the same sums). One call over the whole width, which reads
+// the rows along their lines (kernels::col_sums_f64).
 template <typename T>
 void expert_bias_grad(float* dbias, size_t stride, const T* dout, const int32_t* offsets, int e,
                       int D, double* acc, int acc_ld) {
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) return;
-    for (int c0 = 0; c0 < D; c0 += kColBlock) {
-        const int w           = std::min(kColBlock, D - c0);
-        double sum[kColBlock] = {};
-        double* s  = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
-        const T* x = dout + int64_t{offsets[e]} * D + c0;
-        if constexpr (std::is_same_v<T, float>) {
-            kernels::col_sums_f64(s, x, n, D, w);
-        } else {
-            kernels::col_sums_f64_bf16(s, x, n, D, w);
-        }
-        if (acc) continue;
-        float* db = dbias + static_cast<size_t>(e) * stride + c0;
-        for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
+    thread_local std::vector<double> buf;
+    double* s = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld)
+                    : kernels::grow(buf, static_cast<size_t>(D));
+    if (!acc) std::fill(s, s + D, 0.0);
+    const T* x = dout + int64_t{offsets[e]} * D;
+    if constexpr (std::is_same_v<T, float>) {
+        kernels::col_sums_f64(s, x, n, D, D);
+    } else {
+        kernels::col_sums_f64_bf16(s, x, n, D, D);
     }
+    if (acc) return;
+    float* db = dbias + static_cast<size_t>(e) * stride;
+    for (int c = 0; c < D; ++c) db[c] = float(double(db[c]) + s[c]);
 }
 
 // The bias gradients as the weight gradient's epilogue (kernels/grouped_gemm.h): expert g's on

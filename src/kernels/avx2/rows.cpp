@@ -1,7 +1,7 @@
 // Row sums in double and the combine's gradient rows with AVX2 (kernels/ops_avx2.h), the same
 // operations in the same order as the generic loops of kernels/ops.cpp, so the same bits:
-// - col_sums_f64 keeps up to 32 columns' sums in eight registers while the rows stream by (the
-//   generic loop, compiled for any x86-64, reloads and stores its sums every row), and
+// - col_sums_f64 keeps up to 32 columns' sums in eight registers while a chunk of rows streams
+//   by (the generic loop, compiled for any x86-64, reloads and stores its sums every row), and
 //   col_sums_f64_bf16 the same of bf16 rows;
 // - scaled_rows_and_dots runs four rows at once, one register of four partial sums each: the
 //   generic loop's single chain of dependent adds per row ran at the adds' latency.
@@ -40,8 +40,9 @@ void col_block(double* s, const T* x, int64_t n, int64_t ld) {
     for (int v = 0; v < V; ++v) _mm256_storeu_pd(s + 4 * v, acc[v]);
 }
 
+// Columns [0, w) of rows [0, n) onto s, a block of 32 columns after another.
 template <typename T>
-void col_sums(double* s, const T* x, int64_t n, int64_t ld, int w) {
+void col_sums_rows(double* s, const T* x, int64_t n, int64_t ld, int w) {
     int c = 0;
     for (; c + 32 <= w; c += 32) col_block<8>(s + c, x + c, n, ld);
     if (c + 16 <= w) {
@@ -54,6 +55,19 @@ void col_sums(double* s, const T* x, int64_t n, int64_t ld, int w) {
         const T* row = x + r * ld;
         for (int i = c; i < w; ++i) s[i] += one(row[i]);
     }
+}
+
+// Rows summed a chunk at a time, every column block over the chunk before the next chunk: each
+// row is read along its lines while the chunk's rows stream, where whole passes over all rows a
+// block at a time read one line of every row per pass (1,024 rows of 1,536 bf16 from L3, one
+// thread: 2.4-2.7x faster in chunks of 4-64 rows). Each column's sum still adds the rows in
+// order, so the bits are those of one pass.
+constexpr int64_t kRowChunk = 16;
+
+template <typename T>
+void col_sums(double* s, const T* x, int64_t n, int64_t ld, int w) {
+    for (int64_t r0 = 0; r0 < n; r0 += kRowChunk)
+        col_sums_rows(s, x + r0 * ld, n - r0 < kRowChunk ? n - r0 : kRowChunk, ld, w);
 }
 
 }  // namespace

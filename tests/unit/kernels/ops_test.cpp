@@ -275,11 +275,13 @@ TEST_P(OpsIsaVsRef, GeluIsBitwiseTheGenericKernel) {
 TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
     // col_sums_f64 and scaled_rows_and_dots keep the generic loops' order of double adds, so
     // every ISA gives their bits: ragged widths around the 4-, 16- and 32-column steps, row
-    // counts around the 4-row groups, and a strided source. The sums are also checked against
-    // a long-double sum: 301 roundings of double sums of magnitude < 100 stay far below 1e-9.
+    // counts around the 4-row groups and the 16-row chunks, and a strided source. The sums are also
+    // checked against a long-double sum: 301 roundings of double sums of magnitude < 100 stay far
+    // below 1e-9.
     Rng rng(21);
     for (int w : {1, 3, 4, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100}) {
-        for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(301)}) {
+        for (int64_t n :
+             {int64_t(0), int64_t(1), int64_t(7), int64_t(16), int64_t(17), int64_t(301)}) {
             SCOPED_TRACE(std::to_string(w) + " columns, " + std::to_string(n) + " rows");
             const int64_t ld = w + 3;
             const auto x     = randn(rng, size_t(std::max<int64_t>(n, 1) * ld), 3.0);
