@@ -810,6 +810,25 @@ void attention_backward_half(Dtype d, float* dqkv, const float* dout, const floa
     }
 }
 
+const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout, const float* qkv,
+                                        const float* out, const float* lse, int B, int T, int C,
+                                        int NH, bool fp64) {
+    BGL_CHECK(on_16bit(d),
+              "attention_backward_dout: a 16-bit operand where the products do not convert");
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    const size_t n        = size_t(B) * size_t(T) * 3 * size_t(C);
+    const HalfAttention h = fp64 ? HalfAttention::none : half_attention(d, C / NH);
+    if (h == HalfAttention::none) {
+        (fp64 ? attention_backward_f64 : attention_backward)(dqkv, dout, qkv, out, lse, B, T, C,
+                                                             NH);
+        return narrow_dout(d, dqkv, n);
+    }
+    bf16* out16 = grow(g_dout16, n);
+    avx512::attention_backward_bf16(h == HalfAttention::tiles, nullptr, dout, qkv, out, lse, B, T,
+                                    C, NH, out16);
+    return out16;
+}
+
 // ---- attention: one (batch, head) pair per work item ----
 
 void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {

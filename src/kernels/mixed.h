@@ -217,6 +217,14 @@ void attention_forward_half(Dtype d, float* out, float* lse, const float* qkv, i
                             int NH);
 void attention_backward_half(Dtype d, float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int T, int C, int NH);
+// attention_backward_half's dqkv (B T x 3C) as the products' 16-bit output gradient (as
+// narrow_dout: valid until the next narrowing there), where half_products_convert(d): where the
+// core runs in bf16 (half_attention) its rows are narrowed as they are formed and the float
+// dqkv is not written; else dqkv takes the floats, narrowed after. With fp64, the FP64 core
+// (attention_backward_f64) into dqkv, narrowed after. Call from outside pool jobs.
+const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout, const float* qkv,
+                                        const float* out, const float* lse, int B, int T, int C,
+                                        int NH, bool fp64 = false);
 
 // The router's linear layers in FP64 (precision.router = "fp64"): every product and sum in
 // double, each result rounded to float once; the same =/+= conventions as linear_forward /

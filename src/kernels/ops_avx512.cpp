@@ -58,11 +58,12 @@ void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv
 }
 
 void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
-                             const float* out, const float* lse, int B, int T, int C, int NH) {
+                             const float* out, const float* lse, int B, int T, int C, int NH,
+                             uint16_t* dqkv16) {
     over_heads(B, T, C, NH, attention_bf16_backward_scratch,
                [&](int64_t begin, int64_t end, float* scratch) {
-                   attention_backward_items_bf16(tiles, dqkv, dout, qkv, out, lse, T, C, NH, begin,
-                                                 end, scratch);
+                   attention_backward_items_bf16(tiles, dqkv, dqkv16, dout, qkv, out, lse, T, C, NH,
+                                                 begin, end, scratch);
                });
 }
 

@@ -31,9 +31,11 @@ size_t attention_bf16_forward_scratch(int T, int hs);
 void attention_forward_items_bf16(bool tiles, float* out, float* lse, const float* qkv, int T,
                                   int C, int NH, int64_t begin, int64_t end, float* scratch);
 size_t attention_bf16_backward_scratch(int T, int hs);
-void attention_backward_items_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, int T, int C, int NH,
-                                   int64_t begin, int64_t end, float* scratch);
+// dqkv16: null, or the gradient's bf16 bits (bitwise bf16_narrow_range of the floats), written
+// there instead of into dqkv.
+void attention_backward_items_bf16(bool tiles, float* dqkv, uint16_t* dqkv16, const float* dout,
+                                   const float* qkv, const float* out, const float* lse, int T,
+                                   int C, int NH, int64_t begin, int64_t end, float* scratch);
 
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
@@ -67,6 +69,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv, int B, int T,
                             int C, int NH);
 void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
-                             const float* out, const float* lse, int B, int T, int C, int NH);
+                             const float* out, const float* lse, int B, int T, int C, int NH,
+                             uint16_t* dqkv16 = nullptr);
 
 }  // namespace bagualu::kernels::avx512

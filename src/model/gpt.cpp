@@ -707,18 +707,25 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
             PhaseScope phase(Phase::attention);
             linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
                                  w.proj_w, N, C, C);
-            if (prec_.fp64_sensitive) {
-                attention_backward_f64(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+            if (half_products_convert(ga)) {  // dqkv only as the products' 16 bits
+                const uint16_t* dqkv16 = attention_backward_dout(
+                    ga, a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH, prec_.fp64_sensitive);
+                linear_backward_dout16(ga, a.dc2, g.qkv_w, g.qkv_b, dqkv16, b.ln1, b.ln1_16,
+                                       w.qkv_w, N, C, 3 * C);
             } else {
-                attention_backward_half(ga, a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
-            }
-            round_operand(a.dqkv, 3 * NC, ga);
-            if (b.ln1_16) {
-                linear_backward_kept16(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1_16, w.qkv_w, N, C,
-                                       3 * C);
-            } else {
-                linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C,
-                                     3 * C);
+                if (prec_.fp64_sensitive) {
+                    attention_backward_f64(a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+                } else {
+                    attention_backward_half(ga, a.dqkv, a.dc, b.qkv, b.atty, b.lse, B, T, C, NH);
+                }
+                round_operand(a.dqkv, 3 * NC, ga);
+                if (b.ln1_16) {
+                    linear_backward_kept16(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1_16, w.qkv_w,
+                                           N, C, 3 * C);
+                } else {
+                    linear_backward_half(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1, w.qkv_w, N, C,
+                                         3 * C);
+                }
             }
         }
         op.ln_bwd(a.dresid, g.ln1_w, g.ln1_b, a.dc2, x, w.ln1_w, b.ln1_mean, b.ln1_rstd, N, C);

@@ -397,10 +397,19 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
     P::leave();
 }
 
+// A row of dq, dk or dv into dqkv: as floats, or (dqkv16) as their bf16 bits.
+inline void put_row(float* dqkv, uint16_t* dqkv16, int64_t at, const float* src, int n) {
+    if (dqkv16) {
+        bf16_narrow_range(dqkv16 + at, src, size_t(n));
+    } else {
+        copy_row(dqkv + at, src, n);
+    }
+}
+
 template <typename P>
-void backward_items(float* dqkv, const float* dout, const float* qkv, const float* out,
-                    const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
-                    float* scratch) {
+void backward_items(float* dqkv, uint16_t* dqkv16, const float* dout, const float* qkv,
+                    const float* out, const float* lse, int T, int C, int NH, int64_t begin,
+                    int64_t end, float* scratch) {
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const int Tp      = int(round_up(T, kRows));
@@ -416,7 +425,7 @@ void backward_items(float* dqkv, const float* dout, const float* qkv, const floa
         const float* qbase  = qkv + b * T * C3 + h * hs;
         const float* kbase  = qbase + C;
         const float* vbase  = qbase + 2 * C;
-        float* dqbase       = dqkv + b * T * C3 + h * hs;
+        const int64_t dq0   = b * T * C3 + h * hs;  // dq's first row in dqkv
         const float* dybase = dout + b * T * C + h * hs;
         const float* ybase  = out + b * T * C + h * hs;
         col_pairs(kbase, C3, T, Tp, hs, kt, ldk);
@@ -461,9 +470,8 @@ void backward_items(float* dqkv, const float* dout, const float* qkv, const floa
             // dQ = dS K for the block's rows.
             to_rows(dp, Tp, kRows, kRows, nkp, 1.f, ds16, Tp);
             P::product(ds16, Tp, kv, ldv, dq, hs, kRows, hs, nkp, false);
-            for (int r = 0; r < nr; ++r) {
-                copy_row(dqbase + (t0 + r) * C3, dq + r * hs, hs);
-            }
+            for (int r = 0; r < nr; ++r)
+                put_row(dqkv, dqkv16, dq0 + (t0 + r) * C3, dq + r * hs, hs);
             // dK += dS^T Q, dV += P^T dO over the block's 32 rows (one tile step).
             rows_transposed(dp, Tp, nkp, dsT);
             rows_transposed(s, Tp, nkp, pt);
@@ -471,8 +479,8 @@ void backward_items(float* dqkv, const float* dout, const float* qkv, const floa
             P::product(pt, kRows, dov, ldv, dv, hs, nkp, hs, kRows, true);
         }
         for (int t = 0; t < T; ++t) {
-            copy_row(dqbase + t * C3 + C, dk + int64_t{t} * hs, hs);
-            copy_row(dqbase + t * C3 + 2 * C, dv + int64_t{t} * hs, hs);
+            put_row(dqkv, dqkv16, dq0 + t * C3 + C, dk + int64_t{t} * hs, hs);
+            put_row(dqkv, dqkv16, dq0 + t * C3 + 2 * C, dv + int64_t{t} * hs, hs);
         }
     }
     P::leave();
@@ -496,13 +504,13 @@ void attention_forward_items_bf16(bool tiles, float* out, float* lse, const floa
     }
 }
 
-void attention_backward_items_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, int T, int C, int NH,
-                                   int64_t begin, int64_t end, float* scratch) {
+void attention_backward_items_bf16(bool tiles, float* dqkv, uint16_t* dqkv16, const float* dout,
+                                   const float* qkv, const float* out, const float* lse, int T,
+                                   int C, int NH, int64_t begin, int64_t end, float* scratch) {
     if (tiles) {
-        backward_items<Tiles>(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+        backward_items<Tiles>(dqkv, dqkv16, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
     } else {
-        backward_items<Dots>(dqkv, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+        backward_items<Dots>(dqkv, dqkv16, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
     }
 }
 

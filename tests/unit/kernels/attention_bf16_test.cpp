@@ -247,6 +247,30 @@ TEST(AttentionHalf, Bf16OnTheGemmPathsUnitFloatElsewhere) {
             EXPECT_EQ(half_attention(Dtype::float16, s.hs()), HalfAttention::none);
             EXPECT_TRUE(floats(Dtype::float16));
             EXPECT_TRUE(floats(Dtype::float32));
+            if (!half_products_convert(Dtype::bfloat16)) continue;
+            // the gradient kept only as the products' 16 bits: attention_backward_half's (or the
+            // FP64 core's) narrowed, the float scratch untouched where the bf16 core runs
+            for (const bool fp64 : {false, true}) {
+                std::vector<float> g(s.qkv()), scratch(s.qkv(), 0.75f);
+                if (fp64) {
+                    attention_backward_f64(g.data(), dy.data(), qkv.data(), o32.data(), l32.data(),
+                                           s.B, s.T, s.C, s.NH);
+                } else {
+                    attention_backward_half(Dtype::bfloat16, g.data(), dy.data(), qkv.data(),
+                                            o32.data(), l32.data(), s.B, s.T, s.C, s.NH);
+                }
+                std::vector<uint16_t> want16(s.qkv());
+                narrow_half(Dtype::bfloat16, want16.data(), g.data(), g.size());
+                const uint16_t* got =
+                    attention_backward_dout(Dtype::bfloat16, scratch.data(), dy.data(), qkv.data(),
+                                            o32.data(), l32.data(), s.B, s.T, s.C, s.NH, fp64);
+                EXPECT_TRUE(std::equal(want16.begin(), want16.end(), got))
+                    << gemm::path_name(p) << " head size " << s.hs() << " fp64 " << fp64;
+                if (!fp64 && want != HalfAttention::none) {
+                    EXPECT_TRUE(std::all_of(scratch.begin(), scratch.end(),
+                                            [](float v) { return v == 0.75f; }));
+                }
+            }
         }
     }
 }
