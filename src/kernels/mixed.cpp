@@ -582,16 +582,23 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
         return;
     }
     // each row's dlogits in a buffer in cache, kept only as its 16 bits: the floats never reach
-    // memory and the product's operand needs no pass of its own
-    bf16* dy = grow(g_dout16, size_t(N) * V);
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> row;
-        float* w = grow(row, size_t(V));
-        for (int64_t i = begin; i < end; ++i) {
-            ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V);
-            narrow_half_serial(Dtype::bfloat16, dy + i * V, w, size_t(V));
-        }
-    });
+    // memory and the product's operand needs no pass of its own. The 16 bits go over the
+    // logits' own storage (no N x V scratch): row i's lie over float rows i / 2 to (i + 1) / 2,
+    // so the rows run in slices [s, 2 s) (the first [0, 1)), one parallel call each: a slice's
+    // 16 bits land only on float rows of earlier slices, all read by then, and row 0's on its own
+    // floats, read whole into the buffer first.
+    bf16* dy = reinterpret_cast<bf16*>(logits);
+    for (int64_t s0 = 0; s0 < N; s0 = s0 == 0 ? 1 : 2 * s0) {
+        const int64_t s1 = std::min<int64_t>(N, s0 == 0 ? 1 : 2 * s0);
+        parallel_rows(s1 - s0, V, [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> row;
+            float* w = grow(row, size_t(V));
+            for (int64_t i = s0 + begin; i < s0 + end; ++i) {
+                ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V);
+                narrow_half_serial(Dtype::bfloat16, dy + i * V, w, size_t(V));
+            }
+        });
+    }
     const bf16* x = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
     backward16(dinp, dweight, nullptr, dy, x, weight, N, IC, V);
 }

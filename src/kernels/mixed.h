@@ -98,9 +98,10 @@ void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, 
 // The tied LM head's backward from its logits (N, V): linear_backward_half (no bias, OC = V) with
 // dout = crossentropy_backward (crossentropy_backward_f64 with fp64) of targets and dlosses, as an
 // operand of d's products. Where half_products_convert(d), each row of that gradient is formed in
-// a per-thread buffer and kept only as its 16 bits (logits is left as it was); else it overwrites
-// logits, each row rounded to d while in cache. The same bits as crossentropy_backward in place,
-// round_operand and linear_backward_half. Call from outside pool jobs.
+// a per-thread buffer and kept only as its 16 bits, written over the logits' storage; else it
+// overwrites logits, each row rounded to d while in cache. Either way logits is overwritten. The
+// same bits as crossentropy_backward in place, round_operand and linear_backward_half. Call from
+// outside pool jobs.
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,

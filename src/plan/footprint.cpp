@@ -230,11 +230,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
         if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
             const double FE = m.expert_width(), FS = m.shared_width();
-            inp = std::max(inp, R_round * std::max(C, FE));
-            w   = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+            inp  = std::max(inp, R_round * std::max(C, FE));
+            w    = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+            dout = std::max(dout, R_round * std::max(C, FE));  // dy, and the GELU's gradient
             if (m.n_shared_experts > 0) {
-                inp = std::max(inp, N * std::max(C, FS));
-                w   = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
+                inp  = std::max(inp, N * std::max(C, FS));
+                w    = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
+                dout = std::max(dout, N * std::max(C, FS));
             }
         }
         // the router's products under precision.router = "half" (moe/router.cpp)
@@ -244,10 +246,16 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             w              = std::max(w, C * G);
             dout           = std::max(dout, N * G);
         }
-        // the fused head's GEMMs see one block of rows at a time (model/gpt.h)
-        half_linear(
-            model::LayerClass::head, C, V,
-            cfg.train.fused_head ? std::min(N, static_cast<double>(model::fused_head_rows(m))) : N);
+        // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
+        // output gradient takes no 16-bit copy: its 16 bits go over the logits
+        // (kernels::crossentropy_linear_backward_half)
+        if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
+            const double rows = cfg.train.fused_head
+                                    ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
+                                    : N;
+            inp               = std::max(inp, rows * C);
+            w                 = std::max(w, C * V);
+        }
         mem.activations += 2 * (inp + w + dout);
     }
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
