@@ -39,7 +39,8 @@ namespace {
 // of its products in bf16 where the products have 16-bit arithmetic, moe/experts.cpp). The
 // amx path's float products run the avx512 kernel, and are named so. Where gemm_bf16 only
 // widens (kernels::gemm_bf16_widens(), reported as "bf16_gemm_as_f32"), the bf16 products run
-// gemm_f32 on their rounded floats, so their entry is the f32 one.
+// gemm_bf16 on 16-bit copies all the same, through the path's widening kernel (the float
+// kernel's blocking), and the grouped ones are not marked "(bf16 grouped)".
 nlohmann::json gemm_backends(const TrainConfig& cfg) {
     namespace g           = kernels::gemm;
     const g::Path active  = g::active_path();
@@ -68,8 +69,8 @@ nlohmann::json gemm_backends(const TrainConfig& cfg) {
                     fmt::format("{}{}", kernel(grouped, half), half ? " (bf16 grouped)" : "");
             } else if (!automatic) {
                 e[dtype] = kernel(active, half);
-            } else if (const auto p = g::choice_table().find({half, s.ta, s.tb, s.m, s.n, s.k})) {
-                e[dtype] = kernel(*p, half);
+            } else if (const auto p = g::choice_table().find({bf16, s.ta, s.tb, s.m, s.n, s.k})) {
+                e[dtype] = kernel(*p, half);  // bf16 products are gemm_bf16 calls either way
             }
         }
         out.push_back(e);

@@ -218,10 +218,11 @@ namespace {
 // 16-bit copies of the GEMM operands, grown once (called from the main thread only).
 // 64-byte aligned: the AMX kernel reads their rows where they lie (KernelSpec::micro_strided)
 AlignedVector<bf16> g_inp16, g_w16, g_dout16;
-bool g_force16 = false;
+bool g_float_operands = false;  // bf16_float_operands
 
-// Whether a product of dtype d runs on 16-bit copies.
-bool on_16bit(Dtype d) { return d == Dtype::bfloat16 && (g_force16 || !gemm_bf16_widens()); }
+// Whether a product of dtype d runs on 16-bit copies: bf16, unless a test asks for the rounded
+// floats where gemm_bf16 only widens.
+bool on_16bit(Dtype d) { return d == Dtype::bfloat16 && !(g_float_operands && gemm_bf16_widens()); }
 
 const bf16* to_bf16(AlignedVector<bf16>& buf, const float* x, size_t n) {
     bf16* out = grow(buf, n);
@@ -305,7 +306,7 @@ void grouped_gemm_half_b(Trans tb, int G, const int32_t* offsets, int N, int K, 
 
 }  // namespace
 
-void force_16bit_operands(bool on) { g_force16 = on; }
+void bf16_float_operands(bool on) { g_float_operands = on; }
 bool half_products_convert(Dtype d) { return on_16bit(d); }
 void round_operand(float* x, size_t n, Dtype d) {
     if (!on_16bit(d)) round_inplace(x, n, d);

@@ -66,10 +66,13 @@ void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* d
                         bool fp64 = false, Dtype dinp_dtype = Dtype::float32);
 
 // linear_forward / linear_backward of kernels/ops.h for operands (inp, weight, dout) that
-// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies where the CPU has
-// 16-bit arithmetic, else (kernels::gemm_bf16_widens()), like fp16 and float32, through gemm_f32
-// on the floats themselves, skipping conversions that would only be widened again (exact
-// products and float32 accumulation either way; those are bit for bit the ops.h kernels).
+// already hold values of dtype d: bf16 through gemm_bf16 on 16-bit copies, fp16 and float32
+// through gemm_f32 on the floats themselves (exact products and float32 accumulation either
+// way; those are bit for bit the ops.h kernels). Where gemm_bf16 only widens its operands
+// (kernels::gemm_bf16_widens(): a CPU without 16-bit arithmetic) its results are those of
+// gemm_f32 on the rounded floats, bit for bit, and the 16-bit copies are still the faster: half
+// the bytes to narrow and to pack, and no operand rounded in place (default.toml 2.6%, bench-medium
+// 3.0% faster on the AVX2 kernels, docs/results.md).
 // Call from outside pool jobs, as the GEMMs.
 // linear_forward_half's out can then be stored as values of out_dtype (round_inplace) and, with
 // out_half, also as their 16 bits there (narrow_half): on 16-bit copies in the same pass as the
@@ -110,7 +113,7 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
 // grouped_gemm_f32 (kernels/grouped_gemm.h, op(A) = A, alpha 1, beta 0) for operands that
 // already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
 // copies (A's rows [offsets[0], offsets[G]) of lda; each group's op(B), (tb == T ? N : K) rows
-// of ldb) where the CPU has 16-bit arithmetic, else grouped_gemm_f32 on the floats. The experts'
+// of ldb), else grouped_gemm_f32 on the floats. The experts'
 // forward-form products. With a_rows, A is gathered (kernels/grouped_gemm.h): then only the
 // source rows the gather reads are converted. With epilogue, it runs on each finished rectangle
 // of C (kernels/grouped_gemm.h GroupEpilogue). Call from outside pool jobs.
@@ -126,11 +129,10 @@ void grouped_gemm_half(Dtype d, Trans tb, int G, const int32_t* offsets, int N, 
 
 // grouped_gemm_tn_f32 (alpha 1, beta 1: C_g += A_g^T B_g) for operands that already hold values
 // of dtype d, chosen as above: bf16 through grouped_gemm_tn_bf16 on 16-bit copies of A's and
-// B's rows [offsets[0], offsets[G]) where the CPU has 16-bit arithmetic, else
-// grouped_gemm_tn_f32 on the floats. The experts' weight gradients; either way a depth split at
-// grouped_gemm_tn_depth_block() is exact. With b_rows, B is gathered, as A above; with
-// epilogue, it runs on every finished rectangle of a C_g (kernels/grouped_gemm.h). Call from
-// outside pool jobs.
+// B's rows [offsets[0], offsets[G]), else grouped_gemm_tn_f32 on the floats. The experts' weight
+// gradients; either way a depth split at grouped_gemm_tn_depth_block() is exact. With b_rows, B is
+// gathered, as A above; with epilogue, it runs on every finished rectangle of a C_g
+// (kernels/grouped_gemm.h). Call from outside pool jobs.
 void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, const float* A,
                           int lda, const float* B, int ldb, float* C, int ldc, size_t stride_c,
                           const int32_t* b_rows = nullptr, GroupEpilogue epilogue = {});
@@ -196,10 +198,11 @@ bool half_products_convert(Dtype d);
 // rounds the same way; the results are bitwise the same either way.
 void round_operand(float* x, size_t n, Dtype d);
 
-// Tests: run the bf16 products above on 16-bit copies even where gemm_bf16 only widens them
-// (there the results are bitwise those of the float path: the widening kernels share the float
-// kernels' blocking). Not thread-safe: set between products.
-void force_16bit_operands(bool on);
+// Tests: where gemm_bf16 only widens its operands, run the bf16 products above on the rounded
+// floats through gemm_f32 (on) instead of on 16-bit copies (off, the default), as fp16's always
+// run: bitwise the same results (the widening kernels share the float kernels' blocking). No
+// effect where gemm_bf16 has 16-bit arithmetic. Not thread-safe: set between products.
+void bf16_float_operands(bool on);
 
 // The attention core (attention_forward / attention_backward of kernels/ops.h, same shapes and
 // conventions) of a class whose products are in dtype d. In bf16 where half_attention(d, hs)

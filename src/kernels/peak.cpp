@@ -103,7 +103,7 @@ const char* peak_path_name(PeakPath p) {
 
 ProductPeak measure_product_peak(Dtype products, double seconds) {
     ProductPeak p;
-    if (products != Dtype::bfloat16 || !half_products_convert(Dtype::bfloat16)) {
+    if (products != Dtype::bfloat16 || gemm_bf16_widens()) {
         p.gflops = measure_peak_gflops_f32(seconds);
         return p;
     }

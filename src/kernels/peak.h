@@ -18,8 +18,8 @@ double measure_peak_gflops_bf16(double seconds);
 double measure_peak_gflops_amx_bf16(double seconds);
 
 // The peak of the arithmetic the GEMMs of a run in dtype `products` use, the yardstick of its
-// MFU: in bf16 where the products run on 16-bit arithmetic (kernels/mixed.h
-// half_products_convert), the vdpbf16ps peak, or the AMX tiles' where the GEMM backend is
+// MFU: in bf16 where the products run on 16-bit arithmetic (gemm_bf16 does not widen,
+// kernels/gemm.h gemm_bf16_widens), the vdpbf16ps peak, or the AMX tiles' where the GEMM backend is
 // oneDNN or auto (which use them) and they are faster; else the float FMA peak.
 enum class PeakPath { fp32_fma, bf16_dot, bf16_amx };
 // "fp32 fma", "bf16 vdpbf16ps", "bf16 amx"

@@ -195,9 +195,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     const double C = m.d_model, V = m.vocab_size;
     if (prec.mixed()) {
         // wc_: rounded copies of the float32-stored tensors computed in half, and wte_head_
-        // below; GPT allocates them only where the products widen floats (a CPU without 16-bit
-        // arithmetic, fp16) and reads the weights in place where the products round them
-        // (kernels::half_products_convert): counted, an upper bound there
+        // below; GPT allocates them only where the products take the rounded floats (fp16) and
+        // reads the weights in place where the products round them (bf16:
+        // kernels::half_products_convert): counted, an upper bound there
         const model::ComputeCopies cc = model::plan_compute_copies(lay, prec);
         mem.parameters += buf(static_cast<double>(cc.floats), 4);
         f.rounded_floats = cc.floats;
@@ -210,9 +210,9 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
     }
     // kernels/mixed.cpp: bf16 GEMMs convert their operands into grow-only 16-bit copies (input,
-    // weight, output gradient), each as large as the largest of its kind. A CPU without 16-bit
-    // arithmetic skips them (kernels::gemm_bf16_widens()); the plan counts them, as on a CPU with
-    // it (at most 2 x 3 x the largest operand: an upper bound there)
+    // weight, output gradient), each as large as the largest of its kind (at most 2 x 3 x the
+    // largest operand: an upper bound; the weights' copy only where the kernel does not pack
+    // float weights itself)
     if (prec.dtype == Dtype::bfloat16) {
         double inp = 0, w = 0, dout = 0;
         auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {

@@ -613,11 +613,12 @@ TEST(GroupedGemm, GatheredOperandsGiveTheBitsOfThePermutedCopy) {
             grouped_gemm_tn_bf16(G, off.data(), M, N, 1.0f, A16.data(), M, Yp16.data(), N, 1.0f,
                                  t2.data(), N, size_t(M) * N);
             EXPECT_TRUE(same_bits(t1, t2)) << what << " bf16 tn";
-            // the mixed-precision entry points, on 16-bit copies where forced to (bf16 values)
+            // the mixed-precision entry points, on 16-bit copies or the rounded floats (bf16
+            // values)
             const auto Xr = widened(X16), Xpr = widened(Xp16), Yr = widened(Y16),
                        Ypr = widened(Yp16);
             for (bool force : {false, true}) {
-                force_16bit_operands(force);
+                bf16_float_operands(!force);
                 std::fill(c1.begin(), c1.end(), 0.5f);
                 c2 = c1;
                 grouped_gemm_half(Dtype::bfloat16, Trans::T, G, off.data(), N, K, Xr.data(), K,
@@ -633,7 +634,7 @@ TEST(GroupedGemm, GatheredOperandsGiveTheBitsOfThePermutedCopy) {
                                      N, t2.data(), N, size_t(M) * N);
                 EXPECT_TRUE(same_bits(t1, t2)) << what << " half tn, forced " << force;
             }
-            force_16bit_operands(false);
+            bf16_float_operands(false);
         }
     }
     set_compute_threads(0);
@@ -660,7 +661,7 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
         for (auto* v : {&dout, &inp, &src, &w}) round_inplace(v->data(), v->size(), d);
         for (const bool force : {false, true}) {
             for (const int form : {0, 1, 2}) {  // inp direct, gathered, as 16 bits
-                force_16bit_operands(force);
+                bf16_float_operands(!force);
                 if (form == 2 && !half_products_convert(d)) continue;
                 SCOPED_TRACE(::testing::Message()
                              << dtype_name(d) << " force " << force << " form " << form);
@@ -695,10 +696,10 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
                 EXPECT_EQ(dx2[0], 0.5f);
             }
         }
-        force_16bit_operands(false);
+        bf16_float_operands(false);
     }
     // dinp over its own input's 16 bits (the experts' second layer: g16 in dh's storage)
-    force_16bit_operands(true);
+    bf16_float_operands(false);
     auto dout = dout0, inp = inp0, w = w0;
     for (auto* v : {&dout, &inp, &w}) round_inplace(v->data(), v->size(), Dtype::bfloat16);
     std::vector<float> dx1(rows * IN), dw1(size_t(G) * stride_w, 0.25f), dw2 = dw1;
@@ -711,7 +712,7 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
                                    dw2.data(), stride_w,
                                    narrow_dout(Dtype::bfloat16, dout.data(), dout.size()), nullptr,
                                    nullptr, s16, w.data(), stride_w);
-    force_16bit_operands(false);
+    bf16_float_operands(false);
     EXPECT_TRUE(same_bits(dw1, dw2));
     EXPECT_TRUE(std::equal(dx1.begin() + off[0] * IN, dx1.end(), shared.begin() + off[0] * IN));
 }

@@ -156,13 +156,13 @@ BGL_INSTANTIATE_ISAS(LayernormNarrow);
 
 // A linear layer's input kept only as its 16 bits (linear_forward_kept16 / linear_backward_kept16)
 // gives the bits of the same layer on the rounded floats (linear_forward_half /
-// linear_backward_half): for bf16 on this CPU's products (16-bit where they convert, else the
-// widened floats), bf16 forced to 16-bit operands, and fp16 (always widened).
+// linear_backward_half): for bf16 on 16-bit copies (the default), bf16 on the rounded floats
+// where gemm_bf16 only widens (bf16_float_operands), and fp16 (always the floats).
 TEST(HalfLinear, KeptSixteenBitInputIsTheRoundedFloatInput) {
     Rng rng(12, 0);
     const int N = 45, IC = 64, OC = 33;
     for (const bool force : {false, true}) {
-        force_16bit_operands(force);
+        bf16_float_operands(!force);
         for (const Dtype d : {Dtype::bfloat16, Dtype::float16}) {
             auto x = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC),
                  b = randn(rng, OC), dy = randn(rng, size_t(N) * OC);
@@ -188,7 +188,7 @@ TEST(HalfLinear, KeptSixteenBitInputIsTheRoundedFloatInput) {
             EXPECT_EQ(db2, db1) << dtype_name(d) << " forced " << force;
         }
     }
-    force_16bit_operands(false);
+    bf16_float_operands(false);
 }
 
 // An output gradient kept only as the products' 16 bits: narrow_dout is narrow_half, and
@@ -196,11 +196,11 @@ TEST(HalfLinear, KeptSixteenBitInputIsTheRoundedFloatInput) {
 // float and from a 16-bit x, both precisions, over many blocks and a ragged tail; the linear
 // layer's backward on them (linear_backward_dout16, float or 16-bit input) is bitwise
 // linear_backward_half on the rounded floats. Where the products do not convert (fp16, or bf16
-// on a CPU that widens it unless forced) both refuse.
+// on the rounded floats where gemm_bf16 only widens) both refuse.
 TEST(HalfLinear, SixteenBitOutputGradientIsTheRoundedFloatOne) {
     Rng rng(14, 0);
     const Dtype d = Dtype::bfloat16;
-    force_16bit_operands(true);
+    bf16_float_operands(false);
     const size_t n       = 2 * (size_t{1} << 14) + 77;
     std::vector<float> x = randn(rng, n, 2.0), dy = randn(rng, n);
     round_inplace(x.data(), n, d);
@@ -236,12 +236,14 @@ TEST(HalfLinear, SixteenBitOutputGradientIsTheRoundedFloatOne) {
         EXPECT_EQ(dw2, dw1) << "16-bit input " << as16;
         EXPECT_EQ(db2, db1) << "16-bit input " << as16;
     }
-    force_16bit_operands(false);
+    bf16_float_operands(false);
     EXPECT_ANY_THROW(narrow_dout(Dtype::float16, dy.data(), n));
     EXPECT_ANY_THROW(gelu_backward_dout(Dtype::float16, Dtype::float16, {x.data()}, dy.data(), n));
+    bf16_float_operands(true);
     if (!half_products_convert(d)) {
         EXPECT_ANY_THROW(narrow_dout(d, dy.data(), n));
     }
+    bf16_float_operands(false);
 }
 
 TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
@@ -276,10 +278,10 @@ TEST(HalfLinear, Bf16GemmEqualsFloatGemmOnRoundedOperands) {
 // both signs) make the float32 GEMM miss by many ulps, which the last check shows.
 // linear_backward_half16 reads its 16-bit input for the weight gradient before it writes the
 // input gradient, so the input gradient may go where the 16 bits lie (the MLP's second layer
-// does that): the same bits as with separate arrays. On 16-bit operands everywhere (forced where
+// does that): the same bits as with separate arrays. On 16-bit operands (the default, also where
 // gemm_bf16 widens).
 TEST(HalfLinear, BackwardOn16BitInputMayWriteItsInputGradientOverIt) {
-    force_16bit_operands(true);
+    bf16_float_operands(false);
     Rng rng(10, 0);
     const int N = 37, IC = 48, OC = 21;
     auto x = randn(rng, size_t(N) * IC), w = randn(rng, size_t(OC) * IC),
@@ -296,7 +298,7 @@ TEST(HalfLinear, BackwardOn16BitInputMayWriteItsInputGradientOverIt) {
     std::memcpy(shared.data(), x16.data(), x16.size() * sizeof(uint16_t));
     linear_backward_half16(Dtype::bfloat16, shared.data(), dw2.data(), db2.data(), dy.data(),
                            reinterpret_cast<const uint16_t*>(shared.data()), w.data(), N, IC, OC);
-    force_16bit_operands(false);
+    bf16_float_operands(false);
     EXPECT_EQ(shared, dx);
     EXPECT_EQ(dw2, dw);
     EXPECT_EQ(db2, db);
@@ -326,7 +328,7 @@ TEST(HalfLinear, CrossEntropyHeadBackwardIsTheThreeCalls) {
             for (const bool fp64 : {false, true}) {
                 SCOPED_TRACE(::testing::Message()
                              << dtype_name(d) << " force16 " << force << " fp64 " << fp64);
-                force_16bit_operands(force);
+                bf16_float_operands(!force);
                 std::vector<float> dx(xr.size(), 7.f), dw(wr.size(), 0.25f);
                 auto dx2 = dx, dw2 = dw, lg = logits, lg2 = logits;
                 (fp64 ? crossentropy_backward_f64 : crossentropy_backward)(
@@ -337,7 +339,7 @@ TEST(HalfLinear, CrossEntropyHeadBackwardIsTheThreeCalls) {
                 crossentropy_linear_backward_half(d, dx2.data(), dw2.data(), lg2.data(), tg.data(),
                                                   dl.data(), xr.data(), wr.data(), N, IC, V, fp64);
                 const bool sixteen = half_products_convert(d);
-                force_16bit_operands(false);
+                bf16_float_operands(false);
                 EXPECT_EQ(dx2, dx);
                 EXPECT_EQ(dw2, dw);
                 // the 16-bit path leaves the gradient's 16 bits over the logits' storage (rows

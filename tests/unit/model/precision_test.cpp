@@ -140,17 +140,18 @@ TEST(PrecisionModel, HalfPoliciesRoundAndStayClose) {
     EXPECT_NEAR(l3, l32, 2e-2 * l32);
 }
 
-// The bf16 products on 16-bit copies (dense layers and the experts' grouped products, forced
-// where gemm_bf16 only widens): bitwise the float path's loss and gradients there, so every
-// operand the copies take already holds bf16 values; uniform O3 puts the router's neighbours
-// and the head in half too. Where the CPU has 16-bit arithmetic both runs take that path.
+// The bf16 products on 16-bit copies (dense layers and the experts' grouped products; the
+// default): where gemm_bf16 only widens, bitwise the float path's loss and gradients (products on
+// the rounded floats, kernels::bf16_float_operands), so every operand the copies take already
+// holds bf16 values; uniform O3 puts the router's neighbours and the head in half too. Where
+// the CPU has 16-bit arithmetic both runs take the 16-bit path.
 TEST(PrecisionModel, SixteenBitOperandsGiveTheFloatPathsBitsWhereGemmBf16Widens) {
     for (const PrecisionPolicy& p :
          {bagualu_policy(Dtype::bfloat16), PrecisionPolicy::uniform(Dtype::bfloat16, Level::O3)}) {
+        kernels::bf16_float_operands(true);
         const auto [l0, g0] = loss_and_grads(p);
-        kernels::force_16bit_operands(true);
+        kernels::bf16_float_operands(false);
         const auto [l1, g1] = loss_and_grads(p);
-        kernels::force_16bit_operands(false);
         EXPECT_EQ(l0, l1) << p.describe();
         EXPECT_EQ(g0, g1) << p.describe();
     }
@@ -242,19 +243,20 @@ TEST(PrecisionModel, HeldComputeWeightsAreTheLastForwards) {
 }
 
 // The O1 weights (float32-stored, computed in bf16) get rounded copies only where the bf16
-// products widen floats (here the avx2 path): where they convert their operands to 16 bits
-// themselves (kernels::half_products_convert, forced here), they round the float32 weights as
-// the copies would, so forward reads them in place, bitwise the same loss and gradients. The
-// choice follows the path from one forward to the next, both ways, in a model built on either.
+// products take the rounded floats (here the avx2 path with kernels::bf16_float_operands): where
+// they convert their operands to 16 bits themselves (kernels::half_products_convert, the
+// default), they round the float32 weights as the copies would, so forward reads them in place,
+// bitwise the same loss and gradients. The choice follows the path from one forward to the next,
+// both ways, in a model built on either.
 TEST(PrecisionModel, O1WeightsAreReadInPlaceWhereTheProductsRoundThem) {
     if (!kernels::gemm::path_supported(kernels::gemm::Path::avx2)) {
         GTEST_SKIP() << "needs the avx2 GEMM path (AVX2 and FMA)";
     }
     const kernels::testing::PathGuard guard;
-    struct Force16 {
-        explicit Force16(bool on) { kernels::force_16bit_operands(on); }
-        ~Force16() { kernels::force_16bit_operands(false); }
-    };
+    struct FloatOperands {  // the products on the rounded floats until the end of the test
+        FloatOperands() { kernels::bf16_float_operands(true); }
+        ~FloatOperands() { kernels::bf16_float_operands(false); }
+    } const floats;
     kernels::gemm::set_active_path(kernels::gemm::Path::avx2);
     const ModelConfig m = testing::tiny_moe_config();
     const int B = 2, T = m.seq_len;
@@ -276,7 +278,7 @@ TEST(PrecisionModel, O1WeightsAreReadInPlaceWhereTheProductsRoundThem) {
     const auto [l0, g0] = run(copied);
     EXPECT_TRUE(copied.o1_copies());
     {
-        const Force16 on(true);
+        kernels::bf16_float_operands(false);
         GPT direct(m, B, nullptr, 1, prec);
         init(direct);
         EXPECT_FALSE(direct.o1_copies());
@@ -289,7 +291,7 @@ TEST(PrecisionModel, O1WeightsAreReadInPlaceWhereTheProductsRoundThem) {
         EXPECT_FALSE(copied.o1_copies());
         EXPECT_EQ(l2, l0);
         EXPECT_EQ(g2, g0);
-        kernels::force_16bit_operands(false);
+        kernels::bf16_float_operands(true);
         // and the model built without them makes them when the products widen again
         const auto [l3, g3] = run(direct);
         EXPECT_TRUE(direct.o1_copies());

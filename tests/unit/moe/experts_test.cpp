@@ -118,16 +118,17 @@ TEST_P(ExpertsHalfHidden, SixteenBitHiddenGivesTheSameBits) {
     expect_same_bits(a, b);
 }
 
-// bf16 products on 16-bit copies (kernels::grouped_gemm_half), forced where gemm_bf16 only widens:
-// there bitwise the float path (the widening kernels share the float kernels' blocking), which
-// checks the copies' rows, groups and strides. Where the CPU has 16-bit arithmetic both runs take
-// the 16-bit path and the test compares it with itself (it then runs in the model tests).
+// bf16 products on 16-bit copies (kernels::grouped_gemm_half, the default) where gemm_bf16 only
+// widens: bitwise the float path there (kernels::bf16_float_operands; the widening kernels share
+// the float kernels' blocking), which checks the copies' rows, groups and strides. Where the CPU
+// has 16-bit arithmetic both runs take the 16-bit path and the test compares it with itself (it
+// then runs in the model tests).
 TEST(ExpertsSixteenBitOperands, SameBitsAsTheFloatPathWhereGemmBf16Widens) {
     const ThreeExperts s(Dtype::bfloat16);
+    kernels::bf16_float_operands(true);
     const ExpertsRun a = run(s, true);
-    kernels::force_16bit_operands(true);
+    kernels::bf16_float_operands(false);
     const ExpertsRun b = run(s, true);
-    kernels::force_16bit_operands(false);
     expect_same_bits(a, b);
     if (!kernels::gemm_bf16_widens()) GTEST_SKIP() << "gemm_bf16 has 16-bit arithmetic here";
 }

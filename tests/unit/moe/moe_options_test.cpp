@@ -303,15 +303,15 @@ TEST(RouterFp64Test, RoutesAsFloat32AndGradientMatches) {
 // and weight (the same products; float32 sums in another order where the CPU multiplies in
 // 16 bits), and differ from the unrounded ones. Backward rounds the logits' gradient as well:
 // the gate's gradient within the half type's relative precision of the float32 router's, and
-// not equal to it. The float32 gate weight itself is never rounded. bf16 also on 16-bit copies
-// (kernels::force_16bit_operands), the path of a CPU with 16-bit arithmetic.
+// not equal to it. The float32 gate weight itself is never rounded. bf16 on 16-bit copies (the
+// default) and, where gemm_bf16 only widens, on the rounded floats (kernels::bf16_float_operands).
 TEST(RouterHalfTest, ProductsOfRoundedOperands) {
     const int N = 13, C = 32, F = 12, E = 8, K = 2;
     const std::pair<Dtype, bool> cases[] = {
         {Dtype::bfloat16, false}, {Dtype::bfloat16, true}, {Dtype::float16, false}};
     for (const auto& [d, copies] : cases) {
         SCOPED_TRACE(std::string(dtype_name(d)) + (copies ? ", 16-bit copies" : ""));
-        kernels::force_16bit_operands(copies);
+        kernels::bf16_float_operands(!copies);
         Rng rng(23);
         MoEShape sh{C, F, E, K, 0.01}, s32{C, F, E, K, 0.01};
         sh.gate.half = d;
@@ -356,7 +356,7 @@ TEST(RouterHalfTest, ProductsOfRoundedOperands) {
         EXPECT_LT(err, 0.05 * scale);
         EXPECT_GT(err, 0.0);
         EXPECT_EQ(w.gate, gate0) << "the float32 weight is not rounded";
-        kernels::force_16bit_operands(false);
+        kernels::bf16_float_operands(false);
     }
 }
 
