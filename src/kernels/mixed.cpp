@@ -424,13 +424,8 @@ void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int 
     BGL_CHECK(!inp16 || !inp_rows, "grouped_linear_backward_dout16: a gather of 16-bit rows");
     if (G == 0) return;
     const bf16* dy = dout16 + size_t(offsets[0]) * size_t(OUT);
-    if (inp16) {
-        grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy,
-                           inp16 + size_t(offsets[0]) * size_t(IN), nullptr, weight, stride_w,
-                           dweight_epilogue);
-        return;
-    }
-    const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
+    const Rows16 b = inp16 ? Rows16{inp16 + size_t(offsets[0]) * size_t(IN), nullptr}
+                           : group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
                        stride_w, dweight_epilogue);
 }
@@ -480,8 +475,8 @@ void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, co
         linear_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
         return;
     }
-    const bf16* a = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
-    linear_backward_half16(d, dinp, dweight, dbias, dout, a, weight, N, IC, OC);
+    linear_backward_dout16(d, dinp, dweight, dbias, narrow_dout(d, dout, size_t(N) * OC), inp,
+                           nullptr, weight, N, IC, OC);
 }
 
 namespace {
@@ -504,11 +499,7 @@ void backward16(float* dinp, float* dweight, float* dbias, const bf16* dy, const
     // column sums in double, each column over all rows in order (as ops.cpp), of the 16-bit
     // copy: dout's values rounded, which a caller need not have done itself
     parallel_cols(OC, N, [&](int64_t c0, int64_t c1) {
-        thread_local std::vector<double> buf;
-        double* acc = grow(buf, size_t(c1 - c0));
-        std::fill(acc, acc + (c1 - c0), 0.0);
-        col_sums_f64_bf16(acc, dy + c0, N, OC, int(c1 - c0));
-        for (int64_t c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
+        add_col_sums(dbias + c0, dy + c0, N, OC, int(c1 - c0));
     });
 }
 
@@ -518,8 +509,8 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
                             const uint16_t* inp16, const float* weight, int N, int IC, int OC) {
     BGL_CHECK(on_16bit(d),
               "linear_backward_half16: 16-bit operands where the products do not convert");
-    backward16(dinp, dweight, dbias, to_bf16(g_dout16, dout, size_t(N) * OC), inp16, weight, N, IC,
-               OC);
+    linear_backward_dout16(d, dinp, dweight, dbias, narrow_dout(d, dout, size_t(N) * OC), nullptr,
+                           inp16, weight, N, IC, OC);
 }
 
 void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,

@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -134,12 +135,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
     if (!dbias) return;
     parallel_cols(OC, N, [&](int64_t c0, int64_t c1) {
-        thread_local std::vector<double> buf;
-        const int64_t w = c1 - c0;
-        double* acc     = grow(buf, size_t(w));
-        std::fill(acc, acc + w, 0.0);
-        col_sums_f64(acc, dout + c0, N, OC, static_cast<int>(w));
-        for (int64_t c = 0; c < w; ++c) dbias[c0 + c] = float(double(dbias[c0 + c]) + acc[c]);
+        add_col_sums(dbias + c0, dout + c0, N, OC, static_cast<int>(c1 - c0));
     });
 }
 
@@ -614,6 +610,35 @@ void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int 
 
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w) {
     dispatch().col_sums_f64(s, x, n, ld, w);
+}
+
+namespace {
+
+// Columns add_col_sums sums at once: each row's run of them is read along its lines (the ISA
+// kernels take 16 rows at a time), their double sums on the stack.
+constexpr int kSumCols = 512;
+
+template <typename T>
+void add_col_sums_of(float* dbias, const T* x, int64_t n, int64_t ld, int w) {
+    for (int c0 = 0; c0 < w; c0 += kSumCols) {
+        const int cw         = std::min(kSumCols, w - c0);
+        double sum[kSumCols] = {};
+        if constexpr (std::is_same_v<T, float>) {
+            col_sums_f64(sum, x + c0, n, ld, cw);
+        } else {
+            col_sums_f64_bf16(sum, x + c0, n, ld, cw);
+        }
+        for (int c = 0; c < cw; ++c) dbias[c0 + c] = float(double(dbias[c0 + c]) + sum[c]);
+    }
+}
+
+}  // namespace
+
+void add_col_sums(float* dbias, const float* x, int64_t n, int64_t ld, int w) {
+    add_col_sums_of(dbias, x, n, ld, w);
+}
+void add_col_sums(float* dbias, const uint16_t* x, int64_t n, int64_t ld, int w) {
+    add_col_sums_of(dbias, x, n, ld, w);
 }
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C) {

@@ -96,6 +96,11 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 // The same over bf16 values, x their bits.
 void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w);
+// dbias[c] = float(double(dbias[c]) + sum over rows r in [0, n) of x[r ld + c]), c in [0, w):
+// the column sums above from zero, added once (a bias gradient). Nothing allocated: the sums
+// of a block of columns at a time lie on the stack. x: floats, or bf16 bits.
+void add_col_sums(float* dbias, const float* x, int64_t n, int64_t ld, int w);
+void add_col_sums(float* dbias, const uint16_t* x, int64_t n, int64_t ld, int w);
 // For each j in [0, n): dy[j][c] = w[j] * d[c] and dots[j] = dot(d, y[j]) over c in [0, C),
 // the products in double into four partial sums (element c into sum c mod 4), returned as
 // float((s0 + s1) + (s2 + s3)); the same bits on every ISA. The n rows of one token's slots

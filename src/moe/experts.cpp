@@ -53,33 +53,26 @@ struct BiasEpilogue {
     }
 };
 
-// Columns a bias gradient sums at once: each row's run of them is read along its lines (the
-// column sums run 16 rows at a time, kernels::col_sums_f64), their double sums on the stack.
-constexpr int kBiasCols = 512;
-
 // dbias_e (D) += sum over expert e's rows of dout (rows, D), dbias_e = dbias + e * stride.
 // Each column is summed in double over the rows in order, as linear_backward sums its bias
-// gradient, then added once; with acc (E, acc_ld) the sums continue there instead. dout: floats,
-// or the bf16 bits of values of bf16 (the same sums). Allocates nothing: the epilogue runs on
-// whichever thread finished the expert's first rectangle.
+// gradient, then added once (kernels::add_col_sums); with acc (E, acc_ld) the sums continue
+// there instead. dout: floats, or the bf16 bits of values of bf16 (the same sums). Allocates
+// nothing: the epilogue runs on whichever thread finished the expert's first rectangle.
 template <typename T>
 void expert_bias_grad(float* dbias, size_t stride, const T* dout, const int32_t* offsets, int e,
                       int D, double* acc, int acc_ld) {
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) return;
-    for (int c0 = 0; c0 < D; c0 += kBiasCols) {
-        const int w           = std::min(kBiasCols, D - c0);
-        double sum[kBiasCols] = {};
-        double* s  = acc ? acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld) + c0 : sum;
-        const T* x = dout + int64_t{offsets[e]} * D + c0;
-        if constexpr (std::is_same_v<T, float>) {
-            kernels::col_sums_f64(s, x, n, D, w);
-        } else {
-            kernels::col_sums_f64_bf16(s, x, n, D, w);
-        }
-        if (acc) continue;
-        float* db = dbias + static_cast<size_t>(e) * stride + c0;
-        for (int c = 0; c < w; ++c) db[c] = float(double(db[c]) + sum[c]);
+    const T* x = dout + int64_t{offsets[e]} * D;
+    if (!acc) {
+        kernels::add_col_sums(dbias + static_cast<size_t>(e) * stride, x, n, D, D);
+        return;
+    }
+    double* s = acc + static_cast<size_t>(e) * static_cast<size_t>(acc_ld);
+    if constexpr (std::is_same_v<T, float>) {
+        kernels::col_sums_f64(s, x, n, D, D);
+    } else {
+        kernels::col_sums_f64_bf16(s, x, n, D, D);
     }
 }
 

@@ -344,6 +344,39 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
     }
 }
 
+// add_col_sums (a bias gradient): each column's double sum from zero, added to dbias once, over
+// widths around its 512-column blocks, floats and bf16 bits: the bits of the generic column
+// sums added by hand.
+TEST_P(OpsIsaVsRef, AddColSumsIsTheColumnSumsAddedOnce) {
+    Rng rng(22);
+    for (int w : {1, 37, 512, 513, 1100}) {
+        const int64_t n = 41, ld = w + 5;
+        SCOPED_TRACE(std::to_string(w) + " columns");
+        const auto x = randn(rng, size_t(n * ld), 3.0);
+        std::vector<uint16_t> x16(x.size());
+        for (size_t i = 0; i < x.size(); ++i) x16[i] = bf16_from_float(x[i]);
+        const auto b0 = randn(rng, size_t(w) + 1);
+        for (const bool half : {false, true}) {
+            std::vector<double> s(size_t(w), 0.0);
+            if (half) {
+                generic::col_sums_f64_bf16(s.data(), x16.data(), n, ld, w);
+            } else {
+                generic::col_sums_f64(s.data(), x.data(), n, ld, w);
+            }
+            auto want = b0, got = b0;
+            for (int c = 0; c < w; ++c)
+                want[size_t(c)] = float(double(want[size_t(c)]) + s[size_t(c)]);
+            if (half) {
+                add_col_sums(got.data(), x16.data(), n, ld, w);
+            } else {
+                add_col_sums(got.data(), x.data(), n, ld, w);
+            }
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << "bf16 " << half;  // the element past w untouched too
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, SlotRowSumsAreBitwiseTheGenericKernels) {
     // weighted_row_sum and add_row_sum against the generic loops they define, bit for bit: widths
     // around the 32-column steps, 0 to 9 rows, weights and values of every magnitude (so that a
