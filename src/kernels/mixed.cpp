@@ -4,6 +4,7 @@
 #include "kernels/mixed.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -826,6 +827,60 @@ const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout,
     avx512::attention_backward_bf16(h == HalfAttention::tiles, nullptr, dout, qkv, out, lse, B, T,
                                     C, NH, out16);
     return out16;
+}
+
+bool attention_kept16(Dtype d, int hs, bool fp64) {
+    // 1 / sqrt(hs) a power of two: hs a power of four
+    const bool scale_exact =
+        hs > 0 && (hs & (hs - 1)) == 0 && std::countr_zero(unsigned(hs)) % 2 == 0;
+    return !fp64 && scale_exact && half_attention(d, hs) != HalfAttention::none;
+}
+
+namespace {
+// The kept Q, K, V and O widened, where the 16-bit core does not run (see attention_kept16).
+AlignedVector<float> g_attn_qkv, g_attn_out;
+
+const float* widened_into(AlignedVector<float>& buf, Dtype d, const uint16_t* x16, size_t n) {
+    float* w = grow(buf, n);
+    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
+        widen_serial(d, w + begin, x16 + begin, size_t(end - begin));
+    });
+    return w;
+}
+}  // namespace
+
+void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                              int T, int C, int NH) {
+    BGL_CHECK(d != Dtype::float32, "attention_forward_half16: float32 is not a half type");
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    if (attention_kept16(d, C / NH, false)) {
+        avx512::attention_forward_bf16(half_attention(d, C / NH) == HalfAttention::tiles, out16,
+                                       lse, qkv16, B, T, C, NH);
+        return;
+    }
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    float* out     = grow(g_attn_out, n);
+    attention_forward_half(d, out, lse, widened_into(g_attn_qkv, d, qkv16, 3 * n), B, T, C, NH);
+    narrow_half(d, out16, out, n);
+}
+
+const uint16_t* attention_backward_dout16(Dtype d, float* dqkv, const float* dout,
+                                          const uint16_t* qkv16, const uint16_t* out16,
+                                          const float* lse, int B, int T, int C, int NH) {
+    BGL_CHECK(d != Dtype::float32, "attention_backward_dout16: float32 is not a half type");
+    BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    if (attention_kept16(d, C / NH, false) && on_16bit(d)) {
+        bf16* g16 = grow(g_dout16, 3 * n);
+        avx512::attention_backward_bf16(half_attention(d, C / NH) == HalfAttention::tiles, g16,
+                                        dout, qkv16, out16, lse, B, T, C, NH);
+        return g16;
+    }
+    const float* qkv = widened_into(g_attn_qkv, d, qkv16, 3 * n);
+    const float* out = widened_into(g_attn_out, d, out16, n);
+    if (on_16bit(d)) return attention_backward_dout(d, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    attention_backward_half(d, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    return nullptr;
 }
 
 // ---- attention: one (batch, head) pair per work item ----

@@ -230,6 +230,23 @@ const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout,
                                         const float* out, const float* lse, int B, int T, int C,
                                         int NH, bool fp64 = false);
 
+// The attention core on Q, K, V (qkv16, B T x 3C) and its output O (out16, B T x C) kept only as
+// their 16 bits of d: where attention_kept16(d, hs, false), the bf16 core (half_attention) reads
+// and writes them directly, bitwise attention_forward_half on qkv rounded to d with its out then
+// rounded and narrowed, and attention_backward_dout on those rounded floats; on any other path
+// (the GEMM path changed since the arrays were chosen) the float kernels run on their widened
+// values. attention_backward_dout16 returns the 16-bit dqkv where half_products_convert(d) (in
+// the narrow_dout scratch), else nullptr with the floats in dqkv. Call from outside pool jobs.
+// attention_kept16: the bf16 core runs (half_attention, not fp64) and 1 / sqrt(hs) is a power of
+// two (hs = 64, 256, ...: the core scales Q before rounding it, and scaling the kept Q by a power
+// of two rounds nothing again), so keeping them changes no bit.
+bool attention_kept16(Dtype d, int hs, bool fp64);
+void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                              int T, int C, int NH);
+const uint16_t* attention_backward_dout16(Dtype d, float* dqkv, const float* dout,
+                                          const uint16_t* qkv16, const uint16_t* out16,
+                                          const float* lse, int B, int T, int C, int NH);
+
 // The router's linear layers in FP64 (precision.router = "fp64"): every product and sum in
 // double, each result rounded to float once; the same =/+= conventions as linear_forward /
 // linear_backward. Each output element is one thread's sum in a fixed order, so results do not

@@ -67,4 +67,22 @@ void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const f
                });
 }
 
+void attention_forward_bf16(bool tiles, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                            int T, int C, int NH) {
+    over_heads(B, T, C, NH, attention_bf16_forward_scratch,
+               [&](int64_t begin, int64_t end, float* scratch) {
+                   attention_forward_items_bf16(tiles, out16, lse, qkv16, T, C, NH, begin, end,
+                                                scratch);
+               });
+}
+
+void attention_backward_bf16(bool tiles, uint16_t* dqkv16, const float* dout, const uint16_t* qkv16,
+                             const uint16_t* out16, const float* lse, int B, int T, int C, int NH) {
+    over_heads(B, T, C, NH, attention_bf16_backward_scratch,
+               [&](int64_t begin, int64_t end, float* scratch) {
+                   attention_backward_items_bf16(tiles, dqkv16, dout, qkv16, out16, lse, T, C, NH,
+                                                 begin, end, scratch);
+               });
+}
+
 }  // namespace bagualu::kernels::avx512

@@ -36,6 +36,17 @@ size_t attention_bf16_backward_scratch(int T, int hs);
 void attention_backward_items_bf16(bool tiles, float* dqkv, uint16_t* dqkv16, const float* dout,
                                    const float* qkv, const float* out, const float* lse, int T,
                                    int C, int NH, int64_t begin, int64_t end, float* scratch);
+// The same items on Q, K, V (qkv16) and O (out16) kept as bf16: the forward writes out16 as
+// bf16_narrow_range of the float rows, the backward reads out16 widened and writes dqkv16. With
+// a scale 1 / sqrt(hs) that is a power of two (hs = 64, 256, ...) bitwise the float items on
+// qkv rounded to bf16 and out rounded, narrowed; otherwise Q is rounded twice (kept, then
+// scaled).
+void attention_forward_items_bf16(bool tiles, uint16_t* out16, float* lse, const uint16_t* qkv16,
+                                  int T, int C, int NH, int64_t begin, int64_t end, float* scratch);
+void attention_backward_items_bf16(bool tiles, uint16_t* dqkv16, const float* dout,
+                                   const uint16_t* qkv16, const uint16_t* out16, const float* lse,
+                                   int T, int C, int NH, int64_t begin, int64_t end,
+                                   float* scratch);
 
 // ---- GELU, elements [begin, end); bitwise the generic kernels' results ----
 void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end);
@@ -71,5 +82,10 @@ void attention_forward_bf16(bool tiles, float* out, float* lse, const float* qkv
 void attention_backward_bf16(bool tiles, float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int T, int C, int NH,
                              uint16_t* dqkv16 = nullptr);
+// The same on Q, K, V and O kept as bf16 (the 16-bit items above).
+void attention_forward_bf16(bool tiles, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
+                            int T, int C, int NH);
+void attention_backward_bf16(bool tiles, uint16_t* dqkv16, const float* dout, const uint16_t* qkv16,
+                             const uint16_t* out16, const float* lse, int B, int T, int C, int NH);
 
 }  // namespace bagualu::kernels::avx512

@@ -157,6 +157,9 @@ struct GPT::Acts {
         // ln_1's (a dense block's ln_2's) output kept only as its 16 bits where the products
         // that are its only readers take half operands (then ln1 (ln2) is nullptr)
         uint16_t *ln1_16 = nullptr, *ln2_16 = nullptr;
+        // Q, K, V and the attention's output kept only as their 16 bits where the bf16 core
+        // reads them so (attention_in_16_bits; then qkv and atty are nullptr)
+        uint16_t *qkv16 = nullptr, *atty16 = nullptr;
     };
     FloatArena arena;
     std::vector<float*> resid;  // [L+1] (N, C)
@@ -170,7 +173,7 @@ struct GPT::Acts {
 struct ArenaPlan {
     struct BlockOff {
         size_t ln1, m1, r1, qkv, atty, lse, res1, ln2, m2, r2, fch;
-        bool ln1_half, ln2_half;  // ln1, ln2 reserved as 16-bit slices
+        bool ln1_half, ln2_half, attn_half;  // ln1, ln2 (qkv, atty) reserved as 16-bit slices
     };
     std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
@@ -188,7 +191,7 @@ static bool ln2_in_16_bits(const ModelConfig& cfg, int l, Recompute rc, Dtype ln
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
 // recompute = block: every block uses one working set (the MLP's slices when any block is dense).
 static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows,
-                            Recompute rc, Dtype hidden, Dtype ln_attn, Dtype ln_ffn) {
+                            Recompute rc, Dtype hidden, Dtype ln_attn, Dtype ln_ffn, bool attn16) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
@@ -202,18 +205,19 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         }
         const bool dense = rc == Recompute::block ? any_dense : !cfg.is_moe_block(l);
         ArenaPlan::BlockOff o{};
-        o.ln1_half = ln_attn != Dtype::float32;
-        o.ln2_half = ln2_in_16_bits(cfg, l, rc, ln_ffn);
-        o.ln1      = o.ln1_half ? A.reserve_half(N * C) : A.reserve(N * C);
-        o.m1       = A.reserve(N);
-        o.r1       = A.reserve(N);
-        o.qkv      = A.reserve(N * 3 * C);
-        o.atty     = A.reserve(N * C);
-        o.lse      = A.reserve(N * NH);
-        o.res1     = A.reserve(N * C);
-        o.ln2      = o.ln2_half ? A.reserve_half(N * C) : A.reserve(N * C);
-        o.m2       = A.reserve(N);
-        o.r2       = A.reserve(N);
+        o.ln1_half  = ln_attn != Dtype::float32;
+        o.ln2_half  = ln2_in_16_bits(cfg, l, rc, ln_ffn);
+        o.ln1       = o.ln1_half ? A.reserve_half(N * C) : A.reserve(N * C);
+        o.m1        = A.reserve(N);
+        o.r1        = A.reserve(N);
+        o.attn_half = attn16;
+        o.qkv       = attn16 ? A.reserve_half(N * 3 * C) : A.reserve(N * 3 * C);
+        o.atty      = attn16 ? A.reserve_half(N * C) : A.reserve(N * C);
+        o.lse       = A.reserve(N * NH);
+        o.res1      = A.reserve(N * C);
+        o.ln2       = o.ln2_half ? A.reserve_half(N * C) : A.reserve(N * C);
+        o.m2        = A.reserve(N);
+        o.r2        = A.reserve(N);
         if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
         p.blocks.push_back(o);
     }
@@ -232,11 +236,24 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
 }
 
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows,
-                         Recompute recompute, Dtype hidden, Dtype ln_attn, Dtype ln_ffn) {
+                         Recompute recompute, Dtype hidden, Dtype ln_attn, Dtype ln_ffn,
+                         bool attn16) {
     FloatArena A;
     plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
-               static_cast<size_t>(head_rows), recompute, hidden, ln_attn, ln_ffn);
+               static_cast<size_t>(head_rows), recompute, hidden, ln_attn, ln_ffn, attn16);
     return A.total_floats();
+}
+
+namespace {
+bool g_attention_16bit = true;  // attention_16bit_activations
+}  // namespace
+
+void attention_16bit_activations(bool on) { g_attention_16bit = on; }
+
+bool attention_in_16_bits(const ModelConfig& cfg, const PrecisionPolicy& prec) {
+    return g_attention_16bit && cfg.n_head > 0 && cfg.d_model % cfg.n_head == 0 &&
+           kernels::attention_kept16(prec.gemm_dtype(LayerClass::attention),
+                                     cfg.d_model / cfg.n_head, prec.fp64_sensitive);
 }
 
 int64_t fused_head_rows(const ModelConfig& cfg) {
@@ -304,7 +321,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     const Dtype hidden = prec_.act_dtype(LayerClass::ffn);
     const ArenaPlan p =
         plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden,
-                   prec_.gemm_dtype(LayerClass::attention), prec_.gemm_dtype(LayerClass::ffn));
+                   prec_.gemm_dtype(LayerClass::attention), prec_.gemm_dtype(LayerClass::ffn),
+                   attention_in_16_bits(cfg, prec_));
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -312,8 +330,8 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         Acts::Block b{o.ln1_half ? nullptr : A.at(o.ln1),
                       A.at(o.m1),
                       A.at(o.r1),
-                      A.at(o.qkv),
-                      A.at(o.atty),
+                      o.attn_half ? nullptr : A.at(o.qkv),
+                      o.attn_half ? nullptr : A.at(o.atty),
                       A.at(o.lse),
                       A.at(o.res1),
                       o.ln2_half ? nullptr : A.at(o.ln2),
@@ -322,6 +340,10 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
                       kernels::KeptArray{}};
         if (o.ln1_half) b.ln1_16 = A.at_half(o.ln1);
         if (o.ln2_half) b.ln2_16 = A.at_half(o.ln2);
+        if (o.attn_half) {
+            b.qkv16  = A.at_half(o.qkv);
+            b.atty16 = A.at_half(o.atty);
+        }
         if (!cfg.is_moe_block(l)) {
             if (hidden == Dtype::float32) {
                 b.fch.f32 = A.at(o.fch);
@@ -543,7 +565,14 @@ double GPT::block_forward(int l) {
         op.ln_fwd(b.ln1, b.ln1_mean, b.ln1_rstd, x, w.ln1_w, w.ln1_b, N, C);
         round_operand(b.ln1, NC, ga);  // only the qkv products read it
     }
-    {
+    if (b.qkv16) {
+        // Q, K, V and the output only as the 16 bits the core and the products read: qkv formed
+        // in the backward scratch dqkv (free in forward) and narrowed from there
+        PhaseScope phase(Phase::attention);
+        linear_forward_kept16(ga, a.dqkv, b.ln1_16, w.qkv_w, w.qkv_b, N, C, 3 * C, ga, b.qkv16);
+        attention_forward_half16(ga, b.atty16, b.lse, b.qkv16, B, T, C, NH);
+        linear_forward_kept16(ga, b.res1, b.atty16, w.proj_w, w.proj_b, N, C, C, aa);
+    } else {
         PhaseScope phase(Phase::attention);
         if (b.ln1_16) {
             linear_forward_kept16(ga, b.qkv, b.ln1_16, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
@@ -703,7 +732,21 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
         }
         op.ln_bwd(a.dresid, g.ln2_w, g.ln2_b, a.dc, b.res1, w.ln2_w, b.ln2_mean, b.ln2_rstd, N, C);
         // attention: dresid holds d res1 = d attn_out, and flows on to d x_l
-        {
+        if (b.qkv16) {  // Q, K, V and the output as their 16 bits
+            PhaseScope phase(Phase::attention);
+            linear_backward_kept16(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty16,
+                                   w.proj_w, N, C, C);
+            const uint16_t* dqkv16 =
+                attention_backward_dout16(ga, a.dqkv, a.dc, b.qkv16, b.atty16, b.lse, B, T, C, NH);
+            if (dqkv16) {
+                linear_backward_dout16(ga, a.dc2, g.qkv_w, g.qkv_b, dqkv16, nullptr, b.ln1_16,
+                                       w.qkv_w, N, C, 3 * C);
+            } else {
+                round_operand(a.dqkv, 3 * NC, ga);
+                linear_backward_kept16(ga, a.dc2, g.qkv_w, g.qkv_b, a.dqkv, b.ln1_16, w.qkv_w, N, C,
+                                       3 * C);
+            }
+        } else {
             PhaseScope phase(Phase::attention);
             linear_backward_half(ga, a.dc, g.proj_w, g.proj_b, operand(a.dresid, ga), b.atty,
                                  w.proj_w, N, C, C);

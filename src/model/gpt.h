@@ -78,10 +78,20 @@ ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPoli
 // hidden: the dtype the dense MLPs keep their pre-activation in (PrecisionPolicy::act_dtype of
 // the ffn class: 16 bits for a half type). ln_attn, ln_ffn: the GEMM dtypes of the attention and
 // ffn classes (PrecisionPolicy::gemm_dtype): a half one keeps ln_1's output (and a dense block's
-// ln_2's, without block recomputation) in 16 bits, the values its products read.
+// ln_2's, without block recomputation) in 16 bits, the values its products read. attn16: the
+// attention core keeps Q, K, V and its output in 16 bits (attention_in_16_bits).
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0,
                          Recompute recompute = Recompute::none, Dtype hidden = Dtype::float32,
-                         Dtype ln_attn = Dtype::float32, Dtype ln_ffn = Dtype::float32);
+                         Dtype ln_attn = Dtype::float32, Dtype ln_ffn = Dtype::float32,
+                         bool attn16 = false);
+// Whether a model of cfg under prec keeps its attention's Q, K, V and output only as 16 bits on
+// this machine: where its bf16 attention core reads them so with the same bits
+// (kernels::attention_kept16, which depends on the GEMM path and the head size).
+bool attention_in_16_bits(const ModelConfig& cfg, const PrecisionPolicy& prec);
+// Tests: off makes the models built after it keep Q, K, V and the attention's output as floats
+// (attention_in_16_bits false), on (the default) lets attention_in_16_bits decide. Not
+// thread-safe: set between models.
+void attention_16bit_activations(bool on);
 // Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
 // bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
 int64_t fused_head_rows(const ModelConfig& cfg);

@@ -265,7 +265,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         static_cast<double>(model::activation_floats(
             m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc,
             prec.act_dtype(model::LayerClass::ffn), prec.gemm_dtype(model::LayerClass::attention),
-            prec.gemm_dtype(model::LayerClass::ffn))) *
+            prec.gemm_dtype(model::LayerClass::ffn), model::attention_in_16_bits(m, prec))) *
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,

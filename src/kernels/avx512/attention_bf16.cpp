@@ -56,6 +56,20 @@ inline __m512i bf16x32(const float* p) {
         _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
 }
 
+// 32 values that are bf16 already: their bits as they are. Q, K, V and O kept in 16 bits
+// (attention_*_items_bf16 on 16-bit arrays) hold bf16_narrow_range's bits, which keep the
+// denormals that bf16x32 flushes: the products treat denormal operands as zero (tdpbf16ps and
+// vdpbf16ps alike), so their sums are the same.
+inline __m512i bf16x32(const bf16* p) { return _mm512_loadu_si512(p); }
+
+// 16 values as floats: loaded, or bf16 widened (exactly).
+inline __m512 f32x16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 f32x16(const bf16* p) {
+    const __m512i w = _mm512_maskz_cvtepu16_epi32(
+        __mmask16(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), w, 16));
+}
+
 // dst[0, n) = src[0, n), n a multiple of 16.
 inline void copy_row(float* dst, const float* src, int n) {
     for (int e = 0; e < n; e += 16) _mm512_storeu_ps(dst + e, _mm512_loadu_ps(src + e));
@@ -63,7 +77,8 @@ inline void copy_row(float* dst, const float* src, int n) {
 
 // dst (rows_pad x cols, stride ldd) = bf16(s * src) for the first `rows` rows of src (stride
 // lds), zero below; cols a multiple of 16.
-void to_rows(const float* src, int64_t lds, int rows, int rows_pad, int cols, float s, bf16* dst,
+template <typename S>
+void to_rows(const S* src, int64_t lds, int rows, int rows_pad, int cols, float s, bf16* dst,
              int64_t ldd) {
     const __m512 vs = _mm512_set1_ps(s);
     for (int r = 0; r < rows_pad; ++r) {
@@ -72,17 +87,18 @@ void to_rows(const float* src, int64_t lds, int rows, int rows_pad, int cols, fl
             std::memset(d, 0, size_t(cols) * sizeof(bf16));
             continue;
         }
-        const float* x = src + r * lds;
+        const S* x = src + r * lds;
         for (int c = 0; c < cols; c += 16) {
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c),
-                                bf16x16(_mm512_mul_ps(_mm512_loadu_ps(x + c), vs)));
+                                bf16x16(_mm512_mul_ps(f32x16(x + c), vs)));
         }
     }
 }
 
 // Row pairs of src's first `rows` rows (zero past them) up to rows_pad (even): dst
 // (rows_pad / 2 x 2 cols, stride ldd); cols a multiple of 32.
-void row_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
+template <typename S>
+void row_pairs(const S* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
                int64_t ldd) {
     const __m512i lo_idx = _mm512_load_si512(kInterleave.idx[0]);
     const __m512i hi_idx = _mm512_load_si512(kInterleave.idx[1]);
@@ -101,7 +117,8 @@ void row_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, 
 
 // Column pairs of src's first `rows` rows (zero past them) up to rows_pad (a multiple of 16):
 // dst (cols / 2 x 2 rows_pad, stride ldd); cols a multiple of 32.
-void col_pairs(const float* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
+template <typename S>
+void col_pairs(const S* src, int64_t lds, int rows, int rows_pad, int cols, bf16* dst,
                int64_t ldd) {
     for (int n0 = 0; n0 < rows_pad; n0 += 16) {
         for (int c = 0; c < cols; c += 32) {
@@ -244,11 +261,12 @@ inline T lane_sum(V v) {
     return s;
 }
 
-// Float dot product of hs (a multiple of 16) terms.
-inline float dot16(const float* a, const float* b, int hs) {
+// Float dot product of hs (a multiple of 16) terms, b as floats or widened from bf16.
+template <typename S>
+inline float dot16(const float* a, const S* b, int hs) {
     __m512 acc = _mm512_setzero_ps();
     for (int e = 0; e < hs; e += 16) {
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), f32x16(b + e), acc);
     }
     return lane_sum<float>(acc);
 }
@@ -330,8 +348,13 @@ size_t scratch_floats(int T, int hs) {
     return cv.floats();
 }
 
-template <typename P>
-void forward_items(float* out, float* lse, const float* qkv, int T, int C, int NH, int64_t begin,
+// A row of the output: as floats, or as their bf16 bits (bitwise bf16_narrow_range of them).
+inline void put_out(float* dst, const float* src, int n) { copy_row(dst, src, n); }
+inline void put_out(bf16* dst, const float* src, int n) { bf16_narrow_range(dst, src, size_t(n)); }
+
+// In: float, or bf16 (qkv kept in 16 bits); Out: the output's type, float or bf16.
+template <typename P, typename In, typename Out>
+void forward_items(Out* out, float* lse, const In* qkv, int T, int C, int NH, int64_t begin,
                    int64_t end, float* scratch) {
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
@@ -342,9 +365,9 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
     P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
-        const float* qbase = qkv + b * T * C3 + h * hs;
-        const float* kbase = qbase + C;
-        const float* vbase = qbase + 2 * C;
+        const In* qbase = qkv + b * T * C3 + h * hs;
+        const In* kbase = qbase + C;
+        const In* vbase = qbase + 2 * C;
         col_pairs(kbase, C3, T, Tp, hs, kt, 2 * int64_t{Tp});
         row_pairs(vbase, C3, T, Tp, hs, vv, 2 * int64_t{hs});
         for (int t0 = 0; t0 < T; t0 += kRows) {
@@ -385,11 +408,12 @@ void forward_items(float* out, float* lse, const float* qkv, int T, int C, int N
             }
             P::product(p, Tp, vv, 2 * int64_t{hs}, o, hs, kRows, hs, nkp, false);
             for (int r = 0; r < nr; ++r) {
-                float* dst     = out + (b * T + t0 + r) * C + h * hs;
+                float* orow    = o + r * hs;
                 const __m512 v = _mm512_set1_ps(float(1.0 / sums[r]));
                 for (int e = 0; e < hs; e += 16) {
-                    _mm512_storeu_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(o + r * hs + e), v));
+                    _mm512_storeu_ps(orow + e, _mm512_mul_ps(_mm512_loadu_ps(orow + e), v));
                 }
+                put_out(out + (b * T + t0 + r) * C + h * hs, orow, hs);
                 lse[bh * T + t0 + r] = float(double(mx[r]) + std::log(sums[r]));
             }
         }
@@ -406,10 +430,11 @@ inline void put_row(float* dqkv, uint16_t* dqkv16, int64_t at, const float* src,
     }
 }
 
-template <typename P>
-void backward_items(float* dqkv, uint16_t* dqkv16, const float* dout, const float* qkv,
-                    const float* out, const float* lse, int T, int C, int NH, int64_t begin,
-                    int64_t end, float* scratch) {
+// In: the type of qkv and out, float or bf16 (kept in 16 bits).
+template <typename P, typename In>
+void backward_items(float* dqkv, uint16_t* dqkv16, const float* dout, const In* qkv, const In* out,
+                    const float* lse, int T, int C, int NH, int64_t begin, int64_t end,
+                    float* scratch) {
     const int hs      = C / NH;
     const int64_t C3  = int64_t{3} * C;
     const int Tp      = int(round_up(T, kRows));
@@ -422,12 +447,12 @@ void backward_items(float* dqkv, uint16_t* dqkv16, const float* dout, const floa
     P::enter();
     for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
-        const float* qbase  = qkv + b * T * C3 + h * hs;
-        const float* kbase  = qbase + C;
-        const float* vbase  = qbase + 2 * C;
+        const In* qbase     = qkv + b * T * C3 + h * hs;
+        const In* kbase     = qbase + C;
+        const In* vbase     = qbase + 2 * C;
         const int64_t dq0   = b * T * C3 + h * hs;  // dq's first row in dqkv
         const float* dybase = dout + b * T * C + h * hs;
-        const float* ybase  = out + b * T * C + h * hs;
+        const In* ybase     = out + b * T * C + h * hs;
         col_pairs(kbase, C3, T, Tp, hs, kt, ldk);
         col_pairs(vbase, C3, T, Tp, hs, vt, ldk);
         row_pairs(kbase, C3, T, Tp, hs, kv, ldv);
@@ -504,6 +529,16 @@ void attention_forward_items_bf16(bool tiles, float* out, float* lse, const floa
     }
 }
 
+void attention_forward_items_bf16(bool tiles, uint16_t* out16, float* lse, const uint16_t* qkv16,
+                                  int T, int C, int NH, int64_t begin, int64_t end,
+                                  float* scratch) {
+    if (tiles) {
+        forward_items<Tiles>(out16, lse, qkv16, T, C, NH, begin, end, scratch);
+    } else {
+        forward_items<Dots>(out16, lse, qkv16, T, C, NH, begin, end, scratch);
+    }
+}
+
 void attention_backward_items_bf16(bool tiles, float* dqkv, uint16_t* dqkv16, const float* dout,
                                    const float* qkv, const float* out, const float* lse, int T,
                                    int C, int NH, int64_t begin, int64_t end, float* scratch) {
@@ -511,6 +546,19 @@ void attention_backward_items_bf16(bool tiles, float* dqkv, uint16_t* dqkv16, co
         backward_items<Tiles>(dqkv, dqkv16, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
     } else {
         backward_items<Dots>(dqkv, dqkv16, dout, qkv, out, lse, T, C, NH, begin, end, scratch);
+    }
+}
+
+void attention_backward_items_bf16(bool tiles, uint16_t* dqkv16, const float* dout,
+                                   const uint16_t* qkv16, const uint16_t* out16, const float* lse,
+                                   int T, int C, int NH, int64_t begin, int64_t end,
+                                   float* scratch) {
+    if (tiles) {
+        backward_items<Tiles>(nullptr, dqkv16, dout, qkv16, out16, lse, T, C, NH, begin, end,
+                              scratch);
+    } else {
+        backward_items<Dots>(nullptr, dqkv16, dout, qkv16, out16, lse, T, C, NH, begin, end,
+                             scratch);
     }
 }
 

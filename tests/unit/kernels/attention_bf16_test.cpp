@@ -275,5 +275,88 @@ TEST(AttentionHalf, Bf16OnTheGemmPathsUnitFloatElsewhere) {
     }
 }
 
+// Q, K, V and O kept as 16 bits (attention_forward_half16 / attention_backward_dout16): where
+// attention_kept16 holds (the bf16 core, a head size whose 1 / sqrt(hs) is a power of two), the
+// bits of attention_forward_half / attention_backward_dout on the float Q, K, V with the output
+// rounded; elsewhere the kernels on the widened 16-bit values. Every path, three head sizes, and
+// each product kind (tiles, dots) the CPU has directly.
+TEST(AttentionHalf, KeptSixteenBitsGiveTheFloatInputsBits) {
+    testing::PathGuard guard;
+    constexpr Dtype bf = Dtype::bfloat16;
+    for (const Shape s : {Shape{2, 45, 128, 2}, Shape{2, 45, 64, 2}, Shape{2, 45, 256, 2}}) {
+        Rng rng(17, uint64_t(s.C));
+        const auto qkv = randn(rng, s.qkv()), dy = randn(rng, s.out());
+        std::vector<uint16_t> qkv16(s.qkv());
+        narrow_half(bf, qkv16.data(), qkv.data(), qkv.size());
+        std::vector<float> qkv_r(s.qkv());  // the kept values, widened
+        for (size_t i = 0; i < qkv.size(); ++i) qkv_r[i] = bf16_to_float(qkv16[i]);
+        const bool pow4 = s.hs() == 64 || s.hs() == 256;
+        // each product kind the CPU has, whichever the GEMM path would choose
+        for (const bool tiles : {true, false}) {
+            if (!usable(tiles) || !pow4) continue;
+            const std::string at =
+                std::string(tiles ? "tiles" : "dots") + " head size " + std::to_string(s.hs());
+            std::vector<float> o(s.out()), l(s.lse()), l16(s.lse()), g(s.qkv());
+            avx512::attention_forward_bf16(tiles, o.data(), l.data(), qkv.data(), s.B, s.T, s.C,
+                                           s.NH);
+            std::vector<uint16_t> want_o(s.out()), got_o(s.out());
+            narrow_half(bf, want_o.data(), o.data(), o.size());
+            avx512::attention_forward_bf16(tiles, got_o.data(), l16.data(), qkv16.data(), s.B, s.T,
+                                           s.C, s.NH);
+            EXPECT_EQ(got_o, want_o) << at;
+            EXPECT_EQ(l16, l) << at;
+            for (size_t i = 0; i < o.size(); ++i) o[i] = bf16_to_float(want_o[i]);
+            std::vector<uint16_t> want(s.qkv()), got(s.qkv());
+            avx512::attention_backward_bf16(tiles, g.data(), dy.data(), qkv.data(), o.data(),
+                                            l.data(), s.B, s.T, s.C, s.NH, want.data());
+            avx512::attention_backward_bf16(tiles, got.data(), dy.data(), qkv16.data(),
+                                            want_o.data(), l.data(), s.B, s.T, s.C, s.NH);
+            EXPECT_EQ(got, want) << at;
+        }
+        for (const gemm::Path p : testing::supported_paths()) {
+            gemm::set_active_path(p);
+            const std::string at =
+                std::string(gemm::path_name(p)) + " head size " + std::to_string(s.hs());
+            const bool core = half_attention(bf, s.hs()) != HalfAttention::none;
+            const bool kept = attention_kept16(bf, s.hs(), false);
+            EXPECT_EQ(kept, core && pow4) << at;
+            EXPECT_FALSE(attention_kept16(bf, s.hs(), true)) << at;
+            EXPECT_FALSE(attention_kept16(Dtype::float16, s.hs(), false)) << at;
+            // forward: the float inputs where kept, else the widened ones; the output narrowed
+            const std::vector<float>& in = kept ? qkv : qkv_r;
+            std::vector<float> o(s.out()), l(s.lse()), l16(s.lse());
+            attention_forward_half(bf, o.data(), l.data(), in.data(), s.B, s.T, s.C, s.NH);
+            std::vector<uint16_t> want_o(s.out()), got_o(s.out());
+            narrow_half(bf, want_o.data(), o.data(), o.size());
+            attention_forward_half16(bf, got_o.data(), l16.data(), qkv16.data(), s.B, s.T, s.C,
+                                     s.NH);
+            EXPECT_EQ(got_o, want_o) << at;
+            EXPECT_EQ(l16, l) << at;
+            // backward on the rounded output
+            std::vector<float> o_r(s.out());
+            for (size_t i = 0; i < o_r.size(); ++i) o_r[i] = bf16_to_float(want_o[i]);
+            std::vector<float> g(s.qkv()), g16(s.qkv());
+            if (half_products_convert(bf)) {
+                const uint16_t* w = attention_backward_dout(
+                    bf, g.data(), dy.data(), in.data(), o_r.data(), l.data(), s.B, s.T, s.C, s.NH);
+                const std::vector<uint16_t> want(w, w + s.qkv());
+                const uint16_t* got =
+                    attention_backward_dout16(bf, g16.data(), dy.data(), qkv16.data(),
+                                              want_o.data(), l.data(), s.B, s.T, s.C, s.NH);
+                ASSERT_NE(got, nullptr) << at;
+                EXPECT_TRUE(std::equal(want.begin(), want.end(), got)) << at;
+            } else {
+                attention_backward_half(bf, g.data(), dy.data(), in.data(), o_r.data(), l.data(),
+                                        s.B, s.T, s.C, s.NH);
+                EXPECT_EQ(attention_backward_dout16(bf, g16.data(), dy.data(), qkv16.data(),
+                                                    want_o.data(), l.data(), s.B, s.T, s.C, s.NH),
+                          nullptr)
+                    << at;
+                EXPECT_EQ(g16, g) << at;
+            }
+        }
+    }
+}
+
 }  // namespace
 }  // namespace bagualu::kernels

@@ -157,6 +157,49 @@ TEST(PrecisionModel, SixteenBitOperandsGiveTheFloatPathsBitsWhereGemmBf16Widens)
     }
 }
 
+// Q, K, V and the attention's output kept only as their 16 bits where the bf16 attention core
+// reads them so (attention_in_16_bits: the core runs on this CPU's GEMM path, head size 64):
+// bitwise the loss and gradients of the same model keeping them as floats, with and without
+// block recomputation, and 4 N C floats' worth of 16-bit values less a block.
+TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
+    ModelConfig m = testing::tiny_moe_config();
+    m.d_model     = 128;
+    m.n_head      = 2;
+    m.seq_len     = 45;
+    m.d_ff        = 64;
+    const int B = 2, T = m.seq_len;
+    const PrecisionPolicy prec = bagualu_policy(Dtype::bfloat16);
+    if (!attention_in_16_bits(m, prec)) {
+        GTEST_SKIP() << "needs the bf16 attention core: AMX-BF16, or AVX512_BF16 without AMX";
+    }
+    const Batch b = random_batch(B * T, m.vocab_size);
+    for (const Recompute rc : {Recompute::none, Recompute::block}) {
+        const auto run = [&](bool kept) {
+            attention_16bit_activations(kept);
+            GPT gpt(m, B, nullptr, 1, prec, 0, rc);
+            attention_16bit_activations(true);
+            init_params(gpt.params(), gpt.layout(), m, 11);
+            Rng rng(3);
+            for (size_t i = 0; i < gpt.n_floats(); ++i)
+                gpt.params()[i] += float(0.1 * rng.normal());
+            const double loss = gpt.forward(b.x.data(), b.y.data(), B, T);
+            gpt.zero_grad();
+            gpt.backward(1.0f);
+            return std::pair{loss, std::vector<float>(gpt.grads(), gpt.grads() + gpt.n_floats())};
+        };
+        const auto [l0, g0] = run(false);
+        const auto [l1, g1] = run(true);
+        EXPECT_EQ(l1, l0) << static_cast<int>(rc);
+        EXPECT_EQ(g1, g0) << static_cast<int>(rc);
+    }
+    const Dtype ga = prec.gemm_dtype(LayerClass::attention), gf = prec.gemm_dtype(LayerClass::ffn);
+    const Dtype hidden = prec.act_dtype(LayerClass::ffn);
+    const size_t NC    = size_t(B) * size_t(T) * size_t(m.d_model);
+    const size_t f32   = activation_floats(m, B, 0, Recompute::none, hidden, ga, gf, false);
+    const size_t h16   = activation_floats(m, B, 0, Recompute::none, hidden, ga, gf, true);
+    EXPECT_EQ(f32 - h16, size_t(m.n_layer) * 2 * NC);  // (3 N C + N C) / 2 floats a block
+}
+
 // Forward computes with the weights as the policy rounds them, without a copy of every tensor:
 // half-stored (O2) tensors are rounded in place, and only the O1 attention matrices, stored in
 // float32, get rounded copies. Unrounded parameters (the initial weights, values set from
