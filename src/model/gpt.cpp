@@ -265,20 +265,32 @@ int64_t fused_head_rows(const ModelConfig& cfg) {
     return std::max<int64_t>(1, rows / kRowMultiple) * kRowMultiple;
 }
 
-ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec) {
+ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec,
+                                  bool masters_in_place) {
     const size_t n = layout.specs().size();
     ComputeCopies c;
     c.at.assign(n, ComputeCopies::kNone);
+    c.kept.assign(n, ComputeCopies::kNone);
     for (size_t i = 0; i < n; ++i) {
         const ParamSpec& s = layout.spec(i);
+        // the padded span, so an expert kind keeps its stride
+        const size_t span =
+            (i + 1 < n ? layout.spec(i + 1).offset : layout.total_floats()) - s.offset;
         if (prec.storage_dtype(s) != Dtype::float32) {
-            c.half.push_back(i);
+            if (!masters_in_place || prec.master_mode(s) != MasterMode::master) {
+                c.half.push_back(i);
+            } else if (s.decay && PrecisionPolicy::class_of(s.name) != LayerClass::embedding) {
+                c.at[i] = c.floats;  // a GEMM weight matrix: as an O1 weight
+                c.floats += span;
+            } else {
+                c.kept[i] = c.kept_floats;
+                c.kept_floats += span;
+            }
             continue;
         }
         if (prec.compute_dtype(s) == Dtype::float32) continue;
-        c.at[i]          = c.floats;
-        const size_t end = i + 1 < n ? layout.spec(i + 1).offset : layout.total_floats();
-        c.floats += end - s.offset;  // the padded span, so an expert kind keeps its stride
+        c.at[i] = c.floats;
+        c.floats += span;
     }
     return c;
 }
@@ -434,15 +446,36 @@ void GPT::hold_compute_weights() {
     hold_compute_ = true;
 }
 
+void GPT::keep_masters_in_place() {
+    BGL_CHECK(prec_.dtype == Dtype::bfloat16, "GPT::keep_masters_in_place: {} is not bf16",
+              dtype_name(prec_.dtype));
+    BGL_CHECK(!hold_compute_, "GPT::keep_masters_in_place: while the compute weights are held");
+    if (masters_in_place_) return;
+    round_half_stored();  // the values written so far, as the next forward would have
+    masters_in_place_ = true;
+    compute_          = plan_compute_copies(layout_, prec_, true);
+    kc_               = Buffer<float>(compute_.kept_floats);
+    use_o1_copies(o1_copies_);
+}
+
+void GPT::round_half_stored() {
+    if (half_rounded_) return;
+    for (const size_t i : compute_.half) {
+        const ParamSpec& s = layout_.spec(i);
+        round_inplace(params_.data() + s.offset, s.numel, prec_.dtype);
+    }
+    half_rounded_ = true;
+}
+
 void GPT::refresh_compute_weights() {
     // values written through params() (the initial weights, a model loaded or set from outside)
     // take their stored dtype here; after the optimizer's rounded update there is nothing to do
-    if (!half_rounded_) {
-        for (const size_t i : compute_.half) {
-            const ParamSpec& s = layout_.spec(i);
-            round_inplace(params_.data() + s.offset, s.numel, prec_.dtype);
-        }
-        half_rounded_ = true;
+    round_half_stored();
+    // the tensors whose FP32 masters are kept in place and that some reader takes as floats
+    for (size_t i = 0; i < compute_.kept.size(); ++i) {
+        if (compute_.kept[i] == ComputeCopies::kNone) continue;
+        const ParamSpec& s = layout_.spec(i);
+        round_copy(kc_.data() + compute_.kept[i], params_.data() + s.offset, s.numel, prec_.dtype);
     }
     // the GEMM path may have changed since the last forward (BGL_GEMM=auto's choices are per
     // shape, but a test or bench can switch paths): the copies follow what the products do now
@@ -467,7 +500,9 @@ void GPT::use_o1_copies(bool copies) {
     w_ = resolve_each<const float>(
         layout_, cfg_,
         [this](const ParamSpec& s) -> const float* {
-            const size_t at = compute_.at[static_cast<size_t>(&s - layout_.specs().data())];
+            const size_t i = static_cast<size_t>(&s - layout_.specs().data());
+            if (compute_.kept[i] != ComputeCopies::kNone) return kc_.data() + compute_.kept[i];
+            const size_t at = compute_.at[i];
             return at == ComputeCopies::kNone || !o1_copies_ ? params_.data() + s.offset
                                                              : wc_.data() + at;
         },

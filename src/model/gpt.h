@@ -62,13 +62,21 @@ void init_params(float* params, const ParamLayout& layout, const ModelConfig& cf
 // from; the float32-stored ones computed in half (O1 GEMM weights) get rounded copies, packed in
 // layout order into one array of `floats`: at[i] is tensor i's offset there, kNone for a tensor
 // computed from its parameter. GPT allocates and rounds them; the planner counts them.
+// masters_in_place (GPT::keep_masters_in_place): the O2 tensors hold their FP32 masters and are
+// not rounded in place; their GEMM weight matrices join the O1 weights (read in place where the
+// products round them, else copies in `at`), and the others (biases, an O2 embedding), which
+// readers take as floats, get rounded copies on every forward: kept[i] is tensor i's offset in
+// an array of kept_floats, kNone for the rest.
 struct ComputeCopies {
     static constexpr size_t kNone = ~size_t{0};
     std::vector<size_t> at;
     size_t floats = 0;
     std::vector<size_t> half;
+    std::vector<size_t> kept;
+    size_t kept_floats = 0;
 };
-ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec);
+ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPolicy& prec,
+                                  bool masters_in_place = false);
 
 // Floats of GPT's activation arena for forward/backward over max_batch sequences of seq_len
 // (saved activations, logits, backward scratch); the constructor sizes its arena with it.
@@ -166,6 +174,14 @@ class GPT {
     // operands themselves (kernels::half_products_convert), which is decided again at each
     // forward that is not held.
     bool o1_copies() const { return o1_copies_; }
+    // From now on the O2 (half-stored, FP32-mastered) tensors hold their FP32 masters, which the
+    // optimizer updates in place (model::masters_in_place): forward never rounds them in place
+    // again, its products round the weight matrices themselves, and the tensors read as floats
+    // (biases, an O2 embedding) are rounded into copies at each forward (plan_compute_copies).
+    // Values written through params() before this call take their dtype now, as the next forward
+    // would have rounded them; written after it (a checkpoint's masters) they are kept. bf16 only.
+    void keep_masters_in_place();
+    bool masters_in_place() const { return masters_in_place_; }
     float* grads() { return grads_.data(); }
     size_t n_floats() const { return layout_.total_floats(); }
     // Zeroes every gradient, the compute pool's threads each a contiguous part (one thread's
@@ -233,10 +249,14 @@ class GPT {
     int B_ = 0, T_ = 0;
     Recompute recompute_ = Recompute::none;
     void refresh_compute_weights();
+    // Rounds the half-stored tensors in place unless they hold values of their dtype already.
+    void round_half_stored();
     // Points w_ and head_w_ at the O1 copies (allocated the first time) or at the parameters.
     void use_o1_copies(bool copies);
-    bool hold_compute_ = false;  // hold_compute_weights()
-    bool half_rounded_ = false;  // the half-stored tensors hold values of their dtype
+    bool hold_compute_     = false;  // hold_compute_weights()
+    bool half_rounded_     = false;  // the half-stored tensors hold values of their dtype
+    bool masters_in_place_ = false;  // keep_masters_in_place()
+    Buffer<float> kc_;               // the kept copies (ComputeCopies::kept)
     // Forward of block l over the last forward's B_ x T_ tokens: resid[l] -> resid[l + 1].
     // Returns its MoE aux loss (0 for a dense block).
     double block_forward(int l);

@@ -67,6 +67,16 @@ struct PrecisionPolicy {
     std::string describe() const;
 };
 
+// Whether the replicated optimizer keeps an O2 tensor's FP32 master in the parameter itself
+// instead of a master copy beside the rounded parameter: in bf16, whose products round their
+// operands to bf16 themselves (kernels::half_products_convert), so forward computes with the
+// rounded master either way; its other readers (biases, an O2 embedding) take rounded copies
+// (GPT::keep_masters_in_place). ParO keeps its masters in its shards, fp16 beside the rounded
+// parameters.
+inline bool masters_in_place(const PrecisionPolicy& prec, bool partitioned) {
+    return prec.dtype == Dtype::bfloat16 && !partitioned;
+}
+
 inline const char* level_name(Level l) { return name_of(l); }
 
 }  // namespace bagualu::model

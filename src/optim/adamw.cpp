@@ -8,9 +8,12 @@ namespace bagualu::optim {
 using model::MasterMode;
 
 std::vector<MasterMode> master_modes(const model::ParamLayout& layout,
-                                     const model::PrecisionPolicy& prec) {
+                                     const model::PrecisionPolicy& prec, bool in_place) {
     std::vector<MasterMode> modes;
-    for (const model::ParamSpec& s : layout.specs()) modes.push_back(prec.master_mode(s));
+    for (const model::ParamSpec& s : layout.specs()) {
+        const MasterMode m = prec.master_mode(s);
+        modes.push_back(in_place && m == MasterMode::master ? MasterMode::none : m);
+    }
     return modes;
 }
 

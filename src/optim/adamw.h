@@ -18,8 +18,11 @@ struct AdamWHyper {
 };
 
 // [layout specs]: how the optimizer keeps each tensor under prec (model::MasterMode).
+// in_place (model::masters_in_place): the O2 tensors are their own FP32 masters, updated in
+// place as float32 tensors are (MasterMode::none).
 std::vector<model::MasterMode> master_modes(const model::ParamLayout& layout,
-                                            const model::PrecisionPolicy& prec);
+                                            const model::PrecisionPolicy& prec,
+                                            bool in_place = false);
 
 // AdamW on n elements of one tensor under its precision mode: a float32 parameter in place; a
 // half one (O2) on its FP32 master, then the parameter = the master rounded to dtype; a half

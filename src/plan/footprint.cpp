@@ -200,6 +200,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // kernels::half_products_convert): counted, an upper bound there
         const model::ComputeCopies cc = model::plan_compute_copies(lay, prec);
         mem.parameters += buf(static_cast<double>(cc.floats), 4);
+        // bf16's O2 masters in the parameters (replicated optimizer): rounded copies of the
+        // tensors read as floats (biases), made at each forward
+        if (model::masters_in_place(prec, L.opt_shards > 1)) {
+            mem.parameters += buf(
+                static_cast<double>(model::plan_compute_copies(lay, prec, true).kept_floats), 4);
+        }
         f.rounded_floats = cc.floats;
         for (const size_t i : cc.half) f.rounded_floats += lay.spec(i).numel;
         const model::ParamSpec* wte = lay.find("wte");

@@ -281,8 +281,11 @@ void Trainer::build_model(const TrainConfig& cfg) {
             "MPI does not provide MPI_THREAD_MULTIPLE: gradients are reduced after backward, "
             "not overlapped with it (parallel.overlap_grad_reduce)");
     }
-    helper_    = overlap ? std::make_unique<HelperThread>() : nullptr;
-    optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, prec_, helper_.get());
+    helper_ = overlap ? std::make_unique<HelperThread>() : nullptr;
+    // bf16's O2 masters in the parameters themselves where the optimizer is replicated
+    if (model::masters_in_place(prec_, cfg.partition_optimizer(P_))) gpt_->keep_masters_in_place();
+    optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, prec_, helper_.get(),
+                                            gpt_->masters_in_place());
     mem_       = optimizer_->footprint();
 }
 

@@ -104,7 +104,10 @@ TEST(Paro, FootprintPredictedWithoutBuildingIt) {
                 const TrainConfig cfg = default_config(sets);
                 const model::PrecisionPolicy prec =
                     model::PrecisionPolicy::from_config(cfg.precision);
-                const auto opt             = make_optimizer(cfg, l, par, prec);
+                // as the trainer builds it: bf16's masters in place where it is replicated
+                const auto opt = make_optimizer(
+                    cfg, l, par, prec, nullptr,
+                    model::masters_in_place(prec, cfg.partition_optimizer(par.size())));
                 const MemoryFootprint real = opt->footprint();
                 const MemoryFootprint pred = optimizer_footprint(
                     l, prec, opt->partitioned(), P, par.edp_size(), kDefaultBucketFloats);

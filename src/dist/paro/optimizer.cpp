@@ -23,17 +23,18 @@ void Optimizer::finish_reduction(float* grads) {
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
                                           dist::ParallelContext& par,
-                                          const model::PrecisionPolicy& prec,
-                                          HelperThread* helper) {
+                                          const model::PrecisionPolicy& prec, HelperThread* helper,
+                                          bool masters_in_place) {
     const TrainSection& t = cfg.train;
     const optim::AdamWHyper hyper{static_cast<float>(t.beta1), static_cast<float>(t.beta2),
                                   static_cast<float>(t.eps), static_cast<float>(t.weight_decay),
                                   t.grad_clip};
     if (cfg.partition_optimizer(par.size())) {
+        BGL_CHECK(!masters_in_place, "make_optimizer: ParO keeps its masters in its shards");
         return std::make_unique<PartitionedAdamW>(
             layout, par, hyper, paro_bucket_floats(cfg, par.size()), helper, prec);
     }
-    return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec);
+    return std::make_unique<ReplicatedAdamW>(layout, par, hyper, helper, prec, masters_in_place);
 }
 
 }  // namespace bagualu::dist::paro

@@ -98,10 +98,13 @@ class Optimizer {
 
 // Replicated or ParO per cfg.optimizer.partition and the number of ranks; mixed precision per
 // prec, the run's policy (FP32 masters for O2 tensors, rounding for O3 ones). helper: the thread
-// that reduces gradients during backward (nullptr: no overlap). Collective over the world.
+// that reduces gradients during backward (nullptr: no overlap). masters_in_place: the O2
+// tensors are their own FP32 masters (model::masters_in_place, GPT::keep_masters_in_place; the
+// replicated optimizer only). Collective over the world.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const model::ParamLayout& layout,
                                           dist::ParallelContext& par,
                                           const model::PrecisionPolicy& prec,
-                                          HelperThread* helper = nullptr);
+                                          HelperThread* helper  = nullptr,
+                                          bool masters_in_place = false);
 
 }  // namespace bagualu::dist::paro

@@ -16,12 +16,12 @@ using model::MasterMode;
 
 ReplicatedAdamW::ReplicatedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
                                  const optim::AdamWHyper& hyper, HelperThread* helper,
-                                 const model::PrecisionPolicy& prec)
+                                 const model::PrecisionPolicy& prec, bool masters_in_place)
     : layout_(layout),
       par_(par),
       hyper_(hyper),
       prec_(prec),
-      modes_(optim::master_modes(layout, prec)),
+      modes_(optim::master_modes(layout, prec, masters_in_place)),
       segs_(make_segments(layout)),
       m_(layout.total_floats()),
       v_(layout.total_floats()),

@@ -1,6 +1,7 @@
 // The replicated AdamW: every rank reduces the whole gradient array (all-reduce of each Segment:
 // over the world for dense tensors, over the edp group for experts; grad_sync.h) and keeps m and
-// v of all its local parameters, FP32 masters of its O2 tensors. For checkpoints its state is
+// v of all its local parameters, FP32 masters of its O2 tensors (beside them, or in them: bf16's
+// masters in place). For checkpoints its state is
 // cut into the pieces of make_space_maps, so each rank writes a distinct part of it.
 #pragma once
 #include <memory>
@@ -21,9 +22,11 @@ namespace bagualu::dist::paro {
 class ReplicatedAdamW final : public Optimizer {
    public:
     // helper: the thread that reduces during backward (nullptr: reduce in step()).
+    // masters_in_place: the O2 tensors are their own FP32 masters, updated in place
+    // (model::masters_in_place), with no master copy.
     ReplicatedAdamW(const model::ParamLayout& layout, dist::ParallelContext& par,
                     const optim::AdamWHyper& hyper, HelperThread* helper,
-                    const model::PrecisionPolicy& prec);
+                    const model::PrecisionPolicy& prec, bool masters_in_place = false);
     ~ReplicatedAdamW() override;
 
     double step(float* params, float* grads, double lr, int64_t step) override;

@@ -76,10 +76,12 @@ std::vector<ParoSpace> paro_spaces(const model::ParamLayout& layout,
 MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
                                     const model::PrecisionPolicy& prec, bool partitioned,
                                     int world_size, int edp_size, size_t bucket_floats) {
-    const size_t n                      = layout.total_floats();
-    const std::vector<MasterMode> modes = master_modes(layout, prec);
+    const size_t n = layout.total_floats();
+    const std::vector<MasterMode> modes =
+        master_modes(layout, prec, model::masters_in_place(prec, partitioned));
     MemoryFootprint f{n * sizeof(float), n * sizeof(float), 0, 0};
     if (!partitioned) {  // ReplicatedAdamW: m and v of every float, masters of the O2 tensors
+                         // (none where they are kept in place)
         size_t masters = 0;
         for (size_t i = 0; i < modes.size(); ++i) {
             if (modes[i] == MasterMode::master) masters += layout.spec(i).numel;

@@ -200,6 +200,81 @@ TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
     EXPECT_EQ(f32 - h16, size_t(m.n_layer) * 2 * NC);  // (3 N C + N C) / 2 floats a block
 }
 
+// bf16's O2 masters in the parameters themselves (GPT::keep_masters_in_place with the replicated
+// optimizer's masters_in_place): bitwise the losses of the model whose parameters hold the
+// rounded values beside the optimizer's FP32 masters, step after step, each O2 parameter that
+// master (its rounding the other model's parameter) and the rest the same; the policy's other
+// dtypes (fp16) and ParO keep masters beside. A value written after the call is kept as it is
+// (a checkpoint's master), and forward computes with its rounding.
+TEST(PrecisionModel, MastersInPlaceGiveTheMastersBesideBits) {
+    const kernels::testing::PathGuard guard;
+    // the third case: the products on the rounded floats (the avx2 path with
+    // kernels::bf16_float_operands), where the O2 matrices are read from rounded copies too
+    const bool avx2 = kernels::gemm::path_supported(kernels::gemm::Path::avx2);
+    for (const int c : {0, 1, 2}) {
+        if (c == 2 && !avx2) continue;
+        const bool shared = c == 1;
+        if (c == 2) {
+            kernels::gemm::set_active_path(kernels::gemm::Path::avx2);
+            kernels::bf16_float_operands(true);
+        }
+        ModelConfig m = testing::tiny_moe_config();
+        if (shared) m.n_shared_experts = 1;
+        const int B = 2, T = m.seq_len;
+        const PrecisionPolicy prec = bagualu_policy(Dtype::bfloat16);
+        const TrainConfig cfg      = default_config({"precision.dtype=bf16", "train.grad_clip=1"});
+        auto par                   = dist::ParallelContext::single();
+        const Batch b              = random_batch(B * T, m.vocab_size);
+        GPT beside(m, B, nullptr, 1, prec), inside(m, B, nullptr, 1, prec);
+        init_params(beside.params(), beside.layout(), m, 11);
+        init_params(inside.params(), inside.layout(), m, 11);
+        EXPECT_FALSE(inside.masters_in_place());
+        inside.keep_masters_in_place();
+        EXPECT_TRUE(inside.masters_in_place());
+        auto opt_b = dist::paro::make_optimizer(cfg, beside.layout(), *par, prec);
+        auto opt_i = dist::paro::make_optimizer(cfg, inside.layout(), *par, prec, nullptr, true);
+        EXPECT_LT(opt_i->footprint().optim_bytes, opt_b->footprint().optim_bytes);
+        for (int step = 1; step <= 3; ++step) {
+            const double lb = beside.forward(b.x.data(), b.y.data(), B, T);
+            const double li = inside.forward(b.x.data(), b.y.data(), B, T);
+            ASSERT_EQ(li, lb) << "step " << step << " case " << c;
+            for (GPT* g : {&beside, &inside}) {
+                g->zero_grad();
+                g->backward(1.0f);
+            }
+            ASSERT_EQ(std::vector<float>(inside.grads(), inside.grads() + inside.n_floats()),
+                      std::vector<float>(beside.grads(), beside.grads() + beside.n_floats()));
+            opt_b->step(beside.params_rounded_update(), beside.grads(), 1e-2, step);
+            opt_i->step(inside.params_rounded_update(), inside.grads(), 1e-2, step);
+        }
+        size_t masters = 0;
+        for (size_t i = 0; i < inside.layout().specs().size(); ++i) {
+            const ParamSpec& s = inside.layout().spec(i);
+            const float* pi    = inside.params() + s.offset;
+            const float* pb    = beside.params() + s.offset;
+            const bool o2      = prec.master_mode(s) == MasterMode::master;
+            masters += o2 ? s.numel : 0;
+            for (size_t k = 0; k < s.numel; ++k) {
+                ASSERT_EQ(o2 ? round_to(Dtype::bfloat16, pi[k]) : pi[k], pb[k]) << s.name;
+            }
+        }
+        EXPECT_GT(masters, 0u);
+        // a master written through params() after the call: kept, and computed with as its
+        // rounding (the other model's parameter)
+        const ParamSpec& fc        = *inside.layout().find("h.0.mlp.c_fc.weight");
+        inside.params()[fc.offset] = 1.0f + 1.0f / 4096;
+        beside.params()[fc.offset] = 1.0f;
+        EXPECT_EQ(inside.forward(b.x.data(), b.y.data(), B, T),
+                  beside.forward(b.x.data(), b.y.data(), B, T));
+        EXPECT_EQ(inside.params()[fc.offset], 1.0f + 1.0f / 4096);
+        EXPECT_EQ(inside.o1_copies(), c == 2);
+        kernels::bf16_float_operands(false);
+    }
+    GPT fp16(testing::tiny_moe_config(), 2, nullptr, 1, bagualu_policy(Dtype::float16));
+    EXPECT_ANY_THROW(fp16.keep_masters_in_place());
+    EXPECT_FALSE(masters_in_place(bagualu_policy(Dtype::float16), false));
+}
+
 // Forward computes with the weights as the policy rounds them, without a copy of every tensor:
 // half-stored (O2) tensors are rounded in place, and only the O1 attention matrices, stored in
 // float32, get rounded copies. Unrounded parameters (the initial weights, values set from

@@ -34,14 +34,14 @@ struct Trajectory {
 // `steps` AdamW steps (lr 1e-3, no decay, no clipping) from all-ones parameters with constant
 // gradient `g` (times `loss_scale`), an inf in the gradient at step `inf_at` (1-based; 0: none).
 Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g,
-                     double loss_scale = 1, int inf_at = 0) {
+                     double loss_scale = 1, int inf_at = 0, bool masters_in_place = false) {
     std::vector<std::string> sets = {"train.weight_decay=0", "train.grad_clip=0"};
     for (const auto& s : prec) sets.push_back("precision." + s);
     const TrainConfig cfg     = default_config(sets);
     model::ParamLayout layout = small_layout();
     auto par                  = dist::ParallelContext::single();
-    auto opt =
-        make_optimizer(cfg, layout, *par, model::PrecisionPolicy::from_config(cfg.precision));
+    auto opt = make_optimizer(cfg, layout, *par, model::PrecisionPolicy::from_config(cfg.precision),
+                              nullptr, masters_in_place);
     Buffer<float> params(layout.total_floats()), grads(layout.total_floats());
     for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f;
     Trajectory r;
@@ -73,6 +73,31 @@ TEST(PrecisionOptimizer, O2MastersKeepSmallUpdatesO3LosesThem) {
     // O2 parameters are bf16 values
     for (size_t i = 0; i < 32; ++i)
         EXPECT_EQ(round_to(Dtype::bfloat16, o2.params[i]), o2.params[i]);
+}
+
+// bf16's masters in place (model::masters_in_place): the O2 parameter is its own master, so it
+// takes the float32 trajectory (the same arithmetic on the same values), whose bf16 rounding is
+// what the parameter held beside a master copy; the optimizer keeps no copy. ParO refuses.
+TEST(PrecisionOptimizer, MastersInPlaceAreTheMastersTrajectory) {
+    const Trajectory o2  = run_steps({"dtype=bf16", "ffn=O2"}, 10, 0.5f);
+    const Trajectory in  = run_steps({"dtype=bf16", "ffn=O2"}, 10, 0.5f, 1, 0, true);
+    const Trajectory f32 = run_steps({}, 10, 0.5f);
+    EXPECT_EQ(in.params, f32.params);
+    for (size_t i = 0; i < 32; ++i)
+        EXPECT_EQ(round_to(Dtype::bfloat16, in.params[i]), o2.params[i]);
+    EXPECT_NE(in.params[0], o2.params[0]);
+    const TrainConfig cfg           = default_config({"precision.dtype=bf16"});
+    const model::PrecisionPolicy pr = model::PrecisionPolicy::from_config(cfg.precision);
+    model::ParamLayout layout       = small_layout();
+    auto par                        = dist::ParallelContext::single();
+    const size_t beside = make_optimizer(cfg, layout, *par, pr)->footprint().optim_bytes;
+    const size_t inside =
+        make_optimizer(cfg, layout, *par, pr, nullptr, true)->footprint().optim_bytes;
+    EXPECT_EQ(beside - inside, layout.spec(0).numel * sizeof(float));  // the master copy
+    EXPECT_TRUE(model::masters_in_place(pr, false));
+    EXPECT_FALSE(model::masters_in_place(pr, true));
+    const TrainConfig paro = default_config({"precision.dtype=bf16", "optimizer.partition=on"});
+    EXPECT_ANY_THROW(make_optimizer(paro, layout, *par, pr, nullptr, true));
 }
 
 TEST(PrecisionOptimizer, InjectedInfSkipsTheStep) {
