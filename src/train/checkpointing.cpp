@@ -60,19 +60,6 @@ float* piece_data(const StateSpace& sp, const ShardPiece& p, float* params, int 
     return base + (sp.flat_indexed ? p.flat_offset : p.shard_offset);
 }
 
-// Fills every rank's parameters outside its own pieces from the ranks that own them.
-void allgather_space(const StateSpace& sp, float* params) {
-    const ShardMap& map = *sp.map;
-    if (map.numel() == 0 || map.ranks() == 1) return;
-    Buffer<float> bucket(map.bucket_size());
-    const float* own = bucket.data() + static_cast<size_t>(map.rank()) * map.piece_size();
-    for (size_t b = 0; b < map.num_buckets(); ++b) {
-        map.pack_own(b, params, bucket.data());
-        dist::all_gather(*sp.comm, {own, map.piece_size()}, {bucket.data(), map.bucket_size()});
-        map.unpack(b, bucket.data(), params, false);
-    }
-}
-
 }  // namespace
 
 TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source) {

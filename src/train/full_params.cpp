@@ -9,6 +9,11 @@
 namespace bagualu::train {
 
 Buffer<float> gather_full_params(const model::GPT& gpt, dist::ParallelContext* par) {
+    return gather_full_params(gpt, gpt.params(), par);
+}
+
+Buffer<float> gather_full_params(const model::GPT& gpt, const float* params,
+                                 dist::ParallelContext* par) {
     const ModelConfig& m          = gpt.config();
     const model::ParamLayout full = model::make_layout(m);
     Buffer<float> out(full.total_floats());
@@ -16,9 +21,9 @@ Buffer<float> gather_full_params(const model::GPT& gpt, dist::ParallelContext* p
     // every rank's whole local parameter array, gathered within the EP group
     std::vector<float> all(gpt.n_floats() * static_cast<size_t>(EP));
     if (EP > 1) {
-        par->ep().allgather(gpt.params(), sizeof(float) * gpt.n_floats(), all.data());
+        par->ep().allgather(params, sizeof(float) * gpt.n_floats(), all.data());
     } else {
-        std::copy(gpt.params(), gpt.params() + gpt.n_floats(), all.begin());
+        std::copy(params, params + gpt.n_floats(), all.begin());
     }
     for (int q = 0; q < EP; ++q) {
         const model::ParamLayout local = model::make_layout(m, EP, q);

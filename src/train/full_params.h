@@ -8,5 +8,8 @@
 namespace bagualu::train {
 
 Buffer<float> gather_full_params(const model::GPT& gpt, dist::ParallelContext* par);
+// The same from params, an array of this rank's layout (gpt.params() or a copy of it).
+Buffer<float> gather_full_params(const model::GPT& gpt, const float* params,
+                                 dist::ParallelContext* par);
 
 }  // namespace bagualu::train

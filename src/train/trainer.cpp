@@ -617,7 +617,12 @@ TrainSummary Trainer::finish() {
     if (opt_.dry_run) return sum_;
     sum_.final_val_loss = evaluate_at(cfg_.train.steps);
     report_peak_rss();
-    const Buffer<float> full = gather_full_params(*gpt_, par_);
+    // the model's FP32 master weights, as a checkpoint's "param/" holds them: not the rounded
+    // values of the half-stored tensors (ParO's all-gathered parameters, fp16's)
+    Buffer<float> masters(gpt_->n_floats());
+    std::copy(gpt_->params(), gpt_->params() + gpt_->n_floats(), masters.data());
+    optimizer_->masters_over(masters.data());
+    const Buffer<float> full = gather_full_params(*gpt_, masters.data(), par_);
     sum_.model_dir           = cfg_.train.run_dir + "/model";
     if (root_) write_outputs(full);
     return sum_;

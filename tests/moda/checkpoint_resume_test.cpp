@@ -312,19 +312,29 @@ TEST_F(CheckpointTest, FreshRunDoesNotMixWithOldCheckpoints) {
 }
 
 // export --checkpoint consolidates a (2, 2) checkpoint into the model the run exported itself.
+// Also in mixed precision: the run's model holds the FP32 masters, as the checkpoint does (bf16
+// on 2 ranks: ParO's master shards; fp16 on 1 rank: the replicated optimizer's master copy).
 TEST_F(CheckpointTest, ExportFromCheckpointEqualsTheRunsModel) {
-    const std::string run = "export_src";
-    const CommandResult a = TinyRuns::run(2, args(run, 2, 2, 10, "--set checkpoint.every=10"));
-    ASSERT_EQ(a.status, 0) << a.output;
-    const std::string ck  = checkpoint_of(runs_->path(run + "/checkpoints"), 10);
-    const CommandResult i = bagualu("inspect " + runs_->path(run + "/checkpoints"));
-    EXPECT_EQ(i.status, 0) << i.output;
-    EXPECT_NE(i.output.find("all files pass"), std::string::npos) << i.output;
-    const CommandResult e =
-        bagualu("export --checkpoint " + ck + " --out " + runs_->path("exported"));
-    ASSERT_EQ(e.status, 0) << e.output;
-    expect_same_model_bits(runs_->path(run + "/model/model.safetensors"),
-                           runs_->path("exported/model.safetensors"));
+    struct Case {
+        int P;
+        std::string extra, name;
+    };
+    for (const Case& c : {Case{2, "", ""}, Case{2, " --set precision.dtype=bf16", "_bf16"},
+                          Case{1, " --set precision.dtype=fp16", "_fp16"}}) {
+        const std::string run = "export_src" + c.name;
+        const CommandResult a =
+            TinyRuns::run(c.P, args(run, c.P, c.P, 10, "--set checkpoint.every=10" + c.extra));
+        ASSERT_EQ(a.status, 0) << a.output;
+        const std::string ck  = checkpoint_of(runs_->path(run + "/checkpoints"), 10);
+        const CommandResult i = bagualu("inspect " + runs_->path(run + "/checkpoints"));
+        EXPECT_EQ(i.status, 0) << i.output;
+        EXPECT_NE(i.output.find("all files pass"), std::string::npos) << i.output;
+        const std::string out = "exported" + c.name;
+        const CommandResult e = bagualu("export --checkpoint " + ck + " --out " + runs_->path(out));
+        ASSERT_EQ(e.status, 0) << e.output;
+        expect_same_model_bits(runs_->path(run + "/model/model.safetensors"),
+                               runs_->path(out + "/model.safetensors"));
+    }
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ struct StateSpace {
     bool flat_indexed   = false;  // moments at piece.flat_offset (replicated), else shard_offset
 };
 
+// Collective over sp.comm: fills every rank's params outside its own pieces of sp from the
+// ranks that own them.
+void allgather_space(const StateSpace& sp, float* params);
+
 class Optimizer {
    public:
     virtual ~Optimizer() = default;
@@ -84,6 +88,11 @@ class Optimizer {
     // After a checkpoint has put the master weights into every rank's params: take them as
     // the masters and round the half-stored parameters to their dtype.
     virtual void masters_loaded(float* params) = 0;
+    // Collective over the world: params (a copy of this rank's parameters) with the FP32 master
+    // weights written over the half-stored tensors' rounded values, gathered from the ranks
+    // that own them: the weights a checkpoint's "param/" holds (nothing changes where the
+    // parameters are their own masters).
+    void masters_over(float* params);
 
    protected:
     // Runs the reduction units (see reduce_schedule.h) and records the wait.
