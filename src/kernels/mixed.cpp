@@ -525,11 +525,13 @@ void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
 }
 
 namespace {
-// Floats widened from a 16-bit operand, where the products take floats (kept16 below).
+// Floats widened from 16-bit values into buf, grown once: a 16-bit operand where the products
+// take floats (kept16 below; g_wide), or the attention's kept arrays where the 16-bit core does
+// not run (attention_*_half16).
 AlignedVector<float> g_wide;
 
-const float* widened(Dtype d, const uint16_t* x16, size_t n) {
-    float* w = grow(g_wide, n);
+const float* widened(AlignedVector<float>& buf, Dtype d, const uint16_t* x16, size_t n) {
+    float* w = grow(buf, n);
     parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
         widen_serial(d, w + begin, x16 + begin, size_t(end - begin));
     });
@@ -544,8 +546,8 @@ void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const flo
         linear_forward_half16(d, out, inp16, weight, bias, N, IC, OC, out_dtype, out_half);
         return;
     }
-    linear_forward_half(d, out, widened(d, inp16, size_t(N) * size_t(IC)), weight, bias, N, IC, OC,
-                        out_dtype, out_half);
+    linear_forward_half(d, out, widened(g_wide, d, inp16, size_t(N) * size_t(IC)), weight, bias, N,
+                        IC, OC, out_dtype, out_half);
 }
 
 void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
@@ -554,7 +556,8 @@ void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, 
         linear_backward_half16(d, dinp, dweight, dbias, dout, inp16, weight, N, IC, OC);
         return;
     }
-    const float* inp = dweight && N > 0 ? widened(d, inp16, size_t(N) * size_t(IC)) : nullptr;
+    const float* inp =
+        dweight && N > 0 ? widened(g_wide, d, inp16, size_t(N) * size_t(IC)) : nullptr;
     linear_backward_half(d, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
@@ -839,14 +842,6 @@ bool attention_kept16(Dtype d, int hs, bool fp64) {
 namespace {
 // The kept Q, K, V and O widened, where the 16-bit core does not run (see attention_kept16).
 AlignedVector<float> g_attn_qkv, g_attn_out;
-
-const float* widened_into(AlignedVector<float>& buf, Dtype d, const uint16_t* x16, size_t n) {
-    float* w = grow(buf, n);
-    parallel_rows(int64_t(n), 1, [&](int64_t begin, int64_t end) {
-        widen_serial(d, w + begin, x16 + begin, size_t(end - begin));
-    });
-    return w;
-}
 }  // namespace
 
 void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
@@ -860,7 +855,7 @@ void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16
     }
     const size_t n = size_t(B) * size_t(T) * size_t(C);
     float* out     = grow(g_attn_out, n);
-    attention_forward_half(d, out, lse, widened_into(g_attn_qkv, d, qkv16, 3 * n), B, T, C, NH);
+    attention_forward_half(d, out, lse, widened(g_attn_qkv, d, qkv16, 3 * n), B, T, C, NH);
     narrow_half(d, out16, out, n);
 }
 
@@ -876,8 +871,8 @@ const uint16_t* attention_backward_dout16(Dtype d, float* dqkv, const float* dou
                                         dout, qkv16, out16, lse, B, T, C, NH);
         return g16;
     }
-    const float* qkv = widened_into(g_attn_qkv, d, qkv16, 3 * n);
-    const float* out = widened_into(g_attn_out, d, out16, n);
+    const float* qkv = widened(g_attn_qkv, d, qkv16, 3 * n);
+    const float* out = widened(g_attn_out, d, out16, n);
     if (on_16bit(d)) return attention_backward_dout(d, dqkv, dout, qkv, out, lse, B, T, C, NH);
     attention_backward_half(d, dqkv, dout, qkv, out, lse, B, T, C, NH);
     return nullptr;

@@ -471,22 +471,22 @@ void GPT::refresh_compute_weights() {
     // values written through params() (the initial weights, a model loaded or set from outside)
     // take their stored dtype here; after the optimizer's rounded update there is nothing to do
     round_half_stored();
+    // tensor i rounded to dst + at[i], for every tensor with a place there
+    const auto round_copies = [&](const std::vector<size_t>& at, float* dst) {
+        for (size_t i = 0; i < at.size(); ++i) {
+            if (at[i] == ComputeCopies::kNone) continue;
+            const ParamSpec& s = layout_.spec(i);
+            round_copy(dst + at[i], params_.data() + s.offset, s.numel, prec_.dtype);
+        }
+    };
     // the tensors whose FP32 masters are kept in place and that some reader takes as floats
-    for (size_t i = 0; i < compute_.kept.size(); ++i) {
-        if (compute_.kept[i] == ComputeCopies::kNone) continue;
-        const ParamSpec& s = layout_.spec(i);
-        round_copy(kc_.data() + compute_.kept[i], params_.data() + s.offset, s.numel, prec_.dtype);
-    }
+    round_copies(compute_.kept, kc_.data());
     // the GEMM path may have changed since the last forward (BGL_GEMM=auto's choices are per
     // shape, but a test or bench can switch paths): the copies follow what the products do now
     const bool copies = !half_products_convert(prec_.dtype);
     if (copies != o1_copies_) use_o1_copies(copies);
     if (!copies) return;
-    for (size_t i = 0; i < compute_.at.size(); ++i) {
-        if (compute_.at[i] == ComputeCopies::kNone) continue;
-        const ParamSpec& s = layout_.spec(i);
-        round_copy(wc_.data() + compute_.at[i], params_.data() + s.offset, s.numel, prec_.dtype);
-    }
+    round_copies(compute_.at, wc_.data());
     if (head_copy_) {
         round_copy(wte_head_.data(), params_.data() + layout_.find("wte")->offset, wte_head_.size(),
                    prec_.gemm_dtype(LayerClass::head));
