@@ -93,26 +93,29 @@ constexpr KernelTable kAvx2 = {
     .exp_f64                = avx2::exp_f64,
 };
 
-// AVX-512 attention, GELU, AdamW and the bf16 conversions; layernorm, cross-entropy, the row
+// AVX-512 attention, GELU, cross-entropy, AdamW and the bf16 conversions; layernorm, the row
 // kernels and the double exp are the AVX2 ones (libmvec's 8-wide exp gives the 4-wide one's
 // bits and was not clearly faster on an AMD Zen 5: kernels/avx2/exp64.cpp).
 constexpr KernelTable kAvx512 = [] {
-    KernelTable t        = kAvx2;
-    t.isa                = Isa::avx512;
-    t.attention_isa      = Isa::avx512;
-    t.attention_forward  = avx512::attention_forward;
-    t.attention_backward = avx512::attention_backward;
-    t.gelu_isa           = Isa::avx512;
-    t.gelu_forward       = avx512::gelu_forward_range;
-    t.gelu_backward      = avx512::gelu_backward_range;
-    t.adamw_isa          = Isa::avx512;
-    t.adamw_range        = avx512::adamw_update_range;
-    t.convert_isa        = Isa::avx512;
-    t.bf16_narrow        = avx512::bf16_narrow_range;  // AVX2's without AVX512_BF16
-    t.bf16_round         = avx512::bf16_round_range;
-    t.bf16_round_stream  = avx512::bf16_round_stream;
-    t.bf16_widen         = avx512::bf16_widen_range;
-    t.bf16_bias_round    = avx512::bf16_bias_round;
+    KernelTable t           = kAvx2;
+    t.isa                   = Isa::avx512;
+    t.attention_isa         = Isa::avx512;
+    t.attention_forward     = avx512::attention_forward;
+    t.attention_backward    = avx512::attention_backward;
+    t.gelu_isa              = Isa::avx512;
+    t.gelu_forward          = avx512::gelu_forward_range;
+    t.gelu_backward         = avx512::gelu_backward_range;
+    t.crossentropy_isa      = Isa::avx512;
+    t.crossentropy_forward  = avx512::crossentropy_forward;
+    t.crossentropy_backward = avx512::crossentropy_backward_rows;
+    t.adamw_isa             = Isa::avx512;
+    t.adamw_range           = avx512::adamw_update_range;
+    t.convert_isa           = Isa::avx512;
+    t.bf16_narrow           = avx512::bf16_narrow_range;  // AVX2's without AVX512_BF16
+    t.bf16_round            = avx512::bf16_round_range;
+    t.bf16_round_stream     = avx512::bf16_round_stream;
+    t.bf16_widen            = avx512::bf16_widen_range;
+    t.bf16_bias_round       = avx512::bf16_bias_round;
     return t;
 }();
 

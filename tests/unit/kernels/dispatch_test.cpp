@@ -119,7 +119,7 @@ TEST(Dispatch, DescribeNamesGemmAndEveryFamily) {
     // the AVX-512 table's own kernels (describing a table calls none of them)
     const std::string x = kernel_table(Isa::avx512).describe();
     for (const char* family :
-         {"gelu avx512", "adamw avx512", "convert avx512",
+         {"gelu avx512", "crossentropy avx512", "adamw avx512", "convert avx512",
           "attention avx512 (head size a multiple of 16, else avx2 or generic)"}) {
         EXPECT_NE(x.find(family), std::string::npos) << family << " not in: " << x;
     }

@@ -815,6 +815,40 @@ TEST(OpsAvx512, AttentionIsBitwiseTheAvx2Kernel) {
     }
 }
 
+TEST(OpsAvx512, CrossentropyIsBitwiseTheAvx2Rows) {
+    // The AVX-512 rows add each exponential to the double lane the AVX2 rows add it to, in the
+    // same order (kernels/avx512/crossentropy.cpp), so losses and gradients are the AVX2 ones to
+    // the last bit: widths around the 8- and 16-column steps, a peaked row whose exponentials
+    // underflow, -inf logits, the gradient in place. A block left out or a wrong mask changes the
+    // losses (checked); a different order of the double sums seldom shows in a float result.
+    if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "this CPU lacks AVX-512F/BW/VL/DQ";
+    const KernelTable &x = kernel_table(Isa::avx512), &y = kernel_table(Isa::avx2);
+    Rng rng(12);
+    const int N = 37;
+    for (int V : {1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 100, 8192}) {
+        for (double scale : {3.0, 40.0}) {
+            SCOPED_TRACE(shape({N, V}));
+            auto logits                               = randn(rng, size_t(N) * V, scale);
+            auto targets                              = rand_ints(rng, size_t(N), V);
+            auto dlosses                              = randn(rng, size_t(N));
+            logits[size_t(N / 2) * V + size_t(V - 1)] = -std::numeric_limits<float>::infinity();
+            auto losses = nans(size_t(N)), losses2 = losses;
+            x.crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+            y.crossentropy_forward(losses2.data(), logits.data(), targets.data(), N, V);
+            EXPECT_EQ(first_bit_difference(losses, losses2), -1);
+            auto d = nans(logits.size()), d2 = d;
+            x.crossentropy_backward(d.data(), logits.data(), targets.data(), dlosses.data(), 0, N,
+                                    V);
+            y.crossentropy_backward(d2.data(), logits.data(), targets.data(), dlosses.data(), 0, N,
+                                    V);
+            EXPECT_EQ(first_bit_difference(d, d2), -1);
+            x.crossentropy_backward(logits.data(), logits.data(), targets.data(), dlosses.data(), 0,
+                                    N, V);  // in place
+            EXPECT_EQ(first_bit_difference(logits, d2), -1);
+        }
+    }
+}
+
 TEST_P(OpsIsaVsRef, AttentionPeakedScores) {
     // q, k, v ~ N(0, 16): scaled scores have a spread of ~16 per row (up to ~+-60), so many
     // probabilities underflow (exp below -87.3 is 0) and each row is dominated by a few keys.
