@@ -54,11 +54,12 @@ struct KernelTable {
     void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, int B, int T, int C, int NH);
     void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets, int N,
-                                 int V);
+                                 int V, float* lse);
     // The cross-entropy's gradient of rows [begin, end) on the calling thread (ops.h threads it;
     // kernels/mixed.h narrows or rounds each row while it is in cache).
     void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
-                                  const float* dlosses, int64_t begin, int64_t end, int V);
+                                  const float* dlosses, int64_t begin, int64_t end, int V,
+                                  const float* lse);
     // AdamW on elements [begin, end) on the calling thread (ops.h adamw_update_range).
     void (*adamw_range)(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,

@@ -116,9 +116,10 @@ GeluBackwardRange gelu_backward_range(bool fp64) {
 // crossentropy_backward_f64's rows (defined with the FP64 kernels below), and the cross-entropy
 // gradient's row kernel of either precision.
 void crossentropy_backward_f64_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                    const float* dlosses, int64_t begin, int64_t end, int V);
+                                    const float* dlosses, int64_t begin, int64_t end, int V,
+                                    const float* lse);
 using CrossentropyBackwardRows = void (*)(float*, const float*, const int32_t*, const float*,
-                                          int64_t, int64_t, int);
+                                          int64_t, int64_t, int, const float*);
 CrossentropyBackwardRows crossentropy_backward_rows(bool fp64) {
     return fp64 ? crossentropy_backward_f64_rows : dispatch().crossentropy_backward;
 }
@@ -564,13 +565,13 @@ void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, 
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,
-                                       bool fp64) {
+                                       bool fp64, const float* lse) {
     const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
     if (!on_16bit(d)) {
         // dlogits over the logits, each row rounded while it is in cache
         parallel_rows(N, V, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
-                ce(logits, logits, targets, dlosses, i, i + 1, V);
+                ce(logits, logits, targets, dlosses, i, i + 1, V, lse);
                 round_inplace_serial(logits + i * V, size_t(V), d);
             }
         });
@@ -590,7 +591,7 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
             thread_local std::vector<float> row;
             float* w = grow(row, size_t(V));
             for (int64_t i = s0 + begin; i < s0 + end; ++i) {
-                ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V);
+                ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V, lse ? lse + i : nullptr);
                 narrow_half_serial(Dtype::bfloat16, dy + i * V, w, size_t(V));
             }
         });
@@ -977,9 +978,11 @@ double row_logsumexp_f64(const float* x, int V) {
     for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) - m);
     return m + std::log(sum);
 }
-// crossentropy_backward_f64 of rows [begin, end) on the calling thread.
+// crossentropy_backward_f64 of rows [begin, end) on the calling thread. lse is not read: the
+// logsumexp is computed again in double (a float one would round it).
 void crossentropy_backward_f64_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                    const float* dlosses, int64_t begin, int64_t end, int V) {
+                                    const float* dlosses, int64_t begin, int64_t end, int V,
+                                    const float*) {
     // dlogits may alias logits: each element is read before it is written.
     for (int64_t i = begin; i < end; ++i) {
         const float* x  = logits + i * V;
@@ -996,7 +999,7 @@ void crossentropy_backward_f64_rows(float* dlogits, const float* logits, const i
 }  // namespace
 
 void crossentropy_forward_f64(float* losses, const float* logits, const int32_t* targets, int N,
-                              int V) {
+                              int V, float*) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = logits + i * V;
@@ -1008,7 +1011,7 @@ void crossentropy_forward_f64(float* losses, const float* logits, const int32_t*
 void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
                                const float* dlosses, int N, int V) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_backward_f64_rows(dlogits, logits, targets, dlosses, begin, end, V);
+        crossentropy_backward_f64_rows(dlogits, logits, targets, dlosses, begin, end, V, nullptr);
     });
 }
 

@@ -104,11 +104,11 @@ void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, 
 // a per-thread buffer and kept only as its 16 bits, written over the logits' storage; else it
 // overwrites logits, each row rounded to d while in cache. Either way logits is overwritten. The
 // same bits as crossentropy_backward in place, round_operand and linear_backward_half. Call from
-// outside pool jobs.
+// outside pool jobs. lse: as crossentropy_backward's (not read with fp64).
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,
-                                       bool fp64 = false);
+                                       bool fp64 = false, const float* lse = nullptr);
 
 // grouped_gemm_f32 (kernels/grouped_gemm.h, op(A) = A, alpha 1, beta 0) for operands that
 // already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
@@ -272,8 +272,9 @@ void gelu_backward_f64(float* dinp, const float* inp, const float* dout, size_t 
 void attention_forward_f64(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_f64(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int B, int T, int C, int NH);
+// lse: as crossentropy_forward's, but never written here (the FP64 backward computes its own).
 void crossentropy_forward_f64(float* losses, const float* logits, const int32_t* targets, int N,
-                              int V);
+                              int V, float* lse = nullptr);
 void crossentropy_backward_f64(float* dlogits, const float* logits, const int32_t* targets,
                                const float* dlosses, int N, int V);
 // grad_scale as kernels/ops.h adamw_update's: g = double(grad * grad_scale), the float product.

@@ -432,23 +432,26 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // ---- cross-entropy ----
 
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                          int V) {
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const float* x = logits + i * V;
-            losses[i]      = float(row_logsumexp(x, V) - double(x[targets[i]]));
+            const double l = row_logsumexp(x, V);
+            losses[i]      = float(l - double(x[targets[i]]));
+            if (lse) lse[i] = float(l);
         }
     });
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V) {
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse) {
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
     for (int64_t i = begin; i < end; ++i) {
         const float* x    = logits + i * V;
         float* d          = dlogits + i * V;
-        const float l     = float(row_logsumexp(x, V));
+        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
         const float dl    = dlosses[i];
         const int tgt     = targets[i];
         const float p_tgt = exp_f32(x[tgt] - l);
@@ -679,16 +682,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     dispatch().attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                          int V) {
-    dispatch().crossentropy_forward(losses, logits, targets, N, V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse) {
+    dispatch().crossentropy_forward(losses, logits, targets, N, V, lse);
 }
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           const float* dlosses, int N, int V) {
+                           const float* dlosses, int N, int V, const float* lse) {
     const auto f = dispatch().crossentropy_backward;
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        f(dlogits, logits, targets, dlosses, begin, end, V);
+        f(dlogits, logits, targets, dlosses, begin, end, V, lse);
     });
 }
 

@@ -62,12 +62,15 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // ---- softmax cross-entropy over logits ----
 // losses: (N), losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]].
-// logits: (N, V). targets: (N), each in [0, V).
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
+// logits: (N, V). targets: (N), each in [0, V). lse: null, or (N): each row's logsumexp rounded
+// to float, as the backward uses it.
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse = nullptr);
 // dlogits: (N, V), overwritten (=): (softmax(logits[i]) - onehot(targets[i])) * dlosses[i].
-// dlogits may alias logits.
+// dlogits may alias logits. lse: null (each row's logsumexp computed again), or the forward's
+// lse of the same logits: the same bits, one pass over each row less.
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           const float* dlosses, int N, int V);
+                           const float* dlosses, int N, int V, const float* lse = nullptr);
 
 // ---- AdamW (decoupled weight decay), one flat block of parameters ----
 // step is 1-based (bias correction uses beta^step). With g = grad * grad_scale (one float

@@ -27,10 +27,11 @@ void attention_backward_items(float* dqkv, const float* dout, const float* qkv, 
 
 // ---- softmax cross-entropy, rows [begin, end) ----
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
-                               int64_t begin, int64_t end, int V);
+                               int64_t begin, int64_t end, int V, float* lse);
 // dlogits may alias logits.
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V);
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse);
 
 // ---- layernorm; bitwise the generic kernels' results ----
 // Forward rows [begin, end).
@@ -104,6 +105,7 @@ void attention_backward_with(AttentionBackwardItems items, AttentionScratch scra
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse);
 
 }  // namespace bagualu::kernels::avx2

@@ -32,10 +32,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                                   qkv, out, lse, B, T, C, NH);
 }
 
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                          int V) {
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_forward_rows(losses, logits, targets, begin, end, V);
+        crossentropy_forward_rows(losses, logits, targets, begin, end, V, lse);
     });
 }
 

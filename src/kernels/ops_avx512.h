@@ -70,13 +70,15 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
 
 // ---- softmax cross-entropy, rows [begin, end); bitwise the AVX2 rows' results ----
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
-                               int64_t begin, int64_t end, int V);
+                               int64_t begin, int64_t end, int V, float* lse);
 // dlogits may alias logits.
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V);
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse);
 // Attention with a head size the items do not take runs the AVX2 drivers (which fall back to
 // the generic kernels for a head size that is not a multiple of 8).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);

@@ -25,9 +25,11 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V);
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          float* lse);
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V);
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse);
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step,
                   float grad_scale = 1.0f);

@@ -165,6 +165,7 @@ struct GPT::Acts {
     std::vector<float*> resid;  // [L+1] (N, C)
     std::vector<Block> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dlosses;
+    float* head_lse;  // (N): each row's logsumexp, from the forward's cross-entropy for backward's
     float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch (df: a dense GELU's output too)
     Buffer<int32_t> tokens, targets;
 };
@@ -177,7 +178,7 @@ struct ArenaPlan {
     };
     std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
-    size_t lnf, lnfm, lnfr, logits, losses, dlosses, dresid, dc, dc2, dqkv, df;
+    size_t lnf, lnfm, lnfr, logits, losses, dlosses, head_lse, dresid, dc, dc2, dqkv, df;
 };
 
 // Whether block l keeps ln_2's output in 16 bits: a dense block whose fc products, its only
@@ -221,17 +222,18 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
         p.blocks.push_back(o);
     }
-    p.lnf     = A.reserve(N * C);
-    p.lnfm    = A.reserve(N);
-    p.lnfr    = A.reserve(N);
-    p.logits  = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V);
-    p.losses  = A.reserve(N);
-    p.dlosses = A.reserve(N);
-    p.dresid  = A.reserve(N * C);
-    p.dc      = A.reserve(N * C);
-    p.dc2     = A.reserve(N * C);
-    p.dqkv    = A.reserve(N * 3 * C);
-    p.df      = A.reserve(N * F);
+    p.lnf      = A.reserve(N * C);
+    p.lnfm     = A.reserve(N);
+    p.lnfr     = A.reserve(N);
+    p.logits   = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V);
+    p.losses   = A.reserve(N);
+    p.dlosses  = A.reserve(N);
+    p.head_lse = A.reserve(N);
+    p.dresid   = A.reserve(N * C);
+    p.dc       = A.reserve(N * C);
+    p.dc2      = A.reserve(N * C);
+    p.dqkv     = A.reserve(N * 3 * C);
+    p.df       = A.reserve(N * F);
     return p;
 }
 
@@ -371,6 +373,7 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     a_->logits   = A.at(p.logits);
     a_->losses   = A.at(p.losses);
     a_->dlosses  = A.at(p.dlosses);
+    a_->head_lse = A.at(p.head_lse);
     a_->dresid   = A.at(p.dresid);
     a_->dc       = A.at(p.dc);
     a_->dc2      = A.at(p.dc2);
@@ -573,7 +576,7 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
         const int n = std::min(rows, N - r0);
         linear_forward_half(gh, a.logits, a.lnf + static_cast<size_t>(r0) * C, head_w_, nullptr, n,
                             C, V, ah);
-        op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V);
+        op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V, a.head_lse + r0);
     }
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += a.losses[i];
@@ -687,7 +690,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
         if (head_rows_ == 0) {
             crossentropy_linear_backward_half(gh, a.dc, g_.wte, a.logits, a.targets.data(),
                                               a.dlosses, a.lnf, head_w_, N, C, V,
-                                              prec_.fp64_sensitive);
+                                              prec_.fp64_sensitive, a.head_lse);
         } else {
             // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
             // the unfused ones, dwte sums the blocks' products one after another
@@ -696,9 +699,9 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
                 const int n      = std::min(head_rows_, N - r0);
                 const float* lnf = a.lnf + static_cast<size_t>(r0) * C;
                 linear_forward_half(gh, a.logits, lnf, head_w_, nullptr, n, C, V, ah);
-                crossentropy_linear_backward_half(gh, a.dc + static_cast<size_t>(r0) * C, g_.wte,
-                                                  a.logits, a.targets.data() + r0, a.dlosses + r0,
-                                                  lnf, head_w_, n, C, V, prec_.fp64_sensitive);
+                crossentropy_linear_backward_half(
+                    gh, a.dc + static_cast<size_t>(r0) * C, g_.wte, a.logits, a.targets.data() + r0,
+                    a.dlosses + r0, lnf, head_w_, n, C, V, prec_.fp64_sensitive, a.head_lse + r0);
             }
         }
     }

@@ -58,22 +58,25 @@ double row_logsumexp(const float* x, int V) {
 }  // namespace
 
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
-                               int64_t begin, int64_t end, int V) {
+                               int64_t begin, int64_t end, int V, float* lse) {
     for (int64_t i = begin; i < end; ++i) {
         const float* x = logits + i * V;
-        losses[i]      = float(row_logsumexp(x, V) - double(x[targets[i]]));
+        const double l = row_logsumexp(x, V);
+        losses[i]      = float(l - double(x[targets[i]]));
+        if (lse) lse[i] = float(l);
     }
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V) {
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse) {
     // dlogits may alias logits: each vector is loaded before it is stored.
     const int v8       = V & ~7;
     const __m256i tail = first_lanes(V - v8);
     for (int64_t i = begin; i < end; ++i) {
         const float* x    = logits + i * V;
         float* d          = dlogits + i * V;
-        const float l     = float(row_logsumexp(x, V));
+        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
         const float dl    = dlosses[i];
         const int tgt     = targets[i];
         const float p_tgt = _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(x[tgt] - l)));

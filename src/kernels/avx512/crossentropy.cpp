@@ -18,7 +18,8 @@ namespace bagualu::kernels::avx512 {
 namespace {
 
 inline float hmax(__m512 v) {
-    const __m256 h = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+    const __m256 h = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
+                                   _mm512_maskz_extractf32x8_ps(0xff, v, 1));
     __m128 m       = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     m              = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m              = _mm_max_ss(m, _mm_movehdup_ps(m));
@@ -27,7 +28,8 @@ inline float hmax(__m512 v) {
 
 // The AVX2 rows' hsum(s0 + s1) of the accumulator's two halves.
 inline double hsum_halves(__m512d acc) {
-    const __m256d s  = _mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xff, acc, 0), _mm512_maskz_extractf64x4_pd(0xff, acc, 1));
+    const __m256d s  = _mm256_add_pd(_mm512_maskz_extractf64x4_pd(0xff, acc, 0),
+                                     _mm512_maskz_extractf64x4_pd(0xff, acc, 1));
     const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
@@ -48,16 +50,20 @@ double row_logsumexp(const float* x, int V) {
     __m512d acc     = _mm512_setzero_pd();
     for (int j = 0; j < v16; j += 16) {
         const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
-        acc            = _mm512_add_pd(acc, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
-        acc = _mm512_add_pd(acc, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
+        acc            = _mm512_add_pd(acc,
+                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+        acc            = _mm512_add_pd(acc,
+                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
     }
     if (v16 < v8) {
         const __m512 e = exp_ps(_mm512_sub_ps(xb, mv));
-        acc            = _mm512_add_pd(acc, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+        acc            = _mm512_add_pd(acc,
+                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
     }
     if (v8 < V) {
         const __m512 e = exp_ps(_mm512_sub_ps(xt, mv));
-        acc            = _mm512_add_pd(acc, _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+        acc            = _mm512_add_pd(acc,
+                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
     }
     return double(mx) + __builtin_log(hsum_halves(acc));
 }
@@ -65,22 +71,25 @@ double row_logsumexp(const float* x, int V) {
 }  // namespace
 
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
-                               int64_t begin, int64_t end, int V) {
+                               int64_t begin, int64_t end, int V, float* lse) {
     for (int64_t i = begin; i < end; ++i) {
         const float* x = logits + i * V;
-        losses[i]      = float(row_logsumexp(x, V) - double(x[targets[i]]));
+        const double l = row_logsumexp(x, V);
+        losses[i]      = float(l - double(x[targets[i]]));
+        if (lse) lse[i] = float(l);
     }
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
-                                const float* dlosses, int64_t begin, int64_t end, int V) {
+                                const float* dlosses, int64_t begin, int64_t end, int V,
+                                const float* lse) {
     // dlogits may alias logits: each vector is loaded before it is stored.
     const int v16        = V & ~15;
     const __mmask16 tail = static_cast<__mmask16>((1u << (V - v16)) - 1u);
     for (int64_t i = begin; i < end; ++i) {
         const float* x    = logits + i * V;
         float* d          = dlogits + i * V;
-        const float l     = float(row_logsumexp(x, V));
+        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
         const float dl    = dlosses[i];
         const int tgt     = targets[i];
         const float p_tgt = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x[tgt] - l)));

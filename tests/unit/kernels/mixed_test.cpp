@@ -331,17 +331,34 @@ TEST(HalfLinear, CrossEntropyHeadBackwardIsTheThreeCalls) {
                 bf16_float_operands(!force);
                 std::vector<float> dx(xr.size(), 7.f), dw(wr.size(), 0.25f);
                 auto dx2 = dx, dw2 = dw, lg = logits, lg2 = logits;
-                (fp64 ? crossentropy_backward_f64 : crossentropy_backward)(
-                    lg.data(), lg.data(), tg.data(), dl.data(), N, V);
+                if (fp64) {
+                    crossentropy_backward_f64(lg.data(), lg.data(), tg.data(), dl.data(), N, V);
+                } else {
+                    crossentropy_backward(lg.data(), lg.data(), tg.data(), dl.data(), N, V);
+                }
                 round_operand(lg.data(), lg.size(), d);
                 linear_backward_half(d, dx.data(), dw.data(), nullptr, lg.data(), xr.data(),
                                      wr.data(), N, IC, V);
                 crossentropy_linear_backward_half(d, dx2.data(), dw2.data(), lg2.data(), tg.data(),
                                                   dl.data(), xr.data(), wr.data(), N, IC, V, fp64);
+                // the forward's logsumexps instead of computing them again: the same bits (the
+                // FP64 backward reads none: NaNs there change nothing)
+                std::vector<float> losses(N), lse(N, std::nanf(""));
+                if (!fp64)
+                    crossentropy_forward(losses.data(), logits.data(), tg.data(), N, V, lse.data());
+                auto dx3 = dx2, dw3 = dw2, lg3 = logits;
+                std::fill(dx3.begin(), dx3.end(), 7.f);
+                std::fill(dw3.begin(), dw3.end(), 0.25f);
+                crossentropy_linear_backward_half(d, dx3.data(), dw3.data(), lg3.data(), tg.data(),
+                                                  dl.data(), xr.data(), wr.data(), N, IC, V, fp64,
+                                                  lse.data());
                 const bool sixteen = half_products_convert(d);
                 bf16_float_operands(false);
                 EXPECT_EQ(dx2, dx);
                 EXPECT_EQ(dw2, dw);
+                EXPECT_EQ(dx3, dx);
+                EXPECT_EQ(dw3, dw);
+                EXPECT_EQ(lg3, lg2);
                 // the 16-bit path leaves the gradient's 16 bits over the logits' storage (rows
                 // in slices of doubling length, 23 rows cut as 1, 1, 2, 4, 8, 7), the other
                 // the rounded gradient as floats

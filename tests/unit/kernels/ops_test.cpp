@@ -833,17 +833,23 @@ TEST(OpsAvx512, CrossentropyIsBitwiseTheAvx2Rows) {
             auto dlosses                              = randn(rng, size_t(N));
             logits[size_t(N / 2) * V + size_t(V - 1)] = -std::numeric_limits<float>::infinity();
             auto losses = nans(size_t(N)), losses2 = losses;
-            x.crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V);
-            y.crossentropy_forward(losses2.data(), logits.data(), targets.data(), N, V);
+            auto lse = nans(size_t(N)), lse2 = lse;
+            x.crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, lse.data());
+            y.crossentropy_forward(losses2.data(), logits.data(), targets.data(), N, V,
+                                   lse2.data());
             EXPECT_EQ(first_bit_difference(losses, losses2), -1);
-            auto d = nans(logits.size()), d2 = d;
+            EXPECT_EQ(first_bit_difference(lse, lse2), -1);
+            auto d = nans(logits.size()), d2 = d, d3 = d;
             x.crossentropy_backward(d.data(), logits.data(), targets.data(), dlosses.data(), 0, N,
-                                    V);
+                                    V, nullptr);
             y.crossentropy_backward(d2.data(), logits.data(), targets.data(), dlosses.data(), 0, N,
-                                    V);
+                                    V, nullptr);
             EXPECT_EQ(first_bit_difference(d, d2), -1);
+            x.crossentropy_backward(d3.data(), logits.data(), targets.data(), dlosses.data(), 0, N,
+                                    V, lse.data());  // the forward's logsumexps
+            EXPECT_EQ(first_bit_difference(d3, d2), -1);
             x.crossentropy_backward(logits.data(), logits.data(), targets.data(), dlosses.data(), 0,
-                                    N, V);  // in place
+                                    N, V, lse.data());  // in place
             EXPECT_EQ(first_bit_difference(logits, d2), -1);
         }
     }
@@ -886,6 +892,13 @@ TEST_P(OpsIsaVsRef, Crossentropy) {
             ref::crossentropy_backward(dlogits_ref.data(), logits.data(), targets.data(),
                                        dlosses.data(), N, V);
             EXPECT_CLOSE(dlogits, dlogits_ref, kTol);
+            // with the forward's logsumexps: the same bits
+            auto lse = nans(size_t(N)), losses2 = lse, dlogits2 = dlogits;
+            crossentropy_forward(losses2.data(), logits.data(), targets.data(), N, V, lse.data());
+            EXPECT_EQ(losses2, losses);
+            crossentropy_backward(dlogits2.data(), logits.data(), targets.data(), dlosses.data(), N,
+                                  V, lse.data());
+            EXPECT_EQ(dlogits2, dlogits);
             crossentropy_backward(logits.data(), logits.data(), targets.data(), dlosses.data(), N,
                                   V);  // in place
             EXPECT_EQ(logits, dlogits);
