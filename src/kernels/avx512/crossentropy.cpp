@@ -34,6 +34,13 @@ inline double hsum_halves(__m512d acc) {
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
 
+// acc + the 8 columns of e's half h (0: lanes 0-7, 1: lanes 8-15), widened to double.
+inline __m512d add_block(__m512d acc, __m512 e, int h) {
+    const __m256 b = h == 0 ? _mm512_maskz_extractf32x8_ps(0xff, e, 0)
+                            : _mm512_maskz_extractf32x8_ps(0xff, e, 1);
+    return _mm512_add_pd(acc, _mm512_maskz_cvtps_pd(0xff, b));
+}
+
 // log(sum_j exp(x_j)) of one row of V >= 1 values.
 double row_logsumexp(const float* x, int V) {
     const int v8 = V & ~7, v16 = V & ~15;
@@ -50,20 +57,16 @@ double row_logsumexp(const float* x, int V) {
     __m512d acc     = _mm512_setzero_pd();
     for (int j = 0; j < v16; j += 16) {
         const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
-        acc            = _mm512_add_pd(acc,
-                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
-        acc            = _mm512_add_pd(acc,
-                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 1)));
+        acc            = add_block(acc, e, 0);
+        acc            = add_block(acc, e, 1);
     }
     if (v16 < v8) {
         const __m512 e = exp_ps(_mm512_sub_ps(xb, mv));
-        acc            = _mm512_add_pd(acc,
-                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+        acc            = add_block(acc, e, 0);
     }
     if (v8 < V) {
         const __m512 e = exp_ps(_mm512_sub_ps(xt, mv));
-        acc            = _mm512_add_pd(acc,
-                                       _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, e, 0)));
+        acc            = add_block(acc, e, 0);
     }
     return double(mx) + __builtin_log(hsum_halves(acc));
 }
