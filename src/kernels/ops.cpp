@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/crossentropy_rows.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/ops_generic.h"
@@ -435,12 +436,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                           float* lse) {
     parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const float* x = logits + i * V;
-            const double l = row_logsumexp(x, V);
-            losses[i]      = float(l - double(x[targets[i]]));
-            if (lse) lse[i] = float(l);
-        }
+        crossentropy_forward_rows_of<row_logsumexp>(losses, logits, targets, begin, end, V, lse);
     });
 }
 
@@ -448,16 +444,12 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
                                 const float* dlosses, int64_t begin, int64_t end, int V,
                                 const float* lse) {
     // No __restrict: dlogits may alias logits. Each element is read before it is written.
-    for (int64_t i = begin; i < end; ++i) {
-        const float* x    = logits + i * V;
-        float* d          = dlogits + i * V;
-        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
-        const float dl    = dlosses[i];
-        const int tgt     = targets[i];
-        const float p_tgt = exp_f32(x[tgt] - l);
-        for (int j = 0; j < V; ++j) d[j] = exp_f32(x[j] - l) * dl;
-        d[tgt] = (p_tgt - 1.f) * dl;
-    }
+    crossentropy_backward_rows_of<row_logsumexp>(dlogits, logits, targets, dlosses, begin, end, V,
+                                                 lse, exp_f32,
+                                                 [&](float* d, const float* x, float l, float dl) {
+                                                     for (int j = 0; j < V; ++j)
+                                                         d[j] = exp_f32(x[j] - l) * dl;
+                                                 });
 }
 
 // ---- AdamW ----

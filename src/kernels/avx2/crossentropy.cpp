@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/avx2/exp.h"
+#include "kernels/crossentropy_rows.h"
 #include "kernels/ops_avx2.h"
 
 namespace bagualu::kernels::avx2 {
@@ -59,12 +60,7 @@ double row_logsumexp(const float* x, int V) {
 
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
                                int64_t begin, int64_t end, int V, float* lse) {
-    for (int64_t i = begin; i < end; ++i) {
-        const float* x = logits + i * V;
-        const double l = row_logsumexp(x, V);
-        losses[i]      = float(l - double(x[targets[i]]));
-        if (lse) lse[i] = float(l);
-    }
+    crossentropy_forward_rows_of<row_logsumexp>(losses, logits, targets, begin, end, V, lse);
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
@@ -73,13 +69,8 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
     // dlogits may alias logits: each vector is loaded before it is stored.
     const int v8       = V & ~7;
     const __m256i tail = first_lanes(V - v8);
-    for (int64_t i = begin; i < end; ++i) {
-        const float* x    = logits + i * V;
-        float* d          = dlogits + i * V;
-        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
-        const float dl    = dlosses[i];
-        const int tgt     = targets[i];
-        const float p_tgt = _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(x[tgt] - l)));
+    const auto exp1    = [](float v) { return _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(v))); };
+    const auto row     = [&](float* d, const float* x, float l, float dl) {
         const __m256 lv = _mm256_set1_ps(l), dv = _mm256_set1_ps(dl);
         for (int j = 0; j < v8; j += 8) {
             const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), lv));
@@ -89,8 +80,9 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
             const __m256 e = exp_ps(_mm256_sub_ps(_mm256_maskload_ps(x + v8, tail), lv));
             _mm256_maskstore_ps(d + v8, tail, _mm256_mul_ps(e, dv));
         }
-        d[tgt] = (p_tgt - 1.f) * dl;
-    }
+    };
+    crossentropy_backward_rows_of<row_logsumexp>(dlogits, logits, targets, dlosses, begin, end, V,
+                                                 lse, exp1, row);
 }
 
 }  // namespace bagualu::kernels::avx2

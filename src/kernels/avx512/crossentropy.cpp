@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/avx512/exp.h"
+#include "kernels/crossentropy_rows.h"
 #include "kernels/ops_avx512.h"
 
 namespace bagualu::kernels::avx512 {
@@ -75,12 +76,7 @@ double row_logsumexp(const float* x, int V) {
 
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
                                int64_t begin, int64_t end, int V, float* lse) {
-    for (int64_t i = begin; i < end; ++i) {
-        const float* x = logits + i * V;
-        const double l = row_logsumexp(x, V);
-        losses[i]      = float(l - double(x[targets[i]]));
-        if (lse) lse[i] = float(l);
-    }
+    crossentropy_forward_rows_of<row_logsumexp>(losses, logits, targets, begin, end, V, lse);
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
@@ -89,13 +85,8 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
     // dlogits may alias logits: each vector is loaded before it is stored.
     const int v16        = V & ~15;
     const __mmask16 tail = static_cast<__mmask16>((1u << (V - v16)) - 1u);
-    for (int64_t i = begin; i < end; ++i) {
-        const float* x    = logits + i * V;
-        float* d          = dlogits + i * V;
-        const float l     = lse ? lse[i] : float(row_logsumexp(x, V));
-        const float dl    = dlosses[i];
-        const int tgt     = targets[i];
-        const float p_tgt = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x[tgt] - l)));
+    const auto exp1      = [](float v) { return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(v))); };
+    const auto row       = [&](float* d, const float* x, float l, float dl) {
         const __m512 lv = _mm512_set1_ps(l), dv = _mm512_set1_ps(dl);
         for (int j = 0; j < v16; j += 16) {
             const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), lv));
@@ -105,8 +96,9 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
             const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + v16), lv));
             _mm512_mask_storeu_ps(d + v16, tail, _mm512_mul_ps(e, dv));
         }
-        d[tgt] = (p_tgt - 1.f) * dl;
-    }
+    };
+    crossentropy_backward_rows_of<row_logsumexp>(dlogits, logits, targets, dlosses, begin, end, V,
+                                                 lse, exp1, row);
 }
 
 }  // namespace bagualu::kernels::avx512
