@@ -53,10 +53,11 @@ struct KernelTable {
                               int NH);
     void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, int B, int T, int C, int NH);
-    void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets, int N,
-                                 int V, float* lse);
-    // The cross-entropy's gradient of rows [begin, end) on the calling thread (ops.h threads it;
-    // kernels/mixed.h narrows or rounds each row while it is in cache).
+    // The cross-entropy's losses (and logsumexps) of rows [begin, end) on the calling thread, and
+    // its gradient's (ops.h threads both; kernels/mixed.h narrows or rounds each gradient row
+    // while it is in cache).
+    void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
+                                 int64_t begin, int64_t end, int V, float* lse);
     void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
                                   const float* dlosses, int64_t begin, int64_t end, int V,
                                   const float* lse);

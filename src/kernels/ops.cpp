@@ -433,11 +433,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // ---- cross-entropy ----
 
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse) {
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_forward_rows_of<row_logsumexp>(losses, logits, targets, begin, end, V, lse);
-    });
+void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
+                               int64_t begin, int64_t end, int V, float* lse) {
+    crossentropy_forward_rows_of<row_logsumexp>(losses, logits, targets, begin, end, V, lse);
 }
 
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
@@ -676,7 +674,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                           float* lse) {
-    dispatch().crossentropy_forward(losses, logits, targets, N, V, lse);
+    const auto f = dispatch().crossentropy_forward;
+    parallel_rows(
+        N, V, [&](int64_t begin, int64_t end) { f(losses, logits, targets, begin, end, V, lse); });
 }
 
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,

@@ -70,11 +70,4 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     });
 }
 
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse) {
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_forward_rows(losses, logits, targets, begin, end, V, lse);
-    });
-}
-
 }  // namespace bagualu::kernels::avx2

@@ -105,7 +105,5 @@ void attention_backward_with(AttentionBackwardItems items, AttentionScratch scra
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse);
 
 }  // namespace bagualu::kernels::avx2

@@ -1,7 +1,7 @@
-// Threaded drivers of the AVX-512 attention and cross-entropy items (kernels/ops_avx512.h).
-// Built for any x86-64 like the rest of kernels/, so the library templates instantiated here are
-// portable code; only the item functions in kernels/avx512/ use AVX-512 instructions. Each item
-// (a head, a row) is computed whole by one thread, so any split over threads gives the same bits.
+// Threaded drivers of the AVX-512 attention items (kernels/ops_avx512.h). Built for any x86-64
+// like the rest of kernels/, so the library templates instantiated here are portable code; only
+// the item functions in kernels/avx512/ use AVX-512 instructions. Each item (a head) is computed
+// whole by one thread, so any split over threads gives the same bits.
 #include "kernels/ops_avx512.h"
 
 #include "core/error.h"
@@ -30,13 +30,6 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     }
     avx2::attention_backward_with(attention_backward_items, attention_backward_scratch, dqkv, dout,
                                   qkv, out, lse, B, T, C, NH);
-}
-
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse) {
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        crossentropy_forward_rows(losses, logits, targets, begin, end, V, lse);
-    });
 }
 
 namespace {

@@ -77,8 +77,6 @@ void crossentropy_backward_rows(float* dlogits, const float* logits, const int32
                                 const float* lse);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse);
 // Attention with a head size the items do not take runs the AVX2 drivers (which fall back to
 // the generic kernels for a head size that is not a multiple of 8).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);

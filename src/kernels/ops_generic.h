@@ -25,8 +25,8 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          float* lse);
+void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,
+                               int64_t begin, int64_t end, int V, float* lse);
 void crossentropy_backward_rows(float* dlogits, const float* logits, const int32_t* targets,
                                 const float* dlosses, int64_t begin, int64_t end, int V,
                                 const float* lse);
