@@ -78,9 +78,11 @@ TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 # runs, minutes each under ASan; CI has no room for them). With them:
 # make test-asan ASAN_LABELS='unit|cli|mpi|moda'
 ASAN_LABELS ?= unit|cli|mpi
+# the test executables of those labels only (each label is its folder's suite)
+ASAN_TARGETS = $(foreach s,unit cli mpi moda e2e slow,$(if $(findstring $(s),$(ASAN_LABELS)),$(s)_tests))
 test-asan: deps
 	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Release -DBGL_SANITIZE=address $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(ASAN_DIR) -j $(JOBS) --target bagualu unit_tests cli_tests mpi_tests moda_tests
+	@cmake --build $(ASAN_DIR) -j $(JOBS) --target bagualu $(ASAN_TARGETS)
 	cd $(ASAN_DIR) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -L '$(ASAN_LABELS)'
 
 # TSan over the threaded parts without MPI (ctest label `threads`, CMakeLists.txt): OpenMPI's
@@ -91,7 +93,7 @@ test-asan: deps
 # layout clashes with high mmap randomisation on recent kernels.
 test-tsan: deps
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Release -DBGL_SANITIZE=thread $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(TSAN_DIR) -j $(JOBS) --target bagualu unit_tests
+	@cmake --build $(TSAN_DIR) -j $(JOBS) --target bagualu threads_tests
 	cd $(TSAN_DIR) && $(TSAN_ENV) setarch $$(uname -m) -R ctest --output-on-failure -j $(JOBS) -L threads
 
 # Every fuzz target (fuzz/), built with clang, for FUZZ_SECONDS each from its seed corpus.
