@@ -93,6 +93,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("precision", "fp64_sensitive", c.precision.fp64_sensitive);
     v("precision", "router", c.precision.router);
     v("precision", "grad_reduce", c.precision.grad_reduce);
+    v("precision", "moments", c.precision.moments);
     v("precision", "loss_scale", c.precision.loss_scale);
     v("precision", "loss_scale_window", c.precision.loss_scale_window);
     v("precision", "loss_scale_growth", c.precision.loss_scale_growth);
@@ -139,6 +140,11 @@ template <>
 struct Spelling<GradReduce> {
     static constexpr GradReduce values[]  = {GradReduce::fp32, GradReduce::half};
     static constexpr const char* expected = "\"fp32\" or \"half\"";
+};
+template <>
+struct Spelling<MomentDtype> {
+    static constexpr MomentDtype values[] = {MomentDtype::fp32, MomentDtype::bfloat16};
+    static constexpr const char* expected = "\"fp32\" or \"bf16\"";
 };
 template <>
 struct Spelling<Level> {
@@ -656,6 +662,20 @@ void validate(const TrainConfig& c) {
     if (!(t.beta2 >= 0 && t.beta2 < 1))
         input_error("{}: train.beta2 = {}: must be in [0, 1)", src, t.beta2);
     if (!(t.eps > 0)) input_error("{}: train.eps = {}: must be > 0", src, t.eps);
+    if (c.precision.moments == MomentDtype::bfloat16 && c.precision.dtype != Dtype::float32) {
+        // a bf16 moment x times beta rounds back to x when 1 - beta is below bf16's relative
+        // rounding step (up to 2^-8): the moment would stop decaying
+        constexpr double kMaxBeta = 1.0 - 1.0 / 256.0;
+        for (const auto& [key, beta] : {std::pair{"beta1", t.beta1}, {"beta2", t.beta2}}) {
+            if (beta > kMaxBeta) {
+                input_error(
+                    "{}: train.{} = {}: must be at most 0.99609375 (1 - 2^-8) with "
+                    "precision.moments = \"bf16\" in a half-precision run (a bf16 moment cannot "
+                    "decay by less than its rounding step)",
+                    src, key, beta);
+            }
+        }
+    }
     non_negative("train.grad_clip", t.grad_clip);
     non_negative("train.eval_every", static_cast<double>(t.eval_every));
     positive("train.eval_batches", t.eval_batches);
@@ -928,6 +948,7 @@ template SwipeBalance parse_enum<SwipeBalance>(const std::string&, const std::st
 template BalanceScope parse_enum<BalanceScope>(const std::string&, const std::string&);
 template RouterPrecision parse_enum<RouterPrecision>(const std::string&, const std::string&);
 template GradReduce parse_enum<GradReduce>(const std::string&, const std::string&);
+template MomentDtype parse_enum<MomentDtype>(const std::string&, const std::string&);
 template Level parse_enum<Level>(const std::string&, const std::string&);
 template Dtype parse_enum<Dtype>(const std::string&, const std::string&);
 template Partition parse_enum<Partition>(const std::string&, const std::string&);

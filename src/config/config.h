@@ -234,6 +234,11 @@ struct PrecisionSection {
     // ParO's gradient reduce-scatter of the half-stored tensors (O2 and up): float32, or in
     // their half type with online averaging (16-bit payloads, float32 folds; docs/precision.md)
     GradReduce grad_reduce = GradReduce::fp32;
+    // AdamW's m and v of every tensor in a half-precision run: float32, or bf16 (half their
+    // bytes; each update computed in float32 on the widened values and rounded back to nearest
+    // even; train.beta1 and beta2 at most 1 - 2^-8 then; docs/precision.md). float32 when dtype
+    // is "fp32".
+    MomentDtype moments = MomentDtype::fp32;
     // Dynamic loss scaling, fp16 only: start at loss_scale; on an inf/NaN gradient skip the step
     // and multiply the scale by loss_scale_backoff; after loss_scale_window clean steps in a row
     // multiply it by loss_scale_growth.

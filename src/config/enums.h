@@ -29,6 +29,8 @@ enum class BalanceScope { global, micro_batch, sequence };
 enum class RouterPrecision { fp32, fp64, half };
 // precision.grad_reduce: the dtype ParO reduce-scatters half-stored tensors' gradients in.
 enum class GradReduce { fp32, half };
+// precision.moments: the dtype AdamW keeps its first and second moments in.
+enum class MomentDtype { fp32, bfloat16 };
 // precision.{embedding,attention,ffn,head} (docs/precision.md).
 enum class Level { O0, O1, O2, O3 };
 // optimizer.partition: ParO on when there is more than one rank, always, never.
@@ -83,6 +85,7 @@ inline const char* name_of(RouterPrecision p) {
     return p == RouterPrecision::fp64 ? "fp64" : (p == RouterPrecision::half ? "half" : "fp32");
 }
 inline const char* name_of(GradReduce g) { return g == GradReduce::half ? "half" : "fp32"; }
+inline const char* name_of(MomentDtype d) { return d == MomentDtype::bfloat16 ? "bf16" : "fp32"; }
 inline const char* name_of(Level l) {
     switch (l) {
         case Level::O0:

@@ -1047,6 +1047,22 @@ void adamw_update_f64(float* param, const float* grad, float* m, float* v, size_
     });
 }
 
+namespace {
+
+// param[0, n) = master[0, n) rounded to d, after the optimizer's update of a slice
+void round_master_slice(Dtype d, float* param, const float* master, size_t n) {
+    if (d == Dtype::float32) {
+        std::copy(master, master + n, param);
+    } else if (d == Dtype::bfloat16) {
+        // the parameters are read again in the next forward, after the whole pass
+        dispatch().bf16_round_stream(param, master, n);
+    } else {
+        round_range(param, master, n, d);
+    }
+}
+
+}  // namespace
+
 void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const float* grad,
                           float* m, float* v, size_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, int step, float grad_scale) {
@@ -1063,14 +1079,47 @@ void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const
                 adamw_update_range(master, grad, m, v, s, e, lr, beta1, beta2, eps, weight_decay, c,
                                    grad_scale);
             }
-            if (d == Dtype::float32) {
-                std::copy(master + s, master + e, param + s);
-            } else if (d == Dtype::bfloat16) {
-                // the parameters are read again in the next forward, after the whole pass
-                dispatch().bf16_round_stream(param + s, master + s, size_t(e - s));
-            } else {
-                round_range(param + s, master + s, size_t(e - s), d);
+            round_master_slice(d, param + s, master + s, size_t(e - s));
+        }
+    });
+}
+
+void adamw_update_bf16_moments(Dtype d, bool fp64, float* param, float* master, const float* grad,
+                               uint16_t* m, uint16_t* v, size_t n, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, int step,
+                               float grad_scale) {
+    // Slices of 2 Ki elements: the widened m and v (16 KiB) and the slice's parameters, master
+    // and gradient stay in L1 between the widening, the update and the narrowing (and the
+    // master's rounding).
+    constexpr int64_t kSlice = 2048;
+    const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
+    const KernelTable& k     = dispatch();
+    // the AVX-512 kernel converts the moments in its registers: the same bits, no extra passes
+    const bool fused = !fp64 && k.adamw_isa == Isa::avx512;
+    parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
+        alignas(64) float mf[kSlice], vf[kSlice];
+        for (int64_t s = begin; s < end; s += kSlice) {
+            const size_t len = size_t(std::min(end, s + kSlice) - s);
+            if (fused) {
+                float* x = master ? master : param;
+                avx512::adamw_update_range_bf16m(x, grad, m, v, s, s + int64_t(len), lr, beta1,
+                                                 beta2, eps, weight_decay, c.c1, c.c2, grad_scale);
+                if (master) round_master_slice(d, param + s, master + s, len);
+                continue;
             }
+            k.bf16_widen(mf, m + s, len);
+            k.bf16_widen(vf, v + s, len);
+            float* x = master ? master + s : param + s;  // what the update changes
+            if (fp64) {
+                adamw_f64_range(x, grad + s, mf, vf, 0, int64_t(len), lr, beta1, beta2, eps,
+                                weight_decay, step, grad_scale);
+            } else {
+                adamw_update_range(x, grad + s, mf, vf, 0, int64_t(len), lr, beta1, beta2, eps,
+                                   weight_decay, c, grad_scale);
+            }
+            k.bf16_narrow(m + s, mf, len);
+            k.bf16_narrow(v + s, vf, len);
+            if (master) round_master_slice(d, param + s, master + s, len);
         }
     });
 }

@@ -289,4 +289,15 @@ void adamw_update_rounded(Dtype d, bool fp64, float* param, float* master, const
                           float* m, float* v, size_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, int step, float grad_scale = 1.0f);
 
+// AdamW with the moments m and v kept as bf16 bits (precision.moments = "bf16"), a slice at a
+// time in cache: m and v widened to float, the float update (adamw_update's kernel, or
+// adamw_update_f64's with fp64), m and v narrowed back rounding to nearest even. With master
+// the update is on the FP32 master and param = master rounded to d (adamw_update_rounded's);
+// without, on param in place. Bitwise those calls on the widened moments, m and v then rounded
+// to bf16.
+void adamw_update_bf16_moments(Dtype d, bool fp64, float* param, float* master, const float* grad,
+                               uint16_t* m, uint16_t* v, size_t n, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, int step,
+                               float grad_scale = 1.0f);
+
 }  // namespace bagualu::kernels

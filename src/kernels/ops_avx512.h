@@ -67,6 +67,12 @@ void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n);
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale);
+// The same with m and v as bf16 bits: widened on load, rounded to nearest even on store
+// (core/dtype.h bf16_from_float's bits): bitwise the float kernel on the widened moments, m and
+// v then rounded. AVX-512F only.
+void adamw_update_range_bf16m(float* param, const float* grad, uint16_t* m, uint16_t* v,
+                              int64_t begin, int64_t end, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, float c1, float c2, float grad_scale);
 
 // ---- softmax cross-entropy, rows [begin, end); bitwise the AVX2 rows' results ----
 void crossentropy_forward_rows(float* losses, const float* logits, const int32_t* targets,

@@ -27,6 +27,9 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionSection& p) {
     r.fp64_sensitive                                 = p.fp64_sensitive;
     r.router                                         = p.router;
     r.half_reduce                                    = p.grad_reduce == GradReduce::half;
+    // like every precision key, only in a half-precision run: dtype = "fp32" is float32 throughout
+    r.moments = p.moments == MomentDtype::bfloat16 && p.dtype != Dtype::float32 ? Dtype::bfloat16
+                                                                                : Dtype::float32;
     return r;
 }
 
@@ -70,10 +73,11 @@ Dtype PrecisionPolicy::compute_dtype(const ParamSpec& s) const {
 
 std::string PrecisionPolicy::describe() const {
     const std::string extra =
-        fmt::format("{}{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
+        fmt::format("{}{}{}{}{}", fp64_sensitive ? ", fp64 sensitive ops" : "",
                     router_fp64() ? ", fp64 router" : "",
                     router_dtype() != Dtype::float32 ? ", half router" : "",
-                    half_reduce && mixed() ? ", half gradient reduce-scatter" : "");
+                    half_reduce && mixed() ? ", half gradient reduce-scatter" : "",
+                    moments != Dtype::float32 && mixed() ? ", bf16 AdamW moments" : "");
     if (!mixed()) return "fp32" + extra;
     return fmt::format("{}: embedding {}, attention {}, ffn {}, head {}{}", dtype_name(dtype),
                        level_name(level[0]), level_name(level[1]), level_name(level[2]),

@@ -31,6 +31,8 @@ struct PrecisionPolicy {
     // mixed-precision run only) on operands of the half type
     RouterPrecision router = RouterPrecision::fp32;
     bool half_reduce       = false;  // precision.grad_reduce = "half" (mixed precision only)
+    // precision.moments: AdamW's m and v in float32 or (in a half-precision run only) bf16
+    Dtype moments = Dtype::float32;
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).

@@ -4,8 +4,10 @@
 // moments live is the caller's (dist/paro/).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 #include "model/param_layout.h"
 #include "model/precision.h"
@@ -15,6 +17,37 @@ namespace bagualu::optim {
 struct AdamWHyper {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
     double grad_clip = 1.0;  // global-norm clip; 0 disables
+};
+
+// Where AdamW's first and second moments of a run of elements live: float32 arrays (m, v), or
+// bf16 bits (m16, v16: precision.moments = "bf16"). One pair is set; at(i) views element i on.
+struct MomentsRef {
+    float* m      = nullptr;
+    float* v      = nullptr;
+    uint16_t* m16 = nullptr;
+    uint16_t* v16 = nullptr;
+    bool bf16() const { return m16 != nullptr; }
+    MomentsRef at(size_t i) const {
+        return bf16() ? MomentsRef{nullptr, nullptr, m16 + i, v16 + i}
+                      : MomentsRef{m + i, v + i, nullptr, nullptr};
+    }
+};
+
+// The moments of n elements, zero at the start: float32 or bf16 (dtype).
+class Moments {
+   public:
+    Moments() = default;
+    Moments(size_t n, Dtype dtype);
+    MomentsRef ref();
+    size_t size() const { return n_; }
+    Dtype dtype() const { return dtype_; }
+    size_t bytes() const { return 2 * n_ * (dtype_ == Dtype::float32 ? 4 : 2); }
+
+   private:
+    size_t n_    = 0;
+    Dtype dtype_ = Dtype::float32;
+    Buffer<float> m_, v_;
+    Buffer<uint16_t> m16_, v16_;
 };
 
 // [layout specs]: how the optimizer keeps each tensor under prec (model::MasterMode).
@@ -27,13 +60,15 @@ std::vector<model::MasterMode> master_modes(const model::ParamLayout& layout,
 // AdamW on n elements of one tensor under its precision mode: a float32 parameter in place; a
 // half one (O2) on its FP32 master, then the parameter = the master rounded to dtype; a half
 // one without master (O3) on half gradients in place, then rounded again. param, grad, m, v,
-// master: (n); master unused unless mode is master. fp64: the update in double precision
+// master: (n); master unused unless mode is master. The moments (mo, n of them) in float32 or
+// bf16: a bf16 update is the float32 one on the widened moments, which are then rounded back
+// (kernels::adamw_update_bf16_moments). fp64: the update in double precision
 // (precision.fp64_sensitive). decay: apply the weight decay. step: 1-based, the steps taken.
 // grad_scale: the gradient is grad * grad_scale (the global-norm clip), as if grad had been
 // scaled in place first (kernels::scale_inplace): the same bits, without that pass where the
 // kernels fold it in; grad is left unscaled then (scaled, and rounded, under MasterMode::half).
 void adamw_update(model::MasterMode mode, Dtype dtype, bool fp64, float* param, float* master,
-                  float* grad, float* m, float* v, size_t n, float lr, const AdamWHyper& h,
+                  float* grad, const MomentsRef& mo, size_t n, float lr, const AdamWHyper& h,
                   bool decay, int step, float grad_scale = 1.0f);
 
 }  // namespace bagualu::optim

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/buffer.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -53,11 +55,17 @@ std::string tensor_name(const char* kind, const model::ParamSpec& s) {
 
 constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
 
-// Where kind k of a piece lives on this rank.
-float* piece_data(const StateSpace& sp, const ShardPiece& p, float* params, int k) {
-    if (k == 0) return params + p.flat_offset;
-    float* base = k == 1 ? sp.m : sp.v;
-    return base + (sp.flat_indexed ? p.flat_offset : p.shard_offset);
+// Where kind k of a piece lives on this rank: floats (params, float32 moments) or, for bf16
+// moments, their bits (the other pointer null). The file holds float32 either way.
+struct PieceData {
+    float* f       = nullptr;
+    uint16_t* bf16 = nullptr;
+};
+PieceData piece_data(const StateSpace& sp, const ShardPiece& p, float* params, int k) {
+    if (k == 0) return {params + p.flat_offset, nullptr};
+    const optim::MomentsRef mo = sp.moments.at(sp.flat_indexed ? p.flat_offset : p.shard_offset);
+    if (mo.bf16()) return {nullptr, k == 1 ? mo.m16 : mo.v16};
+    return {k == 1 ? mo.m : mo.v, nullptr};
 }
 
 }  // namespace
@@ -235,6 +243,7 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
                 diff.size() > 1 ? fmt::format(", and {} more key(s)", diff.size() - 1) : "");
         }
         out.loss_scaled = model::PrecisionPolicy::from_config(saved.precision).loss_scaling();
+        Buffer<float> widened;  // a piece of bf16 moments as the file's floats
         for (const StateSpace& sp : spaces) {
             for (const ShardPiece& p : sp.map->pieces()) {
                 const model::ParamSpec& s = layout_.spec(p.spec);
@@ -248,9 +257,13 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
                                     name, fmt::join(reader->shape(name), ", "),
                                     fmt::join(s.shape, ", "));
                     }
+                    const PieceData dst = piece_data(sp, p, params, k);
+                    if (dst.bf16 && widened.size() < p.len) widened = Buffer<float>(p.len);
                     reader->read(name, static_cast<int64_t>(p.elem_offset),
                                  static_cast<int64_t>(p.elem_offset + p.len),
-                                 piece_data(sp, p, params, k));
+                                 dst.f ? dst.f : widened.data());
+                    // bf16 moments: rounded to nearest even (exact for a bf16 run's own)
+                    if (dst.bf16) to_half(Dtype::bfloat16, widened.data(), dst.bf16, p.len);
                 }
             }
         }
@@ -282,6 +295,7 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
     if (snapshot_.size() != floats) snapshot_ = Buffer<float>(floats);
     struct Copy {
         const float* src;
+        const uint16_t* src16;  // bf16 moments, widened (src null)
         float* dst;
         size_t len;
     };
@@ -294,13 +308,13 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
             const model::ParamSpec& s = layout_.spec(p.spec);
             for (int k = 0; k < 3; ++k) {
                 // the FP32 master weights where the parameters are stored in half precision
-                const float* master = k == 0 ? opt_.master_of(si, p) : nullptr;
-                const float* src =
-                    master ? master : piece_data(sp, p, const_cast<float*>(params), k);
+                const float* master     = k == 0 ? opt_.master_of(si, p) : nullptr;
+                const PieceData d       = piece_data(sp, p, const_cast<float*>(params), k);
+                const float* src        = master ? master : d.f;
                 constexpr size_t kChunk = size_t{1} << 16;  // floats per copy task
                 for (size_t o = 0; o < p.len; o += kChunk) {
-                    copies.push_back(
-                        {src + o, snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
+                    copies.push_back({src ? src + o : nullptr, src ? nullptr : d.bf16 + o,
+                                      snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
                 }
                 slices_.push_back(io::ckpt::Slice{
                     tensor_name(kKinds[k], s), s.shape, static_cast<int64_t>(p.elem_offset),
@@ -311,8 +325,14 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
     }
     // the copy is the step loop's only pause: spread it over the compute workers
     parallel_for(static_cast<int64_t>(copies.size()), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i)
-            std::memcpy(copies[i].dst, copies[i].src, copies[i].len * sizeof(float));
+        for (int64_t i = b; i < e; ++i) {
+            const Copy& c = copies[i];
+            if (c.src) {
+                std::memcpy(c.dst, c.src, c.len * sizeof(float));
+            } else {
+                from_half(Dtype::bfloat16, c.src16, c.dst, c.len);
+            }
+        }
     });
     step_    = step;
     state_   = state;

@@ -122,6 +122,15 @@ TEST_F(CheckpointTest, KilledBf16RunResumesBitExactOneRank) {
 TEST_F(CheckpointTest, KilledRunWithBalanceBiasResumesBitExactTwoRanks) {
     bit_exact_resume(2, "--set model.balance_bias_rate=0.01", "_bias");
 }
+// AdamW's moments in bf16 (precision.moments): the checkpoint holds them widened to float32, and
+// the resumed run rounds them back to the same bits: ParO's shards at P = 2, the replicated
+// optimizer at P = 1.
+TEST_F(CheckpointTest, KilledRunWithBf16MomentsResumesBitExactTwoRanks) {
+    bit_exact_resume(2, "--set precision.dtype=bf16 --set precision.moments=bf16", "_bf16m");
+}
+TEST_F(CheckpointTest, KilledRunWithBf16MomentsResumesBitExactOneRank) {
+    bit_exact_resume(1, "--set precision.dtype=bf16 --set precision.moments=bf16", "_bf16m");
+}
 TEST_F(CheckpointTest, KilledFp16RunResumesBitExactOneRank) {
     bit_exact_resume(1, "--set precision.dtype=fp16 --set precision.loss_scale_window=7", "_fp16");
 }

@@ -19,6 +19,7 @@
 #include "dist/paro/shard_map.h"
 #include "model/param_layout.h"
 #include "model/precision.h"
+#include "optim/adamw.h"
 
 namespace bagualu::dist::paro {
 
@@ -26,7 +27,7 @@ namespace bagualu::dist::paro {
 struct MemoryFootprint {
     size_t param_bytes = 0;  // the local parameter array
     size_t grad_bytes  = 0;  // the local gradient array
-    size_t optim_bytes = 0;  // AdamW m and v (and a master copy where one exists)
+    size_t optim_bytes = 0;  // AdamW m and v (float32 or bf16), and a master copy where one exists
     size_t comm_bytes  = 0;  // bucket buffers of the reduce-scatter / all-gather
 };
 
@@ -37,9 +38,8 @@ struct MemoryFootprint {
 struct StateSpace {
     const ShardMap* map = nullptr;
     dist::Comm* comm    = nullptr;
-    float* m            = nullptr;
-    float* v            = nullptr;
-    bool flat_indexed   = false;  // moments at piece.flat_offset (replicated), else shard_offset
+    optim::MomentsRef moments;  // float32 or bf16 (precision.moments)
+    bool flat_indexed = false;  // moments at piece.flat_offset (replicated), else shard_offset
 };
 
 // Collective over sp.comm: fills every rank's params outside its own pieces of sp from the

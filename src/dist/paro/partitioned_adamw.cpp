@@ -38,7 +38,7 @@ PartitionedAdamW::PartitionedAdamW(const model::ParamLayout& layout, dist::Paral
             if (sp.dtype != Dtype::float32)
                 max_half_bucket = std::max(max_half_bucket, sp.map.bucket_size());
         }
-        shards_.push_back(ShardState{std::move(sp.map), Buffer<float>(S), Buffer<float>(S),
+        shards_.push_back(ShardState{std::move(sp.map), optim::Moments(S, prec.moments),
                                      sp.expert ? inv_ep : 1.0f, sp.expert, sp.dtype,
                                      sp.master ? Buffer<float>(S) : Buffer<float>()});
     }
@@ -99,8 +99,7 @@ void PartitionedAdamW::reduce_bucket(const Unit& u, bool on_helper) {
 std::vector<StateSpace> PartitionedAdamW::state_spaces() {
     std::vector<StateSpace> out;
     for (size_t sp = 0; sp < shards_.size(); ++sp) {
-        out.push_back(StateSpace{&shards_[sp].map, &comm_of(sp), shards_[sp].m.data(),
-                                 shards_[sp].v.data(), false});
+        out.push_back(StateSpace{&shards_[sp].map, &comm_of(sp), shards_[sp].moments.ref(), false});
     }
     return out;
 }
@@ -185,8 +184,8 @@ void PartitionedAdamW::update_shards(float* params, float* grads, float lr, int 
             }
             optim::adamw_update(modes_[p.spec], st.dtype, prec_.fp64_sensitive,
                                 params + p.flat_offset, master, grads + p.flat_offset,
-                                st.m.data() + p.shard_offset, st.v.data() + p.shard_offset, p.len,
-                                lr, hyper_, p.decay, step, clip);
+                                st.moments.ref().at(p.shard_offset), p.len, lr, hyper_, p.decay,
+                                step, clip);
         }
     }
     masters_ready_ = true;
@@ -223,7 +222,7 @@ MemoryFootprint PartitionedAdamW::footprint() const {
     f.param_bytes = n_floats_ * sizeof(float);
     f.grad_bytes  = n_floats_ * sizeof(float);
     for (const ShardState& st : shards_) {
-        f.optim_bytes += (st.m.size() + st.v.size() + st.master.size()) * sizeof(float);
+        f.optim_bytes += st.moments.bytes() + st.master.size() * sizeof(float);
     }
     f.comm_bytes = bucket_.size() * sizeof(float) + bucket16_.size() * sizeof(uint16_t);
     return f;

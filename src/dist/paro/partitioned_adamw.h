@@ -27,7 +27,7 @@ namespace bagualu::dist::paro {
 // all-gather as half values.
 struct ShardState {
     ShardMap map;
-    Buffer<float> m, v;                 // [shard_size()]
+    optim::Moments moments;             // [shard_size()] m and v (precision.moments)
     float grad_scale = 1;               // applied after the mean: 1 dense, 1/EP experts
     bool expert      = false;           // split over the edp group (else the world)
     Dtype dtype      = Dtype::float32;  // storage dtype of every tensor in the space

@@ -23,8 +23,7 @@ ReplicatedAdamW::ReplicatedAdamW(const model::ParamLayout& layout, dist::Paralle
       prec_(prec),
       modes_(optim::master_modes(layout, prec, masters_in_place)),
       segs_(make_segments(layout)),
-      m_(layout.total_floats()),
-      v_(layout.total_floats()),
+      moments_(layout.total_floats(), prec.moments),
       maps_(make_space_maps(layout, par, kDefaultBucketFloats)),
       reduce_world_(reduction_comm(par.world())),
       reduce_edp_(reduction_comm(par.edp())) {
@@ -64,7 +63,7 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
             std::copy(params + s.offset, params + s.offset + s.numel, master);
         }
         optim::adamw_update(modes_[i], prec_.dtype, prec_.fp64_sensitive, params + s.offset, master,
-                            grads + s.offset, m_.data() + s.offset, v_.data() + s.offset, s.numel,
+                            grads + s.offset, moments_.ref().at(s.offset), s.numel,
                             static_cast<float>(lr), hyper_, s.decay,
                             static_cast<int>(step - n_skipped_), clip);
     }
@@ -74,7 +73,7 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
 
 MemoryFootprint ReplicatedAdamW::footprint() const {
     const size_t bytes = layout_.total_floats() * sizeof(float);
-    return MemoryFootprint{bytes, bytes, 2 * bytes + master_.size() * sizeof(float), 0};
+    return MemoryFootprint{bytes, bytes, moments_.bytes() + master_.size() * sizeof(float), 0};
 }
 
 const float* ReplicatedAdamW::master_of(size_t, const ShardPiece& p) const {
@@ -94,8 +93,8 @@ void ReplicatedAdamW::masters_loaded(float* params) {
 }
 
 std::vector<StateSpace> ReplicatedAdamW::state_spaces() {
-    return {StateSpace{&maps_[0], &par_.world(), m_.data(), v_.data(), true},
-            StateSpace{&maps_[1], &par_.edp(), m_.data(), v_.data(), true}};
+    return {StateSpace{&maps_[0], &par_.world(), moments_.ref(), true},
+            StateSpace{&maps_[1], &par_.edp(), moments_.ref(), true}};
 }
 
 void ReplicatedAdamW::reduce_segment(size_t i, bool on_helper) {

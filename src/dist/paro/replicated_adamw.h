@@ -47,7 +47,7 @@ class ReplicatedAdamW final : public Optimizer {
     model::PrecisionPolicy prec_;
     std::vector<model::MasterMode> modes_;  // [layout specs]
     std::vector<Segment> segs_;
-    Buffer<float> m_, v_;            // [layout floats]
+    optim::Moments moments_;         // [layout floats]
     Buffer<float> master_;           // FP32 masters of the O2 tensors
     std::vector<size_t> master_at_;  // [layout specs] offset of a tensor's master
     bool masters_ready_ = false;

@@ -80,13 +80,14 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
     const std::vector<MasterMode> modes =
         master_modes(layout, prec, model::masters_in_place(prec, partitioned));
     MemoryFootprint f{n * sizeof(float), n * sizeof(float), 0, 0};
+    const size_t moment_bytes = prec.moments == Dtype::float32 ? sizeof(float) : sizeof(uint16_t);
     if (!partitioned) {  // ReplicatedAdamW: m and v of every float, masters of the O2 tensors
                          // (none where they are kept in place)
         size_t masters = 0;
         for (size_t i = 0; i < modes.size(); ++i) {
             if (modes[i] == MasterMode::master) masters += layout.spec(i).numel;
         }
-        f.optim_bytes = (2 * n + masters) * sizeof(float);
+        f.optim_bytes = 2 * n * moment_bytes + masters * sizeof(float);
         return f;
     }
     const SpaceRuns r = paro_space_runs(layout, modes);
@@ -94,7 +95,7 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
     for (int sp = 0; sp < r.count(); ++sp) {
         const int P           = sp % 2 == 1 ? edp_size : world_size;
         const ShardGeometry g = shard_geometry(run_floats(r.runs[sp]), P, bucket_floats);
-        f.optim_bytes += (r.master[sp] ? 3 : 2) * g.nb * g.q * sizeof(float);
+        f.optim_bytes += g.nb * g.q * (2 * moment_bytes + (r.master[sp] ? sizeof(float) : 0));
         if (P > 1) {
             max_bucket = std::max(max_bucket, g.q * static_cast<size_t>(P));
             if (sp >= 2) max_half_bucket = std::max(max_half_bucket, g.q * static_cast<size_t>(P));

@@ -1,48 +1,115 @@
 // AVX-512 AdamW items (kernels/ops_avx512.h), 16 floats per step: the float operations of generic
 // adamw_update (ops.cpp) in the same order, no FMA (built with -ffp-contract=off,
 // CMakeLists.txt), IEEE division and square root, so every result is bitwise the generic one.
-// The last n % 16 elements go through the scalar code of the generic kernel. The gradient's
-// scaling is one float multiply, as kernels::scale_inplace's.
+// The last n % 16 elements go through the scalar code of the generic kernel. The bf16-moment
+// kernel is the same update between a widening load and a rounding store of m and v. The
+// gradient's scaling is one float multiply, as kernels::scale_inplace's.
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/ops_avx512.h"
 
 namespace bagualu::kernels::avx512 {
+namespace {
+
+// The zero-masked forms with every lane set: the plain ones trip a GCC 12
+// -Wmaybe-uninitialized in its header.
+constexpr __mmask16 kAll = 0xffff;
+
+struct Hyper {
+    __m512 b1, b2, omb1, omb2, c1, c2, eps, lr, wd, gs;
+    Hyper(float beta1, float beta2, float c1_, float c2_, float eps_, float lr_, float wd_,
+          float gs_)
+        : b1(_mm512_set1_ps(beta1)),
+          b2(_mm512_set1_ps(beta2)),
+          omb1(_mm512_set1_ps(1.f - beta1)),
+          omb2(_mm512_set1_ps(1.f - beta2)),
+          c1(_mm512_set1_ps(c1_)),
+          c2(_mm512_set1_ps(c2_)),
+          eps(_mm512_set1_ps(eps_)),
+          lr(_mm512_set1_ps(lr_)),
+          wd(_mm512_set1_ps(wd_)),
+          gs(_mm512_set1_ps(gs_)) {}
+};
+
+// 16 elements at param: m and v updated from the gradient, the parameter stepped with them
+void update16(const Hyper& h, float* param, const float* grad, __m512& m, __m512& v) {
+    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad), h.gs);
+    m              = _mm512_add_ps(_mm512_mul_ps(h.b1, m), _mm512_mul_ps(h.omb1, g));
+    v = _mm512_add_ps(_mm512_mul_ps(h.b2, v), _mm512_mul_ps(_mm512_mul_ps(h.omb2, g), g));
+    const __m512 p    = _mm512_loadu_ps(param);
+    const __m512 root = _mm512_maskz_sqrt_ps(kAll, _mm512_div_ps(v, h.c2));
+    const __m512 den  = _mm512_add_ps(root, h.eps);
+    const __m512 step =
+        _mm512_add_ps(_mm512_div_ps(_mm512_div_ps(m, h.c1), den), _mm512_mul_ps(h.wd, p));
+    _mm512_storeu_ps(param, _mm512_sub_ps(p, _mm512_mul_ps(h.lr, step)));
+}
+
+// The generic kernel's arithmetic on one element (the last n % 16)
+void update1(float* param, float grad, float& m, float& v, float lr, float beta1, float beta2,
+             float eps, float weight_decay, float c1, float c2, float grad_scale) {
+    const float g = grad * grad_scale;
+    m             = beta1 * m + (1.f - beta1) * g;
+    v             = beta2 * v + (1.f - beta2) * g * g;
+    *param -= lr * ((m / c1) / (__builtin_sqrtf(v / c2) + eps) + weight_decay * *param);
+}
+
+__m512 widen16(const uint16_t* p) {
+    const __m512i w =
+        _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, w, 16));
+}
+
+// bf16_from_float on 16 lanes: round to nearest even, a NaN kept quiet
+void narrow16(uint16_t* p, __m512 x) {
+    const __m512i u     = _mm512_castps_si512(x);
+    const __m512i hi    = _mm512_maskz_srli_epi32(kAll, u, 16);
+    const __m512i odd   = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i bias  = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
+    __m512i r           = _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(u, bias), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r                   = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x0040));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(kAll, r));
+}
+
+}  // namespace
 
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale) {
-    const __m512 b1 = _mm512_set1_ps(beta1), b2 = _mm512_set1_ps(beta2);
-    const __m512 omb1 = _mm512_set1_ps(1.f - beta1), omb2 = _mm512_set1_ps(1.f - beta2);
-    const __m512 c1v = _mm512_set1_ps(c1), c2v = _mm512_set1_ps(c2), epsv = _mm512_set1_ps(eps);
-    const __m512 lrv = _mm512_set1_ps(lr), wdv = _mm512_set1_ps(weight_decay);
-    const __m512 gsv = _mm512_set1_ps(grad_scale);
-    int64_t i        = begin;
+    const Hyper h(beta1, beta2, c1, c2, eps, lr, weight_decay, grad_scale);
+    int64_t i = begin;
     for (; i + 16 <= end; i += 16) {
-        const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gsv);
-        const __m512 mi =
-            _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, g));
-        const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
-                                        _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+        __m512 mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
+        update16(h, param + i, grad + i, mi, vi);
         _mm512_storeu_ps(m + i, mi);
         _mm512_storeu_ps(v + i, vi);
-        const __m512 p = _mm512_loadu_ps(param + i);
-        // The zero-masked root: the plain one trips a GCC 12 -Wmaybe-uninitialized in its header.
-        const __m512 root = _mm512_maskz_sqrt_ps(__mmask16(0xffff), _mm512_div_ps(vi, c2v));
-        const __m512 den  = _mm512_add_ps(root, epsv);
-        const __m512 step =
-            _mm512_add_ps(_mm512_div_ps(_mm512_div_ps(mi, c1v), den), _mm512_mul_ps(wdv, p));
-        _mm512_storeu_ps(param + i, _mm512_sub_ps(p, _mm512_mul_ps(lrv, step)));
     }
     for (; i < end; ++i) {
-        const float g  = grad[i] * grad_scale;
-        const float mi = beta1 * m[i] + (1.f - beta1) * g;
-        const float vi = beta2 * v[i] + (1.f - beta2) * g * g;
-        m[i]           = mi;
-        v[i]           = vi;
-        param[i] -= lr * ((mi / c1) / (__builtin_sqrtf(vi / c2) + eps) + weight_decay * param[i]);
+        update1(param + i, grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
+    }
+}
+
+void adamw_update_range_bf16m(float* param, const float* grad, uint16_t* m, uint16_t* v,
+                              int64_t begin, int64_t end, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, float c1, float c2, float grad_scale) {
+    const Hyper h(beta1, beta2, c1, c2, eps, lr, weight_decay, grad_scale);
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+        __m512 mi = widen16(m + i), vi = widen16(v + i);
+        update16(h, param + i, grad + i, mi, vi);
+        narrow16(m + i, mi);
+        narrow16(v + i, vi);
+    }
+    for (; i < end; ++i) {
+        float mi = bf16_to_float(m[i]), vi = bf16_to_float(v[i]);
+        update1(param + i, grad[i], mi, vi, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
+        m[i] = bf16_from_float(mi);
+        v[i] = bf16_from_float(vi);
     }
 }
 

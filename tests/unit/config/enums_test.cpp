@@ -39,6 +39,8 @@ TEST(ConfigEnums, EverySpellingParsesAndPrintsBack) {
     expect_round_trip<RouterPrecision>("precision.router", {{"fp32", RouterPrecision::fp32},
                                                             {"fp64", RouterPrecision::fp64},
                                                             {"half", RouterPrecision::half}});
+    expect_round_trip<MomentDtype>("precision.moments",
+                                   {{"fp32", MomentDtype::fp32}, {"bf16", MomentDtype::bfloat16}});
     expect_round_trip<Resume>("checkpoint.resume",
                               {{"never", Resume::never}, {"auto", Resume::automatic}});
     expect_round_trip<Recompute>(
@@ -122,6 +124,24 @@ TEST(ConfigEnums, AnythingElseIsOneErrorNamingKeyValueAndChoices) {
               "--set train.recompute=moe --set model.moe_every=0: train.recompute = \"moe\" needs "
               "MoE blocks (model.moe_every > 0)");
     EXPECT_EQ(message({"train.recompute=block", "model.moe_every=0"}), "(no error)");
+    EXPECT_EQ(message({"precision.moments=fp16"}),
+              "--set precision.moments=fp16: precision.moments = \"fp16\": expected \"fp32\" or "
+              "\"bf16\"");
+    // a bf16 moment cannot decay by less than its rounding step
+    EXPECT_EQ(message({"precision.dtype=bf16", "precision.moments=bf16", "train.beta1=0.999"}),
+              "--set precision.moments=bf16 --set train.beta1=0.999: "
+              "train.beta1 = 0.999: must be at most 0.99609375 (1 - 2^-8) with precision.moments "
+              "= \"bf16\" in a half-precision run (a bf16 moment cannot decay by less than its "
+              "rounding step)");
+    EXPECT_EQ(message({"precision.dtype=fp16", "precision.moments=bf16", "train.beta2=0.999"}),
+              "--set precision.moments=bf16 --set train.beta2=0.999: "
+              "train.beta2 = 0.999: must be at most 0.99609375 (1 - 2^-8) with precision.moments "
+              "= \"bf16\" in a half-precision run (a bf16 moment cannot decay by less than its "
+              "rounding step)");
+    EXPECT_EQ(message({"precision.dtype=bf16", "precision.moments=bf16", "train.beta2=0.99609375"}),
+              "(no error)");
+    // float32 runs keep float32 moments whatever the key says
+    EXPECT_EQ(message({"precision.moments=bf16", "train.beta2=0.999"}), "(no error)");
 }
 
 }  // namespace

@@ -567,5 +567,62 @@ TEST(Fp64Ops, AdamWScaledAndRoundedIsTheThreeCallsBitwise) {
     }
 }
 
+// adamw_update_bf16_moments against the float32 calls on the widened moments (in place:
+// adamw_update / adamw_update_f64; with a master: adamw_update_rounded), then m and v rounded to
+// bf16: the same bits over three steps, threaded, with a ragged last slice, on each kernel table
+// (AVX-512's converts in its registers, the others a slice at a time).
+class AdamWBf16Moments : public testing::IsaTest {};
+
+TEST_P(AdamWBf16Moments, AreTheFloatUpdateRoundedBitwise) {
+    Rng rng(7, 0);
+    const size_t n     = 3 * 2048 * 4 + 777;
+    const auto to_bf16 = [](const std::vector<float>& x) {
+        std::vector<uint16_t> h(x.size());
+        to_half(Dtype::bfloat16, x.data(), h.data(), x.size());
+        return h;
+    };
+    const auto widened = [](const std::vector<uint16_t>& h) {
+        std::vector<float> x(h.size());
+        from_half(Dtype::bfloat16, h.data(), x.data(), h.size());
+        return x;
+    };
+    for (bool with_master : {false, true}) {
+        for (bool fp64 : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (with_master ? "master" : "in place") << (fp64 ? " fp64" : " fp32"));
+            const Dtype d = Dtype::bfloat16;  // the rounded parameter's dtype (with a master)
+            auto x        = randn(rng, n, 0.05);
+            std::vector<float> param(n, 0.0f);
+            auto x2 = x, param2 = param;
+            std::vector<float> m(n, 0.0f), v(n, 0.0f);
+            std::vector<uint16_t> m16(n, 0), v16(n, 0);
+            for (int step = 1; step <= 3; ++step) {
+                const auto g  = randn(rng, n, 1e-2);
+                const float s = 0.5f + 0.25f * float(step);
+                if (with_master) {
+                    adamw_update_rounded(d, fp64, param.data(), x.data(), g.data(), m.data(),
+                                         v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, s);
+                } else {
+                    (fp64 ? adamw_update_f64 : adamw_update)(x.data(), g.data(), m.data(), v.data(),
+                                                             n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                                             step, s);
+                }
+                m = widened(to_bf16(m));
+                v = widened(to_bf16(v));
+                adamw_update_bf16_moments(d, fp64, with_master ? param2.data() : x2.data(),
+                                          with_master ? x2.data() : nullptr, g.data(), m16.data(),
+                                          v16.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, s);
+            }
+            EXPECT_EQ(0, std::memcmp(x.data(), x2.data(), n * sizeof(float)));
+            EXPECT_EQ(0, std::memcmp(param.data(), param2.data(), n * sizeof(float)));
+            EXPECT_EQ(to_bf16(m), m16);
+            EXPECT_EQ(to_bf16(v), v16);
+            EXPECT_NE(m16, std::vector<uint16_t>(n, 0));  // the moments did move
+        }
+    }
+}
+
+BGL_INSTANTIATE_ISAS(AdamWBf16Moments);
+
 }  // namespace
 }  // namespace bagualu::kernels

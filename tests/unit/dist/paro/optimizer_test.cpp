@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -34,8 +36,10 @@ struct Trajectory {
 // `steps` AdamW steps (lr 1e-3, no decay, no clipping) from all-ones parameters with constant
 // gradient `g` (times `loss_scale`), an inf in the gradient at step `inf_at` (1-based; 0: none).
 Trajectory run_steps(const std::vector<std::string>& prec, int steps, float g,
-                     double loss_scale = 1, int inf_at = 0, bool masters_in_place = false) {
-    std::vector<std::string> sets = {"train.weight_decay=0", "train.grad_clip=0"};
+                     double loss_scale = 1, int inf_at = 0, bool masters_in_place = false,
+                     const char* partition = "auto") {
+    std::vector<std::string> sets = {"train.weight_decay=0", "train.grad_clip=0",
+                                     std::string("optimizer.partition=") + partition};
     for (const auto& s : prec) sets.push_back("precision." + s);
     const TrainConfig cfg     = default_config(sets);
     model::ParamLayout layout = small_layout();
@@ -98,6 +102,53 @@ TEST(PrecisionOptimizer, MastersInPlaceAreTheMastersTrajectory) {
     EXPECT_FALSE(model::masters_in_place(pr, true));
     const TrainConfig paro = default_config({"precision.dtype=bf16", "optimizer.partition=on"});
     EXPECT_ANY_THROW(make_optimizer(paro, layout, *par, pr, nullptr, true));
+}
+
+// precision.moments = "bf16" in a bf16 run: m and v in half the bytes, replicated and ParO alike
+// (and the planner's figure is the optimizer's); the float32-stored tensor takes the float32
+// moments' trajectory but for their rounding (under 2^-8 of each step); the O2 parameter is
+// the bf16 rounding of its master in place and beside; ParO on one rank takes the replicated
+// optimizer's steps bit for bit. A float32 run keeps float32 moments whatever the key says.
+TEST(PrecisionOptimizer, Bf16MomentsHalveTheirBytesAndKeepTheTrajectory) {
+    const Trajectory f32m = run_steps({"dtype=bf16"}, 10, 0.5f);
+    const Trajectory b16m = run_steps({"dtype=bf16", "moments=bf16"}, 10, 0.5f);
+    const Trajectory in   = run_steps({"dtype=bf16", "moments=bf16"}, 10, 0.5f, 1, 0, true);
+    const Trajectory paro = run_steps({"dtype=bf16", "moments=bf16"}, 10, 0.5f, 1, 0, false, "on");
+    const size_t ln       = small_layout().spec(1).offset;  // the float32-stored layernorm weight
+    const double off      = std::abs(double(f32m.params[ln]) - double(b16m.params[ln]));
+    EXPECT_GT(off, 0.0);   // the rounded moments change the steps a little
+    EXPECT_LT(off, 1e-4);  // 10 steps of lr 1e-3, each off by less than 2^-8 of itself
+    for (size_t i = 0; i < 32; ++i) {
+        EXPECT_EQ(round_to(Dtype::bfloat16, b16m.params[i]), b16m.params[i]) << i;
+        EXPECT_EQ(round_to(Dtype::bfloat16, in.params[i]), b16m.params[i]) << i;
+    }
+    EXPECT_EQ(paro.params, b16m.params);
+    EXPECT_EQ(run_steps({"moments=bf16"}, 10, 0.5f).params, run_steps({}, 10, 0.5f).params);
+
+    model::ParamLayout layout = small_layout();
+    auto par                  = dist::ParallelContext::single();
+    for (const char* part : {"off", "on"}) {
+        SCOPED_TRACE(part);
+        const auto bytes = [&](const char* moments) {
+            const TrainConfig cfg =
+                default_config({"precision.dtype=bf16", std::string("optimizer.partition=") + part,
+                                std::string("precision.moments=") + moments});
+            const model::PrecisionPolicy pr = model::PrecisionPolicy::from_config(cfg.precision);
+            const bool split                = part[1] == 'n';
+            // as the trainer builds it: bf16's masters in place on the replicated optimizer
+            const MemoryFootprint real =
+                make_optimizer(cfg, layout, *par, pr, nullptr, model::masters_in_place(pr, split))
+                    ->footprint();
+            EXPECT_EQ(real.optim_bytes, optimizer_footprint(layout, pr, split, 1, 1).optim_bytes);
+            return real.optim_bytes;
+        };
+        const size_t f32 = bytes("fp32"), b16 = bytes("bf16");
+        EXPECT_LT(b16, f32);
+        // replicated: m and v of every float, 8 bytes -> 4
+        if (part[1] == 'f') {
+            EXPECT_EQ(f32 - b16, 4 * layout.total_floats());
+        }
+    }
 }
 
 TEST(PrecisionOptimizer, InjectedInfSkipsTheStep) {
