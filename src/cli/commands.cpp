@@ -34,6 +34,7 @@
 #include "io/checkpoint/checkpoint.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
+#include "model/precision.h"
 #include "plan/memory_check.h"
 #include "report/metrics.h"
 #include "train/checkpointing.h"
@@ -152,8 +153,10 @@ static void check_run_resources(const TrainConfig& cfg, const std::string& confi
             uint64_t free = free_disk_bytes(cfg.checkpoint_dir());
             if (const char* f = std::getenv("BAGUALU_FAULT_DISK_FREE"))
                 free = std::strtoull(f, nullptr, 10);
-            warning = plan::check_checkpoint_space(cfg, plan::checkpoint_bytes(fp->params_full),
-                                                   cfg.checkpoint_dir(), free);
+            const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
+            const int moment_bytes            = prec.moments == Dtype::float32 ? 4 : 2;
+            const double one = plan::checkpoint_bytes(fp->params_full, moment_bytes);
+            warning          = plan::check_checkpoint_space(cfg, one, cfg.checkpoint_dir(), free);
         }
         if (!cfg.train.check_memory) return;
         MemoryLeft left = memory_left();

@@ -297,11 +297,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         // for the last. Hierarchical, the leader holds its node's: the same per rank on the mean
         mem.comm_buffers += (3 * N * m.top_k + R_round) * m.d_model * 4;
     }
-    // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v), copied by the
-    // step loop and written by the I/O helper; the pieces cover each space's shard (ParO) or an
-    // even split of it (replicated)
+    // train/checkpointing.cpp: the snapshot of this rank's pieces (masters, m, v; bf16 moments
+    // as 2 bytes each), copied by the step loop and written by the I/O helper; the pieces cover
+    // each space's shard (ParO) or an even split of it (replicated)
     if (cfg.checkpoint.every > 0) {
-        mem.checkpoint = 3 * 4 *
+        const double moment_bytes = prec.moments == Dtype::float32 ? 4 : 2;
+        mem.checkpoint            = (4 + 2 * moment_bytes) *
                          static_cast<double>(dist::paro::state_piece_floats(
                              lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
     }

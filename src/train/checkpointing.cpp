@@ -68,6 +68,12 @@ PieceData piece_data(const StateSpace& sp, const ShardPiece& p, float* params, i
     return {k == 1 ? mo.m : mo.v, nullptr};
 }
 
+// Bytes of kind k of a piece in the snapshot: its elements, floats or bf16 moments (a slice is
+// only copied and written as bytes, so one after a bf16 slice need not be aligned).
+size_t slice_bytes(const StateSpace& sp, const ShardPiece& p, int k) {
+    return p.len * (k > 0 && sp.moments.bf16() ? sizeof(uint16_t) : sizeof(float));
+}
+
 }  // namespace
 
 TrainerState parse_trainer_state(const nlohmann::json& state, const std::string& source) {
@@ -157,7 +163,7 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const model::ParamLayout& lay
     }
     dist::fail_together(par.world(), error);
     // the snapshot buffer, allocated and touched now rather than at the first checkpoint
-    if (cfg.checkpoint.every > 0) snapshot_ = Buffer<float>(snapshot_floats());
+    if (cfg.checkpoint.every > 0) snapshot_ = Buffer<std::byte>(snapshot_bytes());
 }
 
 Checkpointer::~Checkpointer() {
@@ -243,7 +249,6 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
                 diff.size() > 1 ? fmt::format(", and {} more key(s)", diff.size() - 1) : "");
         }
         out.loss_scaled = model::PrecisionPolicy::from_config(saved.precision).loss_scaling();
-        Buffer<float> widened;  // a piece of bf16 moments as the file's floats
         for (const StateSpace& sp : spaces) {
             for (const ShardPiece& p : sp.map->pieces()) {
                 const model::ParamSpec& s = layout_.spec(p.spec);
@@ -257,13 +262,15 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
                                     name, fmt::join(reader->shape(name), ", "),
                                     fmt::join(s.shape, ", "));
                     }
+                    // bf16 moments read as bf16: a float32 moment is rounded to nearest even
                     const PieceData dst = piece_data(sp, p, params, k);
-                    if (dst.bf16 && widened.size() < p.len) widened = Buffer<float>(p.len);
-                    reader->read(name, static_cast<int64_t>(p.elem_offset),
-                                 static_cast<int64_t>(p.elem_offset + p.len),
-                                 dst.f ? dst.f : widened.data());
-                    // bf16 moments: rounded to nearest even (exact for a bf16 run's own)
-                    if (dst.bf16) to_half(Dtype::bfloat16, widened.data(), dst.bf16, p.len);
+                    const auto b        = static_cast<int64_t>(p.elem_offset);
+                    const auto e        = static_cast<int64_t>(p.elem_offset + p.len);
+                    if (dst.bf16) {
+                        reader->read_bf16(name, b, e, dst.bf16);
+                    } else {
+                        reader->read(name, b, e, dst.f);
+                    }
                 }
             }
         }
@@ -279,25 +286,26 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
     return out;
 }
 
-size_t Checkpointer::snapshot_floats() {
-    size_t floats = 0;
+size_t Checkpointer::snapshot_bytes() {
+    size_t bytes = 0;
     for (const StateSpace& sp : opt_.state_spaces()) {
-        for (const ShardPiece& p : sp.map->pieces()) floats += 3 * p.len;
+        for (const ShardPiece& p : sp.map->pieces()) {
+            for (int k = 0; k < 3; ++k) bytes += slice_bytes(sp, p, k);
+        }
     }
-    return floats;
+    return bytes;
 }
 
 void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* params) {
     const auto t0 = Clock::now();
     if (pending_) finalize();
     const std::vector<StateSpace> spaces = opt_.state_spaces();
-    const size_t floats                  = snapshot_floats();
-    if (snapshot_.size() != floats) snapshot_ = Buffer<float>(floats);
+    const size_t bytes                   = snapshot_bytes();
+    if (snapshot_.size() != bytes) snapshot_ = Buffer<std::byte>(bytes);
     struct Copy {
-        const float* src;
-        const uint16_t* src16;  // bf16 moments, widened (src null)
-        float* dst;
-        size_t len;
+        const std::byte* src;
+        std::byte* dst;
+        size_t bytes;
     };
     std::vector<Copy> copies;
     slices_.clear();
@@ -307,32 +315,31 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state, const float* 
         for (const ShardPiece& p : sp.map->pieces()) {
             const model::ParamSpec& s = layout_.spec(p.spec);
             for (int k = 0; k < 3; ++k) {
-                // the FP32 master weights where the parameters are stored in half precision
-                const float* master     = k == 0 ? opt_.master_of(si, p) : nullptr;
-                const PieceData d       = piece_data(sp, p, const_cast<float*>(params), k);
-                const float* src        = master ? master : d.f;
-                constexpr size_t kChunk = size_t{1} << 16;  // floats per copy task
-                for (size_t o = 0; o < p.len; o += kChunk) {
-                    copies.push_back({src ? src + o : nullptr, src ? nullptr : d.bf16 + o,
-                                      snapshot_.data() + at + o, std::min(kChunk, p.len - o)});
+                // the FP32 master weights where the parameters are stored in half precision;
+                // bf16 moments as they are (the file's BF16 tensors)
+                const float* master = k == 0 ? opt_.master_of(si, p) : nullptr;
+                const PieceData d   = piece_data(sp, p, const_cast<float*>(params), k);
+                const auto* src =
+                    reinterpret_cast<const std::byte*>(master ? static_cast<const void*>(master)
+                                                       : d.f  ? static_cast<const void*>(d.f)
+                                                              : static_cast<const void*>(d.bf16));
+                const size_t elem       = d.bf16 ? sizeof(uint16_t) : sizeof(float);
+                std::byte* dst          = snapshot_.data() + at;
+                constexpr size_t kChunk = size_t{1} << 18;  // bytes per copy task
+                for (size_t o = 0; o < p.len * elem; o += kChunk) {
+                    copies.push_back({src + o, dst + o, std::min(kChunk, p.len * elem - o)});
                 }
-                slices_.push_back(io::ckpt::Slice{
-                    tensor_name(kKinds[k], s), s.shape, static_cast<int64_t>(p.elem_offset),
-                    static_cast<int64_t>(p.elem_offset + p.len), snapshot_.data() + at});
-                at += p.len;
+                slices_.push_back(io::ckpt::Slice{tensor_name(kKinds[k], s), s.shape,
+                                                  static_cast<int64_t>(p.elem_offset),
+                                                  static_cast<int64_t>(p.elem_offset + p.len), dst,
+                                                  d.bf16 ? io::DType::BF16 : io::DType::F32});
+                at += slice_bytes(sp, p, k);
             }
         }
     }
     // the copy is the step loop's only pause: spread it over the compute workers
     parallel_for(static_cast<int64_t>(copies.size()), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-            const Copy& c = copies[i];
-            if (c.src) {
-                std::memcpy(c.dst, c.src, c.len * sizeof(float));
-            } else {
-                from_half(Dtype::bfloat16, c.src16, c.dst, c.len);
-            }
-        }
+        for (int64_t i = b; i < e; ++i) std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes);
     });
     step_    = step;
     state_   = state;

@@ -97,7 +97,7 @@ class Checkpointer {
     const std::string& last_committed() const { return last_; }
 
    private:
-    size_t snapshot_floats();  // floats of this rank's pieces, three kinds
+    size_t snapshot_bytes();  // bytes of this rank's pieces, three kinds (slice_bytes each)
 
     const TrainConfig& cfg_;
     const model::ParamLayout& layout_;
@@ -110,7 +110,7 @@ class Checkpointer {
     bool pending_ = false;
     int64_t step_ = 0;
     nlohmann::json state_;
-    Buffer<float> snapshot_;
+    Buffer<std::byte> snapshot_;  // the slices one after another
     std::vector<io::ckpt::Slice> slices_;
     io::ckpt::FileRecord record_;
     std::string tmp_dir_, last_;

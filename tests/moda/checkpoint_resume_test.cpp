@@ -203,14 +203,24 @@ TEST_F(CheckpointTest, ReshardsToOtherLayouts) {
     struct Case {
         int from_p, from_ep;
         std::vector<std::pair<int, int>> to;
-        std::string extra = "";
-        double tol        = 1e-5;
+        std::string extra    = "";
+        double tol           = 1e-5;
+        std::string to_extra = "";  // the resumed run's settings where they differ from extra
+        std::string name     = "";
     };
     const std::string bf = " --set precision.dtype=bf16";
+    // bf16 AdamW moments (precision.moments) written as BF16 tensors and read by a run that keeps
+    // float32 moments, and float32 moments rounded into a run that keeps bf16 ones
+    const std::string m16 = bf + " --set precision.moments=bf16",
+                      m32 = bf + " --set precision.moments=fp32";
     for (const Case& c : {Case{4, 4, {{2, 2}, {2, 1}, {1, 1}}}, Case{2, 2, {{4, 4}}},
-                          Case{2, 2, {{1, 1}}, bf, 1e-4}, Case{1, 1, {{2, 2}}, bf, 1e-4}}) {
-        const std::string src =
-            fmt::format("src_p{}_ep{}{}", c.from_p, c.from_ep, c.extra.empty() ? "" : "_bf16");
+                          Case{2, 2, {{1, 1}}, bf, 1e-4}, Case{1, 1, {{2, 2}}, bf, 1e-4},
+                          Case{2, 2, {{1, 1}}, m16, 1e-4, m32, "_m16"},
+                          Case{1, 1, {{2, 2}}, m32, 1e-4, m16, "_m32"}}) {
+        const std::string src = fmt::format("src_p{}_ep{}{}", c.from_p, c.from_ep,
+                                            !c.name.empty()   ? c.name
+                                            : c.extra.empty() ? ""
+                                                              : "_bf16");
         const CommandResult a = TinyRuns::run(
             c.from_p, args(src, c.from_p, c.from_ep, 12, "--set checkpoint.every=10" + c.extra));
         ASSERT_EQ(a.status, 0) << a.output;
@@ -221,7 +231,8 @@ TEST_F(CheckpointTest, ReshardsToOtherLayouts) {
             fs::copy(checkpoint_of(runs_->path(src + "/checkpoints"), 10),
                      checkpoint_of(runs_->path(dst + "/checkpoints"), 10),
                      fs::copy_options::recursive);
-            const CommandResult b = TinyRuns::run(P, args(dst, P, ep, 12, "--resume" + c.extra));
+            const CommandResult b = TinyRuns::run(
+                P, args(dst, P, ep, 12, "--resume" + (c.to_extra.empty() ? c.extra : c.to_extra)));
             ASSERT_EQ(b.status, 0) << b.output;
             EXPECT_NE(b.output.find("(step 10)"), std::string::npos) << b.output;
             const auto got = losses_by_step(runs_->path(dst + "/metrics.jsonl"));

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -58,7 +59,9 @@ FileRecord write_slices(const std::string& dir, const std::string& name,
                   s.tensor);
         SliceRecord r{s.tensor, s.shape, s.begin, s.end,
                       fmt::format("{}[{}:{}]", s.tensor, s.begin, s.end)};
-        refs.push_back(TensorRef{r.key, DType::F32, {s.end - s.begin}, s.data});
+        BGL_CHECK(s.dtype == DType::F32 || s.dtype == DType::BF16, "slice of {} in {}", s.tensor,
+                  dtype_name(s.dtype));
+        refs.push_back(TensorRef{r.key, s.dtype, {s.end - s.begin}, s.data});
         rec.slices.push_back(std::move(r));
     }
     const std::string path = dir + "/" + name;
@@ -322,6 +325,16 @@ const std::vector<int64_t>& CheckpointReader::shape(const std::string& tensor) c
 
 void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t end,
                             float* out) const {
+    read_as(tensor, begin, end, out, DType::F32);
+}
+
+void CheckpointReader::read_bf16(const std::string& tensor, int64_t begin, int64_t end,
+                                 uint16_t* out) const {
+    read_as(tensor, begin, end, out, DType::BF16);
+}
+
+void CheckpointReader::read_as(const std::string& tensor, int64_t begin, int64_t end, void* out,
+                               DType out_dtype) const {
     BGL_CHECK(begin >= 0 && end >= begin, "read of {} [{}, {})", tensor, begin, end);
     static const std::vector<std::pair<size_t, size_t>> kNone;
     const auto it   = index_.find(tensor);
@@ -339,14 +352,34 @@ void CheckpointReader::read(const std::string& tensor, int64_t begin, int64_t en
             file = open.get();
         }
         const TensorInfo& ti = file->info(s.key);
-        if (ti.dtype != DType::F32 || ti.numel != s.end - s.begin) {
-            input_error("{}/{}: {} does not hold {} F32 values as the manifest says", dir_, f.name,
-                        s.key, s.end - s.begin);
+        if ((ti.dtype != DType::F32 && ti.dtype != DType::BF16) || ti.numel != s.end - s.begin) {
+            input_error("{}/{}: {} does not hold {} F32 or BF16 values as the manifest says", dir_,
+                        f.name, s.key, s.end - s.begin);
         }
         const auto bytes = file->bytes(s.key);
         const int64_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
-        std::memcpy(out + (lo - begin), bytes.data() + (lo - s.begin) * 4,
-                    static_cast<size_t>(hi - lo) * 4);
+        const size_t n    = static_cast<size_t>(hi - lo);
+        const size_t in_e = dtype_size(ti.dtype), out_e = dtype_size(out_dtype);
+        const std::byte* src = bytes.data() + static_cast<size_t>(lo - s.begin) * in_e;
+        std::byte* dst = static_cast<std::byte*>(out) + static_cast<size_t>(lo - begin) * out_e;
+        if (ti.dtype == out_dtype) {
+            std::memcpy(dst, src, n * in_e);
+        } else {
+            // the mapped bytes are not aligned for the element type: a value at a time
+            for (size_t i = 0; i < n; ++i) {
+                if (out_dtype == DType::F32) {  // BF16 -> F32, exact
+                    uint16_t h;
+                    std::memcpy(&h, src + 2 * i, 2);
+                    const float x = bf16_to_float(h);
+                    std::memcpy(dst + 4 * i, &x, 4);
+                } else {  // F32 -> BF16, to nearest even
+                    float x;
+                    std::memcpy(&x, src + 4 * i, 4);
+                    const uint16_t h = bf16_from_float(x);
+                    std::memcpy(dst + 2 * i, &h, 2);
+                }
+            }
+        }
         covered += hi - lo;
     }
     if (covered != end - begin) {

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "io/safetensors_dtype.h"
+
 namespace bagualu::io {
 class SafetensorsFile;
 }
@@ -22,10 +24,11 @@ namespace bagualu::io::ckpt {
 
 // A flat range of one logical tensor, owned by the writing rank.
 struct Slice {
-    std::string tensor;           // logical name, e.g. "param/h.1.moe.experts.5.c_fc.weight"
-    std::vector<int64_t> shape;   // the full tensor's shape
-    int64_t begin = 0, end = 0;   // flat element range within the full tensor
-    const float* data = nullptr;  // end - begin floats
+    std::string tensor;             // logical name, e.g. "param/h.1.moe.experts.5.c_fc.weight"
+    std::vector<int64_t> shape;     // the full tensor's shape
+    int64_t begin = 0, end = 0;     // flat element range within the full tensor
+    const void* data = nullptr;     // end - begin elements of dtype
+    DType dtype      = DType::F32;  // F32, or BF16 (AdamW moments kept in bf16)
 };
 
 struct SliceRecord {
@@ -52,8 +55,8 @@ struct Manifest {
 
 inline constexpr const char* kManifestName = "manifest.json";
 
-// Writes slices as 1-D F32 tensors to dir/name (atomic: temp file, fsync, rename) and returns
-// the record, hash included (computed while writing). Throws InputError on I/O failure.
+// Writes slices as 1-D tensors of their dtype to dir/name (atomic: temp file, fsync, rename) and
+// returns the record, hash included (computed while writing). Throws InputError on I/O failure.
 FileRecord write_slices(const std::string& dir, const std::string& name,
                         std::span<const Slice> slices);
 
@@ -84,10 +87,16 @@ class CheckpointReader {
     const std::vector<int64_t>& shape(const std::string& tensor) const;
     // Fills out[0 .. end-begin) with elements [begin, end) of the tensor, from however many
     // slices cover them; throws InputError when some element is in no slice. Each shard file is
-    // mapped once, on first use, and stays mapped while the reader lives. Thread-safe.
+    // mapped once, on first use, and stays mapped while the reader lives. Thread-safe. A slice
+    // holds F32 or BF16 values; read widens BF16 (exact), read_bf16 rounds F32 to nearest even
+    // (core/dtype.h bf16_from_float), so a tensor loads in either form whichever was written.
     void read(const std::string& tensor, int64_t begin, int64_t end, float* out) const;
+    void read_bf16(const std::string& tensor, int64_t begin, int64_t end, uint16_t* out) const;
 
    private:
+    // read / read_bf16: out points at element begin's place, of the requested type
+    void read_as(const std::string& tensor, int64_t begin, int64_t end, void* out,
+                 DType out_dtype) const;
     struct Files;  // the mapped shard files, behind a mutex
     std::string dir_;
     Manifest manifest_;

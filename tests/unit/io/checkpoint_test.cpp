@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "../../common/run_command.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -244,21 +245,52 @@ TEST(CheckpointTest, ReadRefusesKeysThatDisagreeWithTheManifest) {
         j["files"][0]["slices"][0]["end"]   = 3;
         j["files"][1]["slices"][0]["begin"] = 3;
     });
-    EXPECT_NE(e.find("param/a[0:4] does not hold 3 F32 values"), std::string::npos) << e;
+    EXPECT_NE(e.find("param/a[0:4] does not hold 3 F32 or BF16 values"), std::string::npos) << e;
     e = read_error([](nlohmann::json& j) { j["files"][1]["slices"][0]["key"] = "param/a[4:11]"; });
     EXPECT_NE(e.find("rank_00001.safetensors"), std::string::npos) << e;
     EXPECT_NE(e.find("param/a[4:11]"), std::string::npos) << e;
-    // A BF16 tensor named by the manifest as an F32 slice.
-    const uint16_t bf16[6] = {};
-    const TensorRef t[]    = {{"param/a[4:10]", DType::BF16, {6}, bf16}};
-    write_safetensors(d / "bf16.safetensors", t);
+    // An F16 tensor where the manifest names a slice (F32 or BF16 only).
+    const uint16_t f16[6] = {};
+    const TensorRef t[]   = {{"param/a[4:10]", DType::F16, {6}, f16}};
+    write_safetensors(d / "f16.safetensors", t);
     e = read_error([&](nlohmann::json& j) {
-        j["files"][1]["name"]  = "bf16.safetensors";
-        j["files"][1]["bytes"] = fs::file_size(d / "bf16.safetensors");
-        j["files"][1]["xxh64"] = fmt::format("{:016x}", file_xxh64(d / "bf16.safetensors"));
+        j["files"][1]["name"]  = "f16.safetensors";
+        j["files"][1]["bytes"] = fs::file_size(d / "f16.safetensors");
+        j["files"][1]["xxh64"] = fmt::format("{:016x}", file_xxh64(d / "f16.safetensors"));
         j["files"][1]["slices"].erase(1);
     });
-    EXPECT_NE(e.find("does not hold 6 F32 values"), std::string::npos) << e;
+    EXPECT_NE(e.find("does not hold 6 F32 or BF16 values"), std::string::npos) << e;
+}
+
+// A tensor whose slices are F32 and BF16 (bf16 AdamW moments: precision.moments) reads as floats
+// (BF16 widened, exact) and as bf16 (F32 rounded to nearest even), across the slice boundary.
+TEST(CheckpointTest, Bf16SlicesReadWidenedFloatSlicesReadRounded) {
+    TempDir d;
+    // 1 + 2^-8 lies halfway between the bf16 values 1 and 1 + 2^-7: to even, 1 (0x3f80)
+    const float f[5] = {1.0f, 1.00390625f, 3.14159f, -2.5f, 1e-3f};
+    const float g[4] = {0.5f, -7.0f, 1e10f, 3e-5f};
+    uint16_t g16[4]  = {};
+    for (int i = 0; i < 4; ++i) g16[i] = bf16_from_float(g[i]);
+    const Slice slices[] = {{"adam_m/x", {9}, 0, 5, f, DType::F32},
+                            {"adam_m/x", {9}, 5, 9, g16, DType::BF16}};
+    Manifest m;
+    m.files.push_back(write_slices(d.str(), "rank_00000.safetensors", slices));
+    write_manifest(d.str(), m);
+    const CheckpointReader r(d.str());
+    float out[9];
+    r.read("adam_m/x", 0, 9, out);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], f[i]) << i;
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[5 + i], bf16_to_float(g16[i])) << i;
+    uint16_t out16[9];
+    r.read_bf16("adam_m/x", 0, 9, out16);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(out16[i], bf16_from_float(f[i])) << i;
+    EXPECT_EQ(out16[1], 0x3f80);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out16[5 + i], g16[i]) << i;
+    // a range across the boundary, at an odd offset
+    uint16_t mid[4];
+    r.read_bf16("adam_m/x", 3, 7, mid);
+    EXPECT_EQ(mid[0], bf16_from_float(f[3]));
+    EXPECT_EQ(mid[3], g16[1]);
 }
 
 TEST(CheckpointTest, ListCommitPrune) {
