@@ -74,43 +74,51 @@ void narrow16(uint16_t* p, __m512 x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(kAll, r));
 }
 
+// The moments' loads and stores: floats, or bf16 widened and rounded (bitwise core/dtype.h's).
+__m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__m512 load16(const uint16_t* p) { return widen16(p); }
+void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+void store16(uint16_t* p, __m512 x) { narrow16(p, x); }
+float load1(const float* p) { return *p; }
+float load1(const uint16_t* p) { return bf16_to_float(*p); }
+void store1(float* p, float x) { *p = x; }
+void store1(uint16_t* p, float x) { *p = bf16_from_float(x); }
+
+template <typename M>
+void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int64_t end, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, float c1, float c2,
+                 float grad_scale) {
+    const Hyper h(beta1, beta2, c1, c2, eps, lr, weight_decay, grad_scale);
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+        __m512 mi = load16(m + i), vi = load16(v + i);
+        update16(h, param + i, grad + i, mi, vi);
+        store16(m + i, mi);
+        store16(v + i, vi);
+    }
+    for (; i < end; ++i) {
+        float mi = load1(m + i), vi = load1(v + i);
+        update1(param + i, grad[i], mi, vi, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
+        store1(m + i, mi);
+        store1(v + i, vi);
+    }
+}
+
 }  // namespace
 
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale) {
-    const Hyper h(beta1, beta2, c1, c2, eps, lr, weight_decay, grad_scale);
-    int64_t i = begin;
-    for (; i + 16 <= end; i += 16) {
-        __m512 mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
-        update16(h, param + i, grad + i, mi, vi);
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
-    }
-    for (; i < end; ++i) {
-        update1(param + i, grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2,
+    adamw_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1, c2,
                 grad_scale);
-    }
 }
 
 void adamw_update_range_bf16m(float* param, const float* grad, uint16_t* m, uint16_t* v,
                               int64_t begin, int64_t end, float lr, float beta1, float beta2,
                               float eps, float weight_decay, float c1, float c2, float grad_scale) {
-    const Hyper h(beta1, beta2, c1, c2, eps, lr, weight_decay, grad_scale);
-    int64_t i = begin;
-    for (; i + 16 <= end; i += 16) {
-        __m512 mi = widen16(m + i), vi = widen16(v + i);
-        update16(h, param + i, grad + i, mi, vi);
-        narrow16(m + i, mi);
-        narrow16(v + i, vi);
-    }
-    for (; i < end; ++i) {
-        float mi = bf16_to_float(m[i]), vi = bf16_to_float(v[i]);
-        update1(param + i, grad[i], mi, vi, lr, beta1, beta2, eps, weight_decay, c1, c2,
+    adamw_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1, c2,
                 grad_scale);
-        m[i] = bf16_from_float(mi);
-        v[i] = bf16_from_float(vi);
-    }
 }
 
 }  // namespace bagualu::kernels::avx512
