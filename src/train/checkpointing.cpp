@@ -56,7 +56,7 @@ std::string tensor_name(const char* kind, const model::ParamSpec& s) {
 constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
 
 // Where kind k of a piece lives on this rank: floats (params, float32 moments) or, for bf16
-// moments, their bits (the other pointer null). The file holds float32 either way.
+// moments, their bits (the other pointer null), which the file holds as BF16.
 struct PieceData {
     float* f       = nullptr;
     uint16_t* bf16 = nullptr;
