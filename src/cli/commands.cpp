@@ -154,8 +154,7 @@ static void check_run_resources(const TrainConfig& cfg, const std::string& confi
             if (const char* f = std::getenv("BAGUALU_FAULT_DISK_FREE"))
                 free = std::strtoull(f, nullptr, 10);
             const model::PrecisionPolicy prec = model::PrecisionPolicy::from_config(cfg.precision);
-            const int moment_bytes            = prec.moments == Dtype::float32 ? 4 : 2;
-            const double one = plan::checkpoint_bytes(fp->params_full, moment_bytes);
+            const double one = plan::checkpoint_bytes(fp->params_full, prec.moment_bytes());
             warning          = plan::check_checkpoint_space(cfg, one, cfg.checkpoint_dir(), free);
         }
         if (!cfg.train.check_memory) return;

@@ -4,6 +4,7 @@
 // kernel, collective and file format keeps working on floats; what the policy decides is where
 // values are rounded and which tensors the optimizer keeps FP32 master weights for.
 #pragma once
+#include <cstddef>
 #include <string>
 
 #include "config/config.h"
@@ -33,6 +34,8 @@ struct PrecisionPolicy {
     bool half_reduce       = false;  // precision.grad_reduce = "half" (mixed precision only)
     // precision.moments: AdamW's m and v in float32 or (in a half-precision run only) bf16
     Dtype moments = Dtype::float32;
+    // Bytes of one moment value (m or v): 4, or 2 for bf16.
+    size_t moment_bytes() const { return moments == Dtype::float32 ? 4 : 2; }
 
     static PrecisionPolicy from_config(const PrecisionSection& p);
     // Every class at `l` (for tests and experiments).

@@ -301,7 +301,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     // as 2 bytes each), copied by the step loop and written by the I/O helper; the pieces cover
     // each space's shard (ParO) or an even split of it (replicated)
     if (cfg.checkpoint.every > 0) {
-        const double moment_bytes = prec.moments == Dtype::float32 ? 4 : 2;
+        const double moment_bytes = static_cast<double>(prec.moment_bytes());
         mem.checkpoint            = (4 + 2 * moment_bytes) *
                          static_cast<double>(dist::paro::state_piece_floats(
                              lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));

@@ -6,6 +6,7 @@
 // line, instead of being killed by the kernel once its pages are touched, minutes later and on
 // one rank. train.check_memory = false skips it. The same for the checkpoints' disk space.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -30,8 +31,8 @@ void check_memory_fits(const Memory& m, const std::string& where, int ranks_here
 // Bytes of one checkpoint of a model of params_full parameters: the FP32 parameter, m and v of
 // every parameter once, over all ranks (train/checkpointing.cpp; the manifest and the files'
 // headers, a few KiB, aside); m and v of moment_bytes each (2: precision.moments = "bf16").
-inline double checkpoint_bytes(uint64_t params_full, int moment_bytes = 4) {
-    return (4.0 + 2.0 * moment_bytes) * static_cast<double>(params_full);
+inline double checkpoint_bytes(uint64_t params_full, size_t moment_bytes = 4) {
+    return (4.0 + 2.0 * static_cast<double>(moment_bytes)) * static_cast<double>(params_full);
 }
 
 // With checkpoint.every > 0, one checkpoint of `one` bytes against free_bytes on the checkpoint

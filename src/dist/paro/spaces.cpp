@@ -80,7 +80,7 @@ MemoryFootprint optimizer_footprint(const model::ParamLayout& layout,
     const std::vector<MasterMode> modes =
         master_modes(layout, prec, model::masters_in_place(prec, partitioned));
     MemoryFootprint f{n * sizeof(float), n * sizeof(float), 0, 0};
-    const size_t moment_bytes = prec.moments == Dtype::float32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t moment_bytes = prec.moment_bytes();
     if (!partitioned) {  // ReplicatedAdamW: m and v of every float, masters of the O2 tensors
                          // (none where they are kept in place)
         size_t masters = 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/avx512/bf16_round.h"
 #include "kernels/ops_avx512.h"
 
 namespace bagualu::kernels::avx512 {
@@ -62,23 +63,13 @@ __m512 widen16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, w, 16));
 }
 
-// bf16_from_float on 16 lanes: round to nearest even, a NaN kept quiet
-void narrow16(uint16_t* p, __m512 x) {
-    const __m512i u     = _mm512_castps_si512(x);
-    const __m512i hi    = _mm512_maskz_srli_epi32(kAll, u, 16);
-    const __m512i odd   = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i bias  = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
-    __m512i r           = _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(u, bias), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r                   = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x0040));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(kAll, r));
-}
-
 // The moments' loads and stores: floats, or bf16 widened and rounded (bitwise core/dtype.h's).
 __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 __m512 load16(const uint16_t* p) { return widen16(p); }
 void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-void store16(uint16_t* p, __m512 x) { narrow16(p, x); }
+void store16(uint16_t* p, __m512 x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(x));
+}
 float load1(const float* p) { return *p; }
 float load1(const uint16_t* p) { return bf16_to_float(*p); }
 void store1(float* p, float x) { *p = x; }
