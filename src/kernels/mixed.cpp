@@ -448,6 +448,22 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
                           out_dtype, out_half);
 }
 
+const uint16_t* narrow_weight(Dtype d, const float* weight, size_t n) {
+    BGL_CHECK(on_16bit(d), "narrow_weight: a 16-bit operand where the products do not convert");
+    return to_bf16(g_w16, weight, n);
+}
+
+void linear_forward_w16(Dtype d, float* out, const uint16_t* inp16, const uint16_t* w16, int N,
+                        int IC, int OC, Dtype out_dtype) {
+    BGL_CHECK(on_16bit(d), "linear_forward_w16: 16-bit operands where the products do not convert");
+    gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w16, IC, 0.f, out, OC);
+    if (out_dtype == Dtype::float32) return;
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+            bias_round_serial(out + i * OC, nullptr, size_t(OC), out_dtype, nullptr);
+    });
+}
+
 void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
                            const float* bias, int N, int IC, int OC, Dtype out_dtype,
                            uint16_t* out_half) {
@@ -515,21 +531,11 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
                            inp16, weight, N, IC, OC);
 }
 
-void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
-                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
-                            const float* weight, int N, int IC, int OC) {
-    BGL_CHECK(on_16bit(d),
-              "linear_backward_dout16: 16-bit operands where the products do not convert");
-    const bf16* x = inp16;
-    if (!x && dweight && N > 0) x = to_bf16(g_inp16, inp, size_t(N) * IC);
-    backward16(dinp, dweight, dbias, dout16, x, weight, N, IC, OC);
-}
-
 namespace {
 // Floats widened from 16-bit values into buf, grown once: a 16-bit operand where the products
-// take floats (kept16 below; g_wide), or the attention's kept arrays where the 16-bit core does
-// not run (attention_*_half16).
-AlignedVector<float> g_wide;
+// take floats (kept16 below; g_wide; a 16-bit output gradient: g_wide_dout), or the attention's
+// kept arrays where the 16-bit core does not run (attention_*_half16).
+AlignedVector<float> g_wide, g_wide_dout;
 
 const float* widened(AlignedVector<float>& buf, Dtype d, const uint16_t* x16, size_t n) {
     float* w = grow(buf, n);
@@ -539,6 +545,22 @@ const float* widened(AlignedVector<float>& buf, Dtype d, const uint16_t* x16, si
     return w;
 }
 }  // namespace
+
+void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
+                            const uint16_t* dout16, const float* inp, const uint16_t* inp16,
+                            const float* weight, int N, int IC, int OC) {
+    BGL_CHECK(d == Dtype::bfloat16, "linear_backward_dout16: {} is not bf16", dtype_name(d));
+    if (!on_16bit(d)) {  // the products take the rounded floats: on the widened values
+        const float* dy = widened(g_wide_dout, d, dout16, size_t(N) * size_t(OC));
+        const float* x =
+            inp || !dweight || N == 0 ? inp : widened(g_wide, d, inp16, size_t(N) * size_t(IC));
+        linear_backward_half(d, dinp, dweight, dbias, dy, x, weight, N, IC, OC);
+        return;
+    }
+    const bf16* x = inp16;
+    if (!x && dweight && N > 0) x = to_bf16(g_inp16, inp, size_t(N) * IC);
+    backward16(dinp, dweight, dbias, dout16, x, weight, N, IC, OC);
+}
 
 void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
                            const float* bias, int N, int IC, int OC, Dtype out_dtype,
@@ -598,6 +620,21 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
     }
     const bf16* x = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
     backward16(dinp, dweight, nullptr, dy, x, weight, N, IC, V);
+}
+
+void crossentropy_backward_narrow(Dtype d, uint16_t* dy16, const float* logits,
+                                  const int32_t* targets, const float* dlosses, int N, int V,
+                                  bool fp64, const float* lse) {
+    BGL_CHECK(d == Dtype::bfloat16, "crossentropy_backward_narrow: {} is not bf16", dtype_name(d));
+    const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> row;
+        float* w = grow(row, size_t(V));
+        for (int64_t i = begin; i < end; ++i) {
+            ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V, lse ? lse + i : nullptr);
+            narrow_half_serial(Dtype::bfloat16, dy16 + i * V, w, size_t(V));
+        }
+    });
 }
 
 // ---- layernorm ----

@@ -92,6 +92,14 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
 // The same with inp kept only as its values of d in 16 bits (a layernorm's output that feeds
 // nothing but the product: layernorm_forward_narrow), on any path: where the products do not
 // convert, inp16 is widened to floats first (the rounded floats they would have read).
+// A weight's n values rounded to d as 16 bits, in the products' own scratch for weights: valid
+// until the next product above that narrows a float weight there. Where
+// half_products_convert(d); for linear_forward_w16 over many blocks of rows (the LM head).
+const uint16_t* narrow_weight(Dtype d, const float* weight, size_t n);
+// linear_forward_half16 without bias on the weight's 16 bits (w16, narrow_weight's): one
+// narrowing for many products over blocks of rows, each packing 16-bit values. The same bits.
+void linear_forward_w16(Dtype d, float* out, const uint16_t* inp16, const uint16_t* w16, int N,
+                        int IC, int OC, Dtype out_dtype = Dtype::float32);
 void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
                            const float* bias, int N, int IC, int OC,
                            Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);
@@ -109,6 +117,16 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,
                                        bool fp64 = false, const float* lse = nullptr);
+
+// The cross-entropy's gradient over logits (N, V) (crossentropy_backward, crossentropy_backward_f64
+// with fp64, of targets and dlosses) kept only as its 16 bits: dy16 (N, V) row i is row i's
+// gradient, formed in a per-thread buffer in cache and narrowed there, bitwise the operand
+// crossentropy_linear_backward_half forms (the rounded floats its float path reads, as 16 bits).
+// d is bf16; for linear_backward_dout16 (the LM head's output gradient formed in forward,
+// model/gpt.h). logits is only read. Call from outside pool jobs.
+void crossentropy_backward_narrow(Dtype d, uint16_t* dy16, const float* logits,
+                                  const int32_t* targets, const float* dlosses, int N, int V,
+                                  bool fp64 = false, const float* lse = nullptr);
 
 // grouped_gemm_f32 (kernels/grouped_gemm.h, op(A) = A, alpha 1, beta 0) for operands that
 // already hold values of dtype d, chosen as above: bf16 through grouped_gemm_bf16 on 16-bit
@@ -172,8 +190,9 @@ const uint16_t* gelu_backward_dout(Dtype d, Dtype x_dtype, const KeptArray& x, c
                                    size_t n, bool fp64 = false);
 
 // linear_backward_half with dout as its 16 bits (dout16, N x OC) and inp as floats or as its 16
-// bits (inp16; one of them where dweight), where half_products_convert(d): dbias sums the 16-bit
-// values. The same bits as linear_backward_half on the rounded floats.
+// bits (inp16; one of them where dweight), d bf16: dbias sums the 16-bit values. The same bits
+// as linear_backward_half on the rounded floats; where the products take floats (not
+// half_products_convert(d), bf16_float_operands) it runs on dout16 and inp16 widened.
 void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
                             const uint16_t* dout16, const float* inp, const uint16_t* inp16,
                             const float* weight, int N, int IC, int OC);

@@ -165,6 +165,9 @@ struct GPT::Acts {
     std::vector<float*> resid;  // [L+1] (N, C)
     std::vector<Block> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dlosses;
+    // head_gradient_in_16_bits: ln_f's output and the head's output gradient (N, V) only as
+    // their 16 bits (then lnf is nullptr, and logits holds a block of rows)
+    uint16_t *lnf16 = nullptr, *head16 = nullptr;
     float* head_lse;  // (N): each row's logsumexp, from the forward's cross-entropy for backward's
     float *dresid, *dc, *dc2, *dqkv, *df;  // backward scratch (df: a dense GELU's output too)
     Buffer<int32_t> tokens, targets;
@@ -179,6 +182,8 @@ struct ArenaPlan {
     std::vector<size_t> resid;     // [L+1]
     std::vector<BlockOff> blocks;  // [L]
     size_t lnf, lnfm, lnfr, logits, losses, dlosses, head_lse, dresid, dc, dc2, dqkv, df;
+    size_t head16  = 0;
+    bool head_half = false;  // lnf and head16 reserved as 16-bit slices
 };
 
 // Whether block l keeps ln_2's output in 16 bits: a dense block whose fc products, its only
@@ -191,8 +196,10 @@ static bool ln2_in_16_bits(const ModelConfig& cfg, int l, Recompute rc, Dtype ln
 // Reserves the activation slices of a forward/backward over N tokens. The one place that sizes
 // the activations: GPT's constructor and activation_floats() (the planner) both call it.
 // recompute = block: every block uses one working set (the MLP's slices when any block is dense).
+// head16: head_gradient_in_16_bits (head_rows 0).
 static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, size_t head_rows,
-                            Recompute rc, Dtype hidden, Dtype ln_attn, Dtype ln_ffn, bool attn16) {
+                            Recompute rc, Dtype hidden, Dtype ln_attn, Dtype ln_ffn, bool attn16,
+                            bool head16) {
     const size_t C = static_cast<size_t>(cfg.d_model), F = static_cast<size_t>(cfg.d_ff),
                  V = static_cast<size_t>(cfg.vocab_size), NH = static_cast<size_t>(cfg.n_head);
     ArenaPlan p;
@@ -222,10 +229,14 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
         if (dense) o.fch = hidden == Dtype::float32 ? A.reserve(N * F) : A.reserve_half(N * F);
         p.blocks.push_back(o);
     }
-    p.lnf      = A.reserve(N * C);
-    p.lnfm     = A.reserve(N);
-    p.lnfr     = A.reserve(N);
-    p.logits   = A.reserve((head_rows > 0 ? std::min(N, head_rows) : N) * V);
+    p.head_half             = head16 && head_rows == 0;
+    p.lnf                   = p.head_half ? A.reserve_half(N * C) : A.reserve(N * C);
+    p.lnfm                  = A.reserve(N);
+    p.lnfr                  = A.reserve(N);
+    const size_t logit_rows = p.head_half ? std::min(N, static_cast<size_t>(head_block_rows(cfg)))
+                                          : (head_rows > 0 ? std::min(N, head_rows) : N);
+    p.logits                = A.reserve(logit_rows * V);
+    if (p.head_half) p.head16 = A.reserve_half(N * V);
     p.losses   = A.reserve(N);
     p.dlosses  = A.reserve(N);
     p.head_lse = A.reserve(N);
@@ -239,18 +250,31 @@ static ArenaPlan plan_arena(FloatArena& A, const ModelConfig& cfg, size_t N, siz
 
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows,
                          Recompute recompute, Dtype hidden, Dtype ln_attn, Dtype ln_ffn,
-                         bool attn16) {
+                         bool attn16, bool head16) {
     FloatArena A;
     plan_arena(A, cfg, static_cast<size_t>(max_batch) * static_cast<size_t>(cfg.seq_len),
-               static_cast<size_t>(head_rows), recompute, hidden, ln_attn, ln_ffn, attn16);
+               static_cast<size_t>(head_rows), recompute, hidden, ln_attn, ln_ffn, attn16, head16);
     return A.total_floats();
 }
 
 namespace {
 bool g_attention_16bit = true;  // attention_16bit_activations
+bool g_head_16bit      = true;  // head_gradient_16bit
 }  // namespace
 
 void attention_16bit_activations(bool on) { g_attention_16bit = on; }
+void head_gradient_16bit(bool on) { g_head_16bit = on; }
+
+bool head_gradient_in_16_bits(const PrecisionPolicy& prec, int64_t head_rows) {
+    const Dtype gh = prec.gemm_dtype(LayerClass::head);
+    return g_head_16bit && head_rows == 0 && gh != Dtype::float32 &&
+           kernels::half_products_convert(gh);
+}
+
+int64_t head_block_rows(const ModelConfig& cfg) {
+    const int64_t rows = (int64_t{1} << 21) / std::max<int64_t>(1, cfg.vocab_size);
+    return std::max<int64_t>(64, rows);
+}
 
 bool attention_in_16_bits(const ModelConfig& cfg, const PrecisionPolicy& prec) {
     return g_attention_16bit && cfg.n_head > 0 && cfg.d_model % cfg.n_head == 0 &&
@@ -333,10 +357,12 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
     FloatArena& A = a_->arena;
     // plan offsets, then allocate once, then resolve
     const Dtype hidden = prec_.act_dtype(LayerClass::ffn);
+    const bool head16  = head_gradient_in_16_bits(prec_, head_rows);
+    if (head16) head16_rows_ = static_cast<int>(std::min<int64_t>(head_block_rows(cfg), N));
     const ArenaPlan p =
         plan_arena(A, cfg, N, static_cast<size_t>(head_rows), recompute_, hidden,
                    prec_.gemm_dtype(LayerClass::attention), prec_.gemm_dtype(LayerClass::ffn),
-                   attention_in_16_bits(cfg, prec_));
+                   attention_in_16_bits(cfg, prec_), head16);
     A.allocate();
     for (size_t off : p.resid) a_->resid.push_back(A.at(off));
     for (int l = 0; l < cfg.n_layer; ++l) {
@@ -367,7 +393,13 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         }
         a_->blocks.push_back(b);
     }
-    a_->lnf      = A.at(p.lnf);
+    if (p.head_half) {
+        a_->lnf    = nullptr;
+        a_->lnf16  = A.at_half(p.lnf);
+        a_->head16 = A.at_half(p.head16);
+    } else {
+        a_->lnf = A.at(p.lnf);
+    }
     a_->lnf_mean = A.at(p.lnfm);
     a_->lnf_rstd = A.at(p.lnfr);
     a_->logits   = A.at(p.logits);
@@ -547,7 +579,8 @@ static moe::MoEWeights moe_weights(const BlockTensors<const float>& b) {
 // dense layers run through gemm_bf16 (kernels/mixed.h). The residual stream,
 // parameter gradients and the other ops stay float32. With the float32 policy every rounding is
 // a no-op and the results are those of the plain float32 model, bit for bit.
-double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                    std::optional<float> loss_scale) {
     BGL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= cfg_.seq_len,
               "forward({}, {}) outside the planned {} x {}", B, T, max_batch_, cfg_.seq_len);
     B_          = B;
@@ -566,6 +599,33 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     round_inplace(a.resid[0], NC, prec_.act_dtype(LayerClass::embedding));
     aux_loss_ = 0;
     for (int l = 0; l < cfg_.n_layer; ++l) aux_loss_ += block_forward(l);
+    head16_scale_.reset();
+    if (a.head16) {
+        // only the head's products read ln_f's output: only its 16 bits are kept. The logits a
+        // block of rows at a time, each reduced to its losses and, given the backward's scale,
+        // to its 16-bit gradient while in cache (the same bits as the unfused head's backward)
+        layernorm_forward_narrow(gh, a.lnf16, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w,
+                                 w_.lnf_b, N, C, prec_.fp64_sensitive);
+        PhaseScope lm_head(Phase::lm_head);
+        if (loss_scale) {
+            for (int i = 0; i < N; ++i) a.dlosses[i] = *loss_scale / static_cast<float>(N);
+        }
+        const uint16_t* w16 = head_weight16();
+        for (int r0 = 0; r0 < N; r0 += head16_rows_) {
+            const int n = std::min(head16_rows_, N - r0);
+            head_logits(r0, n, w16);
+            op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V, a.head_lse + r0);
+            if (loss_scale) {
+                crossentropy_backward_narrow(gh, a.head16 + static_cast<size_t>(r0) * V, a.logits,
+                                             a.targets.data() + r0, a.dlosses + r0, n, V,
+                                             prec_.fp64_sensitive, a.head_lse + r0);
+            }
+        }
+        if (loss_scale) head16_scale_ = *loss_scale;
+        double sum = 0;
+        for (int i = 0; i < N; ++i) sum += a.losses[i];
+        return sum / N;
+    }
     op.ln_fwd(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w, w_.lnf_b, N, C);
     round_operand(a.lnf, NC, gh);  // only the head's products read it
     PhaseScope lm_head(Phase::lm_head);
@@ -581,6 +641,23 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T)
     double sum = 0;
     for (int i = 0; i < N; ++i) sum += a.losses[i];
     return sum / N;
+}
+
+void GPT::head_logits(int r0, int n, const uint16_t* w16) {
+    const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
+    const int C = cfg_.d_model, V = cfg_.vocab_size;
+    const uint16_t* x16 = a_->lnf16 + static_cast<size_t>(r0) * C;
+    if (w16) {
+        linear_forward_w16(gh, a_->logits, x16, w16, n, C, V, ah);
+    } else {
+        linear_forward_kept16(gh, a_->logits, x16, head_w_, nullptr, n, C, V, ah);
+    }
+}
+
+const uint16_t* GPT::head_weight16() const {
+    const Dtype gh = prec_.gemm_dtype(LayerClass::head);
+    if (!half_products_convert(gh)) return nullptr;
+    return narrow_weight(gh, head_w_, static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model);
 }
 
 double GPT::block_forward(int l) {
@@ -686,14 +763,31 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
     };
     {
         PhaseScope phase(Phase::lm_head);
-        for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
-        if (head_rows_ == 0) {
+        if (a.head16) {
+            // the 16-bit gradient forward formed, or formed now from the logits computed again
+            if (head16_scale_ != loss_scale) {
+                for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
+                const uint16_t* w16 = head_weight16();
+                for (int r0 = 0; r0 < N; r0 += head16_rows_) {
+                    const int n = std::min(head16_rows_, N - r0);
+                    head_logits(r0, n, w16);
+                    crossentropy_backward_narrow(gh, a.head16 + static_cast<size_t>(r0) * V,
+                                                 a.logits, a.targets.data() + r0, a.dlosses + r0, n,
+                                                 V, prec_.fp64_sensitive, a.head_lse + r0);
+                }
+            }
+            head16_scale_.reset();  // backward runs once a forward
+            linear_backward_dout16(gh, a.dc, g_.wte, nullptr, a.head16, nullptr, a.lnf16, head_w_,
+                                   N, C, V);
+        } else if (head_rows_ == 0) {
+            for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
             crossentropy_linear_backward_half(gh, a.dc, g_.wte, a.logits, a.targets.data(),
                                               a.dlosses, a.lnf, head_w_, N, C, V,
                                               prec_.fp64_sensitive, a.head_lse);
         } else {
             // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
             // the unfused ones, dwte sums the blocks' products one after another
+            for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
             const Dtype ah = prec_.act_dtype(LayerClass::head);
             for (int r0 = 0; r0 < N; r0 += head_rows_) {
                 const int n      = std::min(head_rows_, N - r0);

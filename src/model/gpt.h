@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
@@ -87,11 +88,14 @@ ComputeCopies plan_compute_copies(const ParamLayout& layout, const PrecisionPoli
 // the ffn class: 16 bits for a half type). ln_attn, ln_ffn: the GEMM dtypes of the attention and
 // ffn classes (PrecisionPolicy::gemm_dtype): a half one keeps ln_1's output (and a dense block's
 // ln_2's, without block recomputation) in 16 bits, the values its products read. attn16: the
-// attention core keeps Q, K, V and its output in 16 bits (attention_in_16_bits).
+// attention core keeps Q, K, V and its output in 16 bits (attention_in_16_bits). head16 (with
+// head_rows = 0): the LM head's output gradient formed in forward and kept in 16 bits
+// (head_gradient_in_16_bits): ln_f's output as its 16 bits, head_block_rows x V floats of
+// logits and N x V 16-bit values of their gradient instead of N x V floats.
 size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head_rows = 0,
                          Recompute recompute = Recompute::none, Dtype hidden = Dtype::float32,
                          Dtype ln_attn = Dtype::float32, Dtype ln_ffn = Dtype::float32,
-                         bool attn16 = false);
+                         bool attn16 = false, bool head16 = false);
 // Whether a model of cfg under prec keeps its attention's Q, K, V and output only as 16 bits on
 // this machine: where its bf16 attention core reads them so with the same bits
 // (kernels::attention_kept16, which depends on the GEMM path and the head size).
@@ -100,6 +104,19 @@ bool attention_in_16_bits(const ModelConfig& cfg, const PrecisionPolicy& prec);
 // (attention_in_16_bits false), on (the default) lets attention_in_16_bits decide. Not
 // thread-safe: set between models.
 void attention_16bit_activations(bool on);
+// Whether a GPT under prec with head_rows (0: unfused) forms the LM head's output
+// gradient in forward, a block of rows of logits at a time, and keeps it only as its 16 bits
+// (GPT::forward's loss_scale): an unfused head whose products take 16-bit operands
+// (kernels::half_products_convert of the head's GEMM dtype, bf16), the values its backward's
+// products read, bitwise. Its (N, V) float logits are then never stored.
+bool head_gradient_in_16_bits(const PrecisionPolicy& prec, int64_t head_rows);
+// Tests: off makes the models built after it keep the unfused head's (N, V) float logits
+// (head_gradient_in_16_bits false), on (the default) lets head_gradient_in_16_bits decide. Not
+// thread-safe: set between models.
+void head_gradient_16bit(bool on);
+// Rows of logits per block where head_gradient_in_16_bits: about 2^21 floats (8 MiB), at least
+// 64 rows (a GEMM of fewer rows packs its weight for too few).
+int64_t head_block_rows(const ModelConfig& cfg);
 // Rows per block of the fused LM head: a multiple of 768 rows (so that it gives the unfused head's
 // bits with our GEMMs, gpt.cpp), about 2^22 logits (16 MiB) when V allows, at least 768 rows.
 int64_t fused_head_rows(const ModelConfig& cfg);
@@ -122,7 +139,8 @@ class GPT {
     // head_rows > 0 fuses the LM head with the cross-entropy: the logits of head_rows tokens
     // at a time are computed, reduced to losses and dropped, and backward recomputes them
     // block by block, so the (N, V) logits are never stored (logits() then holds only a
-    // block). 0 stores all N x V logits.
+    // block). 0 stores all N x V logits, or where head_gradient_in_16_bits their gradient's 16
+    // bits (logits() then holds a block too).
     // recompute (train.recompute): what backward runs forward again for instead of keeping it.
     //   none:  every activation is kept.
     //   moe:   of each MoE layer only its input (ln_2's output) is kept; backward runs the
@@ -189,7 +207,12 @@ class GPT {
     void zero_grad();
 
     // tokens, targets: (B, T), T <= seq_len. Saves activations. Returns mean cross-entropy.
-    double forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+    // loss_scale: that of the backward to follow, where the caller knows it. Where
+    // head_gradient_in_16_bits, the head then forms its output gradient here, a block of logits
+    // at a time while it is in cache; a backward with another scale (or after a forward
+    // without one) computes the logits again. The results are the same bits either way.
+    double forward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                   std::optional<float> loss_scale = std::nullopt);
     // Routing of the following forwards: seed, micro-step and training (capacity, noise,
     // SWIPE) or inference (plain top-k). The default is inference.
     void set_routing_context(const moe::RoutingContext& ctx);
@@ -207,7 +230,8 @@ class GPT {
     // cross-entropy and the aux losses over all ranks differently: config/batch_split.h).
     void backward(float loss_scale, float aux_scale,
                   FunctionRef<void(size_t from)> grads_ready = {});
-    // (B*T, V) logits of the last forward (overwritten by backward); unfused head only.
+    // (B*T, V) logits of the last forward (overwritten by backward); unfused head only, and not
+    // where head_gradient_in_16_bits (then the last block's).
     const float* logits() const;
     // MoE layers in block order, for routing statistics.
     const std::vector<std::unique_ptr<moe::MoELayer>>& moe_layers() const { return moe_; }
@@ -239,6 +263,16 @@ class GPT {
     Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand
     const float* head_w_ = nullptr;  // the LM head's weight
     int head_rows_       = 0;        // fused head: rows per block
+    // head_gradient_in_16_bits: rows per block of logits, and the loss_scale of the 16-bit
+    // gradient the last forward formed (none: not formed)
+    int head16_rows_ = 0;
+    std::optional<float> head16_scale_;
+    // Logits of rows [r0, r0 + n) into the logits' storage (the last forward's operands), on
+    // the head weight's 16 bits w16 (head_weight16) where the products convert, else nullptr.
+    void head_logits(int r0, int n, const uint16_t* w16);
+    // The head weight narrowed once for a pass over the blocks (kernels::narrow_weight), or
+    // nullptr where the products take floats.
+    const uint16_t* head_weight16() const;
     ModelTensors<const float> w_;
     ModelTensors<float> g_;
     std::unique_ptr<Acts> a_;

@@ -254,13 +254,15 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         }
         // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
         // output gradient takes no 16-bit copy: its 16 bits go over the logits
-        // (kernels::crossentropy_linear_backward_half)
+        // (kernels::crossentropy_linear_backward_half) or are the arena's (the gradient formed
+        // in forward, model::head_gradient_in_16_bits, whose ln_f output is kept in 16 bits)
         if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
             const double rows = cfg.train.fused_head
                                     ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
                                     : N;
-            inp               = std::max(inp, rows * C);
-            w                 = std::max(w, C * V);
+            if (!model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0))
+                inp = std::max(inp, rows * C);
+            w = std::max(w, C * V);
         }
         mem.activations += 2 * (inp + w + dout);
     }
@@ -271,7 +273,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
         static_cast<double>(model::activation_floats(
             m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc,
             prec.act_dtype(model::LayerClass::ffn), prec.gemm_dtype(model::LayerClass::attention),
-            prec.gemm_dtype(model::LayerClass::ffn), model::attention_in_16_bits(m, prec))) *
+            prec.gemm_dtype(model::LayerClass::ffn), model::attention_in_16_bits(m, prec),
+            model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0))) *
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,

@@ -491,23 +491,26 @@ double Trainer::forward_backward(int64_t step, double& aux) {
             ctx.tokens = split_.total(micro) * T_;
         }
         gpt_->set_routing_context(ctx);
-        const double fwd = gpt_->forward(inputs_.data(), targets_.data(), rows, T_);
+        // the weights of this micro-batch's mean CE and of the aux losses (one number over the
+        // micro-step on all ranks); forward is told the CE's, so that the LM head may form its
+        // gradient while its logits are in cache (model/gpt.h)
+        float ce_scale = 0, aux_scale = 0;
+        if (even) {
+            ce_scale = aux_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
+        } else {
+            ce_scale  = static_cast<float>(scaler_.scale() * split_.weight(rank, micro));
+            aux_scale = static_cast<float>(scaler_.scale() * split_.fraction(micro));
+        }
+        const double fwd = gpt_->forward(inputs_.data(), targets_.data(), rows, T_, ce_scale);
         // the step's later micro-batches compute from the weights this forward rounded
         if (micro == 0 && accum_ > 1) gpt_->hold_compute_weights();
         add_choice_loads(*gpt_);
-        // the weights of this micro-batch's mean CE and of the aux losses (one number over the
-        // micro-step on all ranks)
-        float ce_scale = 0, aux_scale = 0;
         if (even) {
             loss += fwd / static_cast<double>(accum_);
             aux += gpt_->aux_loss() / static_cast<double>(accum_);
-            ce_scale = aux_scale = static_cast<float>(scaler_.scale()) / static_cast<float>(accum_);
         } else {
-            const double w = split_.weight(rank, micro), f = split_.fraction(micro);
-            loss += fwd * w;
-            aux += gpt_->aux_loss() * f;
-            ce_scale  = static_cast<float>(scaler_.scale() * w);
-            aux_scale = static_cast<float>(scaler_.scale() * f);
+            loss += fwd * split_.weight(rank, micro);
+            aux += gpt_->aux_loss() * split_.fraction(micro);
         }
         if (micro + 1 < accum_) {
             gpt_->backward(ce_scale, aux_scale);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "../../common/tiny_model.h"
@@ -199,6 +200,94 @@ TEST(FusedHeadTest, ArenaHoldsOneBlockOfLogits) {
     EXPECT_EQ(fused_head_rows(m), 3840);
     m.vocab_size = 1 << 20;
     EXPECT_EQ(fused_head_rows(m), 768);
+}
+
+// The unfused head with 16-bit products forms its output gradient in forward, a block of logits
+// at a time, and keeps only its 16 bits (head_gradient_in_16_bits): the losses and every
+// gradient are bitwise those of the model that keeps the (N, V) float logits
+// (head_gradient_16bit(false)), on each GEMM path the CPU has, in bf16 and with the FP64
+// cross-entropy, over several blocks and one ragged one; whether forward was told the backward's
+// scale, was told another one, or none (backward then computes the logits again).
+TEST(HeadGradient16, GivesTheFloatLogitsBits) {
+    ModelConfig m = testing::tiny_moe_config();
+    m.vocab_size  = 8192;  // blocks of 256 rows
+    m.seq_len     = 200;
+    const int B = 3, T = 200, N = B * T;  // 256 + 256 + 88 rows
+    ASSERT_EQ(head_block_rows(m), 256);
+    const auto x = random_tokens(N, m.vocab_size, 1);
+    const auto y = random_tokens(N, m.vocab_size, 2);
+    // forward with fwd_scale (none: not told), then backward with bwd_scale
+    const auto run = [&](bool head16, const PrecisionPolicy& prec, std::optional<float> fwd_scale,
+                         float bwd_scale) {
+        head_gradient_16bit(head16);
+        EXPECT_EQ(head_gradient_in_16_bits(prec, 0), head16);
+        GPT gpt(m, B, nullptr, 1, prec);
+        head_gradient_16bit(true);
+        init_params(gpt.params(), gpt.layout(), m, 7);
+        Rng rng(99);
+        for (size_t i = 0; i < gpt.n_floats(); ++i)
+            gpt.params()[i] += static_cast<float>(0.1 * rng.normal());
+        Result r;
+        r.loss = gpt.forward(x.data(), y.data(), B, T, fwd_scale);
+        gpt.zero_grad();
+        gpt.backward(bwd_scale);
+        r.grads.assign(gpt.grads(), gpt.grads() + gpt.n_floats());
+        return r;
+    };
+    PrecisionPolicy fp64            = bf16_policy();
+    fp64.fp64_sensitive             = true;
+    const kernels::gemm::Path saved = kernels::gemm::active_path();
+    int paths                       = 0;
+    for (kernels::gemm::Path p : {kernels::gemm::Path::generic, kernels::gemm::Path::avx2,
+                                  kernels::gemm::Path::avx512, kernels::gemm::Path::amx}) {
+        if (!kernels::gemm::path_supported(p)) continue;
+        kernels::gemm::set_active_path(p);
+        ++paths;
+        for (const PrecisionPolicy& prec : {bf16_policy(), fp64}) {
+            SCOPED_TRACE(::testing::Message()
+                         << kernels::gemm::path_name(p) << " fp64 " << prec.fp64_sensitive);
+            const Result ref = run(false, prec, std::nullopt, 0.75f);
+            ASSERT_GT(ref.loss, 0.0);
+            for (const std::optional<float> told :
+                 {std::optional<float>(0.75f), std::optional<float>(), std::optional(2.0f)}) {
+                const Result r = run(true, prec, told, 0.75f);
+                EXPECT_EQ(r.loss, ref.loss);
+                EXPECT_EQ(r.grads, ref.grads);
+            }
+        }
+    }
+    kernels::gemm::set_active_path(saved);
+    EXPECT_GE(paths, 1);
+    // float32 and FP16 heads, and the fused head, keep their logits as floats
+    PrecisionSection fp16;
+    fp16.dtype = Dtype::float16;
+    EXPECT_FALSE(head_gradient_in_16_bits(PrecisionPolicy{}, 0));
+    EXPECT_FALSE(head_gradient_in_16_bits(PrecisionPolicy::from_config(fp16), 0));
+    EXPECT_FALSE(head_gradient_in_16_bits(bf16_policy(), 768));
+}
+
+// Where the head forms its gradient in forward, the arena holds one block of float logits, the
+// N x V gradient's 16 bits and ln_f's output as 16 bits: about half the (N, V) floats less.
+TEST(HeadGradient16, ArenaHoldsABlockOfLogitsAndTheGradientsSixteenBits) {
+    ModelConfig m  = testing::tiny_moe_config();
+    m.vocab_size   = 8192;
+    m.seq_len      = 200;
+    const size_t B = 16, N = B * 200, V = 8192, C = static_cast<size_t>(m.d_model);
+    const auto pad   = [](size_t n) { return (n + 15) / 16 * 16; };  // the arena's 64-byte slices
+    const auto half  = [&](size_t n) { return pad((n + 1) / 2); };
+    const size_t f32 = activation_floats(m, 16, 0, Recompute::none);
+    const size_t h16 = activation_floats(m, 16, 0, Recompute::none, Dtype::float32, Dtype::float32,
+                                         Dtype::float32, false, true);
+    EXPECT_EQ(f32 - h16, pad(N * V) + pad(N * C) - pad(256 * V) - half(N * V) - half(N * C));
+    EXPECT_GT(f32 - h16, N * V * 4 / 10);  // 3,200 rows against blocks of 256
+    // the fused head is not changed by it
+    EXPECT_EQ(activation_floats(m, 3, 768, Recompute::none, Dtype::float32, Dtype::float32,
+                                Dtype::float32, false, true),
+              activation_floats(m, 3, 768));
+    m.vocab_size = 61;
+    EXPECT_EQ(head_block_rows(m), (1 << 21) / 61);
+    m.vocab_size = 1 << 20;
+    EXPECT_EQ(head_block_rows(m), 64);
 }
 
 }  // namespace
