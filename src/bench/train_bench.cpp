@@ -25,6 +25,7 @@
 #include "kernels/gemm/dispatch.h"
 #include "kernels/mixed.h"
 #include "kernels/peak.h"
+#include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/token_dispatcher.h"
 #include "train/trainer.h"
@@ -90,6 +91,21 @@ std::string attention_core(const TrainConfig& cfg) {
         return fmt::format("bf16 on {}", kernels::half_attention_name(h));
     }
     return fmt::format("float32 ({})", kernels::isa_name(kernels::dispatch().attention_isa));
+}
+
+// How the LM head runs in this config's precision on this machine (model/gpt.h's choice): its
+// output gradient formed in forward in 16 bits, fused with the cross-entropy, or from its (N, V)
+// float logits.
+std::string lm_head_kind(const TrainConfig& cfg) {
+    const auto prec = model::PrecisionPolicy::from_config(cfg.precision);
+    if (cfg.train.fused_head) {
+        return fmt::format("fused, blocks of {} rows", model::fused_head_rows(cfg.model));
+    }
+    if (model::head_gradient_in_16_bits(prec, 0)) {
+        return fmt::format("16-bit gradient formed in forward, blocks of {} rows",
+                           model::head_block_rows(cfg.model));
+    }
+    return "float logits";
 }
 
 // One JSON object on stdout, flushed; returns 0 (the benchmark's exit status).
@@ -408,6 +424,8 @@ int run_train_bench(const TrainConfig& cfg_in, const TrainBenchOptions& o,
         j["gemm_backends"]             = gemm_backends(cfg);
         j["bf16_gemm_as_f32"]          = kernels::gemm_bf16_widens();
         j["attention_core"]            = attention_core(cfg);
+        j["lm_head"]                   = lm_head_kind(cfg);
+        j["head_recomputes"]           = sum.head_recomputes;
         j["steps"]                     = o.steps;
         j["warmup"]                    = o.warmup;
         j["tokens_per_step"]           = tokens;

@@ -766,6 +766,7 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
         if (a.head16) {
             // the 16-bit gradient forward formed, or formed now from the logits computed again
             if (head16_scale_ != loss_scale) {
+                ++head16_recomputes_;
                 for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
                 const uint16_t* w16 = head_weight16();
                 for (int r0 = 0; r0 < N; r0 += head16_rows_) {

@@ -230,6 +230,10 @@ class GPT {
     // cross-entropy and the aux losses over all ranks differently: config/batch_split.h).
     void backward(float loss_scale, float aux_scale,
                   FunctionRef<void(size_t from)> grads_ready = {});
+    // Backward passes whose LM head computed its logits again, where head_gradient_in_16_bits
+    // (a backward with another scale than its forward's, or after a forward given none): none
+    // in training, whose forwards are given the backward's scale.
+    int64_t head_recomputes() const { return head16_recomputes_; }
     // (B*T, V) logits of the last forward (overwritten by backward); unfused head only, and not
     // where head_gradient_in_16_bits (then the last block's).
     const float* logits() const;
@@ -267,6 +271,7 @@ class GPT {
     // gradient the last forward formed (none: not formed)
     int head16_rows_ = 0;
     std::optional<float> head16_scale_;
+    int64_t head16_recomputes_ = 0;
     // Logits of rows [r0, r0 + n) into the logits' storage (the last forward's operands), on
     // the head weight's 16 bits w16 (head_weight16) where the products convert, else nullptr.
     void head_logits(int r0, int n, const uint16_t* w16);

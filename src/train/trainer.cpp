@@ -617,6 +617,7 @@ TrainSummary Trainer::finish() {
     sum_.steps            = cfg_.train.steps;
     sum_.data_wait_s      = loader_->wait_seconds();
     sum_.final_loss_scale = scaler_.scale();
+    sum_.head_recomputes  = gpt_->head_recomputes();
     if (opt_.dry_run) return sum_;
     sum_.final_val_loss = evaluate_at(cfg_.train.steps);
     report_peak_rss();

@@ -38,6 +38,8 @@ struct TrainSummary {
     double peak_gflops         = 0;  // this rank's measured fp32 peak
     double flops_per_token     = 0;  // model FLOPs of forward + backward per token
     double data_wait_s         = 0;  // this rank's seconds blocked on training data
+    // this rank's backward passes whose LM head computed its logits again (GPT::head_recomputes)
+    int64_t head_recomputes = 0;
     std::string run_dir;
     std::string model_dir;
     // A run stopped by a signal (core/stop_signal.h) after `steps` steps: the signal (0: ran to

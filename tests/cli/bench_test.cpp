@@ -166,6 +166,11 @@ TEST(BenchCli, TrainJsonNamesTheAttentionCore) {
               h == k::HalfAttention::none
                   ? fmt::format("float32 ({})", k::isa_name(k::dispatch().attention_isa))
                   : fmt::format("bf16 on {}", k::half_attention_name(h)));
+    // the bf16 head forms its gradient in forward, told the backward's scale by the trainer: no
+    // backward computes the logits again
+    EXPECT_EQ(j["lm_head"].get<std::string>().rfind("16-bit gradient formed in forward", 0), 0u)
+        << j["lm_head"];
+    EXPECT_EQ(j["head_recomputes"].get<int64_t>(), 0);
 }
 
 TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
@@ -182,6 +187,7 @@ TEST(BenchCli, TrainJsonReportsThroughputMemoryAndPhases) {
     }
     EXPECT_EQ(j["attention_core"].get<std::string>().rfind("float32 (", 0), 0u)
         << j["attention_core"];
+    EXPECT_EQ(j["lm_head"].get<std::string>(), "float logits");
     // Every GEMM of the step names its phase and, without BGL_GEMM, the default backend's kernel
     // (on the amx path: amx for bf16 products, avx512 for float ones). The default backend
     // widens bf16 to float exactly where the CPU has no AVX512_BF16.
