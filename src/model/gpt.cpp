@@ -348,7 +348,10 @@ GPT::GPT(const ModelConfig& cfg, int max_batch, dist::ParallelContext* par, int 
         head_copy_ =
             head != Dtype::float32 && prec_.compute_dtype(*layout_.find("wte")) == Dtype::float32;
         use_o1_copies(!half_products_convert(prec_.dtype));
-        dround_ = Buffer<float>(N * static_cast<size_t>(cfg.d_model));
+        // only where some products take the rounded floats (fp16; backward's operand lambda
+        // makes it should the products stop converting later)
+        if (!half_products_convert(prec_.dtype))
+            dround_ = Buffer<float>(N * static_cast<size_t>(cfg.d_model));
     } else {
         w_      = resolve<const float>(layout_, cfg_, params_.data(), ep_size, ep_rank);
         head_w_ = w_.wte;
@@ -758,6 +761,9 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
     // their operands (kernels/mixed.h, round_operand), else a rounded copy.
     auto operand = [&](const float* d, Dtype dt) -> const float* {
         if (dt == Dtype::float32 || half_products_convert(dt)) return d;
+        if (dround_.size() < NC) {
+            dround_ = Buffer<float>(static_cast<size_t>(max_batch_) * cfg_.seq_len * C);
+        }
         round_copy(dround_.data(), d, NC, dt);
         return dround_.data();
     };

@@ -264,7 +264,7 @@ class GPT {
     bool o1_copies_  = false;  // w_ and head_w_ point into wc_ and wte_head_
     bool head_copy_  = false;  // the head computes in half on a float32-stored wte
     int par_ep_size_ = 1, par_ep_rank_ = 0;
-    Buffer<float> dround_;           // mixed: (N, C) rounded GEMM operand
+    Buffer<float> dround_;  // mixed, products on rounded floats: (N, C) rounded GEMM operand
     const float* head_w_ = nullptr;  // the LM head's weight
     int head_rows_       = 0;        // fused head: rows per block
     // head_gradient_in_16_bits: rows per block of logits, and the loss_scale of the 16-bit
