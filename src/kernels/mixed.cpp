@@ -448,6 +448,21 @@ void linear_forward_half(Dtype d, float* out, const float* inp, const float* wei
                           out_dtype, out_half);
 }
 
+namespace {
+// A linear layer's epilogue on its output (N, OC): bias, rounding to out_dtype and narrowing to
+// out_half, a row at a time while the row is in cache (nothing for no bias and float32).
+void bias_round_rows(float* out, const float* bias, int N, int OC, Dtype out_dtype,
+                     uint16_t* out_half) {
+    if (!bias && out_dtype == Dtype::float32) return;
+    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            bias_round_serial(out + i * OC, bias, size_t(OC), out_dtype,
+                              out_half ? out_half + i * OC : nullptr);
+        }
+    });
+}
+}  // namespace
+
 const uint16_t* narrow_weight(Dtype d, const float* weight, size_t n) {
     BGL_CHECK(on_16bit(d), "narrow_weight: a 16-bit operand where the products do not convert");
     return to_bf16(g_w16, weight, n);
@@ -457,11 +472,7 @@ void linear_forward_w16(Dtype d, float* out, const uint16_t* inp16, const uint16
                         int IC, int OC, Dtype out_dtype) {
     BGL_CHECK(on_16bit(d), "linear_forward_w16: 16-bit operands where the products do not convert");
     gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w16, IC, 0.f, out, OC);
-    if (out_dtype == Dtype::float32) return;
-    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i)
-            bias_round_serial(out + i * OC, nullptr, size_t(OC), out_dtype, nullptr);
-    });
+    bias_round_rows(out, nullptr, N, OC, out_dtype, nullptr);
 }
 
 void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
@@ -477,14 +488,7 @@ void linear_forward_half16(Dtype d, float* out, const uint16_t* inp16, const flo
         const bf16* w = to_bf16(g_w16, weight, size_t(OC) * IC);
         gemm_bf16(Trans::N, Trans::T, N, OC, IC, 1.f, inp16, IC, w, IC, 0.f, out, OC);
     }
-    if (!bias && out_dtype == Dtype::float32) return;
-    // bias, rounding and narrowing a row at a time, while the row is in cache
-    parallel_rows(N, OC, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            bias_round_serial(out + i * OC, bias, size_t(OC), out_dtype,
-                              out_half ? out_half + i * OC : nullptr);
-        }
-    });
+    bias_round_rows(out, bias, N, OC, out_dtype, out_half);
 }
 
 void linear_backward_half(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
@@ -584,13 +588,28 @@ void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, 
     linear_backward_half(d, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
 }
 
+void crossentropy_backward_narrow(Dtype d, uint16_t* dy16, const float* logits,
+                                  const int32_t* targets, const float* dlosses, int N, int V,
+                                  bool fp64, const float* lse) {
+    BGL_CHECK(d == Dtype::bfloat16, "crossentropy_backward_narrow: {} is not bf16", dtype_name(d));
+    const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
+    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> row;
+        float* w = grow(row, size_t(V));
+        for (int64_t i = begin; i < end; ++i) {
+            ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V, lse ? lse + i : nullptr);
+            narrow_half_serial(Dtype::bfloat16, dy16 + i * V, w, size_t(V));
+        }
+    });
+}
+
 void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, float* logits,
                                        const int32_t* targets, const float* dlosses,
                                        const float* inp, const float* weight, int N, int IC, int V,
                                        bool fp64, const float* lse) {
-    const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
     if (!on_16bit(d)) {
         // dlogits over the logits, each row rounded while it is in cache
+        const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
         parallel_rows(N, V, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
                 ce(logits, logits, targets, dlosses, i, i + 1, V, lse);
@@ -609,32 +628,11 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
     bf16* dy = reinterpret_cast<bf16*>(logits);
     for (int64_t s0 = 0; s0 < N; s0 = s0 == 0 ? 1 : 2 * s0) {
         const int64_t s1 = std::min<int64_t>(N, s0 == 0 ? 1 : 2 * s0);
-        parallel_rows(s1 - s0, V, [&](int64_t begin, int64_t end) {
-            thread_local std::vector<float> row;
-            float* w = grow(row, size_t(V));
-            for (int64_t i = s0 + begin; i < s0 + end; ++i) {
-                ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V, lse ? lse + i : nullptr);
-                narrow_half_serial(Dtype::bfloat16, dy + i * V, w, size_t(V));
-            }
-        });
+        crossentropy_backward_narrow(d, dy + s0 * V, logits + s0 * V, targets + s0, dlosses + s0,
+                                     int(s1 - s0), V, fp64, lse ? lse + s0 : nullptr);
     }
     const bf16* x = dweight && N > 0 ? to_bf16(g_inp16, inp, size_t(N) * IC) : nullptr;
     backward16(dinp, dweight, nullptr, dy, x, weight, N, IC, V);
-}
-
-void crossentropy_backward_narrow(Dtype d, uint16_t* dy16, const float* logits,
-                                  const int32_t* targets, const float* dlosses, int N, int V,
-                                  bool fp64, const float* lse) {
-    BGL_CHECK(d == Dtype::bfloat16, "crossentropy_backward_narrow: {} is not bf16", dtype_name(d));
-    const CrossentropyBackwardRows ce = crossentropy_backward_rows(fp64);
-    parallel_rows(N, V, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> row;
-        float* w = grow(row, size_t(V));
-        for (int64_t i = begin; i < end; ++i) {
-            ce(w, logits + i * V, targets + i, dlosses + i, 0, 1, V, lse ? lse + i : nullptr);
-            narrow_half_serial(Dtype::bfloat16, dy16 + i * V, w, size_t(V));
-        }
-    });
 }
 
 // ---- layernorm ----

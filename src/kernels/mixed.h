@@ -92,6 +92,11 @@ void linear_backward_half16(Dtype d, float* dinp, float* dweight, float* dbias, 
 // The same with inp kept only as its values of d in 16 bits (a layernorm's output that feeds
 // nothing but the product: layernorm_forward_narrow), on any path: where the products do not
 // convert, inp16 is widened to floats first (the rounded floats they would have read).
+void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
+                           const float* bias, int N, int IC, int OC,
+                           Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);
+void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
+                            const uint16_t* inp16, const float* weight, int N, int IC, int OC);
 // A weight's n values rounded to d as 16 bits, in the products' own scratch for weights: valid
 // until the next product above that narrows a float weight there. Where
 // half_products_convert(d); for linear_forward_w16 over many blocks of rows (the LM head).
@@ -100,11 +105,6 @@ const uint16_t* narrow_weight(Dtype d, const float* weight, size_t n);
 // narrowing for many products over blocks of rows, each packing 16-bit values. The same bits.
 void linear_forward_w16(Dtype d, float* out, const uint16_t* inp16, const uint16_t* w16, int N,
                         int IC, int OC, Dtype out_dtype = Dtype::float32);
-void linear_forward_kept16(Dtype d, float* out, const uint16_t* inp16, const float* weight,
-                           const float* bias, int N, int IC, int OC,
-                           Dtype out_dtype = Dtype::float32, uint16_t* out_half = nullptr);
-void linear_backward_kept16(Dtype d, float* dinp, float* dweight, float* dbias, const float* dout,
-                            const uint16_t* inp16, const float* weight, int N, int IC, int OC);
 
 // The tied LM head's backward from its logits (N, V): linear_backward_half (no bias, OC = V) with
 // dout = crossentropy_backward (crossentropy_backward_f64 with fp64) of targets and dlosses, as an
@@ -123,7 +123,8 @@ void crossentropy_linear_backward_half(Dtype d, float* dinp, float* dweight, flo
 // gradient, formed in a per-thread buffer in cache and narrowed there, bitwise the operand
 // crossentropy_linear_backward_half forms (the rounded floats its float path reads, as 16 bits).
 // d is bf16; for linear_backward_dout16 (the LM head's output gradient formed in forward,
-// model/gpt.h). logits is only read. Call from outside pool jobs.
+// model/gpt.h). logits is only read; dy16 may lie over logits' storage only outside its first
+// N rows (crossentropy_linear_backward_half's slices). Call from outside pool jobs.
 void crossentropy_backward_narrow(Dtype d, uint16_t* dy16, const float* logits,
                                   const int32_t* targets, const float* dlosses, int N, int V,
                                   bool fp64 = false, const float* lse = nullptr);

@@ -602,7 +602,6 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
     round_inplace(a.resid[0], NC, prec_.act_dtype(LayerClass::embedding));
     aux_loss_ = 0;
     for (int l = 0; l < cfg_.n_layer; ++l) aux_loss_ += block_forward(l);
-    head16_scale_.reset();
     if (a.head16) {
         // only the head's products read ln_f's output: only its 16 bits are kept. The logits a
         // block of rows at a time, each reduced to its losses and, given the backward's scale,
@@ -610,21 +609,8 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
         layernorm_forward_narrow(gh, a.lnf16, a.lnf_mean, a.lnf_rstd, a.resid.back(), w_.lnf_w,
                                  w_.lnf_b, N, C, prec_.fp64_sensitive);
         PhaseScope lm_head(Phase::lm_head);
-        if (loss_scale) {
-            for (int i = 0; i < N; ++i) a.dlosses[i] = *loss_scale / static_cast<float>(N);
-        }
-        const uint16_t* w16 = head_weight16();
-        for (int r0 = 0; r0 < N; r0 += head16_rows_) {
-            const int n = std::min(head16_rows_, N - r0);
-            head_logits(r0, n, w16);
-            op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V, a.head_lse + r0);
-            if (loss_scale) {
-                crossentropy_backward_narrow(gh, a.head16 + static_cast<size_t>(r0) * V, a.logits,
-                                             a.targets.data() + r0, a.dlosses + r0, n, V,
-                                             prec_.fp64_sensitive, a.head_lse + r0);
-            }
-        }
-        if (loss_scale) head16_scale_ = *loss_scale;
+        if (loss_scale) set_dlosses(*loss_scale);
+        head16_blocks(true, loss_scale);
         double sum = 0;
         for (int i = 0; i < N; ++i) sum += a.losses[i];
         return sum / N;
@@ -646,21 +632,38 @@ double GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
     return sum / N;
 }
 
-void GPT::head_logits(int r0, int n, const uint16_t* w16) {
-    const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
-    const int C = cfg_.d_model, V = cfg_.vocab_size;
-    const uint16_t* x16 = a_->lnf16 + static_cast<size_t>(r0) * C;
-    if (w16) {
-        linear_forward_w16(gh, a_->logits, x16, w16, n, C, V, ah);
-    } else {
-        linear_forward_kept16(gh, a_->logits, x16, head_w_, nullptr, n, C, V, ah);
-    }
+void GPT::set_dlosses(float loss_scale) {
+    const int N = B_ * T_;
+    for (int i = 0; i < N; ++i) a_->dlosses[i] = loss_scale / static_cast<float>(N);
 }
 
-const uint16_t* GPT::head_weight16() const {
-    const Dtype gh = prec_.gemm_dtype(LayerClass::head);
-    if (!half_products_convert(gh)) return nullptr;
-    return narrow_weight(gh, head_w_, static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model);
+void GPT::head16_blocks(bool losses, std::optional<float> grad_scale) {
+    Acts& a     = *a_;
+    const int N = B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+    const Dtype gh = prec_.gemm_dtype(LayerClass::head), ah = prec_.act_dtype(LayerClass::head);
+    const SensitiveOps op = sensitive_ops(prec_.fp64_sensitive);
+    // the weight narrowed once for all the blocks where the products convert
+    const uint16_t* w16 = half_products_convert(gh)
+                              ? narrow_weight(gh, head_w_, static_cast<size_t>(V) * C)
+                              : nullptr;
+    for (int r0 = 0; r0 < N; r0 += head16_rows_) {
+        const int n         = std::min(head16_rows_, N - r0);
+        const uint16_t* x16 = a.lnf16 + static_cast<size_t>(r0) * C;
+        if (w16) {
+            linear_forward_w16(gh, a.logits, x16, w16, n, C, V, ah);
+        } else {
+            linear_forward_kept16(gh, a.logits, x16, head_w_, nullptr, n, C, V, ah);
+        }
+        if (losses) {
+            op.ce_fwd(a.losses + r0, a.logits, a.targets.data() + r0, n, V, a.head_lse + r0);
+        }
+        if (grad_scale) {
+            crossentropy_backward_narrow(gh, a.head16 + static_cast<size_t>(r0) * V, a.logits,
+                                         a.targets.data() + r0, a.dlosses + r0, n, V,
+                                         prec_.fp64_sensitive, a.head_lse + r0);
+        }
+    }
+    head16_scale_ = grad_scale;
 }
 
 double GPT::block_forward(int l) {
@@ -769,32 +772,23 @@ void GPT::backward(float loss_scale, float aux_scale, FunctionRef<void(size_t fr
     };
     {
         PhaseScope phase(Phase::lm_head);
+        set_dlosses(loss_scale);
         if (a.head16) {
             // the 16-bit gradient forward formed, or formed now from the logits computed again
             if (head16_scale_ != loss_scale) {
                 ++head16_recomputes_;
-                for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
-                const uint16_t* w16 = head_weight16();
-                for (int r0 = 0; r0 < N; r0 += head16_rows_) {
-                    const int n = std::min(head16_rows_, N - r0);
-                    head_logits(r0, n, w16);
-                    crossentropy_backward_narrow(gh, a.head16 + static_cast<size_t>(r0) * V,
-                                                 a.logits, a.targets.data() + r0, a.dlosses + r0, n,
-                                                 V, prec_.fp64_sensitive, a.head_lse + r0);
-                }
+                head16_blocks(false, loss_scale);
             }
             head16_scale_.reset();  // backward runs once a forward
             linear_backward_dout16(gh, a.dc, g_.wte, nullptr, a.head16, nullptr, a.lnf16, head_w_,
                                    N, C, V);
         } else if (head_rows_ == 0) {
-            for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
             crossentropy_linear_backward_half(gh, a.dc, g_.wte, a.logits, a.targets.data(),
                                               a.dlosses, a.lnf, head_w_, N, C, V,
                                               prec_.fp64_sensitive, a.head_lse);
         } else {
             // fused: recompute each block's logits as forward did, then its dlogits; dx rows are
             // the unfused ones, dwte sums the blocks' products one after another
-            for (int i = 0; i < N; ++i) a.dlosses[i] = loss_scale / static_cast<float>(N);
             const Dtype ah = prec_.act_dtype(LayerClass::head);
             for (int r0 = 0; r0 < N; r0 += head_rows_) {
                 const int n      = std::min(head_rows_, N - r0);

@@ -272,12 +272,12 @@ class GPT {
     int head16_rows_ = 0;
     std::optional<float> head16_scale_;
     int64_t head16_recomputes_ = 0;
-    // Logits of rows [r0, r0 + n) into the logits' storage (the last forward's operands), on
-    // the head weight's 16 bits w16 (head_weight16) where the products convert, else nullptr.
-    void head_logits(int r0, int n, const uint16_t* w16);
-    // The head weight narrowed once for a pass over the blocks (kernels::narrow_weight), or
-    // nullptr where the products take floats.
-    const uint16_t* head_weight16() const;
+    // Where head_gradient_in_16_bits: the last forward's logits, head16_rows_ rows at a time,
+    // each block reduced to its losses and logsumexps (losses) and, with grad_scale, to its rows
+    // of the 16-bit gradient for a backward of that scale (dlosses set for it); records the scale.
+    void head16_blocks(bool losses, std::optional<float> grad_scale);
+    // dlosses = loss_scale / N: the mean cross-entropy's gradient over each token's loss.
+    void set_dlosses(float loss_scale);
     ModelTensors<const float> w_;
     ModelTensors<float> g_;
     std::unique_ptr<Acts> a_;

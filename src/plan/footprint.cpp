@@ -193,6 +193,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
     mem.optimizer    = static_cast<double>(opt.optim_bytes);  // m, v (+ FP32 masters of O2 tensors)
     mem.comm_buffers = static_cast<double>(opt.comm_bytes);   // ParO bucket buffers
     const double C = m.d_model, V = m.vocab_size;
+    // the LM head's gradient formed in forward in 16 bits on this machine (model/gpt.h)
+    const bool head16 = model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0);
     if (prec.mixed()) {
         // wc_: rounded copies of the float32-stored tensors computed in half, and wte_head_
         // below; GPT allocates them only where the products take the rounded floats (fp16) and
@@ -260,8 +262,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             const double rows = cfg.train.fused_head
                                     ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
                                     : N;
-            if (!model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0))
-                inp = std::max(inp, rows * C);
+            if (!head16) inp = std::max(inp, rows * C);
             w = std::max(w, C * V);
         }
         mem.activations += 2 * (inp + w + dout);
@@ -274,7 +275,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc,
             prec.act_dtype(model::LayerClass::ffn), prec.gemm_dtype(model::LayerClass::attention),
             prec.gemm_dtype(model::LayerClass::ffn), model::attention_in_16_bits(m, prec),
-            model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0))) *
+            head16)) *
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
