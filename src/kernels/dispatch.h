@@ -65,6 +65,12 @@ struct KernelTable {
     void (*adamw_range)(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale);
+    // The same with m and v as bf16 bits, converted in registers (bitwise adamw_range on the
+    // widened moments, m and v then rounded); null where the ISA has none (the generic table:
+    // kernels/mixed.h widens and narrows a slice at a time around adamw_range).
+    void (*adamw_range_bf16m)(float* param, const float* grad, uint16_t* m, uint16_t* v,
+                              int64_t begin, int64_t end, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, float c1, float c2, float grad_scale);
     // bfloat16 conversions of n elements on the calling thread, bitwise core/dtype.h's
     // bf16_from_float / bf16_to_float (kernels/mixed.h threads them).
     void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);

@@ -1129,16 +1129,17 @@ void adamw_update_bf16_moments(Dtype d, bool fp64, float* param, float* master, 
     constexpr int64_t kSlice = 2048;
     const AdamWCorrections c = adamw_corrections(beta1, beta2, step);
     const KernelTable& k     = dispatch();
-    // the AVX-512 kernel converts the moments in its registers: the same bits, no extra passes
-    const bool fused = !fp64 && k.adamw_isa == Isa::avx512;
+    // the AVX2 and AVX-512 kernels convert the moments in their registers: the same bits, no
+    // extra passes
+    const bool fused = !fp64 && k.adamw_range_bf16m != nullptr;
     parallel_rows(int64_t(n), 8, [&](int64_t begin, int64_t end) {
         alignas(64) float mf[kSlice], vf[kSlice];
         for (int64_t s = begin; s < end; s += kSlice) {
             const size_t len = size_t(std::min(end, s + kSlice) - s);
             if (fused) {
                 float* x = master ? master : param;
-                avx512::adamw_update_range_bf16m(x, grad, m, v, s, s + int64_t(len), lr, beta1,
-                                                 beta2, eps, weight_decay, c.c1, c.c2, grad_scale);
+                k.adamw_range_bf16m(x, grad, m, v, s, s + int64_t(len), lr, beta1, beta2, eps,
+                                    weight_decay, c.c1, c.c2, grad_scale);
                 if (master) round_master_slice(d, param + s, master + s, len);
                 continue;
             }

@@ -82,6 +82,12 @@ void zero_stream(float* x, size_t n);
 void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
                         int64_t end, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float c1, float c2, float grad_scale);
+// The same with m and v as bf16 bits: widened on load, rounded to nearest even on store
+// (core/dtype.h bf16_from_float's bits): bitwise the float kernel on the widened moments, m and
+// v then rounded.
+void adamw_update_range_bf16m(float* param, const float* grad, uint16_t* m, uint16_t* v,
+                              int64_t begin, int64_t end, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, float c1, float c2, float grad_scale);
 
 // ---- drivers: ops.h signatures, threaded on the compute pool ----
 // Attention with a head size the items do not take (attention_shape_supported) runs

@@ -1,19 +1,34 @@
 // AVX2 AdamW items (kernels/ops_avx2.h), 8 floats per step: the float operations of generic
 // adamw_update (ops.cpp) in the same order, no FMA (built with -ffp-contract=off,
 // CMakeLists.txt), IEEE division and square root, so every result is bitwise the generic one.
-// The last n % 8 elements go through the scalar code of the generic kernel. The gradient's
-// scaling is one float multiply, as kernels::scale_inplace's.
+// The last n % 8 elements go through the scalar code of the generic kernel. The bf16-moment
+// kernel is the same update between a widening load and a rounding store of m and v. The
+// gradient's scaling is one float multiply, as kernels::scale_inplace's.
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "core/dtype.h"
+#include "kernels/avx2/bf16_round.h"
 #include "kernels/ops_avx2.h"
 
 namespace bagualu::kernels::avx2 {
+namespace {
 
-void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
-                        int64_t end, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, float c1, float c2, float grad_scale) {
+// The moments' loads and stores: floats, or bf16 widened and rounded (bitwise core/dtype.h's).
+__m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__m256 load8(const uint16_t* p) { return bf16_widen8(p); }
+void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
+void store8(uint16_t* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_of(x)); }
+float load1(const float* p) { return *p; }
+float load1(const uint16_t* p) { return bf16_to_float(*p); }
+void store1(float* p, float x) { *p = x; }
+void store1(uint16_t* p, float x) { *p = bf16_from_float(x); }
+
+template <typename M>
+void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int64_t end, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, float c1, float c2,
+                 float grad_scale) {
     const __m256 b1 = _mm256_set1_ps(beta1), b2 = _mm256_set1_ps(beta2);
     const __m256 omb1 = _mm256_set1_ps(1.f - beta1), omb2 = _mm256_set1_ps(1.f - beta2);
     const __m256 c1v = _mm256_set1_ps(c1), c2v = _mm256_set1_ps(c2), epsv = _mm256_set1_ps(eps);
@@ -21,13 +36,12 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
     const __m256 gsv = _mm256_set1_ps(grad_scale);
     int64_t i        = begin;
     for (; i + 8 <= end; i += 8) {
-        const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gsv);
-        const __m256 mi =
-            _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
-        const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+        const __m256 g  = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gsv);
+        const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, load8(m + i)), _mm256_mul_ps(omb1, g));
+        const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, load8(v + i)),
                                         _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
+        store8(m + i, mi);
+        store8(v + i, vi);
         const __m256 p   = _mm256_loadu_ps(param + i);
         const __m256 den = _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vi, c2v)), epsv);
         const __m256 step =
@@ -36,12 +50,28 @@ void adamw_update_range(float* param, const float* grad, float* m, float* v, int
     }
     for (; i < end; ++i) {
         const float g  = grad[i] * grad_scale;
-        const float mi = beta1 * m[i] + (1.f - beta1) * g;
-        const float vi = beta2 * v[i] + (1.f - beta2) * g * g;
-        m[i]           = mi;
-        v[i]           = vi;
+        const float mi = beta1 * load1(m + i) + (1.f - beta1) * g;
+        const float vi = beta2 * load1(v + i) + (1.f - beta2) * g * g;
+        store1(m + i, mi);
+        store1(v + i, vi);
         param[i] -= lr * ((mi / c1) / (__builtin_sqrtf(vi / c2) + eps) + weight_decay * param[i]);
     }
+}
+
+}  // namespace
+
+void adamw_update_range(float* param, const float* grad, float* m, float* v, int64_t begin,
+                        int64_t end, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float c1, float c2, float grad_scale) {
+    adamw_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
+}
+
+void adamw_update_range_bf16m(float* param, const float* grad, uint16_t* m, uint16_t* v,
+                              int64_t begin, int64_t end, float lr, float beta1, float beta2,
+                              float eps, float weight_decay, float c1, float c2, float grad_scale) {
+    adamw_range(param, grad, m, v, begin, end, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
 }
 
 }  // namespace bagualu::kernels::avx2

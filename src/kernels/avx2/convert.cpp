@@ -9,22 +9,13 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/avx2/bf16_round.h"
 #include "kernels/ops_avx2.h"
 #include "kernels/ops_generic.h"
 
 namespace bagualu::kernels::avx2 {
 
 namespace {
-
-// The 16 high bits of bf16_from_float for 8 floats, in the low half of each 32-bit lane.
-inline __m256i bf16_bits(__m256i u) {
-    const __m256i abs   = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    const __m256i isnan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-    const __m256i lsb   = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i sum   = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-    const __m256i nan   = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    return _mm256_blendv_epi8(_mm256_srli_epi32(sum, 16), nan, isnan);
-}
 
 inline __m256i load8(const float* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -107,11 +98,7 @@ void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n) {
 
 void bf16_widen_range(float* out, const uint16_t* in, size_t n) {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256i w =
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(w, 16));
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, bf16_widen8(in + i));
     for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 

@@ -570,7 +570,7 @@ TEST(Fp64Ops, AdamWScaledAndRoundedIsTheThreeCallsBitwise) {
 // adamw_update_bf16_moments against the float32 calls on the widened moments (in place:
 // adamw_update / adamw_update_f64; with a master: adamw_update_rounded), then m and v rounded to
 // bf16: the same bits over three steps, threaded, with a ragged last slice, on each kernel table
-// (AVX-512's converts in its registers, the others a slice at a time).
+// (AVX-512's and AVX2's convert in their registers, the generic one a slice at a time).
 class AdamWBf16Moments : public testing::IsaTest {};
 
 TEST_P(AdamWBf16Moments, AreTheFloatUpdateRoundedBitwise) {
