@@ -736,7 +736,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                    g.grouped / g.loop);
     }
     if (float_b.empty()) {
-        fmt::print("bf16 weights packed from their floats: not on this path (needs AVX512_BF16)\n");
+        fmt::print(
+            "bf16 weights packed from their floats: not on this path (the generic kernels)\n");
     } else {
         fmt::print(
             "bf16 products of float weights (cold), ms a call: narrowed to 16 bits first, or "

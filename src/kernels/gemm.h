@@ -24,7 +24,8 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
                const bf16* B, int ldb, float beta, float* C, int ldc);
 
 // Whether the active implementation's bf16 kernel packs a float B itself, rounding each value to
-// bf16 as it packs (ours on AVX512_BF16; not under auto or onednn), so that the overload below
+// bf16 as it packs (ours but the generic one: AVX2, AVX-512, AMX; not under auto or onednn),
+// so that the overload below
 // can run.
 bool gemm_bf16_float_b();
 // gemm_bf16 with B in float32, each value rounded to bf16 (bf16_from_float) as it is packed:
@@ -35,7 +36,8 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
                const float* B, int ldb, float beta, float* C, int ldc);
 // Whether a float B stored by row (tb = N: the weights of the backward dy·W products) is best
 // packed from its floats too, rather than narrowed to a 16-bit copy first: where the bf16
-// kernel says so (KernelSpec::pack_b_f32_rows: the AMX one, faster there, docs/results.md). For
+// kernel says so (KernelSpec::pack_b_f32_rows: the AMX one, faster there, and those that widen
+// bf16 to float, which copy B's rows either way; not AVX512_BF16's, docs/results.md). For
 // B stored by k packing from the floats is always the faster, wherever gemm_bf16_float_b().
 bool gemm_bf16_float_b_rows();
 

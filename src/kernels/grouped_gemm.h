@@ -49,7 +49,7 @@ void grouped_gemm_bf16(Trans ta, Trans tb, int G, const int32_t* offsets, int N,
                        GroupEpilogue epilogue = {});
 
 // Whether the active path's bf16 kernel packs a float B itself (rounding it to bf16 as it
-// packs; avx512 with AVX512_BF16), so that the overload below can run.
+// packs; ours but the generic one), so that the overload below can run.
 bool grouped_gemm_bf16_float_b();
 // Whether a float B stored by row (tb = N) is best packed from its floats as well, rather than
 // narrowed first: where the bf16 kernel says so (gemm_bf16_float_b_rows, kernels/gemm.h).

@@ -288,8 +288,8 @@ const bf16* weights16(Trans tb, int G, int N, int K, const float* B, int ldb, si
 // grouped_gemm_half's product once its A is 16-bit (a: the groups' rows from offsets[0] on, or
 // with r the gather's source): the float weights B stored by k (tb = T) packed by the bf16 kernel
 // where it can round them as it packs (faster than narrowing them first), stored by row too where
-// that is faster as well (grouped_gemm_bf16_float_b_rows: the AMX kernel; on AVX512_BF16 it was
-// slower, docs/results.md), else from a narrowed copy.
+// that is faster as well (grouped_gemm_bf16_float_b_rows: the AMX kernel and the widening ones;
+// on AVX512_BF16 it was slower, docs/results.md), else from a narrowed copy.
 void grouped_gemm_half_b(Trans tb, int G, const int32_t* offsets, int N, int K, const bf16* a,
                          int lda, const float* B, int ldb, size_t stride_b, float* C, int ldc,
                          const int32_t* r, GroupEpilogue epilogue) {

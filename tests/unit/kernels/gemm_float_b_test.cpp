@@ -1,9 +1,10 @@
 // gemm_bf16 / grouped_gemm_bf16 with a float B rounded to bf16 as the kernel packs it: bitwise the
 // same products on B's narrowed copy (bf16_from_float of every value), on every path of this CPU
-// whose bf16 kernel packs floats (AVX512_BF16). B holds values that need rounding, ties, NaNs,
-// infinities, signed zeros and denormals; shapes are ragged around the 32-column panels and the
-// k block, with B stored by k (tb = T) and by row (tb = N), a padded ldb, empty and one-row
-// groups and gathered rows of A. A ctest SKIP names the missing feature where no path has it.
+// whose bf16 kernel packs floats (AVX2, AVX-512, AMX: all but the generic one). B holds values
+// that need rounding, ties, NaNs, infinities, signed zeros and denormals; shapes are ragged around
+// the 32-column panels and the k block, with B stored by k (tb = T) and by row (tb = N), a padded
+// ldb, empty and one-row groups and gathered rows of A. A ctest SKIP names the missing feature
+// where no path has it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/driver.h"
+#include "kernels/gemm/kernels.h"
 #include "kernels/grouped_gemm.h"
 
 namespace bagualu::kernels {
@@ -107,7 +109,7 @@ TEST(GemmFloatB, PacksTheFloatsAsTheirNarrowedCopy) {
             }
         }
     });
-    if (ran == 0) GTEST_SKIP() << "needs AVX512_BF16 (a bf16 GEMM kernel that packs floats)";
+    if (ran == 0) GTEST_SKIP() << "needs AVX2 (a bf16 GEMM kernel that packs floats)";
 }
 
 // The panels themselves, byte for byte: the 16-bit kernels take denormal bf16 operands for zero
@@ -115,34 +117,57 @@ TEST(GemmFloatB, PacksTheFloatsAsTheirNarrowedCopy) {
 // the narrowed copy keeps (as the conversion instructions do, kernels/gemm/avx512/pack_pairs.h);
 // the panels do. Every row count and depth around the panel and pair edges, B stored by k and
 // by row, all-denormal stretches among the specials.
+void expect_float_panels(const gemm::KernelSpec& s, Rng& rng) {
+    for (const bool k_contiguous : {true, false}) {
+        for (const auto& [rn, kc] :
+             {std::pair{1, 1}, std::pair{31, 33}, std::pair{32, 64}, std::pair{45, 77}}) {
+            SCOPED_TRACE(::testing::Message()
+                         << rn << " rows, depth " << kc << (k_contiguous ? " by k" : " by row"));
+            const int ld         = (k_contiguous ? kc : rn) + 5;
+            std::vector<float> B = float_operand(rng, size_t(k_contiguous ? rn : kc) * ld);
+            for (size_t i = 0; i < B.size(); i += 97) {  // 40 denormals in a row
+                for (size_t j = i; j < std::min(B.size(), i + 40); ++j)
+                    B[j] = (j % 2 ? -1.0f : 1.0f) * 1e-39f * float(1 + j % 7);
+            }
+            const std::vector<bf16> B16 = narrowed(B);
+            // the panels, then slack the packers may write past them
+            const size_t bytes = size_t((rn + s.nr - 1) / s.nr) * size_t(s.nr) *
+                                 size_t((kc + s.kstep - 1) / s.kstep * s.kstep) *
+                                 size_t(s.elem_bytes);
+            std::vector<unsigned char> want(bytes + 4096, 0xa5), got(bytes + 4096, 0xa5);
+            s.pack_b(gemm::PackSrc{B16.data(), ld, k_contiguous}, 0, rn, 0, kc, want.data());
+            s.pack_b_f32(gemm::PackSrc{B.data(), ld, k_contiguous}, 0, rn, 0, kc, got.data());
+            EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0);
+        }
+    }
+}
+
 TEST(GemmFloatB, PanelsAreThoseOfTheNarrowedCopy) {
     Rng rng(33);
-    const int ran = on_float_b_paths([&] {
-        const gemm::KernelSpec& s = gemm::bf16_spec(gemm::active_path());
-        for (const bool k_contiguous : {true, false}) {
-            for (const auto& [rn, kc] :
-                 {std::pair{1, 1}, std::pair{31, 33}, std::pair{32, 64}, std::pair{45, 77}}) {
-                SCOPED_TRACE(::testing::Message() << rn << " rows, depth " << kc
-                                                  << (k_contiguous ? " by k" : " by row"));
-                const int ld         = (k_contiguous ? kc : rn) + 5;
-                std::vector<float> B = float_operand(rng, size_t(k_contiguous ? rn : kc) * ld);
-                for (size_t i = 0; i < B.size(); i += 97) {  // 40 denormals in a row
-                    for (size_t j = i; j < std::min(B.size(), i + 40); ++j)
-                        B[j] = (j % 2 ? -1.0f : 1.0f) * 1e-39f * float(1 + j % 7);
-                }
-                const std::vector<bf16> B16 = narrowed(B);
-                // the panels, then slack the packers may write past them
-                const size_t bytes = size_t((rn + s.nr - 1) / s.nr) * size_t(s.nr) *
-                                     size_t((kc + s.kstep - 1) / s.kstep * s.kstep) *
-                                     size_t(s.elem_bytes);
-                std::vector<unsigned char> want(bytes + 4096, 0xa5), got(bytes + 4096, 0xa5);
-                s.pack_b(gemm::PackSrc{B16.data(), ld, k_contiguous}, 0, rn, 0, kc, want.data());
-                s.pack_b_f32(gemm::PackSrc{B.data(), ld, k_contiguous}, 0, rn, 0, kc, got.data());
-                EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0);
-            }
-        }
-    });
-    if (ran == 0) GTEST_SKIP() << "needs AVX512_BF16 (a bf16 GEMM kernel that packs floats)";
+    const int ran =
+        on_float_b_paths([&] { expect_float_panels(gemm::bf16_spec(gemm::active_path()), rng); });
+    if (ran == 0) GTEST_SKIP() << "needs AVX2 (a bf16 GEMM kernel that packs floats)";
+}
+
+// The kernels that widen bf16 to float round a float B as they pack it as well: AVX2's, and
+// AVX-512's without AVX512_BF16, which a CPU with AVX512_BF16 does not pick for its path, so
+// its packers are checked here directly wherever the CPU has AVX-512.
+TEST(GemmFloatB, WideningKernelsPanelsAreThoseOfTheNarrowedCopy) {
+    Rng rng(34);
+    int ran = 0;
+    if (gemm::path_supported(gemm::Path::avx2)) {
+        SCOPED_TRACE("avx2 bf16_kernel");
+        ASSERT_NE(gemm::avx2::bf16_kernel().pack_b_f32, nullptr);
+        expect_float_panels(gemm::avx2::bf16_kernel(), rng);
+        ++ran;
+    }
+    if (gemm::path_supported(gemm::Path::avx512)) {
+        SCOPED_TRACE("avx512 bf16_kernel (widening)");
+        ASSERT_NE(gemm::avx512::bf16_kernel().pack_b_f32, nullptr);
+        expect_float_panels(gemm::avx512::bf16_kernel(), rng);
+        ++ran;
+    }
+    if (ran == 0) GTEST_SKIP() << "needs AVX2 (the widening bf16 kernels)";
 }
 
 TEST(GemmFloatB, GroupedFormPacksTheFloatsAsTheirNarrowedCopy) {
@@ -174,7 +199,7 @@ TEST(GemmFloatB, GroupedFormPacksTheFloatsAsTheirNarrowedCopy) {
             }
         }
     });
-    if (ran == 0) GTEST_SKIP() << "needs AVX512_BF16 (a bf16 GEMM kernel that packs floats)";
+    if (ran == 0) GTEST_SKIP() << "needs AVX2 (a bf16 GEMM kernel that packs floats)";
 }
 
 }  // namespace

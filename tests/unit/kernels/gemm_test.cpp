@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "gemm_paths.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/ref/gemm_ref.h"
@@ -448,15 +449,20 @@ TEST(Gemm, AmxReadsAlignedRowsOfAInPlaceWithThePackedBits) {
 
 TEST(Gemm, SetActivePathRejectsUnsupported) {
     PathGuard guard;
-    // a float B stored by row is packed from its floats by the AMX kernel only: gemm_bf16 on
-    // the amx path, the grouped products wherever they run on it (onednn and auto: the best of
-    // ours)
+    // a float B stored by row is packed from its floats by the AMX kernel and the kernels that
+    // widen bf16 to float (AVX2; AVX-512 without AVX512_BF16), not by the AVX512_BF16 pairs nor
+    // the generic one: gemm_bf16 on those paths, the grouped products wherever they run on them
+    // (onednn and auto: the best of ours)
+    const auto packs_float_rows = [](Path p) {
+        return p == Path::amx || p == Path::avx2 ||
+               (p == Path::avx512 && !cpu_features().avx512_bf16);
+    };
     for (Path p : supported_paths()) {
         gemm::set_active_path(p);
-        EXPECT_EQ(gemm_bf16_float_b_rows(), p == Path::amx) << gemm::path_name(p);
+        EXPECT_EQ(gemm_bf16_float_b_rows(), packs_float_rows(p)) << gemm::path_name(p);
         const bool grouped_on_best = p == Path::onednn || p == Path::automatic;
         EXPECT_EQ(grouped_gemm_bf16_float_b_rows(),
-                  (grouped_on_best ? gemm::best_path() : p) == Path::amx)
+                  packs_float_rows(grouped_on_best ? gemm::best_path() : p))
             << gemm::path_name(p);
     }
     for (Path p : {Path::avx2, Path::avx512, Path::amx}) {

@@ -1,7 +1,8 @@
 // AVX2 + FMA GEMM kernels: a 6 x 16 float tile (12 ymm accumulators, 2 B loads and 6
 // broadcasts per k), with the packers of avx2/pack.h. bf16 inputs are widened to float while
-// packing and use the same float kernel (AVX2 has no bf16 arithmetic). Blocks for 32 KiB L1 and
-// 512 KiB L2 (Zen 3): a 256 x 16 B micro-panel (16 KiB) stays in L1, a 144 x 256 A block in L2.
+// packing and use the same float kernel (AVX2 has no bf16 arithmetic); a float B (the weights)
+// is rounded to bf16 as it is packed, so that no narrowed copy of it is made. Blocks for 32 KiB L1
+// and 512 KiB L2 (Zen 3): a 256 x 16 B micro-panel (16 KiB) stays in L1, a 144 x 256 A block in L2.
 #include "kernels/gemm/kernels.h"
 
 #include <immintrin.h>
@@ -41,8 +42,22 @@ void pack(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
 
 constexpr KernelSpec kF32 =
     float_kernel_spec<OpsF32, kMR, kNV>(144, 256, 4096, pack<kMR, float>, pack<kNR, float>);
-constexpr KernelSpec kBf16{
-    kMR, kNR, 1, 4, 144, 256, 4096, pack<kMR, bf16>, pack<kNR, bf16>, micro_tile<OpsF32, kMR, kNV>};
+constexpr KernelSpec kBf16 = [] {
+    KernelSpec s{kMR,
+                 kNR,
+                 1,
+                 4,
+                 144,
+                 256,
+                 4096,
+                 pack<kMR, bf16>,
+                 pack<kNR, bf16>,
+                 micro_tile<OpsF32, kMR, kNV>,
+                 nullptr,
+                 pack<kNR, F32AsBf16>};
+    s.pack_b_f32_rows = true;
+    return s;
+}();
 
 }  // namespace
 

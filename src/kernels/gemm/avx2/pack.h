@@ -1,6 +1,8 @@
 // Fast float packing for x86 (AVX2 and up): rows with contiguous k are transposed 8 x 8 in
-// registers; rows with contiguous r are copied 8 at a time. Sources are float or bf16 (widened
-// while loading). Same layout and contract as pack_panels in kernels/gemm/pack.h with KS = 1.
+// registers; rows with contiguous r are copied 8 at a time. Sources are float, bf16 (widened
+// while loading) or floats rounded to bf16 while loading (F32AsBf16: the widening bf16 kernels'
+// KernelSpec::pack_b_f32, the same panels as from the narrowed copy). Same layout and contract
+// as pack_panels in kernels/gemm/pack.h with KS = 1.
 // Internal linkage: included by the avx2 and avx512 kernels, each compiled with its own flags.
 #pragma once
 #include <immintrin.h>
@@ -10,6 +12,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/avx2/bf16_round.h"
 #include "kernels/gemm/driver.h"
 
 namespace bagualu::kernels::gemm::avx2 {
@@ -20,15 +23,29 @@ constexpr int kMaxPackK                         = 1024;
 alignas(64) const float kZeroF32[kMaxPackK + 8] = {};
 alignas(64) const bf16 kZeroBf16[kMaxPackK + 8] = {};
 
+// A float source read as its bf16 rounding (core/dtype.h bf16_from_float, widened back).
+struct F32AsBf16 {
+    float v;
+};
+static_assert(sizeof(F32AsBf16) == sizeof(float));
+
 inline const float* zero_row(const float*) { return kZeroF32; }
 inline const bf16* zero_row(const bf16*) { return kZeroBf16; }
+inline const F32AsBf16* zero_row(const F32AsBf16*) {
+    return reinterpret_cast<const F32AsBf16*>(kZeroF32);
+}
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const bf16* p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
+inline __m256 load8(const F32AsBf16* p) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(kernels::avx2::bf16_bits(u), 16));
+}
 inline float load1(const float* p) { return *p; }
+inline float load1(const F32AsBf16* p) { return bf16_to_float(bf16_from_float(p->v)); }
 inline float load1(const bf16* p) {
     const uint32_t u = static_cast<uint32_t>(*p) << 16;
     float f;

@@ -66,16 +66,24 @@ void pack_pairs(PackSrc src, int r0, int rn, int p0, int kc, void* dst) {
 
 constexpr KernelSpec kF32 =
     float_kernel_spec<OpsF32, kMR, kNV>(240, 192, 4096, pack_f32<kMR, float>, pack_f32<kNR, float>);
-constexpr KernelSpec kBf16{kMR,
-                           kNR,
-                           1,
-                           4,
-                           240,
-                           192,
-                           4096,
-                           pack_f32<kMR, bf16>,
-                           pack_f32<kNR, bf16>,
-                           micro_tile<OpsF32, kMR, kNV>};
+// Without AVX512_BF16: bf16 widened as it is packed, a float B rounded to bf16 as it is packed
+// (as the AVX2 kernel's).
+constexpr KernelSpec kBf16 = [] {
+    KernelSpec s{kMR,
+                 kNR,
+                 1,
+                 4,
+                 240,
+                 192,
+                 4096,
+                 pack_f32<kMR, bf16>,
+                 pack_f32<kNR, bf16>,
+                 micro_tile<OpsF32, kMR, kNV>,
+                 nullptr,
+                 pack_f32<kNR, avx2::F32AsBf16>};
+    s.pack_b_f32_rows = true;
+    return s;
+}();
 constexpr KernelSpec kBf16Dot = [] {
     KernelSpec s{kMR,
                  kNR,
