@@ -213,14 +213,15 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
 //
 // C is cut into strips of `cols` columns and each strip into row blocks (row_block); a unit is one
 // (strip, row block) over the whole depth. Units are numbered strip by strip and cut into one
-// consecutive range per thread. A thread takes the units of its own range from the range's
-// counter, then helps in the other ranges through their counters, so a thread whose core is
-// busy with other work takes fewer units rather than holding up the call (a static split waits
-// for its slowest thread). A thread packs op(B) of a strip for every k block when it takes its
-// first unit of that strip, so with ranges each strip is packed about once, by its range's
-// thread (with a single counter the threads took turns within a strip, so each packed every
-// strip); a unit packs its rows of op(A) per k block into an L2-sized block. The strip's B slice
-// for one k block (kc x cols) is sized for L2 next to the A block. No thread ever waits for
+// consecutive range per thread (or, where a thread's share of a row of C would be under a page,
+// a range is a run of row blocks over every strip: Plan::by_rows). A thread takes the units of its
+// own range from the range's counter, then helps in the other ranges through their counters, so a
+// thread whose core is busy with other work takes fewer units rather than holding up the call (a
+// static split waits for its slowest thread). A thread packs op(B) of a strip for every k block
+// when it takes its first unit of that strip, so with ranges each strip is packed about once, by
+// its range's thread (with a single counter the threads took turns within a strip, so each packed
+// every strip); a unit packs its rows of op(A) per k block into an L2-sized block. The strip's B
+// slice for one k block (kc x cols) is sized for L2 next to the A block. No thread ever waits for
 // another's packing: a late-starting thread delays only what it takes. Which thread runs a unit
 // changes nothing in its sums.
 //
@@ -235,6 +236,7 @@ struct Plan {
     int cols, rows;       // strip width (multiple of nr), largest row block (multiple of mr)
     int strips, mblocks;  // units = strips * mblocks
     int threads;
+    bool by_rows;  // the threads' ranges are row blocks over every strip, not strips
 };
 
 // The cache budgets of the blocking, from the sizes the CPU reports (kernels/cpu_features.h);
@@ -266,6 +268,8 @@ int rows_cap(const KernelSpec& s, const Budgets& b, int kcp) {
 constexpr int kUnitsPerThread     = 4;
 constexpr double kMinThreadedWork = 1 << 18;  // below this many multiply-adds, one thread
 constexpr int kMaxRanges          = 256;      // at most this many threads get a range
+constexpr size_t kPageBytes       = 4096;
+constexpr int kRowsPerThreadForB  = 256;
 
 Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     const size_t elem = size_t(s.elem_bytes);
@@ -303,6 +307,17 @@ Plan make_plan(const KernelSpec& s, int M, int N, int K, int threads) {
     }
     p.mblocks = mblocks;
     p.rows    = ceil_div(tiles, mblocks) * s.mr;
+    // Ranges of strips split each row of C among the threads. Where a thread's share of a row
+    // is under a page (4 KiB), the threads write into the same pages, and with the register
+    // tiles walked row by row each core's prefetchers, which stay within a page, fetch lines
+    // the other core is writing: 1024^3 and the (2,048 x 768) products of configs/default.toml
+    // ran 8-18% slower in float32 than with each thread on rows of its own (docs/results.md).
+    // So there the ranges are row blocks, each over every strip, and each thread packs every
+    // strip of op(B): only where a thread has at least kRowsPerThreadForB rows to spread that
+    // packing over. Column by column (the AVX512_BF16 kernel) was not slowed.
+    p.by_rows = p.threads > 1 && p.strips > 1 && p.mblocks >= p.threads && !s.column_tiles_outer &&
+                size_t(N) * sizeof(float) < size_t(p.threads) * kPageBytes &&
+                M >= kRowsPerThreadForB * p.threads;
     return p;
 }
 
@@ -432,6 +447,10 @@ void set_blocking_caches(const CacheSizes* caches) { g_blocking_caches = caches;
 
 size_t b_slice_bytes() { return budgets(1).slice; }
 
+bool ranges_by_rows(const KernelSpec& spec, int M, int N, int K, int threads) {
+    return M > 0 && N > 0 && K > 0 && make_plan(spec, M, N, K, threads).by_rows;
+}
+
 void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K, float alpha,
                  const void* A, int lda, const void* B, int ldb, float beta, float* C, int ldc) {
     if (M <= 0 || N <= 0) return;
@@ -452,12 +471,22 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
     struct alignas(64) Range {  // units [next, end) not taken yet; a cache line each
         std::atomic<int> next;
         int end;
+        int b0, nb;  // by rows: the range's row blocks [b0, b0 + nb), strip by strip
     };
-    const int nranges = std::min({p.threads, units, kMaxRanges});
+    const int nranges = std::min({p.threads, p.by_rows ? p.mblocks : units, kMaxRanges});
     Range ranges[kMaxRanges];
     for (int r = 0; r < nranges; ++r) {
-        ranges[r].next.store(int(int64_t(units) * r / nranges), std::memory_order_relaxed);
-        ranges[r].end = int(int64_t(units) * (r + 1) / nranges);
+        if (p.by_rows) {
+            const int b0 = p.mblocks * r / nranges, b1 = p.mblocks * (r + 1) / nranges;
+            ranges[r].next.store(p.strips * b0, std::memory_order_relaxed);
+            ranges[r].end = p.strips * b1;
+            ranges[r].b0  = b0;
+            ranges[r].nb  = b1 - b0;
+        } else {
+            ranges[r].next.store(int(int64_t(units) * r / nranges), std::memory_order_relaxed);
+            ranges[r].end = int(int64_t(units) * (r + 1) / nranges);
+            ranges[r].b0 = ranges[r].nb = 0;
+        }
     }
     auto body = [&](int tid) {
         const KernelScope scope(spec);
@@ -470,7 +499,10 @@ void gemm_packed(const KernelSpec& spec, Trans ta, Trans tb, int M, int N, int K
             Range& range = ranges[(tid + i) % nranges];
             for (int u = range.next.fetch_add(1, std::memory_order_relaxed); u < range.end;
                  u     = range.next.fetch_add(1, std::memory_order_relaxed)) {
-                const int strip = u / p.mblocks, blk = u % p.mblocks;
+                // by rows, the units of a range are numbered strip by strip over its row blocks
+                const int w     = p.by_rows ? u - p.strips * range.b0 : u;
+                const int nb    = p.by_rows ? range.nb : p.mblocks;
+                const int strip = w / nb, blk = (p.by_rows ? range.b0 : 0) + w % nb;
                 const int j0 = strip * p.cols, j1 = std::min(N, j0 + p.cols);
                 const auto [i0, i1] = row_block(spec, p, blk, M);
                 if (strip != packed) {

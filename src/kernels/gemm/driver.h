@@ -117,6 +117,10 @@ void set_blocking_caches(const CacheSizes* caches);
 // Bytes of one k block of a strip's packed B that gemm_packed plans for: half of L2 (of the
 // blocking caches above), clamped to [64 KiB, 2 MiB]. The grouped driver's strips use it too.
 size_t b_slice_bytes();
+// Whether gemm_packed with this many threads gives each thread a run of row blocks over every
+// strip rather than a run of strips (where a thread's share of a row of C is under a page; the
+// sums are the same either way). For tests.
+bool ranges_by_rows(const KernelSpec& spec, int M, int N, int K, int threads);
 
 // C = beta * C (C = 0 when beta == 0, without reading C): the K == 0 or alpha == 0 case.
 void scale_c(int M, int N, float beta, float* C, int ldc);

@@ -104,6 +104,53 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
     set_active_path(saved);
 }
 
+// Two threads on rows of C under a page each (N * 4 bytes < two pages) take runs of row blocks
+// over every strip instead of runs of strips (driver.cpp Plan::by_rows): the same units, so the
+// bits of one thread, on each of our packed paths this CPU has, float32 and bf16, with the CPU's
+// caches and with small ones (many strips); and the plan does take row runs where it should.
+TEST(GemmBlockingTest, RowRangesGiveTheBitsOfOneThread) {
+    const CacheSizes small{8 << 10, 64 << 10, 1 << 20};
+    const Path saved = active_path();
+    int by_rows      = 0;
+    for (Path p : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
+        if (!path_supported(p)) continue;
+        set_active_path(p);
+        for (const Shape s : {Shape{600, 1000, 300}, Shape{1030, 700, 257}, Shape{513, 2040, 64}}) {
+            for (const bool bf : {false, true}) {
+                for (const CacheSizes* caches : {static_cast<const CacheSizes*>(nullptr), &small}) {
+                    SCOPED_TRACE(::testing::Message()
+                                 << path_name(p) << " " << s.M << "x" << s.N << "x" << s.K
+                                 << (bf ? " bf16" : " f32") << (caches ? " small caches" : ""));
+                    const auto [A, B, Ah, Bh] =
+                        random_operands(s, static_cast<uint64_t>(s.M * 31 + s.N * 5 + s.K));
+                    set_blocking_caches(caches);
+                    const KernelSpec& spec = bf ? bf16_spec(p) : f32_spec(p);
+                    by_rows += ranges_by_rows(spec, s.M, s.N, s.K, 2) ? 1 : 0;
+                    EXPECT_FALSE(ranges_by_rows(spec, s.M, s.N, s.K, 1));
+                    auto run = [&](int threads) {
+                        set_compute_threads(threads);
+                        std::vector<float> C(size_t(s.M) * s.N, 0.25f);
+                        if (bf) {
+                            gemm_bf16(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, Ah.data(), s.K,
+                                      Bh.data(), s.N, 0.5f, C.data(), s.N);
+                        } else {
+                            gemm_f32(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, A.data(), s.K,
+                                     B.data(), s.N, 0.5f, C.data(), s.N);
+                        }
+                        return C;
+                    };
+                    EXPECT_EQ(run(2), run(1));
+                    set_blocking_caches(nullptr);
+                }
+            }
+        }
+    }
+    set_compute_threads(0);
+    set_active_path(saved);
+    // the float32 kernels walk their tiles row by row: with small caches they split every shape
+    EXPECT_GT(by_rows, 0);
+}
+
 // The register tiles of a k block row by row or column by column (KernelSpec::column_tiles_outer,
 // driver.cpp for_tiles): only which tile runs first changes, so every kernel this CPU runs gives
 // the same bits either way, in gemm_packed (one strip a thread, and the shared-B scheme of more
