@@ -44,6 +44,19 @@ Operands random_operands(const Shape& s, uint64_t seed) {
     return o;
 }
 
+// C (M x N, every element c0) = op(A) B + beta * C, NN, on the float operands or their bf16 ones.
+std::vector<float> nn_product(const Shape& s, const Operands& o, bool bf, float c0, float beta) {
+    std::vector<float> C(size_t(s.M) * s.N, c0);
+    if (bf) {
+        gemm_bf16(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, o.Ah.data(), s.K, o.Bh.data(), s.N, beta,
+                  C.data(), s.N);
+    } else {
+        gemm_f32(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, o.A.data(), s.K, o.B.data(), s.N, beta,
+                 C.data(), s.N);
+    }
+    return C;
+}
+
 TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
     const CacheSizes small{8 << 10, 64 << 10, 1 << 20};
     const CacheSizes large{64 << 10, 8 << 20, size_t(1) << 30};
@@ -63,18 +76,12 @@ TEST(GemmBlockingTest, EveryBlockingGivesTheSameBitsAndMatchesTheReference) {
                     SCOPED_TRACE(::testing::Message()
                                  << path_name(p) << " threads " << threads << " " << s.M << "x"
                                  << s.N << "x" << s.K << (bf ? " bf16" : " f32"));
-                    const auto [A, B, Ah, Bh] =
+                    const Operands ops =
                         random_operands(s, static_cast<uint64_t>(s.M * 131 + s.N * 7 + s.K));
-                    auto run = [&](const CacheSizes* c) {
+                    const auto& [A, B, Ah, Bh] = ops;
+                    auto run                   = [&](const CacheSizes* c) {
                         set_blocking_caches(c);
-                        std::vector<float> C(size_t(s.M) * s.N, 0.5f);
-                        if (bf) {
-                            gemm_bf16(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, Ah.data(), s.K,
-                                      Bh.data(), s.N, 1.f, C.data(), s.N);
-                        } else {
-                            gemm_f32(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, A.data(), s.K,
-                                     B.data(), s.N, 1.f, C.data(), s.N);
-                        }
+                        std::vector<float> C = nn_product(s, ops, bf, 0.5f, 1.f);
                         set_blocking_caches(nullptr);
                         return C;
                     };
@@ -121,7 +128,7 @@ TEST(GemmBlockingTest, RowRangesGiveTheBitsOfOneThread) {
                     SCOPED_TRACE(::testing::Message()
                                  << path_name(p) << " " << s.M << "x" << s.N << "x" << s.K
                                  << (bf ? " bf16" : " f32") << (caches ? " small caches" : ""));
-                    const auto [A, B, Ah, Bh] =
+                    const Operands ops =
                         random_operands(s, static_cast<uint64_t>(s.M * 31 + s.N * 5 + s.K));
                     set_blocking_caches(caches);
                     const KernelSpec& spec = bf ? bf16_spec(p) : f32_spec(p);
@@ -129,15 +136,7 @@ TEST(GemmBlockingTest, RowRangesGiveTheBitsOfOneThread) {
                     EXPECT_FALSE(ranges_by_rows(spec, s.M, s.N, s.K, 1));
                     auto run = [&](int threads) {
                         set_compute_threads(threads);
-                        std::vector<float> C(size_t(s.M) * s.N, 0.25f);
-                        if (bf) {
-                            gemm_bf16(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, Ah.data(), s.K,
-                                      Bh.data(), s.N, 0.5f, C.data(), s.N);
-                        } else {
-                            gemm_f32(Trans::N, Trans::N, s.M, s.N, s.K, 1.f, A.data(), s.K,
-                                     B.data(), s.N, 0.5f, C.data(), s.N);
-                        }
-                        return C;
+                        return nn_product(s, ops, bf, 0.25f, 0.5f);
                     };
                     EXPECT_EQ(run(2), run(1));
                     set_blocking_caches(nullptr);
