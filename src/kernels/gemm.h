@@ -25,8 +25,7 @@ void gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16*
 
 // Whether the active implementation's bf16 kernel packs a float B itself, rounding each value to
 // bf16 as it packs (ours but the generic one: AVX2, AVX-512, AMX; not under auto or onednn),
-// so that the overload below
-// can run.
+// so that the overload below can run.
 bool gemm_bf16_float_b();
 // gemm_bf16 with B in float32, each value rounded to bf16 (bf16_from_float) as it is packed:
 // bitwise gemm_bf16 on B's narrowed copy, without writing and reading the copy (B is packed

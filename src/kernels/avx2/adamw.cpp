@@ -1,14 +1,14 @@
 // AVX2 AdamW items (kernels/ops_avx2.h), 8 floats per step: the float operations of generic
 // adamw_update (ops.cpp) in the same order, no FMA (built with -ffp-contract=off,
 // CMakeLists.txt), IEEE division and square root, so every result is bitwise the generic one.
-// The last n % 8 elements go through the scalar code of the generic kernel. The bf16-moment
-// kernel is the same update between a widening load and a rounding store of m and v. The
-// gradient's scaling is one float multiply, as kernels::scale_inplace's.
+// The last n % 8 elements go through the generic kernel's scalar step (kernels/adamw_tail.h). The
+// bf16-moment kernel is the same update between a widening load and a rounding store of m and v.
+// The gradient's scaling is one float multiply, as kernels::scale_inplace's.
 #include <immintrin.h>
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "kernels/adamw_tail.h"
 #include "kernels/avx2/bf16_round.h"
 #include "kernels/ops_avx2.h"
 
@@ -20,10 +20,6 @@ __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 __m256 load8(const uint16_t* p) { return bf16_widen8(p); }
 void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 void store8(uint16_t* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_of(x)); }
-float load1(const float* p) { return *p; }
-float load1(const uint16_t* p) { return bf16_to_float(*p); }
-void store1(float* p, float x) { *p = x; }
-void store1(uint16_t* p, float x) { *p = bf16_from_float(x); }
 
 template <typename M>
 void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int64_t end, float lr,
@@ -49,12 +45,8 @@ void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int
         _mm256_storeu_ps(param + i, _mm256_sub_ps(p, _mm256_mul_ps(lrv, step)));
     }
     for (; i < end; ++i) {
-        const float g  = grad[i] * grad_scale;
-        const float mi = beta1 * load1(m + i) + (1.f - beta1) * g;
-        const float vi = beta2 * load1(v + i) + (1.f - beta2) * g * g;
-        store1(m + i, mi);
-        store1(v + i, vi);
-        param[i] -= lr * ((mi / c1) / (__builtin_sqrtf(vi / c2) + eps) + weight_decay * param[i]);
+        adamw_element(param + i, grad[i], m + i, v + i, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                      grad_scale);
     }
 }
 

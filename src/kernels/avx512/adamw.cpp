@@ -1,14 +1,14 @@
 // AVX-512 AdamW items (kernels/ops_avx512.h), 16 floats per step: the float operations of generic
 // adamw_update (ops.cpp) in the same order, no FMA (built with -ffp-contract=off,
 // CMakeLists.txt), IEEE division and square root, so every result is bitwise the generic one.
-// The last n % 16 elements go through the scalar code of the generic kernel. The bf16-moment
-// kernel is the same update between a widening load and a rounding store of m and v. The
-// gradient's scaling is one float multiply, as kernels::scale_inplace's.
+// The last n % 16 elements go through the generic kernel's scalar step (kernels/adamw_tail.h). The
+// bf16-moment kernel is the same update between a widening load and a rounding store of m and v.
+// The gradient's scaling is one float multiply, as kernels::scale_inplace's.
 #include <immintrin.h>
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "kernels/adamw_tail.h"
 #include "kernels/avx512/bf16_round.h"
 #include "kernels/ops_avx512.h"
 
@@ -48,15 +48,6 @@ void update16(const Hyper& h, float* param, const float* grad, __m512& m, __m512
     _mm512_storeu_ps(param, _mm512_sub_ps(p, _mm512_mul_ps(h.lr, step)));
 }
 
-// The generic kernel's arithmetic on one element (the last n % 16)
-void update1(float* param, float grad, float& m, float& v, float lr, float beta1, float beta2,
-             float eps, float weight_decay, float c1, float c2, float grad_scale) {
-    const float g = grad * grad_scale;
-    m             = beta1 * m + (1.f - beta1) * g;
-    v             = beta2 * v + (1.f - beta2) * g * g;
-    *param -= lr * ((m / c1) / (__builtin_sqrtf(v / c2) + eps) + weight_decay * *param);
-}
-
 __m512 widen16(const uint16_t* p) {
     const __m512i w =
         _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -70,10 +61,6 @@ void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 void store16(uint16_t* p, __m512 x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(x));
 }
-float load1(const float* p) { return *p; }
-float load1(const uint16_t* p) { return bf16_to_float(*p); }
-void store1(float* p, float x) { *p = x; }
-void store1(uint16_t* p, float x) { *p = bf16_from_float(x); }
 
 template <typename M>
 void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int64_t end, float lr,
@@ -88,11 +75,8 @@ void adamw_range(float* param, const float* grad, M* m, M* v, int64_t begin, int
         store16(v + i, vi);
     }
     for (; i < end; ++i) {
-        float mi = load1(m + i), vi = load1(v + i);
-        update1(param + i, grad[i], mi, vi, lr, beta1, beta2, eps, weight_decay, c1, c2,
-                grad_scale);
-        store1(m + i, mi);
-        store1(v + i, vi);
+        adamw_element(param + i, grad[i], m + i, v + i, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                      grad_scale);
     }
 }
 
