@@ -71,4 +71,20 @@ void adamw_update(model::MasterMode mode, Dtype dtype, bool fp64, float* param, 
                   float* grad, const MomentsRef& mo, size_t n, float lr, const AdamWHyper& h,
                   bool decay, int step, float grad_scale = 1.0f);
 
+// The runs of pieces 0..n-1 that one adamw_update call can take: fn(first, end) for each
+// maximal run [first, end) in which joins(i) holds for every piece i after the first (piece i
+// continues piece i - 1 in the parameters, gradients, moments and masters, under the same mode
+// and decay). The update is elementwise, so one call over a run gives the bits of one call per
+// piece, with one pass over the compute threads instead of one a piece (a layer of 64 experts
+// holds 256 tensors).
+template <typename Joins, typename Fn>
+void for_each_run(size_t n, Joins&& joins, Fn&& fn) {
+    size_t first = 0;
+    for (size_t i = 1; i <= n; ++i) {
+        if (i < n && joins(i)) continue;
+        fn(first, i);
+        first = i;
+    }
+}
+
 }  // namespace bagualu::optim

@@ -177,16 +177,25 @@ double PartitionedAdamW::shard_grad_norm(const float* grads) {
 void PartitionedAdamW::update_shards(float* params, float* grads, float lr, int step, float clip) {
     // AdamW on the shard: on the parameters (float32) or on the FP32 master shard
     for (ShardState& st : shards_) {
-        for (const ShardPiece& p : st.map.pieces()) {
+        const std::vector<ShardPiece>& pieces = st.map.pieces();
+        const auto joins                      = [&](size_t i) {
+            const ShardPiece &a = pieces[i - 1], &b = pieces[i];
+            return modes_[b.spec] == modes_[a.spec] && b.decay == a.decay &&
+                   b.flat_offset == a.flat_offset + a.len &&
+                   b.shard_offset == a.shard_offset + a.len;
+        };
+        optim::for_each_run(pieces.size(), joins, [&](size_t first, size_t end) {
+            const ShardPiece& p = pieces[first];
+            const size_t n      = pieces[end - 1].flat_offset + pieces[end - 1].len - p.flat_offset;
             float* master = st.master.size() > 0 ? st.master.data() + p.shard_offset : nullptr;
             if (modes_[p.spec] == MasterMode::master && !masters_ready_) {
-                std::copy(params + p.flat_offset, params + p.flat_offset + p.len, master);
+                std::copy(params + p.flat_offset, params + p.flat_offset + n, master);
             }
             optim::adamw_update(modes_[p.spec], st.dtype, prec_.fp64_sensitive,
                                 params + p.flat_offset, master, grads + p.flat_offset,
-                                st.moments.ref().at(p.shard_offset), p.len, lr, hyper_, p.decay,
-                                step, clip);
-        }
+                                st.moments.ref().at(p.shard_offset), n, lr, hyper_, p.decay, step,
+                                clip);
+        });
     }
     masters_ready_ = true;
 }

@@ -56,17 +56,23 @@ double ReplicatedAdamW::step(float* params, float* grads, double lr, int64_t ste
         return norm;
     }
     const float clip = optim::clip_factor(norm, hyper_.grad_clip);  // applied by the update
-    for (size_t i = 0; i < layout_.specs().size(); ++i) {
-        const model::ParamSpec& s = layout_.spec(i);
-        float* master             = master_.data() + master_at_[i];
-        if (modes_[i] == MasterMode::master && !masters_ready_) {
-            std::copy(params + s.offset, params + s.offset + s.numel, master);
+    const auto joins = [this](size_t i) {
+        const model::ParamSpec &a = layout_.spec(i - 1), &b = layout_.spec(i);
+        return modes_[i] == modes_[i - 1] && b.decay == a.decay && b.offset == a.offset + a.numel &&
+               (modes_[i] != MasterMode::master || master_at_[i] == master_at_[i - 1] + a.numel);
+    };
+    optim::for_each_run(layout_.specs().size(), joins, [&](size_t first, size_t end) {
+        const model::ParamSpec& s = layout_.spec(first);
+        const size_t n = layout_.spec(end - 1).offset + layout_.spec(end - 1).numel - s.offset;
+        float* master  = master_.data() + master_at_[first];
+        if (modes_[first] == MasterMode::master && !masters_ready_) {
+            std::copy(params + s.offset, params + s.offset + n, master);
         }
-        optim::adamw_update(modes_[i], prec_.dtype, prec_.fp64_sensitive, params + s.offset, master,
-                            grads + s.offset, moments_.ref().at(s.offset), s.numel,
+        optim::adamw_update(modes_[first], prec_.dtype, prec_.fp64_sensitive, params + s.offset,
+                            master, grads + s.offset, moments_.ref().at(s.offset), n,
                             static_cast<float>(lr), hyper_, s.decay,
                             static_cast<int>(step - n_skipped_), clip);
-    }
+    });
     masters_ready_ = true;
     return norm;
 }

@@ -4,6 +4,8 @@
 // loss scale is divided out exactly. ParO's bucket target has a floor per rank.
 #include "dist/paro/optimizer.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "core/buffer.h"
 #include "dist/parallel.h"
 #include "dist/paro/spaces.h"
+#include "optim/adamw.h"
 
 namespace bagualu::dist::paro {
 namespace {
@@ -165,6 +168,66 @@ TEST(PrecisionOptimizer, LossScaleIsDividedOut) {
     // a power of two: exact
     EXPECT_EQ(run_steps({"dtype=fp16"}, 3, 0.25f, 1024).params,
               run_steps({"dtype=fp16"}, 3, 0.25f).params);
+}
+
+// The optimizers update runs of tensors that continue each other (same mode and decay,
+// contiguous in every array; optim::for_each_run) with one call: the bits of one call per tensor
+// (optim::adamw_update on each tensor's own moments and master), replicated and ParO, for every
+// master mode and both moment types. The layout mixes runs that join (experts 0-2 of a weight),
+// a change of decay (the biases), a tensor whose padding breaks a run (5 floats) and a layernorm
+// weight (float32 where the experts have masters).
+TEST(PrecisionOptimizer, OneUpdateARunIsOneUpdateATensor) {
+    model::ParamLayout layout;
+    for (int e = 0; e < 3; ++e)
+        layout.add(fmt::format("h.0.moe.experts.{}.c_fc.weight", e), {4, 8}, true, true);
+    for (int e = 0; e < 3; ++e)
+        layout.add(fmt::format("h.0.moe.experts.{}.c_fc.bias", e), {4}, false, true);
+    layout.add("h.0.ln_2.weight", {5}, false);
+    layout.add("h.1.ln_2.weight", {5}, false);
+    for (int e = 0; e < 2; ++e)
+        layout.add(fmt::format("h.1.moe.experts.{}.c_proj.weight", e), {8, 4}, true, true);
+    const std::vector<std::vector<std::string>> precs = {
+        {}, {"dtype=bf16"}, {"dtype=bf16", "moments=bf16"}, {"dtype=bf16", "ffn=O3"}};
+    for (const std::vector<std::string>& prec : precs) {
+        for (const char* part : {"off", "on"}) {
+            SCOPED_TRACE(fmt::format("{} partition={}", fmt::join(prec, " "), part));
+            std::vector<std::string> sets = {"train.grad_clip=0",
+                                             std::string("optimizer.partition=") + part};
+            for (const auto& s : prec) sets.push_back("precision." + s);
+            const TrainConfig cfg           = default_config(sets);
+            const model::PrecisionPolicy pr = model::PrecisionPolicy::from_config(cfg.precision);
+            auto par                        = dist::ParallelContext::single();
+            auto opt                        = make_optimizer(cfg, layout, *par, pr);
+            const std::vector<model::MasterMode> modes = optim::master_modes(layout, pr);
+            const size_t n                             = layout.total_floats();
+            Buffer<float> params(n), grads(n), ref(n), g(n), masters(n);
+            optim::Moments moments(n, pr.moments);
+            for (size_t i = 0; i < n; ++i)
+                params[i] = ref[i] = masters[i] =
+                    round_to(pr.dtype, 0.5f + 0.01f * static_cast<float>(i % 37));
+            const TrainSection& t = cfg.train;
+            const optim::AdamWHyper hyper{static_cast<float>(t.beta1), static_cast<float>(t.beta2),
+                                          static_cast<float>(t.eps),
+                                          static_cast<float>(t.weight_decay), 0};
+            for (int step = 1; step <= 3; ++step) {
+                for (size_t i = 0; i < n; ++i)
+                    grads[i] = g[i] = 0.1f * static_cast<float>((i * 7 + step * 3) % 11) - 0.5f;
+                opt->step(params.data(), grads.data(), 1e-2, step);
+                for (size_t i = 0; i < layout.specs().size(); ++i) {
+                    const model::ParamSpec& s = layout.spec(i);
+                    optim::adamw_update(modes[i], pr.dtype, pr.fp64_sensitive,
+                                        ref.data() + s.offset, masters.data() + s.offset,
+                                        g.data() + s.offset, moments.ref().at(s.offset), s.numel,
+                                        1e-2f, hyper, s.decay, step);
+                }
+            }
+            for (const model::ParamSpec& s : layout.specs()) {
+                for (size_t i = s.offset; i < s.offset + s.numel; ++i) {
+                    ASSERT_EQ(params[i], ref[i]) << s.name << " element " << i - s.offset;
+                }
+            }
+        }
+    }
 }
 
 // ParO's bucket target: parallel.bucket_mib up to 1,024 ranks, then 4 KiB per rank.
