@@ -132,6 +132,10 @@ void exp_f64(double* y, const double* x, int64_t n);
 
 // Sum of squares of x, accumulated in double (for global-norm clipping).
 double sum_squares(const float* x, size_t n);
+// The sum over r in [0, count) of sum_squares(x[r], n[r]), added in order: bitwise those calls'
+// total, in one pass over the compute threads instead of one a run (ParO's norm over a shard's
+// pieces, one a tensor).
+double sum_squares_runs(const float* const* x, const size_t* n, size_t count);
 // x *= s
 void scale_inplace(float* x, float s, size_t n);
 

@@ -164,13 +164,17 @@ void PartitionedAdamW::scale_unsplit_spaces(float* grads) {
 }
 
 double PartitionedAdamW::shard_grad_norm(const float* grads) {
-    // every float of every tensor lies in exactly one rank's shard
-    double sq = 0;
+    // every float of every tensor lies in exactly one rank's shard; the squares of each piece
+    // summed as sum_squares sums them, the pieces in order, in one pass over the threads
+    norm_at_.clear();
+    norm_len_.clear();
     for (const ShardState& st : shards_) {
         for (const ShardPiece& p : st.map.pieces()) {
-            sq += kernels::sum_squares(grads + p.flat_offset, p.len);
+            norm_at_.push_back(grads + p.flat_offset);
+            norm_len_.push_back(p.len);
         }
     }
+    const double sq = kernels::sum_squares_runs(norm_at_.data(), norm_len_.data(), norm_at_.size());
     return optim::global_norm(0.0, sq, par_.size() > 1 ? &par_.world() : nullptr);
 }
 

@@ -83,6 +83,9 @@ class PartitionedAdamW final : public Optimizer {
     size_t n_floats_ = 0;
     std::vector<ShardState> shards_;  // [2]: dense, expert
     Buffer<float> bucket_;            // [max bucket_size()]
+    // shard_grad_norm's runs: every piece of every shard, in order (start, length)
+    std::vector<const float*> norm_at_;
+    std::vector<size_t> norm_len_;
 };
 
 }  // namespace bagualu::dist::paro

@@ -1320,6 +1320,34 @@ TEST(SumSquares, IsItsBlockedDefinitionBitwise) {
     set_compute_threads(0);
 }
 
+// sum_squares_runs is the in-order total of sum_squares over its runs to the last bit (ParO's
+// norm over its pieces): runs of one block and of 64, empty ones, lengths around the 4-value
+// steps and the threading threshold, values whose order of adds shows in the last bits, on 1-3
+// threads (the blocks of several runs share a thread's range then).
+TEST(SumSquares, RunsAreTheirSumSquaresAddedInOrderBitwise) {
+    Rng rng(9);
+    const std::vector<size_t> lens = {0, 1, 3, 4, 5, 17, 16383, 16384, 16385, 70001, 7, 0, 24576};
+    std::vector<std::vector<float>> runs;
+    for (size_t n : lens) {
+        std::vector<float> x(n);
+        for (float& v : x) v = float(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
+        runs.push_back(std::move(x));
+    }
+    std::vector<const float*> at;
+    for (const auto& r : runs) at.push_back(r.data());
+    for (size_t count : {size_t{0}, size_t{1}, size_t{5}, lens.size()}) {
+        double want = 0.0;
+        for (size_t r = 0; r < count; ++r) want += sum_squares(at[r], lens[r]);
+        for (int threads = 1; threads <= 3; ++threads) {
+            set_compute_threads(threads);
+            const double got = sum_squares_runs(at.data(), lens.data(), count);
+            EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+                << count << " runs, " << threads << " threads: " << got << " vs " << want;
+        }
+    }
+    set_compute_threads(0);
+}
+
 TEST_P(OpsThreads, ResultsIndependentOfThreadCount) {
     set_compute_threads(1);
     const auto one = run_all_kernels();
