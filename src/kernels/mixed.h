@@ -184,6 +184,11 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
 // pool jobs.
 // narrow_dout: dout's n values rounded to d (as the products' conversion rounds them).
 const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n);
+// narrow_dout_rows: n rows of width C, row i = scale[i] * dout's row rows[i] (rows of C), each
+// product rounded to float, then to d: bitwise narrow_dout on a copy of the scaled rows, without
+// writing it (the experts' output gradient from the tokens', moe/experts.h).
+const uint16_t* narrow_dout_rows(Dtype d, const float* dout, const int32_t* rows,
+                                 const float* scale, size_t n, int C);
 // gelu_backward_dout: gelu_backward_kept's dinp (dout * gelu'(x), x kept as values of x_dtype)
 // rounded to d, formed a block at a time in L1 and narrowed there, so no float array of it is
 // written and read again (the layer under a GELU: the dense MLP's first product, the experts').

@@ -518,19 +518,14 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
                           const float* const* y, int n, int C) {
     for (int j = 0; j < n; ++j) {
         double s[4]               = {0, 0, 0, 0};
-        float* __restrict o       = dy[j];
+        float* __restrict o       = dy ? dy[j] : nullptr;
         const float* __restrict v = y[j];
         int c                     = 0;
         for (; c + 4 <= C; c += 4) {
-            for (int i = 0; i < 4; ++i) {
-                s[i] += double(d[c + i]) * double(v[c + i]);
-                o[c + i] = w[j] * d[c + i];
-            }
+            for (int i = 0; i < 4; ++i) s[i] += double(d[c + i]) * double(v[c + i]);
         }
-        for (; c < C; ++c) {
-            s[c & 3] += double(d[c]) * double(v[c]);
-            o[c] = w[j] * d[c];
-        }
+        for (; c < C; ++c) s[c & 3] += double(d[c]) * double(v[c]);
+        for (c = 0; o && c < C; ++c) o[c] = w[j] * d[c];
         dots[j] = float((s[0] + s[1]) + (s[2] + s[3]));
     }
 }

@@ -100,10 +100,17 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
                     dprobs[t * K + k] = 0.0f;
                     continue;
                 }
-                batch.add(dy_perm + r * C, y_perm + r * C, probs[t * K + k], &dprobs[t * K + k]);
+                batch.add(dy_perm ? dy_perm + r * C : nullptr, y_perm + r * C, probs[t * K + k],
+                          &dprobs[t * K + k]);
             }
         }
     });
+}
+
+void slot_probs(float* probs_of_row, const float* probs, const int32_t* row_of, int N, int K) {
+    for (int64_t s = 0; s < int64_t{N} * K; ++s) {
+        if (row_of[s] >= 0) probs_of_row[row_of[s]] = probs[s];
+    }
 }
 
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C) {

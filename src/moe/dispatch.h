@@ -23,10 +23,14 @@ void permute_forward(float* x_perm, const float* x, const int32_t* token_of_row,
 // out: (N, C), overwritten.
 void unpermute_forward(float* out, const float* y_perm, const float* probs, const int32_t* row_of,
                        int N, int K, int C);
-// dy_perm: (N*K, C), overwritten: dy_perm[row_of[t,k]] = probs[t,k] * dout[t].
+// dy_perm: (N*K, C), overwritten: dy_perm[row_of[t,k]] = probs[t,k] * dout[t]; nullptr where
+// the experts read those rows from dout as they go (slot_probs, moe/experts.h).
 // dprobs: (N, K), overwritten: dprobs[t,k] = dot(dout[t], y_perm[row_of[t,k]]).
 void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
                         const float* probs, const int32_t* row_of, int N, int K, int C);
+// probs_of_row: (rows), overwritten: probs_of_row[row_of[t,k]] = probs[t,k], the scale of each
+// row of dy_perm above (with token_of_row, its source row in dout).
+void slot_probs(float* probs_of_row, const float* probs, const int32_t* row_of, int N, int K);
 // dx: (N, C), accumulated: dx[t] += (sum_k dx_perm[row_of[t,k]]), the slots summed first (from
 // zero, in slot order), then added, as the node-deduplicated exchange adds its per-node sums.
 void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, int N, int K, int C);
@@ -35,7 +39,8 @@ void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, in
 // add_row_sum (kernels/ops.h), shared with node_dispatcher.cpp so both paths round alike.
 
 // The combine's gradient for one token's slots, queued and run kernels::scaled_rows_and_dots
-// at a time: dy = w * d, *dprob = dot(d, y) summed in double (the same bits on every ISA).
+// at a time: dy = w * d, *dprob = dot(d, y) summed in double (the same bits on every ISA). With
+// every dy nullptr, the dots only.
 class SlotGradBatch {
    public:
     SlotGradBatch(const float* d, int C) : d_(d), C_(C) {}
@@ -52,7 +57,7 @@ class SlotGradBatch {
     }
     void run() {
         if (n_ == 0) return;
-        kernels::scaled_rows_and_dots(dy_, dots_, w_, d_, y_, n_, C_);
+        kernels::scaled_rows_and_dots(dy_[0] ? dy_ : nullptr, dots_, w_, d_, y_, n_, C_);
         for (int i = 0; i < n_; ++i) *dprob_[i] = dots_[i];
         n_ = 0;
     }

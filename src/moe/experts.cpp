@@ -129,11 +129,18 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
     }
 }
 
+bool experts_gather_dy(const ExpertPrecision& prec) {
+    return kernels::half_products_convert(prec.gemm);
+}
+
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
                       int E, int C, int F, const ExpertPrecision& prec, double* bias_acc,
-                      const int32_t* x_rows) {
+                      const int32_t* x_rows, const int32_t* dy_rows, const float* dy_scale) {
     const int64_t rows = offsets[E];
+    BGL_CHECK(!dy_rows || (dy_scale && experts_gather_dy(prec) && offsets[0] == 0),
+              "experts_backward: a gathered output gradient needs its scales, from row 0, and "
+              "products that narrow it themselves");
     // bias_acc rows: (F) fc_b then (C) proj_b
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
@@ -144,7 +151,9 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
         // dy_e^T g_e, then dg (rows, F) = dy_e proj_w_e into dh (g is no longer needed); dh =
         // dg gelu'(h) formed as its 16 bits, never as floats; dfc_w_e (F, C) += dh_e^T x_e, then
         // dx (rows, C) = dh_e fc_w_e, dfc_b_e (F) += sum dh_e as the epilogue.
-        const uint16_t* dy16 = kernels::narrow_dout(prec.gemm, dy, RC);
+        const uint16_t* dy16 = dy_rows ? kernels::narrow_dout_rows(prec.gemm, dy, dy_rows, dy_scale,
+                                                                   static_cast<size_t>(rows), C)
+                                       : kernels::narrow_dout(prec.gemm, dy, RC);
         const BiasGradEpilogue<uint16_t> proj_b{dw.proj_b, dw.proj_b_stride, dy16, offsets,
                                                 C,         acc_proj,         F + C};
         auto* g16 = reinterpret_cast<uint16_t*>(dh);

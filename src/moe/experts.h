@@ -50,10 +50,24 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
 // the bias gradients' double sums then continue in it (+=) instead of being added to dw, and
 // experts_bias_grad_flush adds them once, so that the result is bitwise that of one call.
 // x, x_rows: as forward's.
+// dy_rows, dy_scale: nullptr, dy being the (rows, C) output gradient; or (rows) each, row r of
+// the output gradient being dy_scale[r] times dy's row dy_rows[r] (the combine's gradient, read
+// from the tokens' output gradient: moe/dispatch.h slot_probs), each product rounded once to
+// float and then narrowed as the products' 16-bit operand (kernels::narrow_dout_rows): the same
+// bits as from the scaled copy, which is never written. Only where experts_gather_dy(prec) (dy
+// is then not modified).
 void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const float* x,
                       const kernels::KeptArray& h, const ExpertWeights& w, const int32_t* offsets,
                       int E, int C, int F, const ExpertPrecision& prec = {},
-                      double* bias_acc = nullptr, const int32_t* x_rows = nullptr);
+                      double* bias_acc = nullptr, const int32_t* x_rows = nullptr,
+                      const int32_t* dy_rows = nullptr, const float* dy_scale = nullptr);
+
+// Whether experts_backward can read a gathered, scaled output gradient under prec: where its
+// products convert their operands to 16 bits (kernels::half_products_convert), so that the
+// output gradient is narrowed once, into its 16-bit copy, whose rows it forms from dout. (On
+// float products the scaled rows would be packed twice and summed for the bias, each pass
+// forming them again; that cost more than writing them once: docs/results.md.)
+bool experts_gather_dy(const ExpertPrecision& prec);
 
 // dw.fc_b, dw.proj_b += bias_acc (E, F + C) for the experts with had_rows[e] != 0, as one
 // experts_backward call adds its sums.

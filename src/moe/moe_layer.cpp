@@ -57,6 +57,7 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     const bool rounds_possible = budget_ < max_local_rows(max_tokens, s.K, ep);
     // no exchange: the experts (or the rounds) read the tokens' rows in place
     gather_          = !dispatcher_;
+    gather_dy_       = gather_ && !rounds_possible && experts_gather_dy(s.prec);
     const size_t NKC = gather_ ? 0 : N * K * C;  // x_perm_
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
         // per layer: the bias gradients' sums over rounds or pieces, and the rounds' plan
@@ -97,7 +98,8 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     }
     // the scratch: sized by the first layer, every other one of the same shape
     size_shared(dh_, R * F, "dh");
-    size_shared(dy_perm_, N * K * C, "dy_perm");
+    size_shared(dy_perm_, gather_dy_ ? 0 : N * K * C, "dy_perm");
+    size_shared(probs_of_row_, gather_dy_ ? N * K : 0, "probs_of_row");
     size_shared(dx_perm_, N * K * C, "dx_perm");
     size_shared(dprobs_, N * K, "dprobs");
     size_shared(dy_local_, RC, "dy_local");
@@ -402,6 +404,24 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
         return;
     }
+    if (gather_dy_ && experts_gather_dy(s_.prec)) {
+        // the experts form their output gradient from dout as they narrow it: the dprobs only
+        unpermute_backward(nullptr, dprobs_.data(), dout, y_perm_.data(), router_.probs(),
+                           row_of_.data(), N, K, C);
+        slot_probs(probs_of_row_.data(), router_.probs(), row_of_.data(), N, K);
+        PhaseScope phase(Phase::experts);
+        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, const_cast<float*>(dout), inp,
+                         hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec, nullptr,
+                         token_of_row_.data(), token_of_row_.data(), probs_of_row_.data());
+        phase.stop();
+        router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
+                         daux);
+        permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
+        if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
+        return;
+    }
+    // the products stopped converting since this layer was made (kernels::bf16_float_operands)
+    if (dy_perm_.size() == 0) dy_perm_ = Buffer<float>(static_cast<size_t>(max_tokens_) * K * C);
     unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), router_.probs(),
                        row_of_.data(), N, K, C);
     if (dispatcher_) {

@@ -100,6 +100,7 @@ struct MoEBuffers {
 // every MoE layer of a model of one shape shares one set (GPT does), whatever train.recompute.
 struct MoEScratch {
     Buffer<float> dy_perm, dy_local, dh, dx_local, dx_perm, dprobs;
+    Buffer<float> probs_of_row;   // gather_dy_: each row's weight (moe/dispatch.h slot_probs)
     Buffer<float> dys, dhs, dxs;  // shared experts
     std::shared_ptr<RouterScratch> router = std::make_shared<RouterScratch>();
 };
@@ -179,6 +180,10 @@ class MoELayer {
     // token_of_row_, so x_perm_ is never formed: in place by the products in one round
     // (kernels/grouped_gemm.h's gathered operands), copied per round into x_local_ in rounds.
     bool gather_ = false;
+    // gather_ in one round, on products that narrow their operands (experts_gather_dy): the
+    // experts form their output gradient's 16-bit copy from the tokens' dout scaled by
+    // probs_of_row_, so dy_perm_ is never formed (nor allocated)
+    bool gather_dy_ = false;
     // The experts' input and, with gather_, the token each of its rows is (else nullptr).
     const float* experts_input(const float* inp) const { return gather_ ? inp : x_perm_.data(); }
     const int32_t* experts_rows() const { return gather_ ? token_of_row_.data() : nullptr; }
@@ -217,12 +222,13 @@ class MoELayer {
                                                                       static_cast<size_t>(s_.FS));
     }
     // backward scratch
-    Buffer<float>& dy_perm_  = scr_->dy_perm;
-    Buffer<float>& dy_local_ = scr_->dy_local;
-    Buffer<float>& dh_       = scr_->dh;
-    Buffer<float>& dx_local_ = scr_->dx_local;
-    Buffer<float>& dx_perm_  = scr_->dx_perm;
-    Buffer<float>& dprobs_   = scr_->dprobs;
+    Buffer<float>& dy_perm_      = scr_->dy_perm;
+    Buffer<float>& dy_local_     = scr_->dy_local;
+    Buffer<float>& dh_           = scr_->dh;
+    Buffer<float>& dx_local_     = scr_->dx_local;
+    Buffer<float>& dx_perm_      = scr_->dx_perm;
+    Buffer<float>& dprobs_       = scr_->dprobs;
+    Buffer<float>& probs_of_row_ = scr_->probs_of_row;
     // shared experts: (N, C) (N, FS) (N, C)
     Buffer<float>& dys_ = scr_->dys;
     Buffer<float>& dhs_ = scr_->dhs;

@@ -179,9 +179,12 @@ struct MoEBytes {
 // half_act: the experts' activations hold half values (ffn at O2 and above): the all-to-alls
 // carry 16-bit rows, through two more staging buffers of half the float staging's bytes each,
 // and the expert pre-activations are kept in 16 bits. a2a_chunks: parallel.a2a_chunks (the
-// pieces need the send staging and their plans, bias-gradient sums as rounds do).
+// pieces need the send staging and their plans, bias-gradient sums as rounds do). gather_dy:
+// the experts' products are in bf16, which narrow their output gradient from the tokens' rows
+// (moe::experts_gather_dy), so with EP 1 in one round no (N K, C) copy of it is allocated.
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep,
-                         double capacity_factor = 0, bool half_act = false, int a2a_chunks = 1);
+                         double capacity_factor = 0, bool half_act = false, int a2a_chunks = 1,
+                         bool gather_dy = false);
 
 // Sums the collectives by kind: the numbers a run's counters report for one rank and step.
 dist::CommTally per_kind(const std::vector<Collective>& collectives);

@@ -80,8 +80,12 @@ void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int 
     col_sums(s, x, n, ld, w);
 }
 
-void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
-                          const float* const* y, int n, int C) {
+namespace {
+
+// scaled_rows_and_dots, with Store false the dots only (dy unused).
+template <bool Store>
+void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, const float* d,
+                               const float* const* y, int n, int C) {
     constexpr int kRows = 4;
     const int C4        = C / 4 * 4;
     for (int j0 = 0; j0 < n; j0 += kRows) {
@@ -94,7 +98,7 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
         __m256d acc[kRows];
         for (int i = 0; i < kRows; ++i) {
             const int j = j0 + (i < m ? i : 0);
-            o[i]        = dy[j];
+            o[i]        = Store ? dy[j] : nullptr;
             v[i]        = y[j];
             wv[i]       = _mm_set1_ps(w[j]);
             acc[i]      = _mm256_setzero_pd();
@@ -105,7 +109,7 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
             for (int i = 0; i < kRows; ++i) {
                 const __m256d p = _mm256_mul_pd(dd, _mm256_cvtps_pd(_mm_loadu_ps(v[i] + c)));
                 acc[i]          = _mm256_add_pd(acc[i], p);
-                if (i < m) _mm_storeu_ps(o[i] + c, _mm_mul_ps(wv[i], dv));
+                if (Store && i < m) _mm_storeu_ps(o[i] + c, _mm_mul_ps(wv[i], dv));
             }
         }
         for (int i = 0; i < m; ++i) {
@@ -113,10 +117,21 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
             _mm256_store_pd(s, acc[i]);
             for (int c = C4; c < C; ++c) {
                 s[c & 3] += double(d[c]) * double(v[i][c]);
-                o[i][c] = w[j0 + i] * d[c];
+                if (Store) o[i][c] = w[j0 + i] * d[c];
             }
             dots[j0 + i] = float((s[0] + s[1]) + (s[2] + s[3]));
         }
+    }
+}
+
+}  // namespace
+
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C) {
+    if (dy) {
+        scaled_rows_and_dots_impl<true>(dy, dots, w, d, y, n, C);
+    } else {
+        scaled_rows_and_dots_impl<false>(dy, dots, w, d, y, n, C);
     }
 }
 

@@ -209,6 +209,28 @@ TEST(HalfLinear, SixteenBitOutputGradientIsTheRoundedFloatOne) {
     const uint16_t* dy16 = narrow_dout(d, dy.data(), n);
     narrow_half(d, want16.data(), dy.data(), n);
     EXPECT_TRUE(std::equal(want16.begin(), want16.end(), dy16));
+    {
+        // narrow_dout_rows: the rows gathered from dout and scaled, rounded to float, then to
+        // bf16, as narrow_dout of that copy (rows repeated and out of order, a zero scale, and
+        // scales that round the products: random ones)
+        const int C = 37, T = 23, R = 60;
+        const auto src = randn(rng, size_t(T) * C, 3.0);
+        std::vector<int32_t> rows(R);
+        std::vector<float> scale = randn(rng, R), copy(size_t(R) * C);
+        scale[5]                 = 0.0f;
+        for (int r = 0; r < R; ++r) {
+            rows[size_t(r)] = int32_t((r * 7 + 3) % T);
+            for (int c = 0; c < C; ++c)
+                copy[size_t(r) * C + size_t(c)] =
+                    scale[size_t(r)] * src[size_t(rows[size_t(r)]) * C + size_t(c)];
+        }
+        std::vector<uint16_t> want(copy.size());
+        narrow_half(d, want.data(), copy.data(), copy.size());
+        const uint16_t* got = narrow_dout_rows(d, src.data(), rows.data(), scale.data(), R, C);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got));
+        EXPECT_ANY_THROW(
+            narrow_dout_rows(Dtype::float16, src.data(), rows.data(), scale.data(), R, C));
+    }
     for (const bool fp64 : {false, true}) {
         std::vector<float> dwant(n);
         gelu_backward_kept(d, dwant.data(), {x.data()}, dy.data(), n, fp64, d);

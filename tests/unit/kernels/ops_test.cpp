@@ -333,6 +333,13 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
                                           yr.data(), n, C);
             EXPECT_EQ(first_bit_difference(dy, dy_gen), -1);
             EXPECT_EQ(first_bit_difference(dots, dots_gen), -1);
+            // without rows to write (dy nullptr): the same dots, on both kernels
+            std::vector<float> dots_only(size_t(n), -3.f), dots_only_gen(size_t(n), -4.f);
+            scaled_rows_and_dots(nullptr, dots_only.data(), w.data(), d.data(), yr.data(), n, C);
+            generic::scaled_rows_and_dots(nullptr, dots_only_gen.data(), w.data(), d.data(),
+                                          yr.data(), n, C);
+            EXPECT_EQ(first_bit_difference(dots_only, dots), -1);
+            EXPECT_EQ(first_bit_difference(dots_only_gen, dots), -1);
             for (int j = 0; j < n; ++j) {
                 double want = 0;
                 for (int c = 0; c < C; ++c) want += double(d[size_t(c)]) * yr[size_t(j)][c];

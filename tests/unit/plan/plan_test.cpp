@@ -532,6 +532,24 @@ TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
     EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 5 * rows * 4 + E * 8 + 2 * E * 8);
 }
 
+// With the experts' products in bf16 (gather_dy) one rank in one round forms no (N K, C) copy
+// of the output gradient, only the (N K) weights of its rows; with an exchange or rounds the copy
+// stays.
+TEST(PlanComm, SixteenBitExpertsNeedNoCopyOfTheOutputGradient) {
+    TrainConfig c   = small_config(2, 8);
+    c.model.seq_len = 256;
+    const int64_t N = 2 * 256;
+    const double NK = double(N) * c.model.top_k, NKC = NK * c.model.d_model;
+    auto scratch = [&](int ep, double budget, bool gather) {
+        TrainConfig b           = c;
+        b.model.moe_rows_budget = budget;
+        return moe_layer_bytes(b.model, N, ep, 0, true, 1, gather).scratch;
+    };
+    EXPECT_NEAR(scratch(1, 0, false) - scratch(1, 0, true), 4 * (NKC - NK), 2 * 64);
+    EXPECT_EQ(scratch(2, 0, false), scratch(2, 0, true));
+    EXPECT_EQ(scratch(1, 0.25, false), scratch(1, 0.25, true));  // rounds
+}
+
 TEST(PlanTime, OverlapFollowsTheConfig) {
     TrainConfig c         = small_config(0);
     c.model.d_model       = 256;   // gradients large enough to take time
