@@ -74,6 +74,10 @@ struct KernelTable {
     // bfloat16 conversions of n elements on the calling thread, bitwise core/dtype.h's
     // bf16_from_float / bf16_to_float (kernels/mixed.h threads them).
     void (*bf16_narrow)(uint16_t* dst, const float* x, size_t n);
+    // dst[i] = bf16_from_float(w * x[i]), the product rounded to float first: bf16_narrow of a
+    // scaled copy, without the copy (the experts' output gradient rows, kernels/mixed.h
+    // narrow_dout_rows).
+    void (*bf16_narrow_scaled)(uint16_t* dst, const float* x, float w, size_t n);
     void (*bf16_round)(float* out, const float* in, size_t n);
     // bf16_round into an out that is not in, with non-temporal stores where the ISA has them, for
     // values not read again soon (the optimizer's rounded parameters, read by the next forward

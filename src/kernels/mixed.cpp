@@ -401,14 +401,12 @@ const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {
 const uint16_t* narrow_dout_rows(Dtype d, const float* dout, const int32_t* rows,
                                  const float* scale, size_t n, int C) {
     BGL_CHECK(on_16bit(d), "narrow_dout_rows: a 16-bit operand where the products do not convert");
-    bf16* out = grow(g_dout16, n * size_t(C));
+    bf16* out         = grow(g_dout16, n * size_t(C));
+    const auto narrow = dispatch().bf16_narrow_scaled;
     parallel_rows(int64_t(n), C, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> buf;
-        float* row = grow(buf, size_t(C));
         for (int64_t i = begin; i < end; ++i) {
-            const float* src = dout + size_t(rows[i]) * size_t(C);
-            for (int c = 0; c < C; ++c) row[c] = scale[i] * src[c];
-            narrow_half_serial(d, out + size_t(i) * size_t(C), row, size_t(C));
+            narrow(out + size_t(i) * size_t(C), dout + size_t(rows[i]) * size_t(C), scale[i],
+                   size_t(C));
         }
     });
     return out;

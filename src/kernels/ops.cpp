@@ -479,6 +479,9 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = bf16_from_float(x[i]);
 }
+void bf16_narrow_scaled(uint16_t* dst, const float* x, float w, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_from_float(w * x[i]);
+}
 void bf16_round_range(float* out, const float* in, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bf16_from_float(in[i]));
 }

@@ -57,6 +57,7 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
 // ---- bfloat16 narrowing, rounding and widening of n elements on the calling thread; bitwise the
 // generic ones ----
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);  // AVX512_BF16, else AVX2
+void bf16_narrow_scaled(uint16_t* dst, const float* x, float w, size_t n);  // the same
 void bf16_round_range(float* out, const float* in, size_t n);
 void bf16_round_stream(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);

@@ -48,6 +48,7 @@ void zero_range(float* x, size_t n);
 void exp_f64(double* y, const double* x, int64_t n);
 // bfloat16 conversions of n elements on the calling thread (core/dtype.h's rounding).
 void bf16_narrow_range(uint16_t* dst, const float* x, size_t n);
+void bf16_narrow_scaled(uint16_t* dst, const float* x, float w, size_t n);
 void bf16_round_range(float* out, const float* in, size_t n);
 void bf16_widen_range(float* out, const uint16_t* in, size_t n);
 void bf16_bias_round(float* o, const float* bias, uint16_t* half, size_t n);

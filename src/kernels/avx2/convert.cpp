@@ -36,6 +36,21 @@ void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
     for (; i < n; ++i) dst[i] = bf16_from_float(x[i]);
 }
 
+void bf16_narrow_scaled(uint16_t* dst, const float* x, float w, size_t n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    size_t i        = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i lo =
+            bf16_bits(_mm256_castps_si256(_mm256_mul_ps(wv, _mm256_loadu_ps(x + i))));
+        const __m256i hi =
+            bf16_bits(_mm256_castps_si256(_mm256_mul_ps(wv, _mm256_loadu_ps(x + i + 8))));
+        const __m256i packed =
+            _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), packed);
+    }
+    for (; i < n; ++i) dst[i] = bf16_from_float(w * x[i]);
+}
+
 void bf16_round_range(float* out, const float* in, size_t n) {
     size_t i = 0;
     if (out == in) {

@@ -50,6 +50,26 @@ void bf16_narrow_range(uint16_t* dst, const float* x, size_t n) {
     if (i < n) avx2::bf16_narrow_range(dst + i, x + i, n - i);
 }
 
+void bf16_narrow_scaled(uint16_t* dst, const float* x, float w, size_t n) {
+    static const bool convert = cpu_features().avx512_bf16;
+    if (!convert) {
+        avx2::bf16_narrow_scaled(dst, x, w, n);
+        return;
+    }
+    const __m512 wv = _mm512_set1_ps(w);
+    size_t i        = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 lo = _mm512_mul_ps(wv, _mm512_loadu_ps(x + i));
+        const __m512 hi = _mm512_mul_ps(wv, _mm512_loadu_ps(x + i + 16));
+        if (denormals(lo) | denormals(hi)) {
+            avx2::bf16_narrow_scaled(dst + i, x + i, w, 32);
+            continue;
+        }
+        _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+    if (i < n) avx2::bf16_narrow_scaled(dst + i, x + i, w, n - i);
+}
+
 void bf16_round_range(float* out, const float* in, size_t n) {
     size_t i = 0;
     if (out == in) {

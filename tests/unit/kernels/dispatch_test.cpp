@@ -54,6 +54,7 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.crossentropy_backward, &generic::crossentropy_backward_rows);
     EXPECT_EQ(t.adamw_range, &generic::adamw_update_range);
     EXPECT_EQ(t.bf16_narrow, &generic::bf16_narrow_range);
+    EXPECT_EQ(t.bf16_narrow_scaled, &generic::bf16_narrow_scaled);
     EXPECT_EQ(t.bf16_round, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_round_stream, &generic::bf16_round_range);
     EXPECT_EQ(t.bf16_widen, &generic::bf16_widen_range);
@@ -79,8 +80,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_TRUE(t.layernorm_forward_rows && t.layernorm_backward && t.gelu_forward &&
                     t.gelu_backward && t.attention_forward && t.attention_backward &&
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
-                    t.bf16_narrow && t.bf16_round && t.bf16_round_stream && t.bf16_widen &&
-                    t.bf16_bias_round && t.col_sums_f64 && t.col_sums_f64_bf16 &&
+                    t.bf16_narrow && t.bf16_narrow_scaled && t.bf16_round && t.bf16_round_stream &&
+                    t.bf16_widen && t.bf16_bias_round && t.col_sums_f64 && t.col_sums_f64_bf16 &&
                     t.scaled_rows_and_dots && t.rank_rows && t.exp_f64 && t.weighted_row_sum &&
                     t.add_row_sum && t.bias_add && t.zero_stream);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
@@ -97,6 +98,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.gelu_isa == Isa::generic, t.gelu_forward == &generic::gelu_forward_range);
         EXPECT_EQ(t.adamw_isa == Isa::generic, t.adamw_range == &generic::adamw_update_range);
         EXPECT_EQ(t.convert_isa == Isa::generic, t.bf16_narrow == &generic::bf16_narrow_range);
+        EXPECT_EQ(t.convert_isa == Isa::generic,
+                  t.bf16_narrow_scaled == &generic::bf16_narrow_scaled);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64 == &generic::col_sums_f64);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.bias_add == &generic::bias_add);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64_bf16 == &generic::col_sums_f64_bf16);

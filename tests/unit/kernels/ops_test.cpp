@@ -717,6 +717,14 @@ TEST_P(OpsIsaVsRef, Bf16ConversionsAreBitwiseTheScalarRounding) {
         std::vector<uint16_t> narrow(n), narrow_ref(n);
         std::vector<float> rounded(n), rounded_ref(n), widened(n), widened_ref(n);
         dispatch().bf16_narrow(narrow.data(), x.data(), n);
+        // scaled: the products' float rounding, then the same narrowing (scales that keep,
+        // round, overflow to infinity, make denormals and zeros, and flip the sign)
+        for (const float w : {1.0f, 0.3f, -1.7f, 3.0e38f, 1.0e-38f, 0.0f}) {
+            std::vector<uint16_t> scaled(n), scaled_ref(n);
+            dispatch().bf16_narrow_scaled(scaled.data(), x.data(), w, n);
+            for (size_t i = 0; i < n; ++i) scaled_ref[i] = bf16_from_float(w * x[i]);
+            EXPECT_EQ(scaled, scaled_ref) << "scale " << w;
+        }
         dispatch().bf16_round(rounded.data(), x.data(), n);
         dispatch().bf16_widen(widened.data(), narrow.data(), n);
         for (size_t i = 0; i < n; ++i) {
