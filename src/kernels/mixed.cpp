@@ -367,11 +367,12 @@ namespace {
 // on; r: inp's gather, b its source).
 void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* dinp, float* dweight,
                         size_t stride_dw, const bf16* dy, const bf16* b, const int32_t* r,
-                        const float* weight, size_t stride_w, GroupEpilogue dweight_epilogue) {
+                        const float* weight, size_t stride_w, GroupEpilogue dweight_epilogue,
+                        GroupEpilogue dinp_epilogue) {
     grouped_gemm_tn_bf16(G, rebased(offsets, G), OUT, IN, 1.f, dy, OUT, b, IN, 1.f, dweight, IN,
                          stride_dw, r, dweight_epilogue);
     grouped_gemm_half_b(Trans::N, G, offsets, IN, OUT, dy, OUT, weight, IN, stride_w, dinp, IN,
-                        nullptr, {});
+                        nullptr, dinp_epilogue);
 }
 
 }  // namespace
@@ -379,18 +380,19 @@ void grouped_backward16(int G, const int32_t* offsets, int OUT, int IN, float* d
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
                                   const float* inp, const int32_t* inp_rows, const float* weight,
-                                  size_t stride_w, GroupEpilogue dweight_epilogue) {
+                                  size_t stride_w, GroupEpilogue dweight_epilogue,
+                                  GroupEpilogue dinp_epilogue) {
     if (!on_16bit(d) || G == 0) {
         grouped_gemm_tn_half(d, G, offsets, OUT, IN, dout, OUT, inp, IN, dweight, IN, stride_dw,
                              inp_rows, dweight_epilogue);
         grouped_gemm_half(d, Trans::N, G, offsets, IN, OUT, dout, OUT, weight, IN, stride_w, dinp,
-                          IN);
+                          IN, nullptr, dinp_epilogue);
         return;
     }
     const bf16* dy = group_rows16(g_dout16, dout, OUT, size_t(OUT), offsets, G).x;
     const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
-                       stride_w, dweight_epilogue);
+                       stride_w, dweight_epilogue, dinp_epilogue);
 }
 
 const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {
@@ -433,7 +435,7 @@ void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int 
                                     const uint16_t* dout16, const float* inp,
                                     const int32_t* inp_rows, const uint16_t* inp16,
                                     const float* weight, size_t stride_w,
-                                    GroupEpilogue dweight_epilogue) {
+                                    GroupEpilogue dweight_epilogue, GroupEpilogue dinp_epilogue) {
     BGL_CHECK(on_16bit(d),
               "grouped_linear_backward_dout16: 16-bit operands where the products "
               "do not convert");
@@ -443,7 +445,7 @@ void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int 
     const Rows16 b = inp16 ? Rows16{inp16 + size_t(offsets[0]) * size_t(IN), nullptr}
                            : group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
-                       stride_w, dweight_epilogue);
+                       stride_w, dweight_epilogue, dinp_epilogue);
 }
 
 void linear_forward_half(Dtype d, float* out, const float* inp, const float* weight,

@@ -171,11 +171,13 @@ void grouped_gemm_tn_half(Dtype d, int G, const int32_t* offsets, int M, int N, 
 // the same bits as the two calls. inp: float rows (gathered by inp_rows, as b_rows above);
 // dweight is formed first, so dinp may lie where inp does.
 // dweight_epilogue: the weight gradient's epilogue (grouped_gemm_tn_half), which may read dout's
-// float rows (dinp is written after it). Call from outside pool jobs.
+// float rows (dinp is written after it); dinp_epilogue: the input gradient's, on each finished
+// rectangle of dinp (kernels/grouped_gemm.h GroupEpilogue). Call from outside pool jobs.
 void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                   float* dinp, float* dweight, size_t stride_dw, const float* dout,
                                   const float* inp, const int32_t* inp_rows, const float* weight,
-                                  size_t stride_w, GroupEpilogue dweight_epilogue = {});
+                                  size_t stride_w, GroupEpilogue dweight_epilogue = {},
+                                  GroupEpilogue dinp_epilogue = {});
 
 // Output gradients kept only as the products' 16-bit operand, where half_products_convert(d): in
 // the products' own 16-bit scratch for it, valid until the next call that narrows a float output
@@ -205,13 +207,15 @@ void linear_backward_dout16(Dtype d, float* dinp, float* dweight, float* dbias,
 // grouped_linear_backward_half with dout as its 16 bits (dout16, its rows indexed as dout's), and
 // inp as float rows (gathered by inp_rows) or as their 16 bits (inp16, indexed as inp's), where
 // half_products_convert(d). The same bits as on the rounded floats; dweight is formed first, so
-// dinp may lie where inp16 does. The epilogue may read dout16's rows (a bias gradient).
+// dinp may lie where inp16 does. The weight gradient's epilogue may read dout16's rows (a bias
+// gradient); dinp_epilogue runs on each finished rectangle of dinp.
 void grouped_linear_backward_dout16(Dtype d, int G, const int32_t* offsets, int OUT, int IN,
                                     float* dinp, float* dweight, size_t stride_dw,
                                     const uint16_t* dout16, const float* inp,
                                     const int32_t* inp_rows, const uint16_t* inp16,
                                     const float* weight, size_t stride_w,
-                                    GroupEpilogue dweight_epilogue = {});
+                                    GroupEpilogue dweight_epilogue = {},
+                                    GroupEpilogue dinp_epilogue    = {});
 
 // Whether the products above run on 16-bit copies for dtype d: their conversion rounds any float
 // operand to d (round to nearest even, as round_to), so a caller need not round operands first.

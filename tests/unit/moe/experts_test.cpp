@@ -106,6 +106,11 @@ TEST_P(ExpertsGelu, BackwardMultipliesByForwardsGeluOutput) {
     EXPECT_EQ(r.dproj_w, want);
     // and the rows of expert 1 (none) leave its gradients at zero
     for (size_t i = size_t(C) * F; i < 2 * size_t(C) * F; ++i) EXPECT_EQ(r.dproj_w[i], 0.0f);
+    // dx holds values of the activations' dtype, every row of every expert (rounded as each
+    // rectangle of its product finished)
+    size_t unrounded = 0;
+    for (const float v : r.dx) unrounded += round_to(s.prec.act, v) != v;
+    EXPECT_EQ(unrounded, 0u);
 }
 
 // The hidden kept in 16 bits (half act dtypes) gives every output and gradient bit for bit.
