@@ -108,7 +108,7 @@ void add_col_sums(float* dbias, const uint16_t* x, int64_t n, int64_t ld, int w)
 // the products in double into four partial sums (element c into sum c mod 4), returned as
 // float((s0 + s1) + (s2 + s3)); the same bits on every ISA. The n rows of one token's slots
 // run interleaved, so their dependent adds overlap. dy == nullptr: the dots only (the experts
-// then read w * d from d itself, kernels/grouped_gemm.h a_scale).
+// then form w * d from d themselves, kernels/mixed.h narrow_dout_rows).
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
 // Each of n rows of E scores (row r at x + r E) ranked: top[r R + i] = the index of the row's
