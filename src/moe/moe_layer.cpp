@@ -100,7 +100,10 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     size_shared(dh_, R * F, "dh");
     size_shared(dy_perm_, gather_dy_ ? 0 : N * K * C, "dy_perm");
     size_shared(probs_of_row_, gather_dy_ ? N * K : 0, "probs_of_row");
-    size_shared(dx_perm_, N * K * C, "dx_perm");
+    // the input gradients' rows in the output gradients' storage, whose last reader runs before
+    // their first writer (but where pieces exchange both at once, or dy_perm_ is not formed)
+    alias_dx_ = !gather_dy_ && !(dispatcher_ && s.a2a_chunks > 1);
+    size_shared(dx_perm_, alias_dx_ ? 0 : N * K * C, "dx_perm");
     size_shared(dprobs_, N * K, "dprobs");
     size_shared(dy_local_, RC, "dy_local");
     size_shared(dx_local_, RC, "dx_local");
@@ -195,7 +198,7 @@ void MoELayer::chunk_exchange(int c, bool combine, bool backward) {
             dispatcher_->dispatch_chunk(c, x_local_.data(), x_perm_.data(), s_.prec.gemm);
         }
     } else if (combine) {
-        dispatcher_->combine_chunk(c, dx_perm_.data(), dx_local_.data(), s_.prec.act);
+        dispatcher_->combine_chunk(c, dx_perm(), dx_local_.data(), s_.prec.act);
     } else {
         dispatcher_->dispatch_chunk(c, dy_local_.data(), dy_perm_.data(), s_.prec.gemm);
     }
@@ -396,11 +399,10 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                          El_, C, s_.F, s_.prec);
         phase.stop();
         // the tokens' input gradients from the experts, (N, C), into dx_perm_ (N K rows)
-        node_dispatcher_->combine_grad(dx_perm_.data(), dprobs_.data(), dx_local_.data(),
-                                       s_.prec.act);
+        node_dispatcher_->combine_grad(dx_perm(), dprobs_.data(), dx_local_.data(), s_.prec.act);
         router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
                          daux);
-        kernels::add_forward(dinp, dinp, dx_perm_.data(), static_cast<size_t>(N) * C);
+        kernels::add_forward(dinp, dinp, dx_perm(), static_cast<size_t>(N) * C);
         if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
         return;
     }
@@ -410,13 +412,13 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                            row_of_.data(), N, K, C);
         slot_probs(probs_of_row_.data(), router_.probs(), row_of_.data(), N, K);
         PhaseScope phase(Phase::experts);
-        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, const_cast<float*>(dout), inp,
+        experts_backward(dx_perm(), dh_.data(), dw.experts, const_cast<float*>(dout), inp,
                          hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec, nullptr,
                          token_of_row_.data(), token_of_row_.data(), probs_of_row_.data());
         phase.stop();
         router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
                          daux);
-        permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
+        permute_backward(dinp, dx_perm(), row_of_.data(), N, K, C);
         if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
         return;
     }
@@ -452,7 +454,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
             for (int e = 0; e < El_; ++e) {
                 had_rows_[static_cast<size_t>(e)] |= offs[e + 1] > offs[e];
             }
-            round_out(dx_perm_.data(), dx_local_.data(), s_.prec.act);
+            round_out(dx_perm(), dx_local_.data(), s_.prec.act);
         }
         experts_bias_grad_flush(dw.experts, bias_acc_.data(), had_rows_.data(), El_, C, s_.F);
     } else if (dispatcher_ && dispatcher_->chunks() > 1) {
@@ -469,15 +471,15 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
                          x_local_.data(), hidden(0), w.experts, dispatcher_->local_offsets(), El_,
                          C, s_.F, s_.prec);
         phase.stop();
-        dispatcher_->combine(dx_perm_.data(), dx_local_.data(), s_.prec.act);
+        dispatcher_->combine(dx_perm(), dx_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_backward(dx_perm_.data(), dh_.data(), dw.experts, dy_perm_.data(),
-                         experts_input(inp), hidden(0), w.experts, offsets_.data(), El_, C, s_.F,
-                         s_.prec, nullptr, experts_rows());
+        experts_backward(dx_perm(), dh_.data(), dw.experts, dy_perm_.data(), experts_input(inp),
+                         hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec, nullptr,
+                         experts_rows());
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
-    permute_backward(dinp, dx_perm_.data(), row_of_.data(), N, K, C);
+    permute_backward(dinp, dx_perm(), row_of_.data(), N, K, C);
     if (beside) {
         kernels::add_forward(dinp, dinp, dxs_.data(), static_cast<size_t>(N) * C);
     } else if (s_.n_shared > 0) {

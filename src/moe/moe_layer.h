@@ -222,11 +222,17 @@ class MoELayer {
                                                                       static_cast<size_t>(s_.FS));
     }
     // backward scratch
-    Buffer<float>& dy_perm_      = scr_->dy_perm;
-    Buffer<float>& dy_local_     = scr_->dy_local;
-    Buffer<float>& dh_           = scr_->dh;
-    Buffer<float>& dx_local_     = scr_->dx_local;
-    Buffer<float>& dx_perm_      = scr_->dx_perm;
+    Buffer<float>& dy_perm_  = scr_->dy_perm;
+    Buffer<float>& dy_local_ = scr_->dy_local;
+    Buffer<float>& dh_       = scr_->dh;
+    Buffer<float>& dx_local_ = scr_->dx_local;
+    Buffer<float>& dx_perm_  = scr_->dx_perm;  // (N*K, C), or none with alias_dx_
+    // dx_perm_'s rows are dy_perm_'s: every path reads a row of the output gradient (the
+    // experts, the exchange, a round) before the row of the input gradient at its place is
+    // written, and reads none after; not with pieces (a piece's dispatch and the previous one's
+    // combine are in flight together), nor with gather_dy_ (no dy_perm_)
+    bool alias_dx_ = false;
+    float* dx_perm() { return alias_dx_ ? dy_perm_.data() : dx_perm_.data(); }
     Buffer<float>& dprobs_       = scr_->dprobs;
     Buffer<float>& probs_of_row_ = scr_->probs_of_row;
     // shared experts: (N, C) (N, FS) (N, C)

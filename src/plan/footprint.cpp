@@ -132,12 +132,13 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     a += 3 * E * 8;                          // global_tpe_, prob_sum_, f_
     // y_perm_, and x_perm_ with an exchange (with EP 1 the experts read the tokens in place)
     s += (ep == 1 ? 1 : 2) * buf(N * K * C, 4);
-    const double hb = half_act ? 2 : 4;          // bytes of a kept pre-activation
-    s += buf(R * F, hb);                         // h_ or h16_ (backward computes gelu(h) again)
-    d += buf(R * F, 4);                          // dh_ (and the GELU outputs within a pass)
-    d += 2 * buf(N * K * C, 4) + buf(N * K, 4);  // dy_perm_, dx_perm_, dprobs_
-    // with EP 1 in one round on 16-bit products, probs_of_row_ (N K) instead of dy_perm_
-    if (gather_dy && ep == 1 && !rounds) d += buf(N * K, 4) - buf(N * K * C, 4);
+    const double hb = half_act ? 2 : 4;  // bytes of a kept pre-activation
+    s += buf(R * F, hb);                 // h_ or h16_ (backward computes gelu(h) again)
+    d += buf(R * F, 4);                  // dh_ (and the GELU outputs within a pass)
+    // dy_perm_ and dx_perm_: one (N K, C) array for both (dx_perm_'s rows in dy_perm_'s), but
+    // with pieces; with EP 1 in one round on 16-bit products dx_perm_ and probs_of_row_ (N K)
+    d += (pieces ? 2 : 1) * buf(N * K * C, 4) + buf(N * K, 4);  // and dprobs_
+    if (gather_dy && ep == 1 && !rounds) d += buf(N * K, 4);
     if (ep > 1 || rounds) {
         s += 2 * buf(R * C, 4);  // x_local_, y_local_
         d += 2 * buf(R * C, 4);  // dy_local_, dx_local_

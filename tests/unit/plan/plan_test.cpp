@@ -532,10 +532,11 @@ TEST(PlanComm, RowBudgetBoundsMemoryAndCountsRounds) {
     EXPECT_EQ(t[dist::CommKind::alltoallv].bytes, 5 * rows * 4 + E * 8 + 2 * E * 8);
 }
 
-// With the experts' products in bf16 (gather_dy) one rank in one round forms no (N K, C) copy
-// of the output gradient, only the (N K) weights of its rows; with an exchange or rounds the copy
-// stays.
-TEST(PlanComm, SixteenBitExpertsNeedNoCopyOfTheOutputGradient) {
+// The MoE layer's backward scratch holds one (N K, C) array of gradient rows: the output
+// gradient's copy, whose rows the input gradient's take over; or, with the experts' products in
+// bf16 (gather_dy), one rank and one round, the input gradient's alone beside the (N K) weights of
+// the output gradient's rows (formed from the tokens'). With pieces, two.
+TEST(PlanComm, MoEScratchHoldsOneArrayOfGradientRows) {
     TrainConfig c   = small_config(2, 8);
     c.model.seq_len = 256;
     const int64_t N = 2 * 256;
@@ -545,9 +546,17 @@ TEST(PlanComm, SixteenBitExpertsNeedNoCopyOfTheOutputGradient) {
         b.model.moe_rows_budget = budget;
         return moe_layer_bytes(b.model, N, ep, 0, true, 1, gather).scratch;
     };
-    EXPECT_NEAR(scratch(1, 0, false) - scratch(1, 0, true), 4 * (NKC - NK), 2 * 64);
+    // one (N K, C) array either way: the output gradient's rows, the input gradient's in them;
+    // or the input gradient's alone, with the (N K) weights beside
+    EXPECT_NEAR(scratch(1, 0, true) - scratch(1, 0, false), 4 * NK, 64);
     EXPECT_EQ(scratch(2, 0, false), scratch(2, 0, true));
     EXPECT_EQ(scratch(1, 0.25, false), scratch(1, 0.25, true));  // rounds
+    // with pieces both arrays: a piece's dispatch reads the one while the previous piece's
+    // combine writes the other
+    TrainConfig b    = c;
+    const double one = moe_layer_bytes(b.model, N, 2, 0, true, 1).scratch,
+                 two = moe_layer_bytes(b.model, N, 2, 0, true, 4).scratch;
+    EXPECT_NEAR(two - one, 4 * NKC, 64);
 }
 
 TEST(PlanTime, OverlapFollowsTheConfig) {
