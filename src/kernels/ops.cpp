@@ -517,20 +517,35 @@ void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int 
     }
 }
 
-void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
-                          const float* const* y, int n, int C) {
+namespace {
+inline double widen(float v) { return double(v); }
+inline double widen(uint16_t v) { return double(bf16_to_float(v)); }
+
+template <typename T>
+void scaled_rows_and_dots_rows(float* const* dy, float* dots, const float* w, const float* d,
+                               const T* const* y, int n, int C) {
     for (int j = 0; j < n; ++j) {
-        double s[4]               = {0, 0, 0, 0};
-        float* __restrict o       = dy ? dy[j] : nullptr;
-        const float* __restrict v = y[j];
-        int c                     = 0;
+        double s[4]           = {0, 0, 0, 0};
+        float* __restrict o   = dy ? dy[j] : nullptr;
+        const T* __restrict v = y[j];
+        int c                 = 0;
         for (; c + 4 <= C; c += 4) {
-            for (int i = 0; i < 4; ++i) s[i] += double(d[c + i]) * double(v[c + i]);
+            for (int i = 0; i < 4; ++i) s[i] += double(d[c + i]) * widen(v[c + i]);
         }
-        for (; c < C; ++c) s[c & 3] += double(d[c]) * double(v[c]);
+        for (; c < C; ++c) s[c & 3] += double(d[c]) * widen(v[c]);
         for (c = 0; o && c < C; ++c) o[c] = w[j] * d[c];
         dots[j] = float((s[0] + s[1]) + (s[2] + s[3]));
     }
+}
+}  // namespace
+
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C) {
+    scaled_rows_and_dots_rows(dy, dots, w, d, y, n, C);
+}
+void scaled_rows_and_dots_bf16(float* const* dy, float* dots, const float* w, const float* d,
+                               const uint16_t* const* y, int n, int C) {
+    scaled_rows_and_dots_rows(dy, dots, w, d, y, n, C);
 }
 
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R) {
@@ -631,6 +646,11 @@ void add_col_sums(float* dbias, const float* x, int64_t n, int64_t ld, int w) {
 void add_col_sums(float* dbias, const uint16_t* x, int64_t n, int64_t ld, int w) {
     add_col_sums_of(dbias, x, n, ld, w);
 }
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const uint16_t* const* y, int n, int C) {
+    dispatch().scaled_rows_and_dots_bf16(dy, dots, w, d, y, n, C);
+}
+
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C) {
     dispatch().scaled_rows_and_dots(dy, dots, w, d, y, n, C);

@@ -111,6 +111,10 @@ void add_col_sums(float* dbias, const uint16_t* x, int64_t n, int64_t ld, int w)
 // then form w * d from d themselves, kernels/mixed.h narrow_dout_rows).
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
+// The same with y the bits of bf16 rows (their values widened exactly): the experts' outputs
+// kept in 16 bits (moe/moe_layer.h).
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const uint16_t* const* y, int n, int C);
 // Each of n rows of E scores (row r at x + r E) ranked: top[r R + i] = the index of the row's
 // i-th largest score, i in [0, R), 1 <= R <= E, equal scores in increasing index (a stable sort
 // into descending order, its first R). The same indices on every ISA: a row holding a NaN is

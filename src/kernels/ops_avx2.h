@@ -54,6 +54,8 @@ void col_sums_f64(double* s, const float* x, int64_t n, int64_t ld, int w);
 void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int w);
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C);
+void scaled_rows_and_dots_bf16(float* const* dy, float* dots, const float* w, const float* d,
+                               const uint16_t* const* y, int n, int C);
 void rank_rows(int32_t* top, const float* x, int64_t n, int E, int R);
 void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C);
 void add_row_sum(float* o, const float* const* y, int n, int C);

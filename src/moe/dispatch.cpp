@@ -20,12 +20,13 @@ namespace {
 constexpr int64_t kRowsAhead = 4;
 
 // Prefetches, for reading, every line of the slot rows of one token (row_of: its K entries, -1
-// for none) in base (rows of C floats).
-inline void prefetch_slot_rows(const float* base, const int32_t* row_of, int K, int C) {
+// for none) in base (rows of C elements of T: floats, or the bits of bf16 values).
+template <typename T>
+inline void prefetch_slot_rows(const T* base, const int32_t* row_of, int K, int C) {
     for (int k = 0; k < K; ++k) {
         if (row_of[k] < 0) continue;
         const char* p = reinterpret_cast<const char*>(base + static_cast<int64_t>(row_of[k]) * C);
-        for (size_t off = 0; off < sizeof(float) * static_cast<size_t>(C); off += 64)
+        for (size_t off = 0; off < sizeof(T) * static_cast<size_t>(C); off += 64)
             __builtin_prefetch(p + off);
     }
 }
@@ -86,14 +87,17 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
     });
 }
 
-void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
-                        const float* probs, const int32_t* row_of, int N, int K, int C) {
+namespace {
+
+template <typename Y>
+void unpermute_backward_rows(float* dy_perm, float* dprobs, const float* dout, const Y* y_perm,
+                             const float* probs, const int32_t* row_of, int N, int K, int C) {
     parallel_for(N, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             if (t + kRowsAhead < end) {
                 prefetch_slot_rows(y_perm, row_of + (t + kRowsAhead) * K, K, C);
             }
-            SlotGradBatch batch(dout + t * C, C);
+            SlotGradBatch<Y> batch(dout + t * C, C);
             for (int k = 0; k < K; ++k) {
                 const int64_t r = row_of[t * K + k];
                 if (r < 0) {
@@ -105,6 +109,18 @@ void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const 
             }
         }
     });
+}
+
+}  // namespace
+
+void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
+                        const float* probs, const int32_t* row_of, int N, int K, int C) {
+    unpermute_backward_rows(dy_perm, dprobs, dout, y_perm, probs, row_of, N, K, C);
+}
+
+void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const uint16_t* y_perm,
+                        const float* probs, const int32_t* row_of, int N, int K, int C) {
+    unpermute_backward_rows(dy_perm, dprobs, dout, y_perm, probs, row_of, N, K, C);
 }
 
 void slot_probs(float* probs_of_row, const float* probs, const int32_t* row_of, int N, int K) {

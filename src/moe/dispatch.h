@@ -28,6 +28,9 @@ void unpermute_forward(float* out, const float* y_perm, const float* probs, cons
 // dprobs: (N, K), overwritten: dprobs[t,k] = dot(dout[t], y_perm[row_of[t,k]]).
 void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const float* y_perm,
                         const float* probs, const int32_t* row_of, int N, int K, int C);
+// The same with y_perm kept as the bits of bf16 values (the same dots: the values widen exactly).
+void unpermute_backward(float* dy_perm, float* dprobs, const float* dout, const uint16_t* y_perm,
+                        const float* probs, const int32_t* row_of, int N, int K, int C);
 // probs_of_row: (rows), overwritten: probs_of_row[row_of[t,k]] = probs[t,k], the scale of each
 // row of dy_perm above (with token_of_row, its source row in dout).
 void slot_probs(float* probs_of_row, const float* probs, const int32_t* row_of, int N, int K);
@@ -40,7 +43,8 @@ void permute_backward(float* dx, const float* dx_perm, const int32_t* row_of, in
 
 // The combine's gradient for one token's slots, queued and run kernels::scaled_rows_and_dots
 // at a time: dy = w * d, *dprob = dot(d, y) summed in double (the same bits on every ISA). With
-// every dy nullptr, the dots only.
+// every dy nullptr, the dots only. Y: float rows, or the bits of bf16 rows.
+template <typename Y = float>
 class SlotGradBatch {
    public:
     SlotGradBatch(const float* d, int C) : d_(d), C_(C) {}
@@ -48,7 +52,7 @@ class SlotGradBatch {
     SlotGradBatch(const SlotGradBatch&)            = delete;
     SlotGradBatch& operator=(const SlotGradBatch&) = delete;
 
-    void add(float* dy, const float* y, float w, float* dprob) {
+    void add(float* dy, const Y* y, float w, float* dprob) {
         dy_[n_]    = dy;
         y_[n_]     = y;
         w_[n_]     = w;
@@ -68,7 +72,7 @@ class SlotGradBatch {
     int C_;
     int n_ = 0;
     float* dy_[kMax];
-    const float* y_[kMax];
+    const Y* y_[kMax];
     float w_[kMax];
     float* dprob_[kMax];
     float dots_[kMax];

@@ -118,18 +118,20 @@ struct RoundEpilogue {
 
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
-                     const ExpertPrecision& prec, const int32_t* x_rows) {
+                     const ExpertPrecision& prec, const int32_t* x_rows, uint16_t* y16) {
     const int64_t rows = offsets[E];
     const size_t RF    = static_cast<size_t>(rows * F);
     BGL_CHECK((h.half != nullptr) != (h.f32 != nullptr) && (!h.half || prec.act != Dtype::float32),
               "experts_forward: the hidden is kept in float32 or in 16 bits of a half act dtype");
+    BGL_CHECK(!y16 || prec.act != Dtype::float32,
+              "experts_forward: a 16-bit copy of the output needs a half act dtype");
     // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e: into h, or for a 16-bit h into
     // g, narrowed from there
     float* hf = h.half ? g : h.f32;
     const BiasEpilogue fc_bias{hf, w.fc_b, w.fc_b_stride, offsets, F, prec.act, h.half};
     kernels::grouped_gemm_half(prec.gemm, Trans::T, E, offsets, F, C, x, C, w.fc_w, C,
                                w.fc_w_stride, hf, F, x_rows, fc_bias);
-    const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C, prec.act};
+    const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C, prec.act, y16};
     // y (rows, C) = g_e (rows_e, F) @ proj_w_e^T (F, C) + proj_b_e, g = gelu(h): where the
     // products convert, g only as the 16-bit operand, formed in g's own storage from h (a
     // 16-bit h is read rather than hf, the same values, which its 16 bits overwrite)

@@ -37,9 +37,12 @@ struct ExpertPrecision {
 // x_rows: nullptr, x being the (rows, C) permuted rows; or (rows) the row of x (the tokens,
 // unpermuted) each permuted row is, read in place by the first product (no permuted copy; the
 // same bits).
+// y16: nullptr, or (rows, C) that takes y's 16 bits as well (prec.act a half type), narrowed in
+// the second product's epilogue while each rectangle of y is in cache.
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
-                     const ExpertPrecision& prec = {}, const int32_t* x_rows = nullptr);
+                     const ExpertPrecision& prec = {}, const int32_t* x_rows = nullptr,
+                     uint16_t* y16 = nullptr);
 
 // dx: (rows, C), overwritten. dh: (rows, F) scratch (it holds gelu(h) first, then its
 // gradient). Parameter grads +=. dy is rounded to prec.gemm in place where the products take

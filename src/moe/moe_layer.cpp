@@ -58,6 +58,7 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     // no exchange: the experts (or the rounds) read the tokens' rows in place
     gather_          = !dispatcher_;
     gather_dy_       = gather_ && !rounds_possible && experts_gather_dy(s.prec);
+    keep_y16_        = gather_ && !rounds_possible && s.prec.act == Dtype::bfloat16;
     const size_t NKC = gather_ ? 0 : N * K * C;  // x_perm_
     if (rounds_possible || (dispatcher_ && s.a2a_chunks > 1)) {
         // per layer: the bias gradients' sums over rounds or pieces, and the rounds' plan
@@ -76,14 +77,16 @@ MoELayer::MoELayer(const MoEShape& s, int max_tokens, dist::ParallelContext* par
     if (row_of_.size() > 0) {  // shared, and already sized by a layer of this shape
         BGL_CHECK(row_of_.size() == N * K && h_.size() + h16_.size() == R * F &&
                       h16_.size() == (half_h ? R * F : 0) && x_perm_.size() == NKC &&
-                      x_local_.size() == RC && hs_.size() + hs16_.size() == NS,
+                      y16_.size() == (keep_y16_ ? N * K * C : 0) && x_local_.size() == RC &&
+                      hs_.size() + hs16_.size() == NS,
                   "MoE layers sharing buffers differ in shape");
     } else {
         row_of_       = Buffer<int32_t>(N * K);
         token_of_row_ = Buffer<int32_t>(N * K);
         offsets_      = Buffer<int32_t>(E + 1);
         x_perm_       = Buffer<float>(NKC);
-        y_perm_       = Buffer<float>(N * K * C);
+        y_perm_       = Buffer<float>(keep_y16_ ? 0 : N * K * C);
+        y16_          = Buffer<uint16_t>(keep_y16_ ? N * K * C : 0);
         x_local_      = Buffer<float>(RC);
         y_local_      = Buffer<float>(RC);
         // the pre-activations: in 16 bits when they hold half values (kernels::KeptArray)
@@ -320,10 +323,12 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         dispatcher_->combine(y_perm_.data(), y_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_forward(y_perm_.data(), hidden(0), dh_.data(), experts_input(inp), w.experts,
-                        offsets_.data(), El_, C, s_.F, s_.prec, experts_rows());
+        experts_forward(keep_y16_ ? dx_perm() : y_perm_.data(), hidden(0), dh_.data(),
+                        experts_input(inp), w.experts, offsets_.data(), El_, C, s_.F, s_.prec,
+                        experts_rows(), keep_y16_ ? y16_.data() : nullptr);
     }
-    unpermute_forward(out, y_perm_.data(), router_.probs(), row_of_.data(), N, K, C);
+    unpermute_forward(out, keep_y16_ ? dx_perm() : y_perm_.data(), router_.probs(), row_of_.data(),
+                      N, K, C);
     if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
     return aux;
 }
@@ -386,6 +391,17 @@ void MoELayer::dispatch_beside(float* to, const float* from, F&& f) {
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// The combine's gradient (moe/dispatch.h unpermute_backward) from the kept outputs.
+void MoELayer::combine_grad(float* dy_perm, const float* dout) {
+    if (keep_y16_) {
+        unpermute_backward(dy_perm, dprobs_.data(), dout, y16_.data(), router_.probs(),
+                           row_of_.data(), n_, s_.K, s_.C);
+    } else {
+        unpermute_backward(dy_perm, dprobs_.data(), dout, y_perm_.data(), router_.probs(),
+                           row_of_.data(), n_, s_.K, s_.C);
+    }
+}
+
 void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const float* inp,
                         const MoEWeights& w, double daux) {
     const int N = n_, C = s_.C, K = s_.K;
@@ -408,8 +424,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     }
     if (gather_dy_ && experts_gather_dy(s_.prec)) {
         // the experts form their output gradient from dout as they narrow it: the dprobs only
-        unpermute_backward(nullptr, dprobs_.data(), dout, y_perm_.data(), router_.probs(),
-                           row_of_.data(), N, K, C);
+        combine_grad(nullptr, dout);
         slot_probs(probs_of_row_.data(), router_.probs(), row_of_.data(), N, K);
         PhaseScope phase(Phase::experts);
         experts_backward(dx_perm(), dh_.data(), dw.experts, const_cast<float*>(dout), inp,
@@ -424,8 +439,7 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
     }
     // the products stopped converting since this layer was made (kernels::bf16_float_operands)
     if (dy_perm_.size() == 0) dy_perm_ = Buffer<float>(static_cast<size_t>(max_tokens_) * K * C);
-    unpermute_backward(dy_perm_.data(), dprobs_.data(), dout, y_perm_.data(), router_.probs(),
-                       row_of_.data(), N, K, C);
+    combine_grad(dy_perm_.data(), dout);
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
         kernels::round_inplace(dy_perm_.data(),

@@ -89,6 +89,7 @@ int64_t moe_rows_budget(int64_t max_tokens, int K, int ep, double rows_budget);
 struct MoEBuffers {
     Buffer<int32_t> row_of, token_of_row, offsets;
     Buffer<float> x_perm, y_perm, x_local, h, y_local;
+    Buffer<uint16_t> y16;  // y_perm in 16 bits (MoELayer keep_y16_; y_perm is empty then)
     Buffer<uint16_t> h16;  // h in 16 bits (MoEShape::prec.act a half type; h is empty then)
     Buffer<float> ys, hs;  // shared experts
     Buffer<uint16_t> hs16;
@@ -184,6 +185,11 @@ class MoELayer {
     // experts form their output gradient's 16-bit copy from the tokens' dout scaled by
     // probs_of_row_, so dy_perm_ is never formed (nor allocated)
     bool gather_dy_ = false;
+    // gather_ in one round with bf16 activations: the experts' outputs y_perm (saved for the
+    // combine's gradient) are kept as their 16 bits in y16_, narrowed as the second product
+    // finishes each rectangle; the floats the combine reads in forward are formed in dx_perm()'s
+    // storage, free until backward
+    bool keep_y16_ = false;
     // The experts' input and, with gather_, the token each of its rows is (else nullptr).
     const float* experts_input(const float* inp) const { return gather_ ? inp : x_perm_.data(); }
     const int32_t* experts_rows() const { return gather_ ? token_of_row_.data() : nullptr; }
@@ -204,7 +210,8 @@ class MoELayer {
     Buffer<int32_t>& token_of_row_ = buf_->token_of_row;  // (N*K)
     Buffer<int32_t>& offsets_      = buf_->offsets;       // (E+1)
     Buffer<float>& x_perm_         = buf_->x_perm;        // (N*K, C) expert-major; not gather_
-    Buffer<float>& y_perm_         = buf_->y_perm;        // (N*K, C)
+    Buffer<float>& y_perm_         = buf_->y_perm;        // (N*K, C), or
+    Buffer<uint16_t>& y16_         = buf_->y16;           // (N*K, C) in 16 bits (keep_y16_)
     Buffer<float>& x_local_        = buf_->x_local;       // (R, C), R = budget_ rows
     Buffer<float>& h_              = buf_->h;             // (R, F), or
     Buffer<uint16_t>& h16_         = buf_->h16;           // (R, F) in 16 bits
@@ -241,6 +248,8 @@ class MoELayer {
     Buffer<float>& dxs_ = scr_->dxs;
 
     void shared_forward(const float* inp, const ExpertWeights& w, int N);
+    // dprobs_ (and dy_perm, where not nullptr) from dout and the kept outputs
+    void combine_grad(float* dy_perm, const float* dout);
     // Whether this forward's shared experts compute beside the plain dispatch (overlap_shared).
     bool shared_beside() const;
     // The plain one-round dispatch of `from` into `to` on helper_ while f() computes here.

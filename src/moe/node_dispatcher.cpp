@@ -358,7 +358,7 @@ void NodeDispatcher::dispatch_grad(float* dy_local, const float* dout, Dtype pay
     parallel_for(got, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const int32_t* mt = meta_recv_.data() + static_cast<size_t>(i) * 2 * K;
-            SlotGradBatch batch(r1 + static_cast<size_t>(i) * C, C_);
+            SlotGradBatch<> batch(r1 + static_cast<size_t>(i) * C, C_);
             for (size_t k = 0; k < K; ++k) {
                 const int64_t r = pos2_[static_cast<size_t>(i) * K + k];
                 float& dp       = dprobs_rel_[static_cast<size_t>(i) * K + k];

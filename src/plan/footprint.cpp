@@ -92,7 +92,7 @@ uint64_t shard_tokens(const std::string& spec) {
 }  // namespace
 
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, double capacity_factor,
-                         bool half_act, int a2a_chunks, bool gather_dy) {
+                         bool half_act, int a2a_chunks, bool gather_dy, bool y16) {
     // moe/moe_layer.cpp MoELayer::MoELayer and moe/token_dispatcher.cpp
     const double N = static_cast<double>(max_tokens), E = m.n_experts, K = m.top_k, C = m.d_model,
                  F = m.expert_width(), El = E / ep;
@@ -130,8 +130,10 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     }
     s += 2 * buf(N * K, 4) + buf(E + 1, 4);  // row_of_, token_of_row_, offsets_
     a += 3 * E * 8;                          // global_tpe_, prob_sum_, f_
-    // y_perm_, and x_perm_ with an exchange (with EP 1 the experts read the tokens in place)
+    // y_perm_, and x_perm_ with an exchange (with EP 1 the experts read the tokens in place);
+    // with EP 1 in one round and bf16 activations y_perm_ is kept in 16 bits (y16_)
     s += (ep == 1 ? 1 : 2) * buf(N * K * C, 4);
+    if (y16 && ep == 1 && !rounds) s += buf(N * K * C, 2) - buf(N * K * C, 4);
     const double hb = half_act ? 2 : 4;  // bytes of a kept pre-activation
     s += buf(R * F, hb);                 // h_ or h16_ (backward computes gelu(h) again)
     d += buf(R * F, 4);                  // dh_ (and the GELU outputs within a pass)
@@ -281,11 +283,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
             head16)) *
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
-    const MoEBytes moe = moe_layer_bytes(
-        m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
-        prec.act_dtype(model::LayerClass::ffn) != Dtype::float32, cfg.parallel.a2a_chunks,
-        prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16);
-    const int n_moe = n_moe_layers(m);
+    const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,
+                                         prec.act_dtype(model::LayerClass::ffn) != Dtype::float32,
+                                         cfg.parallel.a2a_chunks,
+                                         prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16,
+                                         prec.act_dtype(model::LayerClass::ffn) == Dtype::bfloat16);
+    const int n_moe    = n_moe_layers(m);
     // balanced load N*K rows per rank over the row budget (moe_layer.h): more than one round
     // only when the budget is below it (SWIPE in training keeps it exactly balanced)
     f.moe_rounds = n_moe > 0 ? std::max(1.0, std::ceil(N * m.top_k / R_round)) : 1;

@@ -182,9 +182,11 @@ struct MoEBytes {
 // pieces need the send staging and their plans, bias-gradient sums as rounds do). gather_dy:
 // the experts' products are in bf16, which narrow their output gradient from the tokens' rows
 // (moe::experts_gather_dy), so with EP 1 in one round no (N K, C) copy of it is allocated.
+// y16: the experts' activations are bf16, so with EP 1 in one round their outputs are kept in 16
+// bits.
 MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep,
                          double capacity_factor = 0, bool half_act = false, int a2a_chunks = 1,
-                         bool gather_dy = false);
+                         bool gather_dy = false, bool y16 = false);
 
 // Sums the collectives by kind: the numbers a run's counters report for one rank and step.
 dist::CommTally per_kind(const std::vector<Collective>& collectives);

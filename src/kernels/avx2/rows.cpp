@@ -82,10 +82,11 @@ void col_sums_f64_bf16(double* s, const uint16_t* x, int64_t n, int64_t ld, int 
 
 namespace {
 
-// scaled_rows_and_dots, with Store false the dots only (dy unused).
-template <bool Store>
+// scaled_rows_and_dots, with Store false the dots only (dy unused); y: float rows, or the bits of
+// bf16 rows (their values widened exactly).
+template <bool Store, typename T>
 void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, const float* d,
-                               const float* const* y, int n, int C) {
+                               const T* const* y, int n, int C) {
     constexpr int kRows = 4;
     const int C4        = C / 4 * 4;
     for (int j0 = 0; j0 < n; j0 += kRows) {
@@ -93,7 +94,7 @@ void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, co
         // a group short of four rows repeats its first row's work in the spare registers and
         // stores only its own rows
         float* o[kRows];
-        const float* v[kRows];
+        const T* v[kRows];
         __m128 wv[kRows];
         __m256d acc[kRows];
         for (int i = 0; i < kRows; ++i) {
@@ -107,7 +108,7 @@ void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, co
             const __m128 dv  = _mm_loadu_ps(d + c);
             const __m256d dd = _mm256_cvtps_pd(dv);
             for (int i = 0; i < kRows; ++i) {
-                const __m256d p = _mm256_mul_pd(dd, _mm256_cvtps_pd(_mm_loadu_ps(v[i] + c)));
+                const __m256d p = _mm256_mul_pd(dd, four(v[i] + c));
                 acc[i]          = _mm256_add_pd(acc[i], p);
                 if (Store && i < m) _mm_storeu_ps(o[i] + c, _mm_mul_ps(wv[i], dv));
             }
@@ -116,7 +117,7 @@ void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, co
             alignas(32) double s[4];
             _mm256_store_pd(s, acc[i]);
             for (int c = C4; c < C; ++c) {
-                s[c & 3] += double(d[c]) * double(v[i][c]);
+                s[c & 3] += double(d[c]) * one(v[i][c]);
                 if (Store) o[i][c] = w[j0 + i] * d[c];
             }
             dots[j0 + i] = float((s[0] + s[1]) + (s[2] + s[3]));
@@ -128,6 +129,15 @@ void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, co
 
 void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
                           const float* const* y, int n, int C) {
+    if (dy) {
+        scaled_rows_and_dots_impl<true>(dy, dots, w, d, y, n, C);
+    } else {
+        scaled_rows_and_dots_impl<false>(dy, dots, w, d, y, n, C);
+    }
+}
+
+void scaled_rows_and_dots_bf16(float* const* dy, float* dots, const float* w, const float* d,
+                               const uint16_t* const* y, int n, int C) {
     if (dy) {
         scaled_rows_and_dots_impl<true>(dy, dots, w, d, y, n, C);
     } else {

@@ -62,6 +62,7 @@ TEST(Dispatch, GenericTableRunsOnlyPortableKernels) {
     EXPECT_EQ(t.col_sums_f64, &generic::col_sums_f64);
     EXPECT_EQ(t.col_sums_f64_bf16, &generic::col_sums_f64_bf16);
     EXPECT_EQ(t.scaled_rows_and_dots, &generic::scaled_rows_and_dots);
+    EXPECT_EQ(t.scaled_rows_and_dots_bf16, &generic::scaled_rows_and_dots_bf16);
     EXPECT_EQ(t.rank_rows, &generic::rank_rows);
     EXPECT_EQ(t.exp_f64, &generic::exp_f64);
     EXPECT_EQ(t.weighted_row_sum, &generic::weighted_row_sum);
@@ -82,8 +83,9 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
                     t.crossentropy_forward && t.crossentropy_backward && t.adamw_range &&
                     t.bf16_narrow && t.bf16_narrow_scaled && t.bf16_round && t.bf16_round_stream &&
                     t.bf16_widen && t.bf16_bias_round && t.col_sums_f64 && t.col_sums_f64_bf16 &&
-                    t.scaled_rows_and_dots && t.rank_rows && t.exp_f64 && t.weighted_row_sum &&
-                    t.add_row_sum && t.bias_add && t.zero_stream);
+                    t.scaled_rows_and_dots && t.scaled_rows_and_dots_bf16 && t.rank_rows &&
+                    t.exp_f64 && t.weighted_row_sum && t.add_row_sum && t.bias_add &&
+                    t.zero_stream);
         for (Isa f : {t.layernorm_isa, t.gelu_isa, t.attention_isa, t.crossentropy_isa, t.adamw_isa,
                       t.convert_isa, t.rows_isa, t.exp_isa}) {
             EXPECT_LE(int(f), int(isa)) << isa_name(f);
@@ -105,6 +107,8 @@ TEST(Dispatch, EveryTableIsCompleteAndNoWiderThanItsIsa) {
         EXPECT_EQ(t.rows_isa == Isa::generic, t.col_sums_f64_bf16 == &generic::col_sums_f64_bf16);
         EXPECT_EQ(t.rows_isa == Isa::generic,
                   t.scaled_rows_and_dots == &generic::scaled_rows_and_dots);
+        EXPECT_EQ(t.rows_isa == Isa::generic,
+                  t.scaled_rows_and_dots_bf16 == &generic::scaled_rows_and_dots_bf16);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.rank_rows == &generic::rank_rows);
         EXPECT_EQ(t.exp_isa == Isa::generic, t.exp_f64 == &generic::exp_f64);
         EXPECT_EQ(t.rows_isa == Isa::generic, t.weighted_row_sum == &generic::weighted_row_sum);

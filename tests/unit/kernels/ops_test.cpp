@@ -340,6 +340,32 @@ TEST_P(OpsIsaVsRef, RowKernelsAreBitwiseTheGenericKernelsAndExact) {
                                           yr.data(), n, C);
             EXPECT_EQ(first_bit_difference(dots_only, dots), -1);
             EXPECT_EQ(first_bit_difference(dots_only_gen, dots), -1);
+            // y as bf16 rows: the dots of their widened values, the rows written as above
+            std::vector<uint16_t> y16(y.size());
+            std::vector<float> yw(y.size());
+            for (size_t i = 0; i < y.size(); ++i) {
+                y16[i] = bf16_from_float(y[i]);
+                yw[i]  = bf16_to_float(y16[i]);
+            }
+            std::vector<const uint16_t*> y16r(static_cast<size_t>(n));
+            std::vector<const float*> ywr(static_cast<size_t>(n));
+            for (int j = 0; j < n; ++j) {
+                y16r[size_t(j)] = y16.data() + size_t((n - 1 - j) * C);
+                ywr[size_t(j)]  = yw.data() + size_t((n - 1 - j) * C);
+            }
+            std::vector<float> dots_w(static_cast<size_t>(n)), dots16(static_cast<size_t>(n)),
+                dots16_gen(static_cast<size_t>(n));
+            auto dy16 = nans(size_t(n * C));
+            std::vector<float*> o16(static_cast<size_t>(n));
+            for (int j = 0; j < n; ++j) o16[size_t(j)] = dy16.data() + size_t((n - 1 - j) * C);
+            generic::scaled_rows_and_dots(nullptr, dots_w.data(), w.data(), d.data(), ywr.data(), n,
+                                          C);
+            scaled_rows_and_dots(o16.data(), dots16.data(), w.data(), d.data(), y16r.data(), n, C);
+            generic::scaled_rows_and_dots_bf16(nullptr, dots16_gen.data(), w.data(), d.data(),
+                                               y16r.data(), n, C);
+            EXPECT_EQ(first_bit_difference(dots16, dots_w), -1);
+            EXPECT_EQ(first_bit_difference(dots16_gen, dots_w), -1);
+            EXPECT_EQ(first_bit_difference(dy16, dy), -1);
             for (int j = 0; j < n; ++j) {
                 double want = 0;
                 for (int c = 0; c < C; ++c) want += double(d[size_t(c)]) * yr[size_t(j)][c];

@@ -557,6 +557,15 @@ TEST(PlanComm, MoEScratchHoldsOneArrayOfGradientRows) {
     const double one = moe_layer_bytes(b.model, N, 2, 0, true, 1).scratch,
                  two = moe_layer_bytes(b.model, N, 2, 0, true, 4).scratch;
     EXPECT_NEAR(two - one, 4 * NKC, 64);
+    // the experts' outputs kept in 16 bits: half their bytes, with one rank in one round only
+    auto kept = [&](int ep, double budget, bool y16) {
+        TrainConfig k           = c;
+        k.model.moe_rows_budget = budget;
+        return moe_layer_bytes(k.model, N, ep, 0, true, 1, true, y16).layer_buffers;
+    };
+    EXPECT_NEAR(kept(1, 0, false) - kept(1, 0, true), 2 * NKC, 64);
+    EXPECT_EQ(kept(2, 0, false), kept(2, 0, true));
+    EXPECT_EQ(kept(1, 0.25, false), kept(1, 0.25, true));
 }
 
 TEST(PlanTime, OverlapFollowsTheConfig) {
