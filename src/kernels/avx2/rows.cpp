@@ -125,10 +125,10 @@ void scaled_rows_and_dots_impl(float* const* dy, float* dots, const float* w, co
     }
 }
 
-}  // namespace
-
-void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
-                          const float* const* y, int n, int C) {
+// With rows to write (dy) or the dots only.
+template <typename T>
+void rows_and_dots(float* const* dy, float* dots, const float* w, const float* d, const T* const* y,
+                   int n, int C) {
     if (dy) {
         scaled_rows_and_dots_impl<true>(dy, dots, w, d, y, n, C);
     } else {
@@ -136,13 +136,16 @@ void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const f
     }
 }
 
+}  // namespace
+
+void scaled_rows_and_dots(float* const* dy, float* dots, const float* w, const float* d,
+                          const float* const* y, int n, int C) {
+    rows_and_dots(dy, dots, w, d, y, n, C);
+}
+
 void scaled_rows_and_dots_bf16(float* const* dy, float* dots, const float* w, const float* d,
                                const uint16_t* const* y, int n, int C) {
-    if (dy) {
-        scaled_rows_and_dots_impl<true>(dy, dots, w, d, y, n, C);
-    } else {
-        scaled_rows_and_dots_impl<false>(dy, dots, w, d, y, n, C);
-    }
+    rows_and_dots(dy, dots, w, d, y, n, C);
 }
 
 void weighted_row_sum(float* o, const float* w, const float* const* y, int n, int C) {
