@@ -33,7 +33,8 @@ namespace {
 // (kernels::narrow_half), all three in one pass a row (kernels::bias_round_serial). The same
 // operations on every element as a pass over out after the product, without reading out again
 // from memory (perf gave that pass about 2.6 ms of a step with the 64 experts of 96 of
-// docs/results.md).
+// docs/results.md). With bias null, the rounding (and narrowing) only: the input gradient's, in
+// experts_backward, instead of a read and a write of its (rows, C) floats after the product.
 struct BiasEpilogue {
     float* out;
     const float* bias;
@@ -44,7 +45,7 @@ struct BiasEpilogue {
     uint16_t* half = nullptr;
 
     void operator()(int g, int i0, int i1, int j0, int j1) const {
-        const float* b = bias + static_cast<size_t>(g) * stride + j0;
+        const float* b = bias ? bias + static_cast<size_t>(g) * stride + j0 : nullptr;
         const size_t w = static_cast<size_t>(j1 - j0);
         for (int64_t r = int64_t{offsets[g]} + i0; r < int64_t{offsets[g]} + i1; ++r) {
             kernels::bias_round_serial(out + r * D + j0, b, w, round_to,
@@ -94,23 +95,6 @@ struct BiasGradEpilogue {
 
     void operator()(int g, int i0, int /*i1*/, int j0, int /*j1*/) const {
         if (i0 == 0 && j0 == 0) expert_bias_grad(dbias, stride, dout, offsets, g, D, acc, acc_ld);
-    }
-};
-
-// The input gradient's rounding to the activations' dtype as its product's epilogue: each
-// finished rectangle of dx (rows, D) rounded while it is in the computing thread's cache
-// (kernels::round_inplace_serial), the same operation on every element as a pass over dx after
-// the product (a read and a write of the (rows, C) floats, 16 MiB a layer with 64 experts of 96,
-// top-8, at 2,048 tokens), without reading dx again from memory.
-struct RoundEpilogue {
-    float* out;
-    const int32_t* offsets;
-    int D;
-    Dtype to;
-
-    void operator()(int g, int i0, int i1, int j0, int j1) const {
-        for (int64_t r = int64_t{offsets[g]} + i0; r < int64_t{offsets[g]} + i1; ++r)
-            kernels::round_inplace_serial(out + r * D + j0, static_cast<size_t>(j1 - j0), to);
     }
 };
 
@@ -164,7 +148,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     double *acc_fc = bias_acc, *acc_proj = bias_acc ? bias_acc + F : nullptr;
     const size_t RF = static_cast<size_t>(rows * F), RC = static_cast<size_t>(rows * C);
     // dx rounded to prec.act as its product's epilogue (nothing to do in float32)
-    const RoundEpilogue round_dx{dx, offsets, C, prec.act};
+    const BiasEpilogue round_dx{dx, nullptr, 0, offsets, C, prec.act};
     const kernels::GroupEpilogue dx_round =
         prec.act == Dtype::float32 ? kernels::GroupEpilogue{} : kernels::GroupEpilogue{round_dx};
     if (kernels::half_products_convert(prec.gemm)) {

@@ -296,6 +296,9 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         permute_forward(x_perm_.data(), inp, token_of_row_.data(), offsets_[static_cast<size_t>(E)],
                         C);
     }
+    // the float outputs the combine reads: with keep_y16_ (one round, no exchange: the last
+    // branch below) formed in the backward scratch, kept in y16_
+    float* const y_out = keep_y16_ ? dx_perm() : y_perm_.data();
     if (rounds_ > 1) {
         // every round through the same buffers; backward recomputes h and g per round
         for (int r = 0; r < rounds_; ++r) {
@@ -323,12 +326,11 @@ double MoELayer::forward(float* out, const float* inp, const MoEWeights& w, int 
         dispatcher_->combine(y_perm_.data(), y_local_.data(), s_.prec.act);
     } else {
         PhaseScope phase(Phase::experts);
-        experts_forward(keep_y16_ ? dx_perm() : y_perm_.data(), hidden(0), dh_.data(),
-                        experts_input(inp), w.experts, offsets_.data(), El_, C, s_.F, s_.prec,
-                        experts_rows(), keep_y16_ ? y16_.data() : nullptr);
+        experts_forward(y_out, hidden(0), dh_.data(), experts_input(inp), w.experts,
+                        offsets_.data(), El_, C, s_.F, s_.prec, experts_rows(),
+                        keep_y16_ ? y16_.data() : nullptr);
     }
-    unpermute_forward(out, keep_y16_ ? dx_perm() : y_perm_.data(), router_.probs(), row_of_.data(),
-                      N, K, C);
+    unpermute_forward(out, y_out, router_.probs(), row_of_.data(), N, K, C);
     if (s_.n_shared > 0) kernels::add_forward(out, out, ys_.data(), static_cast<size_t>(N) * C);
     return aux;
 }
@@ -422,24 +424,13 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
         return;
     }
-    if (gather_dy_ && experts_gather_dy(s_.prec)) {
-        // the experts form their output gradient from dout as they narrow it: the dprobs only
-        combine_grad(nullptr, dout);
-        slot_probs(probs_of_row_.data(), router_.probs(), row_of_.data(), N, K);
-        PhaseScope phase(Phase::experts);
-        experts_backward(dx_perm(), dh_.data(), dw.experts, const_cast<float*>(dout), inp,
-                         hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec, nullptr,
-                         token_of_row_.data(), token_of_row_.data(), probs_of_row_.data());
-        phase.stop();
-        router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w,
-                         daux);
-        permute_backward(dinp, dx_perm(), row_of_.data(), N, K, C);
-        if (s_.n_shared > 0) shared_backward(dinp, dw.shared, dout, inp, w.shared, N);
-        return;
-    }
+    // gather_dy_ (one round, no exchange: the last branch below): the experts form their output
+    // gradient from dout as they narrow it, and the combine's gradient gives the dprobs only
+    const bool gather_dy = gather_dy_ && experts_gather_dy(s_.prec);
     // the products stopped converting since this layer was made (kernels::bf16_float_operands)
-    if (dy_perm_.size() == 0) dy_perm_ = Buffer<float>(static_cast<size_t>(max_tokens_) * K * C);
-    combine_grad(dy_perm_.data(), dout);
+    if (!gather_dy && dy_perm_.size() == 0)
+        dy_perm_ = Buffer<float>(static_cast<size_t>(max_tokens_) * K * C);
+    combine_grad(gather_dy ? nullptr : dy_perm_.data(), dout);
     if (dispatcher_) {
         // the adjoint of combine is dispatch, and of dispatch is combine
         kernels::round_inplace(dy_perm_.data(),
@@ -487,10 +478,13 @@ void MoELayer::backward(float* dinp, MoEGrads& dw, const float* dout, const floa
         phase.stop();
         dispatcher_->combine(dx_perm(), dx_local_.data(), s_.prec.act);
     } else {
+        if (gather_dy) slot_probs(probs_of_row_.data(), router_.probs(), row_of_.data(), N, K);
         PhaseScope phase(Phase::experts);
-        experts_backward(dx_perm(), dh_.data(), dw.experts, dy_perm_.data(), experts_input(inp),
+        experts_backward(dx_perm(), dh_.data(), dw.experts,
+                         gather_dy ? const_cast<float*>(dout) : dy_perm_.data(), experts_input(inp),
                          hidden(0), w.experts, offsets_.data(), El_, C, s_.F, s_.prec, nullptr,
-                         experts_rows());
+                         experts_rows(), gather_dy ? token_of_row_.data() : nullptr,
+                         gather_dy ? probs_of_row_.data() : nullptr);
     }
     router_.backward(dinp, dw.gate_w, dw.noise_w, dprobs_.data(), inp, w.gate_w, w.noise_w, daux);
     permute_backward(dinp, dx_perm(), row_of_.data(), N, K, C);
