@@ -234,8 +234,9 @@ int main(int argc, char** argv) {
             // An error one rank found alone, during the run (set-up errors end the ranks
             // together in dist::fail_together). The cause is often shared — a token file changed
             // under the job fails every rank that reads it — so ranks other than 0 give rank 0 a
-            // moment to end the job with its message first: one message, not one per rank.
-            if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            // moment to end the job with its message first: one message, not one per rank. 2 s,
+            // since on a loaded node rank 0's abort has taken over 1 s to reach the others.
+            if (world->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
             world->abort(code, msg);  // ends every rank
         }
         fmt::print(stderr, "{}\n", msg);
