@@ -18,6 +18,7 @@
 #include "config/toml_file.h"
 #include "core/error.h"
 #include "core/numbers.h"
+#include "core/suggest.h"
 #include "core/thread_pool.h"
 
 namespace bagualu {
@@ -276,6 +277,22 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
     }
 }
 
+// What a user who wrote an unknown key sec.key most likely meant: the same key in another
+// section, else a near spelling of a known key, else the keys [sec] has.
+std::string unknown_key_hint(const std::string& sec, const std::string& key,
+                             const std::set<std::string>& known_keys) {
+    for (const std::string& k : known_keys) {
+        if (k.substr(k.find('.') + 1) == key) return fmt::format(" (did you mean {}?)", k);
+    }
+    const std::string near = nearest_name(sec + "." + key, known_keys);
+    if (!near.empty()) return fmt::format(" (did you mean {}?)", near);
+    std::vector<std::string> in_section;
+    for (const std::string& k : known_keys) {
+        if (k.rfind(sec + ".", 0) == 0) in_section.push_back(k.substr(sec.size() + 1));
+    }
+    return fmt::format(" ([{}] has: {})", sec, fmt::join(in_section, ", "));
+}
+
 void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& source) {
     std::set<std::string> known_sections;
     std::set<std::string> known_keys;
@@ -286,6 +303,9 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
     for (const auto& [sec_key, sec_node] : root) {
         const std::string sec(sec_key.str());
         if (!known_sections.count(sec)) {
+            const std::string near = nearest_name(sec, known_sections);
+            if (!near.empty())
+                input_error("{}: unknown section [{}] (did you mean [{}]?)", source, sec, near);
             input_error("{}: unknown section [{}] (expected one of: {})", source, sec,
                         fmt::join(known_sections, ", "));
         }
@@ -293,7 +313,9 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
         if (!tbl) input_error("{}: '{}' must be a table [{}]", source, sec, sec);
         for (const auto& [key, node] : *tbl) {
             const std::string full = sec + "." + std::string(key.str());
-            if (!known_keys.count(full)) input_error("{}: unknown key {}", source, full);
+            if (!known_keys.count(full))
+                input_error("{}: unknown key {}{}", source, full,
+                            unknown_key_hint(sec, std::string(key.str()), known_keys));
         }
     }
     visit_fields(cfg, [&](const char* sec, const char* key, auto& field) {
@@ -375,6 +397,14 @@ bool names_key(const std::string& msg, const std::string& key) {
     return false;
 }
 
+// Whether an error message is about key: it names the key (a suggestion of another key, after
+// "did you mean", does not count) or the key's section as unknown.
+bool blames(const std::string& msg, const std::string& key) {
+    const std::string said = msg.substr(0, msg.find(" (did you mean "));
+    return names_key(said, key) ||
+           said.find("unknown section [" + key.substr(0, key.find('.')) + "]") != std::string::npos;
+}
+
 // A file that only a --set item made wrong is not to blame: the ones whose keys the message
 // names (the last item of each key, which is the one in effect) are put beside the file, or in
 // its place when there is none (the defaults).
@@ -389,7 +419,7 @@ void blaming_overrides(const std::string& source, const std::vector<std::string>
             const std::string key = overrides[i].substr(0, overrides[i].find('='));
             bool later            = false;  // this key set again after this item
             for (const std::string& n : named) later |= n.substr(0, n.find('=')) == key;
-            if (!later && names_key(e.what(), key)) named.insert(named.begin(), overrides[i]);
+            if (!later && blames(e.what(), key)) named.insert(named.begin(), overrides[i]);
         }
         if (named.empty()) throw;
         const std::string msg  = e.what(),

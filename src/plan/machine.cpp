@@ -12,6 +12,7 @@
 
 #include "config/toml_file.h"
 #include "core/error.h"
+#include "core/suggest.h"
 
 namespace bagualu::plan {
 namespace {
@@ -98,6 +99,10 @@ MachineSpec load_machine(const std::string& path) {
         if (*sec) sections.insert(sec);
         keys.insert(*sec ? fmt::format("{}.{}", sec, key) : std::string(key));
     });
+    const auto hint = [&](const std::string& name) {
+        const std::string near = nearest_name(name, keys);
+        return near.empty() ? std::string() : fmt::format(" (did you mean {}?)", near);
+    };
     for (const auto& [k, n] : root) {
         const std::string name(k.str());
         if (const toml::table* t = n.as_table()) {
@@ -106,10 +111,10 @@ MachineSpec load_machine(const std::string& path) {
             }
             for (const auto& [k2, n2] : *t) {
                 const std::string full = name + "." + std::string(k2.str());
-                if (!keys.count(full)) input_error("{}: unknown key {}", path, full);
+                if (!keys.count(full)) input_error("{}: unknown key {}{}", path, full, hint(full));
             }
         } else if (!keys.count(name)) {
-            input_error("{}: unknown key {}", path, name);
+            input_error("{}: unknown key {}{}", path, name, hint(name));
         }
     }
     visit_fields(m, [&](const char* sec, const char* key, auto& field) {

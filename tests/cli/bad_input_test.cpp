@@ -49,16 +49,29 @@ TEST_F(BadInputTest, MalformedToml) {
 
 TEST_F(BadInputTest, UnknownKeyInFile) {
     write_file(dir / "u.toml", "[model]\nd_modle = 64\n");
-    expect_error("train --config " + (dir / "u.toml"), {"u.toml", "unknown key model.d_modle"});
+    expect_error("train --config " + (dir / "u.toml"),
+                 {"u.toml", "unknown key model.d_modle (did you mean model.d_model?)"});
 }
 
 TEST_F(BadInputTest, UnknownSection) {
     write_file(dir / "s.toml", "[modle]\nd_model = 64\n");
-    expect_error("train --config " + (dir / "s.toml"), {"s.toml", "unknown section [modle]"});
+    expect_error("train --config " + (dir / "s.toml"),
+                 {"s.toml", "unknown section [modle] (did you mean [model]?)"});
 }
 
 TEST_F(BadInputTest, UnknownKeyInOverride) {
-    expect_error(base + " --set train.stepz=3", {"unknown key train.stepz"});
+    expect_error(base + " --set train.stepz=3",
+                 {"unknown key train.stepz (did you mean train.steps?)"});
+    // a key of another section: that section's key; nothing near: the section's keys
+    expect_error(
+        base + " --set train.dtype=bf16",
+        {"--set train.dtype=bf16", "unknown key train.dtype (did you mean precision.dtype?)"});
+    expect_error(base + " --set parallel.ep=2",
+                 {"unknown key parallel.ep ([parallel] has: ", "expert_parallel", "two_level"});
+    // an unknown section from --set blames the item, not the file
+    expect_error(
+        base + " --set modle.d_model=64",
+        {"with --set modle.d_model=64", "unknown section [modle] (did you mean [model]?)"});
 }
 
 TEST_F(BadInputTest, WrongType) {
