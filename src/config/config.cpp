@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "config/toml_file.h"
@@ -944,14 +945,22 @@ std::vector<KeyDifference> differing_keys(const TrainConfig& a, const TrainConfi
         std::vector<std::pair<std::string, std::string>> out;
         visit_fields(c, [&](const char* sec, const char* key, const auto& field) {
             if (section != sec) return;
-            toml::table t;
-            insert_value(t, "v", field);
-            std::ostringstream text;
-            text << t;
-            std::string v = text.str();
-            v             = v.substr(v.find('=') + 1);
-            v.erase(0, v.find_first_not_of(' '));
-            while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+            std::string v;
+            if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>) {
+                // the shortest text that reads back as the value (toml++ writes 17 digits:
+                // 0.10000000000000001), with a point where it has none, as TOML writes a float
+                v = fmt::format("{}", field);
+                if (std::isfinite(field) && v.find_first_of(".e") == std::string::npos) v += ".0";
+            } else {
+                toml::table t;
+                insert_value(t, "v", field);
+                std::ostringstream text;
+                text << t;
+                v = text.str();
+                v = v.substr(v.find('=') + 1);
+                v.erase(0, v.find_first_not_of(' '));
+                while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+            }
             out.emplace_back(fmt::format("{}.{}", sec, key), std::move(v));
         });
         return out;

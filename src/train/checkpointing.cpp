@@ -233,13 +233,27 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
             config_from_text(reader->manifest().config_toml, manifest + " (config)");
         // but for the two keys that change neither the model nor its training: the rows
         // budget (memory; bitwise the same steps) and the initialisation's scale; and SWIPE's
-        // rule where neither run routes with SWIPE
+        // rule where neither run routes with SWIPE. The balancing and router loss settings
+        // change the training from here on, not the model (as train.lr does): they may change,
+        // the bias's rate and rule where both runs keep the bias (rate > 0: it is in the
+        // checkpoint and routes), and each change is said (out.changed).
         std::vector<KeyDifference> diff = differing_keys(cfg_, saved, "model");
         const bool swipe =
             cfg_.model.gate == GateKind::swipe || saved.model.gate == GateKind::swipe;
+        const bool bias_both =
+            cfg_.model.balance_bias_rate > 0 && saved.model.balance_bias_rate > 0;
         std::erase_if(diff, [&](const KeyDifference& d) {
             return d.key == "model.moe_rows_budget" || d.key == "model.init_std" ||
                    (d.key == "model.swipe_balance" && !swipe);
+        });
+        std::erase_if(diff, [&](const KeyDifference& d) {
+            const bool training =
+                d.key == "model.aux_loss_coef" || d.key == "model.router_z_loss_coef" ||
+                d.key == "model.balance_loss_scope" || d.key == "model.jitter" ||
+                ((d.key == "model.balance_bias_rate" || d.key == "model.balance_bias_update") &&
+                 bias_both);
+            if (training) out.changed.push_back(d);
+            return training;
         });
         if (!diff.empty()) {
             input_error(

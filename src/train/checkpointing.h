@@ -51,6 +51,9 @@ struct ResumePoint {
     // whether its run scaled the loss (fp16): otherwise its loss scale is 1 and means nothing
     // to a run that scales
     bool loss_scaled = false;
+    // training settings of [model] that differ from its run's (balancing and router losses):
+    // the key, this run's value, the checkpoint's
+    std::vector<KeyDifference> changed;
 };
 
 class Checkpointer {

@@ -366,6 +366,10 @@ void Trainer::resume() {
     }
     start_step_            = rp->step;
     const TrainerState& ts = rp->trainer;
+    if (writer_) {
+        for (const KeyDifference& d : rp->changed)
+            log::info("resume: {} = {} from here on, {} in {}", d.key, d.a, d.b, rp->dir);
+    }
     loader_->set_cursor({ts.epoch, ts.position});
     if (ts.has_loss_scale) {  // absent in checkpoints of FP32 runs' first format
         // a checkpoint of a run without loss scaling holds scale 1: an fp16 run resumed from it

@@ -342,6 +342,36 @@ TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {
     EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// The balancing and router loss settings are training settings, like train.lr: a resumed run
+// may change them, and says so; the bias's rate only where both runs keep a bias (the
+// checkpoint holds it and it routes), so turning it on or off is refused.
+TEST_F(CheckpointFaultTest, BalancingSettingsMayChangeOnResume) {
+    expect_one_error(run(train("--resume --set train.steps=4 --set model.balance_bias_rate=0.1")),
+                     {"model.balance_bias_rate = 0.1 here, 0.0 in the checkpoint"});
+    CommandResult r = run(train(
+        "--resume --set train.steps=3 --set model.aux_loss_coef=0.02 --set model.jitter=0.01"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("resume: model.aux_loss_coef = 0.02 from here on, 0.01 in"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("resume: model.jitter = 0.01 from here on, 0.0 in"), std::string::npos)
+        << r.output;
+
+    const std::string bias = "--set checkpoint.every=2 --set model.balance_bias_rate=0.1";
+    ASSERT_EQ(run(train(bias, "biased")).status, 0);
+    r =
+        run(train("--resume --set train.steps=3 --set model.balance_bias_rate=0.01 --set "
+                  "model.balance_bias_update=proportional",
+                  "biased"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("resume: model.balance_bias_rate = 0.01 from here on, 0.1"),
+              std::string::npos)
+        << r.output;
+    expect_one_error(
+        run(train("--resume --set train.steps=4 --set model.balance_bias_rate=0", "biased")),
+        {"model.balance_bias_rate = 0.0 here, 0.1"});
+}
+
 // A float32 run's checkpoint holds loss scale 1: an fp16 run resumed from it starts from its
 // configured scale instead (a scale of 1 would let small fp16 gradients underflow).
 TEST_F(CheckpointFaultTest, Fp16ResumedFromAnUnscaledRunStartsFromItsOwnScale) {

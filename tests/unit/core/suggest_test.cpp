@@ -14,8 +14,8 @@ TEST(EditDistance, CountsInsertionsDeletionsSubstitutionsAndSwaps) {
     EXPECT_EQ(edit_distance("", ""), 0u);
     EXPECT_EQ(edit_distance("steps", "steps"), 0u);
     EXPECT_EQ(edit_distance("", "abc"), 3u);
-    EXPECT_EQ(edit_distance("stepz", "steps"), 1u);     // substitution
-    EXPECT_EQ(edit_distance("step", "steps"), 1u);      // insertion
+    EXPECT_EQ(edit_distance("stepz", "steps"), 1u);      // substitution
+    EXPECT_EQ(edit_distance("step", "steps"), 1u);       // insertion
     EXPECT_EQ(edit_distance("d_modle", "d_model"), 1u);  // adjacent swap, one edit
     EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
     EXPECT_EQ(edit_distance("ab", "ba"), edit_distance("ba", "ab"));
