@@ -255,6 +255,12 @@ ResumePoint Checkpointer::load(const std::string& dir, float* params, bool verif
             if (training) out.changed.push_back(d);
             return training;
         });
+        if (!diff.empty() && diff[0].key == "model.balance_bias_rate") {
+            input_error(
+                "{}: model.balance_bias_rate = {} here, {} in the checkpoint: the balancing bias "
+                "cannot be turned on or off on resume (its rate may change while it stays on)",
+                dir, diff[0].a, diff[0].b);
+        }
         if (!diff.empty()) {
             input_error(
                 "{}: written by another model: {} = {} here, {} in the checkpoint{} (model.* must "

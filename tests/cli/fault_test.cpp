@@ -347,7 +347,8 @@ TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {
 // checkpoint holds it and it routes), so turning it on or off is refused.
 TEST_F(CheckpointFaultTest, BalancingSettingsMayChangeOnResume) {
     expect_one_error(run(train("--resume --set train.steps=4 --set model.balance_bias_rate=0.1")),
-                     {"model.balance_bias_rate = 0.1 here, 0.0 in the checkpoint"});
+                     {"model.balance_bias_rate = 0.1 here, 0.0 in the checkpoint",
+                      "cannot be turned on or off"});
     CommandResult r = run(train(
         "--resume --set train.steps=3 --set model.aux_loss_coef=0.02 --set model.jitter=0.01"));
     ASSERT_EQ(r.status, 0) << r.output;
@@ -369,7 +370,7 @@ TEST_F(CheckpointFaultTest, BalancingSettingsMayChangeOnResume) {
         << r.output;
     expect_one_error(
         run(train("--resume --set train.steps=4 --set model.balance_bias_rate=0", "biased")),
-        {"model.balance_bias_rate = 0.0 here, 0.1"});
+        {"model.balance_bias_rate = 0.0 here, 0.1", "cannot be turned on or off"});
 }
 
 // A float32 run's checkpoint holds loss scale 1: an fp16 run resumed from it starts from its
