@@ -33,7 +33,12 @@ std::string nearest_name(std::string_view word, const Range& candidates) {
     std::string best;
     size_t best_d = limit + 1;
     for (const auto& c : candidates) {
-        const size_t d = edit_distance(word, c);
+        const std::string_view cv(c);
+        // at least the difference of the lengths apart: no table for a name too long or short
+        const size_t gap =
+            word.size() > cv.size() ? word.size() - cv.size() : cv.size() - word.size();
+        if (gap >= best_d) continue;
+        const size_t d = edit_distance(word, cv);
         if (d < best_d) {
             best_d = d;
             best   = std::string(c);

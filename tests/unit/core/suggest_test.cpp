@@ -29,6 +29,9 @@ TEST(NearestName, OnlyWithinAThirdOfTheWord) {
     EXPECT_EQ(nearest_name("parallel.ep", keys), "");  // another name, not a typo
     EXPECT_EQ(nearest_name("ab", std::set<std::string>{"xy"}), "");
     EXPECT_EQ(nearest_name("x", std::set<std::string>{}), "");
+    // a name far longer than any candidate is none of them (and builds no table)
+    EXPECT_EQ(nearest_name(std::string(1 << 20, 'a'), keys), "");
+    EXPECT_EQ(nearest_name("model.d_model" + std::string(3, 'x'), keys), "model.d_model");
 }
 
 }  // namespace
