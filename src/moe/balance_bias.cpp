@@ -33,6 +33,7 @@ void BalanceBias::end_step(double rate, bool proportional) {
     }
     max_violation_ =
         total > 0 ? static_cast<double>(mx * E) / static_cast<double>(total) - 1.0 : 0.0;
+    step_load_ = load_;
     if (rate <= 0) {
         discard_step();
         return;

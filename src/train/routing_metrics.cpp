@@ -48,17 +48,19 @@ void add_routing_metrics(nlohmann::json& j, const model::GPT& gpt, int E, bool b
     j["balance_loss"] = balance;
     if (z_on) j["router_z_loss"] = zloss;
     nlohmann::json violation = nlohmann::json::array(), bmin = violation, bmax = violation,
-                   babs = violation;
+                   babs = violation, choices = violation;
     for (const auto& layer : gpt.moe_layers()) {
         const moe::BalanceBias& b = layer->balance_bias();
         const moe::BiasStats st   = b.stats();
         violation.push_back(b.max_violation());
+        choices.push_back(b.step_load());
         bmin.push_back(st.min);
         bmax.push_back(st.max);
         babs.push_back(st.mean_abs);
     }
     // the step's top-k choices over all micro-batches and ranks: max / mean - 1
     j["choice_load_max_violation"] = violation;
+    j["choice_tokens"]             = choices;  // the choices per expert that violation is of
     if (bias_on) {
         j["balance_bias_min"]      = bmin;
         j["balance_bias_max"]      = bmax;

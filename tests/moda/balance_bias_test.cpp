@@ -13,6 +13,8 @@
 // doubled, gives other bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@
 namespace bagualu::testing {
 namespace {
 
+constexpr int64_t kStepTokens = 8 * 64;  // configs/tiny.toml: batch 8 of seq_len 64
+constexpr int64_t kTopK       = 2;
 constexpr const char* kBias   = " --set model.balance_bias_rate=0.01";
 constexpr const char* kFrozen = " --set train.lr=1e-30 --set train.min_lr=1e-30";
 
@@ -34,10 +38,27 @@ std::vector<std::string> bias_lines(const std::string& metrics) {
         const auto j = nlohmann::json::parse(line);
         if (!j.contains("loss")) continue;
         nlohmann::json sel;
-        for (const char* k : {"step", "balance_bias_min", "balance_bias_max",
-                              "balance_bias_mean_abs", "choice_load_max_violation"}) {
+        for (const char* k :
+             {"step", "balance_bias_min", "balance_bias_max", "balance_bias_mean_abs",
+              "choice_load_max_violation", "choice_tokens"}) {
             EXPECT_TRUE(j.contains(k)) << k << " missing in " << line;
             if (j.contains(k)) sel[k] = j[k];
+        }
+        // the choices the violation is of: every token's top_k of the whole step (all
+        // micro-batches and ranks), max / mean - 1 of them
+        if (j.contains("choice_tokens") && j.contains("choice_load_max_violation")) {
+            for (size_t l = 0; l < j["choice_tokens"].size(); ++l) {
+                const auto counts = j["choice_tokens"][l].get<std::vector<int64_t>>();
+                int64_t total = 0, mx = 0;
+                for (const int64_t c : counts) {
+                    total += c;
+                    mx = std::max(mx, c);
+                }
+                EXPECT_EQ(total, kStepTokens * kTopK) << line;
+                EXPECT_DOUBLE_EQ(j["choice_load_max_violation"][l].get<double>(),
+                                 double(mx) * double(counts.size()) / double(total) - 1.0)
+                    << line;
+            }
         }
         out.push_back(sel.dump());
     }

@@ -26,6 +26,7 @@ TEST(BalanceBiasTest, UpdateIsRateTimesSignOfMeanMinusLoadThenRecentred) {
     const std::vector<float> got(b.values(), b.values() + 4);
     EXPECT_EQ(got, (std::vector<float>{-0.375f, 0.125f, 0.125f, 0.125f}));
     EXPECT_DOUBLE_EQ(b.max_violation(), 9.0 / 6.0 - 1.0);
+    EXPECT_EQ(b.step_load(), (std::vector<int64_t>{9, 5, 5, 5}));  // both micro-batches
     const BiasStats s = b.stats();
     EXPECT_EQ(s.min, -0.375);
     EXPECT_EQ(s.max, 0.125);
@@ -41,9 +42,10 @@ TEST(BalanceBiasTest, UpdateIsRateTimesSignOfMeanMinusLoadThenRecentred) {
     b.end_step(0.0);
     EXPECT_EQ(std::vector<float>(b.values(), b.values() + 4), got);
     EXPECT_DOUBLE_EQ(b.max_violation(), 4.0 / 2.5 - 1.0);
-    // a discarded step leaves no load behind
+    // a discarded step leaves no load behind, and the last ended step's as it was
     b.add_load(half1.data());
     b.discard_step();
+    EXPECT_EQ(b.step_load(), half1);
     b.add_load(even.data());
     b.end_step(0.25);
     EXPECT_EQ(std::vector<float>(b.values(), b.values() + 4), got);
