@@ -26,13 +26,8 @@ void BalanceBias::discard_step() { std::fill(load_.begin(), load_.end(), 0); }
 void BalanceBias::end_step(double rate, bool proportional) {
     const size_t Es = b_.size();
     const auto E    = static_cast<int64_t>(Es);
-    int64_t total = 0, mx = 0;
-    for (const int64_t l : load_) {
-        total += l;
-        mx = std::max(mx, l);
-    }
-    max_violation_ =
-        total > 0 ? static_cast<double>(mx * E) / static_cast<double>(total) - 1.0 : 0.0;
+    int64_t total   = 0;
+    for (const int64_t l : load_) total += l;
     step_load_ = load_;
     if (rate <= 0) {
         discard_step();
@@ -57,6 +52,16 @@ void BalanceBias::end_step(double rate, bool proportional) {
     const double mean = sum / static_cast<double>(E);
     for (float& v : b_) v = static_cast<float>(static_cast<double>(v) - mean);
     std::fill(load_.begin(), load_.end(), 0);
+}
+
+double BalanceBias::max_violation() const {
+    int64_t total = 0, mx = 0;
+    for (const int64_t l : step_load_) {
+        total += l;
+        mx = std::max(mx, l);
+    }
+    const auto E = static_cast<int64_t>(step_load_.size());
+    return total > 0 ? static_cast<double>(mx * E) / static_cast<double>(total) - 1.0 : 0.0;
 }
 
 BiasStats BalanceBias::stats() const {

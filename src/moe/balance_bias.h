@@ -45,17 +45,16 @@ class BalanceBias {
     // Forgets the step's load without measuring or updating (an fp16 step that was skipped).
     void discard_step();
 
-    // The load of the last ended step: max_e load_e / mean_load - 1 (0 before any update).
-    double max_violation() const { return max_violation_; }
     // [E] the last ended step's choices per expert, all micro-batches and ranks (empty before).
     const std::vector<int64_t>& step_load() const { return step_load_; }
+    // Of that load: max_e load_e / mean_load - 1 (0 before any step ended).
+    double max_violation() const;
     BiasStats stats() const;
 
    private:
     std::vector<float> b_;            // (E)
     std::vector<int64_t> load_;       // [E] this step's choices so far
     std::vector<int64_t> step_load_;  // [E] the last ended step's
-    double max_violation_ = 0;
 };
 
 }  // namespace bagualu::moe
