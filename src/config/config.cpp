@@ -283,10 +283,9 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
 std::string unknown_key_hint(const std::string& sec, const std::string& key,
                              const std::set<std::string>& known_keys) {
     for (const std::string& k : known_keys) {
-        if (k.substr(k.find('.') + 1) == key) return fmt::format(" (did you mean {}?)", k);
+        if (k.substr(k.find('.') + 1) == key) return fmt::format("{}{}?)", kDidYouMean, k);
     }
-    const std::string near = nearest_name(sec + "." + key, known_keys);
-    if (!near.empty()) return fmt::format(" (did you mean {}?)", near);
+    if (std::string near = did_you_mean(sec + "." + key, known_keys); !near.empty()) return near;
     std::vector<std::string> in_section;
     for (const std::string& k : known_keys) {
         if (k.rfind(sec + ".", 0) == 0) in_section.push_back(k.substr(sec.size() + 1));
@@ -306,7 +305,7 @@ void apply_table(TrainConfig& cfg, const toml::table& root, const std::string& s
         if (!known_sections.count(sec)) {
             const std::string near = nearest_name(sec, known_sections);
             if (!near.empty())
-                input_error("{}: unknown section [{}] (did you mean [{}]?)", source, sec, near);
+                input_error("{}: unknown section [{}]{}[{}]?)", source, sec, kDidYouMean, near);
             input_error("{}: unknown section [{}] (expected one of: {})", source, sec,
                         fmt::join(known_sections, ", "));
         }
@@ -401,7 +400,7 @@ bool names_key(const std::string& msg, const std::string& key) {
 // Whether an error message is about key: it names the key (a suggestion of another key, after
 // "did you mean", does not count) or the key's section as unknown.
 bool blames(const std::string& msg, const std::string& key) {
-    const std::string said = msg.substr(0, msg.find(" (did you mean "));
+    const std::string said = msg.substr(0, msg.find(kDidYouMean));
     return names_key(said, key) ||
            said.find("unknown section [" + key.substr(0, key.find('.')) + "]") != std::string::npos;
 }

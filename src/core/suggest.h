@@ -47,4 +47,13 @@ std::string nearest_name(std::string_view word, const Range& candidates) {
     return best;
 }
 
+// What an error message adds after a name a user typed: " (did you mean NEAR?)" with the
+// nearest candidate, or "" when none is near. kDidYouMean starts it, for readers of messages.
+inline constexpr std::string_view kDidYouMean = " (did you mean ";
+template <typename Range>
+std::string did_you_mean(std::string_view word, const Range& candidates) {
+    const std::string near = nearest_name(word, candidates);
+    return near.empty() ? std::string() : std::string(kDidYouMean) + near + "?)";
+}
+
 }  // namespace bagualu

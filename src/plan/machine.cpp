@@ -99,10 +99,6 @@ MachineSpec load_machine(const std::string& path) {
         if (*sec) sections.insert(sec);
         keys.insert(*sec ? fmt::format("{}.{}", sec, key) : std::string(key));
     });
-    const auto hint = [&](const std::string& name) {
-        const std::string near = nearest_name(name, keys);
-        return near.empty() ? std::string() : fmt::format(" (did you mean {}?)", near);
-    };
     for (const auto& [k, n] : root) {
         const std::string name(k.str());
         if (const toml::table* t = n.as_table()) {
@@ -111,10 +107,11 @@ MachineSpec load_machine(const std::string& path) {
             }
             for (const auto& [k2, n2] : *t) {
                 const std::string full = name + "." + std::string(k2.str());
-                if (!keys.count(full)) input_error("{}: unknown key {}{}", path, full, hint(full));
+                if (!keys.count(full))
+                    input_error("{}: unknown key {}{}", path, full, did_you_mean(full, keys));
             }
         } else if (!keys.count(name)) {
-            input_error("{}: unknown key {}{}", path, name, hint(name));
+            input_error("{}: unknown key {}{}", path, name, did_you_mean(name, keys));
         }
     }
     visit_fields(m, [&](const char* sec, const char* key, auto& field) {
