@@ -25,6 +25,7 @@
 #include "core/stop_signal.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
+#include "data/file_io.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/token_shards.h"
@@ -51,7 +52,7 @@ static TrainConfig resolve_config(const CommonArgs& a) {
 }
 
 // True when meta.json beside the val split says it was made from the same corpus and settings.
-static bool prepared_data_current(const TrainConfig& cfg) {
+static bool prepared_data_current(const TrainConfig& cfg, const std::string& tokenizer_from) {
     const fs::path meta = fs::path(cfg.data.val).parent_path() / "meta.json";
     if (!fs::exists(meta) || !fs::exists(cfg.data.train) || !fs::exists(cfg.data.val) ||
         !fs::exists(cfg.data.tokenizer)) {
@@ -63,15 +64,26 @@ static bool prepared_data_current(const TrainConfig& cfg) {
         return j.value("vocab_size", -1) == cfg.model.vocab_size &&
                j.value("corpus", std::vector<std::string>{}) == cfg.data.corpus &&
                j.value("val_fraction", -1.0) == cfg.data.val_fraction &&
-               j.value("seed", uint64_t{0}) == cfg.train.seed;
+               j.value("seed", uint64_t{0}) == cfg.train.seed &&
+               j.value("tokenizer_from", std::string()) == tokenizer_from &&
+               (tokenizer_from.empty() ||
+                data::read_file_bytes(tokenizer_from, "--tokenizer") ==
+                    data::read_file_bytes(cfg.data.tokenizer, "data.tokenizer"));
     } catch (const std::exception&) {
         return false;
     }
 }
 
-int cmd_prepare(const CommonArgs& a, bool force) {
+int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_arg) {
     const TrainConfig cfg = resolve_config(a);
-    if (!force && prepared_data_current(cfg)) {
+    // --tokenizer: a SentencePiece model, or an exported model or run directory holding one
+    std::string tokenizer_from = tokenizer_arg;
+    if (!tokenizer_arg.empty() && fs::is_directory(tokenizer_arg)) {
+        tokenizer_from = model::model_dir_of(tokenizer_arg) + "/tokenizer.model";
+        if (!fs::exists(tokenizer_from))
+            input_error("--tokenizer {}: the model has no tokenizer.model", tokenizer_arg);
+    }
+    if (!force && prepared_data_current(cfg, tokenizer_from)) {
         log::info("prepare: {} and {} are up to date (--force rebuilds them)", cfg.data.train,
                   cfg.data.val);
         return 0;
@@ -84,8 +96,13 @@ int cmd_prepare(const CommonArgs& a, bool force) {
     o.vocab_size     = cfg.model.vocab_size;
     o.val_fraction   = cfg.data.val_fraction;
     o.seed           = cfg.train.seed;
-    log::info("prepare: training a {}-piece BPE tokenizer on {} ...", o.vocab_size,
-              fmt::join(o.corpus, ", "));
+    o.tokenizer_from = tokenizer_from;
+    if (tokenizer_from.empty()) {
+        log::info("prepare: training a {}-piece BPE tokenizer on {} ...", o.vocab_size,
+                  fmt::join(o.corpus, ", "));
+    } else {
+        log::info("prepare: encoding {} with {} ...", fmt::join(o.corpus, ", "), tokenizer_from);
+    }
     const data::PrepareResult r = data::prepare_corpus(o);
     log::info("prepare: {} entries -> {} train / {} val; {} train tokens, {} val tokens",
               r.n_entries, r.n_train_entries, r.n_val_entries, r.train_tokens, r.val_tokens);
@@ -221,19 +238,8 @@ int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool 
     return 128 + s.stop_signal;
 }
 
-// A run directory holds model/; a model directory holds config.json.
-static std::string model_dir_of(const std::string& dir_arg) {
-    // "run/model/" and "run/model/." name run/model, whose parent holds the run's config.toml
-    std::string dir = fs::path(dir_arg).lexically_normal().string();
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    if (fs::exists(fs::path(dir) / "config.json")) return dir;
-    if (fs::exists(fs::path(dir) / "model" / "config.json"))
-        return (fs::path(dir) / "model").string();
-    input_error("{}: neither an exported model (config.json) nor a run directory (model/)", dir);
-}
-
 int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::string& val_path) {
-    const std::string model_dir = model_dir_of(model_dir_arg);
+    const std::string model_dir = model::model_dir_of(model_dir_arg);
     model::LoadedModel lm       = model::load_model(model_dir);
     // Evaluation settings: --config if given, else the run's own config.toml beside model/.
     CommonArgs ca          = a;
@@ -272,7 +278,7 @@ int cmd_eval(const CommonArgs& a, const std::string& model_dir_arg, const std::s
 }
 
 int cmd_sample(const SampleArgs& a) {
-    const std::string model_dir = model_dir_of(a.model_dir);
+    const std::string model_dir = model::model_dir_of(a.model_dir);
     model::LoadedModel lm       = model::load_model(model_dir);
     const std::string tok       = (fs::path(model_dir) / "tokenizer.model").string();
     if (!fs::exists(tok)) input_error("{}: not found (sampling needs the tokenizer)", tok);
@@ -291,7 +297,7 @@ int cmd_sample(const SampleArgs& a) {
 
 int cmd_export(const std::string& from, const std::string& out, const std::string& dtype) {
     if (dtype != "f32" && dtype != "bf16") input_error("--dtype {}: expected f32 or bf16", dtype);
-    const std::string model_dir = model_dir_of(from);
+    const std::string model_dir = model::model_dir_of(from);
     model::LoadedModel lm       = model::load_model(model_dir);
     if (fs::exists(out) && !fs::is_empty(out)) {
         input_error("{}: exists and is not empty (nothing is overwritten; choose another --out)",

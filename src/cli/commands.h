@@ -15,7 +15,7 @@ struct CommonArgs {
     std::vector<std::string> overrides;  // --set section.key=value
 };
 
-int cmd_prepare(const CommonArgs& a, bool force);
+int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_from = "");
 // Collective over world: every rank of an mpirun job calls it.
 int cmd_train(const CommonArgs& a, const std::string& run_dir, bool force, bool resume,
               dist::Comm& world);

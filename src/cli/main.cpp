@@ -54,6 +54,12 @@ int main(int argc, char** argv) {
         app.add_subcommand("prepare", "Train the tokenizer and write train/val token shards");
     add_common(prepare);
     prepare->add_flag("--force", force, "Rebuild even if the outputs are up to date");
+    std::string tokenizer_from;
+    prepare
+        ->add_option("--tokenizer", tokenizer_from,
+                     "Encode with this SentencePiece model (or an exported model's or run's) "
+                     "instead of training one")
+        ->type_name("FILE|DIR");
 
     std::string run_dir;
     auto* train = app.add_subcommand("train", "Train a model");
@@ -265,7 +271,7 @@ int main(int argc, char** argv) {
                 "only `bagualu train`, `bench comm` and `bench train` run on several ranks; run "
                 "this command without mpirun");
         }
-        if (*prepare) return cli::cmd_prepare(common, force);
+        if (*prepare) return cli::cmd_prepare(common, force, tokenizer_from);
         if (*eval) return cli::cmd_eval(common, model_dir, val_path);
         if (*sample) return cli::cmd_sample(sa);
         if (*exp && from.empty() == from_ckpt.empty()) {

@@ -51,6 +51,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "check_memory", c.train.check_memory);
     v("train", "run_dir", c.train.run_dir);
     v("train", "recompute", c.train.recompute);
+    v("train", "init_from", c.train.init_from);
 
     v("data", "train", c.data.train);
     v("data", "val", c.data.val);
@@ -681,7 +682,8 @@ void validate(const TrainConfig& c) {
                     t.micro_batch_size);
     }
     positive("train.steps", t.steps);
-    if (!(t.lr > 0)) input_error("{}: train.lr = {}: must be > 0", src, t.lr);
+    // 0 trains nothing: the weights stay as they start (a probe of a model on fresh batches)
+    if (!(t.lr >= 0)) input_error("{}: train.lr = {}: must be >= 0", src, t.lr);
     non_negative("train.min_lr", t.min_lr);
     if (t.min_lr > t.lr)
         input_error("{}: train.min_lr = {} must be <= train.lr = {}", src, t.min_lr, t.lr);

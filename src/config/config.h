@@ -133,6 +133,9 @@ struct TrainSection {
     bool check_memory   = true;
     std::string run_dir = "";               // "" = runs/<config file stem>
     Recompute recompute = Recompute::none;  // none | moe | block (docs/model.md)
+    // "" = initialise the weights (model.init_std); else an exported model or a run directory
+    // whose weights a run from its first step starts with (a resumed run takes its checkpoint's)
+    std::string init_from = "";
 };
 
 struct DataSection {

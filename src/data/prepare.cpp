@@ -81,6 +81,28 @@ void validate(const PrepareOptions& opts) {
         input_error("val_fraction {} must be in (0, 1)", opts.val_fraction);
     }
     validate_outputs(opts);
+    if (!opts.tokenizer_from.empty()) {
+        // the model's tokenizer encodes the corpus for that model: its pieces are the ids the
+        // model was trained on, and entries are separated by its </s>
+        for (const auto& [key, out] :
+             {std::pair{"data.train", opts.train_path},
+              {"data.val", opts.val_path},
+              {"meta.json (beside data.val)", meta_path_for(opts.val_path)}}) {
+            if (same_or_below(opts.tokenizer_from, out)) {
+                input_error("--tokenizer {} is {} = \"{}\", which prepare writes",
+                            opts.tokenizer_from, key, out);
+            }
+        }
+        const Tokenizer tok = Tokenizer::load(opts.tokenizer_from);
+        if (tok.vocab_size() != opts.vocab_size) {
+            input_error("--tokenizer {}: {} pieces, model.vocab_size = {} (they must agree)",
+                        opts.tokenizer_from, tok.vocab_size(), opts.vocab_size);
+        }
+        if (tok.eos_id() < 0) {
+            input_error("--tokenizer {}: no </s> piece, which separates the entries",
+                        opts.tokenizer_from);
+        }
+    }
 }
 
 // Sorts by (hash, text) so the order depends on neither file order nor hash ties.
@@ -177,7 +199,9 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         create_parent_dirs(*p);
     }
     write_file_atomic(opts.tokenizer_path,
-                      train_tokenizer_model(train, opts.vocab_size, opts.seed));
+                      opts.tokenizer_from.empty()
+                          ? train_tokenizer_model(train, opts.vocab_size, opts.seed)
+                          : read_file_bytes(opts.tokenizer_from, "--tokenizer"));
     const Tokenizer tok                     = Tokenizer::load(opts.tokenizer_path);
     const std::vector<int32_t> train_tokens = encode_entries(tok, train);
     const std::vector<int32_t> val_tokens   = encode_entries(tok, val);
@@ -201,6 +225,7 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         {"val_tokens", r.val_tokens},
         {"val_unigram_entropy", r.val_unigram_entropy},
         {"tokenizer", opts.tokenizer_path},
+        {"tokenizer_from", opts.tokenizer_from},
         {"train", opts.train_path},
         {"val", opts.val_path},
         {"corpus", opts.corpus},

@@ -1,7 +1,8 @@
 // Corpus preparation: text entries -> trained tokenizer + train/val token shards + meta.json.
 // 1. read entries (fortunes.h); 2. split into val/train by a seeded xxhash64 of each entry's
 // text (independent of file order; duplicates land on the same side), and order each split by
-// that hash (a deterministic shuffle); 3. train the tokenizer on train entries only; 4. encode
+// that hash (a deterministic shuffle); 3. train the tokenizer on train entries only (or take
+// the one given: PrepareOptions::tokenizer_from); 4. encode
 // each entry followed by eos, write the shards (token_file.h) and meta.json beside val_path.
 // Model training is elsewhere.
 #pragma once
@@ -16,6 +17,9 @@ namespace bagualu::data {
 struct PrepareOptions {
     std::vector<std::string> corpus;  // fortune files or folders
     std::string train_path, val_path, tokenizer_path;
+    // "" = train the tokenizer on the train entries; else a SentencePiece model to encode with
+    // (a trained model's, to train it further on this corpus), copied to tokenizer_path
+    std::string tokenizer_from;
     int vocab_size      = 8192;
     double val_fraction = 0.01;  // in (0, 1)
     uint64_t seed       = 1337;

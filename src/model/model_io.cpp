@@ -156,7 +156,19 @@ void save_model(const std::string& dir, const ModelConfig& m, const float* param
     }
 }
 
-LoadedModel load_model(const std::string& dir) {
+std::string model_dir_of(const std::string& dir_arg) {
+    // "run/model/" and "run/model/." name run/model, whose parent holds the run's config.toml
+    std::string dir = fs::path(dir_arg).lexically_normal().string();
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    if (fs::exists(fs::path(dir) / "config.json")) return dir;
+    if (fs::exists(fs::path(dir) / "model" / "config.json"))
+        return (fs::path(dir) / "model").string();
+    input_error("{}: neither an exported model (config.json) nor a run directory (model/)", dir);
+}
+
+namespace {
+
+ModelConfig read_config_json(const std::string& dir) {
     const std::string cfg_path = dir + "/config.json";
     if (!fs::exists(cfg_path))
         input_error("{}: not found (is {} an exported model?)", cfg_path, dir);
@@ -171,8 +183,26 @@ LoadedModel load_model(const std::string& dir) {
             input_error("{}: invalid JSON: {}", cfg_path, json_error_text(e.what()));
         }
     }
+    return model_config_from_json(j, cfg_path);
+}
+
+// a trained model's weights are finite: a NaN or infinity is a damaged file, whose evaluation,
+// samples or further training would mean nothing
+void check_finite(const io::SafetensorsFile& st, const std::vector<float>& v,
+                  const std::string& name) {
+    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != v.end()) {
+        input_error("{}: tensor {} holds {} at element {}: expected finite weights", st.path(),
+                    name, *bad, bad - v.begin());
+    }
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& dir) {
+    const std::string cfg_path = dir + "/config.json";
     LoadedModel out;
-    out.config = model_config_from_json(j, cfg_path);
+    out.config = read_config_json(dir);
     io::SafetensorsFile st(dir + "/model.safetensors");
     // The number of tensors the config implies must be the file's before the layout is built:
     // a crafted config.json (a million experts in each of thousands of layers) would otherwise
@@ -197,19 +227,9 @@ LoadedModel load_model(const std::string& dir) {
         }
     }
     out.params = Buffer<float>(layout.total_floats());
-    // a trained model's weights are finite: a NaN or infinity is a damaged file, whose
-    // evaluation or samples would mean nothing
-    const auto check_finite = [&](const std::vector<float>& v, const std::string& name) {
-        const auto bad =
-            std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
-        if (bad != v.end()) {
-            input_error("{}: tensor {} holds {} at element {}: expected finite weights", st.path(),
-                        name, *bad, bad - v.begin());
-        }
-    };
     for (const ParamSpec& s : layout.specs()) {
         const std::vector<float> v = st.read_f32(s.name);
-        check_finite(v, s.name);
+        check_finite(st, v, s.name);
         std::copy(v.begin(), v.end(), out.params.data() + s.offset);
     }
     if (out.config.balance_bias_rate > 0) {
@@ -221,7 +241,7 @@ LoadedModel load_model(const std::string& dir) {
                             name, fmt::join(st.info(name).shape, ", "), out.config.n_experts);
             }
             out.biases.push_back(st.read_f32(name));
-            check_finite(out.biases.back(), name);
+            check_finite(st, out.biases.back(), name);
         }
     }
     for (const std::string& name : st.names()) {
@@ -232,6 +252,73 @@ LoadedModel load_model(const std::string& dir) {
             input_error("{}: unexpected tensor {} for this config.json", st.path(), name);
     }
     return out;
+}
+
+moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& m,
+                                     const ParamLayout& layout, float* params) {
+    const ModelConfig there = read_config_json(dir);
+    io::SafetensorsFile st(dir + "/model.safetensors");
+    // the [model] keys that differ, as the hint of a tensor that does not fit: the keys that
+    // shape no tensor (top_k, the gate, the balancing) may differ and are not named alone
+    const auto keys_hint = [&] {
+        TrainConfig a, b;
+        a.model                             = m;
+        b.model                             = there;
+        const std::vector<KeyDifference> ds = differing_keys(a, b, "model");
+        std::vector<std::string> parts;
+        for (const KeyDifference& d : ds)
+            parts.push_back(fmt::format("{} = {} here, {} there", d.key, d.a, d.b));
+        return parts.empty() ? std::string() : fmt::format(" ({})", fmt::join(parts, "; "));
+    };
+    // Every tensor of the whole model must be in the file with its shape, and the file may hold
+    // no other weight: checked against the whole layout on every rank, so that all ranks agree.
+    const ParamLayout full = make_layout(m);
+    for (const ParamSpec& s : full.specs()) {
+        if (!st.contains(s.name)) {
+            input_error("{}: no tensor {}: a model of another shape{}", st.path(), s.name,
+                        keys_hint());
+        }
+        const io::TensorInfo& ti = st.info(s.name);
+        if (ti.shape != s.shape) {
+            input_error("{}: tensor {} has shape [{}], this config's model [{}]{}", st.path(),
+                        s.name, fmt::join(ti.shape, ", "), fmt::join(s.shape, ", "), keys_hint());
+        }
+    }
+    const std::vector<int> blocks = moe_blocks(there);
+    const auto is_bias            = [&](const std::string& name) {
+        return there.balance_bias_rate > 0 && std::any_of(blocks.begin(), blocks.end(), [&](int l) {
+                   return name == balance_bias_name(l);
+               });
+    };
+    for (const std::string& name : st.names()) {
+        if (!is_bias(name) && !full.find(name)) {
+            input_error("{}: tensor {} has no place in this config's model{}", st.path(), name,
+                        keys_hint());
+        }
+    }
+    for (const ParamSpec& s : layout.specs()) {
+        const ParamSpec* f = full.find(s.name);
+        BGL_CHECK(f != nullptr && f->shape == s.shape, "{} is not a tensor of the whole model",
+                  s.name);
+        const std::vector<float> v = st.read_f32(s.name);
+        check_finite(st, v, s.name);
+        std::copy(v.begin(), v.end(), params + s.offset);
+    }
+    // the routing biases: the same MoE blocks and experts, as the tensors above say
+    moe::BalanceBiases biases;
+    if (there.balance_bias_rate > 0) {
+        for (const int l : blocks) {
+            const std::string name = balance_bias_name(l);
+            if (!st.contains(name)) input_error("{}: missing tensor {}", st.path(), name);
+            if (st.info(name).shape != std::vector<int64_t>{m.n_experts}) {
+                input_error("{}: tensor {} has shape [{}], this config's model [{}]", st.path(),
+                            name, fmt::join(st.info(name).shape, ", "), m.n_experts);
+            }
+            biases.push_back(st.read_f32(name));
+            check_finite(st, biases.back(), name);
+        }
+    }
+    return biases;
 }
 
 }  // namespace bagualu::model

@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "model/param_layout.h"
 #include "moe/balance_bias.h"
 
 namespace bagualu::model {
@@ -36,5 +37,19 @@ struct LoadedModel {
 };
 // Throws InputError naming the file on a missing file, a missing tensor or a wrong shape.
 LoadedModel load_model(const std::string& dir);
+
+// The exported model directory a command-line or config argument names: an exported model
+// (holding config.json) or a run directory (its model/). InputError for anything else.
+std::string model_dir_of(const std::string& dir_arg);
+
+// Training from an exported model's weights (train.init_from). The file must hold every tensor
+// of make_layout(m), the whole model of this config, with its shape, and no other weight (the
+// [model] keys that shape no tensor, such as top_k, the gate or the balancing, may differ from
+// its config.json). Reads only the tensors of `layout`, one rank's part of that model (its
+// dense tensors and its experts), into params at their offsets. Returns the routing biases the
+// file holds, one (E) per MoE block, or none where its model had none. Throws InputError naming
+// the file, the tensor and the [model] keys that differ.
+moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& m,
+                                     const ParamLayout& layout, float* params);
 
 }  // namespace bagualu::model

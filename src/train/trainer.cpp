@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,6 +32,7 @@
 #include "dist/comm/checks.h"
 #include "dist/comm/counters.h"
 #include "dist/paro/optimizer.h"
+#include "io/checkpoint/checkpoint.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "kernels/peak.h"
@@ -51,7 +53,8 @@
 
 namespace bagualu::train {
 
-using Clock = std::chrono::steady_clock;
+using Clock  = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -89,6 +92,51 @@ void maybe_inject_signal(int64_t step, int rank) {
     if ((r ? std::atoi(r) : 0) == rank) ::raise(s ? std::atoi(s) : SIGTERM);
 }
 
+bool same_file_bytes(const std::string& a, const std::string& b) {
+    std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+    const std::string ba((std::istreambuf_iterator<char>(fa)), {});
+    const std::string bb((std::istreambuf_iterator<char>(fb)), {});
+    return fa.good() == fb.good() && ba == bb;
+}
+
+// train.init_from: the exported model it names, checked before the run directory is touched:
+// a model (or a run directory's), not inside the run directory whose model/ this run replaces,
+// and made with the tokenizer of this run's data (the same ids for the same pieces).
+std::string init_model_dir(const TrainConfig& cfg) {
+    const std::string arg = cfg.train.init_from;
+    if (fs::exists(fs::path(arg) / io::ckpt::kManifestName)) {
+        input_error(
+            "train.init_from = {}: a checkpoint, not an exported model: export it first "
+            "(bagualu export --checkpoint {} --out DIR) and start from DIR",
+            arg, arg);
+    }
+    std::string dir;
+    try {
+        dir = model::model_dir_of(arg);
+    } catch (const InputError& e) {
+        input_error("train.init_from: {}", e.what());
+    }
+    std::error_code ec;
+    const fs::path m   = fs::weakly_canonical(dir, ec);
+    const fs::path run = fs::weakly_canonical(cfg.train.run_dir, ec);
+    const auto [r, _]  = std::mismatch(run.begin(), run.end(), m.begin(), m.end());
+    if (!ec && r == run.end()) {
+        input_error(
+            "train.init_from = {}: inside train.run_dir = {}, whose model/ this run replaces: "
+            "copy the model elsewhere or train into another run directory",
+            arg, cfg.train.run_dir);
+    }
+    const std::string tok = dir + "/tokenizer.model";
+    if (!cfg.data.tokenizer.empty() && fs::exists(tok) && fs::exists(cfg.data.tokenizer) &&
+        !same_file_bytes(tok, cfg.data.tokenizer)) {
+        input_error(
+            "train.init_from = {}: its tokenizer.model differs from data.tokenizer = {}: the "
+            "model's token ids would name other pieces (train on data made with its tokenizer)",
+            arg, cfg.data.tokenizer);
+    }
+    return dir;
+}
+
 // A hash of this executable, so ranks can check they run the same build.
 uint64_t binary_hash() {
     std::ifstream f("/proc/self/exe", std::ios::binary);
@@ -116,6 +164,7 @@ class Trainer {
 
     void check_inputs();
     void build_model(const TrainConfig& cfg);
+    void init_weights_from_model();
     void log_setup() const;
     void resume();
     void open_metrics();
@@ -148,6 +197,7 @@ class Trainer {
     data::Dataset ds_;
     std::unique_ptr<data::DataLoader> loader_;
     RunDirLock run_dir_lock_;  // held until the run ends
+    std::string init_dir_;     // train.init_from's model directory, or ""
     model::PrecisionPolicy prec_;
     optim::LossScaler scaler_;
     std::unique_ptr<model::GPT> gpt_;
@@ -228,6 +278,14 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, dist::Parallel
 // Every input check before the first collective of the model: a problem on any rank ends every
 // rank with one message (exit 2). More than one rank: all run the same config and binary.
 void Trainer::check_inputs() {
+    // train.init_from, unless a checkpoint is there to resume from (its weights win, and the
+    // model need not exist any more): as rank 0 sees it, which also chooses the checkpoint
+    uint8_t init_from = 0;
+    if (!cfg_.train.init_from.empty()) {
+        if (root_)
+            init_from = !(resume_ && !io::ckpt::list_complete(cfg_.checkpoint_dir()).empty());
+        par_->world().broadcast(&init_from, 1, 0);
+    }
     dist::check_together(par_->world(), [&] {
         validate_layout(cfg_, P_);
         validate_micro_batch(cfg_, P_);
@@ -247,6 +305,7 @@ void Trainer::check_inputs() {
                 "it: use a longer validation split or fewer ranks",
                 ds_.val.num_windows(), cfg_.model.seq_len + 1, P_);
         }
+        if (init_from) init_dir_ = init_model_dir(cfg_);
         if (writer_) run_dir_lock_ = prepare_run_dir(cfg_, opt_.force, resume_);
     });
     if (P_ > 1) {
@@ -287,6 +346,38 @@ void Trainer::build_model(const TrainConfig& cfg) {
     optimizer_ = dist::paro::make_optimizer(cfg, gpt_->layout(), *par_, prec_, helper_.get(),
                                             gpt_->masters_in_place());
     mem_       = optimizer_->footprint();
+    if (!init_dir_.empty()) init_weights_from_model();
+}
+
+// train.init_from: the exported model's weights (and routing biases) in place of the initial
+// ones, each rank reading its own tensors, where the run starts at its first step. They are
+// FP32 masters, as a checkpoint's are: the half-stored tensors' masters keep every bit and the
+// parameters computed with are rounded from them. Not where the run resumes from a checkpoint
+// (check_inputs leaves init_dir_ empty then): it reads the checkpoint's.
+void Trainer::init_weights_from_model() {
+    moe::BalanceBiases biases;
+    dist::check_together(par_->world(), [&] {
+        try {
+            biases =
+                model::load_weights_into(init_dir_, cfg_.model, gpt_->layout(), gpt_->params());
+        } catch (const InputError& e) {
+            input_error("train.init_from: {}", e.what());
+        }
+    });
+    optimizer_->masters_loaded(gpt_->params());
+    const bool bias = cfg_.model.moe_every > 0 && cfg_.model.balance_bias_rate > 0;
+    if (bias && !biases.empty()) gpt_->set_balance_biases(biases);
+    if (!writer_) return;
+    log::info("weights from {}", init_dir_);
+    if (bias && biases.empty()) {
+        log::info("{} has no routing biases (its model.balance_bias_rate was 0): they start at 0",
+                  init_dir_);
+    } else if (!bias && !biases.empty()) {
+        log::warn(
+            "{} routed with balancing biases; this run (model.balance_bias_rate = 0) routes "
+            "without them",
+            init_dir_);
+    }
 }
 
 void Trainer::log_setup() const {

@@ -194,6 +194,56 @@ TEST(Prepare, OutputsOverwritingInputsOrEachOtherAreRefused) {
     prepare_corpus(good);  // and the options as made are fine
 }
 
+// tokenizer_from: another corpus encoded with a tokenizer made before (a trained model's), not a
+// new one: the tokenizer is copied byte for byte, the shards decode with it to the entries, and
+// the outputs' checks, the vocabulary size and the eos piece are checked before anything is
+// written.
+TEST(Prepare, EncodesWithAGivenTokenizer) {
+    TempDir dir;
+    const PrepareOptions first = make_corpus(dir, testing::small_corpus(300));
+    prepare_corpus(first);
+    const std::string tok_bytes = read_all(first.tokenizer_path);
+
+    // another corpus (the first 120 entries) into other outputs, with another split and order
+    const std::vector<std::string> entries = testing::small_corpus(120);
+    PrepareOptions opts                    = make_corpus(dir, entries);
+    opts.train_path                        = dir.path("out2/train.bin");
+    opts.val_path                          = dir.path("out2/val.bin");
+    opts.tokenizer_path                    = dir.path("out2/tokenizer.model");
+    opts.seed                              = 7;
+    opts.tokenizer_from                    = first.tokenizer_path;
+    const PrepareResult r                  = prepare_corpus(opts);
+    EXPECT_TRUE(read_all(opts.tokenizer_path) == tok_bytes);
+    const Tokenizer tok = Tokenizer::load(opts.tokenizer_path);
+    std::vector<std::string> docs =
+        decode_documents(tok, read_token_file(opts.train_path, tok.vocab_size()).tokens);
+    const std::vector<std::string> val =
+        decode_documents(tok, read_token_file(opts.val_path, tok.vocab_size()).tokens);
+    EXPECT_EQ(static_cast<int64_t>(val.size()), r.n_val_entries);
+    docs.insert(docs.end(), val.begin(), val.end());
+    EXPECT_EQ(sorted(docs), sorted(entries));
+    const auto meta = nlohmann::json::parse(read_all(dir.path("out2/meta.json")));
+    EXPECT_EQ(meta["tokenizer_from"], first.tokenizer_path);
+
+    // the tokenizer in place: encodes with it and leaves it as it was
+    opts.tokenizer_from = opts.tokenizer_path;
+    prepare_corpus(opts);
+    EXPECT_TRUE(read_all(opts.tokenizer_path) == tok_bytes);
+
+    const std::string train_before = read_all(opts.train_path);
+    opts.tokenizer_from            = first.tokenizer_path;
+    opts.vocab_size                = 512;
+    expect_input_error([&] { prepare_corpus(opts); }, {"--tokenizer", first.tokenizer_path,
+                                                       "400 pieces", "model.vocab_size = 512"});
+    opts.vocab_size     = 400;
+    opts.tokenizer_from = first.train_path;  // not a tokenizer
+    expect_input_error([&] { prepare_corpus(opts); }, {first.train_path});
+    opts.tokenizer_from = opts.val_path;
+    expect_input_error([&] { prepare_corpus(opts); },
+                       {"--tokenizer", "data.val", "prepare writes"});
+    EXPECT_TRUE(read_all(opts.train_path) == train_before);
+}
+
 TEST(Prepare, UnigramEntropy) {
     EXPECT_EQ(unigram_entropy({}), 0.0);
     EXPECT_EQ(unigram_entropy(std::vector<int32_t>{7, 7, 7}), 0.0);
