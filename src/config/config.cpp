@@ -37,6 +37,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "lr", c.train.lr);
     v("train", "min_lr", c.train.min_lr);
     v("train", "warmup_steps", c.train.warmup_steps);
+    v("train", "lr_schedule", c.train.lr_schedule);
+    v("train", "decay_steps", c.train.decay_steps);
     v("train", "weight_decay", c.train.weight_decay);
     v("train", "beta1", c.train.beta1);
     v("train", "beta2", c.train.beta2);
@@ -191,6 +193,13 @@ template <>
 struct Spelling<Recompute> {
     static constexpr Recompute values[]   = {Recompute::none, Recompute::moe, Recompute::block};
     static constexpr const char* expected = "\"none\", \"moe\" or \"block\"";
+};
+
+template <>
+struct Spelling<LrSchedule> {
+    static constexpr LrSchedule values[]  = {LrSchedule::cosine, LrSchedule::linear,
+                                             LrSchedule::constant, LrSchedule::wsd};
+    static constexpr const char* expected = "\"cosine\", \"linear\", \"constant\" or \"wsd\"";
 };
 
 template <typename T>
@@ -688,6 +697,17 @@ void validate(const TrainConfig& c) {
     if (t.min_lr > t.lr)
         input_error("{}: train.min_lr = {} must be <= train.lr = {}", src, t.min_lr, t.lr);
     non_negative("train.warmup_steps", static_cast<double>(t.warmup_steps));
+    // wsd decays over the last decay_steps steps (at most those after the warm-up: a shorter
+    // run, say --set train.steps=2, decays over what it has)
+    if (t.lr_schedule == LrSchedule::wsd && t.decay_steps < 1) {
+        input_error(
+            "{}: train.decay_steps = {}: train.lr_schedule = \"wsd\" decays over the last "
+            "decay_steps steps, at least 1 (without a decay, use \"constant\")",
+            src, t.decay_steps);
+    }
+    if (t.decay_steps < 0) {
+        input_error("{}: train.decay_steps = {}: must be >= 0", src, t.decay_steps);
+    }
     non_negative("train.weight_decay", t.weight_decay);
     if (!(t.beta1 >= 0 && t.beta1 < 1))
         input_error("{}: train.beta1 = {}: must be in [0, 1)", src, t.beta1);
@@ -886,6 +906,10 @@ std::vector<std::string> ineffective_settings(const TrainConfig& c) {
         fmt::format("model.swipe_balance = \"{}\" has no effect: model.gate = \"{}\" is not "
                     "swipe",
                     name_of(m.swipe_balance), name_of(m.gate)));
+    add(c.train.decay_steps != TrainSection{}.decay_steps && c.train.lr_schedule != LrSchedule::wsd,
+        fmt::format("train.decay_steps = {} has no effect: train.lr_schedule = \"{}\" (only "
+                    "\"wsd\" ends with a decay of its own length)",
+                    c.train.decay_steps, name_of(c.train.lr_schedule)));
     const bool capacity_gate = m.gate == GateKind::switch_top1 || m.gate == GateKind::gshard;
     add(m.capacity_factor != d.capacity_factor && !capacity_gate && m.moe_every > 0,
         fmt::format("model.capacity_factor = {} has no effect: model.gate = \"{}\" has no "
@@ -997,5 +1021,6 @@ template Resume parse_enum<Resume>(const std::string&, const std::string&);
 template Collectives parse_enum<Collectives>(const std::string&, const std::string&);
 template RouteOverride parse_enum<RouteOverride>(const std::string&, const std::string&);
 template Recompute parse_enum<Recompute>(const std::string&, const std::string&);
+template LrSchedule parse_enum<LrSchedule>(const std::string&, const std::string&);
 
 }  // namespace bagualu

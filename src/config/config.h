@@ -115,8 +115,10 @@ struct TrainSection {
     int64_t micro_batch_size = 0;   // most sequences per rank per forward/backward; 0 = no cap
     int64_t steps            = 1000;
     double lr                = 1e-3;
-    double min_lr            = 1e-4;  // cosine decays from lr to min_lr
+    double min_lr            = 1e-4;  // the schedule decays from lr to min_lr
     int64_t warmup_steps     = 50;
+    LrSchedule lr_schedule   = LrSchedule::cosine;  // after the warm-up (enums.h)
+    int64_t decay_steps      = 0;                   // "wsd": the final decay's steps
     double weight_decay      = 0.1;
     double beta1             = 0.9;
     double beta2             = 0.95;

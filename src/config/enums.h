@@ -54,6 +54,11 @@ enum class RouteOverride { none, one_expert, one_rank, zipf };
 // block's input (the whole block runs again in backward).
 enum class Recompute { none, moe, block };
 
+// train.lr_schedule: the learning rate after the warm-up (docs/model.md, Training): cosine or
+// linear from lr to min_lr at the last step; constant lr; warmup-stable-decay (lr, then a linear
+// decay to min_lr over the last train.decay_steps steps).
+enum class LrSchedule { cosine, linear, constant, wsd };
+
 // The spelling of a value in a config file.
 inline const char* name_of(GateKind g) {
     switch (g) {
@@ -111,6 +116,20 @@ inline const char* name_of(Collectives c) {
 }
 inline const char* name_of(Recompute r) {
     return r == Recompute::moe ? "moe" : r == Recompute::block ? "block" : "none";
+}
+
+inline const char* name_of(LrSchedule s) {
+    switch (s) {
+        case LrSchedule::linear:
+            return "linear";
+        case LrSchedule::constant:
+            return "constant";
+        case LrSchedule::wsd:
+            return "wsd";
+        case LrSchedule::cosine:
+            break;
+    }
+    return "cosine";
 }
 inline const char* name_of(Dtype d) { return dtype_name(d); }
 inline const char* name_of(RouteOverride r) {

@@ -524,7 +524,7 @@ void Trainer::train_step(int64_t step) {
     r.loss = reduce_loss(local_loss, step);
     PhaseScope optimizer_phase(Phase::optimizer);
     r.lr        = optim::lr_at(step, cfg_.train.steps, cfg_.train.warmup_steps, cfg_.train.lr,
-                               cfg_.train.min_lr);
+                               cfg_.train.min_lr, cfg_.train.lr_schedule, cfg_.train.decay_steps);
     r.grad_norm = optimizer_->step(gpt_->params_rounded_update(), gpt_->grads(), r.lr, step + 1);
     r.skipped   = optimizer_->skipped();
     scaler_.update(r.skipped);

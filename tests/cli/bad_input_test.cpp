@@ -114,13 +114,16 @@ TEST_F(BadInputTest, ValuesFromSetAreBlamedOnTheSet) {
 TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
     const CommandResult r =
         bagualu(base + " --set model.balance_bias_update=proportional --set model.route_groups=2" +
-                " --set model.capacity_factor=2 --set model.swipe_balance=round");
+                " --set model.capacity_factor=2 --set model.swipe_balance=round" +
+                " --set train.decay_steps=3");
     EXPECT_EQ(r.status, 0) << r.output;
     for (const char* w :
          {"warning: configs/tiny.toml: model.balance_bias_update = \"proportional\" has no effect",
           "warning: configs/tiny.toml: model.route_groups = 2 has no effect",
           "warning: configs/tiny.toml: model.capacity_factor = 2 has no effect",
-          "warning: configs/tiny.toml: model.swipe_balance = \"round\" has no effect"}) {
+          "warning: configs/tiny.toml: model.swipe_balance = \"round\" has no effect",
+          "warning: configs/tiny.toml: train.decay_steps = 3 has no effect: train.lr_schedule = "
+          "\"cosine\""}) {
         EXPECT_NE(r.output.find(w), std::string::npos) << w << "\n" << r.output;
     }
     // with their features on, none
@@ -128,7 +131,8 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
         bagualu(base + " --force --set model.balance_bias_update=proportional" +
                 " --set model.balance_bias_rate=0.01" +
                 " --set model.route_groups=2 --set model.route_nodes=1 --set model.gate=gshard" +
-                " --set model.capacity_factor=2");
+                " --set model.capacity_factor=2 --set train.lr_schedule=wsd" +
+                " --set train.decay_steps=3");
     EXPECT_EQ(on.status, 0) << on.output;
     EXPECT_EQ(on.output.find("warning"), std::string::npos) << on.output;
 }
@@ -390,6 +394,10 @@ TEST_F(BadInputTest, ValuesThatCannotRunAsMeant) {
     expect_error(base + " --set train.batch_size=100000 --set train.micro_batch_size=1",
                  {"train.batch_size = 100000", "windows", "data.train"});
     expect_error("train --config configs/tiny.toml --run-dir ''", {"--run-dir", "empty path"});
+    expect_error(base + " --set train.lr_schedule=wsd",
+                 {"train.decay_steps = 0", "\"wsd\"", "\"constant\""});
+    expect_error(base + " --set train.lr_schedule=step",
+                 {"train.lr_schedule", "\"cosine\", \"linear\", \"constant\" or \"wsd\""});
 }
 
 // Numeric options say what they expect, NaN included (the option library printed its bounds as

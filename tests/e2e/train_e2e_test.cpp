@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../common/run_command.h"
+#include "optim/lr_schedule.h"
 
 namespace bagualu::testing {
 namespace {
@@ -116,6 +117,39 @@ TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {
     const CommandResult rep = bagualu("report " + (*dir_ / "run_a"));
     ASSERT_EQ(rep.status, 0) << rep.output;
     EXPECT_TRUE(std::filesystem::exists(*dir_ / "run_a/loss.svg"));
+}
+
+// The learning rate each step logs is the schedule's (optim/lr_schedule.h) for the configured
+// train.lr_schedule, decay_steps included: the trainer passes them on.
+TEST_F(TrainE2ETest, EveryStepTakesTheScheduledLearningRate) {
+    struct Case {
+        const char* set;
+        LrSchedule schedule;
+        int64_t decay;
+    };
+    for (const Case c :
+         {Case{"", LrSchedule::cosine, 0},
+          Case{" --set train.lr_schedule=linear", LrSchedule::linear, 0},
+          Case{" --set train.lr_schedule=constant", LrSchedule::constant, 0},
+          Case{" --set train.lr_schedule=wsd --set train.decay_steps=7", LrSchedule::wsd, 7}}) {
+        SCOPED_TRACE(c.set);
+        const CommandResult r =
+            train("run_lr", std::string(c.set) +
+                                " --set train.steps=20 --set train.log_every=1 "
+                                "--set train.eval_every=0 --set sample.n_samples=0 --force");
+        ASSERT_EQ(r.status, 0) << r.output;
+        int steps = 0;
+        for (const auto& j : read_metrics(*dir_ / "run_lr/metrics.jsonl")) {
+            if (!j.contains("lr")) continue;
+            const int64_t step = j["step"].get<int64_t>() - 1;  // logged 1-based
+            // tiny.toml: lr 3e-3, min_lr 3e-4, 5 warm-up steps
+            EXPECT_EQ(j["lr"].get<double>(),
+                      optim::lr_at(step, 20, 5, 3e-3, 3e-4, c.schedule, c.decay))
+                << "step " << step;
+            ++steps;
+        }
+        EXPECT_EQ(steps, 20);
+    }
 }
 
 TEST_F(TrainE2ETest, TokenizerVocabMismatchIsAnError) {
