@@ -100,9 +100,10 @@ bool same_file_bytes(const std::string& a, const std::string& b) {
 }
 
 // train.init_from: the exported model it names, checked before the run directory is touched:
-// a model (or a run directory's), not inside the run directory whose model/ this run replaces,
-// and made with the tokenizer of this run's data (the same ids for the same pieces).
-std::string init_model_dir(const TrainConfig& cfg) {
+// a model (or a run directory's); where `writer` (rank 0 of a run that writes its directory),
+// not inside the run directory whose model/ this run replaces, and made with the tokenizer of
+// this run's data (the same ids for the same pieces): one rank reads the tokenizers.
+std::string init_model_dir(const TrainConfig& cfg, bool writer) {
     const std::string arg = cfg.train.init_from;
     if (fs::exists(fs::path(arg) / io::ckpt::kManifestName)) {
         input_error(
@@ -116,6 +117,7 @@ std::string init_model_dir(const TrainConfig& cfg) {
     } catch (const InputError& e) {
         input_error("train.init_from: {}", e.what());
     }
+    if (!writer) return dir;
     std::error_code ec;
     const fs::path m   = fs::weakly_canonical(dir, ec);
     const fs::path run = fs::weakly_canonical(cfg.train.run_dir, ec);
@@ -305,7 +307,7 @@ void Trainer::check_inputs() {
                 "it: use a longer validation split or fewer ranks",
                 ds_.val.num_windows(), cfg_.model.seq_len + 1, P_);
         }
-        if (init_from) init_dir_ = init_model_dir(cfg_);
+        if (init_from) init_dir_ = init_model_dir(cfg_, writer_);
         if (writer_) run_dir_lock_ = prepare_run_dir(cfg_, opt_.force, resume_);
     });
     if (P_ > 1) {
