@@ -54,6 +54,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("train", "run_dir", c.train.run_dir);
     v("train", "recompute", c.train.recompute);
     v("train", "init_from", c.train.init_from);
+    v("train", "upcycle", c.train.upcycle);
 
     v("data", "train", c.data.train);
     v("data", "val", c.data.val);
@@ -705,6 +706,12 @@ void validate(const TrainConfig& c) {
             "decay_steps steps, at least 1 (without a decay, use \"constant\")",
             src, t.decay_steps);
     }
+    if (t.upcycle && m.moe_every > 0 && m.n_shared_experts > 0) {
+        input_error(
+            "{}: train.upcycle with model.n_shared_experts = {}: a dense MLP goes into the routed "
+            "experts only, and shared experts beside them would change what the block computes",
+            src, m.n_shared_experts);
+    }
     if (t.decay_steps < 0) {
         input_error("{}: train.decay_steps = {}: must be >= 0", src, t.decay_steps);
     }
@@ -910,6 +917,11 @@ std::vector<std::string> ineffective_settings(const TrainConfig& c) {
         fmt::format("train.decay_steps = {} has no effect: train.lr_schedule = \"{}\" (only "
                     "\"wsd\" ends with a decay of its own length)",
                     c.train.decay_steps, name_of(c.train.lr_schedule)));
+    add(c.train.upcycle && (c.train.init_from.empty() || m.moe_every == 0),
+        c.train.init_from.empty()
+            ? std::string("train.upcycle = true has no effect: train.init_from is empty")
+            : std::string(
+                  "train.upcycle = true has no effect: model.moe_every = 0 (no MoE block)"));
     const bool capacity_gate = m.gate == GateKind::switch_top1 || m.gate == GateKind::gshard;
     add(m.capacity_factor != d.capacity_factor && !capacity_gate && m.moe_every > 0,
         fmt::format("model.capacity_factor = {} has no effect: model.gate = \"{}\" has no "

@@ -138,6 +138,9 @@ struct TrainSection {
     // "" = initialise the weights (model.init_std); else an exported model or a run directory
     // whose weights a run from its first step starts with (a resumed run takes its checkpoint's)
     std::string init_from = "";
+    // with init_from: an MoE block that is a dense block in that model starts with its MLP in
+    // every expert (sparse upcycling; model/model_io.h)
+    bool upcycle = false;
 };
 
 struct DataSection {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -254,8 +255,8 @@ LoadedModel load_model(const std::string& dir) {
     return out;
 }
 
-moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& m,
-                                     const ParamLayout& layout, float* params) {
+InitWeights load_weights_into(const std::string& dir, const ModelConfig& m,
+                              const ParamLayout& layout, float* params, bool upcycle) {
     const ModelConfig there = read_config_json(dir);
     io::SafetensorsFile st(dir + "/model.safetensors");
     // the [model] keys that differ, as the hint of a tensor that does not fit: the keys that
@@ -270,28 +271,60 @@ moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& 
             parts.push_back(fmt::format("{} = {} here, {} there", d.key, d.a, d.b));
         return parts.empty() ? std::string() : fmt::format(" ({})", fmt::join(parts, "; "));
     };
+    InitWeights out;
+    const std::vector<int> blocks = moe_blocks(m);
+    // upcycling: the MoE blocks of m that are dense blocks in the file
+    for (const int l : blocks) {
+        if (upcycle && st.contains(fmt::format("h.{}.mlp.c_fc.weight", l)))
+            out.upcycled.push_back(l);
+    }
+    // The file's tensor that tensor `name` of m is read from: its own, or in an upcycled block
+    // the MLP's that every expert copies; "" for the rest of an upcycled block (the router's
+    // weights), which keeps its initial value.
+    const auto source = [&](const std::string& name) -> std::string {
+        for (const int l : out.upcycled) {
+            const std::string block = fmt::format("h.{}.moe.", l);
+            if (name.rfind(block, 0) != 0) continue;
+            const std::string experts = block + "experts.";
+            if (name.rfind(experts, 0) != 0) return "";
+            const size_t dot = name.find('.', experts.size());  // after the expert's number
+            return fmt::format("h.{}.mlp{}", l, name.substr(dot));
+        }
+        return name;
+    };
     // Every tensor of the whole model must be in the file with its shape, and the file may hold
     // no other weight: checked against the whole layout on every rank, so that all ranks agree.
     const ParamLayout full = make_layout(m);
+    std::set<std::string> used;
     for (const ParamSpec& s : full.specs()) {
-        if (!st.contains(s.name)) {
-            input_error("{}: no tensor {}: a model of another shape{}", st.path(), s.name,
-                        keys_hint());
+        const std::string src = source(s.name);
+        if (src.empty()) continue;
+        if (!st.contains(src)) {
+            const bool dense_there =
+                st.contains(s.name.substr(0, s.name.find(".moe.")) + ".mlp.c_fc.weight");
+            input_error("{}: no tensor {}: a model of another shape{}{}", st.path(), src,
+                        keys_hint(),
+                        dense_there && !upcycle
+                            ? " (train.upcycle = true makes an MoE block from a dense block's MLP)"
+                            : "");
         }
-        const io::TensorInfo& ti = st.info(s.name);
+        const io::TensorInfo& ti = st.info(src);
         if (ti.shape != s.shape) {
-            input_error("{}: tensor {} has shape [{}], this config's model [{}]{}", st.path(),
-                        s.name, fmt::join(ti.shape, ", "), fmt::join(s.shape, ", "), keys_hint());
+            input_error("{}: tensor {} has shape [{}], this config's model{} [{}]{}", st.path(),
+                        src, fmt::join(ti.shape, ", "),
+                        src == s.name ? std::string() : " (its " + s.name + ")",
+                        fmt::join(s.shape, ", "), keys_hint());
         }
+        used.insert(src);
     }
-    const std::vector<int> blocks = moe_blocks(there);
-    const auto is_bias            = [&](const std::string& name) {
-        return there.balance_bias_rate > 0 && std::any_of(blocks.begin(), blocks.end(), [&](int l) {
-                   return name == balance_bias_name(l);
-               });
+    const std::vector<int> blocks_there = moe_blocks(there);
+    const auto is_bias                  = [&](const std::string& name) {
+        return there.balance_bias_rate > 0 &&
+               std::any_of(blocks_there.begin(), blocks_there.end(),
+                                            [&](int l) { return name == balance_bias_name(l); });
     };
     for (const std::string& name : st.names()) {
-        if (!is_bias(name) && !full.find(name)) {
+        if (!is_bias(name) && !used.contains(name)) {
             input_error("{}: tensor {} has no place in this config's model{}", st.path(), name,
                         keys_hint());
         }
@@ -300,25 +333,28 @@ moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& 
         const ParamSpec* f = full.find(s.name);
         BGL_CHECK(f != nullptr && f->shape == s.shape, "{} is not a tensor of the whole model",
                   s.name);
-        const std::vector<float> v = st.read_f32(s.name);
-        check_finite(st, v, s.name);
+        const std::string src = source(s.name);
+        if (src.empty()) continue;
+        const std::vector<float> v = st.read_f32(src);
+        check_finite(st, v, src);
         std::copy(v.begin(), v.end(), params + s.offset);
     }
-    // the routing biases: the same MoE blocks and experts, as the tensors above say
-    moe::BalanceBiases biases;
-    if (there.balance_bias_rate > 0) {
-        for (const int l : blocks) {
-            const std::string name = balance_bias_name(l);
-            if (!st.contains(name)) input_error("{}: missing tensor {}", st.path(), name);
-            if (st.info(name).shape != std::vector<int64_t>{m.n_experts}) {
-                input_error("{}: tensor {} has shape [{}], this config's model [{}]", st.path(),
-                            name, fmt::join(st.info(name).shape, ", "), m.n_experts);
-            }
-            biases.push_back(st.read_f32(name));
-            check_finite(st, biases.back(), name);
+    // the routing biases of the MoE blocks the file's model routed with one; 0 elsewhere
+    for (const int l : blocks) {
+        const std::string name = balance_bias_name(l);
+        if (!is_bias(name)) {
+            out.biases.emplace_back(static_cast<size_t>(m.n_experts), 0.0f);
+            continue;
         }
+        if (st.info(name).shape != std::vector<int64_t>{m.n_experts}) {
+            input_error("{}: tensor {} has shape [{}], this config's model [{}]", st.path(), name,
+                        fmt::join(st.info(name).shape, ", "), m.n_experts);
+        }
+        out.biases.push_back(st.read_f32(name));
+        check_finite(st, out.biases.back(), name);
+        ++out.biases_read;
     }
-    return biases;
+    return out;
 }
 
 }  // namespace bagualu::model

@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/buffer.h"
@@ -46,10 +47,17 @@ std::string model_dir_of(const std::string& dir_arg);
 // of make_layout(m), the whole model of this config, with its shape, and no other weight (the
 // [model] keys that shape no tensor, such as top_k, the gate or the balancing, may differ from
 // its config.json). Reads only the tensors of `layout`, one rank's part of that model (its
-// dense tensors and its experts), into params at their offsets. Returns the routing biases the
-// file holds, one (E) per MoE block, or none where its model had none. Throws InputError naming
-// the file, the tensor and the [model] keys that differ.
-moe::BalanceBiases load_weights_into(const std::string& dir, const ModelConfig& m,
-                                     const ParamLayout& layout, float* params);
+// dense tensors and its experts), into params at their offsets. With `upcycle` (sparse
+// upcycling, train.upcycle), an MoE block of m that is a dense block in the file takes its MLP
+// into every expert (c_fc and c_proj, weights and biases, of the shapes the experts have) and
+// keeps its router's initial weights. Throws InputError naming the file, the tensor and the
+// [model] keys that differ.
+struct InitWeights {
+    moe::BalanceBiases biases;  // one (E) per MoE block of m: the file's, or 0 where it has none
+    int biases_read = 0;        // the MoE blocks whose bias the file holds
+    std::vector<int> upcycled;  // the MoE blocks of m made from a dense block's MLP
+};
+InitWeights load_weights_into(const std::string& dir, const ModelConfig& m,
+                              const ParamLayout& layout, float* params, bool upcycle = false);
 
 }  // namespace bagualu::model

@@ -357,24 +357,31 @@ void Trainer::build_model(const TrainConfig& cfg) {
 // parameters computed with are rounded from them. Not where the run resumes from a checkpoint
 // (check_inputs leaves init_dir_ empty then): it reads the checkpoint's.
 void Trainer::init_weights_from_model() {
-    moe::BalanceBiases biases;
+    model::InitWeights w;
     dist::check_together(par_->world(), [&] {
         try {
-            biases =
-                model::load_weights_into(init_dir_, cfg_.model, gpt_->layout(), gpt_->params());
+            w = model::load_weights_into(init_dir_, cfg_.model, gpt_->layout(), gpt_->params(),
+                                         cfg_.train.upcycle);
         } catch (const InputError& e) {
             input_error("train.init_from: {}", e.what());
         }
     });
     optimizer_->masters_loaded(gpt_->params());
     const bool bias = cfg_.model.moe_every > 0 && cfg_.model.balance_bias_rate > 0;
-    if (bias && !biases.empty()) gpt_->set_balance_biases(biases);
+    if (bias && w.biases_read > 0) gpt_->set_balance_biases(w.biases);
     if (!writer_) return;
     log::info("weights from {}", init_dir_);
-    if (bias && biases.empty()) {
-        log::info("{} has no routing biases (its model.balance_bias_rate was 0): they start at 0",
-                  init_dir_);
-    } else if (!bias && !biases.empty()) {
+    if (!w.upcycled.empty()) {
+        log::info(
+            "upcycled: block(s) {} from the dense MLP into each of {} experts, routers "
+            "initialised",
+            fmt::join(w.upcycled, ", "), cfg_.model.n_experts);
+    }
+    const size_t blocks = w.biases.size();
+    if (bias && static_cast<size_t>(w.biases_read) < blocks) {
+        log::info("{}: routing biases of {} of the {} MoE blocks; the others start at 0", init_dir_,
+                  w.biases_read, blocks);
+    } else if (!bias && w.biases_read > 0) {
         log::warn(
             "{} routed with balancing biases; this run (model.balance_bias_rate = 0) routes "
             "without them",

@@ -115,7 +115,7 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
     const CommandResult r =
         bagualu(base + " --set model.balance_bias_update=proportional --set model.route_groups=2" +
                 " --set model.capacity_factor=2 --set model.swipe_balance=round" +
-                " --set train.decay_steps=3");
+                " --set train.decay_steps=3 --set train.upcycle=true");
     EXPECT_EQ(r.status, 0) << r.output;
     for (const char* w :
          {"warning: configs/tiny.toml: model.balance_bias_update = \"proportional\" has no effect",
@@ -123,7 +123,9 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
           "warning: configs/tiny.toml: model.capacity_factor = 2 has no effect",
           "warning: configs/tiny.toml: model.swipe_balance = \"round\" has no effect",
           "warning: configs/tiny.toml: train.decay_steps = 3 has no effect: train.lr_schedule = "
-          "\"cosine\""}) {
+          "\"cosine\"",
+          "warning: configs/tiny.toml: train.upcycle = true has no effect: train.init_from is "
+          "empty"}) {
         EXPECT_NE(r.output.find(w), std::string::npos) << w << "\n" << r.output;
     }
     // with their features on, none

@@ -2,7 +2,8 @@
 // weights stay what they were, so the model it exports is the one it started from, bit for bit,
 // on one process and on two ranks (experts split, ParO or not): every rank read its tensors and
 // the half-stored ones' FP32 masters kept every bit. A run that resumes from a checkpoint reads
-// the checkpoint, not the model. Another corpus prepared with the model's tokenizer (`prepare
+// the checkpoint, not the model. A dense model upcycled (train.upcycle) puts its MLPs into every
+// expert and computes what it did. Another corpus prepared with the model's tokenizer (`prepare
 // --tokenizer`) trains from it; with a tokenizer of its own it is refused. A model that does not
 // fit the config, a checkpoint given for a model, a model inside the run directory that would
 // replace it, another tokenizer and a non-finite weight are each one line and status 2, with the
@@ -134,6 +135,67 @@ TEST_F(InitFromTest, AnotherCorpusPreparedWithTheModelsTokenizer) {
     const CommandResult r = bagualu(on_science);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("weights from"), std::string::npos) << r.output;
+}
+
+// Sparse upcycling: a dense model's MLPs go into every expert of the MoE blocks, whose top-k
+// weights sum to 1, so the upcycled model computes what the dense one did (to float rounding
+// of p1 y + p2 y against y: the val losses agree to 1e-4); the experts hold the MLP's bits on
+// one process and with the experts split over two ranks, every other tensor the dense model's.
+TEST_F(InitFromTest, UpcyclingADenseModelKeepsWhatItComputes) {
+    const CommandResult dense = bagualu(args("dense", 12, " --set model.moe_every=0"));
+    ASSERT_EQ(dense.status, 0) << dense.output;
+    const std::string from = " --set train.init_from=" + runs_->path("dense") +
+                             " --set train.lr=0 --set train.min_lr=0 --set train.upcycle=true";
+    for (const auto& [P, run] : {std::pair{1, "up1"}, std::pair{2, "up2"}}) {
+        const CommandResult r = TinyRuns::run(P, args(run, 1, from, P, P));
+        ASSERT_EQ(r.status, 0) << r.output;
+        EXPECT_NE(r.output.find("upcycled: block(s) 1 from the dense MLP into each of 4 experts"),
+                  std::string::npos)
+            << r.output;
+    }
+    const io::SafetensorsFile d(runs_->path("dense/model/model.safetensors"));
+    for (const char* run : {"up1", "up2"}) {
+        SCOPED_TRACE(run);
+        const io::SafetensorsFile u(runs_->path(run) + "/model/model.safetensors");
+        int experts = 0;
+        for (const std::string& name : u.names()) {
+            std::string src = name;
+            if (name.rfind("h.1.moe.experts.", 0) == 0) {
+                src = "h.1.mlp" + name.substr(name.find('.', 16));
+                ++experts;
+            } else if (name.rfind("h.1.moe.", 0) == 0) {
+                continue;  // the router: its initial weights
+            }
+            ASSERT_TRUE(d.contains(src)) << src;
+            const auto x = d.bytes(src), y = u.bytes(name);
+            ASSERT_EQ(x.size(), y.size()) << name;
+            EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name << " differs";
+        }
+        EXPECT_EQ(experts, 4 * 4);  // c_fc and c_proj, weight and bias, of 4 experts
+    }
+    const auto val_loss = [&](const std::string& run) {
+        const CommandResult r = bagualu("eval --model " + runs_->path(run) + runs_->data_args());
+        EXPECT_EQ(r.status, 0) << r.output;
+        return std::stod(r.output.substr(r.output.find("val_loss ") + 9));
+    };
+    EXPECT_NEAR(val_loss("up1"), val_loss("dense"), 1e-4);
+
+    // without train.upcycle the dense model does not fit, and the error says what would
+    expect_one_line_error(
+        args("e", 1, " --set train.init_from=" + runs_->path("dense")),
+        {"no tensor h.1.moe.gate.weight", "model.moe_every = 2 here, 0 there", "train.upcycle"});
+    // experts of another width than the MLP
+    expect_one_line_error(args("e", 1,
+                               " --set model.expert_d_ff=64 --set train.upcycle=true "
+                               "--set train.init_from=" +
+                                   runs_->path("dense")),
+                          {"tensor h.1.mlp.c_fc.weight has shape [128, 64]",
+                           "(its h.1.moe.experts.0.c_fc.weight) [64, 64]"});
+    expect_one_line_error(args("e", 1,
+                               " --set model.n_shared_experts=1 --set train.upcycle=true "
+                               "--set train.init_from=" +
+                                   runs_->path("dense")),
+                          {"train.upcycle", "model.n_shared_experts = 1"});
 }
 
 TEST_F(InitFromTest, AResumedRunReadsItsCheckpointNotTheModel) {
