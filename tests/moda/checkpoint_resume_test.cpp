@@ -32,17 +32,6 @@ std::map<int64_t, double> losses_by_step(const std::string& path) {
     return out;
 }
 
-// Every tensor of two model.safetensors files equal bit for bit.
-void expect_same_model_bits(const std::string& a, const std::string& b) {
-    const io::SafetensorsFile fa(a), fb(b);
-    ASSERT_EQ(fa.names(), fb.names());
-    for (const std::string& name : fa.names()) {
-        const auto x = fa.bytes(name), y = fb.bytes(name);
-        ASSERT_EQ(x.size(), y.size()) << name;
-        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name << " differs";
-    }
-}
-
 std::string checkpoint_of(const std::string& root, int step) {
     return fmt::format("{}/step_{:08d}", root, step);
 }

@@ -28,18 +28,6 @@ std::string file_bytes(const std::string& path) {
     return {std::istreambuf_iterator<char>(f), {}};
 }
 
-// Every tensor of two model.safetensors files equal bit for bit (the metadata, step and val
-// loss, may differ).
-void expect_same_tensors(const std::string& a, const std::string& b) {
-    const io::SafetensorsFile fa(a), fb(b);
-    ASSERT_EQ(fa.names(), fb.names());
-    for (const std::string& name : fa.names()) {
-        const auto x = fa.bytes(name), y = fb.bytes(name);
-        ASSERT_EQ(x.size(), y.size()) << name;
-        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name << " differs";
-    }
-}
-
 class InitFromTest : public TinyRunsSuite<> {
    protected:
     // mixed precision (bf16 masters) and the balancing bias: what a start from a model keeps
@@ -84,8 +72,8 @@ TEST_F(InitFromTest, AFrozenStartExportsTheModelItStartedFromOnEveryLayout) {
         EXPECT_NE(r.output.find("weights from " + base() + "/model"), std::string::npos)
             << r.output;
         SCOPED_TRACE(run);
-        expect_same_tensors(base() + "/model/model.safetensors",
-                            runs_->path(run) + "/model/model.safetensors");
+        expect_same_model_bits(base() + "/model/model.safetensors",
+                               runs_->path(run) + "/model/model.safetensors");
     }
 }
 

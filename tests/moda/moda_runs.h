@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -34,6 +35,18 @@ inline StepLog read_steps(const std::string& path) {
         }
     }
     return out;
+}
+
+// Every tensor of two model.safetensors files equal bit for bit (their metadata, the step and
+// val loss, may differ).
+inline void expect_same_model_bits(const std::string& a, const std::string& b) {
+    const io::SafetensorsFile fa(a), fb(b);
+    ASSERT_EQ(fa.names(), fb.names());
+    for (const std::string& name : fa.names()) {
+        const auto x = fa.bytes(name), y = fb.bytes(name);
+        ASSERT_EQ(x.size(), y.size()) << name;
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name << " differs";
+    }
 }
 
 // Data under a temp dir, prepared once; runs write to run directories inside it.
