@@ -250,6 +250,8 @@ TEST_F(InitFromTest, AModelThatDoesNotFitIsOneLineAndTouchesNothing) {
                           {"train.init_from", "neither an exported model"});
     expect_one_line_error(args("base", 2, from),
                           {"train.init_from", "inside train.run_dir", "replaces"});
+    expect_one_line_error(args("base/", 2, " --set train.init_from=" + base() + "/./model/"),
+                          {"train.init_from", "inside train.run_dir", "replaces"});
     expect_one_line_error(args("e", 2, " --set train.init_from=" + other),
                           {"train.init_from", "tokenizer.model differs from data.tokenizer"});
     expect_one_line_error(args("e", 2, " --set train.init_from=" + nan),
