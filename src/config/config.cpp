@@ -712,9 +712,7 @@ void validate(const TrainConfig& c) {
             "experts only, and shared experts beside them would change what the block computes",
             src, m.n_shared_experts);
     }
-    if (t.decay_steps < 0) {
-        input_error("{}: train.decay_steps = {}: must be >= 0", src, t.decay_steps);
-    }
+    non_negative("train.decay_steps", static_cast<double>(t.decay_steps));
     non_negative("train.weight_decay", t.weight_decay);
     if (!(t.beta1 >= 0 && t.beta1 < 1))
         input_error("{}: train.beta1 = {}: must be in [0, 1)", src, t.beta1);

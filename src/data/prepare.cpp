@@ -67,6 +67,12 @@ void validate_outputs(const PrepareOptions& opts) {
                     outs[i].first, outs[i].second, c);
             }
         }
+        // the tokenizer given may be data.tokenizer itself (copied onto itself), no other output
+        if (!opts.tokenizer_from.empty() && outs[i].second != opts.tokenizer_path &&
+            same_or_below(opts.tokenizer_from, outs[i].second)) {
+            input_error("--tokenizer {} is {} = \"{}\", which prepare writes", opts.tokenizer_from,
+                        outs[i].first, outs[i].second);
+        }
     }
 }
 
@@ -84,15 +90,6 @@ void validate(const PrepareOptions& opts) {
     if (!opts.tokenizer_from.empty()) {
         // the model's tokenizer encodes the corpus for that model: its pieces are the ids the
         // model was trained on, and entries are separated by its </s>
-        for (const auto& [key, out] :
-             {std::pair{"data.train", opts.train_path},
-              {"data.val", opts.val_path},
-              {"meta.json (beside data.val)", meta_path_for(opts.val_path)}}) {
-            if (same_or_below(opts.tokenizer_from, out)) {
-                input_error("--tokenizer {} is {} = \"{}\", which prepare writes",
-                            opts.tokenizer_from, key, out);
-            }
-        }
         const Tokenizer tok = Tokenizer::load(opts.tokenizer_from);
         if (tok.vocab_size() != opts.vocab_size) {
             input_error("--tokenizer {}: {} pieces, model.vocab_size = {} (they must agree)",

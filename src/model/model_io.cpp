@@ -198,6 +198,19 @@ void check_finite(const io::SafetensorsFile& st, const std::vector<float>& v,
     }
 }
 
+// Block l's routing bias (E values, finite), whose shape the model `against` implies.
+std::vector<float> read_bias(const io::SafetensorsFile& st, int l, int64_t E, const char* against) {
+    const std::string name = balance_bias_name(l);
+    if (!st.contains(name)) input_error("{}: missing tensor {}", st.path(), name);
+    if (st.info(name).shape != std::vector<int64_t>{E}) {
+        input_error("{}: tensor {} has shape [{}], {} [{}]", st.path(), name,
+                    fmt::join(st.info(name).shape, ", "), against, E);
+    }
+    std::vector<float> b = st.read_f32(name);
+    check_finite(st, b, name);
+    return b;
+}
+
 }  // namespace
 
 LoadedModel load_model(const std::string& dir) {
@@ -234,16 +247,8 @@ LoadedModel load_model(const std::string& dir) {
         std::copy(v.begin(), v.end(), out.params.data() + s.offset);
     }
     if (out.config.balance_bias_rate > 0) {
-        for (const int l : blocks) {
-            const std::string name = balance_bias_name(l);
-            if (!st.contains(name)) input_error("{}: missing tensor {}", st.path(), name);
-            if (st.info(name).shape != std::vector<int64_t>{out.config.n_experts}) {
-                input_error("{}: tensor {} has shape [{}], config.json implies [{}]", st.path(),
-                            name, fmt::join(st.info(name).shape, ", "), out.config.n_experts);
-            }
-            out.biases.push_back(st.read_f32(name));
-            check_finite(st, out.biases.back(), name);
-        }
+        for (const int l : blocks)
+            out.biases.push_back(read_bias(st, l, out.config.n_experts, "config.json implies"));
     }
     for (const std::string& name : st.names()) {
         const bool bias = out.config.balance_bias_rate > 0 &&
@@ -341,17 +346,11 @@ InitWeights load_weights_into(const std::string& dir, const ModelConfig& m,
     }
     // the routing biases of the MoE blocks the file's model routed with one; 0 elsewhere
     for (const int l : blocks) {
-        const std::string name = balance_bias_name(l);
-        if (!is_bias(name)) {
+        if (!is_bias(balance_bias_name(l))) {
             out.biases.emplace_back(static_cast<size_t>(m.n_experts), 0.0f);
             continue;
         }
-        if (st.info(name).shape != std::vector<int64_t>{m.n_experts}) {
-            input_error("{}: tensor {} has shape [{}], this config's model [{}]", st.path(), name,
-                        fmt::join(st.info(name).shape, ", "), m.n_experts);
-        }
-        out.biases.push_back(st.read_f32(name));
-        check_finite(st, out.biases.back(), name);
+        out.biases.push_back(read_bias(st, l, m.n_experts, "this config's model"));
         ++out.biases_read;
     }
     return out;

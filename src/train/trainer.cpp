@@ -27,6 +27,7 @@
 #include "core/stop_signal.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
+#include "data/file_io.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "dist/comm/checks.h"
@@ -92,13 +93,6 @@ void maybe_inject_signal(int64_t step, int rank) {
     if ((r ? std::atoi(r) : 0) == rank) ::raise(s ? std::atoi(s) : SIGTERM);
 }
 
-bool same_file_bytes(const std::string& a, const std::string& b) {
-    std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
-    const std::string ba((std::istreambuf_iterator<char>(fa)), {});
-    const std::string bb((std::istreambuf_iterator<char>(fb)), {});
-    return fa.good() == fb.good() && ba == bb;
-}
-
 // train.init_from: the exported model it names, checked before the run directory is touched:
 // a model (or a run directory's); where `writer` (rank 0 of a run that writes its directory),
 // not inside the run directory whose model/ this run replaces, and made with the tokenizer of
@@ -130,7 +124,8 @@ std::string init_model_dir(const TrainConfig& cfg, bool writer) {
     }
     const std::string tok = dir + "/tokenizer.model";
     if (!cfg.data.tokenizer.empty() && fs::exists(tok) && fs::exists(cfg.data.tokenizer) &&
-        !same_file_bytes(tok, cfg.data.tokenizer)) {
+        data::read_file_bytes(tok, "tokenizer") !=
+            data::read_file_bytes(cfg.data.tokenizer, "data.tokenizer")) {
         input_error(
             "train.init_from = {}: its tokenizer.model differs from data.tokenizer = {}: the "
             "model's token ids would name other pieces (train on data made with its tokenizer)",

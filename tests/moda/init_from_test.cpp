@@ -23,11 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string file_bytes(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
-}
-
 class InitFromTest : public TinyRunsSuite<> {
    protected:
     // mixed precision (bf16 masters) and the balancing bias: what a start from a model keeps
@@ -114,8 +109,8 @@ TEST_F(InitFromTest, AnotherCorpusPreparedWithTheModelsTokenizer) {
         bagualu("prepare --config configs/tiny.toml" + data + " --tokenizer " + base());
     ASSERT_EQ(with.status, 0) << with.output;
     EXPECT_NE(with.output.find("encoding"), std::string::npos) << with.output;
-    EXPECT_EQ(file_bytes(runs_->path("science/tok.model")),
-              file_bytes(base() + "/model/tokenizer.model"));
+    EXPECT_EQ(read_file(runs_->path("science/tok.model")),
+              read_file(base() + "/model/tokenizer.model"));
     // up to date now, and not with the tokenizer of its own any more
     EXPECT_NE(bagualu("prepare --config configs/tiny.toml" + data + " --tokenizer " + base())
                   .output.find("up to date"),
@@ -206,7 +201,7 @@ TEST_F(InitFromTest, AResumedRunReadsItsCheckpointNotTheModel) {
 
 TEST_F(InitFromTest, AModelThatDoesNotFitIsOneLineAndTouchesNothing) {
     const std::string model   = base() + "/model/model.safetensors";
-    const std::string before  = file_bytes(model);
+    const std::string before  = read_file(model);
     const std::string from    = " --set train.init_from=" + base();
     const std::string ckpt    = runs_->path("with_ckpt");
     const CommandResult saved = bagualu(args("with_ckpt", 2, " --set checkpoint.every=2"));
@@ -221,7 +216,7 @@ TEST_F(InitFromTest, AModelThatDoesNotFitIsOneLineAndTouchesNothing) {
     fs::create_directories(nan);
     fs::copy(base() + "/model", nan, fs::copy_options::recursive);
     {
-        std::string bytes     = file_bytes(nan + "/model.safetensors");
+        std::string bytes     = read_file(nan + "/model.safetensors");
         const auto header     = io::SafetensorsFile(nan + "/model.safetensors").info("wte");
         uint64_t header_bytes = 0;
         std::memcpy(&header_bytes, bytes.data(), 8);
@@ -257,7 +252,7 @@ TEST_F(InitFromTest, AModelThatDoesNotFitIsOneLineAndTouchesNothing) {
     expect_one_line_error(args("e", 2, " --set train.init_from=" + nan),
                           {"train.init_from", "tensor wte holds nan at element 0"});
     expect_one_line_error(args("e", 2, " --set train.lr=-0.001"), {"train.lr", "must be >= 0"});
-    EXPECT_EQ(file_bytes(model), before) << "the model started from was changed";
+    EXPECT_EQ(read_file(model), before) << "the model started from was changed";
     EXPECT_TRUE(fs::exists(base() + "/metrics.jsonl"));
 }
 
