@@ -6,7 +6,7 @@ SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 DEB_PACKAGES := build-essential cmake pkg-config git \
 	libopenmpi-dev openmpi-bin libsentencepiece-dev libtomlplusplus-dev libcli11-dev \
-	nlohmann-json3-dev libfmt-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev \
+	nlohmann-json3-dev libfmt-dev libxxhash-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	libdnnl-dev libopenblas-dev libhwloc-dev fortunes fortunes-zh procps
 FUZZ_PACKAGES := clang libclang-rt-dev
 FORMAT_PACKAGES := clang-format

@@ -51,29 +51,6 @@ static TrainConfig resolve_config(const CommonArgs& a) {
     return a.config.empty() ? default_config(a.overrides) : load_config(a.config, a.overrides);
 }
 
-// True when meta.json beside the val split says it was made from the same corpus and settings.
-static bool prepared_data_current(const TrainConfig& cfg, const std::string& tokenizer_from) {
-    const fs::path meta = fs::path(cfg.data.val).parent_path() / "meta.json";
-    if (!fs::exists(meta) || !fs::exists(cfg.data.train) || !fs::exists(cfg.data.val) ||
-        !fs::exists(cfg.data.tokenizer)) {
-        return false;
-    }
-    try {
-        std::ifstream f(meta);
-        nlohmann::json j = nlohmann::json::parse(f);
-        return j.value("vocab_size", -1) == cfg.model.vocab_size &&
-               j.value("corpus", std::vector<std::string>{}) == cfg.data.corpus &&
-               j.value("val_fraction", -1.0) == cfg.data.val_fraction &&
-               j.value("seed", uint64_t{0}) == cfg.train.seed &&
-               j.value("tokenizer_from", std::string()) == tokenizer_from &&
-               (tokenizer_from.empty() ||
-                data::read_file_bytes(tokenizer_from, "--tokenizer") ==
-                    data::read_file_bytes(cfg.data.tokenizer, "data.tokenizer"));
-    } catch (const std::exception&) {
-        return false;
-    }
-}
-
 int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_arg) {
     const TrainConfig cfg = resolve_config(a);
     // --tokenizer: a SentencePiece model, or an exported model or run directory holding one
@@ -83,26 +60,23 @@ int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_ar
         if (!fs::exists(tokenizer_from))
             input_error("--tokenizer {}: the model has no tokenizer.model", tokenizer_arg);
     }
-    if (!force && prepared_data_current(cfg, tokenizer_from)) {
+    data::PrepareOptions o;
+    o.corpus            = cfg.data.corpus;
+    o.train_path        = cfg.data.train;
+    o.val_path          = cfg.data.val;
+    o.tokenizer_path    = cfg.data.tokenizer;
+    o.text_key          = cfg.data.text_key;
+    o.tokenizer_entries = cfg.data.tokenizer_entries;
+    o.vocab_size        = cfg.model.vocab_size;
+    o.val_fraction      = cfg.data.val_fraction;
+    o.seed              = cfg.train.seed;
+    o.tokenizer_from    = tokenizer_from;
+    if (!force && data::outputs_up_to_date(o)) {
         log::info("prepare: {} and {} are up to date (--force rebuilds them)", cfg.data.train,
                   cfg.data.val);
         return 0;
     }
-    data::PrepareOptions o;
-    o.corpus         = cfg.data.corpus;
-    o.train_path     = cfg.data.train;
-    o.val_path       = cfg.data.val;
-    o.tokenizer_path = cfg.data.tokenizer;
-    o.vocab_size     = cfg.model.vocab_size;
-    o.val_fraction   = cfg.data.val_fraction;
-    o.seed           = cfg.train.seed;
-    o.tokenizer_from = tokenizer_from;
-    if (tokenizer_from.empty()) {
-        log::info("prepare: training a {}-piece BPE tokenizer on {} ...", o.vocab_size,
-                  fmt::join(o.corpus, ", "));
-    } else {
-        log::info("prepare: encoding {} with {} ...", fmt::join(o.corpus, ", "), tokenizer_from);
-    }
+    o.progress                  = [](const std::string& what) { log::info("prepare: {}", what); };
     const data::PrepareResult r = data::prepare_corpus(o);
     log::info("prepare: {} entries -> {} train / {} val; {} train tokens, {} val tokens",
               r.n_entries, r.n_train_entries, r.n_val_entries, r.train_tokens, r.val_tokens);

@@ -60,6 +60,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("data", "val", c.data.val);
     v("data", "tokenizer", c.data.tokenizer);
     v("data", "corpus", c.data.corpus);
+    v("data", "text_key", c.data.text_key);
+    v("data", "tokenizer_entries", c.data.tokenizer_entries);
     v("data", "val_fraction", c.data.val_fraction);
     v("data", "readers", c.data.readers);
 
@@ -748,6 +750,13 @@ void validate(const TrainConfig& c) {
     }
     if (d.readers < 0) {
         input_error("{}: data.readers = {}: must be >= 0 (0 = every rank reads)", src, d.readers);
+    }
+    if (d.text_key.empty()) {
+        input_error("{}: data.text_key must not be empty (the JSON field holding a text)", src);
+    }
+    if (d.tokenizer_entries < 0) {
+        input_error("{}: data.tokenizer_entries = {}: must be >= 0 (0 = every train entry)", src,
+                    d.tokenizer_entries);
     }
 
     if (c.parallel.expert_parallel < 1) {

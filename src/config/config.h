@@ -148,7 +148,11 @@ struct DataSection {
     std::string val                 = "data/fortunes/val.bin";
     std::string tokenizer           = "data/fortunes/tokenizer.model";
     std::vector<std::string> corpus = {"/usr/share/games/fortunes"};
-    double val_fraction             = 0.01;
+    // JSON corpus files (*.jsonl, *.ndjson, *.json, optionally .gz): the field holding a text
+    std::string text_key = "text";
+    // prepare trains the tokenizer on this many train entries (a uniform sample); 0 = all
+    int64_t tokenizer_entries = 0;
+    double val_fraction       = 0.01;
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
     // first rank of each of N groups reads for its group and scatters (data/loader.h).
     int readers = 0;

@@ -5,15 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <span>
 
-#include "core/error.h"
-#include "data/file_io.h"
-
 namespace bagualu::data {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -56,15 +50,6 @@ std::string make_entry(std::span<const std::string_view> lines) {
     }
     while (!entry.empty() && is_space(entry.back())) entry.pop_back();
     return entry;
-}
-
-bool has_suffix(const std::string& s, std::string_view suffix) {
-    return s.size() >= suffix.size() &&
-           s.compare(s.size() - suffix.size(), suffix.size(), suffix.data(), suffix.size()) == 0;
-}
-
-void append_entries(const std::string& text, std::vector<std::string>& out) {
-    for (std::string& e : split_fortune_text(strip_ansi_escapes(text))) out.push_back(std::move(e));
 }
 
 }  // namespace
@@ -142,40 +127,6 @@ std::vector<std::string> split_fortune_text(std::string_view text) {
         std::string e = make_entry(std::span(lines).subspan(start, i - start));
         if (!e.empty()) entries.push_back(std::move(e));
         start = i + 1;
-    }
-    return entries;
-}
-
-std::vector<std::string> read_fortune_entries(const std::vector<std::string>& paths) {
-    std::vector<std::string> entries;
-    for (const std::string& path : paths) {
-        std::error_code ec;
-        const fs::file_status st = fs::status(path, ec);
-        if (st.type() == fs::file_type::not_found) {
-            input_error("{}: no such file or folder (expected fortune text)", path);
-        }
-        if (ec) input_error("{}: cannot read: {}", path, ec.message());
-        if (!fs::is_directory(st)) {
-            const std::string text = read_file_bytes(path, "fortune file");
-            if (!is_utf8_text(text))
-                input_error("{}: not UTF-8 text (expected fortune text)", path);
-            append_entries(text, entries);
-            continue;
-        }
-        std::vector<std::string> files;
-        for (const fs::directory_entry& de : fs::directory_iterator(path, ec)) {
-            if (de.is_symlink() || !de.is_regular_file()) continue;
-            const std::string name = de.path().filename().string();
-            if (has_suffix(name, ".dat") || has_suffix(name, ".u8")) continue;
-            files.push_back(de.path().string());
-        }
-        if (ec) input_error("{}: cannot list folder: {}", path, ec.message());
-        std::sort(files.begin(), files.end());
-        for (const std::string& file : files) {
-            const std::string text = read_file_bytes(file, "fortune file");
-            if (!is_utf8_text(text)) continue;
-            append_entries(text, entries);
-        }
     }
     return entries;
 }

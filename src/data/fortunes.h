@@ -3,7 +3,7 @@
 // Cleaning: ANSI colour escapes (ESC [ ... final byte) are removed, leading blank lines and
 // trailing whitespace of each entry are trimmed, empty entries are dropped; everything else
 // (indentation, runs of spaces, inner newlines, control bytes such as backspace) is kept.
-// Does not tokenize or deduplicate.
+// Does not tokenize or deduplicate. Files and folders are read by corpus.h.
 #pragma once
 #include <string>
 #include <string_view>
@@ -11,12 +11,6 @@
 
 namespace bagualu::data {
 
-// Each path is a file or a folder. A folder contributes every regular file directly in it,
-// sorted by name, skipping symlinks, `*.dat` (strfile indexes), `*.u8` and files that are not
-// UTF-8 text. A named file that is not UTF-8 text, or a missing path, is an InputError.
-std::vector<std::string> read_fortune_entries(const std::vector<std::string>& paths);
-
-// The pieces, exposed for tests.
 std::string strip_ansi_escapes(std::string_view text);
 bool is_utf8_text(std::string_view bytes);
 std::vector<std::string> split_fortune_text(std::string_view text);

@@ -1,12 +1,14 @@
 // Corpus preparation: text entries -> trained tokenizer + train/val token shards + meta.json.
-// 1. read entries (fortunes.h); 2. split into val/train by a seeded xxhash64 of each entry's
-// text (independent of file order; duplicates land on the same side), and order each split by
-// that hash (a deterministic shuffle); 3. train the tokenizer on train entries only (or take
-// the one given: PrepareOptions::tokenizer_from); 4. encode
-// each entry followed by eos, write the shards (token_file.h) and meta.json beside val_path.
-// Model training is elsewhere.
+// 1. read entries (corpus.h: fortune or plain text, JSON Lines, gzip); 2. split into val/train by a
+// seeded xxhash64 of each entry's text (independent of file order; duplicates land on the same
+// side), and order each split by that hash (a deterministic shuffle); 3. train the tokenizer on
+// train entries only (or take the one given: PrepareOptions::tokenizer_from); 4. encode each entry
+// followed by eos (on every core, in order), write the shards (token_file.h) and meta.json beside
+// val_path, which records the inputs (each corpus file's size and time) so that outputs_up_to_date
+// can tell when they changed. Model training is elsewhere.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,9 +22,14 @@ struct PrepareOptions {
     // "" = train the tokenizer on the train entries; else a SentencePiece model to encode with
     // (a trained model's, to train it further on this corpus), copied to tokenizer_path
     std::string tokenizer_from;
-    int vocab_size      = 8192;
-    double val_fraction = 0.01;  // in (0, 1)
-    uint64_t seed       = 1337;
+    std::string text_key = "text";  // JSON corpus files: the field holding an entry
+    // Train the tokenizer on the first N train entries in hash order (a uniform sample); 0 = all
+    int64_t tokenizer_entries = 0;
+    int vocab_size            = 8192;
+    double val_fraction       = 0.01;  // in (0, 1)
+    uint64_t seed             = 1337;
+    // told what prepare_corpus is about to do, once the corpus is read (for a log line)
+    std::function<void(const std::string&)> progress;
 };
 
 struct PrepareResult {
@@ -31,6 +38,11 @@ struct PrepareResult {
 };
 
 PrepareResult prepare_corpus(const PrepareOptions& opts);
+
+// Whether the outputs exist and the meta.json beside val_path says they were made by
+// prepare_corpus(opts) from the corpus files as they are now (names, sizes and times); a
+// tokenizer_from must also hold the bytes of the tokenizer written.
+bool outputs_up_to_date(const PrepareOptions& opts);
 
 // Entropy (nats) of the empirical token distribution of `tokens`: the lowest cross-entropy a
 // model that ignores context can reach on them. 0 for an empty span.

@@ -23,14 +23,14 @@ namespace {
 // Feeds entries to the trainer as whole sentences, so '\n' inside an entry stays a character.
 class EntryIterator : public sentencepiece::SentenceIterator {
    public:
-    explicit EntryIterator(const std::vector<std::string>& entries) : entries_(entries) {}
+    explicit EntryIterator(std::span<const std::string> entries) : entries_(entries) {}
     bool done() const override { return i_ >= entries_.size(); }
     void Next() override { ++i_; }
     const std::string& value() const override { return entries_[i_]; }
     sentencepiece::util::Status status() const override { return {}; }
 
    private:
-    const std::vector<std::string>& entries_;
+    std::span<const std::string> entries_;
     size_t i_ = 0;
 };
 
@@ -89,7 +89,7 @@ void validate_vocab_size(int vocab_size) {
     }
 }
 
-std::string train_tokenizer_model(const std::vector<std::string>& entries, int vocab_size,
+std::string train_tokenizer_model(std::span<const std::string> entries, int vocab_size,
                                   uint64_t seed) {
     validate_vocab_size(vocab_size);
     if (entries.empty()) input_error("tokenizer training: no text entries to train on");

@@ -48,7 +48,7 @@ class Tokenizer {
 // Trains a BPE model on `entries` (each one document, newlines allowed) and returns the
 // serialized sentencepiece model. Output depends only on the arguments: one thread, no sentence
 // sampling, no paths embedded; `seed` seeds sentencepiece's generator.
-std::string train_tokenizer_model(const std::vector<std::string>& entries, int vocab_size,
+std::string train_tokenizer_model(std::span<const std::string> entries, int vocab_size,
                                   uint64_t seed);
 
 // train_tokenizer_model, written to `model_prefix + ".model"` (no .vocab file: pieces may hold

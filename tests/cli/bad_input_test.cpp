@@ -338,6 +338,28 @@ TEST_F(BadInputTest, ShardPatternsAndReaders) {
     expect_error(base + " --set data.readers=-1", {"data.readers = -1", ">= 0"});
 }
 
+// prepare's corpus: a JSON line without the field, a broken gzip, bad settings; one line each,
+// and nothing written.
+TEST_F(BadInputTest, PrepareCorpusErrors) {
+    const std::string out = " --set data.train=" + (dir / "p/train.bin") +
+                            " --set data.val=" + (dir / "p/val.bin") +
+                            " --set data.tokenizer=" + (dir / "p/tok.model");
+    auto prepare = [&](const std::string& corpus) {
+        return "prepare --config configs/tiny.toml --set 'data.corpus=[\"" + corpus + "\"]'" + out;
+    };
+    write_file(dir / "a.jsonl", "{\"text\": \"one\"}\n{\"body\": \"two\", \"id\": 2}\n");
+    expect_error(prepare(dir / "a.jsonl"),
+                 {dir / "a.jsonl" + ":2", "no field \"text\"", "data.text_key", "body, id"});
+    write_file(dir / "b.jsonl.gz", std::string("\x1f\x8b\x08\x00garbage", 12));
+    expect_error(prepare(dir / "b.jsonl.gz"), {dir / "b.jsonl.gz", "not valid gzip"});
+    write_file(dir / "c.txt", std::string("\xff\xfe", 2));
+    expect_error(prepare(dir / "c.txt"), {dir / "c.txt", "not UTF-8 text", "*.jsonl"});
+    expect_error(prepare(dir / "a.jsonl") + " --set data.text_key=", {"data.text_key", "empty"});
+    expect_error(prepare(dir / "a.jsonl") + " --set data.tokenizer_entries=-3",
+                 {"data.tokenizer_entries = -3", ">= 0"});
+    EXPECT_FALSE(std::filesystem::exists(dir / "p"));
+}
+
 TEST_F(BadInputTest, UnknownCommandLineOption) {
     expect_error("train --frobnicate", {"frobnicate"});
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../common/run_command.h"
+#include "data/corpus.h"
 #include "optim/lr_schedule.h"
 
 namespace bagualu::testing {
@@ -52,6 +53,39 @@ TEST_F(TrainE2ETest, PrepareIsSkippedWhenUpToDate) {
     const CommandResult r = bagualu("prepare --config configs/tiny.toml" + data_);
     EXPECT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("up to date"), std::string::npos) << r.output;
+}
+
+// The tiny corpus's entries written as JSON Lines (another field name, with data.text_key)
+// prepare into the bytes the fortune files give; a changed corpus file is prepared again.
+TEST_F(TrainE2ETest, JsonLinesCorpusPreparesTheSameShards) {
+    const std::vector<std::string> corpus = {"/usr/share/games/fortunes/fortunes",
+                                             "/usr/share/games/fortunes/wisdom",
+                                             "/usr/share/games/fortunes/computers"};
+    std::string jsonl;
+    for (const std::string& e : data::read_corpus_entries(corpus)) {
+        jsonl += nlohmann::json{{"id", jsonl.size()}, {"content", e}}.dump() + "\n";
+    }
+    const std::string file = *dir_ / "json/corpus.jsonl";
+    std::filesystem::create_directories(*dir_ / "json");
+    write_file(file, jsonl);
+    const std::string args =
+        "prepare --config configs/tiny.toml --set 'data.corpus=[\"" + file +
+        "\"]' --set data.text_key=content --set data.train=" + (*dir_ / "json/train.bin") +
+        " --set data.val=" + (*dir_ / "json/val.bin") +
+        " --set data.tokenizer=" + (*dir_ / "json/tok.model");
+    const CommandResult r = bagualu(args);
+    ASSERT_EQ(r.status, 0) << r.output;
+    for (const char* f : {"train.bin", "val.bin"}) {
+        EXPECT_TRUE(read_file(*dir_ / (std::string("json/") + f)) ==
+                    read_file(*dir_ / (std::string("data/") + f)))
+            << f;
+    }
+    EXPECT_TRUE(read_file(*dir_ / "json/tok.model") == read_file(*dir_ / "data/tok.model"));
+    EXPECT_NE(bagualu(args).output.find("up to date"), std::string::npos);
+    write_file(file, jsonl + "{\"content\": \"one more entry\"}\n");
+    const CommandResult again = bagualu(args);
+    EXPECT_EQ(again.status, 0) << again.output;
+    EXPECT_EQ(again.output.find("up to date"), std::string::npos) << again.output;
 }
 
 TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {

@@ -1,5 +1,5 @@
-// fortune(6) reader: separators, ANSI escapes, folder scanning rules, plain text, errors,
-// and a pass over the real corpus in /usr/share/games/fortunes when it is installed.
+// fortune(6) text: separators, ANSI escapes, plain text, UTF-8, and a pass over the real
+// corpus in /usr/share/games/fortunes when it is installed (files and folders: corpus_test.cpp).
 #include "data/fortunes.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/corpus.h"
 #include "test_util.h"
 
 namespace bagualu::data {
@@ -61,41 +62,10 @@ TEST(Fortunes, Utf8Check) {
     EXPECT_FALSE(is_utf8_text("\xed\xa0\x80"));  // surrogate
 }
 
-TEST(Fortunes, FolderRules) {
-    TempDir dir;
-    dir.write("corpus/b_file", "bee one\n%\nbee two\n");
-    dir.write("corpus/a_file", "\x1b[32mayy\x1b[m\n%\n");
-    dir.write("corpus/a_file.dat", std::string("\0\0\0\2binary", 10));
-    dir.write("corpus/a_file.u8", "should be skipped\n");
-    dir.write("corpus/latin1", "caf\xe9\n");
-    dir.write("corpus/sub/nested", "not read: folders are not recursive\n");
-    std::filesystem::create_symlink(dir.path("corpus/b_file"), dir.path("corpus/c_link"));
-    EXPECT_EQ(read_fortune_entries({dir.path("corpus")}), (Entries{"ayy", "bee one", "bee two"}));
-}
-
-TEST(Fortunes, FilesAndFoldersConcatenateInOrder) {
-    TempDir dir;
-    const std::string one = dir.write("one", "1a\n%\n1b\n");
-    dir.write("two/x", "2\n");
-    EXPECT_EQ(read_fortune_entries({dir.path("two"), one}), (Entries{"2", "1a", "1b"}));
-}
-
-TEST(Fortunes, MissingPathNamesIt) {
-    TempDir dir;
-    const std::string path = dir.path("nowhere");
-    expect_input_error([&] { read_fortune_entries({path}); }, {path, "no such file"});
-}
-
-TEST(Fortunes, NamedBinaryFileIsAnError) {
-    TempDir dir;
-    const std::string path = dir.write("bin.dat", std::string("\0\1\2", 3));
-    expect_input_error([&] { read_fortune_entries({path}); }, {path, "UTF-8"});
-}
-
 TEST(Fortunes, RealCorpus) {
     const std::string root = "/usr/share/games/fortunes";
     if (!std::filesystem::is_directory(root)) GTEST_SKIP() << root << " not installed";
-    const Entries entries = read_fortune_entries({root});
+    const Entries entries = read_corpus_entries({root});
     EXPECT_GT(entries.size(), 10000u);
     EXPECT_LT(entries.size(), 100000u);
     bool latin = false, cjk = false;

@@ -1,13 +1,16 @@
 // prepare_corpus on a small temporary corpus: shards decode back to the entries, the split is
-// hash-based and stable (also under file reordering), meta.json matches, and bad options fail.
+// hash-based and stable (also under file reordering and in JSON Lines), the threads' encoding
+// keeps that order, meta.json matches and tells when the inputs changed, and bad options fail.
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -137,6 +140,116 @@ TEST(Prepare, StableAcrossRunsAndFileOrder) {
     EXPECT_TRUE(read_all(opts.tokenizer_path) == tok_a);
 }
 
+// The same entries as JSON Lines (gzipped, one file) give the bytes the fortune files give.
+TEST(Prepare, JsonLinesGiveTheBytesOfTheSameEntriesAsText) {
+    TempDir dir;
+    const std::vector<std::string> entries = testing::small_corpus(200);
+    PrepareOptions opts                    = make_corpus(dir, entries);
+    prepare_corpus(opts);
+    const std::string train = read_all(opts.train_path), val = read_all(opts.val_path);
+    const std::string tok = read_all(opts.tokenizer_path);
+
+    std::string jsonl;
+    for (const std::string& e : entries) jsonl += nlohmann::json{{"body", e}}.dump() + "\n";
+    opts.corpus           = {dir.write("json/all.jsonl", jsonl)};
+    opts.text_key         = "body";
+    const PrepareResult r = prepare_corpus(opts);
+    EXPECT_EQ(r.n_entries, 200);
+    EXPECT_TRUE(read_all(opts.train_path) == train);
+    EXPECT_TRUE(read_all(opts.val_path) == val);
+    EXPECT_TRUE(read_all(opts.tokenizer_path) == tok);
+    EXPECT_EQ(nlohmann::json::parse(read_all(dir.path("out/meta.json")))["text_key"], "body");
+}
+
+// Each thread encodes a range of entries; joined, the documents stay in hash order and each is
+// its own encoding.
+TEST(Prepare, EncodingOnThreadsKeepsTheOrder) {
+    if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: nothing to split";
+    TempDir dir;
+    const PrepareOptions opts = make_corpus(dir, testing::small_corpus(1500));
+    const PrepareResult r     = prepare_corpus(opts);
+    ASSERT_GT(r.n_train_entries, 512);  // at least two threads' ranges
+    const Tokenizer tok                 = Tokenizer::load(opts.tokenizer_path);
+    const std::vector<int32_t> tokens   = read_token_file(opts.train_path, 400).tokens;
+    const std::vector<std::string> docs = decode_documents(tok, tokens);
+    std::vector<int32_t> again;
+    uint64_t last_hash = 0;
+    for (const std::string& d : docs) {
+        const uint64_t h = XXH64(d.data(), d.size(), opts.seed);
+        ASSERT_GE(h, last_hash) << "documents out of hash order";
+        last_hash                      = h;
+        const std::vector<int32_t> ids = tok.encode(d);
+        again.insert(again.end(), ids.begin(), ids.end());
+        again.push_back(tok.eos_id());
+    }
+    EXPECT_TRUE(again == tokens);
+}
+
+// tokenizer_entries trains the tokenizer on the first train entries in hash order; as many as
+// there are is the same as all.
+TEST(Prepare, TokenizerOnASample) {
+    TempDir dir;
+    PrepareOptions opts    = make_corpus(dir, testing::small_corpus(300));
+    const PrepareResult r  = prepare_corpus(opts);
+    const std::string all  = read_all(opts.tokenizer_path);
+    opts.tokenizer_entries = r.n_train_entries;
+    prepare_corpus(opts);
+    EXPECT_TRUE(read_all(opts.tokenizer_path) == all);
+    opts.tokenizer_entries = 60;
+    prepare_corpus(opts);
+    EXPECT_FALSE(read_all(opts.tokenizer_path) == all);
+    EXPECT_EQ(nlohmann::json::parse(read_all(dir.path("out/meta.json")))["tokenizer_entries"], 60);
+    // the sample's tokenizer still encodes every entry exactly (byte fallback)
+    const Tokenizer tok = Tokenizer::load(opts.tokenizer_path);
+    EXPECT_EQ(decode_documents(tok, read_token_file(opts.train_path, 400).tokens).size(),
+              static_cast<size_t>(r.n_train_entries));
+    opts.tokenizer_entries = -1;
+    expect_input_error([&] { prepare_corpus(opts); }, {"tokenizer_entries = -1"});
+}
+
+// meta.json records the corpus files; a changed, added or removed file, or another setting,
+// makes the outputs out of date.
+TEST(Prepare, OutputsUpToDateUntilTheInputsChange) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, testing::small_corpus(100));
+    opts.corpus         = {dir.path("corpus")};  // the folder holding both files
+    EXPECT_FALSE(outputs_up_to_date(opts));
+    prepare_corpus(opts);
+    EXPECT_TRUE(outputs_up_to_date(opts));
+
+    PrepareOptions other = opts;
+    other.text_key       = "content";
+    EXPECT_FALSE(outputs_up_to_date(other));
+    other                   = opts;
+    other.tokenizer_entries = 10;
+    EXPECT_FALSE(outputs_up_to_date(other));
+    other      = opts;
+    other.seed = 1;
+    EXPECT_FALSE(outputs_up_to_date(other));
+
+    dir.write("corpus/three", "a new entry\n");
+    EXPECT_FALSE(outputs_up_to_date(opts));
+    prepare_corpus(opts);
+    EXPECT_TRUE(outputs_up_to_date(opts));
+
+    // the same size, another time
+    const std::string one = dir.path("corpus/one");
+    const auto t          = std::filesystem::last_write_time(one);
+    std::string text      = read_all(one);
+    text[0]               = text[0] == 'x' ? 'y' : 'x';
+    dir.write("corpus/one", text);
+    std::filesystem::last_write_time(one, t + std::chrono::seconds(2));
+    EXPECT_FALSE(outputs_up_to_date(opts));
+    prepare_corpus(opts);
+    EXPECT_TRUE(outputs_up_to_date(opts));
+
+    std::filesystem::remove(dir.path("corpus/three"));
+    EXPECT_FALSE(outputs_up_to_date(opts));
+    prepare_corpus(opts);
+    std::filesystem::remove(opts.val_path);
+    EXPECT_FALSE(outputs_up_to_date(opts));
+}
+
 TEST(Prepare, SeedChangesSplit) {
     const std::vector<std::string> entries = testing::small_corpus(200);
     int differ                             = 0;
@@ -161,7 +274,10 @@ TEST(Prepare, BadOptions) {
     opts.val_fraction = 1.5;
     expect_input_error([&] { prepare_corpus(opts); }, {"val_fraction 1.5"});
     opts.val_fraction = 0.1;
-    opts.corpus       = {dir.path("missing")};
+    opts.text_key     = "";
+    expect_input_error([&] { prepare_corpus(opts); }, {"text_key"});
+    opts.text_key = "text";
+    opts.corpus   = {dir.path("missing")};
     expect_input_error([&] { prepare_corpus(opts); }, {dir.path("missing")});
 }
 

@@ -1,0 +1,50 @@
+// The text entries of a corpus (data.corpus) for prepare. Each path is a file or a folder; a
+// folder contributes every regular file directly in it, sorted by name, skipping symlinks,
+// `*.dat` (strfile indexes), `*.u8` and text files that are not UTF-8.
+//
+// Formats, by file name (after a `.gz` suffix, which any of them may carry):
+// - `*.jsonl`, `*.ndjson`, `*.json`: JSON Lines, one object a line, whose string field
+//   `text_key` (data.text_key, "text" by default) is an entry; blank lines are skipped. A file
+//   whose first character is `[` is one JSON array of such objects instead. The text is kept
+//   as it is; entries that are empty or only whitespace are dropped.
+// - anything else: fortune(6) text, or plain text split on blank lines (fortunes.h).
+// A file that starts with gzip's magic bytes is decompressed, whatever its name. Every problem
+// in a JSON file (a line that is not an object, a missing or non-string field) is an InputError
+// naming the file and line.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bagualu::data {
+
+struct CorpusFile {
+    std::string path;
+    bool named = false;  // given by itself, not found in a folder
+    int64_t bytes = 0, mtime_ns = 0;
+};
+
+// The corpus's files in reading order. InputError for a path that does not exist.
+std::vector<CorpusFile> list_corpus_files(const std::vector<std::string>& paths);
+
+// All entries of the files, in their order.
+std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& files,
+                                             std::string_view text_key = "text");
+inline std::vector<std::string> read_corpus_entries(const std::vector<std::string>& paths,
+                                                    std::string_view text_key = "text") {
+    return read_corpus_entries(list_corpus_files(paths), text_key);
+}
+
+// Whether `path` names a JSON file (see above).
+bool is_json_corpus_file(std::string_view path);
+
+// The file's bytes, gunzipped when it starts with gzip's magic (several members concatenated
+// are read one after another). `what` names the expected content in errors.
+std::string read_maybe_gzip(const std::string& path, std::string_view what);
+
+// The entries of a JSON Lines text or a JSON array; `file` names it in errors.
+std::vector<std::string> split_json_entries(std::string_view text, std::string_view text_key,
+                                            const std::string& file);
+
+}  // namespace bagualu::data
