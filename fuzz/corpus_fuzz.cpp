@@ -21,9 +21,7 @@ namespace {
 
 std::string g_dir;
 
-bool blank(const std::string& s) {
-    return s.find_first_not_of(" \t\n\r\v\f") == std::string::npos;
-}
+bool blank(const std::string& s) { return s.find_first_not_of(" \t\n\r\v\f") == std::string::npos; }
 
 void read_as(const std::string& name, const uint8_t* bytes, size_t size, bool text) {
     const std::string path = g_dir + "/" + name;

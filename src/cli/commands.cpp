@@ -67,6 +67,7 @@ int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_ar
     o.tokenizer_path    = cfg.data.tokenizer;
     o.text_key          = cfg.data.text_key;
     o.tokenizer_entries = cfg.data.tokenizer_entries;
+    o.shard_tokens      = cfg.data.shard_tokens;
     o.vocab_size        = cfg.model.vocab_size;
     o.val_fraction      = cfg.data.val_fraction;
     o.seed              = cfg.train.seed;
@@ -84,7 +85,14 @@ int cmd_prepare(const CommonArgs& a, bool force, const std::string& tokenizer_ar
         "prepare: val unigram entropy {:.4f} nats/token (the best a context-blind model "
         "can do)",
         r.val_unigram_entropy);
-    log::info("prepare: wrote {}, {}, {}", o.train_path, o.val_path, o.tokenizer_path);
+    auto files = [](const std::string& path, const std::vector<std::string>& written) {
+        return written.size() == 1 && written[0] == path
+                   ? path
+                   : fmt::format("{} ({} shard{})", path, written.size(),
+                                 written.size() == 1 ? "" : "s");
+    };
+    log::info("prepare: wrote {}, {}, {}", files(o.train_path, r.train_files),
+              files(o.val_path, r.val_files), o.tokenizer_path);
     return 0;
 }
 

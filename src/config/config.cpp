@@ -62,6 +62,7 @@ void visit_fields(Cfg& c, V&& v) {
     v("data", "corpus", c.data.corpus);
     v("data", "text_key", c.data.text_key);
     v("data", "tokenizer_entries", c.data.tokenizer_entries);
+    v("data", "shard_tokens", c.data.shard_tokens);
     v("data", "val_fraction", c.data.val_fraction);
     v("data", "readers", c.data.readers);
 
@@ -753,6 +754,9 @@ void validate(const TrainConfig& c) {
     }
     if (d.text_key.empty()) {
         input_error("{}: data.text_key must not be empty (the JSON field holding a text)", src);
+    }
+    if (d.shard_tokens < 1 || d.shard_tokens > 1'000'000'000) {
+        input_error("{}: data.shard_tokens = {}: must be in [1, 1000000000]", src, d.shard_tokens);
     }
     if (d.tokenizer_entries < 0) {
         input_error("{}: data.tokenizer_entries = {}: must be >= 0 (0 = every train entry)", src,

@@ -152,7 +152,9 @@ struct DataSection {
     std::string text_key = "text";
     // prepare trains the tokenizer on this many train entries (a uniform sample); 0 = all
     int64_t tokenizer_entries = 0;
-    double val_fraction       = 0.01;
+    // prepare, where data.train or data.val holds a `*`: tokens a shard file holds (about)
+    int64_t shard_tokens = 100'000'000;
+    double val_fraction  = 0.01;
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
     // first rank of each of N groups reads for its group and scatters (data/loader.h).
     int readers = 0;

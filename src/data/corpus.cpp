@@ -64,12 +64,12 @@ void take_entry(const nlohmann::json& j, std::string_view key, const std::string
             }
             keys.push_back(k);
         }
-        input_error("{}: no field \"{}\" (data.text_key); the object has {}", where, key,
-                    keys.empty() ? std::string("no fields") : fmt::format("{}", fmt::join(keys, ", ")));
+        input_error(
+            "{}: no field \"{}\" (data.text_key); the object has {}", where, key,
+            keys.empty() ? std::string("no fields") : fmt::format("{}", fmt::join(keys, ", ")));
     }
     if (!it->is_string()) {
-        input_error("{}: field \"{}\" is a JSON {}, expected a string", where, key,
-                    json_type(*it));
+        input_error("{}: field \"{}\" is a JSON {}, expected a string", where, key, json_type(*it));
     }
     const std::string& text = it->get_ref<const std::string&>();
     if (text.find('\0') != std::string::npos) {
@@ -229,9 +229,10 @@ std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& file
         }
         if (!is_utf8_text(text)) {
             if (!f.named) continue;  // a folder's binary files are not text
-            input_error("{}: not UTF-8 text (expected fortune or plain text, or JSON Lines named "
-                        "*.jsonl)",
-                        f.path);
+            input_error(
+                "{}: not UTF-8 text (expected fortune or plain text, or JSON Lines named "
+                "*.jsonl)",
+                f.path);
         }
         for (std::string& e : split_fortune_text(strip_ansi_escapes(text))) {
             entries.push_back(std::move(e));

@@ -21,7 +21,7 @@ namespace bagualu::data {
 
 struct CorpusFile {
     std::string path;
-    bool named = false;  // given by itself, not found in a folder
+    bool named    = false;  // given by itself, not found in a folder
     int64_t bytes = 0, mtime_ns = 0;
 };
 

@@ -4,12 +4,16 @@
 #include "data/prepare.h"
 
 #include <fmt/format.h>
+#include <fnmatch.h>
+#include <glob.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -24,6 +28,10 @@ namespace bagualu::data {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The most tokens a shard may be aimed at: a document past the cut still fits the format's
+// int32 count.
+constexpr int64_t kMaxShardTokens = 1'000'000'000;
 
 uint64_t entry_hash(std::string_view entry, uint64_t seed) {
     return XXH64(entry.data(), entry.size(), seed);
@@ -47,6 +55,16 @@ bool same_or_below(const fs::path& path, const fs::path& base) {
 // The outputs (the three files and the meta.json beside val) are written over whatever is there:
 // none may be another of them or one of the corpus inputs (or lie in a corpus folder), which
 // prepare would overwrite while, or before, reading it.
+// Whether `path` is a file a shard pattern would match (and so write over or remove).
+bool matched_by(const std::string& pattern, const std::string& path) {
+    if (pattern.find('*') == std::string::npos) return false;
+    std::error_code ec;
+    const fs::path pd = fs::weakly_canonical(fs::path(pattern).parent_path(), ec);
+    const fs::path fd = fs::weakly_canonical(fs::path(path).parent_path(), ec);
+    return pd == fd && ::fnmatch(fs::path(pattern).filename().c_str(),
+                                 fs::path(path).filename().c_str(), 0) == 0;
+}
+
 void validate_outputs(const PrepareOptions& opts) {
     const std::pair<const char*, std::string> outs[] = {
         {"data.train", opts.train_path},
@@ -54,6 +72,14 @@ void validate_outputs(const PrepareOptions& opts) {
         {"data.tokenizer", opts.tokenizer_path},
         {"meta.json (beside data.val)", meta_path_for(opts.val_path)}};
     for (size_t i = 0; i < std::size(outs); ++i) {
+        for (size_t j = 0; j < std::size(outs); ++j) {
+            if (j != i && matched_by(outs[j].second, outs[i].second)) {
+                input_error(
+                    "{} = \"{}\" matches the shard pattern {} = \"{}\", whose files "
+                    "prepare writes and removes",
+                    outs[i].first, outs[i].second, outs[j].first, outs[j].second);
+            }
+        }
         for (size_t j = 0; j < i; ++j) {
             if (same_or_below(outs[i].second, outs[j].second)) {
                 input_error("{} = \"{}\" is the same file as {}: prepare writes each of them",
@@ -61,6 +87,12 @@ void validate_outputs(const PrepareOptions& opts) {
             }
         }
         for (const std::string& c : opts.corpus) {
+            if (matched_by(outs[i].second, c)) {
+                input_error(
+                    "{} = \"{}\" matches the corpus input \"{}\": prepare would "
+                    "overwrite or remove what it reads; write the outputs elsewhere",
+                    outs[i].first, outs[i].second, c);
+            }
             if (same_or_below(outs[i].second, c)) {
                 input_error(
                     "{} = \"{}\" is (or lies in) the corpus input \"{}\": prepare would "
@@ -91,6 +123,24 @@ void validate(const PrepareOptions& opts) {
     }
     if (!(opts.val_fraction > 0.0 && opts.val_fraction < 1.0)) {
         input_error("val_fraction {} must be in (0, 1)", opts.val_fraction);
+    }
+    for (const auto& [key, path] :
+         {std::pair<const char*, const std::string&>{"train", opts.train_path},
+          {"val", opts.val_path}}) {
+        const size_t star = path.find('*');
+        if (star == std::string::npos) continue;
+        if (path.find('*', star + 1) != std::string::npos ||
+            path.find_first_of("?[") != std::string::npos ||
+            path.find('/', star) != std::string::npos) {
+            input_error(
+                "data.{} = \"{}\": a shard pattern holds one `*` in its file name and no "
+                "`?` or `[` (e.g. \"data/x/{}_*.bin\")",
+                key, path, key);
+        }
+    }
+    if (opts.shard_tokens < 1 || opts.shard_tokens > kMaxShardTokens) {
+        input_error("shard_tokens = {}: must be in [1, {}] (tokens a shard file holds)",
+                    opts.shard_tokens, kMaxShardTokens);
     }
     validate_outputs(opts);
     if (!opts.tokenizer_from.empty()) {
@@ -154,6 +204,58 @@ std::vector<int32_t> encode_entries(const Tokenizer& tok, const std::vector<std:
     return tokens;
 }
 
+bool is_pattern(const std::string& path) { return path.find('*') != std::string::npos; }
+
+// Files matching the pattern now (none for a plain path).
+std::vector<std::string> existing_shards(const std::string& pattern) {
+    std::vector<std::string> out;
+    glob_t g{};
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    return out;
+}
+
+// Writes a split's tokens (documents ending with eos) to `path`, or for a pattern to about
+// ceil(n / shard_tokens) shards of nearly equal size cut after a document, and removes the
+// pattern's other files. Returns the files written.
+std::vector<std::string> write_split(const std::string& path, const std::vector<int32_t>& tokens,
+                                     int eos, int vocab_size, int64_t shard_tokens) {
+    const auto total = static_cast<int64_t>(tokens.size());
+    if (!is_pattern(path)) {
+        if (total > std::numeric_limits<int32_t>::max()) {
+            input_error(
+                "{}: {} tokens exceed a token file's limit of {}: name the split as a shard "
+                "pattern (\"{}_*.bin\") to write it in shards",
+                path, total, std::numeric_limits<int32_t>::max(),
+                fs::path(path).replace_extension().string());
+        }
+        write_token_file(path, tokens, vocab_size);
+        return {path};
+    }
+    const int64_t n           = std::max<int64_t>(1, (total + shard_tokens - 1) / shard_tokens);
+    std::vector<int64_t> cuts = {0};
+    for (int64_t k = 1; k < n; ++k) {
+        int64_t c = std::max(total * k / n, cuts.back());
+        while (c < total && (c == 0 || tokens[static_cast<size_t>(c - 1)] != eos)) ++c;
+        if (c > cuts.back() && c < total) cuts.push_back(c);
+    }
+    cuts.push_back(total);
+    const std::vector<std::string> paths = shard_paths(path, static_cast<int64_t>(cuts.size()) - 1);
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        write_token_file(paths[i],
+                         std::span(tokens).subspan(static_cast<size_t>(cuts[i]),
+                                                   static_cast<size_t>(cuts[i + 1] - cuts[i])),
+                         vocab_size);
+    }
+    const std::set<std::string> written(paths.begin(), paths.end());
+    for (const std::string& old : existing_shards(path)) {
+        if (written.count(old) == 0) fs::remove(old);  // an earlier prepare's further shard
+    }
+    return paths;
+}
+
 // What meta.json records of the corpus's files: [path, bytes, mtime_ns] each, in reading order.
 nlohmann::json corpus_files_json(const std::vector<CorpusFile>& files) {
     nlohmann::json out = nlohmann::json::array();
@@ -181,6 +283,16 @@ double unigram_entropy(std::span<const int32_t> tokens) {
         h -= p * std::log(p);
     }
     return h;
+}
+
+std::vector<std::string> shard_paths(const std::string& path, int64_t n) {
+    const size_t star = path.find('*');
+    if (star == std::string::npos) return {path};
+    std::vector<std::string> out;
+    for (int64_t i = 0; i < n; ++i) {
+        out.push_back(path.substr(0, star) + fmt::format("{:06d}", i) + path.substr(star + 1));
+    }
+    return out;
 }
 
 std::string meta_path_for(const std::string& val_path) {
@@ -258,11 +370,13 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         opts.tokenizer_from.empty()
             ? train_tokenizer_model(std::span(train).first(n_tok), opts.vocab_size, opts.seed)
             : read_file_bytes(opts.tokenizer_from, "--tokenizer"));
-    const Tokenizer tok                     = Tokenizer::load(opts.tokenizer_path);
-    const std::vector<int32_t> train_tokens = encode_entries(tok, train);
-    const std::vector<int32_t> val_tokens   = encode_entries(tok, val);
-    write_token_file(opts.train_path, train_tokens, tok.vocab_size());
-    write_token_file(opts.val_path, val_tokens, tok.vocab_size());
+    const Tokenizer tok                        = Tokenizer::load(opts.tokenizer_path);
+    const std::vector<int32_t> train_tokens    = encode_entries(tok, train);
+    const std::vector<int32_t> val_tokens      = encode_entries(tok, val);
+    const std::vector<std::string> train_files = write_split(
+        opts.train_path, train_tokens, tok.eos_id(), tok.vocab_size(), opts.shard_tokens);
+    const std::vector<std::string> val_files =
+        write_split(opts.val_path, val_tokens, tok.eos_id(), tok.vocab_size(), opts.shard_tokens);
 
     PrepareResult r;
     r.n_train_entries     = static_cast<int64_t>(train.size());
@@ -271,6 +385,8 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
     r.train_tokens        = static_cast<int64_t>(train_tokens.size());
     r.val_tokens          = static_cast<int64_t>(val_tokens.size());
     r.val_unigram_entropy = unigram_entropy(val_tokens);
+    r.train_files         = train_files;
+    r.val_files           = val_files;
 
     const nlohmann::json meta = {
         {"vocab_size", tok.vocab_size()},
@@ -283,6 +399,9 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         {"tokenizer", opts.tokenizer_path},
         {"tokenizer_from", opts.tokenizer_from},
         {"train", opts.train_path},
+        {"train_files", train_files},
+        {"val_files", val_files},
+        {"shard_tokens", opts.shard_tokens},
         {"val", opts.val_path},
         {"corpus", opts.corpus},
         {"corpus_files", corpus_files_json(files)},
@@ -297,12 +416,27 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
 
 bool outputs_up_to_date(const PrepareOptions& opts) {
     const std::string meta = meta_path_for(opts.val_path);
-    for (const std::string* p : {&meta, &opts.train_path, &opts.val_path, &opts.tokenizer_path}) {
+    for (const std::string* p : {&meta, &opts.tokenizer_path}) {
         if (!fs::exists(*p)) return false;
     }
     try {
         const nlohmann::json j = nlohmann::json::parse(read_file_bytes(meta, "meta.json"));
+        for (const auto& [key, path] :
+             {std::pair<const char*, const std::string&>{"train_files", opts.train_path},
+              {"val_files", opts.val_path}}) {
+            const auto files = j.value(key, std::vector<std::string>{});
+            // every file written is there, and for a pattern no other matches it
+            if (files.empty() || !std::all_of(files.begin(), files.end(),
+                                              [](const std::string& f) { return fs::exists(f); })) {
+                return false;
+            }
+            if (is_pattern(path) && existing_shards(path).size() != files.size()) return false;
+        }
+        const bool sharded = is_pattern(opts.train_path) || is_pattern(opts.val_path);
         return j.value("vocab_size", -1) == opts.vocab_size &&
+               (!sharded || j.value("shard_tokens", int64_t{-1}) == opts.shard_tokens) &&
+               j.value("train", std::string()) == opts.train_path &&
+               j.value("val", std::string()) == opts.val_path &&
                j.value("corpus", std::vector<std::string>{}) == opts.corpus &&
                j.value("corpus_files", nlohmann::json()) ==
                    corpus_files_json(list_corpus_files(opts.corpus)) &&

@@ -25,16 +25,21 @@ struct PrepareOptions {
     std::string text_key = "text";  // JSON corpus files: the field holding an entry
     // Train the tokenizer on the first N train entries in hash order (a uniform sample); 0 = all
     int64_t tokenizer_entries = 0;
-    int vocab_size            = 8192;
-    double val_fraction       = 0.01;  // in (0, 1)
-    uint64_t seed             = 1337;
+    // A train or val path holding one `*` (in its file name) is a pattern: the split is written
+    // as shards of about this many tokens each (cut after a document), the `*` standing for
+    // 000000, 000001, ...; files matching the pattern that prepare did not write are removed.
+    int64_t shard_tokens = 100'000'000;
+    int vocab_size       = 8192;
+    double val_fraction  = 0.01;  // in (0, 1)
+    uint64_t seed        = 1337;
     // told what prepare_corpus is about to do, once the corpus is read (for a log line)
     std::function<void(const std::string&)> progress;
 };
 
 struct PrepareResult {
     int64_t n_entries, n_train_entries, n_val_entries, train_tokens, val_tokens;
-    double val_unigram_entropy;  // nats/token
+    double val_unigram_entropy;                       // nats/token
+    std::vector<std::string> train_files, val_files;  // written
 };
 
 PrepareResult prepare_corpus(const PrepareOptions& opts);
@@ -51,6 +56,9 @@ double unigram_entropy(std::span<const int32_t> tokens);
 // val_unigram_entropy from the meta.json beside `val_path`; nullopt if there is no meta.json or
 // it describes a different val file. A meta.json that does not parse is an InputError.
 std::optional<double> read_val_unigram_entropy(const std::string& val_path);
+
+// The files a train or val path names: itself, or for a pattern its first n shards.
+std::vector<std::string> shard_paths(const std::string& path, int64_t n);
 
 // Path of the meta.json that prepare_corpus writes for `val_path`.
 std::string meta_path_for(const std::string& val_path);

@@ -821,8 +821,9 @@ void Trainer::write_outputs(const Buffer<float>& full) {
               sum_.final_val_loss, std::exp(sum_.final_val_loss), sum_.steps,
               seconds_since(t_start_));
     if (sum_.val_unigram_entropy >= 0) {
-        log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats below it",
-                  sum_.val_unigram_entropy, sum_.val_unigram_entropy - sum_.final_val_loss);
+        const double below = sum_.val_unigram_entropy - sum_.final_val_loss;
+        log::info("val unigram entropy {:.4f} nats/token: the model is {:.3f} nats {} it",
+                  sum_.val_unigram_entropy, std::abs(below), below >= 0 ? "below" : "above");
     }
     log::info("run directory {}: config.toml metrics.jsonl loss.svg{} model/", cfg_.train.run_dir,
               gpt_->moe_layers().empty() ? "" : " expert_load.svg");

@@ -357,6 +357,10 @@ TEST_F(BadInputTest, PrepareCorpusErrors) {
     expect_error(prepare(dir / "a.jsonl") + " --set data.text_key=", {"data.text_key", "empty"});
     expect_error(prepare(dir / "a.jsonl") + " --set data.tokenizer_entries=-3",
                  {"data.tokenizer_entries = -3", ">= 0"});
+    expect_error(prepare(dir / "a.jsonl") + " --set data.shard_tokens=0",
+                 {"data.shard_tokens = 0", "[1, 1000000000]"});
+    expect_error(prepare(dir / "a.jsonl") + " --set 'data.train=" + (dir / "p/*.bin") + "'",
+                 {"data.val", "matches the shard pattern data.train"});
     EXPECT_FALSE(std::filesystem::exists(dir / "p"));
 }
 

@@ -51,7 +51,8 @@ TEST(Corpus, FilesAndFoldersConcatenateInOrder) {
     dir.write("two/x", "2\n");
     dir.write("two/y.jsonl", "{\"text\": \"3\"}\n");
     dir.write("two/z.txt.gz", gzip("4\n\n5\n"));
-    EXPECT_EQ(read_corpus_entries({dir.path("two"), one}), (Entries{"2", "3", "4", "5", "1a", "1b"}));
+    EXPECT_EQ(read_corpus_entries({dir.path("two"), one}),
+              (Entries{"2", "3", "4", "5", "1a", "1b"}));
 }
 
 TEST(Corpus, MissingPathNamesIt) {
@@ -68,11 +69,11 @@ TEST(Corpus, NamedBinaryFileIsAnError) {
 
 TEST(Corpus, JsonLinesKeepTheTextAsItIs) {
     TempDir dir;
-    const std::string path = dir.write(
-        "docs.jsonl",
-        "{\"id\": 1, \"text\": \"  first\\nline \\u00e9\\t\"}\r\n\n   \n"
-        "{\"text\": \"second \xe6\xb1\x89\", \"meta\": {\"text\": \"not this\"}}\n"
-        "{\"text\": \"   \"}\n{\"text\": \"\"}\n{\"text\": \"% not a separator\"}");
+    const std::string path =
+        dir.write("docs.jsonl",
+                  "{\"id\": 1, \"text\": \"  first\\nline \\u00e9\\t\"}\r\n\n   \n"
+                  "{\"text\": \"second \xe6\xb1\x89\", \"meta\": {\"text\": \"not this\"}}\n"
+                  "{\"text\": \"   \"}\n{\"text\": \"\"}\n{\"text\": \"% not a separator\"}");
     EXPECT_EQ(read_corpus_entries({path}),
               (Entries{"  first\nline \xc3\xa9\t", "second \xe6\xb1\x89", "% not a separator"}));
 }
@@ -88,8 +89,8 @@ TEST(Corpus, TextKeyPicksTheField) {
 
 TEST(Corpus, JsonArrayOfObjects) {
     TempDir dir;
-    const std::string path = dir.write(
-        "docs.json", "\xef\xbb\xbf\n [ {\"text\": \"a\"},\n  {\"text\": \"b\\n\"} ]\n");
+    const std::string path =
+        dir.write("docs.json", "\xef\xbb\xbf\n [ {\"text\": \"a\"},\n  {\"text\": \"b\\n\"} ]\n");
     EXPECT_EQ(read_corpus_entries({path}), (Entries{"a", "b\n"}));
     const std::string bad = dir.write("bad.json", "[{\"text\": \"a\"}, {\"text\": 3}]");
     expect_input_error([&] { read_corpus_entries({bad}); },
@@ -137,7 +138,7 @@ TEST(Corpus, GzipFilesAreInflated) {
 
 TEST(Corpus, BrokenGzipIsAnErrorNamingTheFile) {
     TempDir dir;
-    const std::string z = gzip("{\"text\": \"one\"}\n");
+    const std::string z   = gzip("{\"text\": \"one\"}\n");
     const std::string cut = dir.write("cut.jsonl.gz", z.substr(0, z.size() - 6));
     expect_input_error([&] { read_corpus_entries({cut}); }, {cut, "not valid gzip", "truncated"});
     std::string flipped = z;
@@ -156,7 +157,7 @@ TEST(Corpus, ListingHasSizesAndTimesInReadingOrder) {
     TempDir dir;
     dir.write("f/b", "bb\n");
     dir.write("f/a", "a\n");
-    const std::string one = dir.write("one.jsonl", "{\"text\": \"1\"}\n");
+    const std::string one               = dir.write("one.jsonl", "{\"text\": \"1\"}\n");
     const std::vector<CorpusFile> files = list_corpus_files({dir.path("f"), one});
     ASSERT_EQ(files.size(), 3u);
     EXPECT_EQ(files[0].path, dir.path("f/a"));

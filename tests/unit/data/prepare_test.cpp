@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "data/token_file.h"
+#include "data/token_shards.h"
 #include "data/tokenizer.h"
 #include "small_corpus.h"
 #include "test_util.h"
@@ -248,6 +249,76 @@ TEST(Prepare, OutputsUpToDateUntilTheInputsChange) {
     prepare_corpus(opts);
     std::filesystem::remove(opts.val_path);
     EXPECT_FALSE(outputs_up_to_date(opts));
+}
+
+// A split named by a pattern is written as shards cut after documents, which hold the tokens
+// one file would; a second prepare with fewer shards removes the pattern's others.
+TEST(Prepare, ShardPatternsWriteTheSplitInShards) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, testing::small_corpus(300));
+    prepare_corpus(opts);
+    const std::vector<int32_t> one = read_token_file(opts.train_path, 400).tokens;
+    const int eos                  = Tokenizer::load(opts.tokenizer_path).eos_id();
+
+    opts.train_path       = dir.path("out/shards/train_*.bin");
+    opts.val_path         = dir.path("out/shards/val_*.bin");
+    opts.shard_tokens     = 2000;
+    const PrepareResult r = prepare_corpus(opts);
+    const auto n          = static_cast<int64_t>((one.size() + 1999) / 2000);
+    ASSERT_EQ(static_cast<int64_t>(r.train_files.size()), n);
+    ASSERT_GE(n, 3);
+    EXPECT_EQ(r.train_files, shard_paths(opts.train_path, n));
+    EXPECT_EQ(r.train_files[1], dir.path("out/shards/train_000001.bin"));
+    std::vector<int32_t> joined;
+    for (const std::string& f : r.train_files) {
+        const std::vector<int32_t> t = read_token_file(f, 400).tokens;
+        ASSERT_FALSE(t.empty());
+        EXPECT_EQ(t.back(), eos) << f << " is not cut after a document";
+        // cut at the first document end past each k/n of the tokens
+        EXPECT_GE(static_cast<int64_t>(t.size()), static_cast<int64_t>(one.size()) / n - 200);
+        joined.insert(joined.end(), t.begin(), t.end());
+    }
+    EXPECT_TRUE(joined == one);
+    EXPECT_EQ(r.val_files.size(), 1u);
+    // the loader takes the pattern as data.train
+    const TokenShards shards = TokenShards::open(opts.train_path, "data.train", 400, 16);
+    EXPECT_EQ(shards.num_shards(), static_cast<size_t>(n));
+    EXPECT_EQ(shards.num_tokens(), static_cast<int64_t>(one.size()));
+    EXPECT_TRUE(outputs_up_to_date(opts));
+    const auto meta = nlohmann::json::parse(read_all(dir.path("out/shards/meta.json")));
+    EXPECT_EQ(meta["train_files"], r.train_files);
+
+    // a stray file matching the pattern: out of date, and removed by the next prepare
+    dir.write("out/shards/train_999999.bin", "stray");
+    EXPECT_FALSE(outputs_up_to_date(opts));
+    opts.shard_tokens         = 1'000'000;
+    const PrepareResult fewer = prepare_corpus(opts);
+    EXPECT_EQ(fewer.train_files, shard_paths(opts.train_path, 1));
+    EXPECT_TRUE(read_token_file(fewer.train_files[0], 400).tokens == one);
+    for (const char* gone : {"train_000001.bin", "train_999999.bin"}) {
+        EXPECT_FALSE(std::filesystem::exists(dir.path(std::string("out/shards/") + gone))) << gone;
+    }
+    EXPECT_TRUE(outputs_up_to_date(opts));
+}
+
+TEST(Prepare, ShardPatternsThatCouldTakeOtherFilesAreRefused) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, testing::small_corpus(20));
+    PrepareOptions bad  = opts;
+    bad.train_path      = dir.path("out/*_*.bin");
+    expect_input_error([&] { prepare_corpus(bad); }, {"data.train", "one `*`"});
+    bad.train_path = dir.path("out/*/train.bin");
+    expect_input_error([&] { prepare_corpus(bad); }, {"data.train", "file name"});
+    bad.train_path = dir.path("out/*.bin");  // val.bin would be one of its shards
+    expect_input_error([&] { prepare_corpus(bad); },
+                       {"data.val", "matches the shard pattern data.train"});
+    bad          = opts;
+    bad.val_path = dir.path("corpus/*");  // the corpus files would be removed
+    expect_input_error([&] { prepare_corpus(bad); }, {"data.val", "corpus input"});
+    bad              = opts;
+    bad.shard_tokens = 0;
+    expect_input_error([&] { prepare_corpus(bad); }, {"shard_tokens = 0"});
+    EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
 }
 
 TEST(Prepare, SeedChangesSplit) {
