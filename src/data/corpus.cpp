@@ -1,16 +1,20 @@
-// Corpus reader (see corpus.h). gzip is inflated by zlib in memory; JSON is parsed by
-// nlohmann::json a line at a time, so a JSON Lines file costs its bytes and its entries.
+// Corpus reader (see corpus.h). Files are read a chunk at a time (gzip inflated by zlib as it
+// comes); JSON Lines are parsed by nlohmann::json a line at a time, so reading one holds a chunk
+// and a line, whatever the file's size. Fortune and plain text files are read whole.
 #include "data/corpus.h"
 
 #include <fmt/format.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/function_ref.h"
 #include "data/file_io.h"
 #include "data/fortunes.h"
 
@@ -47,9 +51,10 @@ std::string json_reason(const std::exception& e) {
 
 const char* json_type(const nlohmann::json& j) { return j.type_name(); }
 
+using EntrySink = FunctionRef<void(std::string&&)>;
+
 // The entry of one JSON value; `where` is "FILE:LINE" or "FILE: element N".
-void take_entry(const nlohmann::json& j, std::string_view key, const std::string& where,
-                std::vector<std::string>& out) {
+void take_entry(nlohmann::json& j, std::string_view key, const std::string& where, EntrySink sink) {
     if (!j.is_object()) {
         input_error("{}: a JSON {}, expected an object with a string field \"{}\" (data.text_key)",
                     where, json_type(j), key);
@@ -71,12 +76,72 @@ void take_entry(const nlohmann::json& j, std::string_view key, const std::string
     if (!it->is_string()) {
         input_error("{}: field \"{}\" is a JSON {}, expected a string", where, key, json_type(*it));
     }
-    const std::string& text = it->get_ref<const std::string&>();
+    std::string& text = it->get_ref<std::string&>();
     if (text.find('\0') != std::string::npos) {
         input_error("{}: field \"{}\" holds a NUL character (\\u0000), which is not text", where,
                     key);
     }
-    if (!is_blank(text)) out.push_back(text);
+    if (!is_blank(text)) sink(std::move(text));
+}
+
+void take_json_line(std::string_view line, std::string_view key, const std::string& file,
+                    int64_t line_no, EntrySink sink) {
+    if (is_blank(line)) return;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+        input_error("{}:{}: not valid JSON ({}; expected one object a line)", file, line_no,
+                    json_reason(e));
+    }
+    take_entry(j, key, fmt::format("{}:{}", file, line_no), sink);
+}
+
+void take_json_array(std::string_view text, std::string_view key, const std::string& file,
+                     EntrySink sink) {
+    nlohmann::json arr;
+    try {
+        arr = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        input_error("{}: not valid JSON: {}", file, json_reason(e));
+    }
+    for (size_t i = 0; i < arr.size(); ++i) {
+        take_entry(arr[i], key, fmt::format("{}: element {}", file, i + 1), sink);
+    }
+}
+
+constexpr std::string_view kBom = "\xef\xbb\xbf";  // a UTF-8 byte-order mark
+
+// A JSON file read a chunk at a time: its lines as they come, or a whole array.
+void stream_json(ByteReader& r, std::string_view key, const std::string& file, EntrySink sink) {
+    std::string buf;
+    bool more        = r.read_some(buf);
+    const size_t bom = std::string_view(buf).starts_with(kBom) ? kBom.size() : 0;
+    size_t first     = bom;  // the first character that is not whitespace
+    for (;;) {
+        while (first < buf.size() && is_space(buf[first])) ++first;
+        if (first < buf.size() || !more) break;
+        more = r.read_some(buf);
+    }
+    if (first < buf.size() && buf[first] == '[') {
+        while (more) more = r.read_some(buf);
+        take_json_array(std::string_view(buf).substr(first), key, file, sink);
+        return;
+    }
+    size_t pos      = bom;
+    int64_t line_no = 0;
+    for (;;) {
+        for (size_t nl; (nl = buf.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+            take_json_line(std::string_view(buf).substr(pos, nl - pos), key, file, ++line_no, sink);
+        }
+        if (!more) break;
+        buf.erase(0, pos);
+        pos  = 0;
+        more = r.read_some(buf);
+    }
+    if (pos < buf.size()) {
+        take_json_line(std::string_view(buf).substr(pos), key, file, ++line_no, sink);
+    }
 }
 
 // Whether the folder scan reads this file (symlinks and non-regular files are skipped before).
@@ -108,84 +173,124 @@ bool is_json_corpus_file(std::string_view path) {
     return has_suffix(name, ".jsonl") || has_suffix(name, ".ndjson") || has_suffix(name, ".json");
 }
 
-std::string read_maybe_gzip(const std::string& path, std::string_view what) {
-    std::string bytes = read_file_bytes(path, what);
-    if (!starts_gzip(bytes)) return bytes;
+ByteReader::ByteReader(const std::string& path, std::string_view what) : path_(path), what_(what) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (st.type() == fs::file_type::not_found) {
+        input_error("{}: cannot open {}: no such file", path, what);
+    }
+    if (ec) input_error("{}: cannot open {}: {}", path, what, ec.message());
+    if (fs::is_directory(st)) input_error("{}: is a directory, expected {}", path, what);
+    // a FIFO or device would block or never end: only regular files are read
+    if (!fs::is_regular_file(st)) input_error("{}: is not a regular file, expected {}", path, what);
+    file_size_ = static_cast<int64_t>(fs::file_size(path, ec));
+    f_         = std::fopen(path.c_str(), "rb");
+    if (f_ == nullptr) input_error("{}: cannot open {}: {}", path, what, std::strerror(errno));
+    in_.resize(kChunk);
+    refill();
+    gzip_ = starts_gzip(std::string_view(in_.data() + in_pos_, in_len_ - in_pos_));
+    if (gzip_) {
+        // 16 + MAX_WBITS: gzip framing only (header and CRC-32 checked)
+        zs_ = std::make_unique<z_stream>();
+        BGL_CHECK(inflateInit2(zs_.get(), 16 + MAX_WBITS) == Z_OK, "zlib: inflateInit2 failed");
+    }
+}
 
-    std::string out;
-    z_stream zs{};
-    // 16 + MAX_WBITS: gzip framing only (header and CRC-32 checked)
-    BGL_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "zlib: inflateInit2 failed");
-    zs.next_in  = reinterpret_cast<Bytef*>(bytes.data());
-    size_t used = 0;  // input consumed by finished members
-    std::string reason;
+ByteReader::~ByteReader() {
+    if (zs_) inflateEnd(zs_.get());
+    if (f_ != nullptr) std::fclose(f_);
+}
+
+// Moves what is left of the input to the front and reads more after it.
+void ByteReader::refill() {
+    std::memmove(in_.data(), in_.data() + in_pos_, in_len_ - in_pos_);
+    in_len_ -= in_pos_;
+    in_pos_ = 0;
+    while (!eof_ && in_len_ < in_.size()) {
+        const size_t n = std::fread(in_.data() + in_len_, 1, in_.size() - in_len_, f_);
+        in_len_ += n;
+        if (n == 0) {
+            if (std::ferror(f_)) input_error("{}: read error: {}", path_, std::strerror(errno));
+            eof_ = true;
+        }
+    }
+}
+
+[[noreturn]] void ByteReader::gzip_error(const std::string& reason) const {
+    input_error("{}: not valid gzip ({}): {}", path_, what_, reason);
+}
+
+bool ByteReader::read_some(std::string& out) {
+    if (!gzip_) {
+        if (in_pos_ == in_len_) refill();
+        if (in_pos_ == in_len_) return false;
+        out.append(in_.data() + in_pos_, in_len_ - in_pos_);
+        in_pos_ = in_len_;
+        return true;
+    }
+    if (done_) return false;
+    const size_t before = out.size();
     char chunk[1 << 16];
-    for (;;) {
-        const size_t left = bytes.size() - used;
-        zs.next_in        = reinterpret_cast<Bytef*>(bytes.data() + used);
-        zs.avail_in       = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-        zs.next_out       = reinterpret_cast<Bytef*>(chunk);
-        zs.avail_out      = sizeof chunk;
-        const int rc      = inflate(&zs, Z_NO_FLUSH);
-        out.append(chunk, sizeof chunk - zs.avail_out);
-        used = static_cast<size_t>(reinterpret_cast<char*>(zs.next_in) - bytes.data());
+    while (out.size() - before < kChunk) {
+        if (in_pos_ == in_len_ && !eof_) refill();
+        zs_->next_in       = reinterpret_cast<Bytef*>(in_.data() + in_pos_);
+        zs_->avail_in      = static_cast<uInt>(in_len_ - in_pos_);
+        zs_->next_out      = reinterpret_cast<Bytef*>(chunk);
+        zs_->avail_out     = sizeof chunk;
+        const int rc       = inflate(zs_.get(), Z_NO_FLUSH);
+        const size_t taken = (in_len_ - in_pos_) - zs_->avail_in;
+        in_pos_ += taken;
+        consumed_ += static_cast<int64_t>(taken);
+        out.append(chunk, sizeof chunk - zs_->avail_out);
         if (rc == Z_STREAM_END) {
-            if (used == bytes.size()) break;
-            if (!starts_gzip(std::string_view(bytes).substr(used))) {
-                reason = fmt::format("{} bytes after the gzip data that are not gzip",
-                                     bytes.size() - used);
+            if (in_len_ - in_pos_ < 2 && !eof_) refill();
+            if (in_pos_ == in_len_) {
+                done_ = true;
                 break;
             }
-            inflateReset(&zs);  // the next member
+            if (!starts_gzip(std::string_view(in_.data() + in_pos_, in_len_ - in_pos_))) {
+                gzip_error(fmt::format("{} bytes after the gzip data that are not gzip",
+                                       file_size_ - consumed_));
+            }
+            inflateReset(zs_.get());  // the next member
             continue;
         }
         if (rc == Z_OK) continue;
-        if (rc == Z_BUF_ERROR && used == bytes.size() && zs.avail_out != 0) {
-            reason = "truncated (the gzip data ends early)";
-        } else {
-            reason = zs.msg != nullptr ? zs.msg : fmt::format("zlib error {}", rc);
+        if (rc == Z_BUF_ERROR && in_pos_ == in_len_ && eof_) {
+            gzip_error("truncated (the gzip data ends early)");
         }
-        break;
+        if (rc == Z_BUF_ERROR) continue;  // more input to read
+        gzip_error(zs_->msg != nullptr ? zs_->msg : fmt::format("zlib error {}", rc));
     }
-    inflateEnd(&zs);
-    if (!reason.empty()) input_error("{}: not valid gzip ({}): {}", path, what, reason);
+    return out.size() > before || !done_;
+}
+
+std::string read_maybe_gzip(const std::string& path, std::string_view what) {
+    ByteReader r(path, what);
+    std::string out;
+    while (r.read_some(out)) {
+    }
     return out;
 }
 
 std::vector<std::string> split_json_entries(std::string_view text, std::string_view key,
                                             const std::string& file) {
     std::vector<std::string> out;
-    const size_t bom = text.starts_with("\xef\xbb\xbf") ? 3 : 0;  // a UTF-8 byte-order mark
+    auto sink        = [&](std::string&& e) { out.push_back(std::move(e)); };
+    const size_t bom = text.starts_with(kBom) ? kBom.size() : 0;
     size_t first     = bom;
     while (first < text.size() && is_space(text[first])) ++first;
     if (first < text.size() && text[first] == '[') {
-        nlohmann::json arr;
-        try {
-            arr = nlohmann::json::parse(text.substr(first));
-        } catch (const nlohmann::json::exception& e) {
-            input_error("{}: not valid JSON: {}", file, json_reason(e));
-        }
-        for (size_t i = 0; i < arr.size(); ++i) {
-            take_entry(arr[i], key, fmt::format("{}: element {}", file, i + 1), out);
-        }
+        take_json_array(text.substr(first), key, file, sink);
         return out;
     }
-    size_t start = bom, line_no = 0;
+    size_t start    = bom;
+    int64_t line_no = 0;
     while (start < text.size()) {
         size_t nl = text.find('\n', start);
         if (nl == std::string_view::npos) nl = text.size();
-        const std::string_view line = text.substr(start, nl - start);
-        start                       = nl + 1;
-        ++line_no;
-        if (is_blank(line)) continue;
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::exception& e) {
-            input_error("{}:{}: not valid JSON ({}; expected one object a line)", file, line_no,
-                        json_reason(e));
-        }
-        take_entry(j, key, fmt::format("{}:{}", file, line_no), out);
+        take_json_line(text.substr(start, nl - start), key, file, ++line_no, sink);
+        start = nl + 1;
     }
     return out;
 }
@@ -215,17 +320,17 @@ std::vector<CorpusFile> list_corpus_files(const std::vector<std::string>& paths)
     return files;
 }
 
-std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& files,
-                                             std::string_view text_key) {
-    std::vector<std::string> entries;
+void for_each_corpus_entry(const std::vector<CorpusFile>& files, std::string_view text_key,
+                           FunctionRef<void(std::string&&)> fn) {
     for (const CorpusFile& f : files) {
-        const bool json        = is_json_corpus_file(f.path);
-        const std::string text = read_maybe_gzip(f.path, json ? "JSON Lines" : "corpus text");
+        const bool json = is_json_corpus_file(f.path);
+        ByteReader r(f.path, json ? "JSON Lines" : "corpus text");
         if (json) {
-            for (std::string& e : split_json_entries(text, text_key, f.path)) {
-                entries.push_back(std::move(e));
-            }
+            stream_json(r, text_key, f.path, fn);
             continue;
+        }
+        std::string text;  // fortune or plain text: read whole (the split depends on all of it)
+        while (r.read_some(text)) {
         }
         if (!is_utf8_text(text)) {
             if (!f.named) continue;  // a folder's binary files are not text
@@ -234,10 +339,15 @@ std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& file
                 "*.jsonl)",
                 f.path);
         }
-        for (std::string& e : split_fortune_text(strip_ansi_escapes(text))) {
-            entries.push_back(std::move(e));
-        }
+        for (std::string& e : split_fortune_text(strip_ansi_escapes(text))) fn(std::move(e));
     }
+}
+
+std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& files,
+                                             std::string_view text_key) {
+    std::vector<std::string> entries;
+    for_each_corpus_entry(files, text_key,
+                          [&](std::string&& e) { entries.push_back(std::move(e)); });
     return entries;
 }
 

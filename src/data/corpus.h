@@ -13,9 +13,15 @@
 // naming the file and line.
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/function_ref.h"
+
+struct z_stream_s;
 
 namespace bagualu::data {
 
@@ -28,6 +34,11 @@ struct CorpusFile {
 // The corpus's files in reading order. InputError for a path that does not exist.
 std::vector<CorpusFile> list_corpus_files(const std::vector<std::string>& paths);
 
+// Calls fn with every entry of the files, in their order, holding one chunk of a JSON Lines file
+// at a time (a JSON array, or a text file, whole).
+void for_each_corpus_entry(const std::vector<CorpusFile>& files, std::string_view text_key,
+                           FunctionRef<void(std::string&&)> fn);
+
 // All entries of the files, in their order.
 std::vector<std::string> read_corpus_entries(const std::vector<CorpusFile>& files,
                                              std::string_view text_key = "text");
@@ -38,6 +49,31 @@ inline std::vector<std::string> read_corpus_entries(const std::vector<std::strin
 
 // Whether `path` names a JSON file (see above).
 bool is_json_corpus_file(std::string_view path);
+
+// A file's bytes a chunk at a time (about 1 MiB), inflated when the file starts with gzip's
+// magic; gzip that is truncated, fails its CRC or has trailing bytes is an InputError naming the
+// file and `what` it should hold.
+class ByteReader {
+   public:
+    ByteReader(const std::string& path, std::string_view what);
+    ~ByteReader();
+    ByteReader(const ByteReader&)            = delete;
+    ByteReader& operator=(const ByteReader&) = delete;
+    // Appends the next bytes to `out`; false once there are none.
+    bool read_some(std::string& out);
+
+   private:
+    static constexpr size_t kChunk = 1 << 20;
+    void refill();
+    [[noreturn]] void gzip_error(const std::string& reason) const;
+    std::string path_, what_;
+    std::FILE* f_ = nullptr;
+    std::vector<char> in_;
+    size_t in_pos_ = 0, in_len_ = 0;
+    bool eof_ = false, gzip_ = false, done_ = false;
+    int64_t file_size_ = 0, consumed_ = 0;
+    std::unique_ptr<z_stream_s> zs_;
+};
 
 // The file's bytes, gunzipped when it starts with gzip's magic (several members concatenated
 // are read one after another). `what` names the expected content in errors.

@@ -1,18 +1,20 @@
-// Corpus preparation (see prepare.h). Holds all entries and both token streams in memory, the
-// tokens twice while the threads' parts are joined: about 5 bytes for each byte of text (194 MB
-// at the peak for 38.6 MB of JSON Lines text, 13.3 M tokens); the fortunes corpus is ~5 MB of
-// text and ~1.4 M tokens.
+// Corpus preparation (see prepare.h).
 #include "data/prepare.h"
 
 #include <fmt/format.h>
 #include <fnmatch.h>
 #include <glob.h>
+#include <signal.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -159,50 +161,188 @@ void validate(const PrepareOptions& opts) {
     }
 }
 
-// Sorts by (hash, text) so the order depends on neither file order nor hash ties.
-void sort_by_hash(std::vector<std::string>& entries, uint64_t seed) {
-    std::vector<std::pair<uint64_t, std::string>> keyed;
-    keyed.reserve(entries.size());
-    for (std::string& e : entries) keyed.emplace_back(entry_hash(e, seed), std::move(e));
-    std::sort(keyed.begin(), keyed.end());
-    for (size_t i = 0; i < keyed.size(); ++i) entries[i] = std::move(keyed[i].second);
-}
-
-// Each entry's tokens followed by eos, the document separator. Every core encodes a contiguous
-// range of entries (sentencepiece's encoder is const and thread-safe); the ranges are joined in
-// order, so the tokens do not depend on the number of threads.
-std::vector<int32_t> encode_entries(const Tokenizer& tok, const std::vector<std::string>& entries) {
-    const size_t n_threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1,
-                                                std::max<size_t>(1, entries.size() / 256));
-    std::vector<std::vector<int32_t>> parts(n_threads);
-    std::vector<std::exception_ptr> errors(n_threads);
-    auto encode_range = [&](size_t t) {
-        try {
-            const size_t lo = entries.size() * t / n_threads;
-            const size_t hi = entries.size() * (t + 1) / n_threads;
-            for (size_t i = lo; i < hi; ++i) {
-                const std::vector<int32_t> ids = tok.encode(entries[i]);
-                parts[t].insert(parts[t].end(), ids.begin(), ids.end());
-                parts[t].push_back(tok.eos_id());
-            }
-        } catch (...) {
-            errors[t] = std::current_exception();
+// The tokenizer's training sample: the first `limit` train entries in (hash, text) order, or all
+// of them (limit 0), which is the order prepare writes them in. A max-heap of the kept ones.
+class TokenizerSample {
+   public:
+    explicit TokenizerSample(int64_t limit) : limit_(static_cast<size_t>(limit)) {}
+    void offer(uint64_t hash, std::string&& text) {
+        if (limit_ == 0 || kept_.size() < limit_) {
+            kept_.emplace_back(hash, std::move(text));
+            if (limit_ != 0) std::push_heap(kept_.begin(), kept_.end());
+            return;
         }
-    };
-    std::vector<std::thread> threads;
-    for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(encode_range, t);
-    encode_range(0);
-    for (std::thread& th : threads) th.join();
-    for (const std::exception_ptr& e : errors) {
-        if (e) std::rethrow_exception(e);
+        if (!(std::pair<uint64_t, std::string_view>(hash, text) <
+              std::pair<uint64_t, std::string_view>(kept_.front().first, kept_.front().second))) {
+            return;
+        }
+        std::pop_heap(kept_.begin(), kept_.end());
+        kept_.back() = {hash, std::move(text)};
+        std::push_heap(kept_.begin(), kept_.end());
     }
-    size_t total = 0;
-    for (const auto& p : parts) total += p.size();
-    std::vector<int32_t> tokens = std::move(parts[0]);
-    tokens.reserve(total);
-    for (size_t t = 1; t < n_threads; ++t)
-        tokens.insert(tokens.end(), parts[t].begin(), parts[t].end());
-    return tokens;
+    // The texts in (hash, text) order.
+    std::vector<std::string> take_sorted() {
+        std::sort(kept_.begin(), kept_.end());
+        std::vector<std::string> out;
+        out.reserve(kept_.size());
+        for (auto& [h, t] : kept_) out.push_back(std::move(t));
+        kept_.clear();
+        return out;
+    }
+
+   private:
+    size_t limit_;
+    std::vector<std::pair<uint64_t, std::string>> kept_;
+};
+
+// One entry's place in the spill: its tokens (eos not included) at [offset, offset + n) of its
+// bucket's file.
+struct SpillRow {
+    uint64_t hash;
+    uint64_t offset;
+    uint32_t n;
+    uint32_t bucket;
+};
+
+// A split's encoded entries on disk, in buckets of consecutive hash ranges, so that the split is
+// written in hash order by reading one bucket at a time, whole and in sequence. Its files lie in
+// a folder of their own beside the output, removed when the spill is destroyed.
+class Spill {
+   public:
+    Spill(const fs::path& dir, int n_buckets) : dir_(dir), files_(static_cast<size_t>(n_buckets)) {
+        std::error_code ec;
+        fs::create_directories(dir_, ec);
+        if (ec)
+            input_error("{}: cannot create the encoding's scratch folder: {}", dir_.string(),
+                        ec.message());
+        sizes_.assign(files_.size(), 0);
+    }
+    ~Spill() {
+        for (std::FILE* f : files_) {
+            if (f != nullptr) std::fclose(f);
+        }
+        std::error_code ec;
+        fs::remove_all(dir_, ec);
+    }
+    Spill(const Spill&)            = delete;
+    Spill& operator=(const Spill&) = delete;
+
+    // Buckets are monotone in the hash, so bucket order is hash order.
+    uint32_t bucket_of(uint64_t hash) const {
+        return static_cast<uint32_t>(((hash >> 32) * files_.size()) >> 32);
+    }
+    void add(uint64_t hash, const std::vector<int32_t>& tokens) {
+        const uint32_t b = bucket_of(hash);
+        std::FILE*& f    = files_[b];
+        if (f == nullptr) {
+            f = std::fopen(path(b).c_str(), "w+b");
+            if (f == nullptr) fail(b);
+        }
+        if (!tokens.empty() &&
+            std::fwrite(tokens.data(), sizeof(int32_t), tokens.size(), f) != tokens.size()) {
+            fail(b);
+        }
+        rows_.push_back({hash, sizes_[b], static_cast<uint32_t>(tokens.size()), b});
+        sizes_[b] += tokens.size();
+        n_tokens_ += static_cast<int64_t>(tokens.size()) + 1;  // and its eos
+    }
+    std::vector<SpillRow>& rows() { return rows_; }
+    int64_t n_tokens() const { return n_tokens_; }  // eos included
+    // Bucket b's tokens, read whole.
+    std::vector<int32_t> read_bucket(uint32_t b) {
+        std::vector<int32_t> out(sizes_[b]);
+        std::FILE* f = files_[b];
+        if (f != nullptr &&
+            (std::fflush(f) != 0 || std::fseek(f, 0, SEEK_SET) != 0 ||
+             std::fread(out.data(), sizeof(int32_t), out.size(), f) != out.size())) {
+            fail(b);
+        }
+        return out;
+    }
+
+   private:
+    std::string path(uint32_t b) const { return (dir_ / fmt::format("{:04d}.tokens", b)).string(); }
+    [[noreturn]] void fail(uint32_t b) const {
+        input_error("{}: cannot write or read the encoded tokens: {}", path(b),
+                    std::strerror(errno));
+    }
+    fs::path dir_;
+    std::vector<std::FILE*> files_;
+    std::vector<uint64_t> sizes_;  // tokens in each bucket's file
+    std::vector<SpillRow> rows_;
+    int64_t n_tokens_ = 0;
+};
+
+// Encodes batches of entries on every core (sentencepiece's encoder is const and thread-safe),
+// each entry's tokens kept whole, then hands them to the spills in the entries' order, so nothing
+// depends on the number of threads.
+class BatchEncoder {
+   public:
+    BatchEncoder(const Tokenizer& tok, uint64_t seed, double val_fraction, Spill& train, Spill& val)
+        : tok_(tok), seed_(seed), val_fraction_(val_fraction), train_(train), val_(val) {}
+    void add(std::string&& text) {
+        bytes_ += text.size();
+        text_bytes_ += static_cast<int64_t>(text.size());
+        texts_.push_back(std::move(text));
+        if (bytes_ >= kBatchBytes) flush();
+    }
+    void flush() {
+        const size_t n = texts_.size();
+        if (n == 0) return;
+        std::vector<std::vector<int32_t>> ids(n);
+        const size_t n_threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1,
+                                                    std::max<size_t>(1, n / 256));
+        std::vector<std::exception_ptr> errors(n_threads);
+        auto encode_range = [&](size_t t) {
+            try {
+                for (size_t i = n * t / n_threads; i < n * (t + 1) / n_threads; ++i) {
+                    ids[i] = tok_.encode(texts_[i]);
+                }
+            } catch (...) {
+                errors[t] = std::current_exception();
+            }
+        };
+        std::vector<std::thread> threads;
+        for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(encode_range, t);
+        encode_range(0);
+        for (std::thread& th : threads) th.join();
+        for (const std::exception_ptr& e : errors) {
+            if (e) std::rethrow_exception(e);
+        }
+        for (size_t i = 0; i < n; ++i) {
+            const bool val = unit_hash(texts_[i], seed_) < val_fraction_;
+            (val ? val_ : train_).add(entry_hash(texts_[i], seed_), ids[i]);
+        }
+        texts_.clear();
+        bytes_ = 0;
+    }
+    int64_t text_bytes() const { return text_bytes_; }
+
+   private:
+    static constexpr size_t kBatchBytes = 16 << 20;
+    const Tokenizer& tok_;
+    uint64_t seed_;
+    double val_fraction_;
+    Spill &train_, &val_;
+    std::vector<std::string> texts_;
+    size_t bytes_       = 0;
+    int64_t text_bytes_ = 0;
+};
+
+constexpr std::string_view kSpillPrefix = ".prepare-";  // then the pid, "-", the split
+
+// Removes the scratch folders in `dir` of a prepare that is no longer running (killed before it
+// could remove them), so they do not pile up.
+void remove_abandoned_spills(const fs::path& dir) {
+    std::error_code ec;
+    for (const fs::directory_entry& de : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
+        const std::string name = de.path().filename().string();
+        if (!name.starts_with(kSpillPrefix) || !de.is_directory(ec)) continue;
+        const long pid = std::strtol(name.c_str() + kSpillPrefix.size(), nullptr, 10);
+        if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+            fs::remove_all(de.path(), ec);
+        }
+    }
 }
 
 bool is_pattern(const std::string& path) { return path.find('*') != std::string::npos; }
@@ -218,43 +358,70 @@ std::vector<std::string> existing_shards(const std::string& pattern) {
     return out;
 }
 
-// Writes a split's tokens (documents ending with eos) to `path`, or for a pattern to about
-// ceil(n / shard_tokens) shards of nearly equal size cut after a document, and removes the
-// pattern's other files. Returns the files written.
-std::vector<std::string> write_split(const std::string& path, const std::vector<int32_t>& tokens,
-                                     int eos, int vocab_size, int64_t shard_tokens) {
-    const auto total = static_cast<int64_t>(tokens.size());
-    if (!is_pattern(path)) {
-        if (total > std::numeric_limits<int32_t>::max()) {
-            input_error(
-                "{}: {} tokens exceed a token file's limit of {}: name the split as a shard "
-                "pattern (\"{}_*.bin\") to write it in shards",
-                path, total, std::numeric_limits<int32_t>::max(),
-                fs::path(path).replace_extension().string());
+// Writes a spilled split in hash order (corpus order among equal hashes), each entry followed by
+// eos, to `path`, or for a pattern to about ceil(n / shard_tokens) shards of nearly equal size,
+// each cut after the first document that reaches its share, and removes the pattern's other
+// files. `counts` (vocab_size long, or empty) gets each token's count. Returns the files written.
+std::vector<std::string> write_split(const std::string& path, Spill& spill, int eos, int vocab_size,
+                                     int64_t shard_tokens, std::vector<int64_t>& counts) {
+    std::vector<SpillRow>& rows = spill.rows();
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const SpillRow& a, const SpillRow& b) { return a.hash < b.hash; });
+    const int64_t total = spill.n_tokens();
+    if (!is_pattern(path) && total > std::numeric_limits<int32_t>::max()) {
+        input_error(
+            "{}: {} tokens exceed a token file's limit of {}: name the split as a shard "
+            "pattern (\"{}_*.bin\") to write it in shards",
+            path, total, std::numeric_limits<int32_t>::max(),
+            fs::path(path).replace_extension().string());
+    }
+    const int64_t n_shards =
+        is_pattern(path) ? std::max<int64_t>(1, (total + shard_tokens - 1) / shard_tokens) : 1;
+    std::vector<std::string> written;
+    std::unique_ptr<TokenFileWriter> out;
+    int64_t done = 0;                 // tokens written, eos included
+    int64_t next = total / n_shards;  // the first shard to cut (k = 1)
+    int64_t k    = 1;
+    std::vector<int32_t> bucket;
+    int64_t loaded = -1;
+    for (const SpillRow& r : rows) {
+        if (!out) {
+            written.push_back(
+                is_pattern(path)
+                    ? shard_paths(path, static_cast<int64_t>(written.size()) + 1).back()
+                    : path);
+            out = std::make_unique<TokenFileWriter>(written.back(), vocab_size);
         }
-        write_token_file(path, tokens, vocab_size);
-        return {path};
+        if (static_cast<int64_t>(r.bucket) != loaded) {
+            // in hash order the buckets come in order: each is read once, in sequence
+            BGL_CHECK(static_cast<int64_t>(r.bucket) > loaded, "{}: bucket {} after bucket {}",
+                      path, r.bucket, loaded);
+            bucket = spill.read_bucket(r.bucket);
+            loaded = r.bucket;
+        }
+        const std::span<const int32_t> doc(bucket.data() + r.offset, r.n);
+        out->append(doc);
+        out->append(std::span(&eos, 1));
+        if (!counts.empty()) {
+            for (int32_t t : doc) ++counts[static_cast<size_t>(t)];
+            ++counts[static_cast<size_t>(eos)];
+        }
+        done += static_cast<int64_t>(r.n) + 1;
+        if (k < n_shards && done >= next && done < total) {
+            out->finish();
+            out.reset();
+            while (k < n_shards && total * k / n_shards <= done) ++k;
+            next = total * k / n_shards;
+        }
     }
-    const int64_t n           = std::max<int64_t>(1, (total + shard_tokens - 1) / shard_tokens);
-    std::vector<int64_t> cuts = {0};
-    for (int64_t k = 1; k < n; ++k) {
-        int64_t c = std::max(total * k / n, cuts.back());
-        while (c < total && (c == 0 || tokens[static_cast<size_t>(c - 1)] != eos)) ++c;
-        if (c > cuts.back() && c < total) cuts.push_back(c);
+    if (out) out->finish();
+    if (is_pattern(path)) {
+        const std::set<std::string> keep(written.begin(), written.end());
+        for (const std::string& old : existing_shards(path)) {
+            if (keep.count(old) == 0) fs::remove(old);  // an earlier prepare's further shard
+        }
     }
-    cuts.push_back(total);
-    const std::vector<std::string> paths = shard_paths(path, static_cast<int64_t>(cuts.size()) - 1);
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-        write_token_file(paths[i],
-                         std::span(tokens).subspan(static_cast<size_t>(cuts[i]),
-                                                   static_cast<size_t>(cuts[i + 1] - cuts[i])),
-                         vocab_size);
-    }
-    const std::set<std::string> written(paths.begin(), paths.end());
-    for (const std::string& old : existing_shards(path)) {
-        if (written.count(old) == 0) fs::remove(old);  // an earlier prepare's further shard
-    }
-    return paths;
+    return written;
 }
 
 // What meta.json records of the corpus's files: [path, bytes, mtime_ns] each, in reading order.
@@ -277,9 +444,19 @@ double unigram_entropy(std::span<const int32_t> tokens) {
     // Sum in id order so the result does not depend on hash-map iteration order.
     std::vector<std::pair<int32_t, int64_t>> sorted(counts.begin(), counts.end());
     std::sort(sorted.begin(), sorted.end());
-    const double n = static_cast<double>(tokens.size());
+    std::vector<int64_t> dense(sorted.empty() ? 0 : static_cast<size_t>(sorted.back().first) + 1);
+    for (const auto& [id, c] : sorted) dense[static_cast<size_t>(id)] = c;
+    return unigram_entropy_of_counts(dense);
+}
+
+double unigram_entropy_of_counts(std::span<const int64_t> counts) {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    if (total == 0) return 0.0;
+    const double n = static_cast<double>(total);
     double h       = 0.0;
-    for (const auto& [id, c] : sorted) {
+    for (int64_t c : counts) {  // in id order
+        if (c == 0) continue;
         const double p = static_cast<double>(c) / n;
         h -= p * std::log(p);
     }
@@ -321,73 +498,104 @@ std::optional<double> read_val_unigram_entropy(const std::string& val_path) {
 PrepareResult prepare_corpus(const PrepareOptions& opts) {
     validate(opts);
     const std::vector<CorpusFile> files = list_corpus_files(opts.corpus);
-    std::vector<std::string> entries    = read_corpus_entries(files, opts.text_key);
-    if (entries.empty()) {
-        input_error("corpus: no text entries found in {}", fmt::join(opts.corpus, ", "));
-    }
-
-    std::vector<std::string> train, val;
-    for (std::string& e : entries) {
-        (is_val_entry(e, opts.val_fraction, opts.seed) ? val : train).push_back(std::move(e));
-    }
-    if (val.empty()) {
-        input_error(
-            "val split is empty: none of the {} entries hashed into val at val_fraction "
-            "{} (seed {}); raise val_fraction or add entries",
-            train.size(), opts.val_fraction, opts.seed);
-    }
-    if (train.empty()) {
-        input_error(
-            "train split is empty: all {} entries hashed into val at val_fraction {} "
-            "(seed {}); lower val_fraction or add entries",
-            val.size(), opts.val_fraction, opts.seed);
-    }
-    sort_by_hash(train, opts.seed);
-    sort_by_hash(val, opts.seed);
-    auto progress = [&](const std::string& what) {
+    auto progress                       = [&](const std::string& what) {
         if (opts.progress) opts.progress(what);
     };
-    size_t text_bytes = 0;
-    for (const auto* split : {&train, &val}) {
-        for (const std::string& e : *split) text_bytes += e.size();
-    }
-    progress(fmt::format("{} entries ({:.1f} MB of text) from {} file{}", train.size() + val.size(),
-                         static_cast<double>(text_bytes) / 1e6, files.size(),
-                         files.size() == 1 ? "" : "s"));
+    int64_t n_train = 0, n_val = 0, text_bytes = 0;
+    auto check_splits = [&] {
+        if (n_train + n_val == 0) {
+            input_error("corpus: no text entries found in {}", fmt::join(opts.corpus, ", "));
+        }
+        if (n_val == 0) {
+            input_error(
+                "val split is empty: none of the {} entries hashed into val at val_fraction "
+                "{} (seed {}); raise val_fraction or add entries",
+                n_train, opts.val_fraction, opts.seed);
+        }
+        if (n_train == 0) {
+            input_error(
+                "train split is empty: all {} entries hashed into val at val_fraction {} "
+                "(seed {}); lower val_fraction or add entries",
+                n_val, opts.val_fraction, opts.seed);
+        }
+        progress(fmt::format("{} entries ({:.1f} MB of text) from {} file{}", n_train + n_val,
+                             static_cast<double>(text_bytes) / 1e6, files.size(),
+                             files.size() == 1 ? "" : "s"));
+    };
 
+    // 1. the tokenizer: trained on a sample of the train entries (a first pass over the
+    // corpus), or the one given
+    std::string model_bytes;
+    if (opts.tokenizer_from.empty()) {
+        TokenizerSample sample(opts.tokenizer_entries);
+        for_each_corpus_entry(files, opts.text_key, [&](std::string&& e) {
+            text_bytes += static_cast<int64_t>(e.size());
+            if (is_val_entry(e, opts.val_fraction, opts.seed)) {
+                ++n_val;
+                return;
+            }
+            ++n_train;
+            const uint64_t h = entry_hash(e, opts.seed);
+            sample.offer(h, std::move(e));
+        });
+        check_splits();
+        std::vector<std::string> texts = sample.take_sorted();
+        progress(fmt::format("training a {}-piece BPE tokenizer on {} train entries ...",
+                             opts.vocab_size, texts.size()));
+        model_bytes = train_tokenizer_model(texts, opts.vocab_size, opts.seed);
+    } else {
+        model_bytes = read_file_bytes(opts.tokenizer_from, "--tokenizer");
+    }
+    const Tokenizer tok = Tokenizer::from_model_bytes(
+        model_bytes, opts.tokenizer_from.empty() ? opts.tokenizer_path : opts.tokenizer_from);
+
+    // 2. encode every entry into the spills, in buckets of its hash
     for (const std::string* p : {&opts.train_path, &opts.val_path, &opts.tokenizer_path}) {
         create_parent_dirs(*p);
     }
-    // the train split is in hash order, so its first entries are a uniform sample
-    const size_t n_tok = opts.tokenizer_entries > 0
-                             ? std::min(train.size(), static_cast<size_t>(opts.tokenizer_entries))
-                             : train.size();
-    progress(opts.tokenizer_from.empty()
-                 ? fmt::format("training a {}-piece BPE tokenizer on {} train entries ...",
-                               opts.vocab_size, n_tok)
-                 : fmt::format("encoding with {} ...", opts.tokenizer_from));
-    write_file_atomic(
-        opts.tokenizer_path,
-        opts.tokenizer_from.empty()
-            ? train_tokenizer_model(std::span(train).first(n_tok), opts.vocab_size, opts.seed)
-            : read_file_bytes(opts.tokenizer_from, "--tokenizer"));
-    const Tokenizer tok                        = Tokenizer::load(opts.tokenizer_path);
-    const std::vector<int32_t> train_tokens    = encode_entries(tok, train);
-    const std::vector<int32_t> val_tokens      = encode_entries(tok, val);
-    const std::vector<std::string> train_files = write_split(
-        opts.train_path, train_tokens, tok.eos_id(), tok.vocab_size(), opts.shard_tokens);
-    const std::vector<std::string> val_files =
-        write_split(opts.val_path, val_tokens, tok.eos_id(), tok.vocab_size(), opts.shard_tokens);
+    int64_t corpus_bytes = 0;
+    for (const CorpusFile& f : files) corpus_bytes += f.bytes;
+    // bucket_bytes of corpus file a train bucket (a gzipped one holds more), at most 256
+    const int n_buckets = static_cast<int>(
+        std::clamp<int64_t>(corpus_bytes / std::max<int64_t>(1, opts.bucket_bytes), 1, 256));
+    const fs::path out_dir   = fs::path(opts.train_path).parent_path();
+    const std::string prefix = fmt::format("{}{}-", kSpillPrefix, ::getpid());
+    remove_abandoned_spills(out_dir);
+    Spill train(out_dir / (prefix + "train"), n_buckets);
+    Spill val(out_dir / (prefix + "val"),
+              std::max(1, static_cast<int>(std::ceil(n_buckets * opts.val_fraction))));
+    if (!opts.tokenizer_from.empty())
+        progress(fmt::format("encoding with {} ...", opts.tokenizer_from));
+    BatchEncoder encoder(tok, opts.seed, opts.val_fraction, train, val);
+    for_each_corpus_entry(files, opts.text_key,
+                          [&](std::string&& e) { encoder.add(std::move(e)); });
+    encoder.flush();
+    if (!opts.tokenizer_from.empty()) {
+        n_train    = static_cast<int64_t>(train.rows().size());
+        n_val      = static_cast<int64_t>(val.rows().size());
+        text_bytes = encoder.text_bytes();
+        check_splits();
+    } else if (static_cast<int64_t>(train.rows().size()) != n_train ||
+               static_cast<int64_t>(val.rows().size()) != n_val) {
+        input_error("corpus: {} changed while prepare read it ({} entries, then {}); run it again",
+                    fmt::join(opts.corpus, ", "), n_train + n_val,
+                    train.rows().size() + val.rows().size());
+    }
 
+    // 3. write the splits in hash order, then the tokenizer and meta.json
+    std::vector<int64_t> no_counts, val_counts(static_cast<size_t>(tok.vocab_size()), 0);
     PrepareResult r;
-    r.n_train_entries     = static_cast<int64_t>(train.size());
-    r.n_val_entries       = static_cast<int64_t>(val.size());
-    r.n_entries           = r.n_train_entries + r.n_val_entries;
-    r.train_tokens        = static_cast<int64_t>(train_tokens.size());
-    r.val_tokens          = static_cast<int64_t>(val_tokens.size());
-    r.val_unigram_entropy = unigram_entropy(val_tokens);
-    r.train_files         = train_files;
-    r.val_files           = val_files;
+    r.n_train_entries = n_train;
+    r.n_val_entries   = n_val;
+    r.n_entries       = n_train + n_val;
+    r.train_tokens    = train.n_tokens();
+    r.val_tokens      = val.n_tokens();
+    r.train_files     = write_split(opts.train_path, train, tok.eos_id(), tok.vocab_size(),
+                                    opts.shard_tokens, no_counts);
+    r.val_files = write_split(opts.val_path, val, tok.eos_id(), tok.vocab_size(), opts.shard_tokens,
+                              val_counts);
+    r.val_unigram_entropy = unigram_entropy_of_counts(val_counts);
+    write_file_atomic(opts.tokenizer_path, model_bytes);
 
     const nlohmann::json meta = {
         {"vocab_size", tok.vocab_size()},
@@ -400,8 +608,8 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         {"tokenizer", opts.tokenizer_path},
         {"tokenizer_from", opts.tokenizer_from},
         {"train", opts.train_path},
-        {"train_files", train_files},
-        {"val_files", val_files},
+        {"train_files", r.train_files},
+        {"val_files", r.val_files},
         {"shard_tokens", opts.shard_tokens},
         {"val", opts.val_path},
         {"corpus", opts.corpus},

@@ -1,11 +1,19 @@
 // Corpus preparation: text entries -> trained tokenizer + train/val token shards + meta.json.
-// 1. read entries (corpus.h: fortune or plain text, JSON Lines, gzip); 2. split into val/train by a
-// seeded xxhash64 of each entry's text (independent of file order; duplicates land on the same
-// side), and order each split by that hash (a deterministic shuffle); 3. train the tokenizer on
-// train entries only (or take the one given: PrepareOptions::tokenizer_from); 4. encode each entry
-// followed by eos (on every core, in order), write the shards (token_file.h) and meta.json beside
-// val_path, which records the inputs (each corpus file's size and time) so that outputs_up_to_date
-// can tell when they changed. Model training is elsewhere.
+// Each entry (corpus.h: fortune or plain text, JSON Lines, gzip) goes to val or train by a seeded
+// xxhash64 of its text (independent of file order; duplicates land on the same side), and each
+// split is written in the order of that hash (a deterministic shuffle), each entry followed by
+// eos. The corpus is streamed, in bounded memory:
+// 1. unless a tokenizer is given (PrepareOptions::tokenizer_from), a first pass keeps the
+//    tokenizer's sample (the first tokenizer_entries train entries in hash order, or all) and
+//    the tokenizer is trained on it;
+// 2. a second pass encodes batches of entries on every core into scratch files beside the
+//    output ("spills"), in buckets of consecutive hash ranges, keeping 24 bytes an entry;
+// 3. each split is written a bucket at a time, in hash order (token_file.h; shards for a
+//    pattern), then the tokenizer and meta.json beside val_path, which records the inputs (each
+//    corpus file's size and time) so that outputs_up_to_date can tell when they changed.
+// Memory: the tokenizer's sample, a batch of 16 MiB of text and its tokens, one bucket's tokens
+// and 24 bytes an entry. Disk: 4 bytes a token of scratch until the end. Model training is
+// elsewhere.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,6 +40,9 @@ struct PrepareOptions {
     int vocab_size       = 8192;
     double val_fraction  = 0.01;  // in (0, 1)
     uint64_t seed        = 1337;
+    // corpus bytes (as stored) a bucket of the encoded train split holds, between 1 and 256
+    // buckets; the split is written a bucket at a time
+    int64_t bucket_bytes = int64_t{64} << 20;
     // told what prepare_corpus is about to do, once the corpus is read (for a log line)
     std::function<void(const std::string&)> progress;
 };
@@ -52,6 +63,8 @@ bool outputs_up_to_date(const PrepareOptions& opts);
 // Entropy (nats) of the empirical token distribution of `tokens`: the lowest cross-entropy a
 // model that ignores context can reach on them. 0 for an empty span.
 double unigram_entropy(std::span<const int32_t> tokens);
+// The same from each id's count (counts[id]), summed in id order: the same bits.
+double unigram_entropy_of_counts(std::span<const int64_t> counts);
 
 // val_unigram_entropy from the meta.json beside `val_path`; nullopt if there is no meta.json or
 // it describes a different val file. A meta.json that does not parse is an InputError.

@@ -4,6 +4,8 @@
 #include "data/token_file.h"
 
 #include <bit>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -40,28 +42,78 @@ void decode_tokens(std::vector<int32_t>& out, const char* in, int64_t count) {
 }  // namespace
 
 void write_token_file(const std::string& path, std::span<const int32_t> tokens, int vocab_size) {
-    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path);
     if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
         input_error("{}: {} tokens exceed the shard format's limit of {} per file", path,
                     tokens.size(), std::numeric_limits<int32_t>::max());
     }
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        BGL_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size,
-                  "{}: token {} at position {} outside [0, {})", path, tokens[i], i, vocab_size);
-    }
-    const int version                    = vocab_size <= 65536 ? 1 : 2;
-    int32_t header[kTokenFileHeaderInts] = {};
-    header[0]                            = kTokenFileMagic;
-    header[1]                            = version;
-    header[2]                            = static_cast<int32_t>(tokens.size());
+    TokenFileWriter w(path, vocab_size);
+    w.append(tokens);
+    w.finish();
+}
 
-    std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
-    if (version == 1) {
-        append_tokens<uint16_t>(bytes, tokens);
-    } else {
-        append_tokens<uint32_t>(bytes, tokens);
+TokenFileWriter::TokenFileWriter(std::string path, int vocab_size)
+    : path_(std::move(path)),
+      tmp_(path_ + ".tmp"),
+      vocab_size_(vocab_size),
+      version_(vocab_size <= 65536 ? 1 : 2) {
+    BGL_CHECK(vocab_size > 0, "vocab_size {} for {}", vocab_size, path_);
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (f_ == nullptr) fail("write");
+    const int32_t header[kTokenFileHeaderInts] = {};  // the count comes with finish
+    if (std::fwrite(header, sizeof header, 1, f_) != 1) fail("write");
+}
+
+TokenFileWriter::~TokenFileWriter() {
+    if (f_ != nullptr) {
+        std::fclose(f_);
+        std::remove(tmp_.c_str());
     }
-    write_file_atomic(path, bytes);
+}
+
+void TokenFileWriter::fail(const char* doing) const {
+    const int err = errno;
+    input_error("{}: cannot {} {}: {}", path_, doing, tmp_, std::strerror(err));
+}
+
+void TokenFileWriter::append(std::span<const int32_t> tokens) {
+    BGL_CHECK(f_ != nullptr, "{}: append after finish", path_);
+    if (count_ + static_cast<int64_t>(tokens.size()) > std::numeric_limits<int32_t>::max()) {
+        input_error("{}: more than {} tokens, the shard format's limit per file", path_,
+                    std::numeric_limits<int32_t>::max());
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        BGL_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size_,
+                  "{}: token {} at position {} outside [0, {})", path_, tokens[i],
+                  count_ + static_cast<int64_t>(i), vocab_size_);
+    }
+    buf_.clear();
+    if (version_ == 1) {
+        append_tokens<uint16_t>(buf_, tokens);
+    } else {
+        append_tokens<uint32_t>(buf_, tokens);
+    }
+    if (std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) fail("write");
+    count_ += static_cast<int64_t>(tokens.size());
+}
+
+void TokenFileWriter::finish() {
+    BGL_CHECK(f_ != nullptr, "{}: finish twice", path_);
+    const int32_t head[3] = {kTokenFileMagic, version_, static_cast<int32_t>(count_)};
+    if (std::fseek(f_, 0, SEEK_SET) != 0 || std::fwrite(head, sizeof head, 1, f_) != 1) {
+        fail("write");
+    }
+    std::FILE* f = f_;
+    f_           = nullptr;
+    if (std::fclose(f) != 0) {
+        const int err = errno;
+        std::remove(tmp_.c_str());
+        input_error("{}: cannot write {}: {}", path_, tmp_, std::strerror(err));
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        std::remove(tmp_.c_str());
+        input_error("{}: cannot rename {} into place: {}", path_, tmp_, std::strerror(err));
+    }
 }
 
 TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size) {

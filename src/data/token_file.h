@@ -5,6 +5,7 @@
 // Streaming readers and per-rank offsets live in the data loader, not here.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,28 @@ inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
 // Writes `tokens` (each in [0, vocab_size)) to `path` through `path + ".tmp"` and a rename.
 // Version 1 (uint16) when vocab_size <= 65536, else version 2 (uint32).
 void write_token_file(const std::string& path, std::span<const int32_t> tokens, int vocab_size);
+
+// write_token_file a piece at a time: tokens are appended to `path + ".tmp"` (header first,
+// its count filled in by finish), renamed over `path` by finish; a writer destroyed before
+// finish removes the .tmp file. At most 2^31 - 1 tokens.
+class TokenFileWriter {
+   public:
+    TokenFileWriter(std::string path, int vocab_size);
+    ~TokenFileWriter();
+    TokenFileWriter(const TokenFileWriter&)            = delete;
+    TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+    void append(std::span<const int32_t> tokens);
+    void finish();
+    int64_t count() const { return count_; }
+
+   private:
+    void fail(const char* doing) const;
+    std::string path_, tmp_;
+    int vocab_size_, version_;
+    std::FILE* f_  = nullptr;
+    int64_t count_ = 0;
+    std::string buf_;
+};
 
 struct TokenFile {
     std::vector<int32_t> tokens;

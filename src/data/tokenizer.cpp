@@ -54,6 +54,16 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
     return t;
 }
 
+Tokenizer Tokenizer::from_model_bytes(std::string_view bytes, const std::string& name) {
+    Tokenizer t;
+    t.path_                                  = name;
+    const sentencepiece::util::Status status = t.sp_->LoadFromSerializedProto(bytes);
+    if (!status.ok()) {
+        input_error("{}: not a valid sentencepiece model: {}", name, status.ToString());
+    }
+    return t;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     std::vector<int> ids;
     const sentencepiece::util::Status status = sp_->Encode(text, &ids);

@@ -26,6 +26,8 @@ class Tokenizer {
    public:
     // Loads a sentencepiece .model file; InputError naming the file if missing or invalid.
     static Tokenizer load(const std::string& model_path);
+    // From a serialized model (train_tokenizer_model's result); `name` stands for it in errors.
+    static Tokenizer from_model_bytes(std::string_view bytes, const std::string& name);
 
     Tokenizer(Tokenizer&&) noexcept;
     Tokenizer& operator=(Tokenizer&&) noexcept;

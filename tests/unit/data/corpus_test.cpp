@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -134,6 +135,34 @@ TEST(Corpus, GzipFilesAreInflated) {
     const Entries entries = read_corpus_entries({dir.write("c.jsonl.gz", gzip(big))});
     ASSERT_EQ(entries.size(), 20000u);
     EXPECT_EQ(entries.back(), "entry 19999");
+}
+
+// The reader streams a chunk (1 MiB) at a time: lines across chunks, a line longer than a chunk,
+// no newline at the end, an array after more than a chunk of whitespace; plain and gzipped.
+TEST(Corpus, JsonLinesAcrossChunks) {
+    TempDir dir;
+    Entries expected;
+    std::string jsonl;
+    for (int i = 0; i < 60; ++i) {
+        std::string text = "doc " + std::to_string(i) + " ";
+        text.append(static_cast<size_t>(i % 7 == 3 ? (1 << 20) + 77 : 50'000 + 131 * i),
+                    static_cast<char>('a' + i % 26));
+        expected.push_back(text);
+        jsonl += nlohmann::json{{"text", text}}.dump() + (i % 5 == 0 ? "\r\n\n" : "\n");
+    }
+    jsonl.pop_back();  // the last line without its newline
+    ASSERT_GT(jsonl.size(), 4u << 20);
+    EXPECT_EQ(read_corpus_entries({dir.write("a.jsonl", jsonl)}), expected);
+    EXPECT_EQ(read_corpus_entries({dir.write("b.jsonl.gz", gzip(jsonl))}), expected);
+    // an error's line number counts every line, blank ones included, across chunks
+    const std::string bad = dir.write("c.jsonl", jsonl + "\n{\"id\": 1}\n");
+    expect_input_error([&] { read_corpus_entries({bad}); }, {bad + ":73", "no field"});
+
+    const std::string spaced = std::string((1 << 20) + 5, ' ') + "\n[{\"text\": \"x\"}]";
+    EXPECT_EQ(read_corpus_entries({dir.write("d.json", spaced)}), (Entries{"x"}));
+    EXPECT_EQ(read_corpus_entries({dir.write("e.json.gz", gzip(spaced))}), (Entries{"x"}));
+    EXPECT_EQ(read_corpus_entries({dir.write("f.jsonl", "")}), Entries{});
+    EXPECT_EQ(read_corpus_entries({dir.write("g.jsonl.gz", gzip(""))}), Entries{});
 }
 
 TEST(Corpus, BrokenGzipIsAnErrorNamingTheFile) {

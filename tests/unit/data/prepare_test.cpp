@@ -321,6 +321,58 @@ TEST(Prepare, ShardPatternsThatCouldTakeOtherFilesAreRefused) {
     EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
 }
 
+// The encoded splits are written a bucket of hash ranges at a time: any number of buckets gives
+// the same bytes, and the scratch files are gone afterwards, also after an error.
+TEST(Prepare, BucketsDoNotChangeTheBytesAndLeaveNothingBehind) {
+    TempDir dir;
+    PrepareOptions opts = make_corpus(dir, testing::small_corpus(400));
+    opts.corpus         = {dir.path("corpus")};  // the folder holding both files
+    prepare_corpus(opts);
+    const std::string train = read_all(opts.train_path), val = read_all(opts.val_path);
+    const double entropy = *read_val_unigram_entropy(opts.val_path);
+    for (int64_t bucket_bytes : {int64_t{1}, int64_t{2000}}) {  // 256 and a few buckets
+        opts.bucket_bytes = bucket_bytes;
+        prepare_corpus(opts);
+        EXPECT_TRUE(read_all(opts.train_path) == train) << bucket_bytes;
+        EXPECT_TRUE(read_all(opts.val_path) == val) << bucket_bytes;
+        EXPECT_EQ(*read_val_unigram_entropy(opts.val_path), entropy);
+    }
+    // with a given tokenizer the corpus is read once; the same bytes again
+    PrepareOptions given = opts;
+    given.tokenizer_from = dir.path("tok_copy.model");
+    std::filesystem::copy_file(opts.tokenizer_path, given.tokenizer_from);
+    prepare_corpus(given);
+    EXPECT_TRUE(read_all(opts.train_path) == train);
+    auto leftovers = [&] {
+        std::vector<std::string> names;
+        for (const auto& e : std::filesystem::directory_iterator(dir.path("out"))) {
+            names.push_back(e.path().filename().string());
+        }
+        std::sort(names.begin(), names.end());
+        return names;
+    };
+    const std::vector<std::string> outputs = {"meta.json", "tok", "train.bin", "val.bin"};
+    EXPECT_EQ(leftovers(), outputs);
+    // a killed prepare's scratch is removed by the next one; a running one's is left alone
+    const pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    ASSERT_GT(dead, 0);
+    waitpid(dead, nullptr, 0);
+    dir.write("out/.prepare-" + std::to_string(dead) + "-train/0000.tokens", "abandoned");
+    dir.write("out/.prepare-1-train/0000.tokens", "init's, still running");
+    prepare_corpus(given);
+    std::vector<std::string> with_init = outputs;
+    with_init.insert(with_init.begin(), ".prepare-1-train");
+    EXPECT_EQ(leftovers(), with_init);
+    std::filesystem::remove_all(dir.path("out/.prepare-1-train"));
+    // an entry that fails in the second pass (a JSON file after the tokenizer's pass would have
+    // read it) ends the run with the outputs as they were and no scratch left
+    dir.write("corpus/z.jsonl", "{\"text\": \"fine\"}\n{\"body\": 1}\n");
+    expect_input_error([&] { prepare_corpus(given); }, {"z.jsonl:2"});
+    EXPECT_EQ(leftovers(), outputs);
+    EXPECT_TRUE(read_all(opts.train_path) == train);
+}
+
 TEST(Prepare, SeedChangesSplit) {
     const std::vector<std::string> entries = testing::small_corpus(200);
     int differ                             = 0;
