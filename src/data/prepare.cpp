@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fnmatch.h>
 #include <glob.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -248,16 +249,16 @@ class Spill {
     }
     std::vector<SpillRow>& rows() { return rows_; }
     int64_t n_tokens() const { return n_tokens_; }  // eos included
-    // Bucket b's tokens, read whole.
-    std::vector<int32_t> read_bucket(uint32_t b) {
-        std::vector<int32_t> out(sizes_[b]);
+    // Bucket b's tokens, read whole into `out` (its memory reused: one bucket at a time).
+    void read_bucket(uint32_t b, std::vector<int32_t>& out) {
+        out.clear();
+        out.resize(sizes_[b]);
         std::FILE* f = files_[b];
         if (f != nullptr &&
             (std::fflush(f) != 0 || std::fseek(f, 0, SEEK_SET) != 0 ||
              std::fread(out.data(), sizeof(int32_t), out.size(), f) != out.size())) {
             fail(b);
         }
-        return out;
     }
 
    private:
@@ -396,7 +397,7 @@ std::vector<std::string> write_split(const std::string& path, Spill& spill, int 
             // in hash order the buckets come in order: each is read once, in sequence
             BGL_CHECK(static_cast<int64_t>(r.bucket) > loaded, "{}: bucket {} after bucket {}",
                       path, r.bucket, loaded);
-            bucket = spill.read_bucket(r.bucket);
+            spill.read_bucket(r.bucket, bucket);
             loaded = r.bucket;
         }
         const std::span<const int32_t> doc(bucket.data() + r.offset, r.n);
@@ -570,6 +571,7 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
     for_each_corpus_entry(files, opts.text_key,
                           [&](std::string&& e) { encoder.add(std::move(e)); });
     encoder.flush();
+    ::malloc_trim(0);  // the batches' freed memory back to the system before the buckets are read
     if (!opts.tokenizer_from.empty()) {
         n_train    = static_cast<int64_t>(train.rows().size());
         n_val      = static_cast<int64_t>(val.rows().size());
