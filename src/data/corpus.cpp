@@ -174,18 +174,9 @@ bool is_json_corpus_file(std::string_view path) {
 }
 
 ByteReader::ByteReader(const std::string& path, std::string_view what) : path_(path), what_(what) {
+    f_ = open_regular_file(path, what);
     std::error_code ec;
-    const fs::file_status st = fs::status(path, ec);
-    if (st.type() == fs::file_type::not_found) {
-        input_error("{}: cannot open {}: no such file", path, what);
-    }
-    if (ec) input_error("{}: cannot open {}: {}", path, what, ec.message());
-    if (fs::is_directory(st)) input_error("{}: is a directory, expected {}", path, what);
-    // a FIFO or device would block or never end: only regular files are read
-    if (!fs::is_regular_file(st)) input_error("{}: is not a regular file, expected {}", path, what);
     file_size_ = static_cast<int64_t>(fs::file_size(path, ec));
-    f_         = std::fopen(path.c_str(), "rb");
-    if (f_ == nullptr) input_error("{}: cannot open {}: {}", path, what, std::strerror(errno));
     in_.resize(kChunk);
     refill();
     gzip_ = starts_gzip(std::string_view(in_.data() + in_pos_, in_len_ - in_pos_));
@@ -324,7 +315,7 @@ void for_each_corpus_entry(const std::vector<CorpusFile>& files, std::string_vie
                            FunctionRef<void(std::string&&)> fn) {
     for (const CorpusFile& f : files) {
         const bool json = is_json_corpus_file(f.path);
-        ByteReader r(f.path, json ? "JSON Lines" : "corpus text");
+        ByteReader r(f.path, json ? "JSON Lines file" : "corpus file");
         if (json) {
             stream_json(r, text_key, f.path, fn);
             continue;

@@ -24,7 +24,7 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 }  // namespace
 
-std::string read_file_bytes(const std::string& path, std::string_view what) {
+std::FILE* open_regular_file(const std::string& path, std::string_view what) {
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
     if (st.type() == fs::file_type::not_found) {
@@ -35,8 +35,13 @@ std::string read_file_bytes(const std::string& path, std::string_view what) {
     // A FIFO or device would block or never end: only regular files are read.
     if (!fs::is_regular_file(st))
         input_error("{}: is not a regular file, expected a {}", path, what);
-    FilePtr f(std::fopen(path.c_str(), "rb"));
-    if (!f) input_error("{}: cannot open {}: {}", path, what, std::strerror(errno));
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) input_error("{}: cannot open {}: {}", path, what, std::strerror(errno));
+    return f;
+}
+
+std::string read_file_bytes(const std::string& path, std::string_view what) {
+    FilePtr f(open_regular_file(path, what));
     std::string bytes;
     char buf[1 << 16];
     size_t n = 0;

@@ -3,10 +3,16 @@
 // a successful close, so a crash never leaves a half-written file at `path`.
 // No parsing or format knowledge lives here.
 #pragma once
+#include <cstdio>
 #include <string>
 #include <string_view>
 
 namespace bagualu::data {
+
+// Opens the regular file at `path` for reading ("rb"); InputError naming it and `what` it should
+// hold when it is missing, a directory, not a regular file (a FIFO or device would block or
+// never end) or cannot be opened. The caller closes it.
+std::FILE* open_regular_file(const std::string& path, std::string_view what);
 
 // Reads the whole regular file at `path`. `what` names the expected content in errors
 // ("token file", "fortune file").
