@@ -584,7 +584,10 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
                     train.rows().size() + val.rows().size());
     }
 
-    // 3. write the splits in hash order, then the tokenizer and meta.json
+    // 3. write the splits in hash order, then the tokenizer and meta.json; the old meta.json goes
+    // first, so that outputs a failed write leaves half new are never taken as up to date
+    std::error_code ec;
+    fs::remove(meta_path_for(opts.val_path), ec);
     std::vector<int64_t> no_counts, val_counts(static_cast<size_t>(tok.vocab_size()), 0);
     PrepareResult r;
     r.n_train_entries = n_train;

@@ -249,6 +249,17 @@ TEST(Prepare, OutputsUpToDateUntilTheInputsChange) {
     prepare_corpus(opts);
     std::filesystem::remove(opts.val_path);
     EXPECT_FALSE(outputs_up_to_date(opts));
+
+    // a write that fails once train.bin is new (val.bin cannot be renamed over a folder) leaves
+    // no meta.json, so the outputs are not taken as up to date
+    prepare_corpus(opts);
+    std::filesystem::remove(opts.val_path);
+    dir.write("out/val.bin/in_the_way", "x");
+    expect_input_error([&] { prepare_corpus(opts); }, {opts.val_path});
+    EXPECT_FALSE(std::filesystem::exists(dir.path("out/meta.json")));
+    std::filesystem::remove_all(opts.val_path);
+    dir.write("out/val.bin", "old");
+    EXPECT_FALSE(outputs_up_to_date(opts));
 }
 
 // A split named by a pattern is written as shards cut after documents, which hold the tokens
