@@ -264,28 +264,6 @@ std::string read_maybe_gzip(const std::string& path, std::string_view what) {
     return out;
 }
 
-std::vector<std::string> split_json_entries(std::string_view text, std::string_view key,
-                                            const std::string& file) {
-    std::vector<std::string> out;
-    auto sink        = [&](std::string&& e) { out.push_back(std::move(e)); };
-    const size_t bom = text.starts_with(kBom) ? kBom.size() : 0;
-    size_t first     = bom;
-    while (first < text.size() && is_space(text[first])) ++first;
-    if (first < text.size() && text[first] == '[') {
-        take_json_array(text.substr(first), key, file, sink);
-        return out;
-    }
-    size_t start    = bom;
-    int64_t line_no = 0;
-    while (start < text.size()) {
-        size_t nl = text.find('\n', start);
-        if (nl == std::string_view::npos) nl = text.size();
-        take_json_line(text.substr(start, nl - start), key, file, ++line_no, sink);
-        start = nl + 1;
-    }
-    return out;
-}
-
 std::vector<CorpusFile> list_corpus_files(const std::vector<std::string>& paths) {
     std::vector<CorpusFile> files;
     for (const std::string& path : paths) {
@@ -314,15 +292,13 @@ std::vector<CorpusFile> list_corpus_files(const std::vector<std::string>& paths)
 void for_each_corpus_entry(const std::vector<CorpusFile>& files, std::string_view text_key,
                            FunctionRef<void(std::string&&)> fn) {
     for (const CorpusFile& f : files) {
-        const bool json = is_json_corpus_file(f.path);
-        ByteReader r(f.path, json ? "JSON Lines file" : "corpus file");
-        if (json) {
+        if (is_json_corpus_file(f.path)) {
+            ByteReader r(f.path, "JSON Lines file");
             stream_json(r, text_key, f.path, fn);
             continue;
         }
-        std::string text;  // fortune or plain text: read whole (the split depends on all of it)
-        while (r.read_some(text)) {
-        }
+        // fortune or plain text: read whole (the split depends on all of it)
+        const std::string text = read_maybe_gzip(f.path, "corpus file");
         if (!is_utf8_text(text)) {
             if (!f.named) continue;  // a folder's binary files are not text
             input_error(

@@ -79,8 +79,4 @@ class ByteReader {
 // are read one after another). `what` names the expected content in errors.
 std::string read_maybe_gzip(const std::string& path, std::string_view what);
 
-// The entries of a JSON Lines text or a JSON array; `file` names it in errors.
-std::vector<std::string> split_json_entries(std::string_view text, std::string_view text_key,
-                                            const std::string& file);
-
 }  // namespace bagualu::data

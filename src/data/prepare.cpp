@@ -15,11 +15,11 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-#include <unordered_map>
 
 #include "core/error.h"
 #include "data/corpus.h"
@@ -41,10 +41,12 @@ uint64_t entry_hash(std::string_view entry, uint64_t seed) {
     return XXH64(entry.data(), entry.size(), seed);
 }
 
-// Hash in [0, 1): the top 53 bits of the xxhash64 as a double.
-double unit_hash(std::string_view entry, uint64_t seed) {
-    return static_cast<double>(entry_hash(entry, seed) >> 11) * 0x1.0p-53;
+// Whether an entry of this hash goes to val: the hash's top 53 bits as a double in [0, 1).
+bool val_hash(uint64_t hash, double val_fraction) {
+    return static_cast<double>(hash >> 11) * 0x1.0p-53 < val_fraction;
 }
+
+bool is_pattern(const std::string& path) { return path.find('*') != std::string::npos; }
 
 // Whether path is base or lies below it (both made absolute, with . and .. and symbolic links
 // resolved as far as they exist).
@@ -56,12 +58,9 @@ bool same_or_below(const fs::path& path, const fs::path& base) {
     return !rel.empty() && *rel.begin() != ".." && !rel.is_absolute();
 }
 
-// The outputs (the three files and the meta.json beside val) are written over whatever is there:
-// none may be another of them or one of the corpus inputs (or lie in a corpus folder), which
-// prepare would overwrite while, or before, reading it.
 // Whether `path` is a file a shard pattern would match (and so write over or remove).
 bool matched_by(const std::string& pattern, const std::string& path) {
-    if (pattern.find('*') == std::string::npos) return false;
+    if (!is_pattern(pattern)) return false;
     std::error_code ec;
     const fs::path pd = fs::weakly_canonical(fs::path(pattern).parent_path(), ec);
     const fs::path fd = fs::weakly_canonical(fs::path(path).parent_path(), ec);
@@ -69,6 +68,9 @@ bool matched_by(const std::string& pattern, const std::string& path) {
                                  fs::path(path).filename().c_str(), 0) == 0;
 }
 
+// The outputs (the three files and the meta.json beside val) are written over whatever is there:
+// none may be another of them, match another's shard pattern, or be one of the corpus inputs (or
+// lie in a corpus folder), which prepare would overwrite while, or before, reading it.
 void validate_outputs(const PrepareOptions& opts) {
     const std::pair<const char*, std::string> outs[] = {
         {"data.train", opts.train_path},
@@ -311,8 +313,8 @@ class BatchEncoder {
             if (e) std::rethrow_exception(e);
         }
         for (size_t i = 0; i < n; ++i) {
-            const bool val = unit_hash(texts_[i], seed_) < val_fraction_;
-            (val ? val_ : train_).add(entry_hash(texts_[i], seed_), ids[i]);
+            const uint64_t h = entry_hash(texts_[i], seed_);
+            (val_hash(h, val_fraction_) ? val_ : train_).add(h, ids[i]);
         }
         texts_.clear();
         bytes_ = 0;
@@ -345,8 +347,6 @@ void remove_abandoned_spills(const fs::path& dir) {
         }
     }
 }
-
-bool is_pattern(const std::string& path) { return path.find('*') != std::string::npos; }
 
 // Files matching the pattern now (none for a plain path).
 std::vector<std::string> existing_shards(const std::string& pattern) {
@@ -435,19 +435,15 @@ nlohmann::json corpus_files_json(const std::vector<CorpusFile>& files) {
 }  // namespace
 
 bool is_val_entry(std::string_view entry, double val_fraction, uint64_t seed) {
-    return unit_hash(entry, seed) < val_fraction;
+    return val_hash(entry_hash(entry, seed), val_fraction);
 }
 
 double unigram_entropy(std::span<const int32_t> tokens) {
-    if (tokens.empty()) return 0.0;
-    std::unordered_map<int32_t, int64_t> counts;
-    for (int32_t t : tokens) ++counts[t];
-    // Sum in id order so the result does not depend on hash-map iteration order.
-    std::vector<std::pair<int32_t, int64_t>> sorted(counts.begin(), counts.end());
-    std::sort(sorted.begin(), sorted.end());
-    std::vector<int64_t> dense(sorted.empty() ? 0 : static_cast<size_t>(sorted.back().first) + 1);
-    for (const auto& [id, c] : sorted) dense[static_cast<size_t>(id)] = c;
-    return unigram_entropy_of_counts(dense);
+    std::map<int32_t, int64_t> by_id;
+    for (int32_t t : tokens) ++by_id[t];
+    std::vector<int64_t> counts;  // in id order, as unigram_entropy_of_counts sums them
+    for (const auto& [id, c] : by_id) counts.push_back(c);
+    return unigram_entropy_of_counts(counts);
 }
 
 double unigram_entropy_of_counts(std::span<const int64_t> counts) {
@@ -531,12 +527,12 @@ PrepareResult prepare_corpus(const PrepareOptions& opts) {
         TokenizerSample sample(opts.tokenizer_entries);
         for_each_corpus_entry(files, opts.text_key, [&](std::string&& e) {
             text_bytes += static_cast<int64_t>(e.size());
-            if (is_val_entry(e, opts.val_fraction, opts.seed)) {
+            const uint64_t h = entry_hash(e, opts.seed);
+            if (val_hash(h, opts.val_fraction)) {
                 ++n_val;
                 return;
             }
             ++n_train;
-            const uint64_t h = entry_hash(e, opts.seed);
             sample.offer(h, std::move(e));
         });
         check_splits();

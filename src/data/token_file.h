@@ -31,7 +31,6 @@ class TokenFileWriter {
     TokenFileWriter& operator=(const TokenFileWriter&) = delete;
     void append(std::span<const int32_t> tokens);
     void finish();
-    int64_t count() const { return count_; }
 
    private:
     void fail(const char* doing) const;

@@ -45,13 +45,7 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
     if (!std::filesystem::is_regular_file(model_path)) {
         input_error("{}: no such tokenizer model file", model_path);
     }
-    Tokenizer t;
-    t.path_                                  = model_path;
-    const sentencepiece::util::Status status = t.sp_->Load(model_path);
-    if (!status.ok()) {
-        input_error("{}: not a valid sentencepiece model: {}", model_path, status.ToString());
-    }
-    return t;
+    return from_model_bytes(read_file_bytes(model_path, "tokenizer model"), model_path);
 }
 
 Tokenizer Tokenizer::from_model_bytes(std::string_view bytes, const std::string& name) {
