@@ -99,7 +99,7 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
     }
     window_ints_ = static_cast<size_t>(split_.max_rows()) * static_cast<size_t>(L_.seq_len + 1);
     if (reader_) {
-        sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed);
+        sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed, shuffle_kind());
         for (auto& b : buf_) b.resize(window_ints_ * static_cast<size_t>(group_info_.size));
         fetch_fn_ = [this] { fetch(); };
     }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ struct LoaderLayout {
     int seq_len     = 1;  // T
     uint64_t seed   = 0;
     int64_t batch   = 0;  // sequences a step over all ranks (0: micro_batch x ranks)
+    // The order's kind; unset: shuffle_kind_for(windows) (sampler.h). Set by tests only.
+    std::optional<ShuffleKind> shuffle;
 };
 
 class DataLoader {
@@ -75,6 +78,7 @@ class DataLoader {
     void set_cursor(const SamplerCursor& c);
 
     int64_t num_windows() const { return n_windows_; }
+    ShuffleKind shuffle_kind() const { return L_.shuffle.value_or(shuffle_kind_for(n_windows_)); }
     int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
     bool reads() const { return reader_; }            // whether this rank opens the files
     // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader

@@ -1,21 +1,68 @@
 #include "data/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
 
 namespace bagualu::data {
 
-SequenceSampler::SequenceSampler(int64_t n_windows, uint64_t seed)
-    : seed_(seed), n_windows_(n_windows) {
+const char* shuffle_kind_name(ShuffleKind k) { return k == ShuffleKind::exact ? "exact" : "keyed"; }
+
+namespace {
+// The finaliser of MurmurHash3: every input bit moves every output bit (avalanche).
+uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 33)) * 0xFF51AFD7ED558CCDull;
+    z = (z ^ (z >> 33)) * 0xC4CEB9FE1A85EC53ull;
+    return z ^ (z >> 33);
+}
+}  // namespace
+
+WindowPermutation::WindowPermutation(uint64_t n, uint64_t key) : n_(n) {
+    BGL_CHECK(n > 0 && n <= (uint64_t{1} << 62), "a permutation of {} values", n);
+    const int bits = std::max(2, static_cast<int>(std::bit_width(n - 1)));
+    half_bits_     = (bits + 1) / 2;
+    mask_          = (uint64_t{1} << half_bits_) - 1;
+    uint64_t x     = key;
+    for (uint64_t& k : keys_) k = splitmix64(x);
+}
+
+uint64_t WindowPermutation::feistel(uint64_t x) const {
+    uint64_t l = x >> half_bits_, r = x & mask_;
+    for (const uint64_t k : keys_) {
+        const uint64_t f = mix64(r ^ k) & mask_;
+        l                = std::exchange(r, l ^ f);
+    }
+    return (l << half_bits_) | r;
+}
+
+uint64_t WindowPermutation::operator()(uint64_t i) const {
+    BGL_CHECK(i < n_, "index {} of a permutation of {}", i, n_);
+    // feistel permutes [0, 4^h) and i < n <= 4^h: walking the cycle of i until it falls in
+    // [0, n) gives a bijection of [0, n)
+    do {
+        i = feistel(i);
+    } while (i >= n_);
+    return i;
+}
+
+SequenceSampler::SequenceSampler(int64_t n_windows, uint64_t seed, ShuffleKind kind)
+    : seed_(seed), n_windows_(n_windows), kind_(kind) {
     BGL_CHECK(n_windows_ > 0, "a sampler over {} windows", n_windows_);
-    order_.resize(static_cast<size_t>(n_windows_));
+    if (kind_ == ShuffleKind::exact) order_.resize(static_cast<size_t>(n_windows_));
     shuffle_epoch();
 }
 
 void SequenceSampler::shuffle_epoch() {
+    if (kind_ == ShuffleKind::keyed) {
+        uint64_t x =
+            seed_ ^ (0x5EED0000ull + static_cast<uint64_t>(cursor_.epoch)) * 0xD1B54A32D192ED03ull;
+        perm_ = WindowPermutation(static_cast<uint64_t>(n_windows_), splitmix64(x));
+        return;
+    }
     std::iota(order_.begin(), order_.end(), int64_t{0});
     Rng rng(seed_, 0x5EED0000ull + static_cast<uint64_t>(cursor_.epoch));
     for (int64_t i = n_windows_ - 1; i > 0; --i) {
@@ -42,7 +89,9 @@ void SequenceSampler::start_next_epoch_if_done() {
 
 int64_t SequenceSampler::next() {
     start_next_epoch_if_done();
-    return order_[static_cast<size_t>(cursor_.position++)];
+    const int64_t p = cursor_.position++;
+    if (kind_ == ShuffleKind::keyed) return static_cast<int64_t>(perm_(static_cast<uint64_t>(p)));
+    return order_[static_cast<size_t>(p)];
 }
 
 void SequenceSampler::skip(int64_t n) {

@@ -97,6 +97,7 @@ TrainerState parse_trainer_state(const nlohmann::json& state, const std::string&
     const nlohmann::json& sampler = field(state, "sampler", "");
     out.epoch                     = count(sampler, "epoch", "sampler.");
     out.position                  = count(sampler, "position", "sampler.");
+    if (sampler.contains("windows")) out.windows = count(sampler, "windows", "sampler.");
     if (state.is_object() && state.contains("loss_scale")) {
         const nlohmann::json& ls = state["loss_scale"];
         const nlohmann::json& sc = field(ls, "scale", "loss_scale.");

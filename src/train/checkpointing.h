@@ -32,6 +32,7 @@ namespace bagualu::train {
 // What the trainer records in a manifest's state, typed.
 struct TrainerState {
     int64_t epoch = 0, position = 0;  // the sampler cursor
+    int64_t windows       = 0;        // data.train's windows when it was written; 0: not recorded
     bool has_loss_scale   = false;    // absent in checkpoints of FP32 runs' first format
     double loss_scale     = 1;
     int64_t clean_steps   = 0;

@@ -417,9 +417,10 @@ void Trainer::log_setup() const {
             m.route_groups, par_->ep_node_count(), m.route_nodes, m.route_nodes);
     }
     log::info(
-        "data: {} train tokens ({} windows of {}), {} val tokens; batch {} x {} "
+        "data: {} train tokens ({} windows of {}, {} order), {} val tokens; batch {} x {} "
         "tokens = {} micro-batch(es) of {}{} per rank",
-        loader_->num_tokens(), loader_->num_windows(), T_ + 1, ds_.val.num_tokens(),
+        loader_->num_tokens(), loader_->num_windows(), T_ + 1,
+        data::shuffle_kind_name(loader_->shuffle_kind()), ds_.val.num_tokens(),
         cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ", MB_);
     constexpr double kMiB = 1 << 20;
     log::info(
@@ -465,7 +466,18 @@ void Trainer::resume() {
         for (const KeyDifference& d : rp->changed)
             log::info("resume: {} = {} from here on, {} in {}", d.key, d.a, d.b, rp->dir);
     }
-    loader_->set_cursor({ts.epoch, ts.position});
+    if (ts.windows > 0 && ts.windows != loader_->num_windows()) {
+        // another order over other windows: a position in the old one means nothing in it
+        if (writer_) {
+            log::info(
+                "resume: data.train holds {} windows, the run of {} read {}: its order starts "
+                "over them at epoch {}",
+                loader_->num_windows(), rp->dir, ts.windows, ts.epoch + 1);
+        }
+        loader_->set_cursor({ts.epoch + 1, 0});
+    } else {
+        loader_->set_cursor({ts.epoch, ts.position});
+    }
     if (ts.has_loss_scale) {  // absent in checkpoints of FP32 runs' first format
         // a checkpoint of a run without loss scaling holds scale 1: an fp16 run resumed from it
         // starts from its configured scale
@@ -643,7 +655,11 @@ void Trainer::save_checkpoint(int64_t step) {
     // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
     // index), so the RNG state is the seed and the count of micro-steps taken.
     nlohmann::json state = {
-        {"sampler", {{"epoch", c.epoch}, {"position", c.position}}},
+        {"sampler",
+         {{"epoch", c.epoch},
+          {"position", c.position},
+          {"windows", loader_->num_windows()},
+          {"order", data::shuffle_kind_name(loader_->shuffle_kind())}}},
         {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
         {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
         {"steps_skipped", optimizer_->steps_skipped()}};

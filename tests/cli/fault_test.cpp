@@ -324,6 +324,35 @@ TEST_F(CheckpointFaultTest, MistypedStateIsOneLine) {
     }
 }
 
+// The checkpoint records how many windows data.train held. Resumed on other data (here the
+// same shard twice), the old epoch's position means nothing in the new order: the run says so
+// and starts the next epoch. A manifest without the count (an older one) resumes at its cursor.
+TEST_F(CheckpointFaultTest, ResumeOnDataOfAnotherSizeStartsTheNextEpoch) {
+    const nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt + "/manifest.json"));
+    const nlohmann::json& sampler = manifest["state"]["sampler"];
+    ASSERT_TRUE(sampler.contains("windows")) << sampler.dump();
+    const int64_t windows = sampler["windows"].get<int64_t>();
+    EXPECT_GT(windows, 0);
+    EXPECT_EQ(sampler["order"], "exact");
+    fs::create_directories(dir / "twice");
+    fs::copy_file(dir / "train.bin", dir / "twice/a.bin");
+    fs::copy_file(dir / "train.bin", dir / "twice/b.bin");
+    CommandResult r =
+        run(train("--resume --set train.steps=3 --set data.train=" + (dir / "twice")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("resume: data.train holds {} windows, the run of {} read "
+                                        "{}: its order starts over them at epoch 1",
+                                        2 * windows, ckpt, windows)),
+              std::string::npos)
+        << r.output;
+    fs::remove_all(dir / "run/checkpoints/step_00000003");  // resume from step 2 again
+    edit_manifest([](nlohmann::json& j) { j["state"]["sampler"].erase("windows"); });
+    r = run(train("--resume --set train.steps=3 --set data.train=" + (dir / "twice")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("(step 2)"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("its order starts over"), std::string::npos) << r.output;
+}
+
 // Tensors of the same shapes can belong to another model (top_k, the head count, the gate):
 // resuming compares the checkpoint's config, and keeps the run as it was.
 TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {

@@ -65,7 +65,8 @@ TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
     // micro-steps, the others MB in two (config/batch_split.h), slices padded in the scatter.
     for (const int B : {MB * P, MB * P + 1}) {
         for (int N = 1; N <= P; ++N) {
-            data::DataLoader all(data::LoaderLayout{w.rank(), P, 0, MB, T, 5, B}, open(), nullptr);
+            data::DataLoader all(data::LoaderLayout{w.rank(), P, 0, MB, T, 5, B, {}}, open(),
+                                 nullptr);
             const data::ReaderGroup g = data::reader_group(w.rank(), P, N);
             const bool reader         = g.first == w.rank();
             // The loader as the trainer makes it; non-readers get a path that does not exist, so

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -160,6 +161,98 @@ TEST(ReaderGroups, ReadersBeyondRanksAreRejected) {
     expect_input_error([&] { validate_layout(c, 2); }, {"data.readers = 3", "ranks 2"});
 }
 
+// The keyed order (sampler.h): a bijection of [0, n) for every n, small ones included (where
+// the cycle walk does most of the work), with no table.
+TEST(WindowPermutation, IsABijectionOfEverySize) {
+    for (const uint64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 100, 1000, 4096, 4097, 65537}) {
+        for (const uint64_t key : {0ull, 1ull, 0xDEADBEEFull}) {
+            const WindowPermutation p(n, key);
+            std::vector<char> seen(n, 0);
+            for (uint64_t i = 0; i < n; ++i) {
+                const uint64_t j = p(i);
+                ASSERT_LT(j, n) << n << " " << key;
+                ASSERT_FALSE(seen[j]) << n << " " << key << ": " << j << " twice";
+                seen[j] = 1;
+            }
+        }
+    }
+}
+
+// Every position equally likely to take every window: n = 8 (a cycle walk over 16 values) under
+// 4,000 keys, so each of the 64 (position, window) pairs is expected 500 times with a standard
+// deviation of sqrt(4000 (1/8)(7/8)) = 20.9; the bounds are 7 of them. A network of too few
+// rounds, or a round function of the half alone, fails it. On 100,003 windows the rank
+// correlation of position and window is within 5 standard deviations (1/sqrt(n)) of 0, and two
+// keys agree, or map neighbours to neighbours, about as rarely as random orders (expected 1 and
+// 2 times: at most 12).
+TEST(WindowPermutation, OrdersLookUniform) {
+    constexpr int n = 8, keys = 4000;
+    std::vector<int> count(n * n, 0);
+    for (int k = 0; k < keys; ++k) {
+        const WindowPermutation p(n, static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull);
+        for (int i = 0; i < n; ++i)
+            ++count[static_cast<size_t>(i * n + static_cast<int>(p(static_cast<uint64_t>(i))))];
+    }
+    for (int c = 0; c < n * n; ++c) {
+        EXPECT_GE(count[static_cast<size_t>(c)], 354)
+            << "position " << c / n << " window " << c % n;
+        EXPECT_LE(count[static_cast<size_t>(c)], 646)
+            << "position " << c / n << " window " << c % n;
+    }
+    constexpr uint64_t N = 100003;
+    const WindowPermutation a(N, 11), b(N, 12);
+    double sxy = 0, mean = (N - 1) / 2.0, var = 0;
+    int agree = 0, neighbours = 0;
+    for (uint64_t i = 0; i < N; ++i) {
+        sxy += (static_cast<double>(i) - mean) * (static_cast<double>(a(i)) - mean);
+        var += (static_cast<double>(i) - mean) * (static_cast<double>(i) - mean);
+        agree += a(i) == b(i);
+        if (i + 1 < N) neighbours += a(i + 1) == a(i) + 1 || a(i) == a(i + 1) + 1;
+    }
+    EXPECT_LT(std::abs(sxy / var), 5 / std::sqrt(static_cast<double>(N)));
+    EXPECT_LE(agree, 12);
+    EXPECT_LE(neighbours, 12);
+}
+
+// The kind follows the size alone; a keyed sampler over 2^40 windows starts at once (no table of
+// 8 TiB) and its epochs differ; skip and set_cursor land where next() would.
+TEST(SequenceSampler, KeyedOrdersNeedNoTable) {
+    EXPECT_EQ(shuffle_kind_for(kExactShuffleWindows), ShuffleKind::exact);
+    EXPECT_EQ(shuffle_kind_for(kExactShuffleWindows + 1), ShuffleKind::keyed);
+    const int64_t big = int64_t{1} << 40;
+    SequenceSampler s(big, 5);
+    EXPECT_EQ(s.kind(), ShuffleKind::keyed);
+    std::set<int64_t> ids;
+    for (int i = 0; i < 10000; ++i) {
+        const int64_t id = s.next();
+        ASSERT_TRUE(id >= 0 && id < big);
+        ids.insert(id);
+    }
+    EXPECT_EQ(ids.size(), 10000u);
+
+    constexpr int64_t n = 1000;
+    for (const ShuffleKind kind : {ShuffleKind::exact, ShuffleKind::keyed}) {
+        SequenceSampler a(n, 9, kind), b(n, 9, kind), c(n, 9, kind);
+        std::vector<int64_t> e0, e1;
+        for (int64_t i = 0; i < n; ++i) e0.push_back(a.next());
+        for (int64_t i = 0; i < n; ++i) e1.push_back(a.next());
+        EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), static_cast<size_t>(n));
+        EXPECT_EQ(std::set<int64_t>(e1.begin(), e1.end()).size(), static_cast<size_t>(n));
+        EXPECT_NE(e0, e1) << shuffle_kind_name(kind);
+        b.skip(n + 17);
+        EXPECT_EQ(b.next(), e1[17]);
+        c.set_cursor({1, 500});
+        EXPECT_EQ(c.next(), e1[500]);
+        c.set_cursor({0, 3});
+        EXPECT_EQ(c.next(), e0[3]);
+    }
+    // the two kinds draw different orders
+    SequenceSampler x(n, 9, ShuffleKind::exact), y(n, 9, ShuffleKind::keyed);
+    int same = 0;
+    for (int64_t i = 0; i < n; ++i) same += x.next() == y.next();
+    EXPECT_LE(same, 12);
+}
+
 TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
     TempDir dir;
     const std::string root  = write_shards(dir);
@@ -168,40 +261,44 @@ TEST(DataLoader, RanksSliceTheGlobalOrderAndCoverEachEpoch) {
     constexpr int MB        = 3;
     constexpr uint64_t seed = 7;
     std::vector<int32_t> w(kT + 1);
-    for (int P = 1; P <= 8; ++P) {
-        std::vector<std::unique_ptr<DataLoader>> ranks;
-        for (int r = 0; r < P; ++r) {
-            ranks.push_back(std::make_unique<DataLoader>(
-                LoaderLayout{r, P, 0, MB, kT, seed},
-                TokenShards::open(root, "data.train", kVocab, kT), nullptr));
-        }
-        SequenceSampler order(n, seed);  // the one-rank order
-        std::vector<int32_t> in(static_cast<size_t>(MB) * kT), tg(in.size());
-        std::vector<int64_t> taken;                    // window ids in global order
-        const int64_t steps = (2 * n) / (MB * P) + 2;  // past two epoch boundaries
-        for (int64_t k = 0; k < steps; ++k) {
+    for (const ShuffleKind kind : {ShuffleKind::exact, ShuffleKind::keyed})
+        for (int P = 1; P <= 8; ++P) {
+            std::vector<std::unique_ptr<DataLoader>> ranks;
             for (int r = 0; r < P; ++r) {
-                ranks[static_cast<size_t>(r)]->next(in.data(), tg.data());
-                for (int b = 0; b < MB; ++b) {
-                    const int64_t id = order.next();
-                    taken.push_back(id);
-                    ref.read_window(id, w.data());
-                    for (int i = 0; i < kT; ++i) {
-                        ASSERT_EQ(in[static_cast<size_t>(b * kT + i)], w[i]) << P << " " << k;
-                        ASSERT_EQ(tg[static_cast<size_t>(b * kT + i)], w[i + 1]) << P << " " << k;
+                ranks.push_back(std::make_unique<DataLoader>(
+                    LoaderLayout{r, P, 0, MB, kT, seed, 0, kind},
+                    TokenShards::open(root, "data.train", kVocab, kT), nullptr));
+                ASSERT_EQ(ranks.back()->shuffle_kind(), kind);
+            }
+            SequenceSampler order(n, seed, kind);  // the one-rank order
+            std::vector<int32_t> in(static_cast<size_t>(MB) * kT), tg(in.size());
+            std::vector<int64_t> taken;                    // window ids in global order
+            const int64_t steps = (2 * n) / (MB * P) + 2;  // past two epoch boundaries
+            for (int64_t k = 0; k < steps; ++k) {
+                for (int r = 0; r < P; ++r) {
+                    ranks[static_cast<size_t>(r)]->next(in.data(), tg.data());
+                    for (int b = 0; b < MB; ++b) {
+                        const int64_t id = order.next();
+                        taken.push_back(id);
+                        ref.read_window(id, w.data());
+                        for (int i = 0; i < kT; ++i) {
+                            ASSERT_EQ(in[static_cast<size_t>(b * kT + i)], w[i]) << P << " " << k;
+                            ASSERT_EQ(tg[static_cast<size_t>(b * kT + i)], w[i + 1])
+                                << P << " " << k;
+                        }
                     }
                 }
+                const SamplerCursor c = advance_cursor({}, n, (k + 1) * MB * P);
+                for (const auto& l : ranks) EXPECT_EQ(l->cursor(), c);
             }
-            const SamplerCursor c = advance_cursor({}, n, (k + 1) * MB * P);
-            for (const auto& l : ranks) EXPECT_EQ(l->cursor(), c);
+            // Each epoch of the global order is a permutation of all windows: within an epoch no
+            // two ranks (or micro-steps) share a window.
+            for (int e = 0; e < 2; ++e) {
+                const std::set<int64_t> ids(taken.begin() + e * n, taken.begin() + (e + 1) * n);
+                EXPECT_EQ(static_cast<int64_t>(ids.size()), n)
+                    << P << " ranks, epoch " << e << ", " << shuffle_kind_name(kind);
+            }
         }
-        // Each epoch of the global order is a permutation of all windows: within an epoch no two
-        // ranks (or micro-steps) share a window.
-        for (int e = 0; e < 2; ++e) {
-            const std::set<int64_t> ids(taken.begin() + e * n, taken.begin() + (e + 1) * n);
-            EXPECT_EQ(static_cast<int64_t>(ids.size()), n) << P << " ranks, epoch " << e;
-        }
-    }
 }
 
 // A batch that the ranks do not divide (config/batch_split.h): rank r's micro-step k is rows(r, k)
@@ -222,7 +319,7 @@ TEST(DataLoader, UnevenSplitsSliceTheGlobalOrder) {
                 std::vector<std::unique_ptr<DataLoader>> ranks;
                 for (int r = 0; r < P; ++r) {
                     ranks.push_back(std::make_unique<DataLoader>(
-                        LoaderLayout{r, P, 0, cap, kT, seed, B},
+                        LoaderLayout{r, P, 0, cap, kT, seed, B, {}},
                         TokenShards::open(root, "data.train", kVocab, kT), nullptr));
                     ASSERT_EQ(ranks.back()->max_rows(), split.max_rows());
                 }
@@ -257,7 +354,7 @@ TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
     const std::string root = write_shards(dir);
     constexpr int P = 3, MB = 2;
     const auto make = [&](int r) {
-        return std::make_unique<DataLoader>(LoaderLayout{r, P, 0, MB, kT, 11},
+        return std::make_unique<DataLoader>(LoaderLayout{r, P, 0, MB, kT, 11, 0, {}},
                                             TokenShards::open(root, "data.train", kVocab, kT),
                                             nullptr);
     };
@@ -291,8 +388,8 @@ TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
 TEST(DataLoader, CursorBeyondTheDataIsAnInputError) {
     TempDir dir;
     const std::string root = write_shards(dir);
-    DataLoader l(LoaderLayout{0, 1, 0, 2, kT, 1}, TokenShards::open(root, "data.train", kVocab, kT),
-                 nullptr);
+    DataLoader l(LoaderLayout{0, 1, 0, 2, kT, 1, 0, {}},
+                 TokenShards::open(root, "data.train", kVocab, kT), nullptr);
     expect_input_error([&] { l.set_cursor(SamplerCursor{0, 29}); }, {"position 29", "28 windows"});
 }
 
