@@ -127,18 +127,24 @@ int64_t pread_full(int fd, const std::string& path, char* out, int64_t n, int64_
     return got;
 }
 
-// The header and every token id of an open shard, read in chunks.
-TokenFileLayout validate_shard(int fd, const std::string& path, int64_t bytes, int vocab_size) {
+// The header of an open shard, checked against its size.
+TokenFileLayout read_shard_header(int fd, const std::string& path, int64_t bytes) {
     char header[kTokenFileHeaderBytes] = {};
     const int64_t got = pread_full(fd, path, header, std::min(bytes, kTokenFileHeaderBytes), 0);
     const TokenFileLayout layout = check_token_header(path, header, std::max(got, bytes));
     if (got < std::min(bytes, kTokenFileHeaderBytes)) {
         input_error("{}: shrank to {} bytes while being read", path, got);
     }
+    return layout;
+}
+
+// The ids of the first `tokens` tokens of an open shard, read in chunks.
+void check_shard_ids(int fd, const std::string& path, const TokenFileLayout& layout, int64_t tokens,
+                     int vocab_size) {
     constexpr int64_t kChunkTokens = int64_t{1} << 18;
     std::vector<char> chunk(static_cast<size_t>(kChunkTokens * layout.width));
-    for (int64_t first = 0; first < layout.count; first += kChunkTokens) {
-        const int64_t n    = std::min(kChunkTokens, layout.count - first);
+    for (int64_t first = 0; first < tokens; first += kChunkTokens) {
+        const int64_t n    = std::min(kChunkTokens, tokens - first);
         const int64_t want = n * layout.width;
         if (pread_full(fd, path, chunk.data(), want,
                        kTokenFileHeaderBytes + first * layout.width) != want) {
@@ -148,7 +154,6 @@ TokenFileLayout validate_shard(int fd, const std::string& path, int64_t bytes, i
         part.count           = n;
         check_token_ids(path, chunk.data(), part, vocab_size, first);
     }
-    return layout;
 }
 
 }  // namespace
@@ -164,11 +169,16 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
         s.path         = path;
         int64_t bytes  = 0;
         s.fd           = open_shard(path, &bytes);
-        s.layout       = validate_shard(s.fd, path, bytes, vocab_size);
+        s.layout       = read_shard_header(s.fd, path, bytes);
         s.first_window = out.n_windows_;
         s.windows      = s.layout.count > 0 ? (s.layout.count - 1) / seq_len : 0;
         out.n_windows_ += s.windows;
         out.n_tokens_ += s.layout.count;
+    }
+    const bool whole = out.n_tokens_ <= kScanAllTokens;
+    for (Shard& s : out.shards_) {
+        s.checked = whole ? s.layout.count : std::min(s.layout.count, kScanHeadTokens);
+        check_shard_ids(s.fd, s.path, s.layout, s.checked, vocab_size);
     }
     if (out.n_windows_ == 0) {
         if (out.shards_.size() == 1) {
@@ -229,10 +239,16 @@ void TokenShards::read_window(int64_t w, int32_t* out) const {
         }
     }
     if (at >= 0) [[unlikely]] {
+        if (first + at < s.checked) {
+            input_error(
+                "{}: token {} at position {} is >= vocab_size {}: the token file changed after "
+                "it was checked at start-up",
+                s.path, bad, first + at, vocab_size_);
+        }
         input_error(
-            "{}: token {} at position {} is >= vocab_size {}: the token file changed after it "
-            "was checked at start-up",
-            s.path, bad, first + at, vocab_size_);
+            "{}: token {} at position {} is >= vocab_size {} (in a split of more than {} tokens, "
+            "a token is checked as training reads it)",
+            s.path, bad, first + at, vocab_size_, kScanAllTokens);
     }
 }
 

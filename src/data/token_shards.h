@@ -2,7 +2,11 @@
 // each kept open read-only. The split is named by one .bin file, a glob pattern
 // ("data/x/train_*.bin") or a directory (every *.bin in it); files are taken in sorted order.
 // Opening refuses anything but regular files (a FIFO would block) and validates each file like
-// read_token_file (header, size, every token id < vocab_size), reading it in chunks.
+// read_token_file (header, size, every token id < vocab_size), reading it in chunks. A split of
+// more than kScanAllTokens tokens is not read whole at start-up (2^28 tokens are 0.5-1 GiB, and
+// every reading rank would read it at every start): its headers and sizes are checked, and the
+// first kScanHeadTokens ids of each file (a file written for another vocabulary shows it at
+// once); every other id is checked as its window is read, below.
 // A file may change while a run reads it (overwritten in place, truncated): every window is
 // read with pread, never through a mapping (a truncated mapping raises SIGBUS, which no caller
 // could turn into an error message), and its token ids are checked again as it is read, so a
@@ -20,6 +24,9 @@
 #include "data/token_file.h"
 
 namespace bagualu::data {
+
+inline constexpr int64_t kScanAllTokens  = int64_t{1} << 28;
+inline constexpr int64_t kScanHeadTokens = int64_t{1} << 20;
 
 class TokenShards {
    public:
@@ -55,6 +62,7 @@ class TokenShards {
         TokenFileLayout layout;
         int64_t first_window = 0;  // id of its first window
         int64_t windows      = 0;
+        int64_t checked      = 0;  // tokens whose ids open() checked (from the first)
     };
     void release();
 

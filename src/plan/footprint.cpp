@@ -66,9 +66,9 @@ double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capac
     return static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
 }
 
-// Tokens of a split's shards (a file, glob or directory) from their headers; a file that is
-// absent or not a shard counts 0.
-uint64_t shard_tokens(const std::string& spec) {
+// Windows of T + 1 tokens in a split's shards (a file, glob or directory, token_shards.h) from
+// their headers; a file that is absent or not a shard counts 0.
+uint64_t shard_windows(const std::string& spec, int T) {
     std::vector<std::string> paths;
     try {
         paths = data::resolve_shard_paths(spec, "data");
@@ -84,7 +84,8 @@ uint64_t shard_tokens(const std::string& spec) {
         int32_t h[3] = {0, 0, 0};
         if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic)
             continue;
-        n += static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
+        const auto tokens = static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
+        if (tokens > 0) n += (tokens - 1) / static_cast<uint64_t>(T);
     }
     return n;
 }
@@ -170,7 +171,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     return b;
 }
 
-Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_tokens,
+Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t train_windows,
                     double baseline_bytes) {
     validate_layout(cfg, L.ranks);
     const ModelConfig& m = cfg.model;
@@ -317,16 +318,20 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t data_token
                          static_cast<double>(dist::paro::state_piece_floats(
                              lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
     }
-    // Data (data/loader.cpp, data/dataset.cpp): the train shards are memory-mapped and val is
-    // read (counted as resident, 4 bytes a token: an upper bound); the loader of a reader holds
-    // two batches of its group's windows (B·(T+1) tokens per rank of the group, G ranks) and,
-    // when it scatters, its own received one; the trainer copies one micro-batch of inputs and
-    // targets
+    // Data (data/loader.cpp, data/dataset.cpp): the train and val shards are read a window at
+    // a time (pread), nothing of them resident; a reader's data order holds a table of 8 bytes a
+    // window up to kExactShuffleWindows windows and none beyond (data/sampler.h); the loader of a
+    // reader holds two batches of its group's windows (B·(T+1) tokens per rank of the group, G
+    // ranks) and, when it scatters, its own received one; the trainer copies one micro-batch of
+    // inputs and targets
     {
         const double W = MB * (T + 1) * 4;
         const double G = cfg.data.readers > 0 ? std::ceil(P / cfg.data.readers) : 1;
-        mem.data =
-            static_cast<double>(data_tokens) * 4 + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
+        const double table =
+            data::shuffle_kind_for(static_cast<int64_t>(train_windows)) == data::ShuffleKind::exact
+                ? 8.0 * static_cast<double>(train_windows)
+                : 0.0;
+        mem.data = table + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
     }
 
     // ---- collectives per step ----
@@ -695,8 +700,8 @@ dist::CommTally per_kind(const std::vector<Collective>& cs) {
     return t;
 }
 
-uint64_t data_tokens(const TrainConfig& cfg) {
-    return shard_tokens(cfg.data.train) + shard_tokens(cfg.data.val);
+uint64_t train_windows(const TrainConfig& cfg) {
+    return shard_windows(cfg.data.train, cfg.model.seq_len);
 }
 
 }  // namespace bagualu::plan

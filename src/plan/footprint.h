@@ -155,14 +155,15 @@ struct Footprint {
 Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
                    int ranks_per_node, int threads);
 
-// Tokens of the config's train and val shards, from their headers (a file that is absent or not
-// a shard counts 0): footprint's data_tokens.
-uint64_t data_tokens(const TrainConfig& cfg);
+// Windows of model.seq_len + 1 tokens in the config's train shards, from their headers (a file
+// that is absent or not a shard counts 0): footprint's train_windows.
+uint64_t train_windows(const TrainConfig& cfg);
 
-// data_tokens: tokens of the train and val shards (0 when the files are absent).
+// train_windows: windows of the train split (0 when the files are absent), for the data order's
+// table (data/sampler.h).
 // baseline_bytes: the process baseline (machine file). Throws InputError when the layout does
 // not match the config (as validate_layout).
-Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t data_tokens,
+Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t train_windows,
                     double baseline_bytes);
 
 // Bytes of the MoE layers' own buffers on one rank (MoELayer + TokenDispatcher), split as

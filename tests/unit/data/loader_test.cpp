@@ -110,6 +110,47 @@ TEST(TokenShards, WindowsOfAFileChangedAfterOpenAreCheckedAsTheyAreRead) {
     expect_input_error([&] { s.read_window(2, w.data()); }, {"part_00.bin", "truncated"});
 }
 
+// A split of more than kScanAllTokens tokens (here two sparse uint16 files of zeros, 2^27 + 2^20
+// tokens each, of which start-up reads 2^20 a file) is not read whole at start-up: a bad id in a
+// file's first kScanHeadTokens is refused at once, one beyond is refused when its window is read.
+TEST(TokenShards, LargeSplitsAreCheckedAtTheHeadOfEachFileAndAsRead) {
+    TempDir dir;
+    const int64_t n = (kScanAllTokens >> 1) + (int64_t{1} << 20);
+    std::filesystem::create_directories(dir.path("big"));
+    const auto write_sparse = [&](const std::string& path, int64_t bad_at) {
+        std::vector<int32_t> header(kTokenFileHeaderInts, 0);
+        header[0] = kTokenFileMagic;
+        header[1] = 1;
+        header[2] = static_cast<int32_t>(n);
+        std::ofstream f(path, std::ios::binary | std::ios::trunc);
+        f.write(reinterpret_cast<const char*>(header.data()), kTokenFileHeaderBytes);
+        if (bad_at >= 0) {
+            const uint16_t bad = 60000;
+            f.seekp(kTokenFileHeaderBytes + 2 * bad_at);
+            f.write(reinterpret_cast<const char*>(&bad), 2);
+        }
+        f.close();
+        std::filesystem::resize_file(path, kTokenFileHeaderBytes + 2 * n);
+    };
+    constexpr int T = 1000, vocab = 50000;
+    const int64_t late = n - 10 * T;  // in the last windows of the second file
+    write_sparse(dir.path("big/a.bin"), -1);
+    write_sparse(dir.path("big/b.bin"), late);
+    const TokenShards s = TokenShards::open(dir.path("big"), "data.train", vocab, T);
+    EXPECT_GT(s.num_tokens(), kScanAllTokens);
+    std::vector<int32_t> w(T + 1);
+    s.read_window(0, w.data());
+    EXPECT_EQ(w[0], 0);
+    const int64_t bad_window = s.shard_windows(0) + late / T;
+    s.read_window(bad_window - 1, w.data());
+    expect_input_error(
+        [&] { s.read_window(bad_window, w.data()); },
+        {"b.bin", "token 60000", fmt::format("position {}", late), "checked as training reads it"});
+    write_sparse(dir.path("big/b.bin"), (int64_t{1} << 20) - 1);  // the last id read at start-up
+    expect_input_error([&] { TokenShards::open(dir.path("big"), "data.train", vocab, T); },
+                       {"b.bin", "60000"});
+}
+
 TEST(TokenShards, FilesThatAreNotRegularAreRefused) {
     TempDir dir;
     ASSERT_EQ(::mkfifo(dir.path("fifo.bin").c_str(), 0600), 0);
