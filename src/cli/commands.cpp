@@ -135,14 +135,14 @@ static void check_run_resources(const TrainConfig& cfg, const std::string& confi
                                 dist::Comm& world, dist::Comm& node) {
     const int ranks_here = node.size();
     const int per_node = cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : ranks_here;
-    uint64_t windows   = world.rank() == 0 ? plan::train_windows(cfg) : 0;
-    world.broadcast(&windows, sizeof windows, 0);
+    uint64_t order     = world.rank() == 0 ? plan::data_order_bytes(cfg) : 0;
+    world.broadcast(&order, sizeof order, 0);
     // the pool the trainer builds: train.threads, else one per CPU of this rank's part
     const int threads =
         cfg.train.threads > 0 ? cfg.train.threads : static_cast<int>(allowed_cpus().size());
     std::optional<plan::Footprint> fp;
     try {
-        fp = plan::run_footprint(cfg, world.size(), per_node, threads, windows);
+        fp = plan::run_footprint(cfg, world.size(), per_node, threads, order);
     } catch (const InputError&) {
         return;  // the same on every rank
     }

@@ -75,8 +75,8 @@ struct Inputs {
     TrainConfig cfg;
     MachineSpec machine;
     Layout layout;
-    uint64_t train_windows = 0;
-    double baseline        = 0;
+    uint64_t order_bytes = 0;
+    double baseline      = 0;
     EstimateOptions opt;
 };
 
@@ -89,7 +89,7 @@ Layout layout_on(const TrainConfig& cfg, const model::PrecisionPolicy& policy, c
 }
 
 Estimate run_estimate(const Inputs& in) {
-    const Footprint fp = footprint(in.cfg, in.layout, in.train_windows, in.baseline);
+    const Footprint fp = footprint(in.cfg, in.layout, in.order_bytes, in.baseline);
     return estimate(fp, in.cfg, in.machine, in.opt);
 }
 
@@ -455,7 +455,7 @@ int PlanCommands::run(int* argc, char*** argv) {
     in.layout = layout_on(in.cfg, model::PrecisionPolicy::from_config(in.cfg.precision), in.machine,
                           nodes_, ranks_per_node_);
     in.layout.capacity_factor = capacity_;
-    in.train_windows          = train_windows(in.cfg);
+    in.order_bytes            = data_order_bytes(in.cfg);
     in.baseline               = (in.machine.node.baseline_rss_mib +
                    (in.layout.ranks > 1 ? in.machine.node.mpi_rss_mib : 0)) *
                   1048576;

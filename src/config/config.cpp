@@ -64,6 +64,8 @@ void visit_fields(Cfg& c, V&& v) {
     v("data", "tokenizer_entries", c.data.tokenizer_entries);
     v("data", "shard_tokens", c.data.shard_tokens);
     v("data", "val_fraction", c.data.val_fraction);
+    v("data", "blend", c.data.blend);
+    v("data", "blend_weights", c.data.blend_weights);
     v("data", "readers", c.data.readers);
 
     v("sample", "n_samples", c.sample.n_samples);
@@ -216,6 +218,8 @@ constexpr const char* type_name() {
         return "a number";
     else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>)
         return "a string";
+    else if constexpr (std::is_same_v<T, std::vector<double>>)
+        return "an array of numbers";
     else
         return "an array of strings";
 }
@@ -279,6 +283,17 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         auto v = node.value_exact<std::string>();
         if (!v) mismatch();
         out = parse_enum<T>(*v, where);
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+        const toml::array* arr = node.as_array();
+        if (!arr) mismatch();
+        std::vector<double> values;
+        for (const toml::node& el : *arr) {
+            double v = 0;
+            if (!el.is_number()) mismatch();
+            read_node(el, v, where);
+            values.push_back(v);
+        }
+        out = std::move(values);
     } else {
         const toml::array* arr = node.as_array();
         if (!arr) mismatch();
@@ -755,6 +770,18 @@ void validate(const TrainConfig& c) {
     if (d.text_key.empty()) {
         input_error("{}: data.text_key must not be empty (the JSON field holding a text)", src);
     }
+    if (d.blend_weights.size() != d.blend.size()) {
+        input_error(
+            "{}: data.blend_weights holds {} weight(s) for the {} split(s) of data.blend: give "
+            "one weight a split",
+            src, d.blend_weights.size(), d.blend.size());
+    }
+    for (size_t i = 0; i < d.blend.size(); ++i) {
+        if (d.blend[i].empty()) input_error("{}: data.blend[{}] must not be empty", src, i);
+        if (!(d.blend_weights[i] > 0)) {
+            input_error("{}: data.blend_weights[{}] = {}: must be > 0", src, i, d.blend_weights[i]);
+        }
+    }
     if (d.shard_tokens < 1 || d.shard_tokens > 1'000'000'000) {
         input_error("{}: data.shard_tokens = {}: must be in [1, 1000000000]", src, d.shard_tokens);
     }
@@ -954,7 +981,8 @@ namespace {
 // tbl[key] = a config field's value as TOML.
 template <typename T>
 void insert_value(toml::table& tbl, const char* key, const T& field) {
-    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if constexpr (std::is_same_v<T, std::vector<std::string>> ||
+                  std::is_same_v<T, std::vector<double>>) {
         toml::array arr;
         for (const auto& s : field) arr.push_back(s);
         tbl.insert(key, std::move(arr));

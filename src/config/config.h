@@ -155,6 +155,11 @@ struct DataSection {
     // prepare, where data.train or data.val holds a `*`: tokens a shard file holds (about)
     int64_t shard_tokens = 100'000'000;
     double val_fraction  = 0.01;
+    // Training reads these splits (each a file, glob or directory like data.train) instead of
+    // data.train, in the proportions blend_weights (one weight each, > 0, normalised): a data
+    // mixture (data/sampler.h, "blends"). Empty: data.train alone.
+    std::vector<std::string> blend;
+    std::vector<double> blend_weights;
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
     // first rank of each of N groups reads for its group and scatters (data/loader.h).
     int readers = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 
 #include "core/error.h"
@@ -43,8 +44,14 @@ ReaderGroup reader_group(int rank, int ranks, int readers) {
     return ReaderGroup{g, first(g), first(g + 1) - first(g)};
 }
 
+static std::vector<TokenShards> one_source(TokenShards train) {
+    std::vector<TokenShards> v;
+    v.push_back(std::move(train));
+    return v;
+}
+
 DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
-    : L_(layout_of(cfg, par)) {
+    : L_(layout_of(cfg, par)), schedule_(cfg.data.blend_weights) {
     group_info_ = reader_group(L_.rank, L_.ranks, L_.readers);
     reader_     = group_info_.first == L_.rank;
     if (L_.readers > 0) {
@@ -54,8 +61,15 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
     std::string error;
     if (reader_) {
         try {
-            shards_ =
-                TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size, L_.seq_len);
+            if (cfg.data.blend.empty()) {
+                sources_.push_back(TokenShards::open(cfg.data.train, "data.train",
+                                                     cfg.model.vocab_size, L_.seq_len));
+            }
+            for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
+                sources_.push_back(TokenShards::open(cfg.data.blend[i],
+                                                     fmt::format("data.blend[{}]", i),
+                                                     cfg.model.vocab_size, L_.seq_len));
+            }
         } catch (const InputError& e) {
             error = e.what();
         }
@@ -64,7 +78,11 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
 }
 
 DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group)
-    : L_(layout), shards_(std::move(train)) {
+    : DataLoader(layout, one_source(std::move(train)), {}, group) {}
+
+DataLoader::DataLoader(const LoaderLayout& layout, std::vector<TokenShards> sources,
+                       const std::vector<double>& weights, dist::Comm* group)
+    : L_(layout), sources_(std::move(sources)), schedule_(weights) {
     group_info_ = reader_group(L_.rank, L_.ranks, L_.readers);
     reader_     = group_info_.first == L_.rank;
     BGL_CHECK((group != nullptr) == (group_info_.size > 1) &&
@@ -75,18 +93,30 @@ DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm
 }
 
 void DataLoader::init(dist::Comm* group, const std::string& open_error) {
-    group_        = group;
-    int64_t count = open_error.empty() ? shards_.num_windows() : -1;
-    if (group_) group_->broadcast(&count, sizeof(count), 0);
+    group_       = group;
+    const auto S = static_cast<size_t>(schedule_.sources());
+    // the reader's window counts, or -1 where it could not open the splits
+    windows_.assign(S, -1);
+    if (reader_ && open_error.empty()) {
+        BGL_CHECK(sources_.size() == S, "rank {}: {} splits opened for {} sources", L_.rank,
+                  sources_.size(), S);
+        for (size_t s = 0; s < S; ++s) {
+            windows_[s] = sources_[s].num_windows();
+            n_tokens_ += sources_[s].num_tokens();
+        }
+    }
+    if (group_) group_->broadcast(windows_.data(), S * sizeof(int64_t), 0);
     if (!open_error.empty()) throw InputError(open_error);
-    if (count < 0) {
+    if (windows_[0] < 0) {
         input_error("data.train: rank {}, the reader of ranks {}-{}, cannot open it",
                     group_info_.first, group_info_.first, group_info_.first + group_info_.size - 1);
     }
-    BGL_CHECK(count > 0, "rank {}: data.train holds no window", L_.rank);
-    n_windows_ = count;
-    n_tokens_  = shards_.num_tokens();
-    split_     = BatchSplit(L_.batch > 0 ? L_.batch : int64_t{L_.micro_batch} * L_.ranks, L_.ranks,
+    for (const int64_t w : windows_) {
+        BGL_CHECK(w > 0, "rank {}: a split of the training data holds no window", L_.rank);
+        n_windows_ += w;
+    }
+    cursor_ = schedule_.start();
+    split_  = BatchSplit(L_.batch > 0 ? L_.batch : int64_t{L_.micro_batch} * L_.ranks, L_.ranks,
                         L_.micro_batch);
     BGL_CHECK(!split_.has_empty(), "rank {}: an empty micro-batch in the split of {} over {}",
               L_.rank, split_.batch(), L_.ranks);
@@ -99,7 +129,12 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
     }
     window_ints_ = static_cast<size_t>(split_.max_rows()) * static_cast<size_t>(L_.seq_len + 1);
     if (reader_) {
-        sampler_ = std::make_unique<SequenceSampler>(n_windows_, L_.seed, shuffle_kind());
+        for (size_t s = 0; s < S; ++s) {
+            samplers_.push_back(std::make_unique<SequenceSampler>(
+                windows_[s], source_seed(L_.seed, static_cast<int>(s)),
+                shuffle_kind(static_cast<int>(s))));
+        }
+        fetch_deficits_ = cursor_.deficits;
         for (auto& b : buf_) b.resize(window_ints_ * static_cast<size_t>(group_info_.size));
         fetch_fn_ = [this] { fetch(); };
     }
@@ -127,14 +162,25 @@ void DataLoader::fetch() {
     const int64_t W = L_.seq_len + 1, k = fetch_k_;
     const int first = group_info_.first, end = first + group_info_.size;
     fetch_k_ = (k + 1) % split_.steps();
-    sampler_->skip(split_.offset(first, k));
+    skip_windows(split_.offset(first, k));
     for (int q = first; q < end; ++q) {
         int32_t* out = buf_[fill_].data() + static_cast<size_t>(q - first) * window_ints_;
         for (int64_t i = 0; i < split_.rows(q, k); ++i) {
-            shards_.read_window(sampler_->next(), out + i * W);
+            const auto s = static_cast<size_t>(schedule_.next(fetch_deficits_));
+            sources_[s].read_window(samplers_[s]->next(), out + i * W);
         }
     }
-    sampler_->skip(split_.total(k) - split_.offset(end, k));
+    skip_windows(split_.total(k) - split_.offset(end, k));
+}
+
+void DataLoader::skip_windows(int64_t n) {
+    if (samplers_.size() == 1) {
+        samplers_[0]->skip(n);
+        return;
+    }
+    std::vector<int64_t> taken(samplers_.size(), 0);
+    for (int64_t i = 0; i < n; ++i) ++taken[static_cast<size_t>(schedule_.next(fetch_deficits_))];
+    for (size_t s = 0; s < samplers_.size(); ++s) samplers_[s]->skip(taken[s]);
 }
 
 void DataLoader::start_fetch() {
@@ -190,14 +236,28 @@ int DataLoader::next(int32_t* inputs, int32_t* targets) {
     } else {
         unpack(take_fetched(), rows, inputs, targets);
     }
-    cursor_ = advance_cursor(cursor_, n_windows_, split_.total(k));
+    cursor_ = schedule_.advance(cursor_, windows_, split_.total(k));
     return rows;
 }
 
-void DataLoader::set_cursor(const SamplerCursor& c) {
-    if (c.epoch < 0 || c.position < 0 || c.position > n_windows_) {
-        input_error("data cursor (epoch {}, position {}) does not fit the {} windows of data.train",
-                    c.epoch, c.position, n_windows_);
+void DataLoader::set_cursor(const OrderCursor& c) {
+    if (c.sources.size() != windows_.size() || c.deficits.size() != cursor_.deficits.size()) {
+        input_error("a data cursor of {} splits and {} deficits for a run reading {} split(s)",
+                    c.sources.size(), c.deficits.size(), windows_.size());
+    }
+    for (size_t s = 0; s < windows_.size(); ++s) {
+        const SamplerCursor& sc = c.sources[s];
+        if (sc.epoch < 0 || sc.position < 0 || sc.position > windows_[s]) {
+            input_error("data cursor (epoch {}, position {}) does not fit the {} windows of {}",
+                        sc.epoch, sc.position, windows_[s],
+                        blended() ? fmt::format("data.blend[{}]", s) : std::string("data.train"));
+        }
+    }
+    for (const double d : c.deficits) {
+        if (!std::isfinite(d) || std::abs(d) > static_cast<double>(windows_.size())) {
+            input_error("data cursor: a blend deficit of {} (expected a number within +-{})", d,
+                        windows_.size());
+        }
     }
     if (in_flight_) {  // its windows belong to the old position
         group_->scatter_wait();
@@ -206,7 +266,8 @@ void DataLoader::set_cursor(const SamplerCursor& c) {
     finish_fetch();
     cursor_  = c;
     fetch_k_ = next_k_ = 0;
-    if (sampler_) sampler_->set_cursor(c);
+    for (size_t s = 0; s < samplers_.size(); ++s) samplers_[s]->set_cursor(c.sources[s]);
+    if (reader_) fetch_deficits_ = c.deficits;
 }
 
 }  // namespace bagualu::data

@@ -3,6 +3,8 @@
 // over all windows of data.train (token_shards.h); rank r trains on windows [offset(r, k),
 // offset(r, k) + rows(r, k)) of them, the split of the step's batch over ranks and micro-steps
 // (config/batch_split.h). Results are therefore the same for any P with the same global batch.
+// With data.blend the windows come from several splits in fixed proportions (sampler.h, "blends"):
+// the global order interleaves them, and the cursor holds each split's position and the deficits.
 // Readers (data.readers = N > 0): the P ranks form N contiguous groups (reader_group); only the
 // first rank of each group opens the train files; it reads the whole group's windows and
 // scatters each member its slice over the group's communicator (slices padded to the largest
@@ -57,12 +59,16 @@ struct LoaderLayout {
 class DataLoader {
    public:
     // Collective over par.world() when data.readers > 0 (the group split and the reader's
-    // window count). Throws InputError on every rank of a group whose reader cannot open
-    // data.train (the reader's says why).
+    // window counts). Throws InputError on every rank of a group whose reader cannot open
+    // data.train or a split of data.blend (the reader's says why).
     DataLoader(const TrainConfig& cfg, dist::ParallelContext& par);
     // The same from parts: `train` is opened by the caller (only on readers); `group` is the
     // reader group's communicator (nullptr when the group is one rank). Collective over group.
     DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group);
+    // A blend: `sources` (opened on readers only; empty elsewhere) in proportions `weights`
+    // (one per source, > 0; empty: one source).
+    DataLoader(const LoaderLayout& layout, std::vector<TokenShards> sources,
+               const std::vector<double>& weights, dist::Comm* group);
     ~DataLoader();
     DataLoader(const DataLoader&)            = delete;
     DataLoader& operator=(const DataLoader&) = delete;
@@ -72,13 +78,24 @@ class DataLoader {
     int next(int32_t* inputs, int32_t* targets);
     int max_rows() const { return static_cast<int>(split_.max_rows()); }
     // The position in the global order of the next micro-batch next() returns.
-    SamplerCursor cursor() const { return cursor_; }
-    // Resumes at c (a cursor() of a run with the same data, seed and global batch). Collective
-    // over the group once next() has been called (it completes the scatter in flight).
-    void set_cursor(const SamplerCursor& c);
+    const OrderCursor& cursor() const { return cursor_; }
+    // Resumes at c (a cursor() of a run with the same data, seed and global batch; each source's
+    // position within its windows, one deficit a source in a blend, else InputError).
+    // Collective over the group once next() has been called (it completes the scatter in
+    // flight).
+    void set_cursor(const OrderCursor& c);
+    // The cursor of a fresh order.
+    OrderCursor start_cursor() const { return schedule_.start(); }
 
-    int64_t num_windows() const { return n_windows_; }
-    ShuffleKind shuffle_kind() const { return L_.shuffle.value_or(shuffle_kind_for(n_windows_)); }
+    int num_sources() const { return schedule_.sources(); }
+    bool blended() const { return !cursor_.deficits.empty(); }
+    double share(int s) const { return schedule_.share(s); }
+    int64_t num_windows() const { return n_windows_; }  // over all sources
+    int64_t source_windows(int s) const { return windows_[static_cast<size_t>(s)]; }
+    const std::vector<int64_t>& windows() const { return windows_; }
+    ShuffleKind shuffle_kind(int s = 0) const {
+        return L_.shuffle.value_or(shuffle_kind_for(windows_[static_cast<size_t>(s)]));
+    }
     int64_t num_tokens() const { return n_tokens_; }  // 0 on a rank that does not read
     bool reads() const { return reader_; }            // whether this rank opens the files
     // Seconds next() has blocked on data so far: waiting for the prefetch and, in a reader
@@ -95,7 +112,8 @@ class DataLoader {
     // Reader: the fetched micro-batch (fetching it now if none is pending); starts fetching the
     // next one into the other buffer.
     const int32_t* take_fetched();
-    void start_scatter();  // group: the next micro-batch's scatter
+    void start_scatter();          // group: the next micro-batch's scatter
+    void skip_windows(int64_t n);  // helper thread: passes over n windows of the order
     void unpack(const int32_t* windows, int rows, int32_t* inputs, int32_t* targets) const;
 
     LoaderLayout L_;
@@ -104,17 +122,21 @@ class DataLoader {
     std::unique_ptr<dist::Comm> owned_group_;
     dist::Comm* group_ = nullptr;  // null when the group is this rank alone
     bool reader_       = true;
-    TokenShards shards_;
+    std::vector<TokenShards> sources_;  // readers: one per source
+    BlendSchedule schedule_;
+    std::vector<int64_t> windows_;  // [sources]
     int64_t n_windows_ = 0;
     int64_t n_tokens_  = 0;
-    std::unique_ptr<SequenceSampler> sampler_;  // readers: the fetch position (helper thread)
-    SamplerCursor cursor_;                      // the visible position (main thread)
-    size_t window_ints_ = 0;                    // max_rows() * (T + 1): one rank's slot
-    int64_t fetch_k_    = 0;                    // micro-step of the next fetch (helper thread)
-    int64_t next_k_     = 0;                    // micro-step of the next next() (main thread)
-    std::vector<int32_t> buf_[2];               // [group size * window_ints_]: windows read
-    std::vector<int32_t> recv_;                 // [window_ints_]: this rank's, scattered
-    int fill_                    = 0;           // buffer the pending fetch writes
+    // readers: the fetch position (helper thread), each source's and the deficits
+    std::vector<std::unique_ptr<SequenceSampler>> samplers_;
+    std::vector<double> fetch_deficits_;
+    OrderCursor cursor_;               // the visible position (main thread)
+    size_t window_ints_ = 0;           // max_rows() * (T + 1): one rank's slot
+    int64_t fetch_k_    = 0;           // micro-step of the next fetch (helper thread)
+    int64_t next_k_     = 0;           // micro-step of the next next() (main thread)
+    std::vector<int32_t> buf_[2];      // [group size * window_ints_]: windows read
+    std::vector<int32_t> recv_;        // [window_ints_]: this rank's, scattered
+    int fill_                    = 0;  // buffer the pending fetch writes
     bool pending_                = false;
     bool in_flight_              = false;  // group: a scatter_start not yet waited for
     HelperThread::Ticket ticket_ = 0;

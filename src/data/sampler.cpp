@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -114,6 +115,56 @@ SamplerCursor advance_cursor(SamplerCursor c, int64_t n_windows, int64_t k) {
         c.position += take;
         k -= take;
     }
+    return c;
+}
+
+uint64_t source_seed(uint64_t seed, int source) {
+    return seed ^ (static_cast<uint64_t>(source) * 0x9E3779B97F4A7C15ull);
+}
+
+BlendSchedule::BlendSchedule(const std::vector<double>& weights) {
+    if (weights.empty()) return;
+    double sum = 0;
+    for (const double w : weights) {
+        BGL_CHECK(std::isfinite(w) && w > 0, "a blend weight of {}", w);
+        sum += w;
+    }
+    for (const double w : weights) p_.push_back(w / sum);
+}
+
+int BlendSchedule::next(std::vector<double>& deficits) const {
+    if (p_.empty()) return 0;
+    BGL_CHECK(deficits.size() == p_.size(), "{} deficits for {} sources", deficits.size(),
+              p_.size());
+    int best = 0;
+    for (size_t i = 0; i < p_.size(); ++i) {
+        deficits[i] += p_[i];
+        if (deficits[i] > deficits[static_cast<size_t>(best)]) best = static_cast<int>(i);
+    }
+    deficits[static_cast<size_t>(best)] -= 1;
+    return best;
+}
+
+OrderCursor BlendSchedule::start() const {
+    OrderCursor c;
+    c.sources.resize(static_cast<size_t>(sources()));
+    if (!p_.empty()) c.deficits.assign(p_.size(), 0.0);
+    return c;
+}
+
+OrderCursor BlendSchedule::advance(OrderCursor c, const std::vector<int64_t>& windows,
+                                   int64_t k) const {
+    BGL_CHECK(
+        c.sources.size() == static_cast<size_t>(sources()) && windows.size() == c.sources.size(),
+        "a cursor of {} sources over {} splits", c.sources.size(), windows.size());
+    std::vector<int64_t> taken(c.sources.size(), 0);
+    if (p_.empty()) {
+        taken[0] = k;
+    } else {
+        for (int64_t i = 0; i < k; ++i) ++taken[static_cast<size_t>(next(c.deficits))];
+    }
+    for (size_t s = 0; s < taken.size(); ++s)
+        c.sources[s] = advance_cursor(c.sources[s], windows[s], taken[s]);
     return c;
 }
 

@@ -13,7 +13,9 @@
 //   random swaps at each epoch.
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace bagualu::data {
@@ -81,5 +83,49 @@ class SequenceSampler {
 
 // The cursor of a sampler over n_windows windows at c after taking k more (no shuffle needed).
 SamplerCursor advance_cursor(SamplerCursor c, int64_t n_windows, int64_t k);
+
+// ---- blends (data.blend) ----
+// Training may read several splits ("sources") in fixed proportions p_i (data.blend_weights,
+// normalised). Source s's windows come in its own order: a SequenceSampler over its windows with
+// the seed source_seed(seed, s). Which source each window of the global order comes from is the
+// smooth weighted round robin: every source keeps a deficit e_i (its share of the windows taken
+// so far minus the windows it gave); each window adds p_i to every e_i, then the source with the
+// largest e_i (the first on ties) gives the window and its e_i falls by 1. After j windows every
+// source has given p_i j windows to within one, at every j: no stretch of the order drifts from
+// the proportions, and the state is the deficits alone, so new weights on a resumed run take
+// effect from the next window without a burst that would repay the past.
+uint64_t source_seed(uint64_t seed, int source);
+
+// The position in the global order: each source's cursor and, in a blend, the deficits. One
+// source (no blend) has no deficits.
+struct OrderCursor {
+    OrderCursor() = default;
+    OrderCursor(const SamplerCursor& one) : sources{one} {}  // NOLINT: one source, implicitly
+    OrderCursor(std::vector<SamplerCursor> s, std::vector<double> d)
+        : sources(std::move(s)), deficits(std::move(d)) {}
+
+    std::vector<SamplerCursor> sources;
+    std::vector<double> deficits;
+
+    bool operator==(const OrderCursor&) const = default;
+};
+
+class BlendSchedule {
+   public:
+    BlendSchedule() = default;  // one source
+    // weights: one per source, finite and > 0 (normalised here); empty: one source
+    explicit BlendSchedule(const std::vector<double>& weights);
+    int sources() const { return p_.empty() ? 1 : static_cast<int>(p_.size()); }
+    double share(int s) const { return p_.empty() ? 1.0 : p_[static_cast<std::size_t>(s)]; }
+    // The source of the next window; updates the deficits (sources() of them in a blend).
+    int next(std::vector<double>& deficits) const;
+    // The cursor of a fresh order.
+    OrderCursor start() const;
+    // The cursor after k more windows, with windows[s] windows in source s (no shuffle needed).
+    OrderCursor advance(OrderCursor c, const std::vector<int64_t>& windows, int64_t k) const;
+
+   private:
+    std::vector<double> p_;
+};
 
 }  // namespace bagualu::data

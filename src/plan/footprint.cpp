@@ -171,7 +171,7 @@ MoEBytes moe_layer_bytes(const ModelConfig& m, int64_t max_tokens, int ep, doubl
     return b;
 }
 
-Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t train_windows,
+Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_bytes,
                     double baseline_bytes) {
     validate_layout(cfg, L.ranks);
     const ModelConfig& m = cfg.model;
@@ -327,11 +327,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t train_wind
     {
         const double W = MB * (T + 1) * 4;
         const double G = cfg.data.readers > 0 ? std::ceil(P / cfg.data.readers) : 1;
-        const double table =
-            data::shuffle_kind_for(static_cast<int64_t>(train_windows)) == data::ShuffleKind::exact
-                ? 8.0 * static_cast<double>(train_windows)
-                : 0.0;
-        mem.data = table + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
+        mem.data = static_cast<double>(order_bytes) + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
     }
 
     // ---- collectives per step ----
@@ -700,8 +696,17 @@ dist::CommTally per_kind(const std::vector<Collective>& cs) {
     return t;
 }
 
-uint64_t train_windows(const TrainConfig& cfg) {
-    return shard_windows(cfg.data.train, cfg.model.seq_len);
+uint64_t data_order_bytes(const TrainConfig& cfg) {
+    uint64_t bytes = 0;
+    const auto splits =
+        cfg.data.blend.empty() ? std::vector<std::string>{cfg.data.train} : cfg.data.blend;
+    for (const std::string& spec : splits) {
+        const uint64_t n = shard_windows(spec, cfg.model.seq_len);
+        if (data::shuffle_kind_for(static_cast<int64_t>(n)) == data::ShuffleKind::exact) {
+            bytes += 8 * n;
+        }
+    }
+    return bytes;
 }
 
 }  // namespace bagualu::plan

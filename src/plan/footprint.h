@@ -155,15 +155,16 @@ struct Footprint {
 Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy, int ranks,
                    int ranks_per_node, int threads);
 
-// Windows of model.seq_len + 1 tokens in the config's train shards, from their headers (a file
-// that is absent or not a shard counts 0): footprint's train_windows.
-uint64_t train_windows(const TrainConfig& cfg);
+// Bytes of the data order's tables on a reading rank (data/sampler.h: 8 a window of each split
+// of up to kExactShuffleWindows windows, none beyond), the windows counted from the headers of
+// data.train's shards or data.blend's (a file that is absent or not a shard counts 0):
+// footprint's order_bytes.
+uint64_t data_order_bytes(const TrainConfig& cfg);
 
-// train_windows: windows of the train split (0 when the files are absent), for the data order's
-// table (data/sampler.h).
+// order_bytes: data_order_bytes (0 when the files are absent).
 // baseline_bytes: the process baseline (machine file). Throws InputError when the layout does
 // not match the config (as validate_layout).
-Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t train_windows,
+Footprint footprint(const TrainConfig& cfg, const Layout& layout, uint64_t order_bytes,
                     double baseline_bytes);
 
 // Bytes of the MoE layers' own buffers on one rank (MoELayer + TokenDispatcher), split as

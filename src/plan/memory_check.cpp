@@ -21,10 +21,9 @@ std::string size_text(double bytes) {
 }  // namespace
 
 Footprint run_footprint(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads,
-                        uint64_t train_windows) {
+                        uint64_t order_bytes) {
     const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    return footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, threads), train_windows,
-                     0);
+    return footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, threads), order_bytes, 0);
 }
 
 void check_memory_fits(const Memory& m, const std::string& where, int ranks_here,

@@ -95,9 +95,34 @@ TrainerState parse_trainer_state(const nlohmann::json& state, const std::string&
     };
     TrainerState out;
     const nlohmann::json& sampler = field(state, "sampler", "");
-    out.epoch                     = count(sampler, "epoch", "sampler.");
-    out.position                  = count(sampler, "position", "sampler.");
-    if (sampler.contains("windows")) out.windows = count(sampler, "windows", "sampler.");
+    if (sampler.is_object() && sampler.contains("blend")) {
+        const nlohmann::json& splits = sampler["blend"];
+        if (!splits.is_array() || splits.empty()) {
+            input_error("{}: state.sampler.blend must be a non-empty array of objects", source);
+        }
+        for (const nlohmann::json& s : splits) {
+            BlendSourceState& b     = out.blend.emplace_back();
+            const nlohmann::json& d = field(s, "data", "sampler.blend[].");
+            if (!d.is_string()) {
+                input_error("{}: state.sampler.blend[].data = {} must be a string", source,
+                            d.dump());
+            }
+            b.data                  = d.get<std::string>();
+            b.epoch                 = count(s, "epoch", "sampler.blend[].");
+            b.position              = count(s, "position", "sampler.blend[].");
+            b.windows               = count(s, "windows", "sampler.blend[].");
+            const nlohmann::json& e = field(s, "deficit", "sampler.blend[].");
+            if (!e.is_number() || !std::isfinite(e.get<double>())) {
+                input_error("{}: state.sampler.blend[].deficit = {} must be a number", source,
+                            e.dump());
+            }
+            b.deficit = e.get<double>();
+        }
+    } else {
+        out.epoch    = count(sampler, "epoch", "sampler.");
+        out.position = count(sampler, "position", "sampler.");
+        if (sampler.contains("windows")) out.windows = count(sampler, "windows", "sampler.");
+    }
     if (state.is_object() && state.contains("loss_scale")) {
         const nlohmann::json& ls = state["loss_scale"];
         const nlohmann::json& sc = field(ls, "scale", "loss_scale.");

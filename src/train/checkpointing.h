@@ -30,10 +30,18 @@
 namespace bagualu::train {
 
 // What the trainer records in a manifest's state, typed.
+// One split of a blend as a checkpoint records it (data.blend).
+struct BlendSourceState {
+    std::string data;  // the split as data.blend names it
+    int64_t epoch = 0, position = 0, windows = 0;
+    double deficit = 0;
+};
+
 struct TrainerState {
     int64_t epoch = 0, position = 0;  // the sampler cursor
-    int64_t windows       = 0;        // data.train's windows when it was written; 0: not recorded
-    bool has_loss_scale   = false;    // absent in checkpoints of FP32 runs' first format
+    int64_t windows = 0;              // data.train's windows when it was written; 0: not recorded
+    std::vector<BlendSourceState> blend;  // a blend's splits instead (then epoch etc. are 0)
+    bool has_loss_scale   = false;        // absent in checkpoints of FP32 runs' first format
     double loss_scale     = 1;
     int64_t clean_steps   = 0;
     int64_t steps_skipped = 0;

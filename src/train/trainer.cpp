@@ -164,6 +164,7 @@ class Trainer {
     void init_weights_from_model();
     void log_setup() const;
     void resume();
+    data::OrderCursor resumed_cursor(const TrainerState& ts, const std::string& dir) const;
     void open_metrics();
     void train_step(int64_t step);
     double forward_backward(int64_t step, double& aux);
@@ -416,12 +417,23 @@ void Trainer::log_setup() const {
             "to {} group(s) of experts, not to {} node(s)",
             m.route_groups, par_->ep_node_count(), m.route_nodes, m.route_nodes);
     }
+    if (loader_->blended()) {
+        for (int s = 0; s < loader_->num_sources(); ++s) {
+            log::info("data: blend {:.1f}% of the windows from {} ({} windows, {} order)",
+                      100 * loader_->share(s), cfg_.data.blend[static_cast<size_t>(s)],
+                      loader_->source_windows(s),
+                      data::shuffle_kind_name(loader_->shuffle_kind(s)));
+        }
+    }
     log::info(
-        "data: {} train tokens ({} windows of {}, {} order), {} val tokens; batch {} x {} "
+        "data: {} train tokens ({} windows of {}{}{}), {} val tokens; batch {} x {} "
         "tokens = {} micro-batch(es) of {}{} per rank",
-        loader_->num_tokens(), loader_->num_windows(), T_ + 1,
-        data::shuffle_kind_name(loader_->shuffle_kind()), ds_.val.num_tokens(),
-        cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ", MB_);
+        loader_->num_tokens(), loader_->num_windows(), T_ + 1, loader_->blended() ? "" : ", ",
+        loader_->blended()
+            ? std::string()
+            : fmt::format("{} order", data::shuffle_kind_name(loader_->shuffle_kind())),
+        ds_.val.num_tokens(), cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ",
+        MB_);
     constexpr double kMiB = 1 << 20;
     log::info(
         "memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
@@ -449,6 +461,73 @@ void Trainer::log_setup() const {
 
 // ---- resume ----
 
+// Where the data order resumes. A split of another number of windows than the checkpoint's
+// run read (more data prepared, say) has another order, where the old position means nothing:
+// it starts its next epoch. A blend's splits are matched by name: one the checkpoint does not
+// have starts at its first epoch, and so does everything when one run read a blend and the
+// other data.train. Each such case is said in one line.
+data::OrderCursor Trainer::resumed_cursor(const TrainerState& ts, const std::string& dir) const {
+    data::OrderCursor c = loader_->start_cursor();
+    if (!loader_->blended()) {
+        if (!ts.blend.empty()) {
+            if (writer_) {
+                log::info(
+                    "resume: the run of {} read a blend of {} splits, this one data.train: "
+                    "its order starts at epoch 0",
+                    dir, ts.blend.size());
+            }
+        } else if (ts.windows > 0 && ts.windows != loader_->num_windows()) {
+            if (writer_) {
+                log::info(
+                    "resume: data.train holds {} windows, the run of {} read {}: its order "
+                    "starts over them at epoch {}",
+                    loader_->num_windows(), dir, ts.windows, ts.epoch + 1);
+            }
+            c.sources[0] = {ts.epoch + 1, 0};
+        } else {
+            c.sources[0] = {ts.epoch, ts.position};
+        }
+        return c;
+    }
+    if (ts.blend.empty()) {
+        if (writer_) {
+            log::info(
+                "resume: the run of {} read data.train, this one a blend: each split starts "
+                "at epoch 0",
+                dir);
+        }
+        return c;
+    }
+    for (int s = 0; s < loader_->num_sources(); ++s) {
+        const auto i            = static_cast<size_t>(s);
+        const std::string& name = cfg_.data.blend[i];
+        const auto same_name    = [&](const BlendSourceState& b) { return b.data == name; };
+        const auto it           = std::find_if(ts.blend.begin(), ts.blend.end(), same_name);
+        if (it == ts.blend.end()) {
+            if (writer_) {
+                log::info(
+                    "resume: data.blend[{}] = \"{}\" is not in the blend of {}: it starts "
+                    "at epoch 0",
+                    s, name, dir);
+            }
+            continue;
+        }
+        c.deficits[i] = it->deficit;
+        if (it->windows == loader_->source_windows(s)) {
+            c.sources[i] = {it->epoch, it->position};
+            continue;
+        }
+        if (writer_) {
+            log::info(
+                "resume: data.blend[{}] = \"{}\" holds {} windows, the run of {} read {}: "
+                "its order starts over them at epoch {}",
+                s, name, loader_->source_windows(s), dir, it->windows, it->epoch + 1);
+        }
+        c.sources[i] = {it->epoch + 1, 0};
+    }
+    return c;
+}
+
 // Checkpoints: resume from the newest usable one (parameters, optimizer state, data cursor,
 // loss scale, skipped steps).
 void Trainer::resume() {
@@ -466,18 +545,7 @@ void Trainer::resume() {
         for (const KeyDifference& d : rp->changed)
             log::info("resume: {} = {} from here on, {} in {}", d.key, d.a, d.b, rp->dir);
     }
-    if (ts.windows > 0 && ts.windows != loader_->num_windows()) {
-        // another order over other windows: a position in the old one means nothing in it
-        if (writer_) {
-            log::info(
-                "resume: data.train holds {} windows, the run of {} read {}: its order starts "
-                "over them at epoch {}",
-                loader_->num_windows(), rp->dir, ts.windows, ts.epoch + 1);
-        }
-        loader_->set_cursor({ts.epoch + 1, 0});
-    } else {
-        loader_->set_cursor({ts.epoch, ts.position});
-    }
+    loader_->set_cursor(resumed_cursor(ts, rp->dir));
     if (ts.has_loss_scale) {  // absent in checkpoints of FP32 runs' first format
         // a checkpoint of a run without loss scaling holds scale 1: an fp16 run resumed from it
         // starts from its configured scale
@@ -651,15 +719,30 @@ double Trainer::reduce_loss(double local_loss, int64_t step) {
 }
 
 void Trainer::save_checkpoint(int64_t step) {
-    const data::SamplerCursor c = loader_->cursor();
+    const data::OrderCursor& c = loader_->cursor();
+    nlohmann::json sampler;
+    if (!loader_->blended()) {
+        sampler = {{"epoch", c.sources[0].epoch},
+                   {"position", c.sources[0].position},
+                   {"windows", loader_->num_windows()},
+                   {"order", data::shuffle_kind_name(loader_->shuffle_kind())}};
+    } else {
+        nlohmann::json splits = nlohmann::json::array();
+        for (int s = 0; s < loader_->num_sources(); ++s) {
+            const auto i = static_cast<size_t>(s);
+            splits.push_back({{"data", cfg_.data.blend[i]},
+                              {"epoch", c.sources[i].epoch},
+                              {"position", c.sources[i].position},
+                              {"windows", loader_->source_windows(s)},
+                              {"order", data::shuffle_kind_name(loader_->shuffle_kind(s))},
+                              {"deficit", c.deficits[i]}});
+        }
+        sampler = {{"blend", std::move(splits)}};
+    }
     // All randomness of a step (gate noise and jitter) is drawn from Rng(seed, micro-step
     // index), so the RNG state is the seed and the count of micro-steps taken.
     nlohmann::json state = {
-        {"sampler",
-         {{"epoch", c.epoch},
-          {"position", c.position},
-          {"windows", loader_->num_windows()},
-          {"order", data::shuffle_kind_name(loader_->shuffle_kind())}}},
+        {"sampler", std::move(sampler)},
         {"rng", {{"seed", cfg_.train.seed}, {"micro_steps", (step + 1) * accum_}}},
         {"loss_scale", {{"scale", scaler_.scale()}, {"clean_steps", scaler_.clean_steps()}}},
         {"steps_skipped", optimizer_->steps_skipped()}};

@@ -353,6 +353,74 @@ TEST_F(CheckpointFaultTest, ResumeOnDataOfAnotherSizeStartsTheNextEpoch) {
     EXPECT_EQ(r.output.find("its order starts over"), std::string::npos) << r.output;
 }
 
+// data.blend: a blend of one split trains bitwise as that split does as data.train (its order
+// is the split's own); a blend's checkpoint records each split by name with its cursor and
+// deficit; a resumed run may change the weights, keeps the splits it finds by name, starts a new
+// one at epoch 0, and says so, as it does when it reads data.train after a blend.
+TEST_F(CheckpointFaultTest, BlendsResumeTheirSplitsByName) {
+    const auto losses = [&](const std::string& run) {
+        std::vector<std::string> out;
+        const std::string m = read_file(dir / (run + "/metrics.jsonl"));
+        for (size_t at = m.find("\"loss\":"); at != std::string::npos;
+             at        = m.find("\"loss\":", at + 1)) {
+            out.push_back(m.substr(at, m.find_first_of(",}", at) - at));
+        }
+        return out;
+    };
+    const std::string one = fmt::format(
+        " --set 'data.blend=[\"{}\"]' --set 'data.blend_weights=[1]'", dir / "train.bin");
+    ASSERT_EQ(run(train("--set train.steps=3 --set train.log_every=1", "plain")).status, 0);
+    CommandResult r = run(train("--set train.steps=3 --set train.log_every=1" + one, "one"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("data: blend 100.0% of the windows from"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(losses("plain").size(), 3u);
+    EXPECT_EQ(losses("one"), losses("plain"));
+
+    fs::create_directories(dir / "twice");
+    fs::copy_file(dir / "train.bin", dir / "twice/a.bin");
+    fs::copy_file(dir / "train.bin", dir / "twice/b.bin");
+    const std::string two =
+        fmt::format(" --set 'data.blend=[\"{}\", \"{}\"]'", dir / "train.bin", dir / "twice");
+    r = run(train("--set checkpoint.every=2" + two + " --set 'data.blend_weights=[1, 3]'", "mix"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string mix = dir / "mix/checkpoints/step_00000002";
+    const nlohmann::json sampler =
+        nlohmann::json::parse(read_file(mix + "/manifest.json"))["state"]["sampler"];
+    ASSERT_EQ(sampler["blend"].size(), 2u) << sampler.dump();
+    EXPECT_EQ(sampler["blend"][1]["data"], dir / "twice");
+    EXPECT_TRUE(sampler["blend"][1]["deficit"].is_number());
+    EXPECT_EQ(sampler["blend"][0]["position"].get<int64_t>() +
+                  sampler["blend"][1]["position"].get<int64_t>(),
+              2 * 8)  // two steps of configs/tiny.toml's batch of 8
+        << sampler.dump();
+    // new weights: resumes where it was
+    r = run(
+        train("--resume --set train.steps=3" + two + " --set 'data.blend_weights=[1, 1]'", "mix"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(r.output.find("starts at epoch 0"), std::string::npos) << r.output;
+    fs::remove_all(dir / "mix/checkpoints/step_00000003");
+    // a split the checkpoint does not have starts at epoch 0
+    fs::copy_file(dir / "train.bin", dir / "other.bin");
+    r = run(train(fmt::format("--resume --set train.steps=3 --set 'data.blend=[\"{}\", \"{}\"]' "
+                              "--set 'data.blend_weights=[1, 1]'",
+                              dir / "train.bin", dir / "other.bin"),
+                  "mix"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("resume: data.blend[1] = \"{}\" is not in the blend of {}: "
+                                        "it starts at epoch 0",
+                                        dir / "other.bin", mix)),
+              std::string::npos)
+        << r.output;
+    fs::remove_all(dir / "mix/checkpoints/step_00000003");
+    r = run(train("--resume --set train.steps=3", "mix"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("read a blend of 2 splits, this one data.train: its order starts at "
+                            "epoch 0"),
+              std::string::npos)
+        << r.output;
+}
+
 // Tensors of the same shapes can belong to another model (top_k, the head count, the gate):
 // resuming compares the checkpoint's config, and keeps the run as it was.
 TEST_F(CheckpointFaultTest, ResumeWithAnotherModelIsRefusedNamingTheKey) {

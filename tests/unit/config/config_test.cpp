@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -57,6 +59,41 @@ TEST(ConfigOverride, SeedsTakeEveryUint64AndRoundTrip) {
         EXPECT_NE(e.find("sample.seed: expected an integer from 0 to 18446744073709551615"),
                   std::string::npos)
             << bad << ": " << e;
+    }
+}
+
+// data.blend and data.blend_weights: arrays that round-trip through TOML; one weight a split,
+// each > 0 and finite, else one error naming the key.
+TEST(ConfigOverride, BlendsTakeOneWeightASplit) {
+    const TrainConfig cfg =
+        default_config({"data.blend=[\"a/*.bin\", \"b\"]", "data.blend_weights=[0.7, 3]"});
+    ASSERT_EQ(cfg.data.blend.size(), 2u);
+    EXPECT_EQ(cfg.data.blend[1], "b");
+    EXPECT_EQ(cfg.data.blend_weights, (std::vector<double>{0.7, 3.0}));
+    const TrainConfig back = config_from_text(to_toml(cfg), "rt");
+    EXPECT_EQ(back.data.blend, cfg.data.blend);
+    EXPECT_EQ(back.data.blend_weights, cfg.data.blend_weights);
+    EXPECT_TRUE(differing_keys(cfg, back, "data").empty());
+    const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+        {{"data.blend=[\"a\", \"b\"]", "data.blend_weights=[1]"},
+         "data.blend_weights holds 1 weight(s) for the 2 split(s) of data.blend"},
+        {{"data.blend_weights=[1]"}, "holds 1 weight(s) for the 0 split(s)"},
+        {{"data.blend=[\"a\"]", "data.blend_weights=[0]"},
+         "data.blend_weights[0] = 0: must be > 0"},
+        {{"data.blend=[\"a\", \"\"]", "data.blend_weights=[1, 1]"},
+         "data.blend[1] must not be empty"},
+        {{"data.blend=[\"a\"]", "data.blend_weights=[\"x\"]"},
+         "data.blend_weights: expected an array of numbers"},
+        {{"data.blend=[\"a\"]", "data.blend_weights=[inf]"}, "expected a finite number"},
+    };
+    for (const auto& [items, needle] : bad) {
+        std::string e;
+        try {
+            (void)default_config(items);
+        } catch (const InputError& x) {
+            e = x.what();
+        }
+        EXPECT_NE(e.find(needle), std::string::npos) << needle << ": " << e;
     }
 }
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -390,6 +391,128 @@ TEST(DataLoader, UnevenSplitsSliceTheGlobalOrder) {
     }
 }
 
+// The blend's schedule: after every j windows each source has given p_i j of them to within one
+// (the smooth weighted round robin), advance() lands where as many next() calls do, and new
+// weights take effect at once, with no burst repaying the past: the counts under the new weights
+// stay within one of p_i' (j - j0) plus where they stood.
+TEST(BlendSchedule, EverySourceKeepsItsShareAtEveryWindow) {
+    const std::vector<double> w = {7, 2, 1};
+    const BlendSchedule b(w);
+    ASSERT_EQ(b.sources(), 3);
+    OrderCursor c = b.start();
+    std::vector<int64_t> count(3, 0);
+    for (int64_t j = 1; j <= 10000; ++j) {
+        ++count[static_cast<size_t>(b.next(c.deficits))];
+        for (size_t i = 0; i < 3; ++i) {
+            ASSERT_LT(std::abs(static_cast<double>(count[i]) - b.share(static_cast<int>(i)) * j),
+                      1.0)
+                << "source " << i << " after " << j;
+        }
+    }
+    const std::vector<int64_t> windows = {5, 3, 1000};
+    for (const int64_t k : {0, 1, 7, 100, 1234}) {
+        OrderCursor a = b.start(), r = b.start();
+        std::vector<int64_t> taken(3, 0);
+        for (int64_t i = 0; i < k; ++i) ++taken[static_cast<size_t>(b.next(r.deficits))];
+        for (size_t i = 0; i < 3; ++i) r.sources[i] = advance_cursor({}, windows[i], taken[i]);
+        EXPECT_EQ(b.advance(a, windows, k), r) << k;
+    }
+    const BlendSchedule after({1, 1, 2});
+    std::vector<int64_t> since(3, 0);
+    for (int64_t j = 1; j <= 1000; ++j) {
+        ++since[static_cast<size_t>(after.next(c.deficits))];
+        for (size_t i = 0; i < 3; ++i) {
+            ASSERT_LT(
+                std::abs(static_cast<double>(since[i]) - after.share(static_cast<int>(i)) * j), 2.0)
+                << "source " << i << " " << j << " windows after the change";
+        }
+    }
+}
+
+// A blend of two splits whose windows tell their split (the second's tokens start at 100000):
+// for P = 1..4 ranks the ranks slice the one-rank order, which takes source s's windows in its
+// own order (SequenceSampler with source_seed(seed, s)) where the schedule says; the cursor
+// follows, and a loader set to it continues bitwise.
+TEST(DataLoader, BlendsSliceTheOneRankOrderOfTheirSources) {
+    TempDir dir;
+    const std::string a = write_shards(dir);
+    std::filesystem::create_directories(dir.path("b"));
+    {
+        std::vector<int32_t> t(200);
+        std::iota(t.begin(), t.end(), 100000);
+        write_token_file(dir.path("b/only.bin"), t, kVocab);
+    }
+    const std::string b               = dir.path("b");
+    const std::vector<double> weights = {1, 3};
+    const auto open                   = [&] {
+        std::vector<TokenShards> v;
+        v.push_back(TokenShards::open(a, "data.blend[0]", kVocab, kT));
+        v.push_back(TokenShards::open(b, "data.blend[1]", kVocab, kT));
+        return v;
+    };
+    const std::vector<TokenShards> ref = open();
+    const std::vector<int64_t> n       = {ref[0].num_windows(), ref[1].num_windows()};
+    constexpr int MB                   = 2;
+    constexpr uint64_t seed            = 21;
+    std::vector<int32_t> w(kT + 1);
+    for (int P = 1; P <= 4; ++P) {
+        std::vector<std::unique_ptr<DataLoader>> ranks;
+        for (int r = 0; r < P; ++r) {
+            ranks.push_back(std::make_unique<DataLoader>(LoaderLayout{r, P, 0, MB, kT, seed, 0, {}},
+                                                         open(), weights, nullptr));
+            ASSERT_TRUE(ranks.back()->blended());
+            ASSERT_EQ(ranks.back()->num_windows(), n[0] + n[1]);
+        }
+        const BlendSchedule schedule(weights);
+        std::vector<double> deficits = schedule.start().deficits;
+        SequenceSampler s0(n[0], source_seed(seed, 0)), s1(n[1], source_seed(seed, 1));
+        std::vector<int32_t> in(static_cast<size_t>(MB) * kT), tg(in.size());
+        std::array<int64_t, 2> from = {0, 0};
+        for (int64_t k = 0; k < 40; ++k) {
+            for (int r = 0; r < P; ++r) {
+                ranks[static_cast<size_t>(r)]->next(in.data(), tg.data());
+                for (int row = 0; row < MB; ++row) {
+                    const int s = schedule.next(deficits);
+                    ++from[static_cast<size_t>(s)];
+                    ref[static_cast<size_t>(s)].read_window(s == 0 ? s0.next() : s1.next(),
+                                                            w.data());
+                    for (int i = 0; i < kT; ++i) {
+                        ASSERT_EQ(in[static_cast<size_t>(row * kT + i)], w[i]) << P << " " << k;
+                        ASSERT_EQ(tg[static_cast<size_t>(row * kT + i)], w[i + 1]);
+                    }
+                }
+            }
+            const OrderCursor c = OrderCursor({s0.cursor(), s1.cursor()}, deficits);
+            for (const auto& l : ranks) ASSERT_EQ(l->cursor(), c) << P << " " << k;
+        }
+        EXPECT_EQ(from[0] + from[1], 40 * MB * P);
+        EXPECT_NEAR(static_cast<double>(from[1]) / static_cast<double>(from[0]), 3.0, 0.1);
+        // resumed at the cursor: the same batches as the loader that went on
+        auto again = std::make_unique<DataLoader>(LoaderLayout{0, P, 0, MB, kT, seed, 0, {}},
+                                                  open(), weights, nullptr);
+        again->set_cursor(ranks[0]->cursor());
+        std::vector<int32_t> in0(in.size()), in2(in.size()), tg2(in.size());
+        for (int k = 0; k < 5; ++k) {
+            for (int r = P - 1; r >= 0; --r) {
+                ranks[static_cast<size_t>(r)]->next(in.data(), tg.data());
+                if (r == 0) in0 = in;
+            }
+            // rank 0's micro-batch of this step, read by the resumed loader as rank 0
+            again->next(in2.data(), tg2.data());
+            ASSERT_EQ(in0, in2) << P << " " << k;
+        }
+        ASSERT_EQ(again->cursor(), ranks[0]->cursor());
+    }
+    // a cursor of the wrong shape is one line
+    DataLoader l(LoaderLayout{0, 1, 0, MB, kT, seed, 0, {}}, open(), weights, nullptr);
+    expect_input_error([&] { l.set_cursor(SamplerCursor{0, 1}); }, {"1 splits", "2 split(s)"});
+    expect_input_error(
+        [&] {
+            l.set_cursor(OrderCursor({{0, 0}, {0, n[1] + 1}}, {0.0, 0.0}));
+        },
+        {fmt::format("position {}", n[1] + 1), "data.blend[1]"});
+}
+
 TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
     TempDir dir;
     const std::string root = write_shards(dir);
@@ -404,7 +527,7 @@ TEST(DataLoader, ResumesAtTheCursorWhateverWasPrefetched) {
     for (int r = 0; r < P; ++r) {
         auto a = make(r);
         for (int k = 0; k < 9; ++k) a->next(in.data(), tg.data());  // 54 windows: epoch 1
-        const SamplerCursor c = a->cursor();
+        const OrderCursor c = a->cursor();
         EXPECT_EQ(c, advance_cursor({}, 28, 9 * MB * P));
         auto b = make(r);
         b->set_cursor(c);
