@@ -764,6 +764,20 @@ void Trainer::log_step(const StepRecord& r) {
                           {"mfu", mfu},
                           {"elapsed_s", seconds_since(t_start_)}};
     if (P_ > 1) j["grad_reduce_wait_s"] = window_wait_ / static_cast<double>(window_steps_);
+    // passes over the training data so far: epochs done plus the part of the current one
+    const data::OrderCursor& c = loader_->cursor();
+    const auto epochs          = [&](int s) {
+        const data::SamplerCursor& sc = c.sources[static_cast<size_t>(s)];
+        return static_cast<double>(sc.epoch) +
+               static_cast<double>(sc.position) / static_cast<double>(loader_->source_windows(s));
+    };
+    if (!loader_->blended()) {
+        j["data_epochs"] = epochs(0);
+    } else {
+        nlohmann::json e = nlohmann::json::array();
+        for (int s = 0; s < loader_->num_sources(); ++s) e.push_back(epochs(s));
+        j["data_epochs"] = std::move(e);
+    }
     if (scaler_.enabled()) j["loss_scale"] = r.loss_scale;
     if (scaler_.enabled() || r.skipped) j["skipped"] = r.skipped;
     if (step == 0) {

@@ -385,6 +385,10 @@ TEST_F(CheckpointFaultTest, BlendsResumeTheirSplitsByName) {
     r = run(train("--set checkpoint.every=2" + two + " --set 'data.blend_weights=[1, 3]'", "mix"));
     ASSERT_EQ(r.status, 0) << r.output;
     const std::string mix = dir / "mix/checkpoints/step_00000002";
+    // passes over the data: one number a split
+    const std::string metrics = read_file(dir / "mix/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"data_epochs\":["), std::string::npos) << metrics;
+    EXPECT_NE(read_file(dir / "plain/metrics.jsonl").find("\"data_epochs\":0."), std::string::npos);
     const nlohmann::json sampler =
         nlohmann::json::parse(read_file(mix + "/manifest.json"))["state"]["sampler"];
     ASSERT_EQ(sampler["blend"].size(), 2u) << sampler.dump();
