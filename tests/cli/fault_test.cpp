@@ -308,6 +308,23 @@ TEST_F(CheckpointFaultTest, MistypedStateIsOneLine) {
          "state.sampler.position = -3"},
         {[](nlohmann::json& j) { j["state"]["sampler"] = 7; }, "state.sampler.epoch is missing"},
         {[](nlohmann::json& j) { j["state"].erase("sampler"); }, "state.sampler is missing"},
+        {[](nlohmann::json& j) {
+             j["state"]["sampler"] = {{"blend", 3}};
+         },
+         "state.sampler.blend must be a non-empty array"},
+        {[](nlohmann::json& j) {
+             j["state"]["sampler"] = {{"blend", {{{"epoch", 0}}}}};
+         },
+         "state.sampler.blend[].data is missing"},
+        {[](nlohmann::json& j) {
+             j["state"]["sampler"] = {{"blend",
+                                       {{{"data", "x"},
+                                         {"epoch", 0},
+                                         {"position", 0},
+                                         {"windows", 4},
+                                         {"deficit", "half"}}}}};
+         },
+         "state.sampler.blend[].deficit = \"half\" must be a number"},
         {[](nlohmann::json& j) { j["state"]["loss_scale"]["scale"] = nullptr; },
          "state.loss_scale.scale"},
         {[](nlohmann::json& j) { j["state"]["steps_skipped"] = 1.5; }, "state.steps_skipped"},
