@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "dist/comm/checks.h"
 
 namespace bagualu::data {
 
@@ -58,23 +59,24 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
         // Collective over the world even when every group is one rank.
         owned_group_ = par.world().split(group_info_.index, L_.rank);
     }
-    std::string error;
-    if (reader_) {
-        try {
-            if (cfg.data.blend.empty()) {
-                sources_.push_back(TokenShards::open(cfg.data.train, "data.train",
-                                                     cfg.model.vocab_size, L_.seq_len));
-            }
-            for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
-                sources_.push_back(TokenShards::open(cfg.data.blend[i],
-                                                     fmt::format("data.blend[{}]", i),
-                                                     cfg.model.vocab_size, L_.seq_len));
-            }
-        } catch (const InputError& e) {
-            error = e.what();
+    // Every reader opens the files and checks their headers; rank 0 (always a reader) alone reads
+    // their token ids (a split of up to kScanAllTokens whole), and every rank ends with its
+    // verdict: the ids are the same for all, and P readers reading them would read the data P
+    // times before the first step.
+    const bool check_ids = par.rank() == 0;
+    dist::check_together(par.world(), [&] {
+        if (!reader_) return;
+        if (cfg.data.blend.empty()) {
+            sources_.push_back(TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size,
+                                                 L_.seq_len, check_ids));
         }
-    }
-    init(group_info_.size > 1 ? owned_group_.get() : nullptr, error);
+        for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
+            sources_.push_back(TokenShards::open(cfg.data.blend[i],
+                                                 fmt::format("data.blend[{}]", i),
+                                                 cfg.model.vocab_size, L_.seq_len, check_ids));
+        }
+    });
+    init(group_info_.size > 1 ? owned_group_.get() : nullptr, "");
 }
 
 DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group)

@@ -58,9 +58,10 @@ struct LoaderLayout {
 
 class DataLoader {
    public:
-    // Collective over par.world() when data.readers > 0 (the group split and the reader's
-    // window counts). Throws InputError on every rank of a group whose reader cannot open
-    // data.train or a split of data.blend (the reader's says why).
+    // Collective over par.world(): the readers open data.train or the splits of data.blend,
+    // rank 0 alone reads their token ids (token_shards.h), and a failure on any rank ends every
+    // rank with the lowest failing rank's one line (dist/comm/checks.h: with one process an
+    // InputError). Then, with data.readers > 0, the group split and the reader's window counts.
     DataLoader(const TrainConfig& cfg, dist::ParallelContext& par);
     // The same from parts: `train` is opened by the caller (only on readers); `group` is the
     // reader group's communicator (nullptr when the group is one rank). Collective over group.

@@ -6,7 +6,8 @@
 // more than kScanAllTokens tokens is not read whole at start-up (2^28 tokens are 0.5-1 GiB, and
 // every reading rank would read it at every start): its headers and sizes are checked, and the
 // first kScanHeadTokens ids of each file (a file written for another vocabulary shows it at
-// once); every other id is checked as its window is read, below.
+// once); every other id is checked as its window is read, below. The training loader has rank 0
+// alone check the ids at start-up, for every rank (data/loader.h).
 // A file may change while a run reads it (overwritten in place, truncated): every window is
 // read with pread, never through a mapping (a truncated mapping raises SIGBUS, which no caller
 // could turn into an error message), and its token ids are checked again as it is read, so a
@@ -26,7 +27,7 @@
 namespace bagualu::data {
 
 inline constexpr int64_t kScanAllTokens  = int64_t{1} << 28;
-inline constexpr int64_t kScanHeadTokens = int64_t{1} << 20;
+inline constexpr int64_t kScanHeadTokens = int64_t{1} << 16;
 
 class TokenShards {
    public:
@@ -39,8 +40,9 @@ class TokenShards {
 
     // `key` is the config key that named `spec` ("data.train"), for errors. Throws InputError
     // naming the file at fault, or the spec when it matches nothing or holds no window.
+    // check_ids = false: headers and sizes only (where another rank checks the ids for all).
     static TokenShards open(const std::string& spec, const std::string& key, int vocab_size,
-                            int seq_len);
+                            int seq_len, bool check_ids = true);
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }

@@ -139,6 +139,30 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
     EXPECT_EQ(on.output.find("warning"), std::string::npos) << on.output;
 }
 
+// A train shard holding an id >= model.vocab_size: rank 0 alone reads the ids at start-up, and
+// every rank ends with its one line, whatever the readers (every rank reading, or one reader).
+TEST_F(BadInputTest, BadTokenIdEndsEveryRankWithOneLine) {
+    std::vector<int32_t> tokens(2000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
+    tokens[1500] = 1000;
+    data::write_token_file(dir / "bad.bin", tokens, 65536);
+    const std::string bad = base + " --set data.train=" + (dir / "bad.bin");
+    expect_error(bad, {"bad.bin", "token 1000 at position 1500", "vocab_size 128"});
+    for (const char* readers : {"0", "1"}) {
+        const CommandResult two =
+            run_command(std::string("cd ") + BGL_SOURCE_DIR + " && timeout 60 " + BGL_MPIEXEC +
+                        " --allow-run-as-root --oversubscribe -np 2 " + BGL_BINARY + " " + bad +
+                        " --set data.readers=" + readers);
+        EXPECT_EQ(two.status, 2) << two.output;
+        size_t n = 0;
+        for (size_t at = two.output.find("token 1000 at position 1500"); at != std::string::npos;
+             at        = two.output.find("token 1000 at position 1500", at + 1))
+            ++n;
+        EXPECT_EQ(n, 1u) << readers << " readers:\n" << two.output;
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
+}
+
 // A run whose planned memory per rank cannot fit in what this machine's ranks may allocate is
 // refused before the model is built, naming the figures and the way out; the test hook stands for
 // a small machine (or a tight cgroup limit). With train.check_memory = false, or room enough, it

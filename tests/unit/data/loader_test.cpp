@@ -112,8 +112,9 @@ TEST(TokenShards, WindowsOfAFileChangedAfterOpenAreCheckedAsTheyAreRead) {
 }
 
 // A split of more than kScanAllTokens tokens (here two sparse uint16 files of zeros, 2^27 + 2^20
-// tokens each, of which start-up reads 2^20 a file) is not read whole at start-up: a bad id in a
-// file's first kScanHeadTokens is refused at once, one beyond is refused when its window is read.
+// tokens each, of which start-up reads kScanHeadTokens a file) is not read whole at start-up: a
+// bad id in a file's first kScanHeadTokens is refused at once, one beyond is refused when its
+// window is read. Opened without the id check, not even the head is read.
 TEST(TokenShards, LargeSplitsAreCheckedAtTheHeadOfEachFileAndAsRead) {
     TempDir dir;
     const int64_t n = (kScanAllTokens >> 1) + (int64_t{1} << 20);
@@ -146,10 +147,16 @@ TEST(TokenShards, LargeSplitsAreCheckedAtTheHeadOfEachFileAndAsRead) {
     s.read_window(bad_window - 1, w.data());
     expect_input_error(
         [&] { s.read_window(bad_window, w.data()); },
-        {"b.bin", "token 60000", fmt::format("position {}", late), "checked as training reads it"});
-    write_sparse(dir.path("big/b.bin"), (int64_t{1} << 20) - 1);  // the last id read at start-up
+        {"b.bin", "token 60000", fmt::format("position {}", late), "another vocabulary"});
+    write_sparse(dir.path("big/b.bin"), kScanHeadTokens - 1);  // the last id read at start-up
     expect_input_error([&] { TokenShards::open(dir.path("big"), "data.train", vocab, T); },
                        {"b.bin", "60000"});
+    const TokenShards unchecked = TokenShards::open(dir.path("big"), "data.train", vocab, T, false);
+    expect_input_error(
+        [&] {
+            unchecked.read_window(unchecked.shard_windows(0) + (kScanHeadTokens - 1) / T, w.data());
+        },
+        {"b.bin", "token 60000", fmt::format("position {}", kScanHeadTokens - 1)});
 }
 
 TEST(TokenShards, FilesThatAreNotRegularAreRefused) {
