@@ -177,7 +177,8 @@ ByteReader::ByteReader(const std::string& path, std::string_view what) : path_(p
     f_ = open_regular_file(path, what);
     std::error_code ec;
     file_size_ = static_cast<int64_t>(fs::file_size(path, ec));
-    in_.resize(kChunk);
+    // a small file gets a small buffer (the reader is opened for every file of a corpus)
+    in_.resize(static_cast<size_t>(std::clamp<int64_t>(file_size_ + 1, 4096, kChunk)));
     refill();
     gzip_ = starts_gzip(std::string_view(in_.data() + in_pos_, in_len_ - in_pos_));
     if (gzip_) {
