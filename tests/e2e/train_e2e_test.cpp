@@ -1,5 +1,6 @@
 // End to end through the binary: prepare a small corpus, train configs/tiny.toml, and check the
 // run directory, determinism, export -> eval, sampling, report and the tokenizer-vocab check.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +87,41 @@ TEST_F(TrainE2ETest, JsonLinesCorpusPreparesTheSameShards) {
     const CommandResult again = bagualu(args);
     EXPECT_EQ(again.status, 0) << again.output;
     EXPECT_EQ(again.output.find("up to date"), std::string::npos) << again.output;
+}
+
+// The README's recipe for a corpus on many machines: a part prepared with its own tokenizer,
+// another with that tokenizer given (--tokenizer, copied to its data.tokenizer), then training
+// over both parts' shards through one pattern, val through another: every train token of both.
+TEST_F(TrainE2ETest, PartsPreparedWithOneTokenizerTrainThroughOnePattern) {
+    const std::string parts = *dir_ / "parts";
+    const auto prepare      = [&](const std::string& part, const std::string& corpus,
+                             const std::string& tokenizer) {
+        return bagualu(
+                 "prepare --config configs/tiny.toml --set 'data.corpus=[\"" + corpus + "\"]'" +
+                 (tokenizer.empty() ? " --set data.tokenizer=" + parts + "/tok.model"
+                                    : " --tokenizer " + tokenizer + " --set data.tokenizer=" + parts +
+                                     "/" + part + "/tok.model") +
+                 " --set 'data.train=" + parts + "/" + part + "/train_*.bin' --set data.val=" + parts +
+                 "/" + part + "/val.bin");
+    };
+    CommandResult r = prepare("a", "/usr/share/games/fortunes/fortunes", "");
+    ASSERT_EQ(r.status, 0) << r.output;
+    r = prepare("b", "/usr/share/games/fortunes/wisdom", parts + "/tok.model");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(read_file(parts + "/b/tok.model") == read_file(parts + "/tok.model"));
+    int64_t tokens = 0;
+    for (const char* part : {"a", "b"}) {
+        tokens +=
+            nlohmann::json::parse(read_file(parts + "/" + part + "/meta.json"))["train_tokens"]
+                .get<int64_t>();
+    }
+    r = bagualu("train --config configs/tiny.toml --set 'data.train=" + parts +
+                "/*/train_*.bin' --set 'data.val=" + parts + "/*/val.bin' --set data.tokenizer=" +
+                parts + "/tok.model --set train.steps=2 --set sample.n_samples=0 --run-dir " +
+                (*dir_ / "parts_run"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("data: {} train tokens", tokens)), std::string::npos)
+        << r.output;
 }
 
 TEST_F(TrainE2ETest, TrainsDeterministicallyAndExportEvalReproducesValLoss) {
