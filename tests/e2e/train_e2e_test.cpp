@@ -94,15 +94,17 @@ TEST_F(TrainE2ETest, JsonLinesCorpusPreparesTheSameShards) {
 // over both parts' shards through one pattern, val through another: every train token of both.
 TEST_F(TrainE2ETest, PartsPreparedWithOneTokenizerTrainThroughOnePattern) {
     const std::string parts = *dir_ / "parts";
-    const auto prepare      = [&](const std::string& part, const std::string& corpus,
+    // part's shards under parts/part; the tokenizer trained (tokenizer "") or given
+    const auto prepare = [&](const std::string& part, const std::string& corpus,
                              const std::string& tokenizer) {
-        return bagualu(
-                 "prepare --config configs/tiny.toml --set 'data.corpus=[\"" + corpus + "\"]'" +
-                 (tokenizer.empty() ? " --set data.tokenizer=" + parts + "/tok.model"
-                                    : " --tokenizer " + tokenizer + " --set data.tokenizer=" + parts +
-                                     "/" + part + "/tok.model") +
-                 " --set 'data.train=" + parts + "/" + part + "/train_*.bin' --set data.val=" + parts +
-                 "/" + part + "/val.bin");
+        const std::string out = parts + "/" + part;
+        std::string args = "prepare --config configs/tiny.toml --set 'data.corpus=[\"" + corpus +
+                           "\"]' --set 'data.train=" + out + "/train_*.bin' --set data.val=" + out +
+                           "/val.bin";
+        if (tokenizer.empty())
+            return bagualu(args + " --set data.tokenizer=" + parts + "/tok.model");
+        return bagualu(args + " --tokenizer " + tokenizer + " --set data.tokenizer=" + out +
+                       "/tok.model");
     };
     CommandResult r = prepare("a", "/usr/share/games/fortunes/fortunes", "");
     ASSERT_EQ(r.status, 0) << r.output;
