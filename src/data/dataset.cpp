@@ -16,7 +16,7 @@ void check_tokenizer_vocab(const std::string& path, int vocab_size) {
     }
 }
 
-Dataset load_dataset(const TrainConfig& cfg) {
+Dataset load_dataset(const TrainConfig& cfg, bool check_ids) {
     const int V = cfg.model.vocab_size, T = cfg.model.seq_len;
     Dataset d;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer)) {
@@ -26,7 +26,7 @@ Dataset load_dataset(const TrainConfig& cfg) {
         check_tokenizer_vocab(cfg.data.tokenizer, V);
         d.has_tokenizer = true;
     }
-    d.val = TokenShards::open(cfg.data.val, "data.val", V, T);
+    d.val = TokenShards::open(cfg.data.val, "data.val", V, T, check_ids);
     if (auto h = read_val_unigram_entropy(cfg.data.val)) d.val_unigram_entropy = *h;
     return d;
 }

@@ -16,8 +16,9 @@ struct Dataset {
     bool has_tokenizer         = false;
 };
 
-// Throws InputError naming the file and what is expected.
-Dataset load_dataset(const TrainConfig& cfg);
+// Throws InputError naming the file and what is expected. check_ids = false: the val split's
+// token ids are left to another rank (token_shards.h; every window is checked as it is read).
+Dataset load_dataset(const TrainConfig& cfg, bool check_ids = true);
 
 // Checks that a SentencePiece model at `path` has `vocab_size` pieces; throws InputError.
 void check_tokenizer_vocab(const std::string& path, int vocab_size);

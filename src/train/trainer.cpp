@@ -288,7 +288,8 @@ void Trainer::check_inputs() {
         validate_layout(cfg_, P_);
         validate_micro_batch(cfg_, P_);
         loader_ = std::make_unique<data::DataLoader>(cfg_, *par_);
-        ds_     = data::load_dataset(cfg_);
+        // rank 0 alone reads the val split's ids, for every rank (check_together)
+        ds_ = data::load_dataset(cfg_, par_->rank() == 0);
         // the samples printed at the end: a prompt that cannot fit is refused now, not after
         // the training
         if (ds_.has_tokenizer && !opt_.quiet && cfg_.sample.n_samples > 0) {

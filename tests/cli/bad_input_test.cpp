@@ -139,8 +139,8 @@ TEST_F(BadInputTest, SettingsWithNoEffectAreWarnedOf) {
     EXPECT_EQ(on.output.find("warning"), std::string::npos) << on.output;
 }
 
-// A train shard holding an id >= model.vocab_size: rank 0 alone reads the ids at start-up, and
-// every rank ends with its one line, whatever the readers (every rank reading, or one reader).
+// A train or val shard holding an id >= model.vocab_size: rank 0 alone reads the ids at start-up,
+// and every rank ends with its one line, whatever the readers (every rank reading, or one).
 TEST_F(BadInputTest, BadTokenIdEndsEveryRankWithOneLine) {
     std::vector<int32_t> tokens(2000);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 97);
@@ -148,17 +148,19 @@ TEST_F(BadInputTest, BadTokenIdEndsEveryRankWithOneLine) {
     data::write_token_file(dir / "bad.bin", tokens, 65536);
     const std::string bad = base + " --set data.train=" + (dir / "bad.bin");
     expect_error(bad, {"bad.bin", "token 1000 at position 1500", "vocab_size 128"});
-    for (const char* readers : {"0", "1"}) {
+    const std::string bad_val = base + " --set data.val=" + (dir / "bad.bin");
+    expect_error(bad_val, {"bad.bin", "token 1000 at position 1500", "vocab_size 128"});
+    for (const std::string& args :
+         {bad + " --set data.readers=0", bad + " --set data.readers=1", bad_val}) {
         const CommandResult two =
             run_command(std::string("cd ") + BGL_SOURCE_DIR + " && timeout 60 " + BGL_MPIEXEC +
-                        " --allow-run-as-root --oversubscribe -np 2 " + BGL_BINARY + " " + bad +
-                        " --set data.readers=" + readers);
+                        " --allow-run-as-root --oversubscribe -np 2 " + BGL_BINARY + " " + args);
         EXPECT_EQ(two.status, 2) << two.output;
         size_t n = 0;
         for (size_t at = two.output.find("token 1000 at position 1500"); at != std::string::npos;
              at        = two.output.find("token 1000 at position 1500", at + 1))
             ++n;
-        EXPECT_EQ(n, 1u) << readers << " readers:\n" << two.output;
+        EXPECT_EQ(n, 1u) << args << ":\n" << two.output;
     }
     EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl"));
 }
