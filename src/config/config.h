@@ -160,6 +160,10 @@ struct DataSection {
     // mixture (data/sampler.h, "blends"). Empty: data.train alone.
     std::vector<std::string> blend;
     std::vector<double> blend_weights;
+    // The splits training reads: data.blend's, else data.train alone.
+    std::vector<std::string> train_splits() const {
+        return blend.empty() ? std::vector{train} : blend;
+    }
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
     // first rank of each of N groups reads for its group and scatters (data/loader.h).
     int readers = 0;

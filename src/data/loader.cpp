@@ -66,14 +66,12 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
     const bool check_ids = par.rank() == 0;
     dist::check_together(par.world(), [&] {
         if (!reader_) return;
-        if (cfg.data.blend.empty()) {
-            sources_.push_back(TokenShards::open(cfg.data.train, "data.train", cfg.model.vocab_size,
-                                                 L_.seq_len, check_ids));
-        }
-        for (size_t i = 0; i < cfg.data.blend.size(); ++i) {
-            sources_.push_back(TokenShards::open(cfg.data.blend[i],
-                                                 fmt::format("data.blend[{}]", i),
-                                                 cfg.model.vocab_size, L_.seq_len, check_ids));
+        const std::vector<std::string> splits = cfg.data.train_splits();
+        for (size_t i = 0; i < splits.size(); ++i) {
+            const std::string key =
+                cfg.data.blend.empty() ? "data.train" : fmt::format("data.blend[{}]", i);
+            sources_.push_back(
+                TokenShards::open(splits[i], key, cfg.model.vocab_size, L_.seq_len, check_ids));
         }
     });
     init(group_info_.size > 1 ? owned_group_.get() : nullptr, "");

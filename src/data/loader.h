@@ -93,7 +93,6 @@ class DataLoader {
     double share(int s) const { return schedule_.share(s); }
     int64_t num_windows() const { return n_windows_; }  // over all sources
     int64_t source_windows(int s) const { return windows_[static_cast<size_t>(s)]; }
-    const std::vector<int64_t>& windows() const { return windows_; }
     ShuffleKind shuffle_kind(int s = 0) const {
         return L_.shuffle.value_or(shuffle_kind_for(windows_[static_cast<size_t>(s)]));
     }

@@ -171,15 +171,16 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
         s.fd           = open_shard(path, &bytes);
         s.layout       = read_shard_header(s.fd, path, bytes);
         s.first_window = out.n_windows_;
-        s.windows      = s.layout.count > 0 ? (s.layout.count - 1) / seq_len : 0;
+        s.windows      = windows_in(s.layout.count, seq_len);
         out.n_windows_ += s.windows;
         out.n_tokens_ += s.layout.count;
     }
-    const bool whole = out.n_tokens_ <= kScanAllTokens;
-    for (Shard& s : out.shards_) {
-        if (!check_ids) break;
-        s.checked = whole ? s.layout.count : std::min(s.layout.count, kScanHeadTokens);
-        check_shard_ids(s.fd, s.path, s.layout, s.checked, vocab_size);
+    if (check_ids) {
+        const bool whole = out.n_tokens_ <= kScanAllTokens;
+        for (Shard& s : out.shards_) {
+            s.checked = whole ? s.layout.count : std::min(s.layout.count, kScanHeadTokens);
+            check_shard_ids(s.fd, s.path, s.layout, s.checked, vocab_size);
+        }
     }
     if (out.n_windows_ == 0) {
         if (out.shards_.size() == 1) {

@@ -26,6 +26,9 @@
 
 namespace bagualu::data {
 
+// Windows of T + 1 tokens a shard of n tokens holds.
+inline int64_t windows_in(int64_t n_tokens, int T) { return n_tokens > 0 ? (n_tokens - 1) / T : 0; }
+
 inline constexpr int64_t kScanAllTokens  = int64_t{1} << 28;
 inline constexpr int64_t kScanHeadTokens = int64_t{1} << 16;
 

@@ -84,8 +84,7 @@ uint64_t shard_windows(const std::string& spec, int T) {
         int32_t h[3] = {0, 0, 0};
         if (!f.read(reinterpret_cast<char*>(h), sizeof(h)) || h[0] != data::kTokenFileMagic)
             continue;
-        const auto tokens = static_cast<uint64_t>(static_cast<uint32_t>(h[2]));
-        if (tokens > 0) n += (tokens - 1) / static_cast<uint64_t>(T);
+        n += static_cast<uint64_t>(data::windows_in(static_cast<uint32_t>(h[2]), T));
     }
     return n;
 }
@@ -698,9 +697,7 @@ dist::CommTally per_kind(const std::vector<Collective>& cs) {
 
 uint64_t data_order_bytes(const TrainConfig& cfg) {
     uint64_t bytes = 0;
-    const auto splits =
-        cfg.data.blend.empty() ? std::vector<std::string>{cfg.data.train} : cfg.data.blend;
-    for (const std::string& spec : splits) {
+    for (const std::string& spec : cfg.data.train_splits()) {
         const uint64_t n = shard_windows(spec, cfg.model.seq_len);
         if (data::shuffle_kind_for(static_cast<int64_t>(n)) == data::ShuffleKind::exact) {
             bytes += 8 * n;

@@ -18,9 +18,8 @@ namespace bagualu::plan {
 
 // The footprint of cfg on `ranks` ranks, ranks_per_node to a node, `threads` compute threads a
 // rank, and order_bytes of data order tables (plan::data_order_bytes, read once for all ranks),
-// without the
-// process baseline (already allocated, so already outside MemAvailable). Throws InputError where
-// the planner cannot count the layout.
+// without the process baseline (already allocated, so already outside MemAvailable). Throws
+// InputError where the planner cannot count the layout.
 Footprint run_footprint(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads,
                         uint64_t order_bytes);
 

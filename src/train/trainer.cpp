@@ -469,24 +469,31 @@ void Trainer::log_setup() const {
 // other data.train. Each such case is said in one line.
 data::OrderCursor Trainer::resumed_cursor(const TrainerState& ts, const std::string& dir) const {
     data::OrderCursor c = loader_->start_cursor();
+    // split s, named `what`, at the checkpoint's (epoch, position) in its `windows` windows
+    // (0: not recorded, as in checkpoints written before the count was)
+    const auto place = [&](int s, const std::string& what, int64_t epoch, int64_t position,
+                           int64_t windows) {
+        data::SamplerCursor& sc = c.sources[static_cast<size_t>(s)];
+        if (windows == 0 || windows == loader_->source_windows(s)) {
+            sc = {epoch, position};
+            return;
+        }
+        if (writer_) {
+            log::info(
+                "resume: {} holds {} windows, the run of {} read {}: its order starts over them "
+                "at epoch {}",
+                what, loader_->source_windows(s), dir, windows, epoch + 1);
+        }
+        sc = {epoch + 1, 0};
+    };
     if (!loader_->blended()) {
-        if (!ts.blend.empty()) {
-            if (writer_) {
-                log::info(
-                    "resume: the run of {} read a blend of {} splits, this one data.train: "
-                    "its order starts at epoch 0",
-                    dir, ts.blend.size());
-            }
-        } else if (ts.windows > 0 && ts.windows != loader_->num_windows()) {
-            if (writer_) {
-                log::info(
-                    "resume: data.train holds {} windows, the run of {} read {}: its order "
-                    "starts over them at epoch {}",
-                    loader_->num_windows(), dir, ts.windows, ts.epoch + 1);
-            }
-            c.sources[0] = {ts.epoch + 1, 0};
-        } else {
-            c.sources[0] = {ts.epoch, ts.position};
+        if (ts.blend.empty()) {
+            place(0, "data.train", ts.epoch, ts.position, ts.windows);
+        } else if (writer_) {
+            log::info(
+                "resume: the run of {} read a blend of {} splits, this one data.train: "
+                "its order starts at epoch 0",
+                dir, ts.blend.size());
         }
         return c;
     }
@@ -500,8 +507,7 @@ data::OrderCursor Trainer::resumed_cursor(const TrainerState& ts, const std::str
         return c;
     }
     for (int s = 0; s < loader_->num_sources(); ++s) {
-        const auto i            = static_cast<size_t>(s);
-        const std::string& name = cfg_.data.blend[i];
+        const std::string& name = cfg_.data.blend[static_cast<size_t>(s)];
         const auto same_name    = [&](const BlendSourceState& b) { return b.data == name; };
         const auto it           = std::find_if(ts.blend.begin(), ts.blend.end(), same_name);
         if (it == ts.blend.end()) {
@@ -513,18 +519,9 @@ data::OrderCursor Trainer::resumed_cursor(const TrainerState& ts, const std::str
             }
             continue;
         }
-        c.deficits[i] = it->deficit;
-        if (it->windows == loader_->source_windows(s)) {
-            c.sources[i] = {it->epoch, it->position};
-            continue;
-        }
-        if (writer_) {
-            log::info(
-                "resume: data.blend[{}] = \"{}\" holds {} windows, the run of {} read {}: "
-                "its order starts over them at epoch {}",
-                s, name, loader_->source_windows(s), dir, it->windows, it->epoch + 1);
-        }
-        c.sources[i] = {it->epoch + 1, 0};
+        c.deficits[static_cast<size_t>(s)] = it->deficit;
+        place(s, fmt::format("data.blend[{}] = \"{}\"", s, name), it->epoch, it->position,
+              it->windows);
     }
     return c;
 }
@@ -721,22 +718,21 @@ double Trainer::reduce_loss(double local_loss, int64_t step) {
 
 void Trainer::save_checkpoint(int64_t step) {
     const data::OrderCursor& c = loader_->cursor();
-    nlohmann::json sampler;
-    if (!loader_->blended()) {
-        sampler = {{"epoch", c.sources[0].epoch},
-                   {"position", c.sources[0].position},
-                   {"windows", loader_->num_windows()},
-                   {"order", data::shuffle_kind_name(loader_->shuffle_kind())}};
-    } else {
+    // a split's cursor, its windows and the kind of its order
+    const auto split_state = [&](int s) {
+        const data::SamplerCursor& sc = c.sources[static_cast<size_t>(s)];
+        return nlohmann::json{{"epoch", sc.epoch},
+                              {"position", sc.position},
+                              {"windows", loader_->source_windows(s)},
+                              {"order", data::shuffle_kind_name(loader_->shuffle_kind(s))}};
+    };
+    nlohmann::json sampler = split_state(0);
+    if (loader_->blended()) {
         nlohmann::json splits = nlohmann::json::array();
         for (int s = 0; s < loader_->num_sources(); ++s) {
-            const auto i = static_cast<size_t>(s);
-            splits.push_back({{"data", cfg_.data.blend[i]},
-                              {"epoch", c.sources[i].epoch},
-                              {"position", c.sources[i].position},
-                              {"windows", loader_->source_windows(s)},
-                              {"order", data::shuffle_kind_name(loader_->shuffle_kind(s))},
-                              {"deficit", c.deficits[i]}});
+            nlohmann::json& split = splits.emplace_back(split_state(s));
+            split["data"]         = cfg_.data.blend[static_cast<size_t>(s)];
+            split["deficit"]      = c.deficits[static_cast<size_t>(s)];
         }
         sampler = {{"blend", std::move(splits)}};
     }
