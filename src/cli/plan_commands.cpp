@@ -382,6 +382,7 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         m.source      = out;
         m.cpu_model   = kernels::cpu_features().model;
         warm_up_kernels();
+        (void)touch_own_image();  // what a training process has resident of the binary
         m.node.baseline_rss_mib    = static_cast<double>(resident_bytes()) / 1048576;
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);
@@ -404,6 +405,7 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
     // what MPI adds: resident memory after its start-up and collectives, beyond a process that
     // has run the kernels (the baseline measured without mpirun)
     warm_up_kernels();
+    (void)touch_own_image();  // as the run without mpirun, so that only MPI's part is measured
     const uint64_t rss0               = resident_bytes();
     std::unique_ptr<dist::Comm> world = dist::init_world(argc, argv);
     // Rank 0 updates the file the run without mpirun wrote on this CPU: checked before the

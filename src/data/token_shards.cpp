@@ -142,7 +142,8 @@ TokenFileLayout read_shard_header(int fd, const std::string& path, int64_t bytes
 void check_shard_ids(int fd, const std::string& path, const TokenFileLayout& layout, int64_t tokens,
                      int vocab_size) {
     constexpr int64_t kChunkTokens = int64_t{1} << 18;
-    std::vector<char> chunk(static_cast<size_t>(kChunkTokens * layout.width));
+    // no larger than the ids checked: a small split's check allocates (and touches) no more
+    std::vector<char> chunk(static_cast<size_t>(std::min(kChunkTokens, tokens) * layout.width));
     for (int64_t first = 0; first < tokens; first += kChunkTokens) {
         const int64_t n    = std::min(kChunkTokens, tokens - first);
         const int64_t want = n * layout.width;

@@ -1,7 +1,7 @@
 // The control groups' memory room (core/proc_memory.h) read from fake cgroup trees: the least of
 // limit - usage over a group and its ancestors, in v2 and in v1, "max" and v1's huge number as no
 // limit, a path the mount does not show read from its nearest ancestor, and usage at or above the
-// limit as no room.
+// limit as no room. And the executable's pages made resident for calibrate's baseline.
 #include "core/proc_memory.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
 
 namespace bagualu {
 namespace {
@@ -89,6 +91,40 @@ TEST(CgroupMemoryLeft, ThisProcessGetsAFigure) {
     ASSERT_NE(m.bytes, UINT64_MAX) << "no /proc/meminfo";
     EXPECT_LE(m.bytes, total_memory_bytes());
     EXPECT_TRUE(m.what == "MemAvailable" || m.what.rfind("cgroup ", 0) == 0) << m.what;
+}
+
+// Resident and mapped kB of this executable's readable file mappings, from /proc/self/smaps.
+std::pair<uint64_t, uint64_t> own_image_kb() {
+    const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::ifstream smaps("/proc/self/smaps");
+    uint64_t rss = 0, size = 0;
+    bool mine = false;
+    std::string line;
+    while (std::getline(smaps, line)) {
+        std::istringstream in(line);
+        std::string first, second;
+        in >> first >> second;
+        if (first.find('-') != std::string::npos && first.back() != ':') {  // a mapping's line
+            std::string offset, dev, inode, path;
+            in >> offset >> dev >> inode;
+            std::getline(in >> std::ws, path);
+            mine = path == exe && second[0] == 'r';
+        } else if (mine && first == "Rss:") {
+            rss += std::stoull(second);
+        } else if (mine && first == "Size:") {
+            size += std::stoull(second);
+        }
+    }
+    return {rss, size};
+}
+
+TEST(TouchOwnImage, MakesEveryPageOfTheBinaryResident) {
+    const auto [rss0, size0] = own_image_kb();
+    ASSERT_GT(size0, 0u) << "no readable mapping of /proc/self/exe in /proc/self/smaps";
+    const uint64_t bytes = touch_own_image();
+    EXPECT_EQ(bytes, size0 * 1024);
+    const auto [rss, size] = own_image_kb();
+    EXPECT_EQ(rss, size) << "before: " << rss0 << " of " << size0 << " kB resident";
 }
 
 }  // namespace
