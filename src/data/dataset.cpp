@@ -26,8 +26,15 @@ Dataset load_dataset(const TrainConfig& cfg, bool check_ids) {
         check_tokenizer_vocab(cfg.data.tokenizer, V);
         d.has_tokenizer = true;
     }
-    d.val = TokenShards::open(cfg.data.val, "data.val", V, T, check_ids);
-    if (auto h = read_val_unigram_entropy(cfg.data.val)) d.val_unigram_entropy = *h;
+    // the split's unigram entropy from the ids the check reads (any val pattern: the parts of a
+    // corpus prepared apart, each with its own meta.json), else from prepare's meta.json
+    std::vector<int64_t> counts;
+    d.val = TokenShards::open(cfg.data.val, "data.val", V, T, check_ids, &counts);
+    if (!counts.empty()) {
+        d.val_unigram_entropy = unigram_entropy_of_counts(counts);
+    } else if (auto h = read_val_unigram_entropy(cfg.data.val)) {
+        d.val_unigram_entropy = *h;
+    }
     return d;
 }
 

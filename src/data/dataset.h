@@ -1,5 +1,5 @@
-// What a run reads besides the train split (which the data loader, loader.h, maps on the ranks
-// that read it): the val split, mapped (token_shards.h), and the checks that the data fits the
+// What a run reads besides the train split (which the data loader, loader.h, reads on the ranks
+// that read it): the val split, opened (token_shards.h), and the checks that the data fits the
 // model — every token id below model.vocab_size, the tokenizer's vocabulary equal to the
 // model's, and each split long enough for one window of seq_len + 1 tokens.
 #pragma once
@@ -12,7 +12,9 @@ namespace bagualu::data {
 
 struct Dataset {
     TokenShards val;
-    double val_unigram_entropy = -1;  // from meta.json beside val; < 0 if absent
+    // of the val split, counted as its ids were checked, else from meta.json beside val;
+    // < 0 where neither (a split checked at its head only, or by another rank, and no meta.json)
+    double val_unigram_entropy = -1;
     bool has_tokenizer         = false;
 };
 

@@ -138,9 +138,10 @@ TokenFileLayout read_shard_header(int fd, const std::string& path, int64_t bytes
     return layout;
 }
 
-// The ids of the first `tokens` tokens of an open shard, read in chunks.
+// The ids of the first `tokens` tokens of an open shard, read in chunks; counted into
+// `counts` (vocab_size entries) when given.
 void check_shard_ids(int fd, const std::string& path, const TokenFileLayout& layout, int64_t tokens,
-                     int vocab_size) {
+                     int vocab_size, std::vector<int64_t>* counts) {
     constexpr int64_t kChunkTokens = int64_t{1} << 18;
     // no larger than the ids checked: a small split's check allocates (and touches) no more
     std::vector<char> chunk(static_cast<size_t>(std::min(kChunkTokens, tokens) * layout.width));
@@ -154,13 +155,26 @@ void check_shard_ids(int fd, const std::string& path, const TokenFileLayout& lay
         TokenFileLayout part = layout;
         part.count           = n;
         check_token_ids(path, chunk.data(), part, vocab_size, first);
+        if (counts) {  // every id is below vocab_size now
+            for (int64_t i = 0; i < n; ++i) {
+                uint32_t t = 0;
+                if (layout.width == 2) {
+                    uint16_t h;
+                    std::memcpy(&h, chunk.data() + 2 * i, 2);
+                    t = h;
+                } else {
+                    std::memcpy(&t, chunk.data() + 4 * i, 4);
+                }
+                ++(*counts)[t];
+            }
+        }
     }
 }
 
 }  // namespace
 
 TokenShards TokenShards::open(const std::string& spec, const std::string& key, int vocab_size,
-                              int seq_len, bool check_ids) {
+                              int seq_len, bool check_ids, std::vector<int64_t>* id_counts) {
     BGL_CHECK(vocab_size > 0 && seq_len > 0, "vocab_size {} seq_len {}", vocab_size, seq_len);
     TokenShards out;
     out.T_          = seq_len;
@@ -176,11 +190,14 @@ TokenShards TokenShards::open(const std::string& spec, const std::string& key, i
         out.n_windows_ += s.windows;
         out.n_tokens_ += s.layout.count;
     }
+    if (id_counts) id_counts->clear();
     if (check_ids) {
-        const bool whole = out.n_tokens_ <= kScanAllTokens;
+        const bool whole             = out.n_tokens_ <= kScanAllTokens;
+        std::vector<int64_t>* counts = whole ? id_counts : nullptr;
+        if (counts) counts->assign(static_cast<size_t>(vocab_size), 0);
         for (Shard& s : out.shards_) {
             s.checked = whole ? s.layout.count : std::min(s.layout.count, kScanHeadTokens);
-            check_shard_ids(s.fd, s.path, s.layout, s.checked, vocab_size);
+            check_shard_ids(s.fd, s.path, s.layout, s.checked, vocab_size, counts);
         }
     }
     if (out.n_windows_ == 0) {

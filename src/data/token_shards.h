@@ -44,8 +44,11 @@ class TokenShards {
     // `key` is the config key that named `spec` ("data.train"), for errors. Throws InputError
     // naming the file at fault, or the spec when it matches nothing or holds no window.
     // check_ids = false: headers and sizes only (where another rank checks the ids for all).
+    // id_counts: when given, set to the count of each id 0..vocab_size-1 over the whole split
+    // where the check read every id (a split of up to kScanAllTokens), else left empty.
     static TokenShards open(const std::string& spec, const std::string& key, int vocab_size,
-                            int seq_len, bool check_ids = true);
+                            int seq_len, bool check_ids = true,
+                            std::vector<int64_t>* id_counts = nullptr);
 
     int64_t num_windows() const { return n_windows_; }
     int64_t num_tokens() const { return n_tokens_; }

@@ -10,6 +10,8 @@
 
 #include "../common/run_command.h"
 #include "data/corpus.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
 #include "optim/lr_schedule.h"
 
 namespace bagualu::testing {
@@ -123,6 +125,17 @@ TEST_F(TrainE2ETest, PartsPreparedWithOneTokenizerTrainThroughOnePattern) {
                 (*dir_ / "parts_run"));
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find(fmt::format("data: {} train tokens", tokens)), std::string::npos)
+        << r.output;
+    // the val pattern spans the parts, each with its own meta.json: the end line's unigram
+    // entropy is that of the two val splits together, counted as their ids were checked
+    std::vector<int32_t> val;
+    for (const char* part : {"a", "b"}) {
+        const data::TokenFile f = data::read_token_file(parts + "/" + part + "/val.bin", 1 << 20);
+        val.insert(val.end(), f.tokens.begin(), f.tokens.end());
+    }
+    EXPECT_NE(r.output.find(
+                  fmt::format("val unigram entropy {:.4f} nats/token", data::unigram_entropy(val))),
+              std::string::npos)
         << r.output;
 }
 

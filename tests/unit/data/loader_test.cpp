@@ -69,6 +69,24 @@ TEST(TokenShards, UnevenShardsNumberWindowsWithinFiles) {
     }
 }
 
+TEST(TokenShards, CountsEveryIdOfASplitTheCheckReadsWhole) {
+    TempDir dir;
+    std::filesystem::create_directories(dir.path("v"));
+    const std::vector<int32_t> a = {3, 1, 3, 3, 0, 7, 1, 3};  // uint16
+    const std::vector<int32_t> b = {7, 7, 2, 70000, 3};       // uint32
+    write_token_file(dir.path("v/a.bin"), a, 65536);
+    write_token_file(dir.path("v/b.bin"), b, kVocab);
+    std::vector<int64_t> want(kVocab, 0);
+    for (const int32_t t : a) ++want[t];
+    for (const int32_t t : b) ++want[t];
+    std::vector<int64_t> counts = {42};
+    (void)TokenShards::open(dir.path("v"), "data.val", kVocab, 2, true, &counts);
+    EXPECT_EQ(counts, want);
+    // no check, no counts: nothing was read
+    (void)TokenShards::open(dir.path("v"), "data.val", kVocab, 2, false, &counts);
+    EXPECT_TRUE(counts.empty());
+}
+
 TEST(TokenShards, ErrorsNameTheFileOrTheSpec) {
     TempDir dir;
     const std::string root = write_shards(dir);
@@ -138,8 +156,10 @@ TEST(TokenShards, LargeSplitsAreCheckedAtTheHeadOfEachFileAndAsRead) {
     const int64_t late = n - 10 * T;  // in the last windows of the second file
     write_sparse(dir.path("big/a.bin"), -1);
     write_sparse(dir.path("big/b.bin"), late);
-    const TokenShards s = TokenShards::open(dir.path("big"), "data.train", vocab, T);
+    std::vector<int64_t> counts = {1};
+    const TokenShards s = TokenShards::open(dir.path("big"), "data.train", vocab, T, true, &counts);
     EXPECT_GT(s.num_tokens(), kScanAllTokens);
+    EXPECT_TRUE(counts.empty());  // the heads alone were read: no counts of the split
     std::vector<int32_t> w(T + 1);
     s.read_window(0, w.data());
     EXPECT_EQ(w[0], 0);
