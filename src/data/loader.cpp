@@ -74,7 +74,7 @@ DataLoader::DataLoader(const TrainConfig& cfg, dist::ParallelContext& par)
                 TokenShards::open(splits[i], key, cfg.model.vocab_size, L_.seq_len, check_ids));
         }
     });
-    init(group_info_.size > 1 ? owned_group_.get() : nullptr, "");
+    init(group_info_.size > 1 ? owned_group_.get() : nullptr);
 }
 
 DataLoader::DataLoader(const LoaderLayout& layout, TokenShards train, dist::Comm* group)
@@ -89,15 +89,15 @@ DataLoader::DataLoader(const LoaderLayout& layout, std::vector<TokenShards> sour
                   (!group || group->size() == group_info_.size),
               "rank {}: a reader group of {} needs a communicator of that size", L_.rank,
               group_info_.size);
-    init(group, "");
+    init(group);
 }
 
-void DataLoader::init(dist::Comm* group, const std::string& open_error) {
+void DataLoader::init(dist::Comm* group) {
     group_       = group;
     const auto S = static_cast<size_t>(schedule_.sources());
-    // the reader's window counts, or -1 where it could not open the splits
+    // the reader's window counts (its splits are open: a failure ended every rank before)
     windows_.assign(S, -1);
-    if (reader_ && open_error.empty()) {
+    if (reader_) {
         BGL_CHECK(sources_.size() == S, "rank {}: {} splits opened for {} sources", L_.rank,
                   sources_.size(), S);
         for (size_t s = 0; s < S; ++s) {
@@ -106,11 +106,6 @@ void DataLoader::init(dist::Comm* group, const std::string& open_error) {
         }
     }
     if (group_) group_->broadcast(windows_.data(), S * sizeof(int64_t), 0);
-    if (!open_error.empty()) throw InputError(open_error);
-    if (windows_[0] < 0) {
-        input_error("data.train: rank {}, the reader of ranks {}-{}, cannot open it",
-                    group_info_.first, group_info_.first, group_info_.first + group_info_.size - 1);
-    }
     for (const int64_t w : windows_) {
         BGL_CHECK(w > 0, "rank {}: a split of the training data holds no window", L_.rank);
         n_windows_ += w;

@@ -105,7 +105,7 @@ class DataLoader {
    private:
     // Both constructors end here: shares the reader's window count over the group, or its
     // failure to open the files (open_error on the reader).
-    void init(dist::Comm* group, const std::string& open_error);
+    void init(dist::Comm* group);
     void fetch();         // helper thread: the group's windows of one micro-step into buf_[fill_]
     void start_fetch();   // main thread
     void finish_fetch();  // main thread: waits for the pending fetch

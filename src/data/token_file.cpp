@@ -151,7 +151,7 @@ namespace {
 
 template <typename T>
 void check_ids(const std::string& path, const char* body, int64_t count, int vocab_size,
-               int64_t first) {
+               int64_t first, std::vector<int64_t>* counts) {
     const auto limit = static_cast<uint32_t>(vocab_size);
     for (int64_t i = 0; i < count; ++i) {
         T t;
@@ -163,17 +163,20 @@ void check_ids(const std::string& path, const char* body, int64_t count, int voc
                 "disagree)",
                 path, static_cast<uint32_t>(t), first + i, vocab_size);
         }
+        if (counts) ++(*counts)[static_cast<size_t>(t)];
     }
 }
 
 }  // namespace
 
 void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
-                     int vocab_size, int64_t first) {
+                     int vocab_size, int64_t first, std::vector<int64_t>* counts) {
+    BGL_CHECK(!counts || counts->size() == static_cast<size_t>(vocab_size),
+              "{} counts for a vocabulary of {}", counts ? counts->size() : 0, vocab_size);
     if (layout.version == 1) {
-        check_ids<uint16_t>(path, body, layout.count, vocab_size, first);
+        check_ids<uint16_t>(path, body, layout.count, vocab_size, first, counts);
     } else {
-        check_ids<uint32_t>(path, body, layout.count, vocab_size, first);
+        check_ids<uint32_t>(path, body, layout.count, vocab_size, first, counts);
     }
 }
 

@@ -59,8 +59,9 @@ struct TokenFileLayout {
 TokenFileLayout check_token_header(const std::string& path, const char* bytes, int64_t size);
 // Throws InputError naming path and position when a token of `body` (count tokens of width
 // bytes each, as in `layout`) is >= vocab_size. `first` is the position of body's first token in
-// the file (for the message, when body is one chunk of it).
+// the file (for the message, when body is one chunk of it). counts: when given (vocab_size
+// entries), each id is counted into it as it is checked.
 void check_token_ids(const std::string& path, const char* body, const TokenFileLayout& layout,
-                     int vocab_size, int64_t first = 0);
+                     int vocab_size, int64_t first = 0, std::vector<int64_t>* counts = nullptr);
 
 }  // namespace bagualu::data

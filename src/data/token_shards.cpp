@@ -154,20 +154,7 @@ void check_shard_ids(int fd, const std::string& path, const TokenFileLayout& lay
         }
         TokenFileLayout part = layout;
         part.count           = n;
-        check_token_ids(path, chunk.data(), part, vocab_size, first);
-        if (counts) {  // every id is below vocab_size now
-            for (int64_t i = 0; i < n; ++i) {
-                uint32_t t = 0;
-                if (layout.width == 2) {
-                    uint16_t h;
-                    std::memcpy(&h, chunk.data() + 2 * i, 2);
-                    t = h;
-                } else {
-                    std::memcpy(&t, chunk.data() + 4 * i, 4);
-                }
-                ++(*counts)[t];
-            }
-        }
+        check_token_ids(path, chunk.data(), part, vocab_size, first, counts);
     }
 }
 
