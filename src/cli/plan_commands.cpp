@@ -20,6 +20,7 @@
 #include "dist/comm/checks.h"
 #include "dist/comm/comm.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 #include "plan/calibrate.h"
 #include "plan/estimate.h"
 
@@ -84,8 +85,18 @@ struct Inputs {
 // node's cores shared by its ranks.
 Layout layout_on(const TrainConfig& cfg, const model::PrecisionPolicy& policy, const MachineSpec& m,
                  int nodes, int R) {
-    return make_layout(cfg, policy, nodes * R, R,
-                       cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R));
+    Layout L =
+        make_layout(cfg, policy, nodes * R, R,
+                    cfg.train.threads > 0 ? cfg.train.threads : std::max(1, m.node.cores / R));
+    if (!m.node.gemm_path.empty()) {  // validated: a path's name, and both caches given
+        L.gemm_path = *kernels::gemm::path_of_name(m.node.gemm_path);
+        L.caches.l2 = static_cast<size_t>(m.node.l2_kib * 1024);
+        L.caches.l3 = static_cast<size_t>(m.node.l3_kib * 1024);
+        if (!m.node.half_features.empty()) {
+            L.avx512_bf16 = m.node.half_features.find("avx512_bf16") != std::string::npos;
+        }
+    }
+    return L;
 }
 
 Estimate run_estimate(const Inputs& in) {
@@ -159,6 +170,7 @@ nlohmann::json to_json(const Estimate& e, const Inputs& in) {
                                   {"comm_buffers", m.comm_buffers},
                                   {"data", m.data},
                                   {"checkpoint", m.checkpoint},
+                                  {"gemm_packing", m.gemm_packing},
                                   {"total", m.total()}};
     j["memory_per_node_bytes"] = e.node_memory_bytes;
     j["node_capacity_bytes"]   = e.node_capacity;
@@ -238,6 +250,7 @@ void print_text(const Estimate& e, const Inputs& in) {
                                                    {"communication buffers", m.comm_buffers},
                                                    {"data", m.data},
                                                    {"checkpoint snapshot", m.checkpoint},
+                                                   {"GEMM packing buffers", m.gemm_packing},
                                                    {"total", m.total()}};
     for (const auto& [name, b] : rows) fmt::print("  {:<26}{:>14}\n", name, human_bytes(b));
     fmt::print("  {}\n", fit_line(e));
@@ -384,6 +397,10 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         warm_up_kernels();
         (void)touch_own_image();  // what a training process has resident of the binary
         m.node.baseline_rss_mib    = static_cast<double>(resident_bytes()) / 1048576;
+        m.node.l2_kib              = static_cast<double>(kernels::cache_sizes().l2) / 1024;
+        m.node.l3_kib              = static_cast<double>(kernels::cache_sizes().l3) / 1024;
+        m.node.gemm_path           = kernels::gemm::path_name(kernels::gemm::active_path());
+        m.node.half_features       = kernels::half_precision_features();
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);
         if (const uint64_t total = total_memory_bytes())

@@ -37,11 +37,9 @@ constexpr Path kAllPaths[] = {Path::ref, Path::generic,  Path::avx2,   Path::avx
 Path initial_path() {
     const char* env = std::getenv("BGL_GEMM");
     if (env == nullptr || *env == '\0') return best_path();
-    for (Path p : kAllPaths) {
-        if (std::string_view(env) == path_name(p)) {
-            if (!path_supported(p)) input_error("BGL_GEMM={}: not supported on this CPU", env);
-            return p;
-        }
+    if (const std::optional<Path> p = path_of_name(env)) {
+        if (!path_supported(*p)) input_error("BGL_GEMM={}: not supported on this CPU", env);
+        return *p;
     }
     input_error("BGL_GEMM={}: expected ref, generic, avx2, avx512, amx, openblas, onednn or auto",
                 env);
@@ -127,6 +125,44 @@ const char* path_name(Path p) {
             return "auto";
     }
     return "?";
+}
+
+std::optional<Path> path_of_name(std::string_view name) {
+    for (Path p : kAllPaths) {
+        if (name == path_name(p)) return p;
+    }
+    return std::nullopt;
+}
+
+PackingBound packing_bound(Path path, const CacheSizes& caches, int threads, int max_m, int max_n,
+                           int max_k, bool bf16, PackDriver driver,
+                           std::optional<bool> avx512_bf16) {
+    const bool grouped = driver != PackDriver::packed;
+    if (path == Path::automatic || (grouped && path == Path::onednn)) path = best_path();
+    std::vector<const KernelSpec*> specs;
+    switch (path) {
+        case Path::ref:
+        case Path::openblas:
+        case Path::onednn:
+            return {};
+        case Path::avx512:  // the 16-bit kernel is one of two, by the CPU's AVX512_BF16
+            specs = {&avx512::f32_kernel()};
+            if (bf16 && avx512_bf16) {
+                specs = {*avx512_bf16 ? &avx512::bf16_dot_kernel() : &avx512::bf16_kernel()};
+            } else if (bf16) {
+                specs = {&avx512::bf16_kernel(), &avx512::bf16_dot_kernel()};
+            }
+            break;
+        default:
+            specs = {bf16 ? &bf16_spec(path) : &f32_spec(path)};
+    }
+    PackingBound out;
+    for (const KernelSpec* s : specs) {
+        KernelSpec spec = *s;
+        if (bf16 && driver == PackDriver::grouped_tn) spec.kc = f32_spec(path).kc;
+        out.join(packing_bound(spec, caches, threads, max_m, max_n, max_k, driver));
+    }
+    return out;
 }
 
 bool path_supported(Path p) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "core/buffer.h"
 #include "core/error.h"
@@ -20,6 +21,7 @@
 #include "dist/paro/grad_sync.h"
 #include "dist/paro/shard_map.h"
 #include "dist/paro/spaces.h"
+#include "kernels/gemm/driver.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
@@ -65,6 +67,60 @@ double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capac
     const double budget = capacity_factor > 0 ? capacity_factor : m.moe_rows_budget;
     return static_cast<double>(moe::moe_rows_budget(max_tokens, m.top_k, ep, budget));
 }
+
+}  // namespace
+
+double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
+    if (L.caches.l2 == 0) return 0;
+    const ModelConfig& m = cfg.model;
+    const int N          = static_cast<int>(L.micro_batch * m.seq_len);
+    const int C          = m.d_model;
+    kernels::gemm::PackingBound bound;
+    // A linear layer of `rows` tokens, in -> out features, its products in d: its forward (rows x
+    // out over in), its input gradient (rows x in over out) and its weight gradient (out x in
+    // over rows), on the bf16 kernels where its class computes in bf16 (model/precision.h).
+    using kernels::gemm::PackDriver;
+    const auto linear = [&](int rows, int in, int out, Dtype d, bool grouped) {
+        const bool bf16        = d == Dtype::bfloat16;
+        const PackDriver fwd   = grouped ? PackDriver::grouped : PackDriver::packed;
+        const PackDriver wgrad = grouped ? PackDriver::grouped_tn : PackDriver::packed;
+        for (const auto& [M, Nc, K, driver] :
+             {std::tuple{rows, out, in, fwd}, std::tuple{rows, in, out, fwd},
+              std::tuple{out, in, rows, wgrad}}) {
+            bound.join(kernels::gemm::packing_bound(L.gemm_path, L.caches, L.threads, M, Nc, K,
+                                                    bf16, driver, L.avx512_bf16));
+        }
+    };
+    const Dtype attn_d = L.policy.gemm_dtype(model::LayerClass::attention);
+    const Dtype ffn_d  = L.policy.gemm_dtype(model::LayerClass::ffn);
+    const Dtype head_d = L.policy.gemm_dtype(model::LayerClass::head);
+    bool dense = false, moe = false;
+    for (int l = 0; l < m.n_layer; ++l) (m.is_moe_block(l) ? moe : dense) = true;
+    linear(N, C, 3 * C, attn_d, false);  // q, k, v
+    linear(N, C, C, attn_d, false);      // attention projection
+    if (dense) {
+        linear(N, C, m.d_ff, ffn_d, false);
+        linear(N, m.d_ff, C, ffn_d, false);
+    }
+    if (moe) {
+        linear(N, C, m.gate_rows(), L.policy.router_dtype(), false);  // the router
+        // the experts on the grouped driver, on up to a round's rows
+        const int R = static_cast<int>(round_rows(m, N, L.ep, L.capacity_factor));
+        linear(R, C, m.expert_width(), ffn_d, true);
+        linear(R, m.expert_width(), C, ffn_d, true);
+        if (m.n_shared_experts > 0) {  // either driver
+            for (const bool grouped : {false, true}) {
+                linear(N, C, m.shared_width(), ffn_d, grouped);
+                linear(N, m.shared_width(), C, ffn_d, grouped);
+            }
+        }
+    }
+    // the LM head (fused: row blocks of at most N rows)
+    linear(N, C, m.vocab_size, head_d, false);
+    return static_cast<double>(bound.total(L.threads));
+}
+
+namespace {
 
 // Windows of T + 1 tokens in a split's shards (a file, glob or directory, token_shards.h) from
 // their headers; a file that is absent or not a shard counts 0.
@@ -317,6 +373,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
                          static_cast<double>(dist::paro::state_piece_floats(
                              lay, prec, L.opt_shards > 1, L.ranks, L.edp(), L.bucket_floats));
     }
+    mem.gemm_packing = gemm_packing_bytes(cfg, L);
     // Data (data/loader.cpp, data/dataset.cpp): the train and val shards are read a window at
     // a time (pread), nothing of them resident; a reader's data order holds a table of 8 bytes a
     // window up to kExactShuffleWindows windows and none beyond (data/sampler.h); the loader of a

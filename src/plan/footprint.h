@@ -11,6 +11,7 @@
 // count. estimate.h turns this into time.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "config/config.h"
 #include "dist/comm/collectives.h"
 #include "dist/comm/counters.h"
+#include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 #include "model/precision.h"
 
 namespace bagualu::plan {
@@ -60,6 +63,11 @@ struct Layout {
     // What-if for the MoE buffers: 0 = as configured (model.moe_rows_budget); c > 0 = a row
     // budget of c x N x K rows per rank instead (moe::moe_rows_budget either way).
     double capacity_factor = 0;
+    // The GEMMs' packing buffers (gemm_packing_bytes): the caches our GEMMs block for and the
+    // path they take on the machine that runs; caches.l2 == 0: not counted.
+    kernels::CacheSizes caches;
+    kernels::gemm::Path gemm_path = kernels::gemm::Path::generic;
+    std::optional<bool> avx512_bf16;  // which bf16 kernel avx512 runs; unknown: the larger
     int edp() const { return ranks / ep; }
     int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }
 };
@@ -74,9 +82,10 @@ struct Memory {
     double comm_buffers = 0;  // TokenDispatcher staging and counts
     double data         = 0;  // token arrays of the data set and the loader's batches
     double checkpoint   = 0;  // snapshot buffer of asynchronous checkpoints (checkpoint.every > 0)
+    double gemm_packing = 0;  // the GEMMs' packing buffers, kept by each compute thread
     double total() const {
         return baseline + parameters + gradients + optimizer + activations + comm_buffers + data +
-               checkpoint;
+               checkpoint + gemm_packing;
     }
 };
 
@@ -111,6 +120,13 @@ struct Collective {
     // dist::alltoallv_grid: the rows' length); 1 = consecutive ranks.
     int stride = 1;
 };
+
+// The most the GEMMs' packing buffers of one rank hold (kernels/gemm/driver.h packing_bound,
+// grow-only, per compute thread): over the products of the model's linear layers on a
+// micro-batch's tokens (forward, input and weight gradients; the experts' on the grouped driver
+// with a round's rows), L.threads threads, on L.caches and L.gemm_path; 0 when L.caches.l2 is 0
+// (a machine file without caches). oneDNN's own scratch (BGL_GEMM=onednn or auto) is not in it.
+double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L);
 
 // The node layout dist::make_node_layout finds for a group of G ranks k * stride (k < G), R
 // consecutive ranks a node: {nodes, ranks per node}; one node when nodes hold different counts.

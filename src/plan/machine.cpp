@@ -13,6 +13,7 @@
 #include "config/toml_file.h"
 #include "core/error.h"
 #include "core/suggest.h"
+#include "kernels/gemm/dispatch.h"
 
 namespace bagualu::plan {
 namespace {
@@ -34,6 +35,10 @@ void visit_fields(M& m, V&& v) {
     v("node", "optimizer_ns_per_float", m.node.optimizer_ns_per_float);
     v("node", "baseline_rss_mib", m.node.baseline_rss_mib);
     v("node", "mpi_rss_mib", m.node.mpi_rss_mib);
+    v("node", "l2_kib", m.node.l2_kib);
+    v("node", "l3_kib", m.node.l3_kib);
+    v("node", "gemm_path", m.node.gemm_path);
+    v("node", "half_features", m.node.half_features);
     v("network", "intra_node_bandwidth_gbs", m.network.intra_node_bandwidth_gbs);
     v("network", "intra_node_latency_us", m.network.intra_node_latency_us);
     v("network", "intra_node_reduce_gbs", m.network.intra_node_reduce_gbs);
@@ -163,6 +168,18 @@ void validate(const MachineSpec& m) {
     }
     if (m.node.baseline_rss_mib < 0 || m.node.mpi_rss_mib < 0) {
         input_error("{}: node.baseline_rss_mib and node.mpi_rss_mib must be >= 0", src);
+    }
+    if (!m.node.gemm_path.empty()) {
+        if (!kernels::gemm::path_of_name(m.node.gemm_path)) {
+            input_error(
+                "{}: node.gemm_path = \"{}\": expected generic, avx2, avx512, amx, ref, openblas, "
+                "onednn, auto or \"\" (packing buffers not counted)",
+                src, m.node.gemm_path);
+        }
+        positive("node.l2_kib (with node.gemm_path)", m.node.l2_kib);
+        positive("node.l3_kib (with node.gemm_path)", m.node.l3_kib);
+    } else if (m.node.l2_kib < 0 || m.node.l3_kib < 0) {
+        input_error("{}: node.l2_kib and node.l3_kib must be >= 0", src);
     }
     positive("network.intra_node_bandwidth_gbs", m.network.intra_node_bandwidth_gbs);
     positive("network.injection_bandwidth_gbs", m.network.injection_bandwidth_gbs);

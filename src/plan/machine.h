@@ -26,6 +26,14 @@ struct NodeSpec {
     double optimizer_ns_per_float = 0;
     double baseline_rss_mib       = 0;  // resident memory of an idle bagualu process
     double mpi_rss_mib            = 0;  // added per process by MPI start-up and first collectives
+    // For the GEMMs' packing buffers in the memory model (kernels/gemm/driver.h packing_bound):
+    // the caches our GEMMs block for (L2 of one core, L3 as the CPU reports it) and the GEMM path
+    // the runs take (a BGL_GEMM name: generic, avx2, avx512, amx, ...). "" = not counted.
+    double l2_kib = 0, l3_kib = 0;
+    std::string gemm_path;
+    // The CPU's 16-bit features as `bench` prints them ("avx512_bf16 amx_bf16", ...): which bf16
+    // kernel the avx512 path runs; "" = not known (the larger is counted).
+    std::string half_features;
 };
 
 struct NetworkSpec {

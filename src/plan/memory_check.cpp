@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 #include "model/precision.h"
 
 namespace bagualu::plan {
@@ -23,7 +25,11 @@ std::string size_text(double bytes) {
 Footprint run_footprint(const TrainConfig& cfg, int ranks, int ranks_per_node, int threads,
                         uint64_t order_bytes) {
     const model::PrecisionPolicy policy = model::PrecisionPolicy::from_config(cfg.precision);
-    return footprint(cfg, make_layout(cfg, policy, ranks, ranks_per_node, threads), order_bytes, 0);
+    Layout L                            = make_layout(cfg, policy, ranks, ranks_per_node, threads);
+    L.caches      = kernels::cache_sizes();  // this machine's kernels, as they will run
+    L.gemm_path   = kernels::gemm::active_path();
+    L.avx512_bf16 = kernels::cpu_features().avx512_bf16;
+    return footprint(cfg, L, order_bytes, 0);
 }
 
 void check_memory_fits(const Memory& m, const std::string& where, int ranks_here,
@@ -35,14 +41,15 @@ void check_memory_fits(const Memory& m, const std::string& where, int ranks_here
     if (here <= budget) return;
     input_error(
         "{}: the run needs about {} per rank (parameters {}, gradients {}, optimizer state {}, "
-        "activations and buffers {}, data and checkpoint {}; `bagualu plan` details it), {} for "
+        "activations and buffers {}, data and checkpoint {}, GEMM packing {}; `bagualu plan` "
+        "details it), {} for "
         "the {} rank(s) on this machine, which may allocate {} ({}): expected a smaller "
         "train.micro_batch_size, train.recompute = \"moe\" or \"block\", the ranks spread over "
         "more machines, or train.check_memory = false to start anyway",
         where, size_text(rank), size_text(m.parameters), size_text(m.gradients),
         size_text(m.optimizer), size_text(m.activations + m.comm_buffers),
-        size_text(m.data + m.checkpoint), size_text(here), ranks_here, size_text(budget),
-        left.what);
+        size_text(m.data + m.checkpoint), size_text(m.gemm_packing), size_text(here), ranks_here,
+        size_text(budget), left.what);
 }
 
 std::string check_checkpoint_space(const TrainConfig& cfg, double one, const std::string& dir,

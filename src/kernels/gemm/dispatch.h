@@ -4,6 +4,8 @@
 // of ours and oneDNN (gemm/choice.h); it runs anywhere, on ours alone where oneDNN has no native
 // matmul. Tests and benchmarks may switch it.
 #pragma once
+#include <optional>
+#include <string_view>
 
 namespace bagualu::kernels::gemm {
 
@@ -14,6 +16,8 @@ struct KernelSpec;
 
 // "ref", ..., "onednn", "auto".
 const char* path_name(Path p);
+// The path of that name (as path_name writes it), if any.
+std::optional<Path> path_of_name(std::string_view name);
 bool path_supported(Path p);
 // The fastest of ours (never openblas, onednn or ref) the CPU supports.
 Path best_path();

@@ -22,6 +22,12 @@ namespace bagualu::kernels::gemm {
 
 namespace {
 
+// What every thread's packing buffers hold (pack_buffer_bytes).
+std::atomic<size_t> g_pack_bytes{0};
+
+// The bytes PackBuffer::get allocates for a request of `bytes`.
+constexpr size_t pack_alloc_bytes(size_t bytes) { return (bytes + kPackSlack + 63) / 64 * 64; }
+
 class PackBuffer {
    public:
     PackBuffer() = default;
@@ -31,19 +37,24 @@ class PackBuffer {
 
     void* get(size_t bytes) {
         if (bytes > capacity_) {
-            const size_t rounded = (bytes + kPackSlack + 63) / 64 * 64;
+            const size_t rounded = pack_alloc_bytes(bytes);
             void* p              = ::operator new (rounded, std::align_val_t{64});
             release();
             data_     = p;
             capacity_ = rounded - kPackSlack;
+            g_pack_bytes.fetch_add(rounded, std::memory_order_relaxed);
         }
         return data_;
     }
 
    private:
     void release() {
-        if (data_) ::operator delete (data_, std::align_val_t{64});
-        data_ = nullptr;
+        if (data_) {
+            ::operator delete (data_, std::align_val_t{64});
+            g_pack_bytes.fetch_sub(capacity_ + kPackSlack, std::memory_order_relaxed);
+        }
+        data_     = nullptr;
+        capacity_ = 0;
     }
 
     void* data_      = nullptr;
@@ -250,13 +261,15 @@ struct Budgets {
 };
 const CacheSizes* g_blocking_caches = nullptr;  // set_blocking_caches
 
-Budgets budgets(int threads) {
-    const CacheSizes& c = g_blocking_caches ? *g_blocking_caches : cache_sizes();
+Budgets budgets(const CacheSizes& c, int threads) {
     Budgets b;
     b.slice   = std::clamp(c.l2 / 2, size_t(64) << 10, size_t(2) << 20);
     b.a_block = std::clamp(c.l2 / 4, size_t(32) << 10, size_t(1) << 20);
     b.strip = std::clamp(c.l3 / 2 / size_t(std::max(threads, 1)), size_t(1) << 20, size_t(8) << 20);
     return b;
+}
+Budgets budgets(int threads) {
+    return budgets(g_blocking_caches ? *g_blocking_caches : cache_sizes(), threads);
 }
 
 // MC: rows of a unit, a multiple of mr whose packed A block (one k block) fits its budget.
@@ -446,6 +459,61 @@ void gemm_shared_b(const KernelSpec& s, const Plan& plan, PackSrc a, PackSrc b, 
 void set_blocking_caches(const CacheSizes* caches) { g_blocking_caches = caches; }
 
 size_t b_slice_bytes() { return budgets(1).slice; }
+
+size_t pack_buffer_bytes() { return g_pack_bytes.load(std::memory_order_relaxed); }
+
+PackingBound packing_bound(const KernelSpec& s, const CacheSizes& caches, int threads, int max_m,
+                           int max_n, int max_k, PackDriver driver) {
+    PackingBound out;
+    if (max_m <= 0 || max_n <= 0 || max_k <= 0) return out;
+    const size_t e      = size_t(s.elem_bytes);
+    const Budgets b     = budgets(caches, threads);
+    const size_t kp     = size_t(round_up(max_k, s.kstep));  // whole depth
+    const size_t kc     = size_t(round_up(s.kc, s.kstep));
+    const size_t m_rows = size_t(round_up(max_m, s.mr));
+    const size_t n_cols = size_t(round_up(max_n, s.nr));
+    // the largest k block: the weight-gradient form's is a whole kc block whatever the depth
+    const size_t kcp =
+        driver == PackDriver::grouped_tn ? kc : size_t(round_up(std::min(s.kc, max_k), s.kstep));
+    if (driver != PackDriver::packed) {
+        // The grouped driver reserves for gemm_rect's largest unit whatever the rows: A, mc rows
+        // of a k block; B, a strip of a k block within the slice budget (at least nr columns,
+        // at most nc and N).
+        out.a = pack_alloc_bytes(kcp * size_t(s.mc) * e);
+        out.b = pack_alloc_bytes(std::min(std::max(b.slice, kcp * size_t(s.nr) * e),
+                                          kcp * std::min(size_t(s.nc), n_cols) * e));
+        return out;
+    }
+    // A: a unit's rows (a multiple of mr within the A budget, at least one tile) of a k block;
+    // with more than two threads, the shared-B case's blocks of at most mc rows.
+    const size_t a_units  = std::min(std::max(b.a_block, kcp * size_t(s.mr) * e), kcp * m_rows * e);
+    const size_t a_shared = threads > 2 ? kcp * std::min(size_t(s.mc), m_rows) * e : 0;
+    out.a                 = pack_alloc_bytes(std::max(a_units, a_shared));
+    // B: a strip over the whole depth: at least nr columns, else as wide as both the strip
+    // budget (over the depth) and the slice budget (over one k block: at most depth / kc
+    // slices) allow, at most nc and N.
+    const size_t nr_strip = kp * size_t(s.nr) * e;
+    const size_t slices   = std::max(b.slice, b.slice * kp / kc);
+    out.b = pack_alloc_bytes(std::min({std::max(b.strip, nr_strip), std::max(slices, nr_strip),
+                                       kp * std::min(size_t(s.nc), n_cols) * e}));
+    // The shared op(B), where more than twice as many threads as strips work on a product (so
+    // at most (threads - 1) / 2 strips): its k blocks, each as deep as the first (the depth
+    // rounded up to kc), over the strips' columns (N, plus up to nr - 1 of rounding a strip),
+    // each k block of a strip within the slice budget (or nr columns), packed B of at most
+    // kSharedBBytes over the unrounded depth (so at most twice that over the rounded one), each
+    // task's slice spaced by the packers' slack and 64-byte aligned.
+    if (threads > 2) {
+        const size_t strips = size_t(std::max(1, (threads - 1) / 2));
+        const size_t kb     = size_t(ceil_div(max_k, s.kc));
+        const size_t depth  = kb > 1 ? kb * kc : kp;
+        const size_t cap    = (kb > 1 ? 2 : 1) * kSharedBBytes;
+        const size_t packed = std::min({cap, depth * (size_t(max_n) + strips * size_t(s.nr)) * e,
+                                        strips * kb * std::max(b.slice, kcp * size_t(s.nr) * e)});
+        const size_t tasks  = std::min(size_t(kMaxPackTasks), strips * kb);
+        out.shared_b        = pack_alloc_bytes(packed + tasks * (size_t(kPackSlack) + 63));
+    }
+    return out;
+}
 
 bool ranges_by_rows(const KernelSpec& spec, int M, int N, int K, int threads) {
     return M > 0 && N > 0 && K > 0 && make_plan(spec, M, N, K, threads).by_rows;

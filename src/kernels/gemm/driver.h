@@ -5,11 +5,14 @@
 // the spec's functions. Every element of C is summed in the same order (k blocks of kc, in
 // increasing k) for any thread count and whichever thread computes it.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/dispatch.h"
 
 namespace bagualu::kernels::gemm {
 
@@ -117,6 +120,43 @@ void set_blocking_caches(const CacheSizes* caches);
 // Bytes of one k block of a strip's packed B that gemm_packed plans for: half of L2 (of the
 // blocking caches above), clamped to [64 KiB, 2 MiB]. The grouped driver's strips use it too.
 size_t b_slice_bytes();
+// The driver a product runs on: gemm_packed, or the grouped driver's forward form (grouped_gemm
+// and its bf16 forms, M the groups' rows, K the depth) or its weight-gradient form
+// (grouped_gemm_tn, M x N the weight, K the rows), which reserve the largest unit gemm_rect can
+// have.
+enum class PackDriver { packed, grouped, grouped_tn };
+
+// The most the packing buffers keep for products of at most max_m x max_n x max_k (M, N, K) on
+// `threads` threads blocked for `caches`, in bytes as allocated (rounding and slack included):
+// each thread that works on a product grows and keeps an A block and a B strip, and with more
+// than two threads the calling thread may also keep the whole op(B) packed once for all
+// (gemm_packed's shared-B case). Buffers are per thread and shared by every kind of product, so
+// the bytes of several products are their bounds' component-wise maximum (join). For the
+// planner's memory model (plan/footprint.h); tests hold it against pack_buffer_bytes().
+struct PackingBound {
+    size_t a = 0, b = 0;  // per thread
+    size_t shared_b = 0;  // once, on the calling thread
+    size_t total(int threads) const { return size_t(threads) * (a + b) + shared_b; }
+    void join(const PackingBound& o) {
+        a        = std::max(a, o.a);
+        b        = std::max(b, o.b);
+        shared_b = std::max(shared_b, o.shared_b);
+    }
+};
+PackingBound packing_bound(const KernelSpec& spec, const CacheSizes& caches, int threads, int max_m,
+                           int max_n, int max_k, PackDriver driver = PackDriver::packed);
+// The same for the kernel a path runs the products on, its float kernel or (bf16) its bf16 one
+// (the weight-gradient form's with the float kernel's depth block, as grouped_gemm_tn_bf16 runs
+// it): on avx512, the AVX512_BF16 kernel or the widening one as avx512_bf16 says, the larger of
+// the two where it is not known; zero for the paths that do not use our packed kernels (ref,
+// openblas, onednn; the grouped products run ours under onednn). `auto` counts as the best of
+// ours on this CPU.
+PackingBound packing_bound(Path path, const CacheSizes& caches, int threads, int max_m, int max_n,
+                           int max_k, bool bf16, PackDriver driver = PackDriver::packed,
+                           std::optional<bool> avx512_bf16 = std::nullopt);
+// Bytes every thread's packing buffers hold now (a thread's are freed when it exits).
+size_t pack_buffer_bytes();
+
 // Whether gemm_packed with this many threads gives each thread a run of row blocks over every
 // strip rather than a run of strips (where a thread's share of a row of C is under a page; the
 // sums are the same either way). For tests.
