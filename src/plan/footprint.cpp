@@ -22,6 +22,7 @@
 #include "dist/paro/shard_map.h"
 #include "dist/paro/spaces.h"
 #include "kernels/gemm/driver.h"
+#include "kernels/mixed.h"
 #include "model/gpt.h"
 #include "model/precision.h"
 #include "moe/moe_layer.h"
@@ -69,6 +70,62 @@ double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capac
 }
 
 }  // namespace
+
+double half_operand_bytes(const TrainConfig& cfg, const Layout& L) {
+    const ModelConfig& m               = cfg.model;
+    const model::PrecisionPolicy& prec = L.policy;
+    const double C = m.d_model, V = m.vocab_size,
+                 N       = static_cast<double>(L.micro_batch) * m.seq_len;
+    const double R_round = round_rows(m, static_cast<int64_t>(N), L.ep, L.capacity_factor);
+    const bool head16    = model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0);
+    if (prec.dtype == Dtype::bfloat16) {
+        double inp = 0, w = 0, dout = 0;
+        auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {
+            if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
+            inp  = std::max(inp, rows * in);
+            w    = std::max(w, in * out);
+            dout = std::max(dout, rows * out);
+        };
+        half_linear(model::LayerClass::attention, C, 3 * C, N);
+        half_linear(model::LayerClass::attention, C, C, N);
+        if (n_moe_layers(m) < m.n_layer) {
+            half_linear(model::LayerClass::ffn, C, m.d_ff, N);
+            half_linear(model::LayerClass::ffn, m.d_ff, C, N);
+        }
+        // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
+        if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
+            const double FE = m.expert_width(), FS = m.shared_width();
+            inp  = std::max(inp, R_round * std::max(C, FE));
+            w    = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+            dout = std::max(dout, R_round * std::max(C, FE));  // dy, and the GELU's gradient
+            if (m.n_shared_experts > 0) {
+                inp  = std::max(inp, N * std::max(C, FS));
+                w    = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
+                dout = std::max(dout, N * std::max(C, FS));
+            }
+        }
+        // the router's products under precision.router = "half" (moe/router.cpp)
+        if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
+            const double G = m.gate_rows();  // E, or the product keys' rows
+            inp            = std::max(inp, N * C);
+            w              = std::max(w, C * G);
+            dout           = std::max(dout, N * G);
+        }
+        // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
+        // output gradient takes no 16-bit copy: its 16 bits go over the logits
+        // (kernels::crossentropy_linear_backward_half) or are the arena's (the gradient formed
+        // in forward, model::head_gradient_in_16_bits, whose ln_f output is kept in 16 bits)
+        if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
+            const double rows = cfg.train.fused_head
+                                    ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
+                                    : N;
+            if (!head16) inp = std::max(inp, rows * C);
+            w = std::max(w, C * V);
+        }
+        return 2 * (inp + w + dout);
+    }
+    return 0;
+}
 
 double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
     if (L.caches.l2 == 0) return 0;
@@ -257,12 +314,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
     // the LM head's gradient formed in forward in 16 bits on this machine (model/gpt.h)
     const bool head16 = model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0);
     if (prec.mixed()) {
-        // wc_: rounded copies of the float32-stored tensors computed in half, and wte_head_
-        // below; GPT allocates them only where the products take the rounded floats (fp16) and
-        // reads the weights in place where the products round them (bf16:
-        // kernels::half_products_convert): counted, an upper bound there
+        // wc_: rounded copies of the float32-stored tensors computed in half, wte_head_ and
+        // dround_ below; GPT allocates them only where the products take the rounded floats
+        // (fp16) and reads the weights in place where the products round them (bf16:
+        // kernels::half_products_convert)
+        const bool copies             = !kernels::half_products_convert(prec.dtype);
         const model::ComputeCopies cc = model::plan_compute_copies(lay, prec);
-        mem.parameters += buf(static_cast<double>(cc.floats), 4);
+        if (copies) mem.parameters += buf(static_cast<double>(cc.floats), 4);
         // bf16's O2 masters in the parameters (replicated optimizer): rounded copies of the
         // tensors read as floats (biases), made at each forward
         if (model::masters_in_place(prec, L.opt_shards > 1)) {
@@ -272,62 +330,13 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
         f.rounded_floats = cc.floats;
         for (const size_t i : cc.half) f.rounded_floats += lay.spec(i).numel;
         const model::ParamSpec* wte = lay.find("wte");
-        if (prec.gemm_dtype(model::LayerClass::head) != Dtype::float32 &&
+        if (copies && prec.gemm_dtype(model::LayerClass::head) != Dtype::float32 &&
             prec.compute_dtype(*wte) == Dtype::float32) {
             mem.parameters += buf(V * C, 4);  // wte_head_: wte rounded for the LM head
         }
-        mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
+        if (copies) mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
     }
-    // kernels/mixed.cpp: bf16 GEMMs convert their operands into grow-only 16-bit copies (input,
-    // weight, output gradient), each as large as the largest of its kind (at most 2 x 3 x the
-    // largest operand: an upper bound; the weights' copy only where the kernel does not pack
-    // float weights itself)
-    if (prec.dtype == Dtype::bfloat16) {
-        double inp = 0, w = 0, dout = 0;
-        auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {
-            if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
-            inp  = std::max(inp, rows * in);
-            w    = std::max(w, in * out);
-            dout = std::max(dout, rows * out);
-        };
-        half_linear(model::LayerClass::attention, C, 3 * C, N);
-        half_linear(model::LayerClass::attention, C, C, N);
-        if (n_moe_layers(m) < m.n_layer) {
-            half_linear(model::LayerClass::ffn, C, m.d_ff, N);
-            half_linear(model::LayerClass::ffn, m.d_ff, C, N);
-        }
-        // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
-        if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
-            const double FE = m.expert_width(), FS = m.shared_width();
-            inp  = std::max(inp, R_round * std::max(C, FE));
-            w    = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
-            dout = std::max(dout, R_round * std::max(C, FE));  // dy, and the GELU's gradient
-            if (m.n_shared_experts > 0) {
-                inp  = std::max(inp, N * std::max(C, FS));
-                w    = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
-                dout = std::max(dout, N * std::max(C, FS));
-            }
-        }
-        // the router's products under precision.router = "half" (moe/router.cpp)
-        if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
-            const double G = m.gate_rows();  // E, or the product keys' rows
-            inp            = std::max(inp, N * C);
-            w              = std::max(w, C * G);
-            dout           = std::max(dout, N * G);
-        }
-        // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
-        // output gradient takes no 16-bit copy: its 16 bits go over the logits
-        // (kernels::crossentropy_linear_backward_half) or are the arena's (the gradient formed
-        // in forward, model::head_gradient_in_16_bits, whose ln_f output is kept in 16 bits)
-        if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
-            const double rows = cfg.train.fused_head
-                                    ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
-                                    : N;
-            if (!head16) inp = std::max(inp, rows * C);
-            w = std::max(w, C * V);
-        }
-        mem.activations += 2 * (inp + w + dout);
-    }
+    mem.activations += half_operand_bytes(cfg, L);  // bf16's 16-bit operand copies
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers' (N, E) arrays among them)
     const Recompute rc = cfg.train.recompute;

@@ -121,6 +121,13 @@ struct Collective {
     int stride = 1;
 };
 
+// Bytes of the grow-only 16-bit operand copies bf16 GEMMs convert their operands into
+// (kernels/mixed.cpp: input, weight, output gradient, each as large as the largest of its kind
+// over the products the policy computes in bf16; at most 2 x 3 x the largest operand: an upper
+// bound, the weights' copy only where the kernel does not pack float weights itself); allocated
+// at the first products, counted in Memory::activations; 0 unless the run is bf16.
+double half_operand_bytes(const TrainConfig& cfg, const Layout& L);
+
 // The most the GEMMs' packing buffers of one rank hold (kernels/gemm/driver.h packing_bound,
 // grow-only, per compute thread): over the products of the model's linear layers on a
 // micro-batch's tokens (forward, input and weight gradients; the experts' on the grouped driver

@@ -1,10 +1,10 @@
 // The packing buffers our GEMMs keep (gemm/driver.h): packing_bound, which the planner counts per
 // compute thread, against what fresh threads really grow and keep (pack_buffer_bytes) over every
 // product no larger than the bound's dimensions: plain and grouped (joined), float32 and bf16,
-// ragged and full-size, blocked for small, this CPU's and large caches, on 1, 2 and 3 threads (3: the shared
-// op(B) of narrow products), on each of our packed paths this CPU has. The bound must hold, and
-// must not be loose by more than a factor of 2 on the full-size products (a bound that ignored
-// the caches or the threads would fail one or the other).
+// ragged and full-size, blocked for small, this CPU's and large caches, on 1, 2 and 3 threads (3:
+// the shared op(B) of narrow products), on each of our packed paths this CPU has. The bound must
+// hold, and must not be loose by more than a factor of 2 on the full-size products (a bound that
+// ignored the caches or the threads would fail one or the other).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,10 +34,10 @@ void run_products(int D) {
         for (int N : sizes) {
             for (int K : {D / 4 + 3, D}) {
                 if (M < 1 || N < 1 || K < 1) continue;
-                gemm_f32(Trans::N, Trans::T, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f,
-                         C.data(), N);
-                gemm_f32(Trans::T, Trans::N, M, N, K, 1.f, A.data(), M, B.data(), N, 0.f,
-                         C.data(), N);
+                gemm_f32(Trans::N, Trans::T, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, C.data(),
+                         N);
+                gemm_f32(Trans::T, Trans::N, M, N, K, 1.f, A.data(), M, B.data(), N, 0.f, C.data(),
+                         N);
                 gemm_bf16(Trans::N, Trans::N, M, N, K, 1.f, Ah.data(), K, Bh.data(), N, 0.f,
                           C.data(), N);
             }
@@ -56,17 +56,17 @@ void run_products(int D) {
                         size_t(D) * D);
     grouped_gemm_bf16(Trans::N, Trans::T, G, offsets.data(), D, D, 1.f, Xh.data(), D, Wh.data(), D,
                       size_t(D) * D, 0.f, Y.data(), D);
-    grouped_gemm_tn_bf16(G, offsets.data(), D, D, 1.f, Xh.data(), D, Xh.data(), D, 0.f, W.data(),
-                         D, size_t(D) * D);
+    grouped_gemm_tn_bf16(G, offsets.data(), D, D, 1.f, Xh.data(), D, Xh.data(), D, 0.f, W.data(), D,
+                         size_t(D) * D);
 }
 
 // The bound of every product run_products(D) makes: float32 and bf16, plain and grouped.
 PackingBound bound_of_products(Path p, const CacheSizes& caches, int threads, int D) {
     PackingBound b;
     for (const bool bf16 : {false, true}) {
-        for (const PackDriver d : {PackDriver::packed, PackDriver::grouped, PackDriver::grouped_tn}) {
-            b.join(packing_bound(p, caches, threads, D, D, D, bf16, d,
-                                 cpu_features().avx512_bf16));
+        for (const PackDriver d :
+             {PackDriver::packed, PackDriver::grouped, PackDriver::grouped_tn}) {
+            b.join(packing_bound(p, caches, threads, D, D, D, bf16, d, cpu_features().avx512_bf16));
         }
     }
     return b;
@@ -127,7 +127,7 @@ TEST(GemmPacking, PathsOutsideOursKeepNothingAndNamesRoundTrip) {
     const PackingBound many = packing_bound(Path::generic, c, 64, 4096, 4096, 4096, false);
     EXPECT_GT(many.total(64), one.total(1));
     EXPECT_LE(many.b, one.b);
-    EXPECT_EQ(one.shared_b, 0u);   // one thread never packs op(B) for others
+    EXPECT_EQ(one.shared_b, 0u);  // one thread never packs op(B) for others
     EXPECT_GT(many.shared_b, 0u);
 }
 
