@@ -218,6 +218,8 @@ constexpr const char* type_name() {
         return "a number";
     else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>)
         return "a string";
+    else if constexpr (std::is_same_v<T, ReaderCount>)
+        return "an integer or \"auto\"";
     else if constexpr (std::is_same_v<T, std::vector<double>>)
         return "an array of numbers";
     else
@@ -253,6 +255,21 @@ void read_node(const toml::node& node, T& out, const std::string& where) {
         out = *v;
     } else if constexpr (std::is_same_v<T, uint64_t>) {
         out = read_uint64(node, where);
+    } else if constexpr (std::is_same_v<T, ReaderCount>) {
+        if (const auto text = node.value_exact<std::string>()) {
+            if (*text != "auto") {
+                input_error("{}: expected an integer >= 0 or \"auto\", got \"{}\"", where, *text);
+            }
+            out = ReaderCount{};
+        } else {
+            const auto v = node.value_exact<int64_t>();
+            if (!v) mismatch();
+            if (*v < 0 || *v > (int64_t{1} << 24)) {
+                input_error("{} = {}: must be >= 0 (0 = every rank reads) and <= {}, or \"auto\"",
+                            where, *v, int64_t{1} << 24);
+            }
+            out = ReaderCount{static_cast<int>(*v)};
+        }
     } else if constexpr (std::is_integral_v<T>) {
         static_assert(std::is_signed_v<T>, "an unsigned key other than uint64_t");
         auto v = node.value_exact<int64_t>();
@@ -520,7 +537,6 @@ void validate_limits(const TrainConfig& c) {
     at_most("train.threads", t.threads, 4096, "compute threads per rank");
     at_most("train.eval_batches", t.eval_batches, kMaxInt32, "validation batches");
 
-    at_most("data.readers", c.data.readers, 1 << 24, "reader ranks");
     at_most("parallel.expert_parallel", c.parallel.expert_parallel, 1 << 24, "ranks");
     at_most("parallel.ranks_per_node", c.parallel.ranks_per_node, 1 << 24, "ranks");
     at_most("parallel.virtual_workers", c.parallel.virtual_workers, 1 << 16, "workers per rank");
@@ -764,8 +780,9 @@ void validate(const TrainConfig& c) {
     if (!(d.val_fraction > 0 && d.val_fraction < 1)) {
         input_error("{}: data.val_fraction = {}: must be in (0, 1)", src, d.val_fraction);
     }
-    if (d.readers < 0) {
-        input_error("{}: data.readers = {}: must be >= 0 (0 = every rank reads)", src, d.readers);
+    if (!d.readers.automatic() && d.readers.n < 0) {  // a program's value; read ones are checked
+        input_error("{}: data.readers = {}: must be >= 0 (0 = every rank reads) or \"auto\"", src,
+                    d.readers.n);
     }
     if (d.text_key.empty()) {
         input_error("{}: data.text_key must not be empty (the JSON field holding a text)", src);
@@ -893,8 +910,8 @@ void check_layout(const TrainConfig& c, int ranks) {
             src, c.train.batch_size, ranks, split.min_share(), split.steps(),
             c.train.micro_batch_size, (split.share(0) + split.min_share() - 1) / split.min_share());
     }
-    if (c.data.readers > ranks) {
-        input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers,
+    if (c.data.readers.n > ranks) {
+        input_error("{}: data.readers = {} exceeds the number of ranks {}", src, c.data.readers.n,
                     ranks);
     }
 }
@@ -994,6 +1011,11 @@ void insert_value(toml::table& tbl, const char* key, const T& field) {
             tbl.insert(key, static_cast<int64_t>(field));
     } else if constexpr (std::is_enum_v<T>) {
         tbl.insert(key, std::string(name_of(field)));
+    } else if constexpr (std::is_same_v<T, ReaderCount>) {
+        if (field.automatic())
+            tbl.insert(key, std::string("auto"));
+        else
+            tbl.insert(key, static_cast<int64_t>(field.n));
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
         tbl.insert(key, static_cast<int64_t>(field));
     } else {

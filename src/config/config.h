@@ -143,6 +143,17 @@ struct TrainSection {
     bool upcycle = false;
 };
 
+// data.readers: "auto" or a count of reader ranks (0 = every rank reads its own slice).
+struct ReaderCount {
+    static constexpr int kAuto = -1;
+    int n                      = kAuto;
+    bool automatic() const { return n == kAuto; }
+    // The readers of a run whose ranks fill `nodes` nodes of consecutive ranks, as many a node
+    // (0: not so, or not known): auto is one a node where there are several, else every rank.
+    int resolve(int nodes) const { return automatic() ? (nodes > 1 ? nodes : 0) : n; }
+    bool operator==(const ReaderCount&) const = default;
+};
+
 struct DataSection {
     std::string train               = "data/fortunes/train.bin";
     std::string val                 = "data/fortunes/val.bin";
@@ -165,8 +176,10 @@ struct DataSection {
         return blend.empty() ? std::vector{train} : blend;
     }
     // Ranks that read data.train from disk: 0 = every rank reads its own slice; N > 0 = the
-    // first rank of each of N groups reads for its group and scatters (data/loader.h).
-    int readers = 0;
+    // first rank of each of N groups reads for its group and scatters (data/loader.h); auto
+    // (the default) = one a node when the run spans several nodes of consecutive ranks, as
+    // many each, else every rank.
+    ReaderCount readers;
 };
 
 struct SampleSection {

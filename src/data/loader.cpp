@@ -22,7 +22,7 @@ LoaderLayout layout_of(const TrainConfig& cfg, const dist::ParallelContext& par)
     LoaderLayout L;
     L.rank        = par.rank();
     L.ranks       = par.size();
-    L.readers     = cfg.data.readers;
+    L.readers     = cfg.data.readers.resolve(par.consecutive_nodes());
     L.micro_batch = static_cast<int>(cfg.micro_batch(par.size()));
     L.seq_len     = cfg.model.seq_len;
     L.seed        = cfg.train.seed;

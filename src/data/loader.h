@@ -47,7 +47,7 @@ ReaderGroup reader_group(int rank, int ranks, int readers);
 struct LoaderLayout {
     int rank        = 0;
     int ranks       = 1;
-    int readers     = 0;  // data.readers
+    int readers     = 0;  // data.readers resolved: 0 = every rank reads
     int micro_batch = 1;  // the cap of a micro-batch (train.micro_batch_size; > 0)
     int seq_len     = 1;  // T
     uint64_t seed   = 0;

@@ -32,9 +32,15 @@ ParallelContext::ParallelContext(Comm& world, int ep_size, NodeSwitch hierarchic
     two_level_          = switch_on(two_level, world_nodes_.nodes > 1);
     // the all-to-all follows the real nodes (unequal ones counting as one, as for the
     // reductions): their layout is the reductions' unless reduce_group replaced it
-    const bool multi =
-        (reduce_groups_ ? make_node_layout(world, node_id).nodes : world_nodes_.nodes) > 1;
-    const bool hier = switch_on(hierarchical_a2a, multi);
+    NodeLayout own;
+    if (reduce_groups_) own = make_node_layout(world, node_id);
+    const NodeLayout& real = reduce_groups_ ? own : world_nodes_;
+    const bool multi       = real.nodes > 1;
+    // nodes of consecutive ranks (as mpirun places them by default): data.readers = auto's
+    bool consecutive = true;
+    for (size_t q = 0; q < real.members.size(); ++q) consecutive &= real.members[q] == int(q);
+    consecutive_nodes_ = multi && consecutive ? real.nodes : 0;
+    const bool hier    = switch_on(hierarchical_a2a, multi);
     if (ep_size > 1) {
         ep_nodes_ =
             std::make_unique<NodeGroups>(make_node_groups(*ep_, ep_->split(node_id, ep_->rank())));

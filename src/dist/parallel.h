@@ -51,6 +51,9 @@ class ParallelContext {
     // The first-level groups of the two-level reductions (the nodes unless reduce_group): how
     // many, 1 when they differ in size
     int nodes() const { return world_nodes_.nodes; }
+    // The nodes when the world spans several, each of as many consecutive ranks (0 otherwise):
+    // then data.readers = auto gives one reader a node.
+    int consecutive_nodes() const { return consecutive_nodes_; }
     // Whether those groups are parallel.reduce_group's rather than the nodes
     bool reduce_groups() const { return reduce_groups_; }
     bool two_level() const { return two_level_; }
@@ -98,7 +101,8 @@ class ParallelContext {
     std::unique_ptr<GridGroups> ep_grid_;   // flat exchange over a grid (set_a2a_grid)
     int a2a_grid_      = 0;
     bool hierarchical_ = false, node_dedup_ = false;
-    CollAlgo coll_algo_ = CollAlgo::automatic;
+    int consecutive_nodes_ = 0;
+    CollAlgo coll_algo_    = CollAlgo::automatic;
     NodeLayout world_nodes_, edp_nodes_;
     bool two_level_ = false, reduce_groups_ = false;
     int rank_ = 0, size_ = 1, ep_size_ = 1, ep_rank_ = 0;

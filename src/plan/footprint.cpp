@@ -391,7 +391,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
     // inputs and targets
     {
         const double W = MB * (T + 1) * 4;
-        const double G = cfg.data.readers > 0 ? std::ceil(P / cfg.data.readers) : 1;
+        const double G = L.readers > 0 ? std::ceil(P / L.readers) : 1;
         mem.data = static_cast<double>(order_bytes) + 2 * W * G + (G > 1 ? W : 0) + 2 * buf(N, 4);
     }
 
@@ -455,11 +455,11 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
     // data/loader.cpp DataLoader::next: in a reader group of more than one rank, every
     // micro-batch is scattered from the reader, MB windows of T + 1 int32 to each member
     // (counted on every member). Mean over ranks: only members of such groups scatter.
-    if (cfg.data.readers > 0 && Pi > 1) {
+    if (L.readers > 0 && Pi > 1) {
         double members = 0;
         int largest    = 1;
         for (int r = 0; r < Pi;) {
-            const data::ReaderGroup g = data::reader_group(r, Pi, cfg.data.readers);
+            const data::ReaderGroup g = data::reader_group(r, Pi, L.readers);
             if (g.size > 1) members += g.size;
             largest = std::max(largest, g.size);
             r += g.size;
@@ -731,7 +731,11 @@ Layout make_layout(const TrainConfig& cfg, const model::PrecisionPolicy& policy,
         L.opt_shards_expert = ranks / L.ep;
     }
     L.bucket_floats = dist::paro::paro_bucket_floats(cfg, ranks);
-    L.policy        = policy;
+    // data/loader.cpp: auto resolves to one reader a node of consecutive ranks (as mpirun places
+    // them) when there are several, as many ranks each
+    L.readers = cfg.data.readers.resolve(
+        ranks_per_node > 0 && ranks % ranks_per_node == 0 ? ranks / ranks_per_node : 0);
+    L.policy = policy;
     // train/trainer.cpp: a helper thread reduces during backward when P > 1 (and MPI provides
     // MPI_THREAD_MULTIPLE, assumed here)
     L.overlap = cfg.parallel.overlap_grad_reduce && ranks > 1;

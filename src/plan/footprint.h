@@ -39,6 +39,7 @@ struct Layout {
     int opt_shards        = 1;
     int opt_shards_expert = 1;
     size_t bucket_floats  = size_t{1} << 20;  // ParO's bucket target (parallel.bucket_mib)
+    int readers           = 0;                // data.readers resolved (0: every rank reads)
     model::PrecisionPolicy policy;            // [precision]: dtype and a level per class
     // Gradient reduction on the helper thread during the last backward
     // (parallel.overlap_grad_reduce)

@@ -77,7 +77,7 @@ TEST(DataLoaderReaders, GroupsDeliverWhatEveryRankWouldReadItself) {
             cfg.train.seed             = 5;
             cfg.train.batch_size       = B;
             cfg.train.micro_batch_size = MB;
-            cfg.data.readers           = N;
+            cfg.data.readers           = ReaderCount{N};
             cfg.data.train             = reader ? dir.string() : (dir / "absent").string();
             data::DataLoader l(cfg, par);
             EXPECT_EQ(l.reads(), reader);

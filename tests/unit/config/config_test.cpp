@@ -62,6 +62,36 @@ TEST(ConfigOverride, SeedsTakeEveryUint64AndRoundTrip) {
     }
 }
 
+// data.readers: "auto" (the default) or a count from 0 (every rank reads), in a file or --set,
+// written back as given; anything else says what is expected. auto resolves to one reader a node
+// of consecutive ranks where there are several nodes, else every rank.
+TEST(ConfigOverride, ReadersTakeAutoOrACount) {
+    EXPECT_TRUE(default_config({}).data.readers.automatic());
+    for (const auto& [item, n] :
+         std::vector<std::pair<std::string, int>>{{"data.readers=auto", ReaderCount::kAuto},
+                                                  {"data.readers=\"auto\"", ReaderCount::kAuto},
+                                                  {"data.readers=0", 0},
+                                                  {"data.readers=12", 12}}) {
+        const TrainConfig cfg = default_config({item});
+        EXPECT_EQ(cfg.data.readers.n, n) << item;
+        const TrainConfig back = config_from_text(to_toml(cfg), "rt");
+        EXPECT_EQ(back.data.readers, cfg.data.readers) << item;
+        EXPECT_TRUE(differing_keys(cfg, back, "data").empty()) << item;
+    }
+    EXPECT_NE(to_toml(default_config({})).find("readers = 'auto'"), std::string::npos);
+    for (const std::string bad : {"-1", "nodes", "1.5", "true", "16777217"}) {
+        const std::string e = error_of("data.readers=" + bad);
+        EXPECT_NE(e.find("data.readers"), std::string::npos) << bad << ": " << e;
+        EXPECT_NE(e.find("auto"), std::string::npos) << bad << ": " << e;
+    }
+    const ReaderCount automatic, three{3}, none{0};
+    EXPECT_EQ(automatic.resolve(1), 0);
+    EXPECT_EQ(automatic.resolve(0), 0);
+    EXPECT_EQ(automatic.resolve(4), 4);
+    EXPECT_EQ(three.resolve(4), 3);
+    EXPECT_EQ(none.resolve(4), 0);
+}
+
 // data.blend and data.blend_weights: arrays that round-trip through TOML; one weight a split,
 // each > 0 and finite, else one error naming the key.
 TEST(ConfigOverride, BlendsTakeOneWeightASplit) {

@@ -224,9 +224,9 @@ TEST(ReaderGroups, ReadersBeyondRanksAreRejected) {
     TrainConfig c;
     c.train.batch_size       = 8;
     c.train.micro_batch_size = 0;
-    c.data.readers           = 2;
+    c.data.readers           = ReaderCount{2};
     EXPECT_NO_THROW(validate_layout(c, 2));
-    c.data.readers = 3;
+    c.data.readers = ReaderCount{3};
     expect_input_error([&] { validate_layout(c, 2); }, {"data.readers = 3", "ranks 2"});
 }
 

@@ -541,11 +541,11 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
     }
     {  // readers: MB windows of T + 1 tokens per member and micro-batch
         TrainConfig c     = small_config(2);
-        c.data.readers    = 1;
+        c.data.readers    = ReaderCount{1};
         dist::CommTally t = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 1u);
         EXPECT_EQ(t[dist::CommKind::scatter].bytes, MB * (T + 1) * 4);
-        c.data.readers    = 3;  // groups {0}, {1}, {2, 3}: half the ranks scatter
+        c.data.readers    = ReaderCount{3};  // groups {0}, {1}, {2, 3}: half the ranks scatter
         const Footprint f = footprint(c, layout_4x4(c), 0, 0);
         bool found        = false;
         for (const Collective& x : f.collectives) {
@@ -555,9 +555,22 @@ TEST(PlanComm, GateCountsAndReaderScatter) {
             EXPECT_DOUBLE_EQ(x.bytes, 0.5 * MB * (T + 1) * 4);
         }
         EXPECT_TRUE(found);
-        c.data.readers = 4;  // every rank reads for itself
+        c.data.readers = ReaderCount{4};  // every rank reads for itself
         t              = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
         EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
+        // auto (the default): on one node every rank reads; on 2 nodes of 2 ranks one reader a
+        // node, as data.readers = 2
+        c.data.readers = ReaderCount{};
+        EXPECT_EQ(layout_4x4(c).readers, 0);
+        t = per_kind(footprint(c, layout_4x4(c), 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::scatter].calls, 0u);
+        const model::PrecisionPolicy fp32;
+        const Layout two_nodes = make_layout(c, fp32, 4, 2, 1);
+        EXPECT_EQ(two_nodes.readers, 2);
+        t = per_kind(footprint(c, two_nodes, 0, 0).collectives);
+        EXPECT_EQ(t[dist::CommKind::scatter].calls, 1u);
+        EXPECT_EQ(t[dist::CommKind::scatter].bytes, MB * (T + 1) * 4);
+        EXPECT_EQ(make_layout(c, fp32, 3, 2, 1).readers, 0);  // unequal nodes: every rank
     }
     {  // half payloads: dispatch in the FFN's GEMM dtype (O1 up), combine in its activation
        // dtype (O2 up); the per-expert counts (E int64) go by all-to-all as well
