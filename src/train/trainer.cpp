@@ -36,6 +36,7 @@
 #include "io/checkpoint/checkpoint.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm/driver.h"
 #include "kernels/peak.h"
 #include "model/gpt.h"
 #include "model/model_io.h"
@@ -877,16 +878,26 @@ void Trainer::report_checkpoints() {
     }
 }
 
-// Every rank's peak resident memory, into metrics.jsonl and the log. Collective.
+// Every rank's peak resident memory and what its GEMMs' packing buffers hold (grow-only, so
+// their peak; the planner's gemm_packing), into metrics.jsonl and the log. Collective.
 void Trainer::report_peak_rss() {
-    std::vector<int64_t> rss(static_cast<size_t>(P_));
-    const auto mine = static_cast<int64_t>(peak_rss_bytes());
-    par_->world().allgather(&mine, sizeof(mine), rss.data());
-    emit({{"step", cfg_.train.steps}, {"peak_rss_bytes", rss}});
+    std::vector<int64_t> rss(static_cast<size_t>(P_)), packing(rss.size());
+    const int64_t mine[2] = {static_cast<int64_t>(peak_rss_bytes()),
+                             static_cast<int64_t>(kernels::gemm::pack_buffer_bytes())};
+    std::vector<int64_t> both(2 * rss.size());
+    par_->world().allgather(mine, sizeof(mine), both.data());
+    for (size_t r = 0; r < rss.size(); ++r) {
+        rss[r]     = both[2 * r];
+        packing[r] = both[2 * r + 1];
+    }
+    emit({{"step", cfg_.train.steps}, {"peak_rss_bytes", rss}, {"gemm_packing_bytes", packing}});
     if (root_) {
         std::string mib;
         for (const int64_t b : rss) mib += fmt::format("{}{}", mib.empty() ? "" : ", ", b >> 20);
-        log::info("peak resident memory per rank (VmHWM): {} MiB", mib);
+        log::info(
+            "peak resident memory per rank (VmHWM): {} MiB (GEMM packing buffers {:.2f} MiB "
+            "on rank 0)",
+            mib, static_cast<double>(packing[0]) / 1048576);
     }
     if (par_->ep_size() > 1) {  // rank 0's expert all-to-alls over the run (token_dispatcher.h)
         const moe::A2aSeconds a = moe::a2a_seconds();

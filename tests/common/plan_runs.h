@@ -17,6 +17,7 @@ namespace bagualu::testing {
 struct RunReport {
     std::vector<double> tokens_per_s;  // per logged step
     nlohmann::json resources;          // {"steps", "ranks", "peak_rss_bytes", "comm"}
+    double gemm_packing = 0;           // the most any rank's GEMM packing buffers held
 };
 
 inline RunReport read_run(const std::string& metrics_path) {
@@ -27,6 +28,10 @@ inline RunReport read_run(const std::string& metrics_path) {
         const auto j = nlohmann::json::parse(line);
         if (j.contains("loss")) r.tokens_per_s.push_back(j["tokens_per_s"]);
         if (j.contains("resources")) r.resources = j["resources"];
+        if (j.contains("gemm_packing_bytes")) {
+            for (const auto& b : j["gemm_packing_bytes"])
+                r.gemm_packing = std::max(r.gemm_packing, b.get<double>());
+        }
     }
     return r;
 }

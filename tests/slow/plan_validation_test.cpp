@@ -98,6 +98,12 @@ TEST(PlanValidation, MemoryBytesAndTimeAgainstRuns) {
                     pstep / step, bytes_equal ? "equal" : "DIFFER");
         std::fflush(stdout);
         EXPECT_NEAR(pmem / mem, 1.0, 0.10) << c.name;
+        // the GEMMs' packing buffers: what the ranks kept, within the planner's bound
+        const double ppack = plan["memory_bytes_per_rank"]["gemm_packing"].get<double>();
+        std::printf("%-26s GEMM packing buffers: kept %.1f KiB, counted %.1f KiB\n", "",
+                    r.gemm_packing / 1024, ppack / 1024);
+        EXPECT_GT(r.gemm_packing, 0) << c.name;
+        EXPECT_LE(r.gemm_packing, ppack) << c.name;
         // Steps of ~10 ms (the tiny model) are dominated by fixed per-call costs the per-FLOP
         // model leaves out (thread-pool dispatch, products below the calibrated 32^3): their
         // ratio is printed, and the step time is checked where the model's terms are the step.
