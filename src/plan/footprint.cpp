@@ -130,8 +130,8 @@ double half_operand_bytes(const TrainConfig& cfg, const Layout& L) {
 double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
     if (L.caches.l2 == 0) return 0;
     const ModelConfig& m = cfg.model;
-    const int N          = static_cast<int>(L.micro_batch * m.seq_len);
-    const int C          = m.d_model;
+    const int N = static_cast<int>(std::min<int64_t>(L.micro_batch * m.seq_len, int64_t{1} << 30));
+    const int C = m.d_model;
     kernels::gemm::PackingBound bound;
     // A linear layer of `rows` tokens, in -> out features, its products in d: its forward (rows x
     // out over in), its input gradient (rows x in over out) and its weight gradient (out x in
@@ -162,7 +162,8 @@ double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
     if (moe) {
         linear(N, C, m.gate_rows(), L.policy.router_dtype(), false);  // the router
         // the experts on the grouped driver, on up to a round's rows
-        const int R = static_cast<int>(round_rows(m, N, L.ep, L.capacity_factor));
+        // (the grouped products' buffers do not depend on the rows; clamped to an int)
+        const int R = static_cast<int>(std::min(round_rows(m, N, L.ep, L.capacity_factor), 1e9));
         linear(R, C, m.expert_width(), ffn_d, true);
         linear(R, m.expert_width(), C, ffn_d, true);
         if (m.n_shared_experts > 0) {  // either driver
