@@ -253,6 +253,12 @@ void print_text(const Estimate& e, const Inputs& in) {
                                                    {"GEMM packing buffers", m.gemm_packing},
                                                    {"total", m.total()}};
     for (const auto& [name, b] : rows) fmt::print("  {:<26}{:>14}\n", name, human_bytes(b));
+    if (in.machine.node.gemm_path.empty()) {
+        fmt::print(
+            "  (GEMM packing buffers not counted: {} gives no node.gemm_path, l2_kib and "
+            "l3_kib, which `bagualu calibrate` writes)\n",
+            in.machine.source);
+    }
     fmt::print("  {}\n", fit_line(e));
     fmt::print("\ncollectives per step and rank\n");
     for (size_t i = 0; i < fp.collectives.size(); ++i) {
