@@ -90,6 +90,8 @@ class DataLoader {
 
     int num_sources() const { return schedule_.sources(); }
     bool blended() const { return !cursor_.deficits.empty(); }
+    // Reader ranks (data.readers resolved): 0 = every rank reads its own slice.
+    int readers() const { return L_.readers; }
     double share(int s) const { return schedule_.share(s); }
     int64_t num_windows() const { return n_windows_; }  // over all sources
     int64_t source_windows(int s) const { return windows_[static_cast<size_t>(s)]; }

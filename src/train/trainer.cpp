@@ -427,15 +427,24 @@ void Trainer::log_setup() const {
                       data::shuffle_kind_name(loader_->shuffle_kind(s)));
         }
     }
+    // who reads the shards (data.readers, "auto" resolved by the node layout)
+    std::string readers;
+    if (P_ > 1) {
+        readers =
+            loader_->readers() == 0
+                ? "; every rank reads its slice"
+                : fmt::format("; {} reader rank(s) read for their groups{}", loader_->readers(),
+                              cfg_.data.readers.automatic() ? " (auto: one a node)" : "");
+    }
     log::info(
         "data: {} train tokens ({} windows of {}{}{}), {} val tokens; batch {} x {} "
-        "tokens = {} micro-batch(es) of {}{} per rank",
+        "tokens = {} micro-batch(es) of {}{} per rank{}",
         loader_->num_tokens(), loader_->num_windows(), T_ + 1, loader_->blended() ? "" : ", ",
         loader_->blended()
             ? std::string()
             : fmt::format("{} order", data::shuffle_kind_name(loader_->shuffle_kind())),
-        ds_.val.num_tokens(), cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ",
-        MB_);
+        ds_.val.num_tokens(), cfg_.train.batch_size, T_, accum_, split_.even() ? "" : "up to ", MB_,
+        readers);
     constexpr double kMiB = 1 << 20;
     log::info(
         "memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer "
