@@ -105,8 +105,8 @@ class DataLoader {
     double wait_seconds() const { return wait_s_; }
 
    private:
-    // Both constructors end here: shares the reader's window count over the group, or its
-    // failure to open the files (open_error on the reader).
+    // Both constructors end here: shares the reader's window counts over the group (a reader
+    // that could not open its splits has ended every rank before).
     void init(dist::Comm* group);
     void fetch();         // helper thread: the group's windows of one micro-step into buf_[fill_]
     void start_fetch();   // main thread

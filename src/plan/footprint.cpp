@@ -72,59 +72,56 @@ double round_rows(const ModelConfig& m, int64_t max_tokens, int ep, double capac
 }  // namespace
 
 double half_operand_bytes(const TrainConfig& cfg, const Layout& L) {
-    const ModelConfig& m               = cfg.model;
     const model::PrecisionPolicy& prec = L.policy;
+    if (prec.dtype != Dtype::bfloat16) return 0;
+    const ModelConfig& m = cfg.model;
     const double C = m.d_model, V = m.vocab_size,
                  N       = static_cast<double>(L.micro_batch) * m.seq_len;
     const double R_round = round_rows(m, static_cast<int64_t>(N), L.ep, L.capacity_factor);
     const bool head16    = model::head_gradient_in_16_bits(prec, cfg.train.fused_head ? 1 : 0);
-    if (prec.dtype == Dtype::bfloat16) {
-        double inp = 0, w = 0, dout = 0;
-        auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {
-            if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
-            inp  = std::max(inp, rows * in);
-            w    = std::max(w, in * out);
-            dout = std::max(dout, rows * out);
-        };
-        half_linear(model::LayerClass::attention, C, 3 * C, N);
-        half_linear(model::LayerClass::attention, C, C, N);
-        if (n_moe_layers(m) < m.n_layer) {
-            half_linear(model::LayerClass::ffn, C, m.d_ff, N);
-            half_linear(model::LayerClass::ffn, m.d_ff, C, N);
-        }
-        // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
-        if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
-            const double FE = m.expert_width(), FS = m.shared_width();
-            inp  = std::max(inp, R_round * std::max(C, FE));
-            w    = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
-            dout = std::max(dout, R_round * std::max(C, FE));  // dy, and the GELU's gradient
-            if (m.n_shared_experts > 0) {
-                inp  = std::max(inp, N * std::max(C, FS));
-                w    = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
-                dout = std::max(dout, N * std::max(C, FS));
-            }
-        }
-        // the router's products under precision.router = "half" (moe/router.cpp)
-        if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
-            const double G = m.gate_rows();  // E, or the product keys' rows
-            inp            = std::max(inp, N * C);
-            w              = std::max(w, C * G);
-            dout           = std::max(dout, N * G);
-        }
-        // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
-        // output gradient takes no 16-bit copy: its 16 bits go over the logits
-        // (kernels::crossentropy_linear_backward_half) or are the arena's (the gradient formed
-        // in forward, model::head_gradient_in_16_bits, whose ln_f output is kept in 16 bits)
-        if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
-            const double rows = cfg.train.fused_head
-                                    ? std::min(N, static_cast<double>(model::fused_head_rows(m)))
-                                    : N;
-            if (!head16) inp = std::max(inp, rows * C);
-            w = std::max(w, C * V);
-        }
-        return 2 * (inp + w + dout);
+    double inp = 0, w = 0, dout = 0;
+    auto half_linear = [&](model::LayerClass c, double in, double out, double rows) {
+        if (prec.gemm_dtype(c) != Dtype::bfloat16) return;
+        inp  = std::max(inp, rows * in);
+        w    = std::max(w, in * out);
+        dout = std::max(dout, rows * out);
+    };
+    half_linear(model::LayerClass::attention, C, 3 * C, N);
+    half_linear(model::LayerClass::attention, C, C, N);
+    if (n_moe_layers(m) < m.n_layer) {
+        half_linear(model::LayerClass::ffn, C, m.d_ff, N);
+        half_linear(model::LayerClass::ffn, m.d_ff, C, N);
     }
-    return 0;
+    // kernels::grouped_gemm_half: the experts' rows (a round's budget) and local weights
+    if (n_moe_layers(m) > 0 && prec.gemm_dtype(model::LayerClass::ffn) == Dtype::bfloat16) {
+        const double FE = m.expert_width(), FS = m.shared_width();
+        inp  = std::max(inp, R_round * std::max(C, FE));
+        w    = std::max(w, static_cast<double>(m.n_experts / L.ep) * FE * C);
+        dout = std::max(dout, R_round * std::max(C, FE));  // dy, and the GELU's gradient
+        if (m.n_shared_experts > 0) {
+            inp  = std::max(inp, N * std::max(C, FS));
+            w    = std::max(w, static_cast<double>(m.n_shared_experts) * FS * C);
+            dout = std::max(dout, N * std::max(C, FS));
+        }
+    }
+    // the router's products under precision.router = "half" (moe/router.cpp)
+    if (n_moe_layers(m) > 0 && prec.router_dtype() == Dtype::bfloat16) {
+        const double G = m.gate_rows();  // E, or the product keys' rows
+        inp            = std::max(inp, N * C);
+        w              = std::max(w, C * G);
+        dout           = std::max(dout, N * G);
+    }
+    // the fused head's GEMMs see one block of rows at a time (model/gpt.h); the head's
+    // output gradient takes no 16-bit copy: its 16 bits go over the logits
+    // (kernels::crossentropy_linear_backward_half) or are the arena's (the gradient formed
+    // in forward, model::head_gradient_in_16_bits, whose ln_f output is kept in 16 bits)
+    if (prec.gemm_dtype(model::LayerClass::head) == Dtype::bfloat16) {
+        const double rows =
+            cfg.train.fused_head ? std::min(N, static_cast<double>(model::fused_head_rows(m))) : N;
+        if (!head16) inp = std::max(inp, rows * C);
+        w = std::max(w, C * V);
+    }
+    return 2 * (inp + w + dout);
 }
 
 double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
@@ -151,8 +148,7 @@ double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
     const Dtype attn_d = L.policy.gemm_dtype(model::LayerClass::attention);
     const Dtype ffn_d  = L.policy.gemm_dtype(model::LayerClass::ffn);
     const Dtype head_d = L.policy.gemm_dtype(model::LayerClass::head);
-    bool dense = false, moe = false;
-    for (int l = 0; l < m.n_layer; ++l) (m.is_moe_block(l) ? moe : dense) = true;
+    const bool dense   = n_moe_layers(m)<m.n_layer, moe = n_moe_layers(m)> 0;
     linear(N, C, 3 * C, attn_d, false);  // q, k, v
     linear(N, C, C, attn_d, false);      // attention projection
     if (dense) {
