@@ -393,6 +393,17 @@ MachineSpec own_machine_file(const std::string& out) {
 constexpr const char* kCalibrateHeader =
     "# The local machine, measured by `bagualu calibrate` (per-core numbers x cores).\n";
 
+// The path whose packing buffers a run here keeps, as the machine file records it: the active
+// one, or under BGL_GEMM=auto or onednn the best of ours, which auto picks for some shapes and
+// onednn for the grouped products (oneDNN's own scratch is not counted). "auto" in the file
+// would make the planner count its own CPU's kernel instead of this one's.
+kernels::gemm::Path packing_path() {
+    const kernels::gemm::Path p = kernels::gemm::active_path();
+    return p == kernels::gemm::Path::automatic || p == kernels::gemm::Path::onednn
+               ? kernels::gemm::best_path()
+               : p;
+}
+
 int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** argv) {
     set_compute_threads(1);
     if (!dist::launched_by_mpi()) {
@@ -405,7 +416,7 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         m.node.baseline_rss_mib    = static_cast<double>(resident_bytes()) / 1048576;
         m.node.l2_kib              = static_cast<double>(kernels::cache_sizes().l2) / 1024;
         m.node.l3_kib              = static_cast<double>(kernels::cache_sizes().l3) / 1024;
-        m.node.gemm_path           = kernels::gemm::path_name(kernels::gemm::active_path());
+        m.node.gemm_path           = kernels::gemm::path_name(packing_path());
         m.node.half_features       = kernels::half_precision_features();
         const ComputeCalibration c = calibrate_compute(seconds);
         apply(m, c);

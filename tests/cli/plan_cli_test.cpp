@@ -13,6 +13,7 @@
 
 #include "../common/run_command.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 
 namespace bagualu::testing {
 namespace {
@@ -223,6 +224,25 @@ TEST(PlanCli, CalibrateUpdatesOnlyAMachineFileOfThisCpu) {
         files.push_back(e.path().filename().string());
     std::sort(files.begin(), files.end());
     EXPECT_EQ(files, (std::vector<std::string>{"other.toml", "own.toml", "sunway.toml"}));
+}
+
+// The machine file names the kernel whose packing buffers the planner counts: under BGL_GEMM=auto
+// and onednn the best of ours (which they run for some or all of the products), not "auto" or
+// "onednn", which the planner would read as its own CPU's kernel or as none.
+TEST(PlanCli, CalibrateRecordsTheKernelItsRunsPack) {
+    TempDir dir;
+    const std::string ours = kernels::gemm::path_name(kernels::gemm::best_path());
+    for (const char* env : {"auto", "onednn", ""}) {
+        const std::string file = dir / (std::string("m-") + env + ".toml");
+        const CommandResult r  = run_command(
+             fmt::format("cd {} && {}{} calibrate --seconds 0.001 --out {}", BGL_SOURCE_DIR,
+                        *env ? fmt::format("BGL_GEMM={} ", env) : std::string(), BGL_BINARY, file));
+        ASSERT_EQ(r.status, 0) << env << "\n" << r.output;
+        const std::string text = read_file(file);
+        EXPECT_NE(text.find("gemm_path = '" + ours + "'"), std::string::npos)
+            << "BGL_GEMM=" << env << ":\n"
+            << text;
+    }
 }
 
 }  // namespace
