@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "train/trainer.h"
 
 namespace bagualu::bench {
@@ -19,13 +20,6 @@ namespace fs = std::filesystem;
 using Clock  = std::chrono::steady_clock;
 
 namespace {
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Seconds between consecutive steps: [i] ends at step i + 2 (1-based), starts after step i + 1.
 std::vector<double> step_intervals(const TrainConfig& cfg, dist::ParallelContext& par) {

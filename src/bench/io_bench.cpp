@@ -20,6 +20,7 @@
 
 #include "bench/checkpoint_stall.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
 
@@ -141,11 +142,6 @@ void read_plain(const std::string& path, char* data, size_t n) {
         n -= static_cast<size_t>(r);
     }
     ::close(fd);
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 }  // namespace

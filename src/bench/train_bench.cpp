@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/phase_timer.h"
 #include "core/proc_memory.h"
+#include "core/stats.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
@@ -113,12 +114,6 @@ int print_json(const nlohmann::json& j) {
     fmt::print("{}\n", j.dump(2));
     std::fflush(stdout);
     return 0;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double mean(const std::vector<double>& v) {
@@ -269,6 +264,12 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
             phases[i < kNumPhases ? kPhaseNames[i] : "other"] = median(ph);
         }
         const double med = median(step_s);
+        // how far each ratio's median can be trusted: an order-statistic 95% interval (null with
+        // fewer than 6 rounds, where none reaches 95%)
+        const auto interval = [](const std::vector<double>& x) {
+            const auto r = median_interval(x, 0.95);
+            return r ? nlohmann::json::array({r->lo, r->hi}) : nlohmann::json(nullptr);
+        };
         out.push_back({{"setting", settings[v].label},
                        {"ranks", settings[v].par->size()},
                        {"tokens_per_step", tokens_per_step(c)},
@@ -277,7 +278,9 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
                        {"step_s_rounds", step_s},
                        {"speedup_vs_first_rounds", speedup},
                        {"speedup_vs_first_median", median(speedup)},
+                       {"speedup_vs_first_ci95", interval(speedup)},
                        {"step_ratio_vs_first_median", median(step_ratio)},
+                       {"step_ratio_vs_first_ci95", interval(step_ratio)},
                        {"final_loss_rounds", losses},
                        {"phases_s_per_step", phases}});
     }
@@ -301,21 +304,28 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
         kernels::half_precision_features());
     size_t width = 8;
     for (const BenchSetting& s : settings) width = std::max(width, s.label.size() + 4);
-    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10}  {}\n", "setting", width, "step ms", "tokens/s",
-               "speed", "step", "speed vs the first, per round");
-    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10}\n", "", width, "(median)", "", "vs first",
-               "vs first");
+    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10} {:>13}  {}\n", "setting", width, "step ms",
+               "tokens/s", "speed", "step", "step 95% CI", "speed vs the first, per round");
+    fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10} {:>13}\n", "", width, "(median)", "", "vs first",
+               "vs first", "vs first");
     for (size_t v = 0; v < n; ++v) {
         const nlohmann::json& e = out[v];
         std::vector<std::string> rounds;
         for (const auto& x : e["speedup_vs_first_rounds"])
             rounds.push_back(fmt::format("{:.3f}", x.get<double>()));
-        fmt::print("{:<{}} {:>9.1f} {:>10.0f} {:>9.3f} {:>10.3f}  {}\n",
+        const nlohmann::json& ci = e["step_ratio_vs_first_ci95"];
+        const std::string ci_text =
+            v == 0 || ci.is_null()
+                ? std::string("-")
+                : fmt::format("{:.3f}-{:.3f}", ci[0].get<double>(), ci[1].get<double>());
+        fmt::print("{:<{}} {:>9.1f} {:>10.0f} {:>9.3f} {:>10.3f} {:>13}  {}\n",
                    fmt::format("#{} {}", v + 1, settings[v].label), width,
                    e["step_s_median"].get<double>() * 1e3, e["tokens_per_s"].get<double>(),
                    e["speedup_vs_first_median"].get<double>(),
-                   e["step_ratio_vs_first_median"].get<double>(), fmt::join(rounds, " "));
+                   e["step_ratio_vs_first_median"].get<double>(), ci_text, fmt::join(rounds, " "));
     }
+    if (o.repeats < 6)
+        fmt::print("(the 95% intervals of the medians need at least 6 rounds: --repeats 6)\n");
     fmt::print("\nms per step (median over rounds)\n{:<14}", "phase");
     for (size_t v = 0; v < n; ++v) fmt::print(" {:>10}", fmt::format("#{}", v + 1));
     fmt::print("\n");

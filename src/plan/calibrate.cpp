@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/buffer.h"
+#include "core/stats.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -19,11 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Seconds per call of f: repeats for about `seconds`, the median of 5 rounds.

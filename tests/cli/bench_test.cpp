@@ -285,6 +285,9 @@ TEST(BenchCli, TrainCompareTimesSettingsInTurnAgainstTheFirst) {
     }
     std::sort(speedup.begin(), speedup.end());
     EXPECT_NEAR(bf16["speedup_vs_first_median"].get<double>(), speedup[1], 1e-9);
+    // no 95% interval of a median from 3 rounds (the widest, [min, max], covers 75%)
+    EXPECT_TRUE(bf16["speedup_vs_first_ci95"].is_null()) << bf16.dump();
+    EXPECT_TRUE(bf16["step_ratio_vs_first_ci95"].is_null()) << bf16.dump();
     // the settings trained what they say: the same batch twice as large is another loss
     EXPECT_NE(first["final_loss_rounds"][0], bf16["final_loss_rounds"][0]);
     EXPECT_EQ(first["final_loss_rounds"][0], first["final_loss_rounds"][2]);
@@ -296,8 +299,30 @@ TEST(BenchCli, TrainCompareTimesSettingsInTurnAgainstTheFirst) {
         data);
     ASSERT_EQ(table.status, 0) << table.output;
     EXPECT_NE(table.output.find("#2 model.top_k=2"), std::string::npos) << table.output;
+    EXPECT_NE(table.output.find("need at least 6 rounds"), std::string::npos) << table.output;
     EXPECT_NE(table.output.find("ms per step (median over rounds)"), std::string::npos)
         << table.output;
+
+    // 6 rounds: the 95% interval of each ratio's median is the rounds' [min, max] (coverage
+    // 1 - 2/64), the median's own rounds inside it
+    const CommandResult six = bagualu(
+        "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 6 --json "
+        "--compare model.top_k=1 --compare model.top_k=2" +
+        data);
+    ASSERT_EQ(six.status, 0) << six.output;
+    const nlohmann::json second = json_of(six.output)["settings"][1];
+    std::vector<double> ratios;
+    for (int round = 0; round < 6; ++round) {
+        ratios.push_back(second["step_s_rounds"][round].get<double>() /
+                         json_of(six.output)["settings"][0]["step_s_rounds"][round].get<double>());
+    }
+    const auto [lo, hi]      = std::minmax_element(ratios.begin(), ratios.end());
+    const nlohmann::json& ci = second["step_ratio_vs_first_ci95"];
+    ASSERT_EQ(ci.size(), 2u) << second.dump();
+    EXPECT_NEAR(ci[0].get<double>(), *lo, 1e-12);
+    EXPECT_NEAR(ci[1].get<double>(), *hi, 1e-12);
+    ASSERT_EQ(second["speedup_vs_first_ci95"].size(), 2u) << second.dump();
+    EXPECT_NEAR(second["speedup_vs_first_ci95"][0].get<double>(), 1 / *hi, 1e-9);
 }
 
 TEST(BenchCli, TrainMfuIsTakenAgainstThePeakOfThePathUsed) {
