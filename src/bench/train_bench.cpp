@@ -5,13 +5,25 @@
 // The data wait is the time the data loader blocked for data, as a share of the mean step.
 #include "bench/train_bench.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
+
+extern char** environ;
 
 #include "bench/kernels_bench.h"
 #include "core/error.h"
@@ -201,11 +213,12 @@ int compare_overlap(TrainConfig cfg, const TrainBenchOptions& o, dist::ParallelC
 }
 
 // What one run of `--compare` measured: its steps' median, the phases per step (the timer's
-// phases, then "other"), the final loss.
+// phases, then "other"), the final loss; with --isolate also its process's peak RSS.
 struct SettingRun {
     double step_s = 0;
     std::vector<double> phase_s;
-    double final_loss = 0;
+    double final_loss  = 0;
+    double peak_rss_mb = 0;
 };
 
 SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
@@ -224,6 +237,106 @@ SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
     return {median(step_s), phases_per_step(step_s), sum.final_loss};
 }
 
+// --isolate: a directory of its own for the settings' configs, removed at the end.
+struct IsolateDir {
+    std::filesystem::path path;
+    IsolateDir() {
+        std::string templ = (std::filesystem::temp_directory_path() / "bagualu-compare-XXXXXX");
+        if (mkdtemp(templ.data()) == nullptr)
+            input_error("bench train --isolate: cannot create a directory under {}: {}",
+                        std::filesystem::temp_directory_path().string(), std::strerror(errno));
+        path = templ;
+    }
+    ~IsolateDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    IsolateDir(const IsolateDir&)            = delete;
+    IsolateDir& operator=(const IsolateDir&) = delete;
+};
+
+// The text of a file, or "" when it cannot be read.
+std::string text_of(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The last line of text that is not blank.
+std::string last_line(const std::string& text) {
+    const size_t end = text.find_last_not_of(" \n\r\t");
+    if (end == std::string::npos) return "";
+    const size_t newline = text.rfind('\n', end);
+    const size_t begin   = newline == std::string::npos ? 0 : newline + 1;
+    return text.substr(begin, end + 1 - begin);
+}
+
+// One run of `config` in a fresh process of this binary (`bench train --config FILE --json`),
+// read from the JSON it prints. Its stderr goes to err_file: passed on to ours after a run that
+// succeeded, its last line (the error) named in ours after one that failed.
+SettingRun time_setting_isolated(const std::string& config, const std::string& err_file,
+                                 const std::string& label, const TrainBenchOptions& o) {
+    const std::string steps = std::to_string(o.steps), warmup = std::to_string(o.warmup);
+    std::vector<std::string> args{"/proc/self/exe", "bench", "train",    "--config", config,
+                                  "--steps",        steps,   "--warmup", warmup,     "--json"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int fds[2];
+    if (pipe(fds) != 0) input_error("bench train --isolate: pipe: {}", std::strerror(errno));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_file.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addclose(&actions, fds[1]);
+    pid_t pid       = 0;
+    const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    if (error != 0) {
+        close(fds[0]);
+        input_error("bench train --isolate: cannot start {}: {}", argv[0], std::strerror(error));
+    }
+    std::string out;
+    char buf[4096];
+    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) != 0;) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        out.append(buf, static_cast<size_t>(got));
+    }
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const std::string err = text_of(err_file);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::string why                    = last_line(err);
+        constexpr std::string_view kPrefix = "bagualu: error: ";  // ours says it once
+        if (why.starts_with(kPrefix)) why.erase(0, kPrefix.size());
+        input_error("bench train --isolate: setting \"{}\" failed in its process ({}){}{}", label,
+                    WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
+                                      : fmt::format("signal {}", WTERMSIG(status)),
+                    why.empty() ? "" : ": ", why);
+    }
+    if (!err.empty()) fmt::print(stderr, "{}", err);
+    SettingRun run;
+    try {
+        const nlohmann::json j = nlohmann::json::parse(out);
+        run.step_s             = j.at("step_s_median").get<double>();
+        run.final_loss         = j.at("final_loss").get<double>();
+        run.peak_rss_mb        = j.at("peak_rss_mb").get<double>();
+        for (size_t i = 0; i <= kNumPhases; ++i) {
+            const char* name = i < kNumPhases ? kPhaseNames[i] : "other";
+            run.phase_s.push_back(j.at("phases").at(name).at("s_per_step").get<double>());
+        }
+    } catch (const nlohmann::json::exception& e) {
+        input_error("bench train --isolate: setting \"{}\": its process printed no result ({})",
+                    label, e.what());
+    }
+    return run;
+}
+
 }  // namespace
 
 // The settings take turns: round r runs setting r mod n first, so that neither a setting's place
@@ -235,11 +348,31 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
     if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
     for (BenchSetting& s : settings) s.cfg = timed_config(s.cfg, o);
     const size_t n = settings.size();
+    std::optional<IsolateDir> dir;
+    std::vector<std::string> files;  // --isolate: the settings' configs, as the processes read them
+    std::string err_file;            // and where a process's stderr goes
+    if (o.isolate) {
+        if (settings.front().par->size() != 1)
+            input_error("bench train --isolate: one process a run: run it without mpirun");
+        dir.emplace();
+        err_file = (dir->path / "stderr.txt").string();
+        for (size_t v = 0; v < n; ++v) {
+            files.push_back((dir->path / fmt::format("setting-{}.toml", v + 1)).string());
+            std::ofstream file(files.back());
+            file << to_toml(settings[v].cfg);
+            file.close();
+            if (!file)
+                input_error("bench train --isolate: cannot write {}: {}", files.back(),
+                            std::strerror(errno));
+        }
+    }
     std::vector<std::vector<SettingRun>> runs(n);  // [setting][round]
     for (int r = 0; r < o.repeats; ++r) {
         for (size_t i = 0; i < n; ++i) {
             const size_t v = (i + static_cast<size_t>(r)) % n;
-            runs[v].push_back(time_setting(settings[v].cfg, o, *settings[v].par));
+            runs[v].push_back(o.isolate
+                                  ? time_setting_isolated(files[v], err_file, settings[v].label, o)
+                                  : time_setting(settings[v].cfg, o, *settings[v].par));
         }
     }
     if (settings.front().par->rank() != 0) return 0;
@@ -248,7 +381,7 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
     nlohmann::json out        = nlohmann::json::array();
     for (size_t v = 0; v < n; ++v) {
         const TrainConfig& c = settings[v].cfg;
-        std::vector<double> step_s, speedup, step_ratio, losses;
+        std::vector<double> step_s, speedup, step_ratio, losses, rss, rss_ratio;
         for (int r = 0; r < o.repeats; ++r) {
             const SettingRun& run   = runs[v][static_cast<size_t>(r)];
             const SettingRun& first = runs[0][static_cast<size_t>(r)];
@@ -256,6 +389,8 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
             step_ratio.push_back(run.step_s / first.step_s);
             speedup.push_back((tokens_per_step(c) / run.step_s) / (first_tokens / first.step_s));
             losses.push_back(run.final_loss);
+            rss.push_back(run.peak_rss_mb);
+            rss_ratio.push_back(first.peak_rss_mb > 0 ? run.peak_rss_mb / first.peak_rss_mb : 0);
         }
         nlohmann::json phases = nlohmann::json::object();
         for (size_t i = 0; i <= kNumPhases; ++i) {
@@ -283,6 +418,12 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
                        {"step_ratio_vs_first_ci95", interval(step_ratio)},
                        {"final_loss_rounds", losses},
                        {"phases_s_per_step", phases}});
+        if (o.isolate) {
+            out.back()["peak_rss_mb_rounds"]        = rss;
+            out.back()["peak_rss_mb_median"]        = median(rss);
+            out.back()["rss_ratio_vs_first_median"] = median(rss_ratio);
+            out.back()["rss_ratio_vs_first_ci95"]   = interval(rss_ratio);
+        }
     }
     const TrainConfig& base = settings.front().cfg;
     if (o.json) {
@@ -294,14 +435,15 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
         j["steps"]            = o.steps;
         j["warmup"]           = o.warmup;
         j["rounds"]           = o.repeats;
+        j["isolated"]         = o.isolate;
         j["settings"]         = out;
         return print_json(j);
     }
     fmt::print(
         "bench train {} --compare: {} settings in turn, {} round(s) of {} + {} warm-up steps "
-        "each; cpu {}; 16-bit features: {}\n",
-        base.name, n, o.repeats, o.steps, o.warmup, kernels::cpu_features().model,
-        kernels::half_precision_features());
+        "each{}; cpu {}; 16-bit features: {}\n",
+        base.name, n, o.repeats, o.steps, o.warmup, o.isolate ? ", each run a process" : "",
+        kernels::cpu_features().model, kernels::half_precision_features());
     size_t width = 8;
     for (const BenchSetting& s : settings) width = std::max(width, s.label.size() + 4);
     fmt::print("{:<{}} {:>9} {:>10} {:>9} {:>10} {:>13}  {}\n", "setting", width, "step ms",
@@ -326,6 +468,23 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
     }
     if (o.repeats < 6)
         fmt::print("(the 95% intervals of the medians need at least 6 rounds: --repeats 6)\n");
+    if (o.isolate) {
+        fmt::print("\npeak resident memory of each run's process, MB\n");
+        fmt::print("{:<{}} {:>9} {:>10} {:>13}\n", "setting", width, "(median)", "vs first",
+                   "95% CI");
+        for (size_t v = 0; v < n; ++v) {
+            const nlohmann::json& e  = out[v];
+            const nlohmann::json& ci = e["rss_ratio_vs_first_ci95"];
+            const std::string ci_text =
+                v == 0 || ci.is_null()
+                    ? std::string("-")
+                    : fmt::format("{:.3f}-{:.3f}", ci[0].get<double>(), ci[1].get<double>());
+            fmt::print("{:<{}} {:>9.1f} {:>10.3f} {:>13}\n",
+                       fmt::format("#{} {}", v + 1, settings[v].label), width,
+                       e["peak_rss_mb_median"].get<double>(),
+                       e["rss_ratio_vs_first_median"].get<double>(), ci_text);
+        }
+    }
     fmt::print("\nms per step (median over rounds)\n{:<14}", "phase");
     for (size_t v = 0; v < n; ++v) fmt::print(" {:>10}", fmt::format("#{}", v + 1));
     fmt::print("\n");

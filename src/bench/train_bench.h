@@ -11,7 +11,8 @@
 // compare_settings times several settings of one model side by side (`--compare`): rounds of one
 // run per setting, each round starting at the next setting, and reports per setting the median
 // step time, tokens/s, the median over rounds of its speed against the first setting's in the
-// same round, and the phases.
+// same round, and the phases; with `isolate` each run is a process of its own, which also gives
+// each setting's peak resident memory (one process otherwise holds every run).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,6 +30,9 @@ struct TrainBenchOptions {
     // Off/on pairs of runs of warmup + steps each (compare_overlap only).
     bool compare_overlap = false;
     int repeats          = 3;
+    // compare_settings: each run in a fresh process of this binary, its peak RSS compared too
+    // (one rank only)
+    bool isolate = false;
 };
 
 // One setting of `bench train --compare`: its label (the overrides as given), its config and the

@@ -30,6 +30,7 @@
 #include "data/token_file.h"
 #include "data/token_shards.h"
 #include "dist/comm/checks.h"
+#include "dist/comm/comm.h"
 #include "dist/node_cpus.h"
 #include "dist/parallel.h"
 #include "io/checkpoint/checkpoint.h"
@@ -549,6 +550,11 @@ static std::vector<std::string> compare_overrides(const std::string& setting) {
 static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
     std::vector<bench::BenchSetting> settings(b.compare.size());
     dist::check_together(world, [&] {
+        if (b.isolate && (world.size() > 1 || dist::launched_by_mpi())) {
+            input_error(
+                "--isolate: runs each setting in a process of its own, one rank only: run it "
+                "without mpirun");
+        }
         if (b.compare.size() < 2) {
             input_error(
                 "--compare: give at least two settings (got {}), e.g. --compare "
@@ -575,9 +581,10 @@ static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Co
         s.par = layouts.back().get();
     }
     bench::TrainBenchOptions o;
-    o.steps  = b.steps;
-    o.warmup = b.warmup;
-    o.json   = b.json;
+    o.steps   = b.steps;
+    o.warmup  = b.warmup;
+    o.json    = b.json;
+    o.isolate = b.isolate;
     if (b.repeats > 0) o.repeats = b.repeats;
     return bench::compare_settings(std::move(settings), o);
 }

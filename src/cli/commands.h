@@ -58,6 +58,7 @@ struct BenchArgs {
     int64_t warmup       = 2;          // train: untimed steps first
     bool compare_overlap = false;      // train: overlap off vs on
     std::vector<std::string> compare;  // train: settings side by side, "KEY=VALUE[;KEY=VALUE]"
+    bool isolate = false;              // train --compare: each run a process of its own
 };
 int cmd_bench_kernels(const CommonArgs& a, const BenchArgs& b);
 int cmd_bench_comm(const BenchArgs& b, dist::Comm& world);

@@ -191,6 +191,11 @@ int main(int argc, char** argv) {
                      "speeds are given against the first")
         ->excludes("--compare-overlap");
     bench_train
+        ->add_flag("--isolate", ba.isolate,
+                   "With --compare: run each setting in a fresh process of its own (without "
+                   "mpirun) and compare the runs' peak resident memory too")
+        ->needs("--compare");
+    bench_train
         ->add_option("--repeats", ba.repeats,
                      "Runs of each setting for --compare and --compare-overlap (default 3)")
         ->check(cli::positive());

@@ -39,7 +39,7 @@ inline std::optional<MedianInterval> median_interval(std::vector<double> v,
     const auto pmf  = [&](size_t k) {
         const double kd = static_cast<double>(k);
         return std::exp(std::lgamma(nd + 1) - std::lgamma(kd + 1) - std::lgamma(nd - kd + 1) -
-                        nd * std::log(2.0));
+                         nd * std::log(2.0));
     };
     std::optional<MedianInterval> best;
     double below = 0;  // P(B <= j - 1)

@@ -406,7 +406,8 @@ TEST(BenchCli, BadArgumentsExitTwoWithOneLine) {
           "bench train --config configs/tiny.toml --compare model.top_k --compare model.top_k=1",
           "bench train --config configs/tiny.toml --compare model.nope=1 --compare model.top_k=1",
           "bench train --config configs/tiny.toml --compare model.top_k=1 --compare "
-          "model.top_k=2 --compare-overlap"}) {
+          "model.top_k=2 --compare-overlap",
+          "bench train --config configs/tiny.toml --isolate"}) {
         expect_one_line_error(args, {});
     }
 }
@@ -427,6 +428,53 @@ TEST(BenchCli, CompareSettingSetsEachKeyOnce) {
                             "\"model. =2\"", "\"model.top_k=2;\"", "\";\""}) {
         expect_one_line_error(base + bad, {"--compare", "expected SECTION.KEY=VALUE"});
     }
+}
+
+// --isolate: each run is a process of this binary with the setting's config, so each setting's
+// losses are the in-process runs' to the last bit, and its peak RSS is its own; a run that fails
+// is one line naming the setting and the run's own error; under mpirun it is refused at once.
+TEST(BenchCli, TrainCompareIsolatedRunsEachSettingInAProcessOfItsOwn) {
+    TempDir dir;
+    const std::string args =
+        "bench train --config configs/tiny.toml --steps 1 --warmup 1 --repeats 2 --json "
+        "--compare model.top_k=1 --compare \"model.top_k=2;train.batch_size=16\"" +
+        tiny_corpus(dir);
+    const CommandResult in_process = bagualu(args);
+    const CommandResult isolated   = bagualu(args + " --isolate");
+    ASSERT_EQ(in_process.status, 0) << in_process.output;
+    ASSERT_EQ(isolated.status, 0) << isolated.output;
+    const nlohmann::json a = json_of(in_process.output), b = json_of(isolated.output);
+    EXPECT_EQ(a["isolated"], false);
+    EXPECT_EQ(b["isolated"], true);
+    for (size_t v = 0; v < 2; ++v) {
+        const nlohmann::json& s = b["settings"][v];
+        EXPECT_EQ(s["final_loss_rounds"], a["settings"][v]["final_loss_rounds"]) << v;
+        EXPECT_FALSE(a["settings"][v].contains("peak_rss_mb_rounds"));
+        ASSERT_EQ(s["peak_rss_mb_rounds"].size(), 2u) << s.dump();
+        for (const auto& mb : s["peak_rss_mb_rounds"]) EXPECT_GT(mb.get<double>(), 1.0);
+        EXPECT_TRUE(s["rss_ratio_vs_first_ci95"].is_null());  // 2 rounds
+    }
+    EXPECT_NE(b["settings"][0]["final_loss_rounds"][0], b["settings"][1]["final_loss_rounds"][0]);
+    EXPECT_EQ(b["settings"][0]["rss_ratio_vs_first_median"].get<double>(), 1.0);
+    const double r0 = b["settings"][1]["peak_rss_mb_rounds"][0].get<double>() /
+                      b["settings"][0]["peak_rss_mb_rounds"][0].get<double>();
+    const double r1 = b["settings"][1]["peak_rss_mb_rounds"][1].get<double>() /
+                      b["settings"][0]["peak_rss_mb_rounds"][1].get<double>();
+    EXPECT_NEAR(b["settings"][1]["rss_ratio_vs_first_median"].get<double>(), (r0 + r1) / 2, 1e-9);
+
+    expect_one_line_error(
+        "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 1 --isolate" +
+            tiny_corpus(dir) +
+            " --compare model.top_k=1 --compare data.train=" + (dir / "nope.bin"),
+        {"setting \"data.train=" + (dir / "nope.bin") + "\" failed in its process (exit status 2)",
+         (dir / "nope.bin") + ": cannot open token file"});
+    const CommandResult r = run_command(fmt::format(
+        "cd {} && timeout 60 {} --allow-run-as-root --oversubscribe -np 1 {} bench train --config "
+        "configs/tiny.toml --isolate --compare model.top_k=1 --compare model.top_k=2{}",
+        BGL_SOURCE_DIR, BGL_MPIEXEC, BGL_BINARY, tiny_corpus(dir)));
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_EQ(count(r.output, "bagualu: error:"), 1u) << r.output;
+    EXPECT_NE(r.output.find("run it without mpirun"), std::string::npos) << r.output;
 }
 
 }  // namespace
