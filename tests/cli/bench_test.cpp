@@ -462,12 +462,18 @@ TEST(BenchCli, TrainCompareIsolatedRunsEachSettingInAProcessOfItsOwn) {
                       b["settings"][0]["peak_rss_mb_rounds"][1].get<double>();
     EXPECT_NEAR(b["settings"][1]["rss_ratio_vs_first_median"].get<double>(), (r0 + r1) / 2, 1e-9);
 
-    expect_one_line_error(
+    // the settings' configs go under TMPDIR, and leave nothing there when a run fails
+    std::filesystem::create_directory(dir / "tmp");
+    const std::string failing =
         "bench train --config configs/tiny.toml --steps 1 --warmup 0 --repeats 1 --isolate" +
-            tiny_corpus(dir) +
-            " --compare model.top_k=1 --compare data.train=" + (dir / "nope.bin"),
+        tiny_corpus(dir) + " --compare model.top_k=1 --compare data.train=" + (dir / "nope.bin");
+    expect_one_line_error(
+        run_command(fmt::format("cd {} && TMPDIR={} {} {}", BGL_SOURCE_DIR, dir / "tmp", BGL_BINARY,
+                                failing)),
+        failing,
         {"setting \"data.train=" + (dir / "nope.bin") + "\" failed in its process (exit status 2)",
          (dir / "nope.bin") + ": cannot open token file"});
+    EXPECT_TRUE(std::filesystem::is_empty(dir / "tmp"));
     const CommandResult r = run_command(fmt::format(
         "cd {} && timeout 60 {} --allow-run-as-root --oversubscribe -np 1 {} bench train --config "
         "configs/tiny.toml --isolate --compare model.top_k=1 --compare model.top_k=2{}",
