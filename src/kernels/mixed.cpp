@@ -884,12 +884,24 @@ const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout,
     return out16;
 }
 
+bool attention_rounds_qkv(Dtype d, int hs, bool fp64) {
+    return !fp64 && d == Dtype::bfloat16 && hs > 0 && half_attention(d, hs) == HalfAttention::none;
+}
+
 bool attention_kept16(Dtype d, int hs, bool fp64) {
+    if (attention_rounds_qkv(d, hs, fp64)) return true;
     // 1 / sqrt(hs) a power of two: hs a power of four
     const bool scale_exact =
         hs > 0 && (hs & (hs - 1)) == 0 && std::countr_zero(unsigned(hs)) % 2 == 0;
     return !fp64 && scale_exact && half_attention(d, hs) != HalfAttention::none;
 }
+
+namespace {
+// Whether attention_forward_half16 / backward_dout16 run the bf16 core on the 16 bits directly.
+bool core_on_kept16(Dtype d, int hs) {
+    return attention_kept16(d, hs, false) && half_attention(d, hs) != HalfAttention::none;
+}
+}  // namespace
 
 namespace {
 // The kept Q, K, V and O widened, where the 16-bit core does not run (see attention_kept16).
@@ -900,7 +912,7 @@ void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16
                               int T, int C, int NH) {
     BGL_CHECK(d != Dtype::float32, "attention_forward_half16: float32 is not a half type");
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    if (attention_kept16(d, C / NH, false)) {
+    if (core_on_kept16(d, C / NH)) {
         avx512::attention_forward_bf16(half_attention(d, C / NH) == HalfAttention::tiles, out16,
                                        lse, qkv16, B, T, C, NH);
         return;
@@ -917,7 +929,7 @@ const uint16_t* attention_backward_dout16(Dtype d, float* dqkv, const float* dou
     BGL_CHECK(d != Dtype::float32, "attention_backward_dout16: float32 is not a half type");
     BGL_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     const size_t n = size_t(B) * size_t(T) * size_t(C);
-    if (attention_kept16(d, C / NH, false) && on_16bit(d)) {
+    if (core_on_kept16(d, C / NH) && on_16bit(d)) {
         bf16* g16 = grow(g_dout16, 3 * n);
         avx512::attention_backward_bf16(half_attention(d, C / NH) == HalfAttention::tiles, g16,
                                         dout, qkv16, out16, lse, B, T, C, NH);

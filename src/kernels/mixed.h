@@ -260,16 +260,22 @@ const uint16_t* attention_backward_dout(Dtype d, float* dqkv, const float* dout,
                                         int NH, bool fp64 = false);
 
 // The attention core on Q, K, V (qkv16, B T x 3C) and its output O (out16, B T x C) kept only as
-// their 16 bits of d: where attention_kept16(d, hs, false), the bf16 core (half_attention) reads
-// and writes them directly, bitwise attention_forward_half on qkv rounded to d with its out then
-// rounded and narrowed, and attention_backward_dout on those rounded floats; on any other path
-// (the GEMM path changed since the arrays were chosen) the float kernels run on their widened
-// values. attention_backward_dout16 returns the 16-bit dqkv where half_products_convert(d) (in
+// their 16 bits of d: where attention_kept16(d, hs, false) and the bf16 core runs
+// (half_attention), the core reads and writes them directly, bitwise attention_forward_half on
+// qkv rounded to d with its out then rounded and narrowed, and attention_backward_dout on those
+// rounded floats; elsewhere (no bf16 core on the path, or the GEMM path changed since the arrays
+// were chosen) the float kernels run on their widened values (in one block's scratch of 4 N C
+// floats). attention_backward_dout16 returns the 16-bit dqkv where half_products_convert(d) (in
 // the narrow_dout scratch), else nullptr with the floats in dqkv. Call from outside pool jobs.
-// attention_kept16: the bf16 core runs (half_attention, not fp64) and 1 / sqrt(hs) is a power of
+// attention_kept16: bf16, not fp64, and either the bf16 core runs and 1 / sqrt(hs) is a power of
 // two (hs = 64, 256, ...: the core scales Q before rounding it, and scaling the kept Q by a power
-// of two rounds nothing again), so keeping them changes no bit.
+// of two rounds nothing again), or no bf16 core runs, where the float core takes Q, K, V rounded
+// to bf16 (attention_rounds_qkv): either way keeping them changes no bit.
 bool attention_kept16(Dtype d, int hs, bool fp64);
+// In bf16 (not fp64) without the bf16 core (half_attention none), the float core's Q, K, V are
+// the qkv product's outputs rounded to bf16, as the bf16 core rounds its operands: the block
+// rounds its float qkv where it does not keep it in 16 bits.
+bool attention_rounds_qkv(Dtype d, int hs, bool fp64);
 void attention_forward_half16(Dtype d, uint16_t* out16, float* lse, const uint16_t* qkv16, int B,
                               int T, int C, int NH);
 const uint16_t* attention_backward_dout16(Dtype d, float* dqkv, const float* dout,

@@ -700,6 +700,9 @@ double GPT::block_forward(int l) {
         } else {
             linear_forward_half(ga, b.qkv, b.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C, aa);
         }
+        // without the bf16 core the float core reads bf16 values, as a kept qkv16 would give
+        if (attention_rounds_qkv(ga, C / NH, prec_.fp64_sensitive))
+            round_inplace(b.qkv, 3 * NC, ga);
         if (prec_.fp64_sensitive) {
             attention_forward_f64(b.atty, b.lse, b.qkv, B, T, C, NH);
         } else {

@@ -97,8 +97,9 @@ size_t activation_floats(const ModelConfig& cfg, int64_t max_batch, int64_t head
                          Dtype ln_attn = Dtype::float32, Dtype ln_ffn = Dtype::float32,
                          bool attn16 = false, bool head16 = false);
 // Whether a model of cfg under prec keeps its attention's Q, K, V and output only as 16 bits on
-// this machine: where its bf16 attention core reads them so with the same bits
-// (kernels::attention_kept16, which depends on the GEMM path and the head size).
+// this machine: where its bf16 attention core reads them so with the same bits, or where no
+// bf16 core runs and the float core reads them rounded and widened (kernels::attention_kept16,
+// which depends on the GEMM path and the head size).
 bool attention_in_16_bits(const ModelConfig& cfg, const PrecisionPolicy& prec);
 // Tests: off makes the models built after it keep Q, K, V and the attention's output as floats
 // (attention_in_16_bits false), on (the default) lets attention_in_16_bits decide. Not

@@ -334,6 +334,12 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
         if (copies) mem.activations += buf(N * C, 4);  // dround_: rounded (N, C) GEMM operand
     }
     mem.activations += half_operand_bytes(cfg, L);  // bf16's 16-bit operand copies
+    // Q, K, V and O kept in 16 bits without the bf16 attention core: the float core reads them
+    // widened, one block's at a time (kernels::attention_forward_half16 / backward_dout16)
+    const bool attn16 = model::attention_in_16_bits(m, prec);
+    if (attn16 && kernels::half_attention(prec.gemm_dtype(model::LayerClass::attention),
+                                          m.d_model / m.n_head) == kernels::HalfAttention::none)
+        mem.activations += buf(3 * N * C, 4) + buf(N * C, 4);
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers' (N, E) arrays among them)
     const Recompute rc = cfg.train.recompute;
@@ -341,8 +347,7 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
         static_cast<double>(model::activation_floats(
             m, L.micro_batch, cfg.train.fused_head ? model::fused_head_rows(m) : 0, rc,
             prec.act_dtype(model::LayerClass::ffn), prec.gemm_dtype(model::LayerClass::attention),
-            prec.gemm_dtype(model::LayerClass::ffn), model::attention_in_16_bits(m, prec),
-            head16)) *
+            prec.gemm_dtype(model::LayerClass::ffn), attn16, head16)) *
             4 +
         2 * buf(N, 4);  // arena; tokens, targets
     const MoEBytes moe = moe_layer_bytes(m, static_cast<int64_t>(N), L.ep, L.capacity_factor,

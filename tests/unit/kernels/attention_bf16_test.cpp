@@ -319,11 +319,17 @@ TEST(AttentionHalf, KeptSixteenBitsGiveTheFloatInputsBits) {
                 std::string(gemm::path_name(p)) + " head size " + std::to_string(s.hs());
             const bool core = half_attention(bf, s.hs()) != HalfAttention::none;
             const bool kept = attention_kept16(bf, s.hs(), false);
-            EXPECT_EQ(kept, core && pow4) << at;
+            // the bf16 core where its scale is exact; without it, the float core on Q, K, V
+            // rounded to bf16 (attention_rounds_qkv), whatever the head size
+            EXPECT_EQ(kept, core ? pow4 : true) << at;
+            EXPECT_EQ(attention_rounds_qkv(bf, s.hs(), false), !core) << at;
             EXPECT_FALSE(attention_kept16(bf, s.hs(), true)) << at;
+            EXPECT_FALSE(attention_rounds_qkv(bf, s.hs(), true)) << at;
             EXPECT_FALSE(attention_kept16(Dtype::float16, s.hs(), false)) << at;
-            // forward: the float inputs where kept, else the widened ones; the output narrowed
-            const std::vector<float>& in = kept ? qkv : qkv_r;
+            EXPECT_FALSE(attention_rounds_qkv(Dtype::float16, s.hs(), false)) << at;
+            // forward: the float inputs where the bf16 core keeps them (it rounds them itself),
+            // else the widened ones; the output narrowed
+            const std::vector<float>& in = kept && core ? qkv : qkv_r;
             std::vector<float> o(s.out()), l(s.lse()), l16(s.lse());
             attention_forward_half(bf, o.data(), l.data(), in.data(), s.B, s.T, s.C, s.NH);
             std::vector<uint16_t> want_o(s.out()), got_o(s.out());

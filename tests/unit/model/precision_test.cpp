@@ -157,22 +157,14 @@ TEST(PrecisionModel, SixteenBitOperandsGiveTheFloatPathsBitsWhereGemmBf16Widens)
     }
 }
 
-// Q, K, V and the attention's output kept only as their 16 bits where the bf16 attention core
-// reads them so (attention_in_16_bits: the core runs on this CPU's GEMM path, head size 64):
-// bitwise the loss and gradients of the same model keeping them as floats, with and without
-// block recomputation, and 4 N C floats' worth of 16-bit values less a block.
-TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
-    ModelConfig m = testing::tiny_moe_config();
-    m.d_model     = 128;
-    m.n_head      = 2;
-    m.seq_len     = 45;
-    m.d_ff        = 64;
-    const int B = 2, T = m.seq_len;
-    const PrecisionPolicy prec = bagualu_policy(Dtype::bfloat16);
-    if (!attention_in_16_bits(m, prec)) {
-        GTEST_SKIP() << "needs the bf16 attention core: AMX-BF16, or AVX512_BF16 without AMX";
-    }
-    const Batch b = random_batch(B * T, m.vocab_size);
+// Q, K, V and the attention's output kept only as their 16 bits (attention_in_16_bits, head
+// size 64): where the bf16 attention core reads them so (on this CPU's GEMM path where it runs
+// the core), and where the float core reads them widened (the avx2 and generic paths, which
+// round Q, K, V to bf16 either way): bitwise the loss and gradients of the same model keeping
+// them as floats, with and without block recomputation, and 4 N C floats' worth of 16-bit
+// values less a block.
+void check_attention_kept16(const ModelConfig& m, const PrecisionPolicy& prec, const Batch& b,
+                            int B, int T, const std::string& at) {
     for (const Recompute rc : {Recompute::none, Recompute::block}) {
         const auto run = [&](bool kept) {
             attention_16bit_activations(kept);
@@ -189,8 +181,8 @@ TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
         };
         const auto [l0, g0] = run(false);
         const auto [l1, g1] = run(true);
-        EXPECT_EQ(l1, l0) << static_cast<int>(rc);
-        EXPECT_EQ(g1, g0) << static_cast<int>(rc);
+        EXPECT_EQ(l1, l0) << at << " recompute " << static_cast<int>(rc);
+        EXPECT_EQ(g1, g0) << at << " recompute " << static_cast<int>(rc);
     }
     const Dtype ga = prec.gemm_dtype(LayerClass::attention), gf = prec.gemm_dtype(LayerClass::ffn);
     const Dtype hidden = prec.act_dtype(LayerClass::ffn);
@@ -198,6 +190,26 @@ TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
     const size_t f32   = activation_floats(m, B, 0, Recompute::none, hidden, ga, gf, false);
     const size_t h16   = activation_floats(m, B, 0, Recompute::none, hidden, ga, gf, true);
     EXPECT_EQ(f32 - h16, size_t(m.n_layer) * 2 * NC);  // (3 N C + N C) / 2 floats a block
+}
+
+TEST(PrecisionModel, AttentionKeptInSixteenBitsGivesTheFloatActivationsBits) {
+    ModelConfig m = testing::tiny_moe_config();
+    m.d_model     = 128;
+    m.n_head      = 2;
+    m.seq_len     = 45;
+    m.d_ff        = 64;
+    const int B = 2, T = m.seq_len;
+    const PrecisionPolicy prec = bagualu_policy(Dtype::bfloat16);
+    const Batch b              = random_batch(B * T, m.vocab_size);
+    const kernels::testing::PathGuard guard;
+    for (const kernels::gemm::Path path :
+         {kernels::gemm::active_path(), kernels::gemm::Path::avx2, kernels::gemm::Path::generic}) {
+        if (!kernels::gemm::path_supported(path)) continue;
+        kernels::gemm::set_active_path(path);
+        const std::string at = kernels::gemm::path_name(path);
+        ASSERT_TRUE(attention_in_16_bits(m, prec)) << at;
+        check_attention_kept16(m, prec, b, B, T, at);
+    }
 }
 
 // bf16's O2 masters in the parameters themselves (GPT::keep_masters_in_place with the replicated
