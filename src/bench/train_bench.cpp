@@ -337,6 +337,12 @@ SettingRun time_setting_isolated(const std::string& config, const std::string& e
     return run;
 }
 
+// A ratio's 95% interval as the table prints it: "-" for the first setting or under 6 rounds.
+std::string interval_text(const nlohmann::json& ci, bool first) {
+    if (first || ci.is_null()) return "-";
+    return fmt::format("{:.3f}-{:.3f}", ci[0].get<double>(), ci[1].get<double>());
+}
+
 }  // namespace
 
 // The settings take turns: round r runs setting r mod n first, so that neither a setting's place
@@ -455,11 +461,7 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
         std::vector<std::string> rounds;
         for (const auto& x : e["speedup_vs_first_rounds"])
             rounds.push_back(fmt::format("{:.3f}", x.get<double>()));
-        const nlohmann::json& ci = e["step_ratio_vs_first_ci95"];
-        const std::string ci_text =
-            v == 0 || ci.is_null()
-                ? std::string("-")
-                : fmt::format("{:.3f}-{:.3f}", ci[0].get<double>(), ci[1].get<double>());
+        const std::string ci_text = interval_text(e["step_ratio_vs_first_ci95"], v == 0);
         fmt::print("{:<{}} {:>9.1f} {:>10.0f} {:>9.3f} {:>10.3f} {:>13}  {}\n",
                    fmt::format("#{} {}", v + 1, settings[v].label), width,
                    e["step_s_median"].get<double>() * 1e3, e["tokens_per_s"].get<double>(),
@@ -473,12 +475,8 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
         fmt::print("{:<{}} {:>9} {:>10} {:>13}\n", "setting", width, "(median)", "vs first",
                    "95% CI");
         for (size_t v = 0; v < n; ++v) {
-            const nlohmann::json& e  = out[v];
-            const nlohmann::json& ci = e["rss_ratio_vs_first_ci95"];
-            const std::string ci_text =
-                v == 0 || ci.is_null()
-                    ? std::string("-")
-                    : fmt::format("{:.3f}-{:.3f}", ci[0].get<double>(), ci[1].get<double>());
+            const nlohmann::json& e   = out[v];
+            const std::string ci_text = interval_text(e["rss_ratio_vs_first_ci95"], v == 0);
             fmt::print("{:<{}} {:>9.1f} {:>10.3f} {:>13}\n",
                        fmt::format("#{} {}", v + 1, settings[v].label), width,
                        e["peak_rss_mb_median"].get<double>(),
