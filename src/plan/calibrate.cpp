@@ -71,8 +71,12 @@ ComputeCalibration calibrate_compute(double seconds) {
     c.cores = static_cast<int>(allowed_cpus().size());
     std::vector<double> pk;
     for (int r = 0; r < 3; ++r) pk.push_back(kernels::measure_peak_gflops_f32(seconds / 3));
-    c.peak_core_gflops      = median(pk);
-    c.peak_core_half_gflops = kernels::measure_peak_gflops_bf16(seconds / 3);
+    c.peak_core_gflops = median(pk);
+    // where the bf16 products widen their operands (the avx2 and generic paths, BGL_GEMM=avx2 on
+    // a CPU with AVX512_BF16 included) they run on the float FMAs
+    c.peak_core_half_gflops = kernels::gemm_bf16_widens()
+                                  ? c.peak_core_gflops
+                                  : kernels::measure_peak_gflops_bf16(seconds / 3);
     const size_t n          = size_t{8} << 20;  // 3 x 32 MiB, well beyond the caches
     c.triad_core_gbs        = triad_gbs(n, 1, seconds);
     c.triad_node_gbs        = triad_gbs(n, c.cores, seconds);

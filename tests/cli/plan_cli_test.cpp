@@ -243,6 +243,22 @@ TEST(PlanCli, CalibrateRecordsTheKernelItsRunsPack) {
             << "BGL_GEMM=" << env << ":\n"
             << text;
     }
+    // where the bf16 products widen (avx2), they run on the float FMAs: the file's 16-bit peak
+    // is the float one, whatever 16-bit instructions the CPU has
+    if (!kernels::gemm::path_supported(kernels::gemm::Path::avx2)) return;
+    const std::string file = dir / "m-avx2.toml";
+    const CommandResult r =
+        run_command(fmt::format("cd {} && BGL_GEMM=avx2 {} calibrate --seconds 0.001 --out {}",
+                                BGL_SOURCE_DIR, BGL_BINARY, file));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string text = read_file(file);
+    const auto value       = [&](const std::string& key) {
+        const size_t at = text.find(key + " = ");
+        return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size() + 3));
+    };
+    EXPECT_GT(value("peak_fp32_gflops"), 0) << text;
+    EXPECT_EQ(value("peak_half_gflops"), value("peak_fp32_gflops")) << text;
+    EXPECT_NE(text.find("gemm_path = 'avx2'"), std::string::npos) << text;
 }
 
 }  // namespace
