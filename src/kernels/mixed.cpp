@@ -901,9 +901,7 @@ namespace {
 bool core_on_kept16(Dtype d, int hs) {
     return attention_kept16(d, hs, false) && half_attention(d, hs) != HalfAttention::none;
 }
-}  // namespace
 
-namespace {
 // The kept Q, K, V and O widened, where the 16-bit core does not run (see attention_kept16).
 AlignedVector<float> g_attn_qkv, g_attn_out;
 }  // namespace
