@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/checkpoint_stall.h"
+#include "bench/scratch_dir.h"
 #include "core/error.h"
 #include "core/stats.h"
 #include "dist/parallel.h"
@@ -31,31 +32,6 @@ namespace {
 namespace fs   = std::filesystem;
 namespace ckpt = io::ckpt;
 using Clock    = std::chrono::steady_clock;
-
-// The scratch directory, removed on every exit.
-class ScratchDir {
-   public:
-    explicit ScratchDir(const std::string& parent) {
-        std::error_code ec;
-        const fs::path base = parent.empty() ? fs::temp_directory_path(ec) : fs::path(parent);
-        if (ec || !fs::is_directory(base, ec))
-            input_error("io bench: --dir {}: not a directory", base.string());
-        std::string tmpl = (base / "bagualu-io-bench-XXXXXX").string();
-        if (::mkdtemp(tmpl.data()) == nullptr)
-            input_error("io bench: cannot create a directory in {}", base.string());
-        path_ = tmpl;
-    }
-    ScratchDir(const ScratchDir&)            = delete;
-    ScratchDir& operator=(const ScratchDir&) = delete;
-    ~ScratchDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    const std::string& str() const { return path_; }
-
-   private:
-    std::string path_;
-};
 
 struct Tensor {
     std::string name;
@@ -160,7 +136,7 @@ int run_io_bench(const IoBenchOptions& o) {
         slices.push_back({t.name, {numel}, 0, numel, payload.data() + t.offset});
     }
 
-    const ScratchDir scratch(o.dir);
+    const ScratchDir scratch(o.dir, "bagualu-io-bench-", "io bench: --dir");
     std::vector<double> ckpt_w, plain_w, ckpt_r, plain_r;
     for (int rep = 0; rep < o.repeats; ++rep) {
         const std::string final_dir = ckpt::step_dir(scratch.str(), rep);

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,9 +22,8 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
-
 #include "bench/kernels_bench.h"
+#include "bench/scratch_dir.h"
 #include "core/error.h"
 #include "core/phase_timer.h"
 #include "core/proc_memory.h"
@@ -237,24 +235,6 @@ SettingRun time_setting(const TrainConfig& cfg, const TrainBenchOptions& o,
     return {median(step_s), phases_per_step(step_s), sum.final_loss};
 }
 
-// --isolate: a directory of its own for the settings' configs, removed at the end.
-struct IsolateDir {
-    std::filesystem::path path;
-    IsolateDir() {
-        std::string templ = (std::filesystem::temp_directory_path() / "bagualu-compare-XXXXXX");
-        if (mkdtemp(templ.data()) == nullptr)
-            input_error("bench train --isolate: cannot create a directory under {}: {}",
-                        std::filesystem::temp_directory_path().string(), std::strerror(errno));
-        path = templ;
-    }
-    ~IsolateDir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path, ec);
-    }
-    IsolateDir(const IsolateDir&)            = delete;
-    IsolateDir& operator=(const IsolateDir&) = delete;
-};
-
 // The text of a file, or "" when it cannot be read.
 std::string text_of(const std::string& path) {
     std::ifstream in(path);
@@ -354,16 +334,19 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
     if (o.repeats < 1) input_error("bench train: need --repeats >= 1");
     for (BenchSetting& s : settings) s.cfg = timed_config(s.cfg, o);
     const size_t n = settings.size();
-    std::optional<IsolateDir> dir;
+    std::optional<ScratchDir> dir;
     std::vector<std::string> files;  // --isolate: the settings' configs, as the processes read them
     std::string err_file;            // and where a process's stderr goes
     if (o.isolate) {
-        if (settings.front().par->size() != 1)
-            input_error("bench train --isolate: one process a run: run it without mpirun");
-        dir.emplace();
-        err_file = (dir->path / "stderr.txt").string();
+        // the command refuses --isolate under mpirun, once, before any run
+        BGL_CHECK(settings.front().par->size() == 1, "--isolate on {} ranks",
+                  settings.front().par->size());
+        dir.emplace(std::string(), "bagualu-compare-",
+                    "bench train --isolate: temporary directory");
+        const std::filesystem::path at = dir->str();
+        err_file                       = (at / "stderr.txt").string();
         for (size_t v = 0; v < n; ++v) {
-            files.push_back((dir->path / fmt::format("setting-{}.toml", v + 1)).string());
+            files.push_back((at / fmt::format("setting-{}.toml", v + 1)).string());
             std::ofstream file(files.back());
             file << to_toml(settings[v].cfg);
             file.close();
@@ -385,6 +368,12 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
 
     const double first_tokens = tokens_per_step(settings.front().cfg);
     nlohmann::json out        = nlohmann::json::array();
+    // how far each ratio's median can be trusted: an order-statistic 95% interval (null with
+    // fewer than 6 rounds, where none reaches 95%)
+    const auto interval = [](const std::vector<double>& x) {
+        const auto r = median_interval(x, 0.95);
+        return r ? nlohmann::json::array({r->lo, r->hi}) : nlohmann::json(nullptr);
+    };
     for (size_t v = 0; v < n; ++v) {
         const TrainConfig& c = settings[v].cfg;
         std::vector<double> step_s, speedup, step_ratio, losses, rss, rss_ratio;
@@ -405,12 +394,6 @@ int compare_settings(std::vector<BenchSetting> settings, const TrainBenchOptions
             phases[i < kNumPhases ? kPhaseNames[i] : "other"] = median(ph);
         }
         const double med = median(step_s);
-        // how far each ratio's median can be trusted: an order-statistic 95% interval (null with
-        // fewer than 6 rounds, where none reaches 95%)
-        const auto interval = [](const std::vector<double>& x) {
-            const auto r = median_interval(x, 0.95);
-            return r ? nlohmann::json::array({r->lo, r->hi}) : nlohmann::json(nullptr);
-        };
         out.push_back({{"setting", settings[v].label},
                        {"ranks", settings[v].par->size()},
                        {"tokens_per_step", tokens_per_step(c)},

@@ -550,7 +550,7 @@ static std::vector<std::string> compare_overrides(const std::string& setting) {
 static int bench_train_compare(const CommonArgs& a, const BenchArgs& b, dist::Comm& world) {
     std::vector<bench::BenchSetting> settings(b.compare.size());
     dist::check_together(world, [&] {
-        if (b.isolate && (world.size() > 1 || dist::launched_by_mpi())) {
+        if (b.isolate && dist::launched_by_mpi()) {
             input_error(
                 "--isolate: runs each setting in a process of its own, one rank only: run it "
                 "without mpirun");

@@ -148,7 +148,9 @@ double gemm_packing_bytes(const TrainConfig& cfg, const Layout& L) {
     const Dtype attn_d = L.policy.gemm_dtype(model::LayerClass::attention);
     const Dtype ffn_d  = L.policy.gemm_dtype(model::LayerClass::ffn);
     const Dtype head_d = L.policy.gemm_dtype(model::LayerClass::head);
-    const bool dense   = n_moe_layers(m)<m.n_layer, moe = n_moe_layers(m)> 0;
+    const int n_moe    = n_moe_layers(m);
+    const bool dense   = n_moe < m.n_layer;
+    const bool moe     = n_moe > 0;
     linear(N, C, 3 * C, attn_d, false);  // q, k, v
     linear(N, C, C, attn_d, false);      // attention projection
     if (dense) {
@@ -337,8 +339,8 @@ Footprint footprint(const TrainConfig& cfg, const Layout& L, uint64_t order_byte
     // Q, K, V and O kept in 16 bits without the bf16 attention core: the float core reads them
     // widened, one block's at a time (kernels::attention_forward_half16 / backward_dout16)
     const bool attn16 = model::attention_in_16_bits(m, prec);
-    if (attn16 && kernels::half_attention(prec.gemm_dtype(model::LayerClass::attention),
-                                          m.d_model / m.n_head) == kernels::HalfAttention::none)
+    if (attn16 && kernels::attention_rounds_qkv(prec.gemm_dtype(model::LayerClass::attention),
+                                                m.d_model / m.n_head, prec.fp64_sensitive))
         mem.activations += buf(3 * N * C, 4) + buf(N * C, 4);
     // train.recompute (model/gpt.h): block keeps one block's working set; moe and block share
     // one set of MoE buffers between the layers (the routers' (N, E) arrays among them)
