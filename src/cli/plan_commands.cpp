@@ -427,12 +427,13 @@ int cmd_calibrate(const std::string& out, double seconds, int* argc, char*** arg
         // a temporary file and a rename: an interrupted write leaves the file as it was
         data::write_file_atomic(out, to_toml(m, kCalibrateHeader));
         fmt::print(
-            "calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), triad {:.1f} GB/s per core, "
-            "{:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f}; attention {:.2f}; optimizer {:.2f} "
-            "ns/float; "
-            "baseline {:.1f} MiB -> {}\n",
-            c.cores, c.peak_core_gflops, c.triad_core_gbs, c.triad_node_gbs,
-            c.gemm_efficiency.front(), c.gemm_efficiency.back(), c.attention_efficiency,
+            "calibrate: {} cores, peak {:.1f} GFLOP/s per core (fp32), {:.1f} (bf16), triad {:.1f} "
+            "GB/s per core, {:.1f} GB/s node; GEMM efficiency {:.2f}..{:.2f} (fp32), "
+            "{:.2f}..{:.2f} (bf16); attention {:.2f}; optimizer {:.2f} ns/float; baseline {:.1f} "
+            "MiB -> {}\n",
+            c.cores, c.peak_core_gflops, c.peak_core_half_gflops, c.triad_core_gbs,
+            c.triad_node_gbs, c.gemm_efficiency.front(), c.gemm_efficiency.back(),
+            c.half_gemm_efficiency.front(), c.half_gemm_efficiency.back(), c.attention_efficiency,
             c.optimizer_ns_per_float, m.node.baseline_rss_mib, out);
         return 0;
     }

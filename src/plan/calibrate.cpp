@@ -72,21 +72,29 @@ ComputeCalibration calibrate_compute(double seconds) {
     std::vector<double> pk;
     for (int r = 0; r < 3; ++r) pk.push_back(kernels::measure_peak_gflops_f32(seconds / 3));
     c.peak_core_gflops = median(pk);
-    // where the bf16 products widen their operands (the avx2 and generic paths, BGL_GEMM=avx2 on
-    // a CPU with AVX512_BF16 included) they run on the float FMAs
-    c.peak_core_half_gflops = kernels::gemm_bf16_widens()
-                                  ? c.peak_core_gflops
-                                  : kernels::measure_peak_gflops_bf16(seconds / 3);
-    const size_t n          = size_t{8} << 20;  // 3 x 32 MiB, well beyond the caches
-    c.triad_core_gbs        = triad_gbs(n, 1, seconds);
-    c.triad_node_gbs        = triad_gbs(n, c.cores, seconds);
+    // The bf16 products' peak is that of the arithmetic they run on (kernels/peak.h
+    // measure_product_peak): the AMX tiles where the GEMM path uses them, else the vdpbf16ps
+    // loop; where they widen their operands (the avx2 and generic paths, BGL_GEMM=avx2 on a CPU
+    // with AVX512_BF16 included), the float FMAs.
+    c.peak_core_half_gflops =
+        kernels::gemm_bf16_widens()
+            ? c.peak_core_gflops
+            : kernels::measure_product_peak(Dtype::bfloat16, seconds / 3).gflops;
+    const size_t n   = size_t{8} << 20;  // 3 x 32 MiB, well beyond the caches
+    c.triad_core_gbs = triad_gbs(n, 1, seconds);
+    c.triad_node_gbs = triad_gbs(n, c.cores, seconds);
 
+    // The products' fraction of their peak by size, in float32 and in bf16 (which on some CPUs
+    // reach a different fraction of a different peak: the planner times each with its own).
     for (int s : {32, 64, 128, 256, 512, 1024}) {
         const size_t sz = static_cast<size_t>(s) * static_cast<size_t>(s);
         Buffer<float> A(sz), B(sz), Cm(sz);
+        Buffer<bf16> A16(sz), B16(sz);
         for (size_t i = 0; i < sz; ++i) {
-            A[i] = 0.001f * static_cast<float>(i % 97);
-            B[i] = 0.002f * static_cast<float>(i % 89);
+            A[i]   = 0.001f * static_cast<float>(i % 97);
+            B[i]   = 0.002f * static_cast<float>(i % 89);
+            A16[i] = bf16_from_float(A[i]);
+            B16[i] = bf16_from_float(B[i]);
         }
         const double t = time_per_call(
             [&] {
@@ -94,8 +102,16 @@ ComputeCalibration calibrate_compute(double seconds) {
                                   B.data(), s, 0.f, Cm.data(), s);
             },
             seconds / 2);
+        const double t16 = time_per_call(
+            [&] {
+                kernels::gemm_bf16(kernels::Trans::N, kernels::Trans::N, s, s, s, 1.f, A16.data(),
+                                   s, B16.data(), s, 0.f, Cm.data(), s);
+            },
+            seconds / 2);
+        const double gflop = 2.0 * s * s * s * 1e-9;
         c.gemm_sizes.push_back(s);
-        c.gemm_efficiency.push_back(std::min(1.0, 2.0 * s * s * s / t * 1e-9 / c.peak_core_gflops));
+        c.gemm_efficiency.push_back(std::min(1.0, gflop / t / c.peak_core_gflops));
+        c.half_gemm_efficiency.push_back(std::min(1.0, gflop / t16 / c.peak_core_half_gflops));
     }
 
     // causal attention forward + backward at a mid-size shape: 6 N T C flops (docs/scale.md)
@@ -234,6 +250,7 @@ void apply(MachineSpec& m, const ComputeCalibration& c) {
     m.node.memory_bandwidth_core_gbs = c.triad_core_gbs;
     m.node.gemm_sizes                = c.gemm_sizes;
     m.node.gemm_efficiency           = c.gemm_efficiency;
+    m.node.half_gemm_efficiency      = c.half_gemm_efficiency;
     m.node.attention_efficiency      = c.attention_efficiency;
     m.node.optimizer_ns_per_float    = c.optimizer_ns_per_float;
 }

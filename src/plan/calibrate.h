@@ -16,7 +16,9 @@ struct ComputeCalibration {
     double peak_core_gflops = 0, peak_core_half_gflops = 0;
     int cores             = 1;
     double triad_core_gbs = 0, triad_node_gbs = 0;
-    std::vector<double> gemm_sizes, gemm_efficiency;
+    // at gemm_sizes: fractions of peak_core_gflops (gemm_f32) and of peak_core_half_gflops
+    // (gemm_bf16)
+    std::vector<double> gemm_sizes, gemm_efficiency, half_gemm_efficiency;
     double attention_efficiency   = 0;
     double optimizer_ns_per_float = 0;
 };

@@ -12,10 +12,11 @@
 
 namespace bagualu::plan {
 
-double gemm_efficiency(const NodeSpec& node, double M, double N, double K) {
+double gemm_efficiency(const NodeSpec& node, double M, double N, double K, bool half) {
     const double s = 3.0 / (1.0 / M + 1.0 / N + 1.0 / K);
     const auto& xs = node.gemm_sizes;
-    const auto& ys = node.gemm_efficiency;
+    const auto& ys = half && !node.half_gemm_efficiency.empty() ? node.half_gemm_efficiency
+                                                                : node.gemm_efficiency;
     if (s <= xs.front()) return ys.front();
     if (s >= xs.back()) return ys.back();
     size_t i = 1;
@@ -164,31 +165,38 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // through gemm_bf16 at the machine's half-precision peak (fp16 products run in float32 on
     // rounded operands); the experts' grouped products too, weight gradients included
     // (moe/experts.cpp).
+    // A product's rate: the peak of the arithmetic it runs on and the efficiency curve
+    // calibrated against that peak (the bf16 products' own, where the machine file has one).
+    struct Rate {
+        double peak;
+        bool half;
+        double seconds(const NodeSpec& node, double M, double Nn, double Kk) const {
+            return 2 * M * Nn * Kk / (peak * gemm_efficiency(node, M, Nn, Kk, half));
+        }
+    };
     const double half_peak_rank =
         nd.peak_half_gflops > 0 ? nd.peak_half_gflops * 1e9 * cores / nd.cores : 0;
-    auto peak_of = [&](model::LayerClass c) {
-        return prec.gemm_dtype(c) == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank
-                                                                           : peak_rank;
+    const Rate fp32_rate{peak_rank, false};
+    auto rate_of = [&](Dtype d) {
+        return d == Dtype::bfloat16 && half_peak_rank > 0 ? Rate{half_peak_rank, true} : fp32_rate;
     };
-    // a linear layer (rows, out, in): its forward, dinp and dweight products at `peak`
+    auto peak_of = [&](model::LayerClass c) { return rate_of(prec.gemm_dtype(c)); };
+    // a linear layer (rows, out, in): its forward, dinp and dweight products at `rate`
     auto linear = [&](const char* group, double rows, double out, double in, double count,
-                      double peak) {
+                      Rate rate) {
         if (rows <= 0) return;
-        const double f = 2 * rows * out * in;
         compute[group] += count * A *
-                          (f / (peak * gemm_efficiency(nd, rows, out, in)) +
-                           f / (peak * gemm_efficiency(nd, rows, in, out)) +
-                           f / (peak * gemm_efficiency(nd, out, in, rows)));
+                          (rate.seconds(nd, rows, out, in) + rate.seconds(nd, rows, in, out) +
+                           rate.seconds(nd, out, in, rows));
     };
     auto bytes = [&](const char* group, double b) { memory[group] += b / bw_rank; };
 
     int n_moe = 0;
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
-    const double pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
+    const Rate pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
     // the router: float32 products, or bf16 ones under precision.router = "half"
-    const double peak_gate =
-        prec.router_dtype() == Dtype::bfloat16 && half_peak_rank > 0 ? half_peak_rank : peak_rank;
+    const Rate peak_gate = rate_of(prec.router_dtype());
     linear("gemm: attention projections", N, 3 * C, C, m.n_layer, pa);
     linear("gemm: attention projections", N, C, C, m.n_layer, pa);
     linear("gemm: dense MLP", N, F, C, n_dense, pf);
@@ -202,8 +210,8 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             // several rounds: backward recomputes the experts' forward products
             // (moe/moe_layer.cpp); the balanced load is N K rows per rank
             for (const auto& [out, in] : {std::pair{FE, C}, std::pair{C, FE}}) {
-                compute["gemm: experts (recompute)"] += n_moe * El * A * 2 * rows * out * in /
-                                                        (pf * gemm_efficiency(nd, rows, out, in));
+                compute["gemm: experts (recompute)"] +=
+                    n_moe * El * A * pf.seconds(nd, rows, out, in);
             }
         }
         // shared experts: every token, grouped products like the routed ones
@@ -219,10 +227,9 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     // train.recompute (model/gpt.h): backward runs the forward of some blocks or MoE layers
     // again: their forward products and attention once more
     const model::Recomputed rc = model::recomputed(m, cfg.train.recompute);
-    auto forward_again = [&](double rows, double out, double in, double count, double peak) {
+    auto forward_again         = [&](double rows, double out, double in, double count, Rate rate) {
         if (rows <= 0 || count <= 0) return;
-        compute["recompute (forward again)"] +=
-            count * A * 2 * rows * out * in / (peak * gemm_efficiency(nd, rows, out, in));
+        compute["recompute (forward again)"] += count * A * rate.seconds(nd, rows, out, in);
     };
     forward_again(N, 3 * C, C, rc.blocks, pa);
     forward_again(N, C, C, rc.blocks, pa);
@@ -231,11 +238,12 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     if (n_moe > 0) {
         const double rows = N * K / El;
         forward_again(N, m.gate_rows(), C, rc.moe_layers, peak_gate);
-        forward_again(rows, FE, C, rc.moe_layers * El, peak_rank);
-        forward_again(rows, C, FE, rc.moe_layers * El, peak_rank);
+        // the experts' products again in their class's precision, as in the first forward
+        forward_again(rows, FE, C, rc.moe_layers * El, pf);
+        forward_again(rows, C, FE, rc.moe_layers * El, pf);
         const double S = m.n_shared_experts, FS = m.shared_width();  // shared experts
-        forward_again(N, FS, C, rc.moe_layers * S, peak_rank);
-        forward_again(N, C, FS, rc.moe_layers * S, peak_rank);
+        forward_again(N, FS, C, rc.moe_layers * S, pf);
+        forward_again(N, C, FS, rc.moe_layers * S, pf);
     }
     if (rc.blocks > 0) {
         compute["recompute (forward again)"] +=

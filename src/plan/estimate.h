@@ -47,8 +47,10 @@ struct EstimateOptions {
 Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec& machine,
                   const EstimateOptions& opt = {});
 
-// GEMM efficiency of the machine for an M x N x K product (fraction of the core peak).
-double gemm_efficiency(const NodeSpec& node, double M, double N, double K);
+// GEMM efficiency of the machine for an M x N x K product (fraction of the core peak): of its
+// float32 products, or with half of its bf16 products against peak_half_gflops (the node's
+// half_gemm_efficiency, the float32 curve where the machine file has none).
+double gemm_efficiency(const NodeSpec& node, double M, double N, double K, bool half = false);
 
 // Seconds of one call moving `bytes` payload bytes over a group of `group_size` consecutive
 // ranks with R ranks per node (alpha-beta per level, see docs/scale.md).

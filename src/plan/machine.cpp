@@ -31,6 +31,7 @@ void visit_fields(M& m, V&& v) {
     v("node", "cores", m.node.cores);
     v("node", "gemm_sizes", m.node.gemm_sizes);
     v("node", "gemm_efficiency", m.node.gemm_efficiency);
+    v("node", "half_gemm_efficiency", m.node.half_gemm_efficiency);
     v("node", "attention_efficiency", m.node.attention_efficiency);
     v("node", "optimizer_ns_per_float", m.node.optimizer_ns_per_float);
     v("node", "baseline_rss_mib", m.node.baseline_rss_mib);
@@ -160,6 +161,15 @@ void validate(const MachineSpec& m) {
         if (i > 0 && !(m.node.gemm_sizes[i] > m.node.gemm_sizes[i - 1])) {
             input_error("{}: node.gemm_sizes must be increasing", src);
         }
+    }
+    if (!m.node.half_gemm_efficiency.empty()) {
+        if (m.node.half_gemm_efficiency.size() != m.node.gemm_sizes.size()) {
+            input_error(
+                "{}: node.half_gemm_efficiency must be empty (as gemm_efficiency) or as long as "
+                "node.gemm_sizes (got {} and {})",
+                src, m.node.half_gemm_efficiency.size(), m.node.gemm_sizes.size());
+        }
+        for (double e : m.node.half_gemm_efficiency) fraction("node.half_gemm_efficiency", e);
     }
     fraction("node.attention_efficiency", m.node.attention_efficiency);
     if (!(m.node.optimizer_ns_per_float >= 0)) {

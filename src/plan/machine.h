@@ -20,7 +20,11 @@ struct NodeSpec {
     // size s = 3 / (1/M + 1/N + 1/K) (piecewise linear in log2 s, clamped at the ends).
     std::vector<double> gemm_sizes      = {1024};
     std::vector<double> gemm_efficiency = {0.5};
-    double attention_efficiency         = 0.2;  // causal attention kernel, fraction of peak
+    // The same for the bf16 products (gemm_bf16), against peak_half_gflops, at gemm_sizes: on
+    // some CPUs they reach a different fraction of their peak than float32 does of its own (the
+    // AMX tiles). Empty: gemm_efficiency.
+    std::vector<double> half_gemm_efficiency;
+    double attention_efficiency = 0.2;  // causal attention kernel, fraction of peak
     // The optimizer's per-float work on one core, in ns: gradient norm, clip and AdamW over
     // p, g, m, v (0 = bounded by memory bandwidth alone)
     double optimizer_ns_per_float = 0;

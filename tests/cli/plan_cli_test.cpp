@@ -14,6 +14,7 @@
 #include "../common/run_command.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm/dispatch.h"
+#include "plan/machine.h"
 
 namespace bagualu::testing {
 namespace {
@@ -242,6 +243,10 @@ TEST(PlanCli, CalibrateRecordsTheKernelItsRunsPack) {
         EXPECT_NE(text.find("gemm_path = '" + ours + "'"), std::string::npos)
             << "BGL_GEMM=" << env << ":\n"
             << text;
+        // the bf16 products' own efficiency at every size, against the 16-bit peak
+        const plan::MachineSpec m = plan::load_machine(file);
+        EXPECT_EQ(m.node.half_gemm_efficiency.size(), m.node.gemm_sizes.size()) << text;
+        EXPECT_GT(m.node.peak_half_gflops, 0) << text;
     }
     // where the bf16 products widen (avx2), they run on the float FMAs: the file's 16-bit peak
     // is the float one, whatever 16-bit instructions the CPU has

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <tuple>
 
 #include "../../common/fresh_threads.h"
@@ -764,6 +765,58 @@ TEST(PlanTime, GemmEfficiencyInterpolates) {
     EXPECT_DOUBLE_EQ(gemm_efficiency(n, 16, 16, 16), 0.2);
     EXPECT_DOUBLE_EQ(gemm_efficiency(n, 128, 128, 128), 0.4);
     EXPECT_DOUBLE_EQ(gemm_efficiency(n, 4096, 4096, 4096), 0.6);
+    // the bf16 products' curve where the machine has one, else the float32 one
+    EXPECT_DOUBLE_EQ(gemm_efficiency(n, 128, 128, 128, true), 0.4);
+    n.half_gemm_efficiency = {0.1, 0.9};
+    EXPECT_DOUBLE_EQ(gemm_efficiency(n, 128, 128, 128, true), 0.5);
+    EXPECT_DOUBLE_EQ(gemm_efficiency(n, 16, 16, 16, true), 0.1);
+    EXPECT_DOUBLE_EQ(gemm_efficiency(n, 128, 128, 128), 0.4);
+}
+
+// Every bf16 product, the recomputed forward's included, is timed at the half peak with the
+// bf16 curve, and no float32 product is: halving the bf16 curve doubles exactly the bf16 run's
+// GEMM terms and leaves the float32 run's as they were.
+TEST(PlanTime, HalfProductsRunOnTheirOwnCurve) {
+    TrainConfig c            = small_config(1, 8);
+    c.train.recompute        = Recompute::moe;
+    c.model.n_shared_experts = 1;
+    MachineSpec mach;
+    mach.node.peak_fp32_gflops     = 100;
+    mach.node.peak_half_gflops     = 400;
+    mach.node.memory_gib           = 1;
+    mach.node.memory_bandwidth_gbs = 10;
+    mach.node.cores                = 4;
+    mach.node.gemm_sizes           = {8, 64};
+    mach.node.gemm_efficiency      = {0.4, 0.8};
+    auto gemm_terms                = [&](Dtype d, const std::vector<double>& half_curve) {
+        c.precision.dtype              = d;
+        mach.node.half_gemm_efficiency = half_curve;
+        const Estimate e               = estimate(footprint(c, layout_of(c, 1, 1), 0, 0), c, mach);
+        std::map<std::string, double> g;
+        for (const Term& t : e.compute) {
+            if (t.name.rfind("gemm: ", 0) == 0 || t.name == "recompute (forward again)")
+                g[t.name] = t.seconds;
+        }
+        return g;
+    };
+    const std::vector<double> same = {0.4, 0.8}, half = {0.2, 0.4};
+    const auto bf_same = gemm_terms(Dtype::bfloat16, same),
+               bf_half = gemm_terms(Dtype::bfloat16, half);
+    const auto f_same = gemm_terms(Dtype::float32, same), f_half = gemm_terms(Dtype::float32, half);
+    EXPECT_EQ(f_same, f_half);
+    ASSERT_TRUE(bf_same.count("gemm: experts") && bf_same.count("recompute (forward again)"));
+    // the default policy: the embedding (no products) O0, the router float32, the rest bf16
+    for (const auto& [name, secs] : bf_same) {
+        if (name == "gemm: MoE gate") {
+            EXPECT_DOUBLE_EQ(bf_half.at(name), secs) << name;
+        } else if (name == "recompute (forward again)") {
+            // the recomputed MoE layers' gate product stays float32, their experts' are bf16
+            EXPECT_GT(bf_half.at(name), 1.5 * secs) << name;
+            EXPECT_LT(bf_half.at(name), 2 * secs) << name;
+        } else {
+            EXPECT_NEAR(bf_half.at(name), 2 * secs, 1e-12 * secs) << name;
+        }
+    }
 }
 
 // ---- machine files ----
@@ -810,6 +863,10 @@ TEST_F(MachineFileTest, RoundTrip) {
     const MachineSpec r         = load_machine(write(to_toml(m, "# comment\n")));
     EXPECT_DOUBLE_EQ(r.node.peak_fp32_gflops, 123.5);
     EXPECT_EQ(r.node.gemm_sizes, m.node.gemm_sizes);
+    EXPECT_TRUE(r.node.half_gemm_efficiency.empty());
+    m.node.half_gemm_efficiency = {0.05, 0.5};
+    EXPECT_EQ(load_machine(write(to_toml(m))).node.half_gemm_efficiency,
+              m.node.half_gemm_efficiency);
     EXPECT_DOUBLE_EQ(r.node.l2_kib, 2048);
     EXPECT_DOUBLE_EQ(r.node.l3_kib, 32768);
     EXPECT_EQ(r.node.gemm_path, "avx512");
@@ -825,6 +882,10 @@ TEST_F(MachineFileTest, BadFilesNameFileAndKey) {
     expect_error("[node]\npeak_fp32_gflops = -1\nmemory_gib = 1\nmemory_bandwidth_gbs = 1\n",
                  {"node.peak_fp32_gflops", "must be > 0"});
     expect_error(ok + "gemm_sizes = [1.0, 2.0]\n", {"gemm_sizes", "same length"});
+    expect_error(ok + "half_gemm_efficiency = [0.5, 0.6]\n",
+                 {"node.half_gemm_efficiency", "as long as node.gemm_sizes", "got 2 and 1"});
+    expect_error(ok + "half_gemm_efficiency = [1.5]\n",
+                 {"node.half_gemm_efficiency = 1.5", "must be in (0, 1]"});
     expect_error(ok + "[network]\noversubscription = 0.5\n", {"network.oversubscription"});
     expect_error("[node\n", {"invalid TOML"});
     expect_error(ok + "gemm_path = \"avx1024\"\nl2_kib = 1024\nl3_kib = 8192\n",
