@@ -111,6 +111,21 @@ template <typename Ops, int MR, int NV, typename ASrc>
         }
         return;
     }
+    if (n == NR) {  // the rows of C it has, each a full row of registers
+        const reg vb = Ops::set1(beta);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) {
+            if (i == m) break;
+            float* ci = c + size_t(i) * size_t(ldc);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) {
+                reg t = Ops::mul(acc[i][v], va);
+                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
+                Ops::storeu(ci + v * W, t);
+            }
+        }
+        return;
+    }
     alignas(64) float tile[MR * NR];
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
@@ -126,13 +141,36 @@ template <typename Ops, int MR, int NV, typename ASrc>
     }
 }
 
+// A tile of m <= MR rows of C on the fewest registers that hold them: for MR a multiple of 3,
+// a third or two thirds of MR rows where m fits, else all MR. The last row block of a product
+// whose rows are not a multiple of MR (an expert's 256 rows are 21 tiles of 12 and one of 4)
+// then spends no multiply-adds on its padding rows. Each row's sums are the same multiply-adds
+// in the same order whatever the tile's height, so the results are bitwise those of the full
+// tile.
+template <typename Ops, int MR, int NV, typename ASrc>
+[[gnu::always_inline]] inline void micro_tile_rows_of(int kcp, ASrc a, const void* b_panel,
+                                                      float* c, int ldc, float alpha, float beta,
+                                                      int m, int n) {
+    if constexpr (MR % 3 == 0 && MR >= 6) {
+        if (m <= MR / 3) {
+            micro_tile_src<Ops, MR / 3, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
+            return;
+        }
+        if (m <= 2 * MR / 3) {
+            micro_tile_src<Ops, 2 * MR / 3, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
+            return;
+        }
+    }
+    micro_tile_src<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
+}
+
 // The register tile over a packed A panel (kcp: the padded depth).
 template <typename Ops, int MR, int NV>
 void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int ldc, float alpha,
                 float beta, int m, int n) {
     const StridedA<Ops> a{static_cast<const typename Ops::packed_t*>(a_panel),
                           size_t(MR) * Ops::kstep};
-    micro_tile_src<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_rows_of<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The same tile with A read where it lies instead of packed (kstep 1 only): element (i, k) of
@@ -143,8 +181,8 @@ template <typename Ops, int MR, int NV>
 void micro_tile_cols(int kc, const float* a, int lda, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_src<Ops, MR, NV>(kc, ColsA<Ops, MR>{{a, size_t(lda)}}, b_panel, c, ldc, alpha, beta,
-                                m, n);
+    micro_tile_rows_of<Ops, MR, NV>(kc, ColsA<Ops, MR>{{a, size_t(lda)}}, b_panel, c, ldc, alpha,
+                                    beta, m, n);
 }
 
 // The same tile with op(A) stored by row read where it lies (kstep 1 only): element (i, k) of
@@ -155,7 +193,7 @@ template <typename Ops, int MR, int NV>
 void micro_tile_rows(int kc, const float* const* rows, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_src<Ops, MR, NV>(kc, RowsA<Ops>{rows}, b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_rows_of<Ops, MR, NV>(kc, RowsA<Ops>{rows}, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The spec of a float kernel (kstep 1, float panels) over this tile: micro_tile on packed

@@ -358,6 +358,70 @@ TEST(Gemm, RowsOfAReadInPlaceGiveThePackedBits) {
     });
 }
 
+// A product's last row tile may hold fewer rows than the kernel's register tile (kernels/gemm/
+// microkernel.h runs it on a shorter tile then): each of its rows has the bits of the same row
+// in a product of more rows, for every height up to two tiles, op(A) stored by row or by k,
+// float32 and bf16, alpha and beta; and so in the grouped products, A gathered by row (the
+// experts' forward) and the weight-gradient form (its rows are the weight's).
+TEST(Gemm, ShortRowTilesGiveTheRowsOfATallProduct) {
+    PathGuard guard;
+    Rng rng(29);
+    constexpr int kTall = 48, N = 40, K = 37;  // 48: whole tiles of every kernel's rows
+    std::vector<float> a(size_t(kTall) * K), at(a.size()), b(size_t(K) * N), c0(size_t(kTall) * N);
+    for (float& v : a) v = float(rng.normal());
+    for (float& v : b) v = float(rng.normal());
+    for (float& v : c0) v = float(rng.normal());
+    for (int i = 0; i < kTall; ++i) {
+        for (int k = 0; k < K; ++k) at[size_t(k) * kTall + i] = a[size_t(i) * K + k];
+    }
+    std::vector<bf16> a16(a.size()), at16(a.size()), b16(b.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = bf16_from_float(a[i]);
+    for (size_t i = 0; i < at.size(); ++i) at16[i] = bf16_from_float(at[i]);
+    for (size_t i = 0; i < b.size(); ++i) b16[i] = bf16_from_float(b[i]);
+    std::vector<int32_t> rows(kTall);
+    for (int i = 0; i < kTall; ++i) rows[size_t(i)] = (i * 7) % kTall;  // a permutation
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        // every form at M rows of C, from c0's
+        auto products = [&](int M) {
+            std::vector<std::vector<float>> out;
+            for (const Trans ta : {Trans::N, Trans::T}) {
+                const float* af = ta == Trans::N ? a.data() : at.data();
+                const bf16* ah  = ta == Trans::N ? a16.data() : at16.data();
+                const int lda   = ta == Trans::N ? K : kTall;
+                std::vector<float> c(c0.begin(), c0.begin() + ptrdiff_t(M) * N);
+                gemm_f32(ta, Trans::N, M, N, K, 1.5f, af, lda, b.data(), N, 0.25f, c.data(), N);
+                out.push_back(c);
+                c.assign(c0.begin(), c0.begin() + ptrdiff_t(M) * N);
+                gemm_bf16(ta, Trans::N, M, N, K, 1.5f, ah, lda, b16.data(), N, 0.25f, c.data(), N);
+                out.push_back(c);
+            }
+            const int32_t offsets[2] = {0, M};
+            std::vector<float> c(c0.begin(), c0.begin() + ptrdiff_t(M) * N);
+            grouped_gemm_f32(Trans::N, Trans::N, 1, offsets, N, K, 1.0f, a.data(), K, b.data(), N,
+                             0, 0.25f, c.data(), N, rows.data());
+            out.push_back(c);
+            // C (M, N) = A^T (M, K rows) B (K rows, N): M of at's kTall columns
+            const int32_t depth[2] = {0, K};
+            c.assign(c0.begin(), c0.begin() + ptrdiff_t(M) * N);
+            grouped_gemm_tn_f32(1, depth, M, N, 1.0f, at.data(), kTall, b.data(), N, 0.25f,
+                                c.data(), N, 0);
+            out.push_back(c);
+            return out;
+        };
+        const auto tall = products(kTall);
+        for (int M = 1; M <= 26; ++M) {
+            const auto short_ = products(M);
+            for (size_t f = 0; f < tall.size(); ++f) {
+                ASSERT_EQ(
+                    0, std::memcmp(short_[f].data(), tall[f].data(), size_t(M) * N * sizeof(float)))
+                    << gemm::path_name(path) << " form " << f << " M=" << M;
+            }
+        }
+    }
+}
+
 // The AMX-BF16 tile kernel, the default for bf16 where the CPU has it: every transpose against
 // the float64 reference on shapes ragged around its 32 x 32 tile, its 32-deep k step and its
 // k block (384; 192 for the experts' weight-gradient form), and through the float-B overload (B
