@@ -58,8 +58,13 @@ struct UnitPlan {
 // only as short as needed to give every thread units_per_thread units. Each strip packs the group's
 // A rows again, so a narrow last strip would pay that for a sliver of the products. (A fixed 256
 // KiB slice cut an expert's 384 columns into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
+// Each row block packs its strip of B again: where the groups and strips alone give the threads
+// their units, a group is cut only beyond max_rows (its largest, when not 0) or half a thread's
+// share of all rows (total_rows), whichever is less, not at the average (64 experts of about 256
+// rows were cut at 264 rows, 40% of them into a block and a sliver that packed the weights again).
 UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds,
-                    int units_per_thread = kUnitsPerThread, int max_cols = 0) {
+                    int units_per_thread = kUnitsPerThread, int max_cols = 0, int max_rows = 0,
+                    int64_t total_rows = 0) {
     UnitPlan p{};
     p.threads     = madds < kMinThreadedWork ? 1 : compute_pool().size();
     const int kcp = round_up(std::min(s.kc, K), s.kstep);
@@ -69,7 +74,12 @@ UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, d
     p.strips              = ceil_div(N, p.cols);
     p.cols                = round_up(ceil_div(N, p.strips), s.nr);
     const int want_blocks = ceil_div(units_per_thread * p.threads, busy * p.strips);
-    p.rows                = round_up(std::max(1, ceil_div(avg_rows, want_blocks)), s.mr);
+    int rows              = ceil_div(avg_rows, want_blocks);
+    if (want_blocks == 1 && max_rows > 0) {
+        const int64_t half_share = (total_rows + 2 * p.threads - 1) / (2 * p.threads);
+        rows                     = std::max(rows, int(std::min<int64_t>(max_rows, half_share)));
+    }
+    p.rows = round_up(std::max(1, rows), s.mr);
     return p;
 }
 
@@ -140,9 +150,13 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
         }
         return;
     }
-    int busy = 0;
-    for (int g = 0; g < G; ++g) busy += offsets[g + 1] > offsets[g];
-    const UnitPlan p    = plan_units(s, busy, ceil_div(R, busy), N, K, double(R) * N * K);
+    int busy = 0, max_rows = 0;
+    for (int g = 0; g < G; ++g) {
+        busy += offsets[g + 1] > offsets[g];
+        max_rows = std::max(max_rows, offsets[g + 1] - offsets[g]);
+    }
+    const UnitPlan p    = plan_units(s, busy, ceil_div(R, busy), N, K, double(R) * N * K,
+                                     kUnitsPerThread, 0, max_rows, R);
     const size_t a_step = ta == Trans::N ? size_t(lda) : 1;
     const auto rows_of  = [&](int g) { return offsets[g + 1] - offsets[g]; };
     const int* order    = largest_first(G, offsets);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -715,6 +716,38 @@ TEST(GroupedGemm, LinearBackwardIsItsTwoProducts) {
     bf16_float_operands(false);
     EXPECT_TRUE(same_bits(dw1, dw2));
     EXPECT_TRUE(std::equal(dx1.begin() + off[0] * IN, dx1.end(), shared.begin() + off[0] * IN));
+}
+
+// A group's row block packs the group's strip of B again, so where the groups give the threads
+// units enough, none is cut (64 experts of 200-312 rows, one strip: one call of the epilogue a
+// group on 2 threads), and a group that holds most rows still is, so the threads share it.
+TEST(GroupedGemm, GroupsAreCutOnlyWhereTheThreadsNeedIt) {
+    PathGuard guard;
+    set_compute_threads(2);
+    Rng rng(41);
+    const int N = 96, K = 256;
+    auto calls = [&](const std::vector<int>& sizes) {
+        const auto off = offsets_of(sizes);
+        const int R = off.back(), G = int(sizes.size());
+        std::vector<float> A(size_t(R) * K), B(size_t(G) * N * K), C(size_t(R) * N);
+        for (float& v : A) v = float(rng.normal());
+        for (float& v : B) v = float(rng.normal());
+        std::atomic<int> n{0};
+        auto count = [&](int, int, int, int, int) { n.fetch_add(1); };
+        grouped_gemm_f32(Trans::N, Trans::T, G, off.data(), N, K, 1.0f, A.data(), K, B.data(), K,
+                         size_t(N) * K, 0.0f, C.data(), N, nullptr, count);
+        return n.load();
+    };
+    std::vector<int> many(64);
+    for (int& r : many) r = 200 + int(rng.next_u64() % 113);
+    const std::vector<int> skewed = {3000, 100, 100, 100, 100, 100, 100, 100};
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        EXPECT_EQ(calls(many), 64) << gemm::path_name(path);
+        EXPECT_GT(calls(skewed), 8) << gemm::path_name(path);
+    }
+    set_compute_threads(0);
 }
 
 TEST(GroupedGemm, RejectsDecreasingOffsets) {
