@@ -59,9 +59,10 @@ struct UnitPlan {
 // A rows again, so a narrow last strip would pay that for a sliver of the products. (A fixed 256
 // KiB slice cut an expert's 384 columns into 320 + 64 on a CPU with 1 MiB of L2: docs/results.md.)
 // Each row block packs its strip of B again: where the groups and strips alone give the threads
-// their units, a group is cut only beyond max_rows (its largest, when not 0) or half a thread's
-// share of all rows (total_rows), whichever is less, not at the average (64 experts of about 256
-// rows were cut at 264 rows, 40% of them into a block and a sliver that packed the weights again).
+// their units (and max_rows, the largest group's rows, is given), a group is cut only where it
+// holds more than half a thread's share of all total_rows, not at the average (64 experts of
+// about 256 rows were cut at 264, 40% of them into a block and a sliver that packed the weights
+// again).
 UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds,
                     int units_per_thread = kUnitsPerThread, int max_cols = 0, int max_rows = 0,
                     int64_t total_rows = 0) {
