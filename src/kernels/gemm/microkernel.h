@@ -97,21 +97,7 @@ template <typename Ops, int MR, int NV, typename ASrc>
     }
 
     const reg va = Ops::set1(alpha);
-    if (m == MR && n == NR) {
-        const reg vb = Ops::set1(beta);
-#pragma GCC unroll 32
-        for (int i = 0; i < MR; ++i) {
-            float* ci = c + size_t(i) * size_t(ldc);
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) {
-                reg t = Ops::mul(acc[i][v], va);
-                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
-                Ops::storeu(ci + v * W, t);
-            }
-        }
-        return;
-    }
-    if (n == NR) {  // the rows of C it has, each a full row of registers
+    if (n == NR) {  // the tile's rows of C (m of them), each a full row of registers
         const reg vb = Ops::set1(beta);
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {

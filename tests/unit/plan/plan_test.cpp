@@ -44,6 +44,18 @@ TrainConfig small_config(int moe_every, int E = 4) {
     return c;
 }
 
+// A machine of 4 cores at 100 GFLOP/s in float32 (peak_half in 16 bits, 0: as float32), 1 GiB
+// at 10 GB/s.
+MachineSpec small_machine(double peak_half = 0) {
+    MachineSpec m;
+    m.node.peak_fp32_gflops     = 100;
+    m.node.peak_half_gflops     = peak_half;
+    m.node.memory_gib           = 1;
+    m.node.memory_bandwidth_gbs = 10;
+    m.node.cores                = 4;
+    return m;
+}
+
 // The layout the planner derives from c on P ranks of one node with expert parallelism ep.
 // 4 ranks, 4 per node, c's own expert parallelism.
 Layout layout_4x4(const TrainConfig& c) {
@@ -244,11 +256,7 @@ TEST(PlanMemory, RecomputeKeepsLessAndCostsAForward) {
     TrainConfig c              = small_config(1, 8);  // every block MoE
     c.model.n_layer            = 4;
     c.parallel.expert_parallel = 2;
-    MachineSpec mach;
-    mach.node.peak_fp32_gflops     = 100;
-    mach.node.memory_gib           = 1;
-    mach.node.memory_bandwidth_gbs = 10;
-    mach.node.cores                = 4;
+    const MachineSpec mach     = small_machine();
     double act[3], step[3], a2a_calls[3];
     for (const Recompute rc : {Recompute::none, Recompute::moe, Recompute::block}) {
         c.train.recompute = rc;
@@ -730,14 +738,9 @@ TEST(PlanTime, ExpertExchangesHideBehindTheExperts) {
 // peak (4x the float32 one here: a quarter of the time) and its casts are counted; an fp32 run
 // and a run with the float32 router keep them at the float32 peak.
 TEST(PlanTime, HalfRouterRunsAtTheHalfPeak) {
-    TrainConfig c = small_config(1, 64);
-    MachineSpec mach;
-    mach.node.peak_fp32_gflops     = 100;
-    mach.node.peak_half_gflops     = 400;
-    mach.node.memory_gib           = 1;
-    mach.node.memory_bandwidth_gbs = 10;
-    mach.node.cores                = 4;
-    auto terms                     = [&](Dtype d, RouterPrecision r) {
+    TrainConfig c          = small_config(1, 64);
+    const MachineSpec mach = small_machine(400);
+    auto terms             = [&](Dtype d, RouterPrecision r) {
         c.precision.dtype  = d;
         c.precision.router = r;
         const Estimate e   = estimate(footprint(c, layout_of(c, 1, 1), 0, 0), c, mach);
@@ -777,18 +780,13 @@ TEST(PlanTime, GemmEfficiencyInterpolates) {
 // bf16 curve, and no float32 product is: halving the bf16 curve doubles exactly the bf16 run's
 // GEMM terms and leaves the float32 run's as they were.
 TEST(PlanTime, HalfProductsRunOnTheirOwnCurve) {
-    TrainConfig c            = small_config(1, 8);
-    c.train.recompute        = Recompute::moe;
-    c.model.n_shared_experts = 1;
-    MachineSpec mach;
-    mach.node.peak_fp32_gflops     = 100;
-    mach.node.peak_half_gflops     = 400;
-    mach.node.memory_gib           = 1;
-    mach.node.memory_bandwidth_gbs = 10;
-    mach.node.cores                = 4;
-    mach.node.gemm_sizes           = {8, 64};
-    mach.node.gemm_efficiency      = {0.4, 0.8};
-    auto gemm_terms                = [&](Dtype d, const std::vector<double>& half_curve) {
+    TrainConfig c             = small_config(1, 8);
+    c.train.recompute         = Recompute::moe;
+    c.model.n_shared_experts  = 1;
+    MachineSpec mach          = small_machine(400);
+    mach.node.gemm_sizes      = {8, 64};
+    mach.node.gemm_efficiency = {0.4, 0.8};
+    auto gemm_terms           = [&](Dtype d, const std::vector<double>& half_curve) {
         c.precision.dtype              = d;
         mach.node.half_gemm_efficiency = half_curve;
         const Estimate e               = estimate(footprint(c, layout_of(c, 1, 1), 0, 0), c, mach);
