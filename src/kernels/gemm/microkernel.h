@@ -51,6 +51,26 @@ struct RowsA {
     void prefetch() const {}
 };
 
+// C's first `rows` rows of the tile = alpha * acc + beta * C, each a full row of registers
+// (inlined with rows == MR, the row check folds away).
+template <typename Ops, int MR, int NV>
+[[gnu::always_inline]] inline void store_rows(const typename Ops::reg (&acc)[MR][NV], int rows,
+                                              float* c, int ldc, typename Ops::reg va, float beta) {
+    constexpr int W            = Ops::width;
+    const typename Ops::reg vb = Ops::set1(beta);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+        if (i == rows) break;
+        float* ci = c + size_t(i) * size_t(ldc);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+            typename Ops::reg t = Ops::mul(acc[i][v], va);
+            if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
+            Ops::storeu(ci + v * W, t);
+        }
+    }
+}
+
 template <typename Ops, int MR, int NV, typename ASrc>
 [[gnu::always_inline]] inline void micro_tile_src(int kcp, ASrc a, const void* b_panel, float* c,
                                                   int ldc, float alpha, float beta, int m, int n) {
@@ -97,18 +117,11 @@ template <typename Ops, int MR, int NV, typename ASrc>
     }
 
     const reg va = Ops::set1(alpha);
-    if (n == NR) {  // the tile's rows of C (m of them), each a full row of registers
-        const reg vb = Ops::set1(beta);
-#pragma GCC unroll 32
-        for (int i = 0; i < MR; ++i) {
-            if (i == m) break;
-            float* ci = c + size_t(i) * size_t(ldc);
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) {
-                reg t = Ops::mul(acc[i][v], va);
-                if (beta != 0.0f) t = Ops::fmadd(vb, Ops::loadu(ci + v * W), t);
-                Ops::storeu(ci + v * W, t);
-            }
+    if (n == NR) {
+        if (m == MR) {
+            store_rows<Ops, MR, NV>(acc, MR, c, ldc, va, beta);
+        } else {
+            store_rows<Ops, MR, NV>(acc, m, c, ldc, va, beta);
         }
         return;
     }
