@@ -180,7 +180,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     auto rate_of = [&](Dtype d) {
         return d == Dtype::bfloat16 && half_peak_rank > 0 ? Rate{half_peak_rank, true} : fp32_rate;
     };
-    auto peak_of = [&](model::LayerClass c) { return rate_of(prec.gemm_dtype(c)); };
+    auto rate_of_class = [&](model::LayerClass c) { return rate_of(prec.gemm_dtype(c)); };
     // a linear layer (rows, out, in): its forward, dinp and dweight products at `rate`
     auto linear = [&](const char* group, double rows, double out, double in, double count,
                       Rate rate) {
@@ -194,16 +194,17 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     int n_moe = 0;
     for (int l = 0; l < m.n_layer; ++l) n_moe += m.is_moe_block(l) ? 1 : 0;
     const int n_dense = m.n_layer - n_moe;
-    const Rate pa = peak_of(model::LayerClass::attention), pf = peak_of(model::LayerClass::ffn);
+    const Rate pa     = rate_of_class(model::LayerClass::attention),
+               pf     = rate_of_class(model::LayerClass::ffn);
     // the router: float32 products, or bf16 ones under precision.router = "half"
-    const Rate peak_gate = rate_of(prec.router_dtype());
+    const Rate gate_rate = rate_of(prec.router_dtype());
     linear("gemm: attention projections", N, 3 * C, C, m.n_layer, pa);
     linear("gemm: attention projections", N, C, C, m.n_layer, pa);
     linear("gemm: dense MLP", N, F, C, n_dense, pf);
     linear("gemm: dense MLP", N, C, F, n_dense, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;  // per local expert, balanced load
-        linear("gemm: MoE gate", N, m.gate_rows(), C, n_moe, peak_gate);
+        linear("gemm: MoE gate", N, m.gate_rows(), C, n_moe, gate_rate);
         linear("gemm: experts", rows, FE, C, n_moe * El, pf);
         linear("gemm: experts", rows, C, FE, n_moe * El, pf);
         if (fp.moe_rounds > 1) {
@@ -221,7 +222,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
             linear("gemm: shared experts", N, C, FS, n_moe * S, pf);
         }
     }
-    linear("gemm: LM head", N, V, C, 1, peak_of(model::LayerClass::head));
+    linear("gemm: LM head", N, V, C, 1, rate_of_class(model::LayerClass::head));
     // the attention kernel (scores, softmax, weighted sum) computes in float32
     compute["attention"] = A * m.n_layer * 6 * N * T * C / (peak_rank * nd.attention_efficiency);
     // train.recompute (model/gpt.h): backward runs the forward of some blocks or MoE layers
@@ -237,7 +238,7 @@ Estimate estimate(const Footprint& fp, const TrainConfig& cfg, const MachineSpec
     forward_again(N, C, F, rc.dense_mlps, pf);
     if (n_moe > 0) {
         const double rows = N * K / El;
-        forward_again(N, m.gate_rows(), C, rc.moe_layers, peak_gate);
+        forward_again(N, m.gate_rows(), C, rc.moe_layers, gate_rate);
         // the experts' products again in their class's precision, as in the first forward
         forward_again(rows, FE, C, rc.moe_layers * El, pf);
         forward_again(rows, C, FE, rc.moe_layers * El, pf);

@@ -147,9 +147,9 @@ template <typename Ops, int MR, int NV, typename ASrc>
 // in the same order whatever the tile's height, so the results are bitwise those of the full
 // tile.
 template <typename Ops, int MR, int NV, typename ASrc>
-[[gnu::always_inline]] inline void micro_tile_rows_of(int kcp, ASrc a, const void* b_panel,
-                                                      float* c, int ldc, float alpha, float beta,
-                                                      int m, int n) {
+[[gnu::always_inline]] inline void micro_tile_fitted(int kcp, ASrc a, const void* b_panel, float* c,
+                                                     int ldc, float alpha, float beta, int m,
+                                                     int n) {
     if constexpr (MR % 3 == 0 && MR >= 6) {
         if (m <= MR / 3) {
             micro_tile_src<Ops, MR / 3, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
@@ -169,7 +169,7 @@ void micro_tile(int kcp, const void* a_panel, const void* b_panel, float* c, int
                 float beta, int m, int n) {
     const StridedA<Ops> a{static_cast<const typename Ops::packed_t*>(a_panel),
                           size_t(MR) * Ops::kstep};
-    micro_tile_rows_of<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_fitted<Ops, MR, NV>(kcp, a, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The same tile with A read where it lies instead of packed (kstep 1 only): element (i, k) of
@@ -180,8 +180,8 @@ template <typename Ops, int MR, int NV>
 void micro_tile_cols(int kc, const float* a, int lda, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_rows_of<Ops, MR, NV>(kc, ColsA<Ops, MR>{{a, size_t(lda)}}, b_panel, c, ldc, alpha,
-                                    beta, m, n);
+    micro_tile_fitted<Ops, MR, NV>(kc, ColsA<Ops, MR>{{a, size_t(lda)}}, b_panel, c, ldc, alpha,
+                                   beta, m, n);
 }
 
 // The same tile with op(A) stored by row read where it lies (kstep 1 only): element (i, k) of
@@ -192,7 +192,7 @@ template <typename Ops, int MR, int NV>
 void micro_tile_rows(int kc, const float* const* rows, const void* b_panel, float* c, int ldc,
                      float alpha, float beta, int m, int n) {
     static_assert(Ops::kstep == 1, "A in place: one k a step");
-    micro_tile_rows_of<Ops, MR, NV>(kc, RowsA<Ops>{rows}, b_panel, c, ldc, alpha, beta, m, n);
+    micro_tile_fitted<Ops, MR, NV>(kc, RowsA<Ops>{rows}, b_panel, c, ldc, alpha, beta, m, n);
 }
 
 // The spec of a float kernel (kstep 1, float panels) over this tile: micro_tile on packed
