@@ -1,4 +1,5 @@
-// Kernel benchmark: peaks, then GEMM GFLOP/s (2 M N K flops per call) of the best of our kernels,
+// Kernel benchmark: peaks, then GEMM GFLOP/s (2 M N K flops per call) of the best of our kernels
+// (or the one BGL_GEMM names),
 // oneDNN's matmul primitive as our "onednn" backend runs it (single-threaded primitives on the
 // compute pool, gemm/onednn.h), the same primitive run the way a standalone program runs it
 // (oneDNN's own OpenMP threads) inside this process and, with --standalone-check, in a child
@@ -168,6 +169,17 @@ std::optional<double> onednn_omp(const Shape& s, bool bf16, Operands& o, int rep
     }
 }
 
+// "Ours": the path BGL_GEMM names where it is one of our packed kernels, so that BGL_GEMM=avx2
+// times the AVX2 kernels (an AVX2-only CPU emulated on a wider one) against the AVX2 peak
+// (kernels/peak.h peak_f32_isa); else the best of ours this CPU runs.
+kernels::gemm::Path ours_path() {
+    using kernels::gemm::Path;
+    const Path p = kernels::gemm::active_path();
+    const bool packed =
+        p == Path::generic || p == Path::avx2 || p == Path::avx512 || p == Path::amx;
+    return packed ? p : kernels::gemm::best_path();
+}
+
 // Sets the active GEMM path for its lifetime.
 class PathScope {
    public:
@@ -200,7 +212,7 @@ std::vector<Row> run_shape(const Shape& s, int repeats, int threads) {
     Row rf{s, "f32", 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
     Row rb{s, "bf16", 0.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
     {
-        PathScope ours(kernels::gemm::best_path());
+        PathScope ours(ours_path());
         rf.ours = time_gflops(s, repeats, f32);
         settle();
         rb.ours = time_gflops(s, repeats, b16);
@@ -601,6 +613,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     if (opts.standalone_check) alone = standalone_rates(shapes, repeats, threads);
 
     const kernels::CpuFeatures& cpu = kernels::cpu_features();
+    const kernels::Isa peak_isa     = kernels::peak_f32_isa();
     const double peak_f32           = kernels::measure_peak_gflops_f32(1.0);
     const double peak_dot           = kernels::measure_peak_gflops_bf16(1.0);
     const double peak_amx           = kernels::measure_peak_gflops_amx_bf16(1.0);
@@ -624,7 +637,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     const bool attn                       = opts.attn_B > 0 && opts.attn_NH > 0;
     const AttentionTimes at               = attn ? run_attention(opts, repeats) : AttentionTimes{};
     const char* attn_isa                  = kernels::isa_name(kernels::dispatch().attention_isa);
-    const std::string ours_name           = kernels::gemm::path_name(kernels::gemm::best_path());
+    const std::string ours_name           = kernels::gemm::path_name(ours_path());
 
     if (opts.json) {
         nlohmann::json out;
@@ -637,6 +650,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         out["onednn_f32_impl"]      = f32_impl;
         out["onednn_bf16_impl"]     = bf16_impl;
         out["peak_fp32_gflops"]     = peak_f32;
+        out["peak_fp32_isa"]        = kernels::isa_name(peak_isa);
         out["peak_bf16_dot_gflops"] = peak_dot;
         out["peak_amx_bf16_gflops"] = peak_amx;
         out["peak_bf16_gflops"]     = peak_bf16;
@@ -700,10 +714,13 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     fmt::print("gemm backend {}, ours = {}, {} threads, median of {}; oneDNN {} ({}, {})\n",
                kernels::gemm_backend_name(), ours_name, threads, repeats,
                kernels::gemm::onednn::version(), f32_impl, bf16_impl);
-    // without AVX512_BF16 the dot-product loop runs on float FMAs (kernels/peak.h)
-    fmt::print("peak fp32 {:.1f} GFLOP/s, peak bf16 {:.1f} GFLOP/s ({} {:.1f}, AMX {})\n", peak_f32,
-               peak_bf16,
-               kernels::cpu_features().avx512_bf16 ? "vdpbf16ps" : "float FMAs, no 16-bit unit:",
+    // without AVX512_BF16, or where the path's bf16 products widen, the dot-product loop runs
+    // on float FMAs (kernels/peak.h)
+    fmt::print("peak fp32 {:.1f} GFLOP/s ({}), peak bf16 {:.1f} GFLOP/s ({} {:.1f}, AMX {})\n",
+               peak_f32, kernels::isa_name(peak_isa), peak_bf16,
+               kernels::cpu_features().avx512_bf16 && !kernels::gemm_bf16_widens()
+                   ? "vdpbf16ps"
+                   : "float FMAs, no 16-bit unit:",
                peak_dot, peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
     fmt::print(
         "dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "

@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/mixed.h"
 #include "kernels/peak_loops.h"
@@ -40,9 +41,16 @@ void mul_add_loop_f32(uint64_t iters, float* sink) {
     *sink = s;
 }
 
+// The float arithmetic the products of the active GEMM path run on (peak_f32_isa).
 PeakLoop f32_loop() {
-    if (cpu_features().avx512) return {avx512::fma_loop_f32, avx512::kFmaLoopF32Flops};
-    if (cpu_features().avx2_fma) return {avx2::fma_loop_f32, avx2::kFmaLoopF32Flops};
+    switch (peak_f32_isa()) {
+        case Isa::avx512:
+            return {avx512::fma_loop_f32, avx512::kFmaLoopF32Flops};
+        case Isa::avx2:
+            return {avx2::fma_loop_f32, avx2::kFmaLoopF32Flops};
+        case Isa::generic:
+            break;
+    }
     return {mul_add_loop_f32, 8 * 4 * 2};
 }
 
@@ -74,6 +82,19 @@ double measure(PeakLoop loop, double seconds) {
 
 }  // namespace
 
+Isa peak_f32_isa() {
+    const CpuFeatures& cpu = cpu_features();
+    const Isa widest       = cpu.avx512 ? Isa::avx512 : cpu.avx2_fma ? Isa::avx2 : Isa::generic;
+    switch (gemm::active_path()) {
+        case gemm::Path::avx2:
+            return Isa::avx2;
+        case gemm::Path::generic:
+            return Isa::generic;
+        default:
+            return widest;
+    }
+}
+
 double measure_peak_gflops_amx_bf16(double seconds) {
     if (!request_amx()) return 0.0;
     // Every worker thread loads its tile configuration in each call and releases it after.
@@ -83,7 +104,7 @@ double measure_peak_gflops_amx_bf16(double seconds) {
 double measure_peak_gflops_f32(double seconds) { return measure(f32_loop(), seconds); }
 
 double measure_peak_gflops_bf16(double seconds) {
-    if (cpu_features().avx512_bf16) {
+    if (cpu_features().avx512_bf16 && !gemm_bf16_widens()) {
         return measure({avx512::dot_loop_bf16, avx512::kDotLoopBf16Flops}, seconds);
     }
     return measure(f32_loop(), seconds);

@@ -3,15 +3,25 @@
 // The yardstick for GEMM efficiency (ours / peak) in benchmarks and training-speed reports.
 #pragma once
 #include "core/dtype.h"
+#include "kernels/dispatch.h"
 
 namespace bagualu::kernels {
 
-// Total GFLOP/s over the compute pool, 2 flops per FMA lane, with the widest float FMA the CPU
-// has (AVX-512, AVX2 or, failing both, separate multiply and add).
+// The float arithmetic the active GEMM path's products run on, which measure_peak_gflops_f32
+// times: our AVX2 kernels (BGL_GEMM=avx2) AVX2 FMAs and our generic ones separate multiplies
+// and adds, whatever wider instructions the CPU has, so that a run on them (an AVX2-only CPU
+// emulated on a wider one) is measured against their own peak; every other path (ours on
+// AVX-512 or AMX, the libraries, which pick the CPU's widest) the widest float FMA the CPU has.
+Isa peak_f32_isa();
+
+// Total GFLOP/s over the compute pool, 2 flops per FMA lane, on peak_f32_isa()'s float
+// arithmetic (AVX-512 or AVX2 FMAs, or separate multiply and add).
 double measure_peak_gflops_f32(double seconds);
 
 // Same for bf16 inputs: vdpbf16ps (4 flops per float lane: two bf16 products added) where the
-// CPU has AVX512_BF16. Elsewhere bf16 GEMM runs on float FMAs, so this returns the f32 peak.
+// CPU has AVX512_BF16 and the active path's gemm_bf16 does not widen its operands
+// (kernels/gemm.h gemm_bf16_widens). Elsewhere bf16 GEMM runs on float FMAs, so this returns
+// the f32 peak.
 double measure_peak_gflops_bf16(double seconds);
 
 // Same for AMX-BF16 tiles (tdpbf16ps); 0 when the CPU or the OS has no AMX.

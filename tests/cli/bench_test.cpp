@@ -38,9 +38,9 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
         "--standalone-check");
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json j = json_of(r.output);
-    for (const char* key :
-         {"backend", "threads", "peak_fp32_gflops", "peak_bf16_gflops", "gemm", "cpu_model",
-          "half_features", "onednn_version", "peak_bf16_dot_gflops", "peak_amx_bf16_gflops"}) {
+    for (const char* key : {"backend", "threads", "peak_fp32_gflops", "peak_fp32_isa",
+                            "peak_bf16_gflops", "gemm", "cpu_model", "half_features",
+                            "onednn_version", "peak_bf16_dot_gflops", "peak_amx_bf16_gflops"}) {
         EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_GT(j["peak_fp32_gflops"].get<double>(), 0.0);
@@ -105,6 +105,22 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
          {"tiles_forward_ms", "tiles_backward_ms", "dots_forward_ms", "dots_backward_ms"}) {
         EXPECT_TRUE(a[key].is_null()) << key << " " << a.dump();
     }
+}
+
+// BGL_GEMM naming one of our kernels makes it "ours", timed against its own float peak: on a CPU
+// with AVX-512, BGL_GEMM=avx2 measures the AVX2 kernels as an AVX2-only CPU would run them.
+TEST(BenchCli, KernelsTimeTheKernelsBglGemmNames) {
+    if (!kernels::gemm::path_supported(kernels::gemm::Path::avx2)) {
+        GTEST_SKIP() << "needs AVX2+FMA";
+    }
+    const CommandResult r =
+        run_command(std::string("cd ") + BGL_SOURCE_DIR + " && BGL_GEMM=avx2 " + BGL_BINARY +
+                    " bench kernels --json --repeats 1 --config configs/tiny.toml --filter qkv");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = json_of(r.output);
+    EXPECT_EQ(j["backend"], "avx2");
+    EXPECT_EQ(j["ours"], "avx2");
+    EXPECT_EQ(j["peak_fp32_isa"], "avx2");
 }
 
 size_t count(const std::string& s, const std::string& needle) {

@@ -1,12 +1,15 @@
 // Peak measurement returns a plausible positive rate, and bf16 is at least the f32 rate; where
-// the CPU has AMX-BF16 the tile loop runs and beats vdpbf16ps; the CPU's 16-bit features.
+// the CPU has AMX-BF16 the tile loop runs and beats vdpbf16ps; the float loop follows the GEMM
+// path; the CPU's 16-bit features.
 #include "kernels/peak.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
+#include "gemm_paths.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm/dispatch.h"
 
 namespace bagualu::kernels {
 namespace {
@@ -22,6 +25,34 @@ TEST(Peak, PositiveAndBf16NotBelowF32) {
     // Equal (the same loop, no AVX512_BF16), about 2x (vdpbf16ps on Zen 4) or about 0.5x (on
     // Intel Xeons with AMX, 245 against 492 GFLOP/s measured): 0.25x leaves room for noise.
     EXPECT_GT(bf16, 0.25 * f32);
+}
+
+// The float peak is that of the arithmetic the active GEMM path's products run on: our AVX2
+// kernels are timed against AVX2 FMAs on a CPU with AVX-512 too (an AVX2-only CPU emulated),
+// our generic ones against multiplies and adds, every other path against the widest FMA.
+TEST(Peak, FloatPeakFollowsTheProductsPath) {
+    testing::PathGuard guard;
+    const Isa widest = cpu_features().avx512     ? Isa::avx512
+                       : cpu_features().avx2_fma ? Isa::avx2
+                                                 : Isa::generic;
+    gemm::set_active_path(gemm::best_path());
+    EXPECT_EQ(peak_f32_isa(), widest);
+    gemm::set_active_path(gemm::Path::generic);
+    EXPECT_EQ(peak_f32_isa(), Isa::generic);
+    gemm::set_active_path(gemm::Path::ref);
+    EXPECT_EQ(peak_f32_isa(), widest);
+    if (!gemm::path_supported(gemm::Path::avx2)) GTEST_SKIP() << "needs AVX2+FMA";
+    gemm::set_active_path(gemm::Path::avx2);
+    EXPECT_EQ(peak_f32_isa(), Isa::avx2);
+    // its bf16 products widen: the 16-bit peak is that float peak's loop, not vdpbf16ps
+    double f32 = 0, bf16 = 0;  // the best of three, as above
+    for (int i = 0; i < 3; ++i) {
+        f32  = std::max(f32, measure_peak_gflops_f32(0.05));
+        bf16 = std::max(bf16, measure_peak_gflops_bf16(0.05));
+    }
+    // the same loop: equal but for noise (vdpbf16ps would be 2-4x on a CPU with AVX512_BF16)
+    EXPECT_GT(bf16, 0.5 * f32);
+    EXPECT_LT(bf16, 1.5 * f32);
 }
 
 TEST(Peak, AmxTilesBeatDotProducts) {
