@@ -718,10 +718,8 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     // on float FMAs (kernels/peak.h)
     fmt::print("peak fp32 {:.1f} GFLOP/s ({}), peak bf16 {:.1f} GFLOP/s ({} {:.1f}, AMX {})\n",
                peak_f32, kernels::isa_name(peak_isa), peak_bf16,
-               kernels::cpu_features().avx512_bf16 && !kernels::gemm_bf16_widens()
-                   ? "vdpbf16ps"
-                   : "float FMAs, no 16-bit unit:",
-               peak_dot, peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
+               kernels::bf16_peak_on_dots() ? "vdpbf16ps" : "float FMAs, no 16-bit unit:", peak_dot,
+               peak_amx > 0 ? fmt::format("{:.1f}", peak_amx) : std::string("-"));
     fmt::print(
         "dnnl: our onednn backend (on the pool); omp: the same primitive on oneDNN's OpenMP "
         "threads in this process; alone: in a child process (--standalone-check)\n");

@@ -83,15 +83,13 @@ double measure(PeakLoop loop, double seconds) {
 }  // namespace
 
 Isa peak_f32_isa() {
-    const CpuFeatures& cpu = cpu_features();
-    const Isa widest       = cpu.avx512 ? Isa::avx512 : cpu.avx2_fma ? Isa::avx2 : Isa::generic;
     switch (gemm::active_path()) {
         case gemm::Path::avx2:
             return Isa::avx2;
         case gemm::Path::generic:
             return Isa::generic;
         default:
-            return widest;
+            return best_isa();
     }
 }
 
@@ -103,8 +101,10 @@ double measure_peak_gflops_amx_bf16(double seconds) {
 
 double measure_peak_gflops_f32(double seconds) { return measure(f32_loop(), seconds); }
 
+bool bf16_peak_on_dots() { return cpu_features().avx512_bf16 && !gemm_bf16_widens(); }
+
 double measure_peak_gflops_bf16(double seconds) {
-    if (cpu_features().avx512_bf16 && !gemm_bf16_widens()) {
+    if (bf16_peak_on_dots()) {
         return measure({avx512::dot_loop_bf16, avx512::kDotLoopBf16Flops}, seconds);
     }
     return measure(f32_loop(), seconds);

@@ -18,10 +18,12 @@ Isa peak_f32_isa();
 // arithmetic (AVX-512 or AVX2 FMAs, or separate multiply and add).
 double measure_peak_gflops_f32(double seconds);
 
-// Same for bf16 inputs: vdpbf16ps (4 flops per float lane: two bf16 products added) where the
-// CPU has AVX512_BF16 and the active path's gemm_bf16 does not widen its operands
-// (kernels/gemm.h gemm_bf16_widens). Elsewhere bf16 GEMM runs on float FMAs, so this returns
-// the f32 peak.
+// Whether measure_peak_gflops_bf16 times vdpbf16ps: the CPU has AVX512_BF16 and the active
+// path's gemm_bf16 does not widen its operands (kernels/gemm.h gemm_bf16_widens).
+bool bf16_peak_on_dots();
+
+// Same for bf16 inputs: vdpbf16ps (4 flops per float lane: two bf16 products added) where
+// bf16_peak_on_dots(). Elsewhere bf16 GEMM runs on float FMAs, so this returns the f32 peak.
 double measure_peak_gflops_bf16(double seconds);
 
 // Same for AMX-BF16 tiles (tdpbf16ps); 0 when the CPU or the OS has no AMX.

@@ -32,9 +32,7 @@ TEST(Peak, PositiveAndBf16NotBelowF32) {
 // our generic ones against multiplies and adds, every other path against the widest FMA.
 TEST(Peak, FloatPeakFollowsTheProductsPath) {
     testing::PathGuard guard;
-    const Isa widest = cpu_features().avx512     ? Isa::avx512
-                       : cpu_features().avx2_fma ? Isa::avx2
-                                                 : Isa::generic;
+    const Isa widest = best_isa();
     gemm::set_active_path(gemm::best_path());
     EXPECT_EQ(peak_f32_isa(), widest);
     gemm::set_active_path(gemm::Path::generic);
