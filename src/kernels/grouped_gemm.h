@@ -85,6 +85,41 @@ void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alp
                           size_t stride_c, const int32_t* b_rows = nullptr,
                           GroupEpilogue epilogue = {});
 
+// ---- whole groups, one thread each ----
+// The forms above cut every product into rectangles over all groups, so a chain of products
+// and elementwise passes over the groups' rows (an expert's MLP) reads each intermediate array
+// back from memory between two calls. Where the groups are many and none is large, a thread can
+// instead run a whole group's chain on its own, so that its intermediates stay in its cache:
+// for_each_group runs job(g) for every group with rows, whole groups handed out to the compute
+// pool's threads as they come free (largest first), and inside it group_gemm_f32 and
+// group_gemm_tn_f32 compute one product of that group on the calling thread, bitwise what
+// grouped_gemm_f32 and grouped_gemm_tn_f32 give that group (the same packed kernel, blocks and
+// strips; rectangles never change a sum).
+
+// Whether whole groups suit these G groups (offsets as above) on the active path: a packed path
+// (the ref and openblas paths have no per-thread product), at least two groups with rows, and
+// none holding more than half a thread's share of all rows (a larger group would keep one
+// thread busy while the others idle; the forms above split it over the threads instead).
+bool whole_groups_suit(int G, const int32_t* offsets);
+// Runs job(g) for every g in [0, G), each on one thread of the compute pool (on the calling
+// thread alone below about 2^18 multiply-adds in all, counting madds_per_row for each row), the
+// groups with the most rows first (so a group without rows, whose products only scale C by
+// beta, comes last). On a packed path (whole_groups_suit). Call from outside pool jobs; job
+// must not start pool work itself.
+void for_each_group(int G, const int32_t* offsets, double madds_per_row,
+                    FunctionRef<void(int g)> job);
+// Inside a for_each_group job: one group's product on the calling thread, with M rows and
+// A, a_rows, C already at the group's first row (B at its own matrix), as grouped_gemm_f32 then
+// computes that group (its epilogue is the caller's, once for the whole group: rows [0, M),
+// columns [0, N)).
+void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc);
+// Inside a for_each_group job: one group's weight-gradient product on the calling thread,
+// C (M, N) = alpha * A^T (M, K) @ B (K, N) + beta * C over its K rows, A and B (or b_rows) at the
+// group's first row, as grouped_gemm_tn_f32 then computes that group.
+void group_gemm_tn_f32(int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                       int ldb, const int32_t* b_rows, float beta, float* C, int ldc);
+
 // Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a
 // group's rows split at multiples of it over several calls with beta = 1 give bitwise the result of
 // one call (each block is summed from zero and then added to C). 0 when the path sums the whole

@@ -171,6 +171,14 @@ void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool f
     });
 }
 
+void gelu_forward_serial(float* out, const float* x, size_t n, bool fp64) {
+    gelu_forward_range(fp64)(out, x, 0, int64_t(n));
+}
+
+void gelu_backward_serial(float* dinp, const float* x, const float* dout, size_t n, bool fp64) {
+    gelu_backward_range(fp64)(dinp, x, dout, 0, int64_t(n));
+}
+
 void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
                          bool fp64) {
     BGL_CHECK(d != Dtype::float32, "gelu_forward_narrow: float32 is not a half type");

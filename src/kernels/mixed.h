@@ -53,6 +53,12 @@ struct KeptArray {
 // is in cache: the same bits.
 void gelu_forward_kept(Dtype d, float* out, const KeptArray& x, size_t n, bool fp64 = false,
                        Dtype out_dtype = Dtype::float32);
+// gelu_forward / gelu_backward (their FP64 versions with fp64) on the calling thread, for a pool
+// job's own elements: each element bit for bit what those kernels give it (they are
+// elementwise, so whatever range a thread takes). dinp may alias dout.
+void gelu_forward_serial(float* out, const float* x, size_t n, bool fp64 = false);
+void gelu_backward_serial(float* dinp, const float* x, const float* dout, size_t n,
+                          bool fp64 = false);
 // gelu_forward_kept's output as the 16 bits of d, where half_products_convert(d): out[i] = the
 // 16 bits of gelu(x[i]) rounded to d, formed a block at a time in a float buffer in L1, so a
 // product's 16-bit operand costs no float array. out may start where x.f32 starts (then slice

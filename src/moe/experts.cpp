@@ -98,7 +98,19 @@ struct BiasGradEpilogue {
     }
 };
 
+bool g_whole_experts = true;  // set_whole_experts
+
+// Whether the experts run whole, one thread each (kernels::for_each_group): their products in
+// float32 with float32 outputs (the 16-bit and rounding forms keep the grouped passes), on
+// groups that suit it.
+bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets) {
+    return g_whole_experts && prec.gemm == Dtype::float32 && prec.act == Dtype::float32 &&
+           kernels::whole_groups_suit(E, offsets);
+}
+
 }  // namespace
+
+void set_whole_experts(bool on) { g_whole_experts = on; }
 
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
@@ -109,6 +121,26 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
               "experts_forward: the hidden is kept in float32 or in 16 bits of a half act dtype");
     BGL_CHECK(!y16 || prec.act != Dtype::float32,
               "experts_forward: a 16-bit copy of the output needs a half act dtype");
+    if (whole_experts(prec, E, offsets)) {
+        // each expert's two products and GELU on one thread, h_e and g_e in its cache
+        const BiasEpilogue fc_bias{h.f32, w.fc_b, w.fc_b_stride, offsets, F};
+        const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C};
+        kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e) {
+            const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
+            const int n     = offsets[e + 1] - offsets[e];
+            float* he       = h.f32 + r0 * F;
+            float* ge       = g + r0 * F;
+            kernels::group_gemm_f32(Trans::N, Trans::T, n, F, C, 1.0f, x_rows ? x : x + r0 * C, C,
+                                    x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride,
+                                    C, 0.0f, he, F);
+            fc_bias(e, 0, n, 0, F);
+            kernels::gelu_forward_serial(ge, he, static_cast<size_t>(n) * F, prec.fp64);
+            kernels::group_gemm_f32(Trans::N, Trans::T, n, C, F, 1.0f, ge, F, nullptr,
+                                    w.proj_w + ex * w.proj_w_stride, F, 0.0f, y + r0 * C, C);
+            proj_bias(e, 0, n, 0, C);
+        });
+        return;
+    }
     // h (rows, F) = x_e (rows_e, C) @ fc_w_e^T (C, F) + fc_b_e: into h, or for a 16-bit h into
     // g, narrowed from there
     float* hf = h.half ? g : h.f32;
@@ -175,6 +207,34 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
         kernels::grouped_linear_backward_dout16(prec.gemm, E, offsets, F, C, dx, dw.fc_w,
                                                 dw.fc_w_stride, dh16, x, x_rows, nullptr, w.fc_w,
                                                 w.fc_w_stride, fc_b, dx_round);
+        return;
+    }
+    if (whole_experts(prec, E, offsets)) {
+        // each expert's chain below on one thread, its rows of dy, g, dg and dh in its cache
+        const BiasGradEpilogue<float> proj_b{dw.proj_b, dw.proj_b_stride, dy,   offsets,
+                                             C,         acc_proj,         F + C};
+        const BiasGradEpilogue<float> fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
+        kernels::for_each_group(E, offsets, 4.0 * C * F, [&](int e) {
+            const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
+            const int n     = offsets[e + 1] - offsets[e];
+            const size_t nf = static_cast<size_t>(n) * F;
+            const float* he = h.f32 + r0 * F;
+            const float* dye = dy + r0 * C;
+            float* dhe       = dh + r0 * F;
+            kernels::gelu_forward_serial(dhe, he, nf, prec.fp64);
+            kernels::group_gemm_tn_f32(C, F, n, 1.0f, dye, C, dhe, F, nullptr, 1.0f,
+                                       dw.proj_w + ex * dw.proj_w_stride, F);
+            proj_b(e, 0, C, 0, F);
+            kernels::group_gemm_f32(Trans::N, Trans::N, n, F, C, 1.0f, dye, C, nullptr,
+                                    w.proj_w + ex * w.proj_w_stride, F, 0.0f, dhe, F);
+            kernels::gelu_backward_serial(dhe, he, dhe, nf, prec.fp64);
+            kernels::group_gemm_tn_f32(F, C, n, 1.0f, dhe, F, x_rows ? x : x + r0 * C, C,
+                                       x_rows ? x_rows + r0 : nullptr, 1.0f,
+                                       dw.fc_w + ex * dw.fc_w_stride, C);
+            fc_b(e, 0, F, 0, C);
+            kernels::group_gemm_f32(Trans::N, Trans::N, n, C, F, 1.0f, dhe, F, nullptr,
+                                    w.fc_w + ex * w.fc_w_stride, C, 0.0f, dx + r0 * C, C);
+        });
         return;
     }
     kernels::round_inplace(dy, RC, prec.gemm);

@@ -63,17 +63,26 @@ struct UnitPlan {
 // holds more than half a thread's share of all total_rows, not at the average (64 experts of
 // about 256 rows were cut at 264, 40% of them into a block and a sliver that packed the weights
 // again).
+struct Strips {
+    int cols, count;  // width (a multiple of nr) and how many
+};
+Strips strips_of(const KernelSpec& s, int N, int K, int max_cols) {
+    const int kcp = round_up(std::min(s.kc, K), s.kstep);
+    int cols      = int(b_slice_bytes() / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
+    cols          = std::clamp(cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
+    if (max_cols > 0) cols = std::min(cols, max_cols);
+    const int count = ceil_div(N, cols);
+    return {round_up(ceil_div(N, count), s.nr), count};
+}
+
 UnitPlan plan_units(const KernelSpec& s, int busy, int avg_rows, int N, int K, double madds,
                     int units_per_thread = kUnitsPerThread, int max_cols = 0, int max_rows = 0,
                     int64_t total_rows = 0) {
     UnitPlan p{};
-    p.threads     = madds < kMinThreadedWork ? 1 : compute_pool().size();
-    const int kcp = round_up(std::min(s.kc, K), s.kstep);
-    p.cols        = int(b_slice_bytes() / (size_t(kcp) * size_t(s.elem_bytes))) / s.nr * s.nr;
-    p.cols        = std::clamp(p.cols, s.nr, std::min(s.nc, round_up(N, s.nr)));
-    if (max_cols > 0) p.cols = std::min(p.cols, max_cols);
-    p.strips              = ceil_div(N, p.cols);
-    p.cols                = round_up(ceil_div(N, p.strips), s.nr);
+    p.threads             = madds < kMinThreadedWork ? 1 : compute_pool().size();
+    const Strips st       = strips_of(s, N, K, max_cols);
+    p.cols                = st.cols;
+    p.strips              = st.count;
     const int want_blocks = ceil_div(units_per_thread * p.threads, busy * p.strips);
     int rows              = ceil_div(avg_rows, want_blocks);
     if (want_blocks == 1 && max_rows > 0) {
@@ -171,6 +180,9 @@ void grouped_packed(const KernelSpec& s, Trans ta, Trans tb, int G, const int32_
     });
 }
 
+// The weight-gradient form's widest strip: as wide as A read in place allows (below).
+int tn_max_cols(const KernelSpec& s) { return a_in_place_cols(s); }
+
 // Weight-gradient form: group g's output is its own (M, N) matrix with depth K_g, never split
 // over the depth.
 // T: the element type the spec's packers read (float or bf16).
@@ -200,7 +212,7 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
     // k) is then never packed, so narrower strips cost nothing and give the threads more units
     // of B's columns (8 experts' weight gradients 4-8% faster, docs/results.md).
     const UnitPlan p =
-        plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1, a_in_place_cols(s));
+        plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1, tn_max_cols(s));
     const auto rows_of = [&](int g) {
         return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
     };
@@ -360,6 +372,80 @@ void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alp
                           size_t stride_c, const int32_t* b_rows, GroupEpilogue epilogue) {
     gemm::grouped_tn<bf16>(gemm::bf16_tn_spec, gemm_bf16, G, offsets, M, N, alpha, A, lda, B, ldb,
                            b_rows, beta, C, ldc, stride_c, epilogue);
+}
+
+bool whole_groups_suit(int G, const int32_t* offsets) {
+    const gemm::Path p = gemm::active_path();
+    if (p == gemm::Path::ref || p == gemm::Path::openblas || G < 2) return false;
+    gemm::check_offsets(G, offsets);
+    int busy = 0, max_rows = 0;
+    for (int g = 0; g < G; ++g) {
+        busy += offsets[g + 1] > offsets[g];
+        max_rows = std::max(max_rows, offsets[g + 1] - offsets[g]);
+    }
+    const int64_t total = int64_t{offsets[G]} - offsets[0];
+    return busy >= 2 && 2 * int64_t{compute_pool().size()} * max_rows <= total;
+}
+
+void for_each_group(int G, const int32_t* offsets, double madds_per_row,
+                    FunctionRef<void(int g)> job) {
+    const gemm::Path p = gemm::active_path();
+    BGL_CHECK(p != gemm::Path::ref && p != gemm::Path::openblas,
+              "for_each_group on the {} path, which has no per-thread product", gemm::path_name(p));
+    gemm::check_offsets(G, offsets);
+    if (G == 0) return;
+    const double madds   = double(offsets[G] - offsets[0]) * madds_per_row;
+    const int threads    = madds < gemm::kMinThreadedWork ? 1 : compute_pool().size();
+    const int* order     = gemm::largest_first(G, offsets);
+    std::atomic<int> next{0};
+    auto body = [&](int) {
+        for (int i = next.fetch_add(1, std::memory_order_relaxed); i < G;
+             i     = next.fetch_add(1, std::memory_order_relaxed)) {
+            job(order[i]);
+        }
+    };
+    if (threads == 1) {
+        body(0);
+    } else {
+        compute_pool().run(body);
+    }
+}
+
+void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc) {
+    using namespace gemm;
+    BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
+    BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
+    if (M == 0 || N == 0) return;
+    if (K == 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    const KernelSpec& s = f32_spec(packed_path(active_path()));
+    const PackSrc a     = a_rows ? PackSrc{A, lda, true, a_rows} : PackSrc{A, lda, ta == Trans::N};
+    const PackSrc b{B, ldb, tb == Trans::T};
+    const Strips st = strips_of(s, N, K, 0);
+    reserve_pack_buffers(s, s.mc, st.cols, K);
+    for (int j0 = 0; j0 < N; j0 += st.cols)
+        gemm_rect(s, a, b, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
+}
+
+void group_gemm_tn_f32(int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                       int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
+    using namespace gemm;
+    BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
+    if (M == 0 || N == 0) return;
+    if (K == 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    const KernelSpec& s = f32_spec(packed_path(active_path()));
+    const PackSrc a{A, lda, false};
+    const PackSrc x{B, ldb, false, b_rows};
+    const Strips st = strips_of(s, N, s.kc, tn_max_cols(s));
+    reserve_pack_buffers(s, s.mc, st.cols, s.kc);
+    for (int j0 = 0; j0 < N; j0 += st.cols)
+        gemm_rect(s, a, x, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
 }
 
 int grouped_gemm_tn_depth_block() {

@@ -22,7 +22,9 @@
 #include "core/thread_pool.h"
 #include "gemm_paths.h"
 #include "kernels/gemm.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemm/dispatch.h"
+#include "kernels/gemm/driver.h"
 #include "kernels/mixed.h"
 #include "kernels/ref/gemm_ref.h"
 
@@ -746,6 +748,110 @@ TEST(GroupedGemm, GroupsAreCutOnlyWhereTheThreadsNeedIt) {
         gemm::set_active_path(path);
         EXPECT_EQ(calls(many), 64) << gemm::path_name(path);
         EXPECT_GT(calls(skewed), 8) << gemm::path_name(path);
+    }
+    set_compute_threads(0);
+}
+
+// Whole groups, one thread each (for_each_group running group_gemm_f32 / group_gemm_tn_f32 per
+// group): on every packed path, 1 and 2 threads, and for the CPU's caches and small ones (several
+// strips and k blocks a product), the bits of the grouped forms: the forward form for op(B) = B
+// and B^T, gathered A or not, with alpha and beta; the weight-gradient form gathered or not.
+// Offsets start past 0, some groups are empty (their weight gradients scaled by beta), and every
+// group is run exactly once.
+TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
+    PathGuard guard;
+    Rng rng(53);
+    const int src_rows = 120, N = 150, K = 300, M = 70;
+    const std::vector<int> sizes = {17, 0, 29, 1, 40, 0, 23, 12, 35, 8};
+    std::vector<int32_t> off     = offsets_of(sizes);
+    for (int32_t& o : off) o += 3;
+    const int G = int(sizes.size()), rows = off[size_t(G)];
+    std::vector<int32_t> idx(static_cast<size_t>(rows));
+    for (auto& r : idx) r = int32_t(rng.below(uint64_t(src_rows)));
+    const auto X  = random_vector(rng, size_t(src_rows) * K);  // gathered A (src_rows, K)
+    const auto A  = random_vector(rng, size_t(rows) * K);      // A (rows, K)
+    const auto W  = random_vector(rng, size_t(G) * N * K);     // (G, N, K) or (G, K, N)
+    const auto At = random_vector(rng, size_t(rows) * M);      // tn's A (rows, M)
+    const auto Y  = random_vector(rng, size_t(src_rows) * N);  // tn's gathered B
+    const auto Yd = random_vector(rng, size_t(rows) * N);      // tn's B
+    const auto C0 = random_vector(rng, size_t(rows) * N), T0 = random_vector(rng, size_t(G) * M * N);
+    CacheSizes small{32 << 10, 128 << 10, 1 << 20};
+    for (Path path : supported_paths()) {
+        if (path == Path::ref || path == Path::openblas) {
+            gemm::set_active_path(path);
+            EXPECT_FALSE(whole_groups_suit(G, off.data())) << gemm::path_name(path);
+            continue;
+        }
+        gemm::set_active_path(path);
+        for (const CacheSizes* caches : {static_cast<const CacheSizes*>(nullptr),
+                                               static_cast<const CacheSizes*>(&small)}) {
+            gemm::set_blocking_caches(caches);
+            for (int threads : {1, 2}) {
+                set_compute_threads(threads);
+                const std::string what = std::string(gemm::path_name(path)) + ", " +
+                                         std::to_string(threads) + " threads" +
+                                         (caches ? ", small caches" : "");
+                for (const bool gathered : {false, true}) {
+                    for (const Trans tb : {Trans::T, Trans::N}) {
+                        const float* a  = gathered ? X.data() : A.data();
+                        const int32_t* r = gathered ? idx.data() : nullptr;
+                        const int ldb    = tb == Trans::T ? K : N;
+                        std::vector<float> want = C0, got = C0;
+                        grouped_gemm_f32(Trans::N, tb, G, off.data(), N, K, 0.75f, a, K, W.data(),
+                                         ldb, size_t(N) * K, 0.5f, want.data(), N, r);
+                        std::vector<std::atomic<int>> runs(static_cast<size_t>(G));
+                        for_each_group(G, off.data(), double(N) * K, [&](int g) {
+                            runs[size_t(g)].fetch_add(1);
+                            const size_t r0 = size_t(off[size_t(g)]);
+                            group_gemm_f32(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
+                                           gathered ? a : a + r0 * K, K, r ? r + r0 : nullptr,
+                                           W.data() + size_t(g) * N * K, ldb, 0.5f,
+                                           got.data() + r0 * N, N);
+                        });
+                        EXPECT_TRUE(same_bits(got, want))
+                            << what << (gathered ? ", gathered" : "") << ", tb "
+                            << (tb == Trans::T ? "T" : "N");
+                        for (int g = 0; g < G; ++g)
+                            EXPECT_EQ(runs[size_t(g)].load(), 1) << g;
+                    }
+                    const float* b   = gathered ? Y.data() : Yd.data();
+                    const int32_t* r = gathered ? idx.data() : nullptr;
+                    std::vector<float> want = T0, got = T0;
+                    grouped_gemm_tn_f32(G, off.data(), M, N, 0.75f, At.data(), M, b, N, 0.5f,
+                                        want.data(), N, size_t(M) * N, r);
+                    for_each_group(G, off.data(), double(M) * N, [&](int g) {
+                        const size_t r0 = size_t(off[size_t(g)]);
+                        group_gemm_tn_f32(M, N, sizes[size_t(g)], 0.75f, At.data() + r0 * M, M,
+                                          gathered ? b : b + r0 * N, N, r ? r + r0 : nullptr,
+                                          0.5f, got.data() + size_t(g) * M * N, N);
+                    });
+                    EXPECT_TRUE(same_bits(got, want))
+                        << what << (gathered ? ", gathered" : "") << ", tn";
+                }
+            }
+            gemm::set_blocking_caches(nullptr);
+        }
+    }
+    set_compute_threads(0);
+}
+
+// Whole groups suit many groups of which none is large, on a packed path.
+TEST(GroupedGemm, WholeGroupsSuitManyGroupsNoneLarge) {
+    PathGuard guard;
+    set_compute_threads(2);
+    for (Path path : {Path::generic, Path::avx2, Path::avx512, Path::amx}) {
+        if (!gemm::path_supported(path)) continue;
+        gemm::set_active_path(path);
+        std::vector<int> many(64, 256);
+        many[3] = 0;
+        EXPECT_TRUE(whole_groups_suit(64, offsets_of(many).data())) << gemm::path_name(path);
+        // a group above half a thread's share of the rows (1,000 > 3,700 / 4)
+        EXPECT_FALSE(whole_groups_suit(8, offsets_of({1000, 400, 400, 400, 400, 400, 400, 300})
+                                              .data()));
+        EXPECT_TRUE(whole_groups_suit(8, offsets_of({900, 400, 400, 400, 400, 400, 400, 800})
+                                             .data()));
+        EXPECT_FALSE(whole_groups_suit(1, offsets_of({2048}).data()));  // one group
+        EXPECT_FALSE(whole_groups_suit(3, offsets_of({0, 2048, 0}).data()));
     }
     set_compute_threads(0);
 }

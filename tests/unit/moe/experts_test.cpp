@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 
@@ -181,6 +182,87 @@ TEST(ExpertsMath, GradientsMatchTheMathInDouble) {
         for (size_t i = 0; i < dW1.size(); ++i)
             EXPECT_NEAR(dfc_w[size_t(e) * F * C + i], dW1[i], 1e-4) << "expert " << e;
     }
+}
+
+// Many experts, none large (kernels::whole_groups_suit): each expert's chain whole on one thread
+// gives the bits of the passes over all experts, forward and backward: the tokens read in place
+// or from permuted rows, the bias sums continued in bias_acc or added, the GELU in float32 or
+// FP64, on 1 and 2 threads.
+TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
+    const int C = 32, F = 24, E = 12, T = 80;
+    std::vector<int> sizes = {18, 0, 28, 22, 14, 26, 2, 20, 24, 16, 12, 30};
+    std::vector<int32_t> offsets(size_t(E) + 1, 0);
+    for (int e = 0; e < E; ++e) offsets[size_t(e) + 1] = offsets[size_t(e)] + sizes[size_t(e)];
+    const int R = offsets.back();
+    ASSERT_TRUE(kernels::whole_groups_suit(E, offsets.data()));
+    Rng rng(5);
+    auto normal = [&](size_t n, double sd) {
+        std::vector<float> v(n);
+        for (auto& a : v) a = static_cast<float>(sd * rng.normal());
+        return v;
+    };
+    const auto fc_w = normal(size_t(E) * F * C, 0.3), fc_b = normal(size_t(E) * F, 0.2),
+               proj_w = normal(size_t(E) * C * F, 0.3), proj_b = normal(size_t(E) * C, 0.2),
+               tokens = normal(size_t(T) * C, 1.0), dy0 = normal(size_t(R) * C, 1.0);
+    std::vector<int32_t> rows(static_cast<size_t>(R));
+    for (auto& r : rows) r = static_cast<int32_t>(rng.below(uint64_t(T)));
+    std::vector<float> xperm(size_t(R) * C);
+    for (int i = 0; i < R; ++i)
+        std::copy_n(tokens.data() + size_t(rows[size_t(i)]) * C, C, xperm.data() + size_t(i) * C);
+    const ExpertWeights w{fc_w.data(), fc_b.data(), proj_w.data(), proj_b.data(),
+                          size_t(F) * C,  size_t(F),   size_t(C) * F,   size_t(C)};
+    struct Out {
+        std::vector<float> y, h, dx, dfc_w, dfc_b, dproj_w, dproj_b;
+        std::vector<double> acc;
+    };
+    auto run = [&](bool whole, bool gathered, bool with_acc, bool fp64) {
+        set_whole_experts(whole);
+        ExpertPrecision prec;
+        prec.fp64 = fp64;
+        Out o;
+        o.y.assign(size_t(R) * C, 0.f);
+        o.h.assign(size_t(R) * F, 0.f);
+        std::vector<float> g(size_t(R) * F), dh(size_t(R) * F), dy = dy0;
+        const float* x       = gathered ? tokens.data() : xperm.data();
+        const int32_t* xrows = gathered ? rows.data() : nullptr;
+        experts_forward(o.y.data(), {o.h.data(), nullptr}, g.data(), x, w, offsets.data(), E, C,
+                        F, prec, xrows);
+        o.dx.assign(size_t(R) * C, 0.f);
+        o.dfc_w.assign(fc_w.size(), 0.25f);
+        o.dfc_b.assign(fc_b.size(), 0.25f);
+        o.dproj_w.assign(proj_w.size(), 0.25f);
+        o.dproj_b.assign(proj_b.size(), 0.25f);
+        o.acc.assign(with_acc ? size_t(E) * (F + C) : 0, 0.5);
+        ExpertGrads dw{o.dfc_w.data(), o.dfc_b.data(), o.dproj_w.data(), o.dproj_b.data(),
+                       size_t(F) * C,  size_t(F),      size_t(C) * F,    size_t(C)};
+        experts_backward(o.dx.data(), dh.data(), dw, dy.data(), x, {o.h.data(), nullptr}, w,
+                         offsets.data(), E, C, F, prec, with_acc ? o.acc.data() : nullptr, xrows);
+        set_whole_experts(true);
+        return o;
+    };
+    for (int threads : {1, 2}) {
+        set_compute_threads(threads);
+        for (const bool gathered : {false, true}) {
+            for (const bool with_acc : {false, true}) {
+                for (const bool fp64 : {false, true}) {
+                    SCOPED_TRACE(::testing::Message() << threads << " threads, gathered " << gathered
+                                                      << ", bias_acc " << with_acc << ", fp64 "
+                                                      << fp64);
+                    const Out a = run(true, gathered, with_acc, fp64);
+                    const Out b = run(false, gathered, with_acc, fp64);
+                    EXPECT_EQ(a.y, b.y);
+                    EXPECT_EQ(a.h, b.h);
+                    EXPECT_EQ(a.dx, b.dx);
+                    EXPECT_EQ(a.dfc_w, b.dfc_w);
+                    EXPECT_EQ(a.dfc_b, b.dfc_b);
+                    EXPECT_EQ(a.dproj_w, b.dproj_w);
+                    EXPECT_EQ(a.dproj_b, b.dproj_b);
+                    EXPECT_EQ(a.acc, b.acc);
+                }
+            }
+        }
+    }
+    set_compute_threads(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ExpertsGelu,
