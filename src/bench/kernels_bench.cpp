@@ -8,8 +8,8 @@
 // after another with a pause between, so one's spinning workers do not steal the next one's
 // cores. Last, the experts' grouped GEMM: one grouped call against a loop of gemm_f32 (8 experts
 // of skewed sizes, and one expert over all the rows), the bf16 products' float weights packed
-// from their floats against narrowed first (where the bf16 kernel can), and the router's top-k
-// ranking.
+// from their floats against narrowed first (where the bf16 kernel can), the router's top-k
+// ranking, and a fine-grained layer's experts run whole against in passes over all experts.
 #include "bench/kernels_bench.h"
 
 #include <cblas.h>
@@ -44,6 +44,7 @@
 #include "kernels/ops_avx512.h"
 #include "kernels/ops_generic.h"
 #include "kernels/peak.h"
+#include "moe/experts.h"
 
 namespace bagualu::bench {
 
@@ -500,6 +501,82 @@ std::vector<RankRow> run_rank(int repeats) {
     return out;
 }
 
+// ---- the experts' MLP: whole experts against passes over all experts ----
+
+// One fine-grained MoE layer's experts in float32 (64 experts of width 96 over C = 256, 2,048
+// tokens top-8: 16,384 rows routed uniformly at random, the tokens read in place), forward and
+// backward (moe/experts.h) with each expert's chain whole on one thread, and with each product
+// and pass over all experts in turn (moe::set_whole_experts(false)); the two alternate within
+// each repeat. ms a call, medians.
+struct ExpertsMlpTimes {
+    int E = 64, F = 96, C = 256, tokens = 2048, K = 8;
+    double whole_forward_ms = 0.0, whole_backward_ms = 0.0;
+    double passes_forward_ms = 0.0, passes_backward_ms = 0.0;
+    bool whole = false;  // the whole experts ran (kernels::whole_groups_suit)
+};
+
+ExpertsMlpTimes run_experts_mlp(int repeats) {
+    ExpertsMlpTimes t;
+    const int E = t.E, F = t.F, C = t.C, N = t.tokens, R = N * t.K;
+    Rng rng(9);
+    std::vector<int32_t> expert(static_cast<size_t>(R)), off(size_t(E) + 1, 0);
+    std::vector<int32_t> rows(static_cast<size_t>(R));
+    for (int32_t& e : expert) e = int32_t(rng.below(uint64_t(E)));
+    for (int32_t e : expert) ++off[size_t(e) + 1];
+    for (int e = 0; e < E; ++e) off[size_t(e) + 1] += off[size_t(e)];
+    std::vector<int32_t> at(off.begin(), off.end() - 1);
+    for (int r = 0; r < R; ++r) rows[size_t(at[size_t(expert[size_t(r)])]++)] = r / t.K;
+    auto normal = [&](size_t n, double sd) {
+        std::vector<float> v(n);
+        for (float& x : v) x = float(sd * rng.normal());
+        return v;
+    };
+    const auto x = normal(size_t(N) * C, 1.0), w1 = normal(size_t(E) * F * C, 0.05),
+               b1 = normal(size_t(E) * F, 0.01), w2 = normal(size_t(E) * C * F, 0.05),
+               b2 = normal(size_t(E) * C, 0.01), dy0 = normal(size_t(R) * C, 0.01);
+    std::vector<float> y(size_t(R) * C), h(size_t(R) * F), g(size_t(R) * F), dx(size_t(R) * C),
+        dy = dy0, dw1(w1.size()), db1(b1.size()), dw2(w2.size()), db2(b2.size());
+    const moe::ExpertWeights w{w1.data(),     b1.data(), w2.data(),     b2.data(),
+                               size_t(F) * C, size_t(F), size_t(C) * F, size_t(C)};
+    moe::ExpertGrads dw{dw1.data(),    db1.data(), dw2.data(),    db2.data(),
+                        size_t(F) * C, size_t(F),  size_t(C) * F, size_t(C)};
+    t.whole   = kernels::whole_groups_suit(E, off.data());
+    auto once = [&](bool whole, double& fwd_ms, double& bwd_ms) {
+        moe::set_whole_experts(whole);
+        const auto t0 = clock::now();
+        moe::experts_forward(y.data(), {h.data(), nullptr}, g.data(), x.data(), w, off.data(), E, C,
+                             F, {}, rows.data());
+        const auto t1 = clock::now();
+        moe::experts_backward(dx.data(), g.data(), dw, dy.data(), x.data(), {h.data(), nullptr}, w,
+                              off.data(), E, C, F, {}, nullptr, rows.data());
+        const auto t2 = clock::now();
+        moe::set_whole_experts(true);
+        fwd_ms = std::chrono::duration<double>(t1 - t0).count() * 1e3;
+        bwd_ms = std::chrono::duration<double>(t2 - t1).count() * 1e3;
+    };
+    double f = 0, b = 0;
+    once(true, f, b);
+    once(false, f, b);
+    std::vector<double> wf, wb, pf, pb;
+    for (int r = 0; r < std::max(repeats, 5) * 3; ++r) {
+        once(true, f, b);
+        wf.push_back(f);
+        wb.push_back(b);
+        once(false, f, b);
+        pf.push_back(f);
+        pb.push_back(b);
+    }
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    t.whole_forward_ms   = median(wf);
+    t.whole_backward_ms  = median(wb);
+    t.passes_forward_ms  = median(pf);
+    t.passes_backward_ms = median(pb);
+    return t;
+}
+
 // ---- the attention core ----
 
 // The float kernel of the active ISA against the bf16 ones (AMX tiles, AVX512_BF16 dots, where
@@ -634,6 +711,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
     const std::vector<GroupedRow> grouped = run_grouped(repeats);
     const std::vector<FloatBRow> float_b  = run_float_b(repeats);
     const std::vector<RankRow> ranks      = run_rank(repeats);
+    const ExpertsMlpTimes mlp             = run_experts_mlp(repeats);
     const bool attn                       = opts.attn_B > 0 && opts.attn_NH > 0;
     const AttentionTimes at               = attn ? run_attention(opts, repeats) : AttentionTimes{};
     const char* attn_isa                  = kernels::isa_name(kernels::dispatch().attention_isa);
@@ -694,6 +772,16 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
                                         {"ns_per_row", r.ours_ns},
                                         {"generic_ns_per_row", r.generic_ns}});
         }
+        out["experts_mlp"] = {{"experts", mlp.E},
+                              {"width", mlp.F},
+                              {"d_model", mlp.C},
+                              {"tokens", mlp.tokens},
+                              {"top_k", mlp.K},
+                              {"whole", mlp.whole},
+                              {"whole_forward_ms", mlp.whole_forward_ms},
+                              {"whole_backward_ms", mlp.whole_backward_ms},
+                              {"passes_forward_ms", mlp.passes_forward_ms},
+                              {"passes_backward_ms", mlp.passes_backward_ms}};
         if (attn) {
             out["attention"] = {{"B", opts.attn_B},
                                 {"T", opts.attn_T},
@@ -773,6 +861,17 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         fmt::print("{:>8} {:>5} {:8.1f} {:8.1f} {:8.2f}\n", r.E, r.R, r.ours_ns, r.generic_ns,
                    r.generic_ns / r.ours_ns);
     }
+    fmt::print(
+        "experts' MLP in float32, {} experts of {} (C {}, {} tokens top-{}), ms a call: each "
+        "expert whole on one thread{}, against each product and pass over all experts\n"
+        "{:>8} {:>8} {:>8} {:>6}\n",
+        mlp.E, mlp.F, mlp.C, mlp.tokens, mlp.K,
+        mlp.whole ? "" : " (not taken: the groups do not suit it)", "pass", "whole", "passes",
+        "ratio");
+    fmt::print("{:>8} {:8.3f} {:8.3f} {:6.3f}\n", "forward", mlp.whole_forward_ms,
+               mlp.passes_forward_ms, mlp.whole_forward_ms / mlp.passes_forward_ms);
+    fmt::print("{:>8} {:8.3f} {:8.3f} {:6.3f}\n", "backward", mlp.whole_backward_ms,
+               mlp.passes_backward_ms, mlp.whole_backward_ms / mlp.passes_backward_ms);
     if (attn) {
         fmt::print(
             "attention core, one micro-batch (B {} T {} C {} NH {}), ms a call: float32 ({}) "

@@ -127,12 +127,12 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
         const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C};
         kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
-            const int n     = offsets[e + 1] - offsets[e];
-            float* he       = h.f32 + r0 * F;
-            float* ge       = g + r0 * F;
+            const int n = offsets[e + 1] - offsets[e];
+            float* he   = h.f32 + r0 * F;
+            float* ge   = g + r0 * F;
             kernels::group_gemm_f32(Trans::N, Trans::T, n, F, C, 1.0f, x_rows ? x : x + r0 * C, C,
-                                    x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride,
-                                    C, 0.0f, he, F);
+                                    x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride, C,
+                                    0.0f, he, F);
             fc_bias(e, 0, n, 0, F);
             kernels::gelu_forward_serial(ge, he, static_cast<size_t>(n) * F, prec.fp64);
             kernels::group_gemm_f32(Trans::N, Trans::T, n, C, F, 1.0f, ge, F, nullptr,
@@ -216,9 +216,9 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
         const BiasGradEpilogue<float> fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
         kernels::for_each_group(E, offsets, 4.0 * C * F, [&](int e) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
-            const int n     = offsets[e + 1] - offsets[e];
-            const size_t nf = static_cast<size_t>(n) * F;
-            const float* he = h.f32 + r0 * F;
+            const int n      = offsets[e + 1] - offsets[e];
+            const size_t nf  = static_cast<size_t>(n) * F;
+            const float* he  = h.f32 + r0 * F;
             const float* dye = dy + r0 * C;
             float* dhe       = dh + r0 * F;
             kernels::gelu_forward_serial(dhe, he, nf, prec.fp64);

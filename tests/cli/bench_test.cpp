@@ -93,6 +93,14 @@ TEST(BenchCli, KernelsJsonHasPeakAndModelShapes) {
         EXPECT_GT(rank["generic_ns_per_row"].get<double>(), 0.0);
         EXPECT_LE(rank["top"].get<int>(), rank["experts"].get<int>());
     }
+    // a fine-grained layer's experts, each whole on one thread and in passes over all experts
+    const auto& mlp = j["experts_mlp"];
+    EXPECT_EQ(mlp["experts"], 64);
+    EXPECT_EQ(mlp["width"], 96);
+    EXPECT_TRUE(mlp["whole"].get<bool>());
+    for (const char* key :
+         {"whole_forward_ms", "whole_backward_ms", "passes_forward_ms", "passes_backward_ms"})
+        EXPECT_GT(mlp[key].get<double>(), 0.0) << key;
     // the attention core on one micro-batch; tiny's head size 16 is not the tiles'
     const auto& a = j["attention"];
     EXPECT_EQ(a["B"], 4);

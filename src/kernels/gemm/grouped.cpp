@@ -211,8 +211,7 @@ void grouped_tn_packed(const KernelSpec& s, int G, const int32_t* offsets, int M
     // Where the spec reads A in place, strips no wider than that allows: A (K_g x M, stored by
     // k) is then never packed, so narrower strips cost nothing and give the threads more units
     // of B's columns (8 experts' weight gradients 4-8% faster, docs/results.md).
-    const UnitPlan p =
-        plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1, tn_max_cols(s));
+    const UnitPlan p   = plan_units(s, busy, M, N, s.kc, double(depth) * M * N, 1, tn_max_cols(s));
     const auto rows_of = [&](int g) {
         return offsets[g + 1] > offsets[g] && alpha != 0.0f ? M : 0;
     };
@@ -394,9 +393,9 @@ void for_each_group(int G, const int32_t* offsets, double madds_per_row,
               "for_each_group on the {} path, which has no per-thread product", gemm::path_name(p));
     gemm::check_offsets(G, offsets);
     if (G == 0) return;
-    const double madds   = double(offsets[G] - offsets[0]) * madds_per_row;
-    const int threads    = madds < gemm::kMinThreadedWork ? 1 : compute_pool().size();
-    const int* order     = gemm::largest_first(G, offsets);
+    const double madds = double(offsets[G] - offsets[0]) * madds_per_row;
+    const int threads  = madds < gemm::kMinThreadedWork ? 1 : compute_pool().size();
+    const int* order   = gemm::largest_first(G, offsets);
     std::atomic<int> next{0};
     auto body = [&](int) {
         for (int i = next.fetch_add(1, std::memory_order_relaxed); i < G;

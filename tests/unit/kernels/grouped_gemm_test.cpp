@@ -21,8 +21,8 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "gemm_paths.h"
-#include "kernels/gemm.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm/dispatch.h"
 #include "kernels/gemm/driver.h"
 #include "kernels/mixed.h"
@@ -774,7 +774,8 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
     const auto At = random_vector(rng, size_t(rows) * M);      // tn's A (rows, M)
     const auto Y  = random_vector(rng, size_t(src_rows) * N);  // tn's gathered B
     const auto Yd = random_vector(rng, size_t(rows) * N);      // tn's B
-    const auto C0 = random_vector(rng, size_t(rows) * N), T0 = random_vector(rng, size_t(G) * M * N);
+    const auto C0 = random_vector(rng, size_t(rows) * N),
+               T0 = random_vector(rng, size_t(G) * M * N);
     CacheSizes small{32 << 10, 128 << 10, 1 << 20};
     for (Path path : supported_paths()) {
         if (path == Path::ref || path == Path::openblas) {
@@ -783,8 +784,8 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
             continue;
         }
         gemm::set_active_path(path);
-        for (const CacheSizes* caches : {static_cast<const CacheSizes*>(nullptr),
-                                               static_cast<const CacheSizes*>(&small)}) {
+        for (const CacheSizes* caches :
+             {static_cast<const CacheSizes*>(nullptr), static_cast<const CacheSizes*>(&small)}) {
             gemm::set_blocking_caches(caches);
             for (int threads : {1, 2}) {
                 set_compute_threads(threads);
@@ -793,9 +794,9 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
                                          (caches ? ", small caches" : "");
                 for (const bool gathered : {false, true}) {
                     for (const Trans tb : {Trans::T, Trans::N}) {
-                        const float* a  = gathered ? X.data() : A.data();
-                        const int32_t* r = gathered ? idx.data() : nullptr;
-                        const int ldb    = tb == Trans::T ? K : N;
+                        const float* a          = gathered ? X.data() : A.data();
+                        const int32_t* r        = gathered ? idx.data() : nullptr;
+                        const int ldb           = tb == Trans::T ? K : N;
                         std::vector<float> want = C0, got = C0;
                         grouped_gemm_f32(Trans::N, tb, G, off.data(), N, K, 0.75f, a, K, W.data(),
                                          ldb, size_t(N) * K, 0.5f, want.data(), N, r);
@@ -811,19 +812,18 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
                         EXPECT_TRUE(same_bits(got, want))
                             << what << (gathered ? ", gathered" : "") << ", tb "
                             << (tb == Trans::T ? "T" : "N");
-                        for (int g = 0; g < G; ++g)
-                            EXPECT_EQ(runs[size_t(g)].load(), 1) << g;
+                        for (int g = 0; g < G; ++g) EXPECT_EQ(runs[size_t(g)].load(), 1) << g;
                     }
-                    const float* b   = gathered ? Y.data() : Yd.data();
-                    const int32_t* r = gathered ? idx.data() : nullptr;
+                    const float* b          = gathered ? Y.data() : Yd.data();
+                    const int32_t* r        = gathered ? idx.data() : nullptr;
                     std::vector<float> want = T0, got = T0;
                     grouped_gemm_tn_f32(G, off.data(), M, N, 0.75f, At.data(), M, b, N, 0.5f,
                                         want.data(), N, size_t(M) * N, r);
                     for_each_group(G, off.data(), double(M) * N, [&](int g) {
                         const size_t r0 = size_t(off[size_t(g)]);
                         group_gemm_tn_f32(M, N, sizes[size_t(g)], 0.75f, At.data() + r0 * M, M,
-                                          gathered ? b : b + r0 * N, N, r ? r + r0 : nullptr,
-                                          0.5f, got.data() + size_t(g) * M * N, N);
+                                          gathered ? b : b + r0 * N, N, r ? r + r0 : nullptr, 0.5f,
+                                          got.data() + size_t(g) * M * N, N);
                     });
                     EXPECT_TRUE(same_bits(got, want))
                         << what << (gathered ? ", gathered" : "") << ", tn";
@@ -846,10 +846,10 @@ TEST(GroupedGemm, WholeGroupsSuitManyGroupsNoneLarge) {
         many[3] = 0;
         EXPECT_TRUE(whole_groups_suit(64, offsets_of(many).data())) << gemm::path_name(path);
         // a group above half a thread's share of the rows (1,000 > 3,700 / 4)
-        EXPECT_FALSE(whole_groups_suit(8, offsets_of({1000, 400, 400, 400, 400, 400, 400, 300})
-                                              .data()));
-        EXPECT_TRUE(whole_groups_suit(8, offsets_of({900, 400, 400, 400, 400, 400, 400, 800})
-                                             .data()));
+        EXPECT_FALSE(
+            whole_groups_suit(8, offsets_of({1000, 400, 400, 400, 400, 400, 400, 300}).data()));
+        EXPECT_TRUE(
+            whole_groups_suit(8, offsets_of({900, 400, 400, 400, 400, 400, 400, 800}).data()));
         EXPECT_FALSE(whole_groups_suit(1, offsets_of({2048}).data()));  // one group
         EXPECT_FALSE(whole_groups_suit(3, offsets_of({0, 2048, 0}).data()));
     }

@@ -209,8 +209,8 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
     std::vector<float> xperm(size_t(R) * C);
     for (int i = 0; i < R; ++i)
         std::copy_n(tokens.data() + size_t(rows[size_t(i)]) * C, C, xperm.data() + size_t(i) * C);
-    const ExpertWeights w{fc_w.data(), fc_b.data(), proj_w.data(), proj_b.data(),
-                          size_t(F) * C,  size_t(F),   size_t(C) * F,   size_t(C)};
+    const ExpertWeights w{fc_w.data(),   fc_b.data(), proj_w.data(), proj_b.data(),
+                          size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
     struct Out {
         std::vector<float> y, h, dx, dfc_w, dfc_b, dproj_w, dproj_b;
         std::vector<double> acc;
@@ -225,8 +225,8 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
         std::vector<float> g(size_t(R) * F), dh(size_t(R) * F), dy = dy0;
         const float* x       = gathered ? tokens.data() : xperm.data();
         const int32_t* xrows = gathered ? rows.data() : nullptr;
-        experts_forward(o.y.data(), {o.h.data(), nullptr}, g.data(), x, w, offsets.data(), E, C,
-                        F, prec, xrows);
+        experts_forward(o.y.data(), {o.h.data(), nullptr}, g.data(), x, w, offsets.data(), E, C, F,
+                        prec, xrows);
         o.dx.assign(size_t(R) * C, 0.f);
         o.dfc_w.assign(fc_w.size(), 0.25f);
         o.dfc_b.assign(fc_b.size(), 0.25f);
@@ -245,9 +245,9 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
         for (const bool gathered : {false, true}) {
             for (const bool with_acc : {false, true}) {
                 for (const bool fp64 : {false, true}) {
-                    SCOPED_TRACE(::testing::Message() << threads << " threads, gathered " << gathered
-                                                      << ", bias_acc " << with_acc << ", fp64 "
-                                                      << fp64);
+                    SCOPED_TRACE(::testing::Message()
+                                 << threads << " threads, gathered " << gathered << ", bias_acc "
+                                 << with_acc << ", fp64 " << fp64);
                     const Out a = run(true, gathered, with_acc, fp64);
                     const Out b = run(false, gathered, with_acc, fp64);
                     EXPECT_EQ(a.y, b.y);
