@@ -101,24 +101,35 @@ void grouped_gemm_tn_bf16(int G, const int32_t* offsets, int M, int N, float alp
 // none holding more than half a thread's share of all rows (a larger group would keep one
 // thread busy while the others idle; the forms above split it over the threads instead).
 bool whole_groups_suit(int G, const int32_t* offsets);
-// Runs job(g) for every g in [0, G), each on one thread of the compute pool (on the calling
-// thread alone below about 2^18 multiply-adds in all, counting madds_per_row for each row), the
-// groups with the most rows first (so a group without rows, whose products only scale C by
-// beta, comes last). On a packed path (whole_groups_suit). Call from outside pool jobs; job
-// must not start pool work itself.
+// Runs job(g, thread) for every g in [0, G), each on one thread of the compute pool (thread:
+// its index in [0, pool size), for scratch of its own; on the calling thread alone, thread 0,
+// below about 2^18 multiply-adds in all, counting madds_per_row for each row), the groups with
+// the most rows first (so a group without rows, whose products only scale C by beta, comes
+// last). On a packed path (whole_groups_suit). Call from outside pool jobs; job must not start
+// pool work itself.
 void for_each_group(int G, const int32_t* offsets, double madds_per_row,
-                    FunctionRef<void(int g)> job);
+                    FunctionRef<void(int g, int thread)> job);
 // Inside a for_each_group job: one group's product on the calling thread, with M rows and
 // A, a_rows, C already at the group's first row (B at its own matrix), as grouped_gemm_f32 then
 // computes that group (its epilogue is the caller's, once for the whole group: rows [0, M),
 // columns [0, N)).
 void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
                     const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc);
+// The same with A in bf16 and B in bf16, or in float rounded to bf16 as it is packed (where
+// grouped_gemm_bf16_float_b(), for either op(B)): grouped_gemm_bf16's kernel and panels, so
+// bitwise what grouped_gemm_bf16 gives that group (on B or on its narrowed copy).
+void group_gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+                     const int32_t* a_rows, const bf16* B, int ldb, float beta, float* C, int ldc);
+void group_gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+                     const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc);
 // Inside a for_each_group job: one group's weight-gradient product on the calling thread,
 // C (M, N) = alpha * A^T (M, K) @ B (K, N) + beta * C over its K rows, A and B (or b_rows) at the
 // group's first row, as grouped_gemm_tn_f32 then computes that group.
 void group_gemm_tn_f32(int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                        int ldb, const int32_t* b_rows, float beta, float* C, int ldc);
+// The same in bf16, as grouped_gemm_tn_bf16 computes that group.
+void group_gemm_tn_bf16(int M, int N, int K, float alpha, const bf16* A, int lda, const bf16* B,
+                        int ldb, const int32_t* b_rows, float beta, float* C, int ldc);
 
 // Rows of depth grouped_gemm_tn_f32 (and _bf16) sums as one block on the active GEMM path: a
 // group's rows split at multiples of it over several calls with beta = 1 give bitwise the result of

@@ -209,6 +209,35 @@ void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray&
     });
 }
 
+void gelu_forward_narrow_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
+                                bool fp64) {
+    const GeluForwardRange gelu = gelu_forward_range(fp64);
+    for (size_t o = 0; o < n; o += size_t(kFuseBlock)) {
+        const size_t len = std::min(size_t(kFuseBlock), n - o);
+        alignas(64) float w[kFuseBlock];
+        if (x.half) {
+            widen_serial(x_dtype, w, x.half + o, len);
+            gelu(w, w, 0, int64_t(len));
+        } else {
+            gelu(w, x.f32 + o, 0, int64_t(len));
+        }
+        narrow_half_serial(d, out + o, w, len);
+    }
+}
+
+void gelu_backward_dout_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x,
+                               const float* dout, size_t n, bool fp64) {
+    const GeluBackwardRange gelu = gelu_backward_range(fp64);
+    for (size_t o = 0; o < n; o += size_t(kFuseBlock)) {
+        const size_t len = std::min(size_t(kFuseBlock), n - o);
+        alignas(64) float w[kFuseBlock], g[kFuseBlock];
+        const float* xo = x.f32 ? x.f32 + o : w;
+        if (!x.f32) widen_serial(x_dtype, w, x.half + o, len);
+        gelu(g, xo, dout + o, 0, int64_t(len));
+        narrow_half_serial(d, out + o, g, len);
+    }
+}
+
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
                         bool fp64, Dtype dinp_dtype) {
     const GeluBackwardRange gelu = gelu_backward_range(fp64);
@@ -401,6 +430,24 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
     const Rows16 b = group_rows16(g_inp16, inp, IN, size_t(IN), offsets, G, inp_rows);
     grouped_backward16(G, offsets, OUT, IN, dinp, dweight, stride_dw, dy, b.x, b.r, weight,
                        stride_w, dweight_epilogue, dinp_epilogue);
+}
+
+uint16_t* dout16_scratch(Dtype d, size_t n) {
+    BGL_CHECK(on_16bit(d), "dout16_scratch: a 16-bit operand where the products do not convert");
+    return grow(g_dout16, n);
+}
+
+const uint16_t* narrow_operand_rows(Dtype d, const float* X, int ld, size_t width,
+                                    const int32_t* offsets, int G, const int32_t* rows_of) {
+    BGL_CHECK(on_16bit(d),
+              "narrow_operand_rows: a 16-bit operand where the products do not convert");
+    BGL_CHECK(G >= 0 && offsets[0] == 0, "narrow_operand_rows: the rows from 0 on");
+    return group_rows16(g_inp16, X, ld, width, offsets, G, rows_of).x;
+}
+
+void narrow_scaled_serial(Dtype d, uint16_t* out, const float* x, float scale, size_t n) {
+    BGL_CHECK(d == Dtype::bfloat16, "narrow_scaled_serial: bf16 only");
+    dispatch().bf16_narrow_scaled(out, x, scale, n);
 }
 
 const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {

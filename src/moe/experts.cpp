@@ -100,12 +100,37 @@ struct BiasGradEpilogue {
 
 bool g_whole_experts = true;  // set_whole_experts
 
+// The 16-bit experts run whole keep their (rows, F) 16-bit arrays in the first half of a
+// (rows, F) float scratch's bytes, and each thread's float rows for one expert in its share of
+// the second half: floats a thread (a multiple of 16, so that shares start on cache lines).
+size_t whole_share(size_t rf) {
+    return rf / 2 / static_cast<size_t>(compute_pool().size()) / 16 * 16;
+}
+float* whole_scratch(float* base, size_t rf, int thread) {
+    return base + (rf + 1) / 2 + size_t(thread) * whole_share(rf);
+}
+
 // Whether the experts run whole, one thread each (kernels::for_each_group): their products in
 // float32 with float32 outputs (the 16-bit and rounding forms keep the grouped passes), on
 // groups that suit it.
 bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets) {
     return g_whole_experts && prec.gemm == Dtype::float32 && prec.act == Dtype::float32 &&
            kernels::whole_groups_suit(E, offsets);
+}
+
+// The same for the 16-bit products (kernels::half_products_convert): bf16 operands and
+// activations, float weights the bf16 kernel packs itself (kernels::grouped_gemm_bf16_float_b),
+// rows from 0, and an expert's float scratch (its rows of F floats) within its thread's share
+// of the second half of the (rows, F) float scratch, whose first half holds the 16-bit rows
+// (whole_scratch).
+bool whole_experts_16(const ExpertPrecision& prec, int E, const int32_t* offsets, int F) {
+    if (!g_whole_experts || prec.gemm != Dtype::bfloat16 || prec.act != Dtype::bfloat16 ||
+        !kernels::half_products_convert(prec.gemm) || !kernels::grouped_gemm_bf16_float_b() ||
+        offsets[0] != 0 || !kernels::whole_groups_suit(E, offsets))
+        return false;
+    int most = 0;
+    for (int e = 0; e < E; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
+    return size_t(most) * size_t(F) <= whole_share(size_t(offsets[E]) * size_t(F));
 }
 
 }  // namespace
@@ -125,7 +150,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
         // each expert's two products and GELU on one thread, h_e and g_e in its cache
         const BiasEpilogue fc_bias{h.f32, w.fc_b, w.fc_b_stride, offsets, F};
         const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C};
-        kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e) {
+        kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e, int) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
             const int n = offsets[e + 1] - offsets[e];
             float* he   = h.f32 + r0 * F;
@@ -137,6 +162,38 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
             kernels::gelu_forward_serial(ge, he, static_cast<size_t>(n) * F, prec.fp64);
             kernels::group_gemm_f32(Trans::N, Trans::T, n, C, F, 1.0f, ge, F, nullptr,
                                     w.proj_w + ex * w.proj_w_stride, F, 0.0f, y + r0 * C, C);
+            proj_bias(e, 0, n, 0, C);
+        });
+        return;
+    }
+    if (whole_experts_16(prec, E, offsets, F)) {
+        // each expert on one thread: the tokens narrowed once for all of them (read through
+        // x_rows), then per expert h in float (kept, or in the thread's scratch) narrowed into
+        // the kept 16 bits, g's 16 bits in g's first half, and y
+        const uint16_t* x16 = kernels::narrow_operand_rows(prec.gemm, x, C, static_cast<size_t>(C),
+                                                           offsets, E, x_rows);
+        auto* g16           = reinterpret_cast<uint16_t*>(g);
+        const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C, prec.act, y16};
+        kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e, int thread) {
+            const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
+            const int n = offsets[e + 1] - offsets[e];
+            float* he   = h.f32 ? h.f32 + r0 * F : whole_scratch(g, RF, thread);
+            kernels::group_gemm_bf16(Trans::N, Trans::T, n, F, C, 1.0f,
+                                     reinterpret_cast<const bf16*>(x_rows ? x16 : x16 + r0 * C), C,
+                                     x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride, C,
+                                     0.0f, he, F);
+            const float* b1 = w.fc_b + ex * w.fc_b_stride;
+            for (int i = 0; i < n; ++i) {
+                kernels::bias_round_serial(he + size_t(i) * F, b1, static_cast<size_t>(F), prec.act,
+                                           h.half ? h.half + (r0 + i) * F : nullptr);
+            }
+            const kernels::KeptArray he_kept =
+                h.half ? h.rows_from(r0, static_cast<size_t>(F)) : kernels::KeptArray{he, nullptr};
+            kernels::gelu_forward_narrow_serial(prec.gemm, g16 + r0 * F, prec.act, he_kept,
+                                                static_cast<size_t>(n) * F, prec.fp64);
+            kernels::group_gemm_bf16(Trans::N, Trans::T, n, C, F, 1.0f,
+                                     reinterpret_cast<const bf16*>(g16 + r0 * F), F, nullptr,
+                                     w.proj_w + ex * w.proj_w_stride, F, 0.0f, y + r0 * C, C);
             proj_bias(e, 0, n, 0, C);
         });
         return;
@@ -183,6 +240,55 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
     const BiasEpilogue round_dx{dx, nullptr, 0, offsets, C, prec.act};
     const kernels::GroupEpilogue dx_round =
         prec.act == Dtype::float32 ? kernels::GroupEpilogue{} : kernels::GroupEpilogue{round_dx};
+    if (whole_experts_16(prec, E, offsets, F)) {
+        // each expert's chain on one thread: its rows of dy narrowed (formed from the tokens'
+        // with dy_rows), g's and then dh's 16 bits in dh's first half, dg in the thread's
+        // float scratch; the tokens narrowed once for all experts
+        uint16_t* dy16      = kernels::dout16_scratch(prec.gemm, RC);
+        const uint16_t* x16 = kernels::narrow_operand_rows(prec.gemm, x, C, static_cast<size_t>(C),
+                                                           offsets, E, x_rows);
+        auto* gh16          = reinterpret_cast<uint16_t*>(dh);
+        const BiasGradEpilogue<uint16_t> proj_b{dw.proj_b, dw.proj_b_stride, dy16, offsets,
+                                                C,         acc_proj,         F + C};
+        const BiasGradEpilogue<uint16_t> fc_b{dw.fc_b, dw.fc_b_stride, gh16, offsets,
+                                              F,       acc_fc,         F + C};
+        kernels::for_each_group(E, offsets, 4.0 * C * F, [&](int e, int thread) {
+            const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
+            const int n     = offsets[e + 1] - offsets[e];
+            const size_t nf = static_cast<size_t>(n) * F;
+            uint16_t* dye   = dy16 + r0 * C;
+            if (dy_rows) {
+                for (int i = 0; i < n; ++i) {
+                    kernels::narrow_scaled_serial(prec.gemm, dye + size_t(i) * C,
+                                                  dy + int64_t{dy_rows[r0 + i]} * C,
+                                                  dy_scale[r0 + i], static_cast<size_t>(C));
+                }
+            } else {
+                kernels::narrow_half_serial(prec.gemm, dye, dy + r0 * C,
+                                            static_cast<size_t>(n) * C);
+            }
+            uint16_t* ghe               = gh16 + r0 * F;
+            const kernels::KeptArray he = h.rows_from(r0, static_cast<size_t>(F));
+            kernels::gelu_forward_narrow_serial(prec.gemm, ghe, prec.act, he, nf, prec.fp64);
+            const auto* dyb = reinterpret_cast<const bf16*>(dye);
+            kernels::group_gemm_tn_bf16(C, F, n, 1.0f, dyb, C, reinterpret_cast<const bf16*>(ghe),
+                                        F, nullptr, 1.0f, dw.proj_w + ex * dw.proj_w_stride, F);
+            proj_b(e, 0, C, 0, F);
+            float* dg = whole_scratch(dh, RF, thread);
+            kernels::group_gemm_bf16(Trans::N, Trans::N, n, F, C, 1.0f, dyb, C, nullptr,
+                                     w.proj_w + ex * w.proj_w_stride, F, 0.0f, dg, F);
+            kernels::gelu_backward_dout_serial(prec.gemm, ghe, prec.act, he, dg, nf, prec.fp64);
+            fc_b(e, 0, F, 0, C);
+            const auto* dhb = reinterpret_cast<const bf16*>(ghe);
+            kernels::group_gemm_tn_bf16(
+                F, C, n, 1.0f, dhb, F, reinterpret_cast<const bf16*>(x_rows ? x16 : x16 + r0 * C),
+                C, x_rows ? x_rows + r0 : nullptr, 1.0f, dw.fc_w + ex * dw.fc_w_stride, C);
+            kernels::group_gemm_bf16(Trans::N, Trans::N, n, C, F, 1.0f, dhb, F, nullptr,
+                                     w.fc_w + ex * w.fc_w_stride, C, 0.0f, dx + r0 * C, C);
+            if (dx_round) dx_round(e, 0, n, 0, C);
+        });
+        return;
+    }
     if (kernels::half_products_convert(prec.gemm)) {
         // The output gradients only as the products' 16-bit operands: dy narrowed once (for
         // dproj_b_e (C) += sum dy_e as the weight gradient's epilogue, and both products); g =
@@ -214,7 +320,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
         const BiasGradEpilogue<float> proj_b{dw.proj_b, dw.proj_b_stride, dy,   offsets,
                                              C,         acc_proj,         F + C};
         const BiasGradEpilogue<float> fc_b{dw.fc_b, dw.fc_b_stride, dh, offsets, F, acc_fc, F + C};
-        kernels::for_each_group(E, offsets, 4.0 * C * F, [&](int e) {
+        kernels::for_each_group(E, offsets, 4.0 * C * F, [&](int e, int) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
             const int n      = offsets[e + 1] - offsets[e];
             const size_t nf  = static_cast<size_t>(n) * F;

@@ -387,7 +387,7 @@ bool whole_groups_suit(int G, const int32_t* offsets) {
 }
 
 void for_each_group(int G, const int32_t* offsets, double madds_per_row,
-                    FunctionRef<void(int g)> job) {
+                    FunctionRef<void(int g, int thread)> job) {
     const gemm::Path p = gemm::active_path();
     BGL_CHECK(p != gemm::Path::ref && p != gemm::Path::openblas,
               "for_each_group on the {} path, which has no per-thread product", gemm::path_name(p));
@@ -397,10 +397,10 @@ void for_each_group(int G, const int32_t* offsets, double madds_per_row,
     const int threads  = madds < gemm::kMinThreadedWork ? 1 : compute_pool().size();
     const int* order   = gemm::largest_first(G, offsets);
     std::atomic<int> next{0};
-    auto body = [&](int) {
+    auto body = [&](int thread) {
         for (int i = next.fetch_add(1, std::memory_order_relaxed); i < G;
              i     = next.fetch_add(1, std::memory_order_relaxed)) {
-            job(order[i]);
+            job(order[i], thread);
         }
     };
     if (threads == 1) {
@@ -410,9 +410,14 @@ void for_each_group(int G, const int32_t* offsets, double madds_per_row,
     }
 }
 
-void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-                    const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc) {
-    using namespace gemm;
+namespace gemm {
+namespace {
+
+// One group's forward-form product on the calling thread with spec s: the grouped driver's
+// strips, each over all the group's rows (a rectangle never changes a sum).
+void group_forward(const KernelSpec& s, Trans ta, Trans tb, int M, int N, int K, float alpha,
+                   const void* A, int lda, const int32_t* a_rows, const void* B, int ldb,
+                   float beta, float* C, int ldc) {
     BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
     BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
     if (M == 0 || N == 0) return;
@@ -420,8 +425,7 @@ void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const 
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    const KernelSpec& s = f32_spec(packed_path(active_path()));
-    const PackSrc a     = a_rows ? PackSrc{A, lda, true, a_rows} : PackSrc{A, lda, ta == Trans::N};
+    const PackSrc a = a_rows ? PackSrc{A, lda, true, a_rows} : PackSrc{A, lda, ta == Trans::N};
     const PackSrc b{B, ldb, tb == Trans::T};
     const Strips st = strips_of(s, N, K, 0);
     reserve_pack_buffers(s, s.mc, st.cols, K);
@@ -429,22 +433,60 @@ void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const 
         gemm_rect(s, a, b, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
 }
 
-void group_gemm_tn_f32(int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-                       int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
-    using namespace gemm;
+// One group's weight-gradient product on the calling thread with spec s.
+void group_tn(const KernelSpec& s, int M, int N, int K, float alpha, const void* A, int lda,
+              const void* B, int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
     BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    const KernelSpec& s = f32_spec(packed_path(active_path()));
     const PackSrc a{A, lda, false};
     const PackSrc x{B, ldb, false, b_rows};
     const Strips st = strips_of(s, N, s.kc, tn_max_cols(s));
     reserve_pack_buffers(s, s.mc, st.cols, s.kc);
     for (int j0 = 0; j0 < N; j0 += st.cols)
         gemm_rect(s, a, x, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
+}
+
+Path group_path() { return packed_path(active_path()); }
+
+}  // namespace
+}  // namespace gemm
+
+void group_gemm_f32(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    const int32_t* a_rows, const float* B, int ldb, float beta, float* C, int ldc) {
+    gemm::group_forward(gemm::f32_spec(gemm::group_path()), ta, tb, M, N, K, alpha, A, lda, a_rows,
+                        B, ldb, beta, C, ldc);
+}
+
+void group_gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+                     const int32_t* a_rows, const bf16* B, int ldb, float beta, float* C, int ldc) {
+    gemm::group_forward(gemm::bf16_spec(gemm::group_path()), ta, tb, M, N, K, alpha, A, lda, a_rows,
+                        B, ldb, beta, C, ldc);
+}
+
+void group_gemm_bf16(Trans ta, Trans tb, int M, int N, int K, float alpha, const bf16* A, int lda,
+                     const int32_t* a_rows, const float* B, int ldb, float beta, float* C,
+                     int ldc) {
+    BGL_CHECK(grouped_gemm_bf16_float_b(),
+              "group_gemm_bf16 with a float B on a path whose bf16 kernel cannot pack it");
+    gemm::KernelSpec s = gemm::bf16_spec(gemm::group_path());
+    s.pack_b           = s.pack_b_f32;
+    gemm::group_forward(s, ta, tb, M, N, K, alpha, A, lda, a_rows, B, ldb, beta, C, ldc);
+}
+
+void group_gemm_tn_f32(int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                       int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
+    gemm::group_tn(gemm::f32_spec(gemm::group_path()), M, N, K, alpha, A, lda, B, ldb, b_rows, beta,
+                   C, ldc);
+}
+
+void group_gemm_tn_bf16(int M, int N, int K, float alpha, const bf16* A, int lda, const bf16* B,
+                        int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
+    gemm::group_tn(gemm::bf16_tn_spec(gemm::group_path()), M, N, K, alpha, A, lda, B, ldb, b_rows,
+                   beta, C, ldc);
 }
 
 int grouped_gemm_tn_depth_block() {

@@ -752,12 +752,12 @@ TEST(GroupedGemm, GroupsAreCutOnlyWhereTheThreadsNeedIt) {
     set_compute_threads(0);
 }
 
-// Whole groups, one thread each (for_each_group running group_gemm_f32 / group_gemm_tn_f32 per
-// group): on every packed path, 1 and 2 threads, and for the CPU's caches and small ones (several
-// strips and k blocks a product), the bits of the grouped forms: the forward form for op(B) = B
-// and B^T, gathered A or not, with alpha and beta; the weight-gradient form gathered or not.
-// Offsets start past 0, some groups are empty (their weight gradients scaled by beta), and every
-// group is run exactly once.
+// Whole groups, one thread each (for_each_group running group_gemm_f32 / group_gemm_tn_f32 and
+// their bf16 forms per group): on every packed path, 1 and 2 threads, and for the CPU's caches and
+// small ones (several strips and k blocks a product), the bits of the grouped forms: the forward
+// form for op(B) = B and B^T, gathered A or not, with alpha and beta; the weight-gradient form
+// gathered or not. Offsets start past 0, some groups are empty (their weight gradients scaled by
+// beta), and every group is run exactly once.
 TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
     PathGuard guard;
     Rng rng(53);
@@ -768,14 +768,16 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
     const int G = int(sizes.size()), rows = off[size_t(G)];
     std::vector<int32_t> idx(static_cast<size_t>(rows));
     for (auto& r : idx) r = int32_t(rng.below(uint64_t(src_rows)));
-    const auto X  = random_vector(rng, size_t(src_rows) * K);  // gathered A (src_rows, K)
-    const auto A  = random_vector(rng, size_t(rows) * K);      // A (rows, K)
-    const auto W  = random_vector(rng, size_t(G) * N * K);     // (G, N, K) or (G, K, N)
-    const auto At = random_vector(rng, size_t(rows) * M);      // tn's A (rows, M)
-    const auto Y  = random_vector(rng, size_t(src_rows) * N);  // tn's gathered B
-    const auto Yd = random_vector(rng, size_t(rows) * N);      // tn's B
-    const auto C0 = random_vector(rng, size_t(rows) * N),
-               T0 = random_vector(rng, size_t(G) * M * N);
+    const auto X   = random_vector(rng, size_t(src_rows) * K);  // gathered A (src_rows, K)
+    const auto A   = random_vector(rng, size_t(rows) * K);      // A (rows, K)
+    const auto W   = random_vector(rng, size_t(G) * N * K);     // (G, N, K) or (G, K, N)
+    const auto At  = random_vector(rng, size_t(rows) * M);      // tn's A (rows, M)
+    const auto Y   = random_vector(rng, size_t(src_rows) * N);  // tn's gathered B
+    const auto Yd  = random_vector(rng, size_t(rows) * N);      // tn's B
+    const auto C0  = random_vector(rng, size_t(rows) * N),
+               T0  = random_vector(rng, size_t(G) * M * N);
+    const auto X16 = to_bf16(X), A16 = to_bf16(A), W16 = to_bf16(W), At16 = to_bf16(At),
+               Y16 = to_bf16(Y), Yd16 = to_bf16(Yd);
     CacheSizes small{32 << 10, 128 << 10, 1 << 20};
     for (Path path : supported_paths()) {
         if (path == Path::ref || path == Path::openblas) {
@@ -801,25 +803,51 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
                         grouped_gemm_f32(Trans::N, tb, G, off.data(), N, K, 0.75f, a, K, W.data(),
                                          ldb, size_t(N) * K, 0.5f, want.data(), N, r);
                         std::vector<std::atomic<int>> runs(static_cast<size_t>(G));
-                        for_each_group(G, off.data(), double(N) * K, [&](int g) {
+                        std::atomic<bool> thread_ok{true};
+                        for_each_group(G, off.data(), double(N) * K, [&](int g, int thread) {
                             runs[size_t(g)].fetch_add(1);
+                            if (thread < 0 || thread >= threads) thread_ok = false;
                             const size_t r0 = size_t(off[size_t(g)]);
                             group_gemm_f32(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
                                            gathered ? a : a + r0 * K, K, r ? r + r0 : nullptr,
                                            W.data() + size_t(g) * N * K, ldb, 0.5f,
                                            got.data() + r0 * N, N);
                         });
-                        EXPECT_TRUE(same_bits(got, want))
-                            << what << (gathered ? ", gathered" : "") << ", tb "
-                            << (tb == Trans::T ? "T" : "N");
+                        const std::string form = what + (gathered ? ", gathered" : "") + ", tb " +
+                                                 (tb == Trans::T ? "T" : "N");
+                        EXPECT_TRUE(same_bits(got, want)) << form;
                         for (int g = 0; g < G; ++g) EXPECT_EQ(runs[size_t(g)].load(), 1) << g;
+                        EXPECT_TRUE(thread_ok.load()) << form;
+                        // bf16: B in bf16, and in float rounded as it is packed
+                        const bf16* a16 = gathered ? X16.data() : A16.data();
+                        want = got = C0;
+                        grouped_gemm_bf16(Trans::N, tb, G, off.data(), N, K, 0.75f, a16, K,
+                                          W16.data(), ldb, size_t(N) * K, 0.5f, want.data(), N, r);
+                        for_each_group(G, off.data(), double(N) * K, [&](int g, int) {
+                            const size_t r0 = size_t(off[size_t(g)]);
+                            group_gemm_bf16(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
+                                            gathered ? a16 : a16 + r0 * K, K, r ? r + r0 : nullptr,
+                                            W16.data() + size_t(g) * N * K, ldb, 0.5f,
+                                            got.data() + r0 * N, N);
+                        });
+                        EXPECT_TRUE(same_bits(got, want)) << form << ", bf16";
+                        if (!grouped_gemm_bf16_float_b()) continue;
+                        std::vector<float> got_f = C0;
+                        for_each_group(G, off.data(), double(N) * K, [&](int g, int) {
+                            const size_t r0 = size_t(off[size_t(g)]);
+                            group_gemm_bf16(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
+                                            gathered ? a16 : a16 + r0 * K, K, r ? r + r0 : nullptr,
+                                            W.data() + size_t(g) * N * K, ldb, 0.5f,
+                                            got_f.data() + r0 * N, N);
+                        });
+                        EXPECT_TRUE(same_bits(got_f, want)) << form << ", bf16, float B";
                     }
                     const float* b          = gathered ? Y.data() : Yd.data();
                     const int32_t* r        = gathered ? idx.data() : nullptr;
                     std::vector<float> want = T0, got = T0;
                     grouped_gemm_tn_f32(G, off.data(), M, N, 0.75f, At.data(), M, b, N, 0.5f,
                                         want.data(), N, size_t(M) * N, r);
-                    for_each_group(G, off.data(), double(M) * N, [&](int g) {
+                    for_each_group(G, off.data(), double(M) * N, [&](int g, int) {
                         const size_t r0 = size_t(off[size_t(g)]);
                         group_gemm_tn_f32(M, N, sizes[size_t(g)], 0.75f, At.data() + r0 * M, M,
                                           gathered ? b : b + r0 * N, N, r ? r + r0 : nullptr, 0.5f,
@@ -827,6 +855,18 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
                     });
                     EXPECT_TRUE(same_bits(got, want))
                         << what << (gathered ? ", gathered" : "") << ", tn";
+                    const bf16* b16 = gathered ? Y16.data() : Yd16.data();
+                    want = got = T0;
+                    grouped_gemm_tn_bf16(G, off.data(), M, N, 0.75f, At16.data(), M, b16, N, 0.5f,
+                                         want.data(), N, size_t(M) * N, r);
+                    for_each_group(G, off.data(), double(M) * N, [&](int g, int) {
+                        const size_t r0 = size_t(off[size_t(g)]);
+                        group_gemm_tn_bf16(M, N, sizes[size_t(g)], 0.75f, At16.data() + r0 * M, M,
+                                           gathered ? b16 : b16 + r0 * N, N, r ? r + r0 : nullptr,
+                                           0.5f, got.data() + size_t(g) * M * N, N);
+                    });
+                    EXPECT_TRUE(same_bits(got, want))
+                        << what << (gathered ? ", gathered" : "") << ", tn bf16";
                 }
             }
             gemm::set_blocking_caches(nullptr);

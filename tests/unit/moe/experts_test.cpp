@@ -185,9 +185,11 @@ TEST(ExpertsMath, GradientsMatchTheMathInDouble) {
 }
 
 // Many experts, none large (kernels::whole_groups_suit): each expert's chain whole on one thread
-// gives the bits of the passes over all experts, forward and backward: the tokens read in place
-// or from permuted rows, the bias sums continued in bias_acc or added, the GELU in float32 or
-// FP64, on 1 and 2 threads.
+// gives the bits of the passes over all experts, forward and backward, in float32 and, where
+// the products convert, bf16: the tokens read in place or from permuted rows, the bias sums
+// continued in bias_acc or added, the GELU in float32 or FP64; with bf16 the kept h in 16 bits
+// or in float, the output's 16-bit copy, the output gradient given or gathered from the tokens'
+// with scales; on 1 and 2 threads.
 TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
     const int C = 32, F = 24, E = 12, T = 80;
     std::vector<int> sizes = {18, 0, 28, 22, 14, 26, 2, 20, 24, 16, 12, 30};
@@ -211,49 +213,78 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
         std::copy_n(tokens.data() + size_t(rows[size_t(i)]) * C, C, xperm.data() + size_t(i) * C);
     const ExpertWeights w{fc_w.data(),   fc_b.data(), proj_w.data(), proj_b.data(),
                           size_t(F) * C, size_t(F),   size_t(C) * F, size_t(C)};
+    const auto dout = normal(size_t(T) * C, 1.0), scale = normal(size_t(R), 0.5);
     struct Out {
         ExpertsRun r;  // y, dx and the parameter gradients
         std::vector<float> h;
+        std::vector<uint16_t> h16, y16;
         std::vector<double> acc;
     };
-    auto run = [&](bool whole, bool gathered, bool with_acc, bool fp64) {
+    struct Case {
+        bool gathered, with_acc, fp64;
+        Dtype d;
+        bool half_h, gathered_dy;
+    };
+    auto run = [&](bool whole, const Case& c) {
         set_whole_experts(whole);
         ExpertPrecision prec;
-        prec.fp64 = fp64;
+        prec.gemm = prec.act = c.d;
+        prec.fp64            = c.fp64;
         Out o;
         o.r.y.assign(size_t(R) * C, 0.f);
-        o.h.assign(size_t(R) * F, 0.f);
-        std::vector<float> g(size_t(R) * F), dh(size_t(R) * F), dy = dy0;
-        const float* x       = gathered ? tokens.data() : xperm.data();
-        const int32_t* xrows = gathered ? rows.data() : nullptr;
-        experts_forward(o.r.y.data(), {o.h.data(), nullptr}, g.data(), x, w, offsets.data(), E, C,
-                        F, prec, xrows);
+        o.h.assign(c.half_h ? 0 : size_t(R) * F, 0.f);
+        o.h16.assign(c.half_h ? size_t(R) * F : 0, 0);
+        o.y16.assign(c.d == Dtype::float32 ? 0 : size_t(R) * C, 0);
+        const kernels::KeptArray h{c.half_h ? nullptr : o.h.data(),
+                                   c.half_h ? o.h16.data() : nullptr};
+        std::vector<float> g(size_t(R) * F), dh(size_t(R) * F);
+        std::vector<float> dy = c.gathered_dy ? dout : dy0;
+        const float* x        = c.gathered ? tokens.data() : xperm.data();
+        const int32_t* xrows  = c.gathered ? rows.data() : nullptr;
+        experts_forward(o.r.y.data(), h, g.data(), x, w, offsets.data(), E, C, F, prec, xrows,
+                        o.y16.empty() ? nullptr : o.y16.data());
         o.r.dx.assign(size_t(R) * C, 0.f);
         o.r.dfc_w.assign(fc_w.size(), 0.25f);
         o.r.dfc_b.assign(fc_b.size(), 0.25f);
         o.r.dproj_w.assign(proj_w.size(), 0.25f);
         o.r.dproj_b.assign(proj_b.size(), 0.25f);
-        o.acc.assign(with_acc ? size_t(E) * (F + C) : 0, 0.5);
+        o.acc.assign(c.with_acc ? size_t(E) * (F + C) : 0, 0.5);
         ExpertGrads dw{o.r.dfc_w.data(), o.r.dfc_b.data(), o.r.dproj_w.data(), o.r.dproj_b.data(),
                        size_t(F) * C,    size_t(F),        size_t(C) * F,      size_t(C)};
-        experts_backward(o.r.dx.data(), dh.data(), dw, dy.data(), x, {o.h.data(), nullptr}, w,
-                         offsets.data(), E, C, F, prec, with_acc ? o.acc.data() : nullptr, xrows);
+        experts_backward(o.r.dx.data(), dh.data(), dw, dy.data(), x, h, w, offsets.data(), E, C, F,
+                         prec, c.with_acc ? o.acc.data() : nullptr, xrows,
+                         c.gathered_dy ? rows.data() : nullptr,
+                         c.gathered_dy ? scale.data() : nullptr);
         set_whole_experts(true);
         return o;
     };
     for (int threads : {1, 2}) {
         set_compute_threads(threads);
-        for (const bool gathered : {false, true}) {
-            for (const bool with_acc : {false, true}) {
-                for (const bool fp64 : {false, true}) {
-                    SCOPED_TRACE(::testing::Message()
-                                 << threads << " threads, gathered " << gathered << ", bias_acc "
-                                 << with_acc << ", fp64 " << fp64);
-                    const Out a = run(true, gathered, with_acc, fp64);
-                    const Out b = run(false, gathered, with_acc, fp64);
-                    expect_same_bits(a.r, b.r);
-                    EXPECT_EQ(a.h, b.h);
-                    EXPECT_EQ(a.acc, b.acc);
+        for (const Dtype d : {Dtype::float32, Dtype::bfloat16}) {
+            // the 16-bit forms where the products convert (16-bit copies): the kept h in 16 bits
+            // or in float, the output gradient given or gathered from the tokens'
+            const bool half = kernels::half_products_convert(d);
+            for (const bool gathered : {false, true}) {
+                for (const bool with_acc : {false, true}) {
+                    for (const bool fp64 : {false, true}) {
+                        for (const bool half_h : {false, true}) {
+                            for (const bool gathered_dy : {false, true}) {
+                                if ((half_h || gathered_dy) && !half) continue;
+                                const Case c{gathered, with_acc, fp64, d, half_h, gathered_dy};
+                                SCOPED_TRACE(::testing::Message()
+                                             << threads << " threads, " << dtype_name(d)
+                                             << ", gathered " << gathered << ", bias_acc "
+                                             << with_acc << ", fp64 " << fp64 << ", 16-bit h "
+                                             << half_h << ", gathered dy " << gathered_dy);
+                                const Out a = run(true, c), b = run(false, c);
+                                expect_same_bits(a.r, b.r);
+                                EXPECT_EQ(a.h, b.h);
+                                EXPECT_EQ(a.h16, b.h16);
+                                EXPECT_EQ(a.y16, b.y16);
+                                EXPECT_EQ(a.acc, b.acc);
+                            }
+                        }
+                    }
                 }
             }
         }
