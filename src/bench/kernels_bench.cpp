@@ -540,7 +540,7 @@ ExpertsMlpTimes run_experts_mlp(int repeats) {
                                size_t(F) * C, size_t(F), size_t(C) * F, size_t(C)};
     moe::ExpertGrads dw{dw1.data(),    db1.data(), dw2.data(),    db2.data(),
                         size_t(F) * C, size_t(F),  size_t(C) * F, size_t(C)};
-    t.whole   = kernels::whole_groups_suit(E, off.data());
+    t.whole   = moe::experts_run_whole({}, E, off.data(), F);
     auto once = [&](bool whole, double& fwd_ms, double& bwd_ms) {
         moe::set_whole_experts(whole);
         const auto t0 = clock::now();
@@ -866,7 +866,7 @@ int run_kernels_bench(const KernelsBenchOptions& opts) {
         "expert whole on one thread{}, against each product and pass over all experts\n"
         "{:>8} {:>8} {:>8} {:>6}\n",
         mlp.E, mlp.F, mlp.C, mlp.tokens, mlp.K,
-        mlp.whole ? "" : " (not taken: the groups do not suit it)", "pass", "whole", "passes",
+        mlp.whole ? "" : " (not taken: the experts do not suit it here)", "pass", "whole", "passes",
         "ratio");
     fmt::print("{:>8} {:8.3f} {:8.3f} {:6.3f}\n", "forward", mlp.whole_forward_ms,
                mlp.passes_forward_ms, mlp.whole_forward_ms / mlp.passes_forward_ms);

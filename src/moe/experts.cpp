@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 #include "kernels/ops.h"
@@ -110,12 +111,23 @@ float* whole_scratch(float* base, size_t rf, int thread) {
     return base + (rf + 1) / 2 + size_t(thread) * whole_share(rf);
 }
 
+// Whether the experts' rows suit running each expert whole on one thread: groups that suit it
+// (kernels::whole_groups_suit: many, none large), and the largest expert's (rows, F) floats, one
+// intermediate of its chain, within half of L2, so that they are still in cache for the next
+// product. (8 experts of 512 rows by 768, 1.5 MB each, took the bf16 default.toml's experts
+// 1-9% longer whole than in passes on the AVX2 kernels: docs/results.md.)
+bool experts_suit_whole(int E, const int32_t* offsets, int F) {
+    if (!kernels::whole_groups_suit(E, offsets)) return false;
+    int most = 0;
+    for (int e = 0; e < E; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
+    return size_t(most) * size_t(F) * sizeof(float) <= kernels::cache_sizes().l2 / 2;
+}
+
 // Whether the experts run whole, one thread each (kernels::for_each_group): their products in
-// float32 with float32 outputs (the 16-bit and rounding forms keep the grouped passes), on
-// groups that suit it.
-bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets) {
+// float32 with float32 outputs, on experts that suit it.
+bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets, int F) {
     return g_whole_experts && prec.gemm == Dtype::float32 && prec.act == Dtype::float32 &&
-           kernels::whole_groups_suit(E, offsets);
+           experts_suit_whole(E, offsets, F);
 }
 
 // The same for the 16-bit products (kernels::half_products_convert): bf16 operands and
@@ -126,7 +138,7 @@ bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets) {
 bool whole_experts_16(const ExpertPrecision& prec, int E, const int32_t* offsets, int F) {
     if (!g_whole_experts || prec.gemm != Dtype::bfloat16 || prec.act != Dtype::bfloat16 ||
         !kernels::half_products_convert(prec.gemm) || !kernels::grouped_gemm_bf16_float_b() ||
-        offsets[0] != 0 || !kernels::whole_groups_suit(E, offsets))
+        offsets[0] != 0 || !experts_suit_whole(E, offsets, F))
         return false;
     int most = 0;
     for (int e = 0; e < E; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
@@ -137,6 +149,10 @@ bool whole_experts_16(const ExpertPrecision& prec, int E, const int32_t* offsets
 
 void set_whole_experts(bool on) { g_whole_experts = on; }
 
+bool experts_run_whole(const ExpertPrecision& prec, int E, const int32_t* offsets, int F) {
+    return whole_experts(prec, E, offsets, F) || whole_experts_16(prec, E, offsets, F);
+}
+
 void experts_forward(float* y, const kernels::KeptArray& h, float* g, const float* x,
                      const ExpertWeights& w, const int32_t* offsets, int E, int C, int F,
                      const ExpertPrecision& prec, const int32_t* x_rows, uint16_t* y16) {
@@ -146,7 +162,7 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
               "experts_forward: the hidden is kept in float32 or in 16 bits of a half act dtype");
     BGL_CHECK(!y16 || prec.act != Dtype::float32,
               "experts_forward: a 16-bit copy of the output needs a half act dtype");
-    if (whole_experts(prec, E, offsets)) {
+    if (whole_experts(prec, E, offsets, F)) {
         // each expert's two products and GELU on one thread, h_e and g_e in its cache
         const BiasEpilogue fc_bias{h.f32, w.fc_b, w.fc_b_stride, offsets, F};
         const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C};
@@ -315,7 +331,7 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                                                 w.fc_w_stride, fc_b, dx_round);
         return;
     }
-    if (whole_experts(prec, E, offsets)) {
+    if (whole_experts(prec, E, offsets, F)) {
         // each expert's chain below on one thread, its rows of dy, g, dg and dh in its cache
         const BiasGradEpilogue<float> proj_b{dw.proj_b, dw.proj_b_stride, dy,   offsets,
                                              C,         acc_proj,         F + C};

@@ -65,14 +65,17 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
                       double* bias_acc = nullptr, const int32_t* x_rows = nullptr,
                       const int32_t* dy_rows = nullptr, const float* dy_scale = nullptr);
 
-// Where the products are in float32 with float32 outputs and the experts suit it
-// (kernels::whole_groups_suit: many experts, none large), experts_forward and experts_backward
-// run each expert's whole chain (its products, GELU and bias sums) on one thread of the pool,
-// whole experts handed out to the threads as they come free, so that the expert's rows of h,
-// g, dy, dg and dh stay in that thread's cache between its products instead of each product
-// and pass reading them back from memory over all experts (docs/results.md: the 64 experts of
-// 96 of a fine-grained model). Bitwise what the passes over all experts give. For tests and
-// benchmarks: false always runs the passes over all experts.
+// Where the experts suit it (many experts, none large, the largest one's (rows, F) floats within
+// half of L2), experts_forward and experts_backward run each expert's whole chain (its products,
+// GELU and bias sums) on one thread of the pool, whole experts handed out to the threads as they
+// come free, so that the expert's rows of h, g, dy, dg and dh stay in that thread's cache
+// between its products instead of each product and pass reading them back from memory over all
+// experts (docs/results.md: the 64 experts of 96 of a fine-grained model). In float32 with
+// float32 outputs, and in bf16 where the products convert and pack the float weights themselves
+// (the tokens are then narrowed once for all experts first). Bitwise what the passes over all
+// experts give. experts_run_whole: whether they do for these rows. set_whole_experts, for tests
+// and benchmarks: false always runs the passes over all experts.
+bool experts_run_whole(const ExpertPrecision& prec, int E, const int32_t* offsets, int F);
 void set_whole_experts(bool on);
 
 // Whether experts_backward can read a gathered, scaled output gradient under prec: where its

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/mixed.h"
 
@@ -276,6 +277,13 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
                                              << ", gathered " << gathered << ", bias_acc "
                                              << with_acc << ", fp64 " << fp64 << ", 16-bit h "
                                              << half_h << ", gathered dy " << gathered_dy);
+                                ExpertPrecision prec;
+                                prec.gemm = prec.act = d;
+                                // the whole experts run in float32, and in bf16 where the
+                                // products also pack float weights themselves
+                                EXPECT_EQ(
+                                    experts_run_whole(prec, E, offsets.data(), F),
+                                    d == Dtype::float32 || kernels::grouped_gemm_bf16_float_b());
                                 const Out a = run(true, c), b = run(false, c);
                                 expect_same_bits(a.r, b.r);
                                 EXPECT_EQ(a.h, b.h);
@@ -290,6 +298,27 @@ TEST(ExpertsWhole, OneThreadAnExpertGivesThePassesBits) {
         }
     }
     set_compute_threads(0);
+}
+
+// The experts run whole only where the largest one's (rows, F) floats fit in half of L2: the
+// rows that just fit, and one more.
+TEST(ExpertsWhole, OnlyWhereAnExpertsRowsFitInHalfOfL2) {
+    const int E = 64, F = 96;
+    const size_t half_l2 = kernels::cache_sizes().l2 / 2;
+    const int fit        = static_cast<int>(half_l2 / (size_t(F) * sizeof(float)));
+    ASSERT_GT(fit, 1);
+    auto offsets = [&](int largest) {
+        std::vector<int32_t> off(size_t(E) + 1, 0);
+        for (int e = 0; e < E; ++e)
+            off[size_t(e) + 1] = off[size_t(e)] + (e == 5 ? largest : fit - 1);
+        return off;
+    };
+    const ExpertPrecision prec;
+    EXPECT_TRUE(experts_run_whole(prec, E, offsets(fit).data(), F));
+    EXPECT_FALSE(experts_run_whole(prec, E, offsets(fit + 1).data(), F));
+    set_whole_experts(false);
+    EXPECT_FALSE(experts_run_whole(prec, E, offsets(fit).data(), F));
+    set_whole_experts(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ExpertsGelu,
