@@ -145,6 +145,35 @@ void in_blocks(size_t n, F&& f) {
     });
 }
 
+// gelu_forward_narrow's block [o, o + len), len <= kFuseBlock: widened, GELU and narrowed in L1.
+void gelu_narrow_block(GeluForwardRange gelu, Dtype d, uint16_t* out, Dtype x_dtype,
+                       const KeptArray& x, size_t o, size_t len) {
+    alignas(64) float w[kFuseBlock];
+    if (x.half) {
+        widen_serial(x_dtype, w, x.half + o, len);
+        gelu(w, w, 0, int64_t(len));
+    } else {
+        gelu(w, x.f32 + o, 0, int64_t(len));
+    }
+    narrow_half_serial(d, out + o, w, len);
+}
+
+// gelu_backward_dout's block [o, o + len), len <= kFuseBlock.
+void gelu_dout_block(GeluBackwardRange gelu, Dtype d, uint16_t* out, Dtype x_dtype,
+                     const KeptArray& x, const float* dout, size_t o, size_t len) {
+    alignas(64) float w[kFuseBlock], g[kFuseBlock];
+    const float* xo = x.f32 ? x.f32 + o : w;
+    if (!x.f32) widen_serial(x_dtype, w, x.half + o, len);
+    gelu(g, xo, dout + o, 0, int64_t(len));
+    narrow_half_serial(d, out + o, g, len);
+}
+
+// f(o, len) for the blocks of [0, n) in turn, on the calling thread.
+template <typename F>
+void serial_blocks(size_t n, F&& f) {
+    for (size_t o = 0; o < n; o += size_t(kFuseBlock)) f(o, std::min(size_t(kFuseBlock), n - o));
+}
+
 // Whether n 16-bit values at out overlap n floats at x.
 bool overlaps(const uint16_t* out, const float* x, size_t n) {
     const auto o = reinterpret_cast<uintptr_t>(out), f = reinterpret_cast<uintptr_t>(x);
@@ -197,45 +226,22 @@ void gelu_forward_narrow(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray&
         return;
     }
     const GeluForwardRange gelu = gelu_forward_range(fp64);
-    in_blocks(n, [&](size_t o, size_t len) {
-        alignas(64) float w[kFuseBlock];
-        if (x.half) {
-            widen_serial(x_dtype, w, x.half + o, len);
-            gelu(w, w, 0, int64_t(len));
-        } else {
-            gelu(w, x.f32 + o, 0, int64_t(len));
-        }
-        narrow_half_serial(d, out + o, w, len);
-    });
+    in_blocks(n,
+              [&](size_t o, size_t len) { gelu_narrow_block(gelu, d, out, x_dtype, x, o, len); });
 }
 
 void gelu_forward_narrow_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
                                 bool fp64) {
     const GeluForwardRange gelu = gelu_forward_range(fp64);
-    for (size_t o = 0; o < n; o += size_t(kFuseBlock)) {
-        const size_t len = std::min(size_t(kFuseBlock), n - o);
-        alignas(64) float w[kFuseBlock];
-        if (x.half) {
-            widen_serial(x_dtype, w, x.half + o, len);
-            gelu(w, w, 0, int64_t(len));
-        } else {
-            gelu(w, x.f32 + o, 0, int64_t(len));
-        }
-        narrow_half_serial(d, out + o, w, len);
-    }
+    serial_blocks(
+        n, [&](size_t o, size_t len) { gelu_narrow_block(gelu, d, out, x_dtype, x, o, len); });
 }
 
 void gelu_backward_dout_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x,
                                const float* dout, size_t n, bool fp64) {
     const GeluBackwardRange gelu = gelu_backward_range(fp64);
-    for (size_t o = 0; o < n; o += size_t(kFuseBlock)) {
-        const size_t len = std::min(size_t(kFuseBlock), n - o);
-        alignas(64) float w[kFuseBlock], g[kFuseBlock];
-        const float* xo = x.f32 ? x.f32 + o : w;
-        if (!x.f32) widen_serial(x_dtype, w, x.half + o, len);
-        gelu(g, xo, dout + o, 0, int64_t(len));
-        narrow_half_serial(d, out + o, g, len);
-    }
+    serial_blocks(
+        n, [&](size_t o, size_t len) { gelu_dout_block(gelu, d, out, x_dtype, x, dout, o, len); });
 }
 
 void gelu_backward_kept(Dtype d, float* dinp, const KeptArray& x, const float* dout, size_t n,
@@ -475,13 +481,8 @@ const uint16_t* gelu_backward_dout(Dtype d, Dtype x_dtype, const KeptArray& x, c
               "gelu_backward_dout: a 16-bit operand where the products do not convert");
     bf16* out                    = grow(g_dout16, n);
     const GeluBackwardRange gelu = gelu_backward_range(fp64);
-    in_blocks(n, [&](size_t o, size_t len) {
-        alignas(64) float w[kFuseBlock], g[kFuseBlock];
-        const float* xo = x.f32 ? x.f32 + o : w;
-        if (!x.f32) widen_serial(x_dtype, w, x.half + o, len);
-        gelu(g, xo, dout + o, 0, int64_t(len));
-        narrow_half_serial(d, out + o, g, len);
-    });
+    in_blocks(
+        n, [&](size_t o, size_t len) { gelu_dout_block(gelu, d, out, x_dtype, x, dout, o, len); });
     return out;
 }
 

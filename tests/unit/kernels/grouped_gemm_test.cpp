@@ -823,24 +823,21 @@ TEST(GroupedGemm, WholeGroupsGiveTheGroupedFormsBits) {
                         want = got = C0;
                         grouped_gemm_bf16(Trans::N, tb, G, off.data(), N, K, 0.75f, a16, K,
                                           W16.data(), ldb, size_t(N) * K, 0.5f, want.data(), N, r);
-                        for_each_group(G, off.data(), double(N) * K, [&](int g, int) {
-                            const size_t r0 = size_t(off[size_t(g)]);
-                            group_gemm_bf16(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
-                                            gathered ? a16 : a16 + r0 * K, K, r ? r + r0 : nullptr,
-                                            W16.data() + size_t(g) * N * K, ldb, 0.5f,
-                                            got.data() + r0 * N, N);
-                        });
+                        auto whole16 = [&](const auto* B, std::vector<float>& c) {
+                            for_each_group(G, off.data(), double(N) * K, [&](int g, int) {
+                                const size_t r0 = size_t(off[size_t(g)]);
+                                group_gemm_bf16(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
+                                                gathered ? a16 : a16 + r0 * K, K,
+                                                r ? r + r0 : nullptr, B + size_t(g) * N * K, ldb,
+                                                0.5f, c.data() + r0 * N, N);
+                            });
+                        };
+                        whole16(W16.data(), got);
                         EXPECT_TRUE(same_bits(got, want)) << form << ", bf16";
                         if (!grouped_gemm_bf16_float_b()) continue;
-                        std::vector<float> got_f = C0;
-                        for_each_group(G, off.data(), double(N) * K, [&](int g, int) {
-                            const size_t r0 = size_t(off[size_t(g)]);
-                            group_gemm_bf16(Trans::N, tb, sizes[size_t(g)], N, K, 0.75f,
-                                            gathered ? a16 : a16 + r0 * K, K, r ? r + r0 : nullptr,
-                                            W.data() + size_t(g) * N * K, ldb, 0.5f,
-                                            got_f.data() + r0 * N, N);
-                        });
-                        EXPECT_TRUE(same_bits(got_f, want)) << form << ", bf16, float B";
+                        got = C0;
+                        whole16(W.data(), got);
+                        EXPECT_TRUE(same_bits(got, want)) << form << ", bf16, float B";
                     }
                     const float* b          = gathered ? Y.data() : Yd.data();
                     const int32_t* r        = gathered ? idx.data() : nullptr;
