@@ -413,41 +413,37 @@ void for_each_group(int G, const int32_t* offsets, double madds_per_row,
 namespace gemm {
 namespace {
 
-// One group's forward-form product on the calling thread with spec s: the grouped driver's
-// strips, each over all the group's rows (a rectangle never changes a sum).
-void group_forward(const KernelSpec& s, Trans ta, Trans tb, int M, int N, int K, float alpha,
-                   const void* A, int lda, const int32_t* a_rows, const void* B, int ldb,
-                   float beta, float* C, int ldc) {
+// One group's product C (M, N) = alpha * op(A) op(B) + beta * C over depth K on the calling
+// thread with spec s, in the grouped driver's strips (strips_of for a depth of strip_k, at most
+// max_cols wide), each over all the group's rows (a rectangle never changes a sum).
+void group_strips(const KernelSpec& s, PackSrc a, PackSrc b, int M, int N, int K, int strip_k,
+                  int max_cols, float alpha, float beta, float* C, int ldc) {
     BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
-    BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    const PackSrc a = a_rows ? PackSrc{A, lda, true, a_rows} : PackSrc{A, lda, ta == Trans::N};
-    const PackSrc b{B, ldb, tb == Trans::T};
-    const Strips st = strips_of(s, N, K, 0);
-    reserve_pack_buffers(s, s.mc, st.cols, K);
+    const Strips st = strips_of(s, N, strip_k, max_cols);
+    reserve_pack_buffers(s, s.mc, st.cols, strip_k);
     for (int j0 = 0; j0 < N; j0 += st.cols)
         gemm_rect(s, a, b, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
 }
 
-// One group's weight-gradient product on the calling thread with spec s.
+// One group's forward-form product (grouped_packed's unit of it).
+void group_forward(const KernelSpec& s, Trans ta, Trans tb, int M, int N, int K, float alpha,
+                   const void* A, int lda, const int32_t* a_rows, const void* B, int ldb,
+                   float beta, float* C, int ldc) {
+    BGL_CHECK(!a_rows || ta == Trans::N, "gathered rows of A need op(A) = A");
+    const PackSrc a = a_rows ? PackSrc{A, lda, true, a_rows} : PackSrc{A, lda, ta == Trans::N};
+    group_strips(s, a, PackSrc{B, ldb, tb == Trans::T}, M, N, K, K, 0, alpha, beta, C, ldc);
+}
+
+// One group's weight-gradient product (grouped_tn_packed's unit of it).
 void group_tn(const KernelSpec& s, int M, int N, int K, float alpha, const void* A, int lda,
               const void* B, int ldb, const int32_t* b_rows, float beta, float* C, int ldc) {
-    BGL_CHECK(M >= 0 && N >= 0 && K >= 0, "M={} N={} K={}", M, N, K);
-    if (M == 0 || N == 0) return;
-    if (K == 0 || alpha == 0.0f) {
-        scale_c(M, N, beta, C, ldc);
-        return;
-    }
-    const PackSrc a{A, lda, false};
-    const PackSrc x{B, ldb, false, b_rows};
-    const Strips st = strips_of(s, N, s.kc, tn_max_cols(s));
-    reserve_pack_buffers(s, s.mc, st.cols, s.kc);
-    for (int j0 = 0; j0 < N; j0 += st.cols)
-        gemm_rect(s, a, x, 0, M, j0, std::min(N, j0 + st.cols), K, alpha, beta, C, ldc);
+    group_strips(s, PackSrc{A, lda, false}, PackSrc{B, ldb, false, b_rows}, M, N, K, s.kc,
+                 tn_max_cols(s), alpha, beta, C, ldc);
 }
 
 Path group_path() { return packed_path(active_path()); }
