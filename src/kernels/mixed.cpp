@@ -451,9 +451,14 @@ const uint16_t* narrow_operand_rows(Dtype d, const float* X, int ld, size_t widt
     return group_rows16(g_inp16, X, ld, width, offsets, G, rows_of).x;
 }
 
-void narrow_scaled_serial(Dtype d, uint16_t* out, const float* x, float scale, size_t n) {
-    BGL_CHECK(d == Dtype::bfloat16, "narrow_scaled_serial: bf16 only");
-    dispatch().bf16_narrow_scaled(out, x, scale, n);
+void narrow_dout_rows_serial(Dtype d, uint16_t* out, const float* dout, const int32_t* rows,
+                             const float* scale, size_t n, int C) {
+    BGL_CHECK(on_16bit(d),
+              "narrow_dout_rows_serial: a 16-bit operand where the products do not convert");
+    const auto narrow = dispatch().bf16_narrow_scaled;
+    for (size_t i = 0; i < n; ++i) {
+        narrow(out + i * size_t(C), dout + size_t(rows[i]) * size_t(C), scale[i], size_t(C));
+    }
 }
 
 const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {
@@ -464,13 +469,10 @@ const uint16_t* narrow_dout(Dtype d, const float* dout, size_t n) {
 const uint16_t* narrow_dout_rows(Dtype d, const float* dout, const int32_t* rows,
                                  const float* scale, size_t n, int C) {
     BGL_CHECK(on_16bit(d), "narrow_dout_rows: a 16-bit operand where the products do not convert");
-    bf16* out         = grow(g_dout16, n * size_t(C));
-    const auto narrow = dispatch().bf16_narrow_scaled;
+    bf16* out = grow(g_dout16, n * size_t(C));
     parallel_rows(int64_t(n), C, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            narrow(out + size_t(i) * size_t(C), dout + size_t(rows[i]) * size_t(C), scale[i],
-                   size_t(C));
-        }
+        narrow_dout_rows_serial(d, out + size_t(begin) * size_t(C), dout, rows + begin,
+                                scale + begin, size_t(end - begin), C);
     });
     return out;
 }

@@ -62,13 +62,13 @@ void gelu_backward_serial(float* dinp, const float* x, const float* dout, size_t
 // For a pool job's own elements (the experts run whole, moe/experts.h), where
 // half_products_convert(d), each element bit for bit what the threaded forms below give it:
 // gelu_forward_narrow (x kept as x_dtype's 16 bits or as floats), gelu_backward_dout's
-// narrowed gradient written to out, and narrow_dout_rows' row: out[i] = d's 16 bits of
-// (scale * x[i]) rounded to float.
+// narrowed gradient written to out, and narrow_dout_rows' n rows written to out.
 void gelu_forward_narrow_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x, size_t n,
                                 bool fp64 = false);
 void gelu_backward_dout_serial(Dtype d, uint16_t* out, Dtype x_dtype, const KeptArray& x,
                                const float* dout, size_t n, bool fp64 = false);
-void narrow_scaled_serial(Dtype d, uint16_t* out, const float* x, float scale, size_t n);
+void narrow_dout_rows_serial(Dtype d, uint16_t* out, const float* dout, const int32_t* rows,
+                             const float* scale, size_t n, int C);
 // gelu_forward_kept's output as the 16 bits of d, where half_products_convert(d): out[i] = the
 // 16 bits of gelu(x[i]) rounded to d, formed a block at a time in a float buffer in L1, so a
 // product's 16-bit operand costs no float array. out may start where x.f32 starts (then slice
@@ -201,7 +201,7 @@ void grouped_linear_backward_half(Dtype d, int G, const int32_t* offsets, int OU
 // crossentropy_linear_backward_half, and these two); for the dout16 forms below. Call from outside
 // pool jobs.
 // dout16_scratch: that 16-bit scratch grown to n values, for a caller that fills it itself
-// (pool jobs each their own rows, with narrow_half_serial or narrow_scaled_serial).
+// (pool jobs each their own rows, with narrow_half_serial or narrow_dout_rows_serial).
 uint16_t* dout16_scratch(Dtype d, size_t n);
 // narrow_operand_rows: the 16-bit copy the grouped forms make of a float row operand X (rows of
 // ld, `width` values of each used) for G groups from offsets[0] = 0 on, in the products' scratch

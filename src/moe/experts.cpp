@@ -12,6 +12,7 @@
 #include "moe/experts.h"
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "core/error.h"
@@ -36,6 +37,15 @@ namespace {
 // from memory (perf gave that pass about 2.6 ms of a step with the 64 experts of 96 of
 // docs/results.md). With bias null, the rounding (and narrowing) only: the input gradient's, in
 // experts_backward, instead of a read and a write of its (rows, C) floats after the product.
+// rows rows of out (stride ld) from out on, w values each: += b (may be null), rounded to d and,
+// with half (the same stride), narrowed into it (kernels::bias_round_serial).
+void bias_round_rows(float* out, uint16_t* half, const float* b, int64_t rows, size_t w, int ld,
+                     Dtype d) {
+    for (int64_t r = 0; r < rows; ++r) {
+        kernels::bias_round_serial(out + r * ld, b, w, d, half ? half + r * ld : nullptr);
+    }
+}
+
 struct BiasEpilogue {
     float* out;
     const float* bias;
@@ -46,12 +56,10 @@ struct BiasEpilogue {
     uint16_t* half = nullptr;
 
     void operator()(int g, int i0, int i1, int j0, int j1) const {
-        const float* b = bias ? bias + static_cast<size_t>(g) * stride + j0 : nullptr;
-        const size_t w = static_cast<size_t>(j1 - j0);
-        for (int64_t r = int64_t{offsets[g]} + i0; r < int64_t{offsets[g]} + i1; ++r) {
-            kernels::bias_round_serial(out + r * D + j0, b, w, round_to,
-                                       half ? half + r * D + j0 : nullptr);
-        }
+        const float* b  = bias ? bias + static_cast<size_t>(g) * stride + j0 : nullptr;
+        const int64_t o = (int64_t{offsets[g]} + i0) * D + j0;
+        bias_round_rows(out + o, half ? half + o : nullptr, b, i1 - i0,
+                        static_cast<size_t>(j1 - j0), D, round_to);
     }
 };
 
@@ -99,6 +107,18 @@ struct BiasGradEpilogue {
     }
 };
 
+// Expert rows from r0 on of the experts' input x (rows of C values), as a product takes them:
+// the tokens' rows through x_rows where given, else x's own rows from r0.
+template <typename T>
+struct InputRows {
+    const T* x;
+    const int32_t* rows;
+};
+template <typename T>
+InputRows<T> input_rows(const T* x, const int32_t* x_rows, size_t r0, int C) {
+    return x_rows ? InputRows<T>{x, x_rows + r0} : InputRows<T>{x + r0 * size_t(C), nullptr};
+}
+
 bool g_whole_experts = true;  // set_whole_experts
 
 // The 16-bit experts run whole keep their (rows, F) 16-bit arrays in the first half of a
@@ -114,13 +134,16 @@ float* whole_scratch(float* base, size_t rf, int thread) {
 // Whether the experts' rows suit running each expert whole on one thread: groups that suit it
 // (kernels::whole_groups_suit: many, none large), and the largest expert's (rows, F) floats, one
 // intermediate of its chain, within half of L2, so that they are still in cache for the next
-// product. (8 experts of 512 rows by 768, 1.5 MB each, took the bf16 default.toml's experts
-// 1-9% longer whole than in passes on the AVX2 kernels: docs/results.md.)
-bool experts_suit_whole(int E, const int32_t* offsets, int F) {
+// product, and within max_floats. (8 experts of 512 rows by 768, 1.5 MB each, took the bf16
+// default.toml's experts 0-12% longer whole than in passes on the AVX2 kernels:
+// docs/results.md.)
+bool experts_suit_whole(int E, const int32_t* offsets, int F,
+                        size_t max_floats = std::numeric_limits<size_t>::max()) {
     if (!kernels::whole_groups_suit(E, offsets)) return false;
     int most = 0;
     for (int e = 0; e < E; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
-    return size_t(most) * size_t(F) * sizeof(float) <= kernels::cache_sizes().l2 / 2;
+    const size_t floats = size_t(most) * size_t(F);
+    return floats * sizeof(float) <= kernels::cache_sizes().l2 / 2 && floats <= max_floats;
 }
 
 // Whether the experts run whole, one thread each (kernels::for_each_group): their products in
@@ -136,13 +159,10 @@ bool whole_experts(const ExpertPrecision& prec, int E, const int32_t* offsets, i
 // of the second half of the (rows, F) float scratch, whose first half holds the 16-bit rows
 // (whole_scratch).
 bool whole_experts_16(const ExpertPrecision& prec, int E, const int32_t* offsets, int F) {
-    if (!g_whole_experts || prec.gemm != Dtype::bfloat16 || prec.act != Dtype::bfloat16 ||
-        !kernels::half_products_convert(prec.gemm) || !kernels::grouped_gemm_bf16_float_b() ||
-        offsets[0] != 0 || !experts_suit_whole(E, offsets, F))
-        return false;
-    int most = 0;
-    for (int e = 0; e < E; ++e) most = std::max(most, offsets[e + 1] - offsets[e]);
-    return size_t(most) * size_t(F) <= whole_share(size_t(offsets[E]) * size_t(F));
+    return g_whole_experts && prec.gemm == Dtype::bfloat16 && prec.act == Dtype::bfloat16 &&
+           kernels::half_products_convert(prec.gemm) && kernels::grouped_gemm_bf16_float_b() &&
+           offsets[0] == 0 &&
+           experts_suit_whole(E, offsets, F, whole_share(size_t(offsets[E]) * size_t(F)));
 }
 
 }  // namespace
@@ -168,12 +188,12 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
         const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C};
         kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e, int) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
-            const int n = offsets[e + 1] - offsets[e];
-            float* he   = h.f32 + r0 * F;
-            float* ge   = g + r0 * F;
-            kernels::group_gemm_f32(Trans::N, Trans::T, n, F, C, 1.0f, x_rows ? x : x + r0 * C, C,
-                                    x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride, C,
-                                    0.0f, he, F);
+            const int n   = offsets[e + 1] - offsets[e];
+            float* he     = h.f32 + r0 * F;
+            float* ge     = g + r0 * F;
+            const auto in = input_rows(x, x_rows, r0, C);
+            kernels::group_gemm_f32(Trans::N, Trans::T, n, F, C, 1.0f, in.x, C, in.rows,
+                                    w.fc_w + ex * w.fc_w_stride, C, 0.0f, he, F);
             fc_bias(e, 0, n, 0, F);
             kernels::gelu_forward_serial(ge, he, static_cast<size_t>(n) * F, prec.fp64);
             kernels::group_gemm_f32(Trans::N, Trans::T, n, C, F, 1.0f, ge, F, nullptr,
@@ -192,17 +212,13 @@ void experts_forward(float* y, const kernels::KeptArray& h, float* g, const floa
         const BiasEpilogue proj_bias{y, w.proj_b, w.proj_b_stride, offsets, C, prec.act, y16};
         kernels::for_each_group(E, offsets, 2.0 * C * F, [&](int e, int thread) {
             const size_t r0 = static_cast<size_t>(offsets[e]), ex = static_cast<size_t>(e);
-            const int n = offsets[e + 1] - offsets[e];
-            float* he   = h.f32 ? h.f32 + r0 * F : whole_scratch(g, RF, thread);
-            kernels::group_gemm_bf16(Trans::N, Trans::T, n, F, C, 1.0f,
-                                     reinterpret_cast<const bf16*>(x_rows ? x16 : x16 + r0 * C), C,
-                                     x_rows ? x_rows + r0 : nullptr, w.fc_w + ex * w.fc_w_stride, C,
-                                     0.0f, he, F);
-            const float* b1 = w.fc_b + ex * w.fc_b_stride;
-            for (int i = 0; i < n; ++i) {
-                kernels::bias_round_serial(he + size_t(i) * F, b1, static_cast<size_t>(F), prec.act,
-                                           h.half ? h.half + (r0 + i) * F : nullptr);
-            }
+            const int n   = offsets[e + 1] - offsets[e];
+            float* he     = h.f32 ? h.f32 + r0 * F : whole_scratch(g, RF, thread);
+            const auto in = input_rows(reinterpret_cast<const bf16*>(x16), x_rows, r0, C);
+            kernels::group_gemm_bf16(Trans::N, Trans::T, n, F, C, 1.0f, in.x, C, in.rows,
+                                     w.fc_w + ex * w.fc_w_stride, C, 0.0f, he, F);
+            bias_round_rows(he, h.half ? h.half + r0 * F : nullptr, w.fc_b + ex * w.fc_b_stride, n,
+                            static_cast<size_t>(F), F, prec.act);
             const kernels::KeptArray he_kept =
                 h.half ? h.rows_from(r0, static_cast<size_t>(F)) : kernels::KeptArray{he, nullptr};
             kernels::gelu_forward_narrow_serial(prec.gemm, g16 + r0 * F, prec.act, he_kept,
@@ -274,11 +290,8 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
             const size_t nf = static_cast<size_t>(n) * F;
             uint16_t* dye   = dy16 + r0 * C;
             if (dy_rows) {
-                for (int i = 0; i < n; ++i) {
-                    kernels::narrow_scaled_serial(prec.gemm, dye + size_t(i) * C,
-                                                  dy + int64_t{dy_rows[r0 + i]} * C,
-                                                  dy_scale[r0 + i], static_cast<size_t>(C));
-                }
+                kernels::narrow_dout_rows_serial(prec.gemm, dye, dy, dy_rows + r0, dy_scale + r0,
+                                                 static_cast<size_t>(n), C);
             } else {
                 kernels::narrow_half_serial(prec.gemm, dye, dy + r0 * C,
                                             static_cast<size_t>(n) * C);
@@ -296,9 +309,9 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
             kernels::gelu_backward_dout_serial(prec.gemm, ghe, prec.act, he, dg, nf, prec.fp64);
             fc_b(e, 0, F, 0, C);
             const auto* dhb = reinterpret_cast<const bf16*>(ghe);
-            kernels::group_gemm_tn_bf16(
-                F, C, n, 1.0f, dhb, F, reinterpret_cast<const bf16*>(x_rows ? x16 : x16 + r0 * C),
-                C, x_rows ? x_rows + r0 : nullptr, 1.0f, dw.fc_w + ex * dw.fc_w_stride, C);
+            const auto in   = input_rows(reinterpret_cast<const bf16*>(x16), x_rows, r0, C);
+            kernels::group_gemm_tn_bf16(F, C, n, 1.0f, dhb, F, in.x, C, in.rows, 1.0f,
+                                        dw.fc_w + ex * dw.fc_w_stride, C);
             kernels::group_gemm_bf16(Trans::N, Trans::N, n, C, F, 1.0f, dhb, F, nullptr,
                                      w.fc_w + ex * w.fc_w_stride, C, 0.0f, dx + r0 * C, C);
             if (dx_round) dx_round(e, 0, n, 0, C);
@@ -350,8 +363,8 @@ void experts_backward(float* dx, float* dh, ExpertGrads& dw, float* dy, const fl
             kernels::group_gemm_f32(Trans::N, Trans::N, n, F, C, 1.0f, dye, C, nullptr,
                                     w.proj_w + ex * w.proj_w_stride, F, 0.0f, dhe, F);
             kernels::gelu_backward_serial(dhe, he, dhe, nf, prec.fp64);
-            kernels::group_gemm_tn_f32(F, C, n, 1.0f, dhe, F, x_rows ? x : x + r0 * C, C,
-                                       x_rows ? x_rows + r0 : nullptr, 1.0f,
+            const auto in = input_rows(x, x_rows, r0, C);
+            kernels::group_gemm_tn_f32(F, C, n, 1.0f, dhe, F, in.x, C, in.rows, 1.0f,
                                        dw.fc_w + ex * dw.fc_w_stride, C);
             fc_b(e, 0, F, 0, C);
             kernels::group_gemm_f32(Trans::N, Trans::N, n, C, F, 1.0f, dhe, F, nullptr,
