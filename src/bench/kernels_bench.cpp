@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/stats.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
 #include "kernels/dispatch.h"
@@ -566,10 +567,6 @@ ExpertsMlpTimes run_experts_mlp(int repeats) {
         pf.push_back(f);
         pb.push_back(b);
     }
-    auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-    };
     t.whole_forward_ms   = median(wf);
     t.whole_backward_ms  = median(wb);
     t.passes_forward_ms  = median(pf);
